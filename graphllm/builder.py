@@ -1,0 +1,233 @@
+"""ModelConfig + Workload -> Graph. Reads like the model: embedding, N blocks, final norm, LM head.
+
+Node names follow the HF module tree (`model.layers.3.self_attn.q_proj`); weights are `param` nodes
+named exactly like the checkpoint tensors they hold. Routed experts are stacked along an expert
+axis in one param node whose name has `*` where the checkpoint has the expert index.
+"""
+
+from __future__ import annotations
+
+from graphllm import rope as rope_mod
+from graphllm.ir import Dim, Graph, Node, Ref, TensorType
+from graphllm.model_config import ModelConfig
+from graphllm.workload import WEIGHT_ONLY, Workload
+
+# the symbolic dims a Workload binds
+B = Dim("B", "batch")
+T = Dim("T", "token")
+P = Dim("P", "key_token")
+S = Dim("S", "key_token")
+C = Dim("C", "slot")
+
+PARAM_KINDS = (
+    "embedding",
+    "attention",
+    "mlp",
+    "moe_experts",
+    "shared_experts",
+    "router",
+    "norms",
+    "lm_head",
+)
+
+
+def build_graph(config: ModelConfig, workload: Workload | None = None) -> Graph:
+    """The decoder of `config` as an explicit op graph for `workload` (default: B=1, T=1, P=0)."""
+    return _Builder(config, workload or Workload()).build()
+
+
+class _Builder:
+    def __init__(self, cfg: ModelConfig, wl: Workload) -> None:
+        self.cfg, self.wl = cfg, wl
+        bindings: dict[str, float] = dict(wl.bindings())
+        if cfg.is_moe:
+            # balanced routing: T*k token-expert pairs spread over E experts (need not be whole)
+            bindings["C"] = wl.batch * wl.seq_len * cfg.num_experts_per_tok / cfg.num_experts
+        self.g = Graph(cfg.name, bindings)
+        self.g.meta.update(
+            config=cfg,
+            workload=wl,
+            act_dtype=wl.act_dtype,
+            weight_dtype=wl.weight_dtype,
+            kv_dtype=wl.kv_dtype,
+        )
+        small = wl.act_dtype if wl.weight_dtype in WEIGHT_ONLY else wl.weight_dtype
+        self.vector_dtype = small  # 1-D weights (norms, biases) are not quantised
+        c = cfg
+        self.d = Dim("d", "hidden", c.hidden_size)
+        self.vocab = Dim("vocab", "vocab", c.vocab_size)
+        self.h = Dim("h", "head", c.num_attention_heads)
+        self.h_kv = Dim("h_kv", "kv_head", c.num_key_value_heads)
+        self.d_h = Dim("d_h", "head_dim", c.head_dim)
+        self.d_q = Dim("d_q", "hidden", c.num_attention_heads * c.head_dim)
+        self.d_kv = Dim("d_kv", "hidden", c.num_key_value_heads * c.head_dim)
+
+    # -- primitives ----------------------------------------------------------------------------
+    def param(self, name: str, dims: tuple[Dim, ...], kind: str, **attrs: object) -> Node:
+        dt = self.wl.weight_dtype if len(dims) > 1 else self.vector_dtype
+        return self.g.add("param", name, (), {"type": TensorType(dims, dt), "kind": kind, **attrs})
+
+    def linear(
+        self,
+        name: str,
+        x: Node,
+        out: Dim,
+        kind: str,
+        bias: bool = False,
+        weight: str | None = None,
+    ) -> Node:
+        w = self.param(weight or f"{name}.weight", (out, x.out.dims[-1]), kind)
+        if bias:
+            b = self.param(f"{name}.bias", (out,), kind)
+            return self.g.add("linear_bias", name, (x, w, b))
+        return self.g.add("linear", name, (x, w))
+
+    def rmsnorm(self, name: str, x: Node, dim: Dim, kind: str = "norms") -> Node:
+        w = self.param(f"{name}.weight", (dim,), kind)
+        attrs = {"eps": self.cfg.rms_norm_eps, "weight_offset": self.cfg.norm_weight_offset}
+        return self.g.add("rmsnorm", name, (x, w), attrs)
+
+    def act(self, name: str, x: Node) -> Node:
+        return self.g.add(self.cfg.hidden_act, name, (x,))
+
+    # -- the model -----------------------------------------------------------------------------
+    def build(self) -> Graph:
+        c, g = self.cfg, self.g
+        ids = g.add("input", "input_ids", (), {"type": TensorType((B, T), "int64")})
+        self.positions = g.add("input", "position_ids", (), {"type": TensorType((B, T), "int64")})
+        table = self.param("model.embed_tokens.weight", (self.vocab, self.d), "embedding")
+        x = g.add("embedding", "model.embed_tokens", (ids, table))
+        if c.embedding_multiplier != 1.0:
+            # gemma rounds sqrt(d) to the activation dtype; in fp32 it is exact enough
+            x = g.add("mul_const", "model.embed_scale", (x,), {"value": c.embedding_multiplier})
+        for i in range(c.num_hidden_layers):
+            x = self.block(i, x)
+        x = self.rmsnorm("model.norm", x, self.d)
+        if c.tie_word_embeddings:
+            logits = g.add("linear", "lm_head", (x, table))
+        else:
+            logits = self.linear("lm_head", x, self.vocab, "lm_head")
+        g.set_output("logits", logits)
+        return g
+
+    def block(self, i: int, x: Node) -> Node:
+        """h = x + attn(norm1(x)); out = h + ffn(norm2(h))."""
+        p = f"model.layers.{i}"
+        a = self.attention(f"{p}.self_attn", self.rmsnorm(f"{p}.input_layernorm", x, self.d), i)
+        h = self.g.add("add", f"{p}.attn_residual", (x, a))
+        n2 = self.rmsnorm(f"{p}.post_attention_layernorm", h, self.d)
+        f = self.moe(p, n2) if self.cfg.moe_layers[i] else self.mlp(f"{p}.mlp", n2)
+        return self.g.add("add", f"{p}.mlp_residual", (h, f))
+
+    # -- attention -----------------------------------------------------------------------------
+    def attention(self, p: str, x: Node, i: int) -> Node:
+        c, g = self.cfg, self.g
+        if c.fused_qkv:
+            d_qkv = Dim("d_qkv", "hidden", self.d_q.size + 2 * self.d_kv.size)  # type: ignore[operator]
+            qkv = self.linear(f"{p}.qkv_proj", x, d_qkv, "attention", bias=c.qkv_bias)
+            parts = {"f1": self.d_q, "f2": self.d_kv, "f3": self.d_kv}
+            sizes = [d.size for d in parts.values()]
+            split = g.add("split3", f"{p}.qkv_split", (qkv,), {"axes": parts, "sizes": sizes})
+            q, k, v = Ref(split.name, 0), Ref(split.name, 1), Ref(split.name, 2)
+        else:
+            q = self.linear(f"{p}.q_proj", x, self.d_q, "attention", bias=c.qkv_bias)
+            k = self.linear(f"{p}.k_proj", x, self.d_kv, "attention", bias=c.qkv_bias)
+            v = self.linear(f"{p}.v_proj", x, self.d_kv, "attention", bias=c.qkv_bias)
+        qa = {"axes": {"h": self.h, "e": self.d_h}}
+        kva = {"axes": {"h": self.h_kv, "e": self.d_h}}
+        q = g.add("split_heads", f"{p}.q_heads", (q,), qa)  # (B, h, T, d_h)
+        k = g.add("split_heads", f"{p}.k_heads", (k,), kva)  # (B, h_kv, T, d_h)
+        v = g.add("split_heads", f"{p}.v_heads", (v,), kva)  # (B, h_kv, T, d_h)
+        if c.qk_norm:
+            q = self.rmsnorm(f"{p}.q_norm", q, self.d_h)
+            k = self.rmsnorm(f"{p}.k_norm", k, self.d_h)
+        rope = {
+            "inv_freq": rope_mod.inv_freq(c.rope, c.head_dim, c.max_position_embeddings),
+            "attention_scaling": rope_mod.attention_scaling(c.rope),
+        }
+        q = g.add("rope", f"{p}.q_rope", (q, self.positions), rope)
+        k = g.add("rope", f"{p}.k_rope", (k, self.positions), rope)
+        if self.wl.past_len > 0:
+            kv_t = TensorType((B, self.h_kv, P, self.d_h), self.wl.kv_dtype)
+            past_k = g.add("input", f"past_key_values.{i}.key", (), {"type": kv_t})
+            past_v = g.add("input", f"past_key_values.{i}.value", (), {"type": kv_t})
+            k = g.add("kv_concat", f"{p}.k_cache", (past_k, k), {"axes": {"s": S}})
+            v = g.add("kv_concat", f"{p}.v_cache", (past_v, v), {"axes": {"s": S}})
+        g.set_output(f"present.{i}.key", k)
+        g.set_output(f"present.{i}.value", v)
+        if c.n_rep > 1:
+            k = g.add("repeat_kv", f"{p}.k_repeat", (k,), {"axes": {"h": self.h}})  # (B, h, S, d_h)
+            v = g.add("repeat_kv", f"{p}.v_repeat", (v,), {"axes": {"h": self.h}})
+        window = c.sliding_window if c.layer_types[i] == "sliding_attention" else None
+        o = self.core_attention(f"{p}.core", q, k, v, window)
+        o = g.add("merge_heads", f"{p}.merge_heads", (o,), {"axes": {"(h e)": self.d_q}})
+        return self.linear(f"{p}.o_proj", o, self.d, "attention", bias=c.o_bias)
+
+    def core_attention(self, p: str, q: Node, k: Node, v: Node, window: int | None) -> Node:
+        """softmax(mask(Q K^T / sqrt(d_h))) V, per head."""
+        g = self.g
+        s = g.add("scores", f"{p}.scores", (q, k))  # (B, h, T, S)
+        s = g.add("mul_const", f"{p}.scale", (s,), {"value": self.cfg.head_dim**-0.5})
+        s = g.add("mask", f"{p}.mask", (s,), {"causal": True, "window": window})
+        s = g.add("softmax", f"{p}.softmax", (s,))
+        return g.add("pv", f"{p}.pv", (s, v))  # (B, h, T, d_h)
+
+    # -- feed-forward --------------------------------------------------------------------------
+    def mlp(self, p: str, x: Node, width: int | None = None, kind: str = "mlp") -> Node:
+        """down(act(gate(x)) * up(x))."""
+        c, g = self.cfg, self.g
+        ffn = Dim("ffn", "ffn", width or c.intermediate_size)
+        if c.fused_gate_up:
+            two = Dim("2ffn", "ffn", 2 * ffn.size)  # type: ignore[operator]
+            gu = self.linear(f"{p}.gate_up_proj", x, two, kind, bias=c.mlp_bias)
+            attrs = {"axes": {"f1": ffn, "f2": ffn}, "sizes": [ffn.size, ffn.size]}
+            split = g.add("split", f"{p}.gate_up_split", (gu,), attrs)
+            gate, up = Ref(split.name, 0), Ref(split.name, 1)
+            a = g.add(c.hidden_act, f"{p}.act_fn", (gate,))
+        else:
+            gate = self.linear(f"{p}.gate_proj", x, ffn, kind, bias=c.mlp_bias)
+            up = self.linear(f"{p}.up_proj", x, ffn, kind, bias=c.mlp_bias)
+            a = self.act(f"{p}.act_fn", gate)
+        m = g.add("mul", f"{p}.mul", (a, up))
+        return self.linear(f"{p}.down_proj", m, self.d, kind, bias=c.mlp_bias)
+
+    def moe(self, layer: str, x: Node) -> Node:
+        """Router -> top-k -> dispatch -> experts -> weighted combine (+ gated shared expert)."""
+        c, g = self.cfg, self.g
+        mixtral = c.moe_naming == "mixtral"
+        p = f"{layer}.block_sparse_moe" if mixtral else f"{layer}.mlp"
+        n_exp = Dim("E", "expert", c.num_experts)
+        topk = Dim("k", "topk", c.num_experts_per_tok)
+        ffn = Dim("ffn_e", "ffn", c.moe_intermediate_size)
+        logits = self.linear(f"{p}.gate", x, n_exp, "router")  # (B, T, E)
+        probs = g.add("softmax", f"{p}.router.softmax", (logits,))
+        top = g.add("topk", f"{p}.router.topk", (probs,), {"k": c.num_experts_per_tok, "axes": {"k": topk}})
+        weights, chosen = Ref(top.name, 0), Ref(top.name, 1)
+        if c.norm_topk_prob:
+            weights = g.add("normalize", f"{p}.router.normalize", (weights,))
+        slots = g.add("moe_dispatch", f"{p}.experts.dispatch", (x, chosen), {"axes": {"x": n_exp, "c": C}})
+        names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+
+        def expert_linear(role: str, inp: Node, out: Dim) -> Node:
+            w = self.param(
+                f"{p}.experts.*.{role}.weight",
+                (n_exp, out, inp.out.dims[-1]),
+                "moe_experts",
+                stacked="expert",
+            )
+            return g.add("expert_linear", f"{p}.experts.{role}", (inp, w))
+
+        gate = expert_linear(names[0], slots, ffn)  # (E, C, ffn_e)
+        up = expert_linear(names[1], slots, ffn)
+        m = g.add("mul", f"{p}.experts.mul", (self.act(f"{p}.experts.act_fn", gate), up))
+        y = expert_linear(names[2], m, self.d)  # (E, C, d)
+        out = g.add("moe_combine", f"{p}.experts.combine", (y, weights, chosen))  # (B, T, d)
+        if c.shared_expert_intermediate_size:
+            sh = self.mlp(f"{p}.shared_expert", x, c.shared_expert_intermediate_size, "shared_experts")
+            if c.shared_expert_gate:
+                one = Dim("1", "hidden", 1)
+                gl = self.linear(f"{p}.shared_expert_gate", x, one, "router")
+                gs = g.add("sigmoid", f"{p}.shared_expert_gate.sigmoid", (gl,))
+                sh = g.add("gate_mul", f"{p}.shared_expert.gated", (sh, gs))
+            out = g.add("add", f"{p}.add_shared", (out, sh))
+        return out

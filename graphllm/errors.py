@@ -1,0 +1,22 @@
+"""Exception types. Everything a user can fix derives from GraphllmError, which the CLI turns into
+one line on stderr and exit code 2."""
+
+
+class GraphllmError(Exception):
+    """A problem with the user's input or request, reported as one line."""
+
+
+class ConfigError(GraphllmError):
+    """A model config or workload that graphllm cannot model as given."""
+
+
+class GraphError(GraphllmError):
+    """A graph that breaks an invariant of the IR or of an op's signature."""
+
+
+class PassError(GraphllmError):
+    """A pass that failed; the message names the pass."""
+
+
+class WeightsError(GraphllmError):
+    """A checkpoint that is missing a tensor, or holds one of the wrong shape."""

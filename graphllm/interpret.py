@@ -1,0 +1,79 @@
+"""Run any Graph with numpy, op by op, from the op table's reference implementations.
+
+The ground truth that exported and partitioned graphs are checked against. Computes in fp32
+whatever the workload's storage dtypes are.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from graphllm.errors import GraphError, GraphllmError
+from graphllm.ir import Graph, Node
+from graphllm.ops import OPS
+
+
+class Interpreter:
+    """A loop over nodes in topological order that dispatches on the op (cf. torch.fx)."""
+
+    def __init__(self, graph: Graph, weights: dict[str, np.ndarray]) -> None:
+        self.graph = graph
+        self.weights = weights
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Execute with graph inputs `feeds` (by input name); returns every graph output."""
+        env: dict[str, Any] = {}
+        for node in self.graph.nodes():
+            env[node.name] = self.run_node(node, env, feeds)
+        out = {}
+        for name, ref in self.graph.outputs.items():
+            val = env[ref.node]
+            out[name] = val[ref.index] if isinstance(val, tuple) else val
+        return out
+
+    def run_node(self, node: Node, env: dict[str, Any], feeds: dict[str, np.ndarray]) -> Any:
+        if node.op == "param":
+            if node.name not in self.weights:
+                raise GraphllmError(f"no weight given for {node.name}")
+            return self.weights[node.name]
+        if node.op == "input":
+            if node.name not in feeds:
+                raise GraphllmError(f"graph input {node.name} was not fed")
+            return feeds[node.name]
+        args = []
+        for r in node.inputs:
+            v = env[r.node]
+            args.append(v[r.index] if isinstance(v, tuple) else v)
+        try:
+            return OPS[node.op].impl(args, node.attrs)  # type: ignore[misc]
+        except Exception as e:
+            shapes = ", ".join(str(getattr(a, "shape", "?")) for a in args)
+            raise GraphError(f"{node.name} ({node.op}) failed on inputs {shapes}: {e}") from e
+
+
+def default_feeds(
+    graph: Graph, input_ids: np.ndarray, past: dict[str, np.ndarray] | None = None
+) -> dict[str, np.ndarray]:
+    """Feeds for token ids (B, T): positions continue after the past, past K/V passed through."""
+    ids = np.asarray(input_ids, dtype=np.int64)
+    if ids.ndim == 1:
+        ids = ids[None]
+    past = past or {}
+    p = next((v.shape[2] for k, v in past.items()), 0)
+    b, t = ids.shape
+    feeds = {"input_ids": ids, "position_ids": np.broadcast_to(np.arange(p, p + t), (b, t)).copy()}
+    for k, v in past.items():
+        feeds[k.replace("present.", "past_key_values.")] = v
+    return feeds
+
+
+def run_graph(
+    graph: Graph,
+    weights: dict[str, np.ndarray],
+    input_ids: np.ndarray,
+    past: dict[str, np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
+    """Logits (B, T, vocab) and present K/V for token ids, optionally after a cached past."""
+    return Interpreter(graph, weights).run(default_feeds(graph, input_ids, past))

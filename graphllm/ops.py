@@ -1,0 +1,518 @@
+"""The op table: the one place that knows what each op does.
+
+Each row declares an op as data: its axis signature (graphllm.signature), which axes each output
+value reads in full (`reduce`), which letters index the same absolute token position
+(`same_position`), its FLOP rule, output dtypes, and a numpy reference implementation. Shape
+inference, token mixing, FLOPs and sharding are derived from these rows by generic code; no pass
+lists ops by name.
+
+FLOP conventions (per DESIGN.md): a contraction costs 2 x the product of all its distinct axis
+sizes (one multiply and one add per term); other ops cost `flops_per_elem` per output element,
+the constants below (documented per row); data movement (reshapes, concat, gather, dispatch) is 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from graphllm.errors import GraphError
+from graphllm.ir import Dim, Graph, Node, TensorType
+from graphllm.signature import Signature, bind, output_dims, parse
+
+Impl = Callable[[list[np.ndarray], dict[str, Any]], Any]
+
+# categories: sets tested by membership, never by op name
+SOURCE = "source"  # graph inputs and weights
+CONTRACTION = "contraction"  # sums products over an axis absent from the output
+ELEMENTWISE = "elementwise"
+REDUCTION = "reduction"  # each output reads a whole axis (norms, softmax)
+MOVEMENT = "movement"  # copies values: reshapes, concat, repeat, gather, routing
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One op kind. `sig` is parsed once into `signature`."""
+
+    name: str
+    sig: str
+    category: str
+    impl: Impl | None
+    doc: str
+    reduce: tuple[str, ...] = ()
+    same_position: tuple[tuple[str, ...], ...] = ()
+    flops_per_elem: float = 0.0
+    flops_fn: Callable[[dict[str, float]], float] | None = None
+    out_dtypes: tuple[str, ...] = ("same",)  # 'same' (input 0), 'act', 'int64', 'attr'
+    check: Callable[[Node, dict[str, Dim]], str | None] | None = None
+
+    @property
+    def signature(self) -> Signature:
+        return parse(self.sig)
+
+    @property
+    def is_contraction(self) -> bool:
+        return self.category == CONTRACTION
+
+
+OPS: dict[str, OpSpec] = {}
+
+
+def _row(spec: OpSpec) -> None:
+    parse(spec.sig)  # fail at import on a malformed signature
+    OPS[spec.name] = spec
+
+
+# -- numpy reference implementations ---------------------------------------------------------
+def _f32(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, dtype=np.float32)
+
+
+def _rmsnorm(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    x, w = _f32(xs[0]), _f32(xs[1])
+    var = np.mean(x * x, axis=-1, keepdims=True)
+    return x / np.sqrt(var + np.float32(a["eps"])) * (np.float32(a.get("weight_offset", 0.0)) + w)
+
+
+def _rope(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    x, pos = _f32(xs[0]), xs[1]  # x: (B, heads, T, head_dim); pos: (B, T)
+    inv_freq = np.asarray(a["inv_freq"], dtype=np.float32)
+    freqs = pos[..., None].astype(np.float32) * inv_freq  # (B, T, head_dim/2)
+    emb = np.concatenate([freqs, freqs], axis=-1)[:, None]  # (B, 1, T, head_dim)
+    scale = np.float32(a.get("attention_scaling", 1.0))
+    cos, sin = np.cos(emb) * scale, np.sin(emb) * scale
+    half = x.shape[-1] // 2
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+def _split(xs: list[np.ndarray], a: dict[str, Any]) -> tuple[np.ndarray, ...]:
+    cuts = np.cumsum(a["sizes"])[:-1]
+    return tuple(np.split(xs[0], cuts, axis=-1))
+
+
+def _split_heads(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    x = xs[0]
+    b, t, _ = x.shape
+    return x.reshape(b, t, a["axes"]["h"].size, -1).transpose(0, 2, 1, 3)  # (B, heads, T, hd)
+
+
+def _merge_heads(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    x = xs[0]
+    b, h, t, e = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(b, t, h * e)  # (B, T, heads*hd)
+
+
+def _mask(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    x = xs[0]  # (B, H, T, S); queries are the last T of the S key positions
+    t, s = x.shape[-2], x.shape[-1]
+    q = np.arange(s - t, s)[:, None]
+    k = np.arange(s)[None, :]
+    allowed = k <= q if a.get("causal", True) else np.ones((t, s), bool)
+    if a.get("window"):
+        allowed &= k > q - a["window"]
+    return np.where(allowed, x, np.float32(-np.inf))
+
+
+def _softmax(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    x = _f32(xs[0])
+    e = np.exp(x - np.max(x, axis=-1, keepdims=True))
+    return e / np.sum(e, axis=-1, keepdims=True)
+
+
+def _gelu_tanh(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    x = _f32(xs[0])
+    c = np.float32(math.sqrt(2.0 / math.pi))
+    return np.float32(0.5) * x * (1 + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
+
+
+def _topk(xs: list[np.ndarray], a: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    x, k = xs[0], a["k"]
+    idx = np.argsort(-x, axis=-1, kind="stable")[..., :k]
+    return np.take_along_axis(x, idx, axis=-1), idx.astype(np.int64)
+
+
+def _slots(idx: np.ndarray, n_experts: int) -> np.ndarray:
+    """Slot of each (token, choice) pair inside its expert: pairs in (b, t, k) order."""
+    flat = idx.reshape(-1)
+    onehot = flat[:, None] == np.arange(n_experts)[None, :]
+    return (np.cumsum(onehot, axis=0)[np.arange(flat.size), flat] - 1).reshape(idx.shape)
+
+
+def _dispatch(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    x, idx = xs  # x: (B, T, d); idx: (B, T, k)
+    n_exp = a["axes"]["x"].size
+    slot = _slots(idx, n_exp)
+    cap = int(slot.max()) + 1 if slot.size else 0
+    out = np.zeros((n_exp, cap, x.shape[-1]), dtype=np.float32)  # (E, slots, d), zero-padded
+    b, t, k = np.indices(idx.shape)
+    out[idx, slot] = x[b, t]
+    return out
+
+
+def _combine(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    y, w, idx = xs  # y: (E, slots, d); w, idx: (B, T, k)
+    slot = _slots(idx, y.shape[0])
+    picked = y[idx, slot]  # (B, T, k, d)
+    return np.einsum("btk,btkd->btd", _f32(w), picked, dtype=np.float32)
+
+
+def _kv_concat(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    return np.concatenate([_f32(xs[0]), _f32(xs[1])], axis=2)  # (B, kv_heads, P+T, hd)
+
+
+def _same_size_check(*letters: str) -> Callable[[Node, dict[str, Dim]], str | None]:
+    def check(node: Node, env: dict[str, Dim]) -> str | None:
+        sizes = {env[x].size for x in letters}
+        return None if len(sizes) == 1 else f"axes {', '.join(letters)} must be equal in size"
+
+    return check
+
+
+def _split_check(node: Node, env: dict[str, Dim]) -> str | None:
+    axes = node.attrs["axes"]
+    parts = [axes[x].size for x in ("f1", "f2", "f3") if x in axes]
+    if list(node.attrs["sizes"]) != parts or sum(parts) != env["f"].size:
+        return f"parts {parts} do not add up to the split axis {env['f'].size}"
+    return None
+
+
+def _repeat_check(node: Node, env: dict[str, Dim]) -> str | None:
+    g, h = env["g"].size, node.attrs["axes"]["h"].size
+    return None if g and h and h % g == 0 else f"{h} heads are not a multiple of {g} kv heads"
+
+
+def _unit_check(node: Node, env: dict[str, Dim]) -> str | None:
+    return None if env["o"].size == 1 else "the gate axis must have size 1"
+
+
+# -- the table ---------------------------------------------------------------------------------
+for _spec in [
+    OpSpec("input", "-> ...", SOURCE, None, "A graph input (token ids, positions, past K/V)."),
+    OpSpec("param", "-> ...", SOURCE, None, "A weight, named like its checkpoint tensor."),
+    OpSpec(
+        "embedding",
+        "b t, v d -> b t d",
+        MOVEMENT,
+        lambda xs, a: _f32(xs[1])[xs[0]],
+        "Row lookup: each position reads the row of its own token id.",
+        out_dtypes=("act",),
+    ),
+    OpSpec(
+        "linear",
+        "... d, f d -> ... f",
+        CONTRACTION,
+        lambda xs, a: _f32(xs[0]) @ _f32(xs[1]).T,
+        "x W^T with W stored (out, in), as HF checkpoints do.",
+    ),
+    OpSpec(
+        "linear_bias",
+        "... d, f d, f -> ... f",
+        CONTRACTION,
+        lambda xs, a: _f32(xs[0]) @ _f32(xs[1]).T + _f32(xs[2]),
+        "x W^T + b; the bias add costs 1 FLOP per output element on top of the contraction.",
+        flops_per_elem=1,
+    ),
+    OpSpec(
+        "expert_linear",
+        "x c d, x f d -> x c f",
+        CONTRACTION,
+        lambda xs, a: _f32(xs[0]) @ _f32(xs[1]).transpose(0, 2, 1),
+        "Each expert's slots times that expert's weight (E stacked (out, in) matrices).",
+    ),
+    OpSpec(
+        "rmsnorm",
+        "... d, d -> ... d",
+        REDUCTION,
+        _rmsnorm,
+        "x / sqrt(mean(x^2) + eps) * (offset + w), in fp32. 4 FLOPs/element: square, sum, "
+        "scale by the reciprocal root, multiply by the weight.",
+        reduce=("d",),
+        flops_per_elem=4,
+    ),
+    OpSpec(
+        "split",
+        "... f -> ... f1, ... f2",
+        MOVEMENT,
+        _split,
+        "Cut the last axis into two parts (phi3's fused gate_up).",
+        check=_split_check,
+        out_dtypes=("same", "same"),
+    ),
+    OpSpec(
+        "split3",
+        "... f -> ... f1, ... f2, ... f3",
+        MOVEMENT,
+        _split,
+        "Cut the last axis into three parts (phi3's fused qkv).",
+        check=_split_check,
+        out_dtypes=("same", "same", "same"),
+    ),
+    OpSpec(
+        "split_heads",
+        "b t (h e) -> b h t e",
+        MOVEMENT,
+        _split_heads,
+        "View the projection as heads and move heads before tokens.",
+    ),
+    OpSpec(
+        "merge_heads",
+        "b h t e -> b t (h e)",
+        MOVEMENT,
+        _merge_heads,
+        "Concatenate the heads back into one feature axis.",
+    ),
+    OpSpec(
+        "rope",
+        "b h t e, b t -> b h t e",
+        ELEMENTWISE,
+        _rope,
+        "Rotate pairs of features by the angle of the position's own index: x cos + rot(x) sin. "
+        "3 FLOPs/element (two multiplies, one add); the cos/sin tables are not counted.",
+        flops_per_elem=3,
+    ),
+    OpSpec(
+        "kv_concat",
+        "b g p e, b g t e -> b g s e",
+        MOVEMENT,
+        _kv_concat,
+        "Append the new keys/values behind the cached ones; each key position comes from "
+        "exactly one source position (absolute positions are kept).",
+        same_position=(("s", "p", "t"),),
+        check=None,
+    ),
+    OpSpec(
+        "repeat_kv",
+        "b g s e -> b h s e",
+        MOVEMENT,
+        lambda xs, a: np.repeat(xs[0], a["axes"]["h"].size // xs[0].shape[1], axis=1),
+        "Copy each KV head to the query heads of its group (GQA/MQA).",
+        check=_repeat_check,
+    ),
+    OpSpec(
+        "scores",
+        "b h t e, b h s e -> b h t s",
+        CONTRACTION,
+        lambda xs, a: _f32(xs[0]) @ _f32(xs[1]).swapaxes(-1, -2),
+        "Q K^T: every query position against every key position.",
+    ),
+    OpSpec(
+        "mul_const",
+        "... -> ...",
+        ELEMENTWISE,
+        lambda xs, a: _f32(xs[0]) * np.float32(a["value"]),
+        "Multiply by a constant (attention scale 1/sqrt(d_h), gemma's embedding scale).",
+        flops_per_elem=1,
+    ),
+    OpSpec(
+        "mask",
+        "b h t s -> b h t s",
+        ELEMENTWISE,
+        _mask,
+        "Set disallowed (query, key) pairs to -inf: causal s <= t, window t - W < s. "
+        "1 FLOP/element (a select).",
+        flops_per_elem=1,
+    ),
+    OpSpec(
+        "softmax",
+        "... s -> ... s",
+        REDUCTION,
+        _softmax,
+        "Softmax over the last axis, in fp32. 5 FLOPs/element: max, subtract, exp, sum, divide.",
+        reduce=("s",),
+        flops_per_elem=5,
+    ),
+    OpSpec(
+        "pv",
+        "b h t s, b h s e -> b h t e",
+        CONTRACTION,
+        lambda xs, a: _f32(xs[0]) @ _f32(xs[1]),
+        "Attention probabilities times V: a weighted sum over key positions.",
+    ),
+    OpSpec(
+        "silu",
+        "... -> ...",
+        ELEMENTWISE,
+        lambda xs, a: _f32(xs[0]) / (1 + np.exp(-_f32(xs[0]))),
+        "x * sigmoid(x). 4 FLOPs/element: negate, exp, add, divide.",
+        flops_per_elem=4,
+    ),
+    OpSpec(
+        "gelu_tanh",
+        "... -> ...",
+        ELEMENTWISE,
+        _gelu_tanh,
+        "GELU, tanh approximation. 8 FLOPs/element (cube, fma, scale, tanh, add, two muls).",
+        flops_per_elem=8,
+    ),
+    OpSpec(
+        "sigmoid",
+        "... -> ...",
+        ELEMENTWISE,
+        lambda xs, a: 1 / (1 + np.exp(-_f32(xs[0]))),
+        "1 / (1 + exp(-x)). 3 FLOPs/element.",
+        flops_per_elem=3,
+    ),
+    OpSpec(
+        "mul",
+        "..., ... -> ...",
+        ELEMENTWISE,
+        lambda xs, a: _f32(xs[0]) * _f32(xs[1]),
+        "Elementwise product (the gate of a gated MLP).",
+        flops_per_elem=1,
+    ),
+    OpSpec(
+        "gate_mul",
+        "... d, ... o -> ... d",
+        ELEMENTWISE,
+        lambda xs, a: _f32(xs[0]) * _f32(xs[1]),
+        "Scale each position's vector by its one gate value (shared-expert gate).",
+        flops_per_elem=1,
+        check=_unit_check,
+    ),
+    OpSpec(
+        "add",
+        "..., ... -> ...",
+        ELEMENTWISE,
+        lambda xs, a: _f32(xs[0]) + _f32(xs[1]),
+        "Elementwise sum (residual connections, shared + routed experts).",
+        flops_per_elem=1,
+    ),
+    OpSpec(
+        "topk",
+        "... x -> ... k, ... k",
+        MOVEMENT,
+        _topk,
+        "The k largest router scores and their expert ids, largest first. Comparisons, 0 FLOPs.",
+        out_dtypes=("same", "int64"),
+    ),
+    OpSpec(
+        "normalize",
+        "... k -> ... k",
+        REDUCTION,
+        lambda xs, a: _f32(xs[0]) / np.sum(_f32(xs[0]), axis=-1, keepdims=True),
+        "Divide by the sum over the last axis (top-k weight renormalisation). 2 FLOPs/element.",
+        reduce=("k",),
+        flops_per_elem=2,
+    ),
+    OpSpec(
+        "moe_dispatch",
+        "b t d, b t k -> x c d",
+        MOVEMENT,
+        _dispatch,
+        "Copy each token to the slots of the k experts it chose. A slot holds one token, so "
+        "the slot axis carries that token's position.",
+        same_position=(("c", "t"),),
+    ),
+    OpSpec(
+        "moe_combine",
+        "x c d, b t k, b t k -> b t d",
+        CONTRACTION,
+        _combine,
+        "Each token sums its k expert outputs weighted by the router: 2 FLOPs per "
+        "(token, choice, feature).",
+        same_position=(("c", "t"),),
+        flops_fn=lambda s: 2 * s["b"] * s["t"] * s["k"] * s["d"],
+    ),
+]:
+    _row(_spec)
+
+
+CATEGORIES: dict[str, frozenset[str]] = {
+    cat: frozenset(n for n, s in OPS.items() if s.category == cat)
+    for cat in (SOURCE, CONTRACTION, ELEMENTWISE, REDUCTION, MOVEMENT)
+}
+
+
+# -- generic rules over the table --------------------------------------------------------------
+def bind_node(graph: Graph, node: Node) -> tuple[dict[str, Dim], tuple[Dim, ...]]:
+    """Letter -> Dim for a node's signature, and the dims that `...` stands for."""
+    spec = OPS[node.op]
+    dims_in = [t.dims for t in graph.input_types(node)]
+    where = f"{node.name} ({node.op})"
+    return bind(spec.signature, dims_in, node.attrs.get("axes", {}), where)
+
+
+_INFER_CACHE: dict[tuple, tuple[TensorType, ...]] = {}
+
+
+def infer(graph: Graph, node: Node) -> tuple[TensorType, ...]:
+    """Output types of `node` from its op's signature, its inputs and its attrs."""
+    spec = OPS.get(node.op)
+    if spec is None:
+        raise GraphError(f"{node.name}: unknown op {node.op!r}")
+    if spec.category == SOURCE:
+        t = node.attrs.get("type")
+        if not isinstance(t, TensorType):
+            raise GraphError(f"{node.name} ({node.op}): needs attrs['type'], a TensorType")
+        return (t,)
+    # a block's ops repeat N times with the same types: the key holds everything inference reads
+    a = node.attrs
+    key = (
+        node.op,
+        tuple(graph.input_types(node)),
+        tuple(sorted(a.get("axes", {}).items())),
+        tuple(a.get("sizes", ())),
+        a.get("dtype"),
+        graph.meta.get("act_dtype"),
+    )
+    hit = _INFER_CACHE.get(key)
+    if hit is not None:
+        return hit
+    if len(_INFER_CACHE) > 50_000:
+        _INFER_CACHE.clear()
+    _INFER_CACHE[key] = out = _infer(graph, node, spec)
+    return out
+
+
+def _infer(graph: Graph, node: Node, spec: OpSpec) -> tuple[TensorType, ...]:
+    where = f"{node.name} ({node.op})"
+    env, ell = bind_node(graph, node)
+    if spec.check is not None:
+        msg = spec.check(node, env)
+        if msg:
+            raise GraphError(f"{where}: {msg}")
+    axes = node.attrs.get("axes", {})
+    in_types = graph.input_types(node)
+    out = []
+    for dims, rule in zip(output_dims(spec.signature, env, ell, axes, where), spec.out_dtypes):
+        if rule == "same":
+            dt = in_types[0].dtype
+        elif rule == "act":
+            dt = graph.meta.get("act_dtype", "fp32")
+        else:
+            dt = rule
+        out.append(TensorType(dims, node.attrs.get("dtype", dt)))
+    return tuple(out)
+
+
+def letter_sizes(graph: Graph, node: Node) -> dict[str, float]:
+    """Bound size of every letter of the node's signature; `...` dims appear under their names."""
+    env, ell = bind_node(graph, node)
+    b = graph.bindings
+    sizes = {k: (d.size if d.size is not None else b[d.name]) for k, d in env.items()}
+    for d in ell:
+        sizes["..." + d.name] = d.size if d.size is not None else b[d.name]
+    for k, d in node.attrs.get("axes", {}).items():
+        if k not in sizes and not k.startswith("("):
+            sizes[k] = d.size if d.size is not None else b[d.name]
+    return sizes
+
+
+def node_flops(graph: Graph, node: Node) -> float:
+    """FLOPs of one node under the table's conventions (see module docstring)."""
+    spec = OPS[node.op]
+    if spec.category == SOURCE:
+        return 0.0
+    if spec.flops_fn is not None:
+        return float(spec.flops_fn(letter_sizes(graph, node)))
+    total = 0.0
+    if spec.is_contraction:
+        total += 2 * math.prod(letter_sizes(graph, node).values())
+    if spec.flops_per_elem:
+        total += spec.flops_per_elem * sum(t.numel(graph.bindings) for t in node.outputs)
+    return total

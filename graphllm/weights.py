@@ -1,0 +1,128 @@
+"""Weights for a graph's param nodes: seeded random ones, or read from a safetensors checkpoint.
+
+The reader parses the safetensors header itself and views the data with numpy (bf16 through
+ml_dtypes), so bf16, fp16 and fp32 checkpoints load the same way and nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from graphllm.errors import WeightsError
+from graphllm.ir import Graph, Node
+
+_ST_DTYPES = {
+    "F32": np.dtype(np.float32),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F64": np.dtype(np.float64),
+    "I64": np.dtype(np.int64),
+    "I32": np.dtype(np.int32),
+}
+
+
+def _shape(node: Node) -> tuple[int, ...]:
+    return tuple(int(d.size) for d in node.out.dims)  # type: ignore[arg-type]
+
+
+def random_weights(graph: Graph, seed: int = 0, scale: float = 0.02) -> dict[str, np.ndarray]:
+    """Seeded normal(0, scale) matrices; norm weights near their identity value, small biases."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for n in graph.params():
+        shape = _shape(n)
+        if len(shape) == 1 and n.attrs["kind"] == "norms":
+            offset = graph.meta["config"].norm_weight_offset if "config" in graph.meta else 0.0
+            w = (1.0 - offset) + 0.1 * rng.standard_normal(shape)
+        else:
+            w = scale * rng.standard_normal(shape)
+        out[n.name] = w.astype(np.float32)
+    return out
+
+
+class SafetensorsFolder:
+    """The tensors of a checkpoint folder (one file or sharded with an index), read lazily."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        if not self.folder.is_dir():
+            raise WeightsError(f"weights folder {self.folder} does not exist")
+        index = self.folder / "model.safetensors.index.json"
+        if index.exists():
+            try:
+                wmap = json.loads(index.read_text())["weight_map"]
+            except (ValueError, KeyError) as e:
+                raise WeightsError(f"{index}: not a safetensors index ({e})") from None
+            files = sorted(set(wmap.values()))
+        else:
+            files = sorted(p.name for p in self.folder.glob("*.safetensors"))
+            if not files:
+                raise WeightsError(f"no .safetensors files in {self.folder}")
+        self._where: dict[str, tuple[Path, dict]] = {}
+        for f in files:
+            path = self.folder / f
+            for name, info in _header(path).items():
+                if name != "__metadata__":
+                    self._where[name] = (path, info)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def names(self) -> list[str]:
+        return list(self._where)
+
+    def read(self, name: str) -> np.ndarray:
+        """One tensor as float32."""
+        if name not in self._where:
+            raise WeightsError(f"checkpoint {self.folder} has no tensor {name}")
+        path, info = self._where[name]
+        dt = _ST_DTYPES.get(info["dtype"])
+        if dt is None:
+            raise WeightsError(f"{name}: safetensors dtype {info['dtype']} is not supported")
+        start, end = info["data_offsets"]
+        base = 8 + _header_len(path)
+        count = math.prod(info["shape"])
+        if end - start != count * dt.itemsize:
+            raise WeightsError(f"{name}: data size does not match its shape in {path.name}")
+        mm = np.memmap(path, dtype=np.uint8, mode="r", offset=base + start, shape=(end - start,))
+        return mm.view(dt).reshape(info["shape"]).astype(np.float32)
+
+
+def _header_len(path: Path) -> int:
+    with open(path, "rb") as f:
+        raw = f.read(8)
+    if len(raw) != 8:
+        raise WeightsError(f"{path}: not a safetensors file")
+    return struct.unpack("<Q", raw)[0]
+
+
+def _header(path: Path) -> dict:
+    n = _header_len(path)
+    with open(path, "rb") as f:
+        f.seek(8)
+        try:
+            return json.loads(f.read(n))
+        except ValueError:
+            raise WeightsError(f"{path}: corrupt safetensors header") from None
+
+
+def load_weights(graph: Graph, folder: str | Path) -> dict[str, np.ndarray]:
+    """Every param of `graph` read from a checkpoint by name; stacked experts gathered per expert."""
+    ckpt = SafetensorsFolder(folder)
+    out: dict[str, np.ndarray] = {}
+    for n in graph.params():
+        shape = _shape(n)
+        if n.attrs.get("stacked") == "expert":
+            arr = np.stack([ckpt.read(n.name.replace("*", str(e))) for e in range(shape[0])])
+        else:
+            arr = ckpt.read(n.name)
+        if arr.shape != shape:
+            raise WeightsError(f"{n.name}: checkpoint shape {arr.shape}, graph expects {shape}")
+        out[n.name] = arr
+    return out

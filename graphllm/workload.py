@@ -1,0 +1,112 @@
+"""What the model is asked to compute: batch, new tokens, past tokens, and the dtypes of storage."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from graphllm.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DType:
+    """A storage dtype. `bits` per element; weight-only int formats add one scale per group."""
+
+    name: str
+    bits: int
+    group_size: int = 0  # elements sharing one scale (0: no scales)
+    scale_bits: int = 0
+
+    def nbytes(self, numel: float) -> float:
+        """Bytes to store `numel` elements, scales included."""
+        b = numel * self.bits / 8
+        if self.group_size:
+            b += numel / self.group_size * self.scale_bits / 8
+        return b
+
+
+DTYPES: dict[str, DType] = {
+    "fp32": DType("fp32", 32),
+    "bf16": DType("bf16", 16),
+    "fp16": DType("fp16", 16),
+    "fp8": DType("fp8", 8),
+    "int8": DType("int8", 8),
+    # int4 weights in groups of 128 with an fp16 scale each, as GPTQ/AWQ store them
+    "int4": DType("int4", 4, group_size=128, scale_bits=16),
+}
+# dtypes that only make sense for stored weights (activations need a float format)
+WEIGHT_ONLY = {"int4"}
+# spellings seen in HF configs
+DTYPE_ALIASES = {
+    "float32": "fp32",
+    "float": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float8": "fp8",
+    "float8_e4m3fn": "fp8",
+}
+
+
+def dtype(name: str) -> DType:
+    """Look up a dtype by graphllm or torch spelling."""
+    key = DTYPE_ALIASES.get(name, name)
+    if key not in DTYPES:
+        raise ConfigError(f"unknown dtype {name!r}; known: {', '.join(DTYPES)}")
+    return DTYPES[key]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Batch B, new tokens T, past tokens P (KV cache); key length S = P + T.
+
+    P > 0 with small T is decode. Dtypes drive bytes and memory; execution is fp32.
+    """
+
+    batch: int = 1
+    seq_len: int = 1
+    past_len: int = 0
+    weight_dtype: str = "bf16"
+    act_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "seq_len"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"workload {name} must be a positive integer, got {v!r}")
+        p = self.past_len
+        if not isinstance(p, int) or isinstance(p, bool) or p < 0:
+            raise ConfigError(f"workload past_len must be a non-negative integer, got {p!r}")
+        for name in ("weight_dtype", "act_dtype", "kv_dtype"):
+            canon = dtype(getattr(self, name)).name
+            if canon in WEIGHT_ONLY and name != "weight_dtype":
+                raise ConfigError(f"{canon} is a weight-only format; it cannot be the {name}")
+            object.__setattr__(self, name, canon)
+
+    @property
+    def key_len(self) -> int:
+        return self.past_len + self.seq_len
+
+    @property
+    def phase(self) -> str:
+        return "decode" if self.past_len > 0 else "prefill"
+
+    def bindings(self) -> dict[str, int]:
+        """Values of the symbolic dims B, T, P, S."""
+        return {"B": self.batch, "T": self.seq_len, "P": self.past_len, "S": self.key_len}
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"key_len": self.key_len, "phase": self.phase}
+
+    @staticmethod
+    def with_dtype(base: Workload | None = None, **kw) -> Workload:
+        """A workload with `dtype=` setting all three dtypes, then per-kind overrides applied."""
+        d = asdict(base or Workload())
+        all_dt = kw.pop("dtype", None)
+        if all_dt is not None:
+            d["weight_dtype"] = d["act_dtype"] = d["kv_dtype"] = all_dt
+            if dtype(all_dt).name in WEIGHT_ONLY:
+                # int4 weights run with 16-bit activations and cache, as weight-only kernels do
+                d["act_dtype"] = d["kv_dtype"] = "fp16"
+        d.update({k: v for k, v in kw.items() if v is not None})
+        return Workload(**d)

@@ -1,0 +1,154 @@
+import math
+
+import numpy as np
+import pytest
+
+from graphllm.errors import GraphError
+from graphllm.ir import Dim, Graph, TensorType
+from graphllm.ops import CATEGORIES, OPS, SOURCE, node_flops
+from graphllm.signature import parse
+
+B, T, S = Dim("B", "batch"), Dim("T", "token"), Dim("S", "key_token")
+D8 = Dim("d", "hidden", 8)
+
+
+def test_every_row_is_complete():
+    for name, spec in OPS.items():
+        assert spec.name == name
+        assert spec.doc
+        parse(spec.sig)
+        if spec.category != SOURCE:
+            assert spec.impl is not None, name
+            assert len(spec.out_dtypes) == len(spec.signature.outputs), name
+    assert set().union(*CATEGORIES.values()) == set(OPS)
+
+
+def test_signature_parse_groups_and_ellipsis():
+    sig = parse("b t (h e) -> b h t e")
+    assert sig.inputs == (("b", "t", ("h", "e")),)
+    assert sig.outputs == (("b", "h", "t", "e"),)
+    assert parse("... d, f d -> ... f").inputs[0] == ("...", "d")
+
+
+def _graph(**b) -> Graph:
+    return Graph("t", {"B": 2, "T": 3, "S": 5} | b)
+
+
+def _inp(g, name, *dims, dtype="fp32"):
+    return g.add("input", name, (), {"type": TensorType(tuple(dims), dtype)})
+
+
+def test_linear_shape_and_flops():
+    g = _graph()
+    x = _inp(g, "x", B, T, D8)
+    f = Dim("f", "ffn", 16)
+    w = _inp(g, "w", f, D8)
+    y = g.add("linear", "y", (x, w))
+    assert y.out.dims == (B, T, f)
+    assert node_flops(g, y) == 2 * 2 * 3 * 8 * 16
+
+
+def test_linear_with_wrong_inner_dim_names_the_node():
+    g = _graph()
+    x = _inp(g, "x", B, T, D8)
+    w = _inp(g, "w", Dim("f", "ffn", 16), Dim("d", "hidden", 9))
+    with pytest.raises(GraphError, match=r"y \(linear\): axis d is d=8 in one input, d=9 in 1"):
+        g.add("linear", "y", (x, w))
+
+
+def test_split_heads_checks_the_group_size():
+    g = _graph()
+    x = _inp(g, "x", B, T, D8)
+    h, e = Dim("h", "head", 2), Dim("e", "head_dim", 4)
+    y = g.add("split_heads", "y", (x,), {"axes": {"h": h, "e": e}})
+    assert y.out.dims == (B, h, T, e)
+    with pytest.raises(GraphError, match=r"should be \(h e\) = 6"):
+        g.add("split_heads", "z", (x,), {"axes": {"h": Dim("h", "head", 2), "e": Dim("e", "head_dim", 3)}})
+
+
+def test_repeat_kv_needs_a_multiple():
+    g = _graph()
+    k = _inp(g, "k", B, Dim("g", "kv_head", 2), S, Dim("e", "head_dim", 4))
+    with pytest.raises(GraphError, match="3 heads are not a multiple of 2 kv heads"):
+        g.add("repeat_kv", "r", (k,), {"axes": {"h": Dim("h", "head", 3)}})
+
+
+def test_attention_flops_count_all_axes():
+    g = _graph()
+    h, e = Dim("h", "head", 4), Dim("e", "head_dim", 8)
+    q = _inp(g, "q", B, h, T, e)
+    k = _inp(g, "k", B, h, S, e)
+    s = g.add("scores", "s", (q, k))
+    assert s.out.dims == (B, h, T, S)
+    assert node_flops(g, s) == 2 * 2 * 4 * 3 * 5 * 8
+    sm = g.add("softmax", "sm", (s,))
+    assert node_flops(g, sm) == 5 * 2 * 4 * 3 * 5
+
+
+def test_moe_flops_count_routed_pairs():
+    # C = B*T*k/E: the expert contraction counts exactly B*T*k token-expert pairs
+    n_exp, k = Dim("E", "expert", 8), Dim("k", "topk", 2)
+    c = Dim("C", "slot")
+    g = _graph(C=2 * 3 * 2 / 8)
+    x = _inp(g, "x", B, T, D8)
+    idx = _inp(g, "idx", B, T, k, dtype="int64")
+    wts = _inp(g, "wts", B, T, k)
+    slots = g.add("moe_dispatch", "disp", (x, idx), {"axes": {"x": n_exp, "c": c}})
+    f = Dim("f", "ffn", 16)
+    w = _inp(g, "w", n_exp, f, D8)
+    up = g.add("expert_linear", "up", (slots, w))
+    assert up.out.dims == (n_exp, c, f)
+    assert math.isclose(node_flops(g, up), 2 * (2 * 3 * 2) * 8 * 16)
+    w2 = _inp(g, "w2", n_exp, D8, f)
+    down = g.add("expert_linear", "down", (up, w2))
+    comb = g.add("moe_combine", "comb", (down, wts, idx))
+    assert comb.out.dims == (B, T, D8)
+    assert node_flops(g, comb) == 2 * 2 * 3 * 2 * 8
+
+
+def run(op, *xs, **attrs):
+    return OPS[op].impl(list(xs), attrs)
+
+
+def test_mask_causal_with_past_and_window():
+    x = np.zeros((1, 1, 2, 5), np.float32)  # 2 new queries after 3 past keys
+    m = run("mask", x, causal=True, window=None)
+    assert (np.isfinite(m[0, 0]) == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]).all()
+    m = run("mask", x, causal=True, window=2)
+    assert (np.isfinite(m[0, 0]) == [[0, 0, 1, 1, 0], [0, 0, 0, 1, 1]]).all()
+
+
+def test_softmax_rows_sum_to_one_with_masked_entries():
+    x = run("mask", np.random.default_rng(0).standard_normal((1, 2, 3, 3)).astype(np.float32))
+    p = run("softmax", x)
+    np.testing.assert_allclose(p.sum(-1), 1, rtol=1e-6)
+    assert p[0, 0, 0, 1] == 0
+
+
+def test_topk_dispatch_combine_round_trip():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 5, 4)).astype(np.float32)
+    scores = rng.random((2, 5, 3)).astype(np.float32)
+    w, idx = run("topk", scores, k=2)
+    assert (w[..., 0] >= w[..., 1]).all() and idx.dtype == np.int64
+    np.testing.assert_array_equal(np.take_along_axis(scores, idx, -1), w)
+    slots = run("moe_dispatch", x, idx, axes={"x": Dim("E", "expert", 3)})
+    assert slots.shape[0] == 3 and slots.shape[1] == np.bincount(idx.ravel()).max()
+    ones = np.ones_like(w)
+    # identity experts with unit weights: each token comes back k times
+    np.testing.assert_allclose(run("moe_combine", slots, ones, idx), 2 * x, rtol=1e-6)
+
+
+def test_rope_rotates_pairs_by_position():
+    x = np.zeros((1, 1, 2, 4), np.float32)
+    x[..., 0] = 1.0  # first half, feature 0
+    pos = np.array([[0, 1]])
+    y = run("rope", x, pos, inv_freq=np.array([1.0, 0.5]), attention_scaling=1.0)
+    np.testing.assert_allclose(y[0, 0, 0], [1, 0, 0, 0], atol=1e-7)
+    np.testing.assert_allclose(y[0, 0, 1], [np.cos(1), 0, np.sin(1), 0], atol=1e-7)
+
+
+def test_rmsnorm_offset():
+    x = np.array([[3.0, 4.0]], np.float32)
+    y = run("rmsnorm", x, np.zeros(2, np.float32), eps=0.0, weight_offset=1.0)
+    np.testing.assert_allclose(y, x / np.sqrt(12.5), rtol=1e-6)
