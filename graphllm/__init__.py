@@ -9,7 +9,7 @@ from graphllm.workload import Workload
 __version__ = "0.1.0"
 
 
-def load_config(source):  # noqa: ANN001, ANN201 - re-exported with its real signature below
+def load_config(source):
     from graphllm.config import load_config as _load
 
     return _load(source)

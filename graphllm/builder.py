@@ -57,7 +57,9 @@ class _Builder:
         self.d = Dim("d", "hidden", c.hidden_size)
         self.vocab = Dim("vocab", "vocab", c.vocab_size)
         self.h = Dim("h", "head", c.num_attention_heads)
-        self.h_kv = Dim("h_kv", "kv_head", c.num_key_value_heads)
+        # MHA: each query head has its own K/V head, so K/V carry the query head axis itself
+        # (repeat_kv only exists for GQA/MQA, as in HF's repeat_kv)
+        self.h_kv = self.h if c.n_rep == 1 else Dim("h_kv", "kv_head", c.num_key_value_heads)
         self.d_h = Dim("d_h", "head_dim", c.head_dim)
         self.d_q = Dim("d_q", "hidden", c.num_attention_heads * c.head_dim)
         self.d_kv = Dim("d_kv", "hidden", c.num_key_value_heads * c.head_dim)
@@ -100,8 +102,11 @@ class _Builder:
         if c.embedding_multiplier != 1.0:
             # gemma rounds sqrt(d) to the activation dtype; in fp32 it is exact enough
             x = g.add("mul_const", "model.embed_scale", (x,), {"value": c.embedding_multiplier})
+        blocks = []
         for i in range(c.num_hidden_layers):
             x = self.block(i, x)
+            blocks.append(x.name)
+        g.meta["blocks"] = blocks  # each block's output, for per-layer reports
         x = self.rmsnorm("model.norm", x, self.d)
         if c.tie_word_embeddings:
             logits = g.add("linear", "lm_head", (x, table))
@@ -201,11 +206,15 @@ class _Builder:
         ffn = Dim("ffn_e", "ffn", c.moe_intermediate_size)
         logits = self.linear(f"{p}.gate", x, n_exp, "router")  # (B, T, E)
         probs = g.add("softmax", f"{p}.router.softmax", (logits,))
-        top = g.add("topk", f"{p}.router.topk", (probs,), {"k": c.num_experts_per_tok, "axes": {"k": topk}})
+        top = g.add(
+            "topk", f"{p}.router.topk", (probs,), {"k": c.num_experts_per_tok, "axes": {"k": topk}}
+        )
         weights, chosen = Ref(top.name, 0), Ref(top.name, 1)
         if c.norm_topk_prob:
             weights = g.add("normalize", f"{p}.router.normalize", (weights,))
-        slots = g.add("moe_dispatch", f"{p}.experts.dispatch", (x, chosen), {"axes": {"x": n_exp, "c": C}})
+        slots = g.add(
+            "moe_dispatch", f"{p}.experts.dispatch", (x, chosen), {"axes": {"x": n_exp, "c": C}}
+        )
         names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
 
         def expert_linear(role: str, inp: Node, out: Dim) -> Node:
@@ -223,7 +232,9 @@ class _Builder:
         y = expert_linear(names[2], m, self.d)  # (E, C, d)
         out = g.add("moe_combine", f"{p}.experts.combine", (y, weights, chosen))  # (B, T, d)
         if c.shared_expert_intermediate_size:
-            sh = self.mlp(f"{p}.shared_expert", x, c.shared_expert_intermediate_size, "shared_experts")
+            sh = self.mlp(
+                f"{p}.shared_expert", x, c.shared_expert_intermediate_size, "shared_experts"
+            )
             if c.shared_expert_gate:
                 one = Dim("1", "hidden", 1)
                 gl = self.linear(f"{p}.shared_expert_gate", x, one, "router")

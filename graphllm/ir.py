@@ -42,10 +42,16 @@ class Dim:
     name: str
     role: str
     size: int | None = None
+    # dims are hashed on every cached shape inference: compute it once
+    _hash: int = field(init=False, repr=False, compare=False, default=0)
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise GraphError(f"dim {self.name}: unknown role {self.role!r}")
+        object.__setattr__(self, "_hash", hash((self.name, self.role, self.size)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def symbolic(self) -> bool:
@@ -77,7 +83,9 @@ class TensorType:
             n *= d.size if d.size is not None else bindings[d.name]
         return n
 
-    def format(self, bindings: dict[str, float] | None = None, drop_unit_batch: bool = False) -> str:
+    def format(
+        self, bindings: dict[str, float] | None = None, drop_unit_batch: bool = False
+    ) -> str:
         """Dims joined by '×': `B×T×4096` symbolically, `1×3×8` once bound."""
         parts = []
         for d, s in zip(self.dims, self.shape(bindings)):

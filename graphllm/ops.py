@@ -49,6 +49,9 @@ class OpSpec:
     flops_fn: Callable[[dict[str, float]], float] | None = None
     out_dtypes: tuple[str, ...] = ("same",)  # 'same' (input 0), 'act', 'int64', 'attr'
     check: Callable[[Node, dict[str, Dim]], str | None] | None = None
+    # which (query, key) position pairs the op lets through, from its attrs: for query
+    # positions t (absolute), the interval [lo(t), hi(t)] of key positions; None: all
+    relation: Callable[[dict[str, Any], np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
 
     @property
     def signature(self) -> Signature:
@@ -110,12 +113,17 @@ def _merge_heads(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
 def _mask(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     x = xs[0]  # (B, H, T, S); queries are the last T of the S key positions
     t, s = x.shape[-2], x.shape[-1]
-    q = np.arange(s - t, s)[:, None]
+    lo, hi = _mask_relation(a, np.arange(s - t, s))
     k = np.arange(s)[None, :]
-    allowed = k <= q if a.get("causal", True) else np.ones((t, s), bool)
-    if a.get("window"):
-        allowed &= k > q - a["window"]
+    allowed = (k >= lo[:, None]) & (k <= hi[:, None])
     return np.where(allowed, x, np.float32(-np.inf))
+
+
+def _mask_relation(a: dict[str, Any], t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Allowed key positions of query position t: causal s <= t; window W: s > t - W."""
+    hi = t.copy() if a.get("causal", True) else np.full_like(t, np.iinfo(np.int64).max // 2)
+    lo = t - a["window"] + 1 if a.get("window") else np.zeros_like(t)
+    return lo, hi
 
 
 def _softmax(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
@@ -147,9 +155,11 @@ def _dispatch(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     x, idx = xs  # x: (B, T, d); idx: (B, T, k)
     n_exp = a["axes"]["x"].size
     slot = _slots(idx, n_exp)
-    cap = int(slot.max()) + 1 if slot.size else 0
-    out = np.zeros((n_exp, cap, x.shape[-1]), dtype=np.float32)  # (E, slots, d), zero-padded
-    b, t, k = np.indices(idx.shape)
+    # every expert gets room for all B*T tokens (top-k picks distinct experts), so the padded
+    # shape never depends on the routing and each row computes the same bits whatever the others do
+    cap = idx.shape[0] * idx.shape[1]
+    out = np.zeros((n_exp, cap, x.shape[-1]), dtype=np.float32)  # (E, B*T, d), zero-padded
+    b, t, _ = np.indices(idx.shape)
     out[idx, slot] = x[b, t]
     return out
 
@@ -316,6 +326,7 @@ for _spec in [
         "Set disallowed (query, key) pairs to -inf: causal s <= t, window t - W < s. "
         "1 FLOP/element (a select).",
         flops_per_elem=1,
+        relation=_mask_relation,
     ),
     OpSpec(
         "softmax",

@@ -16,7 +16,7 @@ from graphllm.workload import Workload
 def trace_report(config: ModelConfig, workload: Workload) -> tuple[dict[str, Any], Graph]:
     """Build and verify the graph, run the analyses; returns the document and the graph."""
     graph = build_graph(config, workload)
-    results = run(graph, ["verify", "params"])
+    results = run(graph, ["verify", "params", "tokens"])
     cfg = asdict(config)
     doc = {
         "model": {"name": config.name, "model_type": config.model_type, "config": cfg},
@@ -29,5 +29,6 @@ def trace_report(config: ModelConfig, workload: Workload) -> tuple[dict[str, Any
             "outputs": list(graph.outputs),
         },
         "params": results["params"].to_dict(),
+        "token_mixing": results["tokens"].to_dict(),
     }
     return doc, graph

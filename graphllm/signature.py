@@ -110,7 +110,9 @@ def bind(
             if prev is None:
                 env[ax] = d
             elif prev != d:
-                raise GraphError(f"{where}: axis {ax} is {_dim(prev)} in one input, {_dim(d)} in {i}")
+                raise GraphError(
+                    f"{where}: axis {ax} is {_dim(prev)} in one input, {_dim(d)} in {i}"
+                )
     return env, ell or ()
 
 
@@ -155,7 +157,9 @@ def output_dims(
             else:
                 d = env.get(ax) or axes.get(ax)
                 if d is None:
-                    raise GraphError(f"{where}: output axis {ax} is neither an input axis nor given")
+                    raise GraphError(
+                        f"{where}: output axis {ax} is neither an input axis nor given"
+                    )
                 dims.append(d)
         outs.append(tuple(dims))
     return outs

@@ -34,3 +34,18 @@ def print_trace(doc: dict[str, Any], console: Console | None = None) -> None:
     table.add_row("[bold]total[/bold]", f"[bold]{p['total']:,}[/bold] ({_n(p['total'])})", "")
     table.add_row("active per token", f"{p['active']:,} ({_n(p['active'])})", "")
     con.print(table)
+    if "token_mixing" in doc:
+        print_token_mixing(doc["token_mixing"], con)
+
+
+def print_token_mixing(tm: dict[str, Any], con: Console) -> None:
+    """Which ops mix token positions, and how far the last position reaches."""
+    names = tm["nodes"]
+    ops = ", ".join(tm["mixing_ops"]) or "none"
+    con.print(f"token mixing: {len(names)} nodes mix positions (ops: {ops}); all others are local")
+    layers = tm["per_layer"]
+    reach = ", ".join(str(r["reach"]) for r in layers[:8]) + (" ..." if len(layers) > 8 else "")
+    con.print(
+        f"receptive field of the last position: {tm['receptive_field']} input positions "
+        f"(per layer: {reach})"
+    )

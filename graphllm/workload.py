@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import InitVar, asdict, dataclass
 
 from graphllm.errors import ConfigError
 
@@ -47,7 +47,7 @@ DTYPE_ALIASES = {
 }
 
 
-def dtype(name: str) -> DType:
+def _dtype(name: str) -> DType:
     """Look up a dtype by graphllm or torch spelling."""
     key = DTYPE_ALIASES.get(name, name)
     if key not in DTYPES:
@@ -68,8 +68,16 @@ class Workload:
     weight_dtype: str = "bf16"
     act_dtype: str = "bf16"
     kv_dtype: str = "bf16"
+    # sets all three dtypes at once (an int4 one keeps 16-bit activations and cache)
+    dtype: InitVar[str | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, dtype: str | None) -> None:
+        if dtype is not None:
+            canon = _dtype(dtype).name
+            other = "fp16" if canon in WEIGHT_ONLY else canon
+            object.__setattr__(self, "weight_dtype", canon)
+            object.__setattr__(self, "act_dtype", other)
+            object.__setattr__(self, "kv_dtype", other)
         for name in ("batch", "seq_len"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -78,7 +86,7 @@ class Workload:
         if not isinstance(p, int) or isinstance(p, bool) or p < 0:
             raise ConfigError(f"workload past_len must be a non-negative integer, got {p!r}")
         for name in ("weight_dtype", "act_dtype", "kv_dtype"):
-            canon = dtype(getattr(self, name)).name
+            canon = _dtype(getattr(self, name)).name
             if canon in WEIGHT_ONLY and name != "weight_dtype":
                 raise ConfigError(f"{canon} is a weight-only format; it cannot be the {name}")
             object.__setattr__(self, name, canon)
@@ -99,14 +107,17 @@ class Workload:
         return asdict(self) | {"key_len": self.key_len, "phase": self.phase}
 
     @staticmethod
-    def with_dtype(base: Workload | None = None, **kw) -> Workload:
-        """A workload with `dtype=` setting all three dtypes, then per-kind overrides applied."""
+    def with_dtype(base: Workload | None = None, **kw: object) -> Workload:
+        """`base` (or the defaults) with `dtype=` setting all three dtypes, then per-kind overrides."""
         d = asdict(base or Workload())
         all_dt = kw.pop("dtype", None)
         if all_dt is not None:
-            d["weight_dtype"] = d["act_dtype"] = d["kv_dtype"] = all_dt
-            if dtype(all_dt).name in WEIGHT_ONLY:
-                # int4 weights run with 16-bit activations and cache, as weight-only kernels do
-                d["act_dtype"] = d["kv_dtype"] = "fp16"
+            full = Workload(dtype=all_dt)  # type: ignore[arg-type]
+            d.update(
+                weight_dtype=full.weight_dtype, act_dtype=full.act_dtype, kv_dtype=full.kv_dtype
+            )
         d.update({k: v for k, v in kw.items() if v is not None})
         return Workload(**d)
+
+
+dtype = _dtype  # public name: look up a dtype by graphllm or torch spelling

@@ -62,7 +62,9 @@ def test_verify_names_a_tampered_node():
     g = tiny()
     g.verify()
     g["act"].outputs = (TensorType((B, T, D8), "fp32"),)
-    with pytest.raises(GraphError, match=r"act \(silu\): outputs are B×T×8, the op table gives B×T×16"):
+    with pytest.raises(
+        GraphError, match=r"act \(silu\): outputs are B×T×8, the op table gives B×T×16"
+    ):
         g.verify()
 
 

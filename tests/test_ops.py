@@ -63,7 +63,12 @@ def test_split_heads_checks_the_group_size():
     y = g.add("split_heads", "y", (x,), {"axes": {"h": h, "e": e}})
     assert y.out.dims == (B, h, T, e)
     with pytest.raises(GraphError, match=r"should be \(h e\) = 6"):
-        g.add("split_heads", "z", (x,), {"axes": {"h": Dim("h", "head", 2), "e": Dim("e", "head_dim", 3)}})
+        g.add(
+            "split_heads",
+            "z",
+            (x,),
+            {"axes": {"h": Dim("h", "head", 2), "e": Dim("e", "head_dim", 3)}},
+        )
 
 
 def test_repeat_kv_needs_a_multiple():
@@ -133,7 +138,7 @@ def test_topk_dispatch_combine_round_trip():
     assert (w[..., 0] >= w[..., 1]).all() and idx.dtype == np.int64
     np.testing.assert_array_equal(np.take_along_axis(scores, idx, -1), w)
     slots = run("moe_dispatch", x, idx, axes={"x": Dim("E", "expert", 3)})
-    assert slots.shape[0] == 3 and slots.shape[1] == np.bincount(idx.ravel()).max()
+    assert slots.shape == (3, 2 * 5, 4)  # room for every token in every expert
     ones = np.ones_like(w)
     # identity experts with unit weights: each token comes back k times
     np.testing.assert_allclose(run("moe_combine", slots, ones, idx), 2 * x, rtol=1e-6)

@@ -1,0 +1,397 @@
+"""The `tokens` pass: which ops mix information across token positions, and exactly which input
+positions each output position depends on.
+
+Both answers are derived from the op table's signatures and the roles of the dims bound to them;
+no op or node is listed by name.
+
+Mixing rule, for one op: an output value at some positions reads input values at others when
+  1. a position axis of an input is absent from the outputs (contracted or reduced away: PV), or
+  2. the op reads a position axis in full for each output value (`reduce`: softmax over keys), or
+  3. an output has two position axes that no single input has together (Q K^T pairs t with s).
+Letters that a row declares `same_position` (KV concat, MoE slots) index one absolute position.
+
+Dependence sets: every position axis is placed on absolute positions 0..S-1 (past 0..P-1, new
+tokens P..S-1). A tensor with one position axis carries, per position, the set of input
+positions it depends on; one with two (scores, t x s) carries a row set per t, a column set per s
+and the interval of s each t is allowed to see (narrowed by a row's `relation`, e.g. the mask).
+Sets are exact bit matrices for short sequences, and intervals (their hull, exact for causal and
+window masks, whose sets are contiguous) for long ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from graphllm.errors import PassError
+from graphllm.ir import TOKEN_ROLES, Dim, Graph, Node
+from graphllm.ops import OPS, SOURCE, bind_node
+from graphllm.passes import register
+
+EXACT_LIMIT = 256  # positions up to which sets are exact bit matrices
+_BIG = np.iinfo(np.int64).max // 4
+
+
+# -- the mixing verdict ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Verdict:
+    mixes: bool
+    reason: str
+
+
+_LETTERS_CACHE: dict[tuple, tuple[list[list[str]], list[list[str]]]] = {}
+
+
+def position_letters(graph: Graph, node: Node) -> tuple[list[list[str]], list[list[str]]]:
+    """Canonical position letters of each input and output operand, in axis order."""
+    # the same op on the same types recurs in every layer; the key holds all this function reads
+    key = (
+        node.op,
+        tuple(graph.input_types(node)),
+        tuple(sorted(node.attrs.get("axes", {}).items())),
+    )
+    hit = _LETTERS_CACHE.get(key)
+    if hit is None:
+        if len(_LETTERS_CACHE) > 50_000:
+            _LETTERS_CACHE.clear()
+        hit = _LETTERS_CACHE[key] = _position_letters(graph, node)
+    return hit
+
+
+def _position_letters(graph: Graph, node: Node) -> tuple[list[list[str]], list[list[str]]]:
+    spec = OPS[node.op]
+    env, ell = bind_node(graph, node)
+    canon = {x: grp[0] for grp in spec.same_position for x in grp}
+    axes = node.attrs.get("axes", {})
+
+    def letters(operand: tuple) -> list[str]:
+        out = []
+        for ax in operand:
+            if ax == "...":
+                out += ["..." + d.name for d in ell if d.role in TOKEN_ROLES]
+            elif isinstance(ax, str):
+                d: Dim | None = env.get(ax) or axes.get(ax)
+                if d is not None and d.role in TOKEN_ROLES:
+                    out.append(canon.get(ax, ax))
+        return out
+
+    sig = spec.signature
+    return [letters(o) for o in sig.inputs], [letters(o) for o in sig.outputs]
+
+
+def mixing_verdict(
+    graph: Graph, node: Node, letters: tuple[list[list[str]], list[list[str]]] | None = None
+) -> Verdict:
+    """Whether `node` mixes token positions, and why (from its signature alone)."""
+    spec = OPS[node.op]
+    if spec.category == SOURCE:
+        return Verdict(False, "a graph input or weight")
+    ins, outs = letters or position_letters(graph, node)
+    out_letters = {x for o in outs for x in o}
+    for i, letters in enumerate(ins):
+        for x in letters:
+            if x not in out_letters:
+                return Verdict(True, f"contracts position axis {x} of input {i} ({spec.sig})")
+    for x in spec.reduce:
+        if any(x in o for o in outs):  # a reduced letter that is a position axis here
+            return Verdict(True, f"each output reads the whole position axis {x} ({spec.sig})")
+    for o in outs:
+        if len(set(o)) > 1 and not any(set(o) <= set(i) for i in ins):
+            pair = " and ".join(o)
+            return Verdict(True, f"pairs positions {pair} taken from different inputs ({spec.sig})")
+    return Verdict(False, "each output value reads its own positions only")
+
+
+# -- dependence sets -----------------------------------------------------------------------------
+class Deps:
+    """Per-position sets of input positions: an (N, N) bit matrix, or intervals [lo, hi]."""
+
+    def __init__(self, n: int, exact: bool) -> None:
+        self.n, self.exact = n, exact
+        if exact:
+            self.m = np.zeros((n, n), dtype=bool)
+        else:
+            self.lo = np.full(n, _BIG, dtype=np.int64)
+            self.hi = np.full(n, -_BIG, dtype=np.int64)
+
+    @classmethod
+    def identity(cls, n: int, exact: bool, support: np.ndarray) -> Deps:
+        d = cls(n, exact)
+        idx = np.nonzero(support)[0]
+        if exact:
+            d.m[idx, idx] = True
+        else:
+            d.lo[idx] = d.hi[idx] = idx
+        return d
+
+    def copy(self) -> Deps:
+        d = Deps.__new__(Deps)
+        d.n, d.exact = self.n, self.exact
+        if self.exact:
+            d.m = self.m.copy()
+        else:
+            d.lo, d.hi = self.lo.copy(), self.hi.copy()
+        return d
+
+    def union(self, other: Deps) -> Deps:
+        if other is self or other.is_empty():
+            return self
+        if self.is_empty():
+            return other
+        d = self.copy()
+        if self.exact:
+            d.m |= other.m
+        else:
+            d.lo, d.hi = np.minimum(self.lo, other.lo), np.maximum(self.hi, other.hi)
+        return d
+
+    def is_empty(self) -> bool:
+        return not self.m.any() if self.exact else bool((self.hi < self.lo).all())
+
+    def keep(self, rows: np.ndarray) -> Deps:
+        """Empty the sets of positions where `rows` is False."""
+        d = self.copy()
+        if self.exact:
+            d.m[~rows] = False
+        else:
+            d.lo[~rows], d.hi[~rows] = _BIG, -_BIG
+        return d
+
+    def range_union(self, lo: np.ndarray, hi: np.ndarray) -> Deps:
+        """Position t gets the union of this object's sets over positions lo[t]..hi[t]."""
+        n = self.n
+        lo_c, hi_c = np.clip(lo, 0, n), np.clip(hi, -1, n - 1)
+        empty = hi_c < lo_c
+        d = Deps(n, self.exact)
+        if self.exact:
+            cum = np.vstack([np.zeros((1, n), np.int32), np.cumsum(self.m, axis=0, dtype=np.int32)])
+            a, b = np.where(empty, 0, lo_c), np.where(empty, 0, hi_c + 1)
+            d.m = (cum[b] - cum[a]) > 0
+        else:
+            d.lo = _range_reduce(self.lo, lo_c, hi_c, np.minimum, _BIG)
+            d.hi = _range_reduce(self.hi, lo_c, hi_c, np.maximum, -_BIG)
+        return d.keep(~empty)
+
+    def sizes(self) -> np.ndarray:
+        if self.exact:
+            return self.m.sum(axis=1)
+        return np.maximum(self.hi - self.lo + 1, 0)
+
+    def row(self, t: int) -> list[int]:
+        if self.exact:
+            return np.nonzero(self.m[t])[0].tolist()
+        return list(range(int(self.lo[t]), int(self.hi[t]) + 1)) if self.hi[t] >= self.lo[t] else []
+
+    def matrix(self) -> np.ndarray:
+        if self.exact:
+            return self.m.copy()
+        k = np.arange(self.n)[None, :]
+        return (k >= self.lo[:, None]) & (k <= self.hi[:, None])
+
+
+def _range_reduce(v: np.ndarray, lo: np.ndarray, hi: np.ndarray, op: Any, empty: int) -> np.ndarray:
+    """op over v[lo[t]..hi[t]] for every t, with a sparse table (O(N log N))."""
+    ok = hi >= lo
+    if len(v) > 1 and bool(np.all(v[1:] >= v[:-1])):  # sorted (causal sets): read the end
+        out = np.full(len(lo), empty, dtype=v.dtype)
+        out[ok] = v[lo[ok]] if op is np.minimum else v[hi[ok]]
+        return out
+    n = len(v)
+    table = [v]
+    span = 1
+    while 2 * span <= n:
+        prev = table[-1]
+        table.append(op(prev[:-span], prev[span:]))
+        span *= 2
+    out = np.full(len(lo), empty, dtype=v.dtype)
+    length = np.where(ok, hi - lo + 1, 1)
+    k = np.floor(np.log2(length)).astype(int)
+    for level in np.unique(k[ok]):
+        sel = ok & (k == level)
+        t = table[level]
+        out[sel] = op(t[lo[sel]], t[hi[sel] - (1 << level) + 1])
+    return out
+
+
+@dataclass
+class _One:
+    """A tensor with one position axis: which positions it holds, and their sets."""
+
+    support: np.ndarray
+    deps: Deps
+
+
+@dataclass
+class _Two:
+    """A tensor with two position axes: row (the first) and column (the second)."""
+
+    support: np.ndarray  # rows present
+    row: Deps
+    col: Deps
+    lo: np.ndarray  # allowed columns per row: [lo, hi]
+    hi: np.ndarray
+
+
+_NONE = None  # a tensor without position axes (weights)
+_COMPUTE = frozenset(name for name, spec in OPS.items() if spec.category != SOURCE)
+
+
+@dataclass(frozen=True)
+class TokenReport:
+    """Mixing verdict per node, and the dependence of every output position on input positions."""
+
+    verdicts: dict[str, Verdict]
+    mixing_nodes: list[tuple[str, str]]
+    exact: bool
+    positions: int  # S: past + new
+    past: int  # P
+    deps: Deps = field(repr=False)  # of the logits, over absolute positions 0..S-1
+    per_layer: list[dict[str, int]] = field(default_factory=list)
+
+    @property
+    def receptive_field(self) -> int:
+        """How many input positions the last position's output depends on."""
+        return int(self.deps.sizes()[-1])
+
+    def depends_on(self, t: int) -> list[int]:
+        """Input positions (absolute) that the output at new token t depends on."""
+        return self.deps.row(self.past + t)
+
+    @property
+    def dependence(self) -> np.ndarray:
+        """(T, S) bool matrix: output at new token t x input position; for short sequences."""
+        return self.deps.matrix()[self.past :]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "nodes": [{"name": n, "op": op} for n, op in self.mixing_nodes],
+            "mixing_ops": sorted({op for _, op in self.mixing_nodes}),
+            "receptive_field": self.receptive_field,
+            "per_layer": self.per_layer,
+            "sets": "exact" if self.exact else "intervals",
+        }
+
+
+@register("tokens", requires=("verify",))
+def token_pass(graph: Graph, results: dict[str, Any] | None = None, **opts: Any) -> TokenReport:
+    """Mixing verdicts for every node and dependence sets through all layers."""
+    letters = {n.name: position_letters(graph, n) for n in graph.nodes() if n.op in _COMPUTE}
+    verdicts = {n.name: mixing_verdict(graph, n, letters.get(n.name)) for n in graph.nodes()}
+    mixing = [(n.name, n.op) for n in graph.nodes() if verdicts[n.name].mixes]
+    b = graph.bindings
+    p_len, s_len = int(b.get("P", 0)), int(b.get("P", 0) + b["T"])
+    exact = opts.get("exact_sets")
+    if exact is None:
+        exact = s_len <= EXACT_LIMIT
+    info = _propagate(graph, s_len, p_len, bool(exact), letters)
+    logits = info[graph.outputs["logits"].node]
+    if not isinstance(logits, _One):
+        raise PassError("tokens: the logits have no single position axis")
+    per_layer = []
+    for i, name in enumerate(graph.meta.get("blocks", [])):
+        blk = info.get(name)
+        if isinstance(blk, _One):
+            last = blk.deps.row(s_len - 1)
+            per_layer.append({"layer": i, "reach": len(last), "first": last[0] if last else -1})
+    return TokenReport(verdicts, mixing, bool(exact), s_len, p_len, logits.deps, per_layer)
+
+
+def _propagate(
+    graph: Graph, n: int, p_len: int, exact: bool, letters: dict[str, tuple]
+) -> dict[str, Any]:
+    """Abstract execution over positions: a _One/_Two/None per node (its output 0; the outputs of
+    a multi-output op share their positions). Returns the infos of block outputs and logits."""
+    keep = set(graph.meta.get("blocks", ())) | {r.node for r in graph.outputs.values()}
+    uses = {n.name: len(graph.users(n)) for n in graph.nodes()}
+    info: dict[str, Any] = {}
+    ranges = {"T": (p_len, n), "P": (0, p_len), "S": (0, n), "C": (p_len, n)}
+    for node in graph.nodes():
+        spec = OPS[node.op]
+        if spec.category == SOURCE:
+            pos = [d for d in node.out.dims if d.role in TOKEN_ROLES]
+            if not pos:
+                info[node.name] = _NONE
+                continue
+            lo, hi = ranges.get(pos[0].name, (0, n))
+            sup = np.zeros(n, bool)
+            sup[lo:hi] = True
+            info[node.name] = _One(sup, Deps.identity(n, exact, sup))
+            continue
+        ins, outs = letters[node.name]
+        vals = [info[r.node] for r in node.inputs]
+        info[node.name] = _apply(node, ins, outs[0], vals, n)
+        for r in node.inputs:  # free what no later node reads (bit matrices are N x N)
+            uses[r.node] -= 1
+            if uses[r.node] == 0 and r.node not in keep:
+                info.pop(r.node, None)
+    return info
+
+
+def _apply(node: Node, ins: list[list[str]], out: list[str], vals: list[Any], n: int) -> Any:
+    """One op's effect on positions, by the shape of its position letters."""
+    spec = OPS[node.op]
+    exact = next((_exact(v) for v in vals if v is not _NONE), True)
+    if not out:
+        return _NONE
+    if len(out) == 1:
+        (t,) = out
+        passed = [v for x, v in zip(ins, vals) if x == [t]]
+        if len(passed) == len(vals) - vals.count(_NONE) and all(v is passed[0] for v in passed):
+            return passed[0]  # positions pass through unchanged (sets are never mutated)
+        sup, deps = np.zeros(n, bool), Deps(n, exact)
+        paired = {x[1] for x, v in zip(ins, vals) if isinstance(v, _Two) and x[0] == t}
+        for letters, v in zip(ins, vals):
+            if v is _NONE:
+                continue
+            if letters == [t]:
+                sup, deps = sup | v.support, deps.union(v.deps)
+            elif isinstance(v, _Two) and letters[0] == t:
+                # contract the column axis s: t reads row(t) and, for each allowed s, col(s) and
+                # every other input's set at s (V in P @ V)
+                col = v.col
+                for x2, v2 in zip(ins, vals):
+                    if x2 == [letters[1]] and isinstance(v2, _One):
+                        col = col.union(v2.deps)
+                seen = v.support & (v.hi >= v.lo)
+                sup = sup | seen
+                deps = deps.union(v.row.keep(seen)).union(col.range_union(v.lo, v.hi))
+            elif len(letters) == 1 and letters[0] in paired:
+                continue  # taken with its pair input above
+            elif len(letters) == 1 and isinstance(v, _One):
+                # a whole position axis reduced away: every output position reads all of it
+                everything = v.deps.range_union(np.zeros(n, np.int64), np.full(n, n - 1))
+                deps = deps.union(everything)
+            else:
+                raise PassError(f"tokens: {node.name}: no rule for positions {letters} -> {out}")
+        return _One(sup, deps.keep(sup))
+    if len(out) == 2:
+        t, s = out
+        for letters, v in zip(ins, vals):
+            if isinstance(v, _Two) and letters == out:
+                row, col, lo, hi = v.row, v.col, v.lo.copy(), v.hi.copy()
+                if _reduces(node, s):
+                    row, col = row.union(col.range_union(lo, hi)).keep(v.support), Deps(n, exact)
+                if spec.relation is not None:
+                    rlo, rhi = spec.relation(node.attrs, np.arange(n))
+                    lo, hi = np.maximum(lo, rlo), np.minimum(hi, rhi)
+                return _Two(v.support, row, col, lo, hi)
+        rows = [v for letters, v in zip(ins, vals) if letters == [t] and isinstance(v, _One)]
+        cols = [v for letters, v in zip(ins, vals) if letters == [s] and isinstance(v, _One)]
+        if rows and cols:
+            r, c = rows[0], cols[0]
+            idx = np.nonzero(c.support)[0]
+            lo = np.where(r.support, idx.min() if idx.size else _BIG, _BIG)
+            hi = np.where(r.support, idx.max() if idx.size else -_BIG, -_BIG)
+            return _Two(r.support.copy(), r.deps, c.deps, lo, hi)
+    raise PassError(f"tokens: {node.name}: no rule for positions {ins} -> {out}")
+
+
+def _exact(v: Any) -> bool:
+    return v.deps.exact if isinstance(v, _One) else v.row.exact
+
+
+def _reduces(node: Node, letter: str) -> bool:
+    """Whether the op reads position axis `letter` in full for each output (softmax over s)."""
+    return letter in OPS[node.op].reduce

@@ -1,0 +1,127 @@
+"""The tokens pass: verdicts derived from signatures, dependence sets, and execution agreeing."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from graphllm import Workload, build_graph, load_config
+from graphllm.ir import Dim, Graph, TensorType
+from graphllm.observe import check_token_mixing
+from graphllm.passes import run
+from graphllm.passes.tokens import mixing_verdict
+
+PRESETS = [
+    "llama3-8b",
+    "llama2-7b",
+    "mistral-7b",
+    "mixtral-8x7b",
+    "qwen2-7b",
+    "qwen1.5-moe-a2.7b",
+    "qwen3-30b-a3b",
+    "gemma-2b",
+    "phi3-mini",
+]
+CORE = {"scores", "softmax", "pv"}
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("workload", [Workload(seq_len=16), Workload(seq_len=2, past_len=30)])
+def test_only_core_attention_mixes(preset, workload):
+    cfg = load_config(preset)
+    graph = build_graph(cfg, workload)
+    report = run(graph, ["tokens"])["tokens"]
+    mixing = {name for name, _ in report.mixing_nodes}
+    assert {op for _, op in report.mixing_nodes} == CORE
+    # three mixing nodes per layer, all inside the layer's core attention
+    assert len(mixing) == 3 * cfg.num_hidden_layers
+    assert all(".self_attn.core." in name for name in mixing)
+    local = {n.op for n in graph.nodes() if n.name not in mixing}
+    for op in ("embedding", "rmsnorm", "linear", "rope", "repeat_kv", "mask", "add", "mul_const"):
+        assert op in local | {"repeat_kv"}  # repeat_kv only exists for GQA
+    if workload.past_len:
+        assert "kv_concat" in local
+    if cfg.is_moe:
+        assert {"topk", "moe_dispatch", "expert_linear", "moe_combine"} <= local
+
+
+def test_verdicts_give_the_reason():
+    graph = build_graph(load_config("llama3-8b"), Workload(seq_len=4))
+    r = run(graph, ["tokens"])["tokens"].verdicts
+    p = "model.layers.0.self_attn.core"
+    assert "pairs positions t and s" in r[f"{p}.scores"].reason
+    assert "whole position axis s" in r[f"{p}.softmax"].reason
+    assert "contracts position axis s" in r[f"{p}.pv"].reason
+    assert not r["model.layers.0.mlp.down_proj"].mixes
+    # a softmax over experts is local: the rule looks at the role of the reduced axis, not the op
+    moe = build_graph(load_config("mixtral-8x7b"), Workload(seq_len=4))
+    v = run(moe, ["tokens"])["tokens"].verdicts
+    assert not v["model.layers.0.block_sparse_moe.router.softmax"].mixes
+
+
+def test_hand_built_reduction_over_tokens_mixes():
+    # a made-up op use: softmax straight over the token axis must be flagged, with no name lists
+    g = Graph("t", {"B": 1, "T": 4})
+    x = g.add(
+        "input",
+        "x",
+        (),
+        {"type": TensorType((Dim("B", "batch"), Dim("d", "hidden", 2), Dim("T", "token")), "fp32")},
+    )
+    sm = g.add("softmax", "sm", (x,))
+    assert mixing_verdict(g, sm).mixes
+    assert not mixing_verdict(g, x).mixes
+
+
+def _cfg(window=None, layers=3):
+    cfg = load_config("llama3-8b")
+    kinds = ("sliding_attention" if window else "full_attention",) * layers
+    return replace(
+        cfg,
+        num_hidden_layers=layers,
+        layer_types=kinds,
+        sliding_window=window,
+        moe_layers=(False,) * layers,
+    )
+
+
+def test_causal_dependence_is_the_prefix():
+    r = run(build_graph(_cfg(), Workload(seq_len=6)), ["tokens"])["tokens"]
+    np.testing.assert_array_equal(r.dependence, np.tril(np.ones((6, 6), bool)))
+    assert r.receptive_field == 6
+    assert r.depends_on(2) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_window_grows_by_w_minus_one_per_layer(exact):
+    w, layers, t = 3, 3, 12
+    r = run(build_graph(_cfg(w, layers), Workload(seq_len=t)), ["tokens"], exact_sets=exact)
+    rep = r["tokens"]
+    assert [x["reach"] for x in rep.per_layer] == [w + i * (w - 1) for i in range(layers)]
+    assert rep.depends_on(11) == list(range(11 - (layers * (w - 1)), 12))
+    assert rep.exact is exact
+
+
+def test_decode_with_past_sees_the_cache():
+    r = run(build_graph(_cfg(), Workload(seq_len=2, past_len=5)), ["tokens"])["tokens"]
+    assert r.depends_on(0) == list(range(6)) and r.depends_on(1) == list(range(7))
+
+
+def test_long_sequences_use_intervals_equal_to_exact_sets():
+    cfg = _cfg(window=5, layers=4)
+    g = build_graph(cfg, Workload(seq_len=40, past_len=7))
+    exact = run(g, ["tokens"], exact_sets=True)["tokens"]
+    hull = run(g, ["tokens"], exact_sets=False)["tokens"]
+    np.testing.assert_array_equal(exact.dependence, hull.dependence)
+    big = run(build_graph(cfg, Workload(seq_len=50_000)), ["tokens"])["tokens"]
+    assert not big.exact
+    assert big.receptive_field == 5 + 3 * 4
+
+
+@pytest.mark.parametrize("preset", ["llama3-8b", "mistral-7b", "qwen1.5-moe-a2.7b", "mixtral-8x7b"])
+def test_prediction_matches_perturbation(preset):
+    check = check_token_mixing(load_config(preset), seq_len=10)
+    assert check.agrees, check.differences()
+    # the check can fail: a wrong prediction is reported cell by cell
+    wrong = replace(check, predicted=np.ones_like(check.predicted))
+    assert not wrong.agrees and wrong.differences()[0][2:] == (True, False)

@@ -1,0 +1,146 @@
+"""The command line: summaries, JSON documents, and one-line errors with exit code 2."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from graphllm.cli import main
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_trace_json_document():
+    r = invoke("trace", "--model", "llama3-8b", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["model"]["name"] == "llama3-8b"
+    assert doc["workload"] == doc["workload"] | {"batch": 1, "seq_len": 2048, "past_len": 0}
+    assert doc["graph"]["nodes"] > 32 * 20 and doc["graph"]["edges"] > doc["graph"]["nodes"]
+    p = doc["params"]
+    assert p["total"] == p["active"] == 8_030_261_248
+    assert set(p["by_kind"]) == {
+        "embedding",
+        "attention",
+        "mlp",
+        "moe_experts",
+        "shared_experts",
+        "router",
+        "norms",
+        "lm_head",
+    }
+    assert sum(p["by_kind"].values()) == p["total"]
+    tm = doc["token_mixing"]
+    assert {n["op"] for n in tm["nodes"]} == {"scores", "softmax", "pv"}
+    assert tm["receptive_field"] == 2048 and len(tm["per_layer"]) == 32
+
+
+def test_trace_readable_summary_and_workload_flags():
+    r = invoke(
+        "trace",
+        "--config",
+        str(EXAMPLES / "mixtral.yaml"),
+        "-t",
+        "7",
+        "--past-len",
+        "3",
+        "--dtype",
+        "int4",
+    )
+    assert r.exit_code == 0, r.output
+    out = " ".join(r.stdout.split())
+    assert "decode, B=1 T=7 P=3 (S=10)" in out
+    assert "weights int4, activations fp16" in out
+    assert "46,702,792,704" in out and "moe_experts" in out
+    assert "ops: pv, scores, softmax" in out
+
+
+def test_trace_yaml_workload_section_and_flag_override():
+    r = invoke("trace", "--config", str(EXAMPLES / "article.yaml"), "--json")
+    doc = json.loads(r.stdout)
+    assert doc["workload"]["seq_len"] == 3
+    r = invoke("trace", "--config", str(EXAMPLES / "article.yaml"), "--json", "-t", "5")
+    assert json.loads(r.stdout)["workload"]["seq_len"] == 5
+
+
+def test_print_graph():
+    r = invoke("trace", "--config", str(EXAMPLES / "article.yaml"), "--print-graph")
+    assert "%model.layers.0.self_attn.core.scores : B×2×T×T = scores(" in r.stdout
+
+
+def test_presets_lists_the_required_models():
+    r = invoke("presets", "--json")
+    names = {p["name"] for p in json.loads(r.stdout)}
+    assert {
+        "llama2-7b",
+        "llama3-8b",
+        "llama3-70b",
+        "llama3.1-405b",
+        "llama3.2-1b",
+        "mistral-7b",
+        "mixtral-8x7b",
+        "qwen2-7b",
+        "qwen1.5-moe-a2.7b",
+        "qwen3-30b-a3b",
+        "gemma-2b",
+        "phi3-mini",
+    } <= names
+
+
+def test_verify_tokens_agrees():
+    r = invoke("verify", "tokens", "--config", str(EXAMPLES / "qwen-moe.yaml"), "-t", "8")
+    assert r.exit_code == 0, r.output
+    assert "predicted == observed on 64 cells" in r.stdout
+
+
+BAD = [
+    (["--config", "nope/config.json"], "no such file"),
+    (["--model", "llama9-8b"], "unknown preset"),
+    (["--model", "llama3-8b", "--config", "x.yaml"], "exactly one of"),
+    ([], "exactly one of"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD)
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    r = invoke("trace", *args)
+    assert r.exit_code == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], r.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("model_type: llama\nhidden_size: [1, 2\n", "yaml"),
+        ("model_type: llama\nhidden_size: 64\nnum_attention_head: 4\n", "num_attention_heads"),
+        ("model_type: deepseek_v3\n", "deepseek_v3"),
+        ("model_type: gpt2\n", "gpt2"),
+    ],
+)
+def test_bad_yaml_files(tmp_path, text, message):
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    r = invoke("trace", "--config", str(f))
+    assert r.exit_code == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0].lower(), r.stderr
+
+
+def test_real_process_has_no_traceback(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("model_type: llama\nhidden_size: 60\nnum_attention_heads: 7\n")
+    p = subprocess.run(
+        [sys.executable, "-m", "graphllm.cli", "trace", "--config", str(f)],
+        capture_output=True,
+        text=True,
+    )
+    assert p.returncode == 2
+    assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1

@@ -1,0 +1,685 @@
+"""graphllm.config: presets, both transformers spellings, per-family derivation, and one-line
+errors for every bad input (example-based and property-based)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from graphllm import config as C
+from graphllm.config import config_from_dict, list_presets, load_config, load_workload_section
+from graphllm.errors import ConfigError
+from graphllm.model_config import FAMILIES, ModelConfig
+
+PRESETS = {
+    "llama2-7b": "meta-llama/Llama-2-7b-hf",
+    "llama3-8b": "meta-llama/Meta-Llama-3-8B",
+    "llama3-70b": "meta-llama/Meta-Llama-3-70B",
+    "llama3.1-405b": "meta-llama/Llama-3.1-405B",
+    "llama3.2-1b": "meta-llama/Llama-3.2-1B",
+    "mistral-7b": "mistralai/Mistral-7B-v0.1",
+    "mixtral-8x7b": "mistralai/Mixtral-8x7B-v0.1",
+    "mixtral-8x22b": "mistralai/Mixtral-8x22B-v0.1",
+    "qwen2-7b": "Qwen/Qwen2-7B",
+    "qwen1.5-moe-a2.7b": "Qwen/Qwen1.5-MoE-A2.7B",
+    "qwen3-0.6b": "Qwen/Qwen3-0.6B",
+    "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
+    "gemma-2b": "google/gemma-2b",
+    "phi3-mini": "microsoft/Phi-3-mini-4k-instruct",
+}
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+TINY = {
+    "model_type": "llama",
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+}
+
+
+def tiny(**kw) -> dict:
+    """The tiny llama with fields replaced; a value of ... removes the field."""
+    d = {**TINY, **kw}
+    return {k: v for k, v in d.items() if v is not ...}
+
+
+def without(d: dict, *keys: str) -> dict:
+    return {k: v for k, v in d.items() if k not in keys}
+
+
+def error(d: dict) -> str:
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(d, "x")
+    msg = str(e.value)
+    assert "\n" not in msg and msg
+    return msg
+
+
+# ---------------------------------------------------------------------------------------------
+# presets and examples
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_loads(name):
+    c = load_config(name)
+    assert c.name == name
+    assert c.num_attention_heads % c.num_key_value_heads == 0
+    assert len(c.layer_types) == len(c.moe_layers) == c.num_hidden_layers
+
+
+def test_list_presets_names_each_hf_repo():
+    listed = dict(list_presets())
+    assert set(PRESETS) <= set(listed)
+    for name, repo in PRESETS.items():
+        assert listed[name].startswith(repo + ":")
+        assert "\n" not in listed[name]
+
+
+def test_preset_sizes_match_the_published_models():
+    c = load_config("llama3-8b")
+    assert (c.hidden_size, c.num_hidden_layers, c.num_key_value_heads, c.head_dim) == (
+        4096,
+        32,
+        8,
+        128,
+    )
+    assert c.rope.theta == 500000.0 and c.rope.type == "default"
+    big = load_config("llama3.1-405b")
+    assert big.rope.type == "llama3" and big.rope.factor == 8.0
+    assert big.rope.original_max_position_embeddings == 8192
+    small = load_config("llama3.2-1b")
+    assert small.tie_word_embeddings and small.head_dim == 64 and small.rope.factor == 32.0
+    q = load_config("qwen3-30b-a3b")
+    assert (q.num_experts, q.num_experts_per_tok, q.norm_topk_prob) == (128, 8, True)
+    assert q.intermediate_size == 0 and all(q.moe_layers) and q.qk_norm
+
+
+@pytest.mark.parametrize(
+    "file, preset",
+    [("llama.yaml", "llama3-8b"), ("mixtral.yaml", "mixtral-8x7b"), ("qwen-moe.yaml", None)],
+)
+def test_examples_match_their_presets(file, preset):
+    c = load_config(EXAMPLES / file)
+    assert c.name == Path(file).stem
+    if preset:
+        assert c == dataclasses.replace(load_config(preset), name=c.name)
+    assert load_workload_section(EXAMPLES / file)["dtype"] == "bf16"
+
+
+def test_qwen_moe_example_is_the_published_model():
+    a, b = load_config(EXAMPLES / "qwen-moe.yaml"), load_config("qwen1.5-moe-a2.7b")
+    assert a == dataclasses.replace(b, name="qwen-moe")
+
+
+def test_tiny_and_article_examples():
+    t = load_config(EXAMPLES / "tiny.yaml")
+    assert (t.hidden_size, t.num_hidden_layers, t.num_attention_heads) == (64, 2, 4)
+    assert (t.num_key_value_heads, t.vocab_size, t.intermediate_size) == (2, 256, 128)
+    a = load_config(EXAMPLES / "article.yaml")
+    assert (a.hidden_size, a.num_attention_heads, a.head_dim, a.num_hidden_layers) == (8, 2, 4, 1)
+    assert (a.intermediate_size, a.vocab_size) == (16, 16)
+    assert load_workload_section(EXAMPLES / "article.yaml")["seq_len"] == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# transformers-4 and transformers-5 spellings load to the same ModelConfig
+
+V4 = {
+    "llama3.1": {
+        **TINY,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+            "rope_type": "llama3",
+        },
+        "max_position_embeddings": 512,
+        "attention_bias": True,
+        "torch_dtype": "bfloat16",
+    },
+    "mistral": {**TINY, "model_type": "mistral", "sliding_window": 16, "rope_theta": 1e6},
+    "mixtral": {**TINY, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2},
+    "qwen2": {
+        **TINY,
+        "model_type": "qwen2",
+        "num_hidden_layers": 4,
+        "use_sliding_window": True,
+        "sliding_window": 8,
+        "max_window_layers": 2,
+        "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+    },
+    "qwen2_moe": {
+        **TINY,
+        "model_type": "qwen2_moe",
+        "num_hidden_layers": 5,
+        "num_experts": 6,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48,
+        "decoder_sparse_step": 2,
+        "mlp_only_layers": [3],
+        "use_sliding_window": True,
+        "sliding_window": 8,
+        "max_window_layers": 3,
+    },
+    "qwen3": {**TINY, "model_type": "qwen3", "head_dim": 32, "rope_theta": 1e6},
+    "qwen3_moe": {
+        **TINY,
+        "model_type": "qwen3_moe",
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "norm_topk_prob": True,
+        "head_dim": 32,
+    },
+    "gemma": {**TINY, "model_type": "gemma", "hidden_act": "gelu", "head_dim": 16},
+    "phi3": {**TINY, "model_type": "phi3", "sliding_window": 15, "pad_token_id": 0},
+}
+
+
+@pytest.mark.parametrize("case", sorted(V4))
+def test_transformers5_save_pretrained_loads_identically(case, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    v4 = V4[case]
+    hf = transformers.AutoConfig.for_model(
+        v4["model_type"], **{k: v for k, v in v4.items() if k != "model_type"}
+    )
+    hf.save_pretrained(tmp_path)
+    v5 = json.loads((tmp_path / "config.json").read_text())
+    assert v5["transformers_version"].startswith("5.")
+    assert "rope_parameters" in v5 and "rope_theta" not in v5  # really the new spelling
+    assert config_from_dict(v5, "x") == config_from_dict(v4, "x")
+
+
+def test_v5_spelling_by_hand():
+    v4 = {**TINY, "rope_theta": 5e5, "torch_dtype": "bfloat16"}
+    v4["rope_scaling"] = {"type": "linear", "factor": 2.0}
+    v5 = {**TINY, "dtype": "bfloat16", "layer_types": ["full_attention"] * 2}
+    v5["rope_parameters"] = {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5}
+    assert config_from_dict(v5, "x") == config_from_dict(v4, "x")
+    mixtral4 = V4["mixtral"]
+    mixtral5 = {k: v for k, v in mixtral4.items() if k != "num_local_experts"} | {"num_experts": 4}
+    assert config_from_dict(mixtral5, "x") == config_from_dict(mixtral4, "x")
+
+
+# ---------------------------------------------------------------------------------------------
+# what each family derives
+
+
+def test_llama_biases_and_head_dim():
+    c = config_from_dict(tiny(attention_bias=True, mlp_bias=True, head_dim=32), "x")
+    assert (c.qkv_bias, c.o_bias, c.mlp_bias, c.head_dim) == (True, True, True, 32)
+    d = config_from_dict(tiny(num_key_value_heads=...), "x")
+    assert d.num_key_value_heads == 4 and d.head_dim == 16 and not d.qkv_bias
+    assert d.layer_types == ("full_attention",) * 2 and d.sliding_window is None
+
+
+def test_gemma():
+    c = config_from_dict(V4["gemma"], "x")
+    assert c.hidden_act == "gelu_tanh" and c.norm_weight_offset == 1.0
+    assert c.embedding_multiplier == 64**0.5 and c.tie_word_embeddings
+    assert config_from_dict(tiny(model_type="gemma"), "x").head_dim == 256
+    both = tiny(model_type="gemma", hidden_act="gelu", hidden_activation="gelu_pytorch_tanh")
+    assert config_from_dict(both, "x").hidden_act == "gelu_tanh"
+
+
+def test_phi3():
+    c = config_from_dict(V4["phi3"], "x")
+    assert c.fused_qkv and c.fused_gate_up and not c.qkv_bias
+    assert c.layer_types == ("sliding_attention",) * 2 and c.sliding_window == 15
+    assert c.rms_norm_eps == 1e-5
+
+
+def test_mixtral():
+    c = config_from_dict(V4["mixtral"], "x")
+    assert (c.moe_naming, c.norm_topk_prob, c.num_experts, c.num_experts_per_tok) == (
+        "mixtral",
+        True,
+        4,
+        2,
+    )
+    assert c.moe_intermediate_size == 128 and c.intermediate_size == 0
+    assert all(c.moe_layers) and c.rope.theta == 1e6 and c.sliding_window is None
+
+
+def test_qwen2_moe_layers_and_windows():
+    c = config_from_dict(V4["qwen2_moe"], "x")
+    # MoE where (i + 1) % 2 == 0 and i not in mlp_only_layers=[3]
+    assert c.moe_layers == (False, True, False, False, False)
+    assert c.intermediate_size == 128 and c.moe_intermediate_size == 32
+    assert c.shared_expert_intermediate_size == 48 and c.shared_expert_gate
+    assert c.qkv_bias and not c.o_bias and not c.norm_topk_prob
+    # transformers 5: every other layer below max_window_layers slides
+    s, f = "sliding_attention", "full_attention"
+    assert c.layer_types == (s, f, s, f, f) and c.sliding_window == 8
+    nobias = config_from_dict({**V4["qwen2_moe"], "qkv_bias": False}, "x")
+    assert not nobias.qkv_bias
+
+
+def test_qwen_moe_without_dense_layers_zeroes_the_dense_width():
+    c = config_from_dict(V4["qwen3_moe"], "x")
+    assert c.intermediate_size == 0 and all(c.moe_layers) and c.qk_norm
+    assert c.shared_expert_intermediate_size == 0 and not c.shared_expert_gate
+    assert config_from_dict(without(V4["qwen3_moe"], "intermediate_size"), "x") == c
+
+
+def test_qwen_moe_with_no_routed_layer_is_dense():
+    c = config_from_dict({**V4["qwen3_moe"], "decoder_sparse_step": 3}, "x")
+    assert not c.is_moe and c.num_experts == 0 and c.intermediate_size == 128
+
+
+def test_qwen3_head_dim_differs_from_hidden_over_heads():
+    c = config_from_dict(V4["qwen3"], "x")
+    assert c.head_dim == 32 != c.hidden_size // c.num_attention_heads
+    assert c.qk_norm and not c.qkv_bias
+    assert load_config("qwen3-0.6b").head_dim == 128
+
+
+def test_qwen2_windows_and_bias():
+    c = config_from_dict(V4["qwen2"], "x")
+    s, f = "sliding_attention", "full_attention"
+    assert c.layer_types == (f, f, s, s) and c.sliding_window == 8
+    assert c.qkv_bias and not c.o_bias
+    assert c.rope.type == "yarn" and c.rope.factor == 4.0
+    off = config_from_dict({**V4["qwen2"], "use_sliding_window": False}, "x")
+    assert off.layer_types == (f,) * 4 and off.sliding_window is None
+    given = config_from_dict({**V4["qwen2"], "layer_types": [s, f, s, f]}, "x")
+    assert given.layer_types == (s, f, s, f)
+
+
+def test_mistral_windows():
+    c = config_from_dict(V4["mistral"], "x")
+    assert c.layer_types == ("sliding_attention",) * 2 and c.sliding_window == 16
+    off = config_from_dict({**V4["mistral"], "sliding_window": None}, "x")
+    assert off.sliding_window is None and off.layer_types == ("full_attention",) * 2
+    # transformers' default when the field is absent
+    assert config_from_dict(tiny(model_type="mistral"), "x").sliding_window == 4096
+
+
+def test_yarn_defaults_follow_transformers():
+    r = config_from_dict(
+        tiny(max_position_embeddings=256, rope_scaling={"rope_type": "yarn"}), "x"
+    ).rope
+    assert (r.factor, r.original_max_position_embeddings, r.beta_fast, r.truncate) == (
+        1.0,
+        256,
+        32.0,
+        True,
+    )
+
+
+def test_bookkeeping_is_accepted():
+    extra = {
+        "quantization_config": {"quant_method": "gptq", "bits": 4},
+        "eos_token_id": [1, 2],
+        "architectures": ["LlamaForCausalLM"],
+        "_name_or_path": "org/My-Model",
+        "pretraining_tp": 1,
+        "attn_logit_softcapping": None,
+        "use_cache": True,
+    }
+    assert load_config(tiny(**extra)).name == "My-Model"
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input: one line naming the problem
+
+BAD = [
+    (tiny(num_attention_head=4, num_attention_heads=...), "unknown field 'num_attention_head'; "
+     "did you mean 'num_attention_heads'?"),
+    (tiny(hidden_size=66), "hidden_size 66 is not divisible by num_attention_heads 4"),
+    (tiny(num_key_value_heads=3), "num_attention_heads 4 is not divisible by num_key_value_heads"),
+    ({**V4["mixtral"], "num_experts_per_tok": 5}, "num_experts_per_tok 5 exceeds the 4 experts"),
+    (tiny(hidden_size=0), "hidden_size must be a positive integer, got 0"),
+    (tiny(num_hidden_layers=-2), "num_hidden_layers must be a positive integer, got -2"),
+    (tiny(vocab_size="256"), "vocab_size must be a positive integer, got '256' (str)"),
+    (tiny(intermediate_size=128.0), "intermediate_size must be a positive integer, got 128.0"),
+    (tiny(num_hidden_layers=True), "num_hidden_layers must be a positive integer, got True (bool)"),
+    (tiny(tie_word_embeddings=1), "tie_word_embeddings must be true or false, got 1"),
+    (tiny(rms_norm_eps="1e-5"), "rms_norm_eps must be a positive number"),
+    (tiny(hidden_size=...), "missing required field 'hidden_size'"),
+    (tiny(vocab_size=None), "required field 'vocab_size' is null"),
+    (tiny(model_type=...), "missing required field 'model_type'; supported: llama, mistral"),
+    (tiny(model_type="lama"), "unknown model_type 'lama'; did you mean 'llama'? supported:"),
+    (tiny(model_type="gpt2"), "unknown model_type 'gpt2'; supported: llama, mistral, mixtral"),
+    (tiny(model_type="deepseek_v3"), "model_type 'deepseek_v3': DeepSeek-V3"),
+    (tiny(model_type="deepseek_v2"), "not supported yet"),
+    (tiny(model_type="deepseek"), "not planned"),
+    (tiny(layer_types="full_attention"), "layer_types must be a list of strings"),
+    (tiny(layer_types=["full_attention"]), "layer_types has 1 entries for 2 hidden layers"),
+    (tiny(layer_types=["full_attention", "linear_attention"]), "has 'linear_attention'"),
+    (tiny(model_type="mistral", layer_types=["full_attention", "sliding_attention"]),
+     "layer_types disagrees with the window fields"),
+    ({**V4["qwen2"], "use_sliding_window": False, "layer_types": ["sliding_attention"] * 4},
+     "no sliding window is on"),
+    ({**V4["qwen2"], "sliding_window": None}, "use_sliding_window is true but sliding_window"),
+    (tiny(model_type="mistral", sliding_window=0), "sliding_window must be positive"),
+    (tiny(num_experts=8), "field 'num_experts' is not used by model_type 'llama'"),
+    (tiny(attn_logit_softcapping=50.0), "attn_logit_softcapping=50.0 is not modelled (only null)"),
+    (tiny(final_logit_softcapping=30.0), "final_logit_softcapping=30.0 is not modelled"),
+    (tiny(model_type="gemma", use_bidirectional_attention=True),
+     "use_bidirectional_attention=true is not modelled"),
+    (tiny(partial_rotary_factor=0.5), "partial_rotary_factor=0.5 is not modelled"),
+    (tiny(rope_parameters={"rope_type": "default", "partial_rotary_factor": 0.25}),
+     "rope_parameters.partial_rotary_factor=0.25 is not modelled"),
+    (tiny(pretraining_tp=2), "pretraining_tp=2 is not modelled (only 1 or null)"),
+    (tiny(pretraining_tp=True), "pretraining_tp=true is not modelled"),
+    (tiny(hidden_act="gelu"), "hidden_act 'gelu' is not modelled for llama (modelled: silu"),
+    (tiny(hidden_act="relu"), "hidden_act 'relu' is not modelled"),
+    (tiny(model_type="gemma", hidden_activation="gelu_pytorch_tanh", hidden_act="silu"),
+     "hidden_activation 'gelu_pytorch_tanh' disagrees with hidden_act 'silu'"),
+    (tiny(rope_scaling={"type": "dynamic", "factor": 2.0}),
+     "rope_scaling: rope type 'dynamic' is not modelled for llama (modelled: default, linear"),
+    (tiny(model_type="phi3", rope_scaling={"type": "longrope", "short_factor": [1.0]}),
+     "rope type 'longrope' is not modelled for phi3"),
+    (tiny(model_type="phi3", rope_scaling={"type": "su"}), "rope type 'su' is not modelled"),
+    (tiny(rope_scaling={"type": "linear", "fator": 2.0}),
+     "unknown field 'rope_scaling.fator'; did you mean 'factor'?"),
+    (tiny(rope_scaling={"type": "linear"}), "rope_scaling of type 'linear' needs 'factor'"),
+    (tiny(rope_scaling={"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0}),
+     "needs 'low_freq_factor'"),
+    (tiny(rope_scaling={"factor": 2.0}), "rope_scaling.factor does not apply to rope type"),
+    (tiny(rope_scaling={"type": "linear", "rope_type": "yarn", "factor": 2.0}),
+     "has type 'linear' and rope_type 'yarn'"),
+    (tiny(rope_scaling={"type": "linear", "factor": -1}), "rope_scaling.factor must be a positive"),
+    (tiny(rope_scaling={}, rope_parameters={}), "give rope_parameters (transformers 5) or"),
+    (tiny(rope_theta=1e4, rope_parameters={"rope_theta": 5e5}), "rope_theta 10000.0 disagrees"),
+    (tiny(rope_scaling=[1, 2]), "rope_scaling must be a mapping"),
+    ({**V4["qwen2_moe"], "mlp_only_layers": [7]}, "mlp_only_layers names layer 7 but"),
+    ({**V4["qwen2_moe"], "mlp_only_layers": [-1]}, "mlp_only_layers must be a list of non-neg"),
+    (without(V4["qwen2_moe"], "intermediate_size"), "intermediate_size is required: layers [0, 2"),
+    ({**V4["mixtral"], "num_experts": 6}, "num_experts=6 disagrees with num_local_experts=4"),
+    (without(V4["qwen3_moe"], "num_experts"), "missing required field 'num_experts'"),
+    (tiny(hidden_size=12, num_attention_heads=4, num_key_value_heads=4), "head_dim 3 must be even"),
+    (tiny(model_type="phi3", attention_bias=True), "attention_bias=true is not modelled"),
+    (tiny(workload={"batch": 1}), "unknown field 'workload'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("d, expected", BAD, ids=[m[:40] for _, m in BAD])
+def test_bad_config_is_one_line_naming_the_problem(d, expected):
+    assert expected in error(d)
+
+
+def test_non_dict_and_non_string_keys():
+    assert "must be a mapping" in error([1, 2])  # type: ignore[arg-type]
+    assert "field names must be strings" in error({**TINY, 3: 4})
+
+
+def test_unknown_preset_lists_close_matches():
+    with pytest.raises(ConfigError, match=r"unknown preset 'llama3-7b'; did you mean .*llama3-8b"):
+        load_config("llama3-7b")
+    with pytest.raises(ConfigError, match="presets: gemma-2b, llama2-7b"):
+        load_config("gpt2-xl")
+    with pytest.raises(ConfigError, match="empty config source"):
+        load_config("")
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match=r"nope\.yaml: no such file"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match=r"folder has no config\.json"):
+        load_config(tmp_path)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model_type: llama\nhidden_size: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml:3:1: malformed YAML") as e:
+        load_config(bad)
+    assert "\n" not in str(e.value)
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("model_type: llama\nhidden_size: 64\nhidden_size: 32\n")
+    with pytest.raises(ConfigError, match=r"dup\.yaml:3:1: malformed YAML: duplicate key"):
+        load_config(dup)
+    j = tmp_path / "config.json"
+    j.write_text('{"model_type": "llama",\n "hidden_size": 64,,}')
+    with pytest.raises(ConfigError, match=r"config\.json:2:20: malformed JSON"):
+        load_config(j)
+    j.write_text('{"model_type": "llama", "model_type": "mistral"}')
+    with pytest.raises(ConfigError, match="malformed JSON: duplicate key 'model_type'"):
+        load_config(j)
+    lst = tmp_path / "list.yaml"
+    lst.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="expected a mapping of config fields"):
+        load_config(lst)
+    txt = tmp_path / "model.txt"
+    txt.write_text("{}")
+    with pytest.raises(ConfigError, match="unsupported config file type"):
+        load_config(txt)
+
+
+def test_names_and_yaml_floats(tmp_path):
+    folder = tmp_path / "My-Llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(TINY))
+    assert load_config(folder).name == "My-Llama"
+    assert load_config(folder / "config.json").name == "My-Llama"
+    y = tmp_path / "small.yml"
+    y.write_text("model_type: llama\nvocab_size: 16\nhidden_size: 8\nnum_hidden_layers: 1\n"
+                 "num_attention_heads: 2\nintermediate_size: 16\nrms_norm_eps: 1e-5\n")  # fmt: skip
+    c = load_config(str(y))
+    assert c.name == "small" and c.rms_norm_eps == 1e-5  # YAML 1.1 would read '1e-5' as text
+    assert load_workload_section(y) == {}
+    assert load_workload_section(folder / "config.json") == {}
+    assert load_config(tiny()).name == "llama"
+
+
+def test_workload_section(tmp_path):
+    def section(text: str) -> dict:
+        p = tmp_path / "w.yaml"
+        p.write_text(f"model_type: llama\nworkload:\n{text}")
+        return load_workload_section(p)
+
+    assert section("  batch: 2\n  seq_len: 5\n  dtype: int4\n") == {
+        "batch": 2,
+        "seq_len": 5,
+        "dtype": "int4",
+    }
+    with pytest.raises(
+        ConfigError, match=r"unknown field 'workload.seqlen'; did you mean 'seq_len'"
+    ):
+        section("  seqlen: 4\n")
+    with pytest.raises(ConfigError, match="workload batch must be a positive integer"):
+        section("  batch: 0\n")
+    with pytest.raises(ConfigError, match="unknown dtype 'bf17'"):
+        section("  dtype: bf17\n")
+    with pytest.raises(ConfigError, match=r"workload.kv_dtype must be a dtype name, got \[1\]"):
+        section("  kv_dtype: [1]\n")
+    with pytest.raises(ConfigError, match="int4 is a weight-only format"):
+        section("  act_dtype: int4\n")
+    with pytest.raises(ConfigError, match="workload must be a mapping"):
+        section("  - 1\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# properties: random valid configs load and keep the invariants; broken ones raise ConfigError
+
+ROPES = ("default", "linear", "llama3", "yarn")
+
+
+@st.composite
+def valid_configs(draw) -> dict:
+    mt = draw(st.sampled_from(FAMILIES))
+    kv, rep = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    heads, head_dim, n = kv * rep, 2 * draw(st.integers(1, 12)), draw(st.integers(1, 6))
+    d: dict = {
+        "model_type": mt,
+        "vocab_size": draw(st.integers(1, 300)),
+        "num_hidden_layers": n,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "intermediate_size": draw(st.integers(1, 96)),
+        "max_position_embeddings": 1024,
+    }
+    if mt in ("qwen3", "gemma") or draw(st.booleans()):
+        d |= {"head_dim": head_dim, "hidden_size": draw(st.integers(1, 96))}
+    else:
+        d["hidden_size"] = heads * head_dim
+
+    rope = "default" if mt == "phi3" else draw(st.sampled_from(ROPES))
+    params: dict = {"rope_type": rope}
+    if rope != "default":
+        params["factor"] = draw(st.sampled_from([2.0, 4.0, 8.0]))
+    if rope == "llama3":
+        params |= {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    if rope in ("llama3", "yarn"):
+        params["original_max_position_embeddings"] = 256
+    theta = draw(st.sampled_from([1e4, 5e5, 1e6]))
+    if draw(st.booleans()):  # transformers-5 spelling
+        d["rope_parameters"] = params | {"rope_theta": theta}
+    else:
+        d["rope_theta"] = theta
+        if rope != "default":
+            key = draw(st.sampled_from(["type", "rope_type"]))
+            d["rope_scaling"] = {key: params.pop("rope_type")} | params
+
+    window = draw(st.none() | st.integers(1, 64))
+    if mt in ("mistral", "mixtral", "phi3"):
+        d["sliding_window"] = window
+    if mt in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
+        d |= {"use_sliding_window": window is not None, "sliding_window": window or 32}
+        d["max_window_layers"] = draw(st.integers(0, n))
+    if mt in ("llama", "gemma", "qwen3", "qwen3_moe"):
+        d["attention_bias"] = draw(st.booleans())
+    if mt == "llama":
+        d["mlp_bias"] = draw(st.booleans())
+    if mt == "gemma":
+        d["hidden_act"] = draw(st.sampled_from(["gelu", "gelu_pytorch_tanh", "silu"]))
+    experts = draw(st.integers(1, 8))
+    topk = draw(st.integers(1, experts))
+    if mt == "mixtral":
+        d |= {"num_local_experts": experts, "num_experts_per_tok": topk}
+    if mt in ("qwen2_moe", "qwen3_moe"):
+        d |= {
+            "num_experts": experts,
+            "num_experts_per_tok": topk,
+            "moe_intermediate_size": draw(st.integers(1, 64)),
+            "decoder_sparse_step": draw(st.integers(1, 3)),
+            "mlp_only_layers": draw(st.lists(st.integers(0, n - 1), unique=True, max_size=n)),
+            "norm_topk_prob": draw(st.booleans()),
+        }
+    if mt == "qwen2_moe":
+        d["shared_expert_intermediate_size"] = draw(st.integers(1, 64))
+    return d
+
+
+SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(valid_configs())
+def test_random_valid_configs_load_with_invariants(d):
+    c = config_from_dict(d, "x")
+    assert isinstance(c, ModelConfig) and c.model_type == d["model_type"]
+    n = c.num_hidden_layers
+    assert c.num_attention_heads % c.num_key_value_heads == 0 and c.head_dim % 2 == 0
+    if "head_dim" not in d:
+        assert c.head_dim * c.num_attention_heads == c.hidden_size
+    assert len(c.layer_types) == len(c.moe_layers) == n
+    assert set(c.layer_types) <= {"full_attention", "sliding_attention"}
+    assert (c.sliding_window is None) == ("sliding_attention" not in c.layer_types)
+    assert (c.intermediate_size > 0) == (not all(c.moe_layers))
+    if c.is_moe:
+        assert 1 <= c.num_experts_per_tok <= c.num_experts and c.moe_intermediate_size > 0
+    else:
+        assert c.num_experts == 0 and not any(c.moe_layers)
+    assert (c.num_experts > 0) <= (c.model_type in ("mixtral", "qwen2_moe", "qwen3_moe"))
+    assert c.hidden_act in ("silu", "gelu_tanh")
+    rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    assert c.rope.type == rope.get("rope_type", rope.get("type", "default"))
+
+
+SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+         "num_key_value_heads", "intermediate_size", "head_dim", "moe_intermediate_size",
+         "num_experts", "num_local_experts", "num_experts_per_tok",
+         "shared_expert_intermediate_size")  # fmt: skip
+ALWAYS_REQUIRED = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+)
+KNOWN = C._ALL_FIELDS | C.BOOKKEEPING | set(C.NOOP_ONLY) | {"model_type"}
+
+
+@SETTINGS
+@given(valid_configs(), st.data())
+def test_broken_configs_raise_config_error(d, data):
+    kind = data.draw(st.sampled_from(["drop", "misspell", "kv", "size", "type"]))
+    sizes = sorted(k for k in SIZES if k in d)
+    if kind == "drop":
+        key = data.draw(st.sampled_from(ALWAYS_REQUIRED))
+        del d[key]
+    elif kind == "misspell":
+        key = data.draw(st.sampled_from(sorted(d)))
+        i = data.draw(st.integers(0, len(key) - 1))
+        wrong = key[:i] + key[i + 1 :]
+        assume(wrong not in KNOWN)
+        d[wrong] = d.pop(key)
+    elif kind == "kv":
+        heads = d["num_attention_heads"]
+        kv = data.draw(st.integers(1, heads + 3).filter(lambda k: heads % k != 0))
+        d["num_key_value_heads"] = kv
+    elif kind == "size":
+        d[data.draw(st.sampled_from(sizes))] = data.draw(st.integers(-1000, 0))
+    else:
+        key = data.draw(st.sampled_from(sizes))
+        v = d[key]
+        d[key] = data.draw(st.sampled_from([str(v), float(v), True, False, [v], {"v": v}]))
+    msg = error(d)
+    assert len(msg) < 300
+
+
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 5000) | st.floats() | st.text(max_size=6),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+# fields whose checks are the most involved, plus one no field has
+FUZZ_KEYS = [
+    "rope_scaling",
+    "rope_parameters",
+    "layer_types",
+    "mlp_only_layers",
+    "sliding_window",
+    "head_dim",
+    "hidden_act",
+    "pretraining_tp",
+    "num_local_experts",
+    "rope_theta",
+    "tie_word_embeddings",
+    "use_sliding_window",
+    "decoder_sparse_step",
+    "max_window_layers",
+    "x",
+]
+
+
+@SETTINGS
+@given(valid_configs(), st.data())
+def test_any_value_anywhere_is_a_model_or_a_config_error(d, data):
+    for _ in range(data.draw(st.integers(1, 3))):
+        key = data.draw(st.sampled_from(sorted(d) + FUZZ_KEYS))
+        d[key] = data.draw(JSONISH)
+    if data.draw(st.booleans()) and isinstance(d.get("rope_parameters"), dict):
+        d["rope_parameters"][data.draw(st.sampled_from(["factor", "rope_type", "truncate"]))] = (
+            data.draw(JSONISH)
+        )
+    try:
+        c = config_from_dict(d, "x")
+    except ConfigError as e:
+        assert "\n" not in str(e)
+    else:
+        assert len(c.layer_types) == c.num_hidden_layers
