@@ -7,14 +7,19 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from graphllm import config as C
+from graphllm.builder import build_graph
 from graphllm.config import config_from_dict, list_presets, load_config, load_workload_section
 from graphllm.errors import ConfigError
+from graphllm.interpret import run_graph
 from graphllm.model_config import FAMILIES, ModelConfig
+from graphllm.weights import random_weights
+from graphllm.workload import Workload
 
 PRESETS = {
     "llama2-7b": "meta-llama/Llama-2-7b-hf",
@@ -596,6 +601,17 @@ def test_random_valid_configs_load_with_invariants(d):
     assert c.hidden_act in ("silu", "gelu_tanh")
     rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
     assert c.rope.type == rope.get("rope_type", rope.get("type", "default"))
+    # and every valid config builds, verifies and runs
+    graph = build_graph(c, Workload(batch=2, seq_len=3, past_len=n % 2))
+    graph.verify()
+    assert len(graph.meta["blocks"]) == n
+    ids = np.arange(6).reshape(2, 3) % c.vocab_size
+    past = {}
+    for i in range(n if n % 2 else 0):
+        for kind in ("key", "value"):
+            past[f"present.{i}.{kind}"] = np.zeros((2, c.num_key_value_heads, 1, c.head_dim))
+    logits = run_graph(graph, random_weights(graph), ids, past)["logits"]
+    assert logits.shape == (2, 3, c.vocab_size) and np.isfinite(logits).all()
 
 
 SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",

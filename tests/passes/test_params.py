@@ -1,0 +1,79 @@
+"""Parameter counts: exact against published totals and against transformers' own models."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from graphllm import Workload, build_graph, load_config
+from graphllm.passes import run
+
+# totals as published on the models' cards / by their authors (every stored tensor, a tied head once)
+PUBLISHED = {
+    "llama2-7b": 6_738_415_616,
+    "llama3-8b": 8_030_261_248,
+    "llama3-70b": 70_553_706_496,
+    "llama3.1-405b": 405_853_388_800,
+    "llama3.2-1b": 1_235_814_400,
+    "mistral-7b": 7_241_732_096,
+    "mixtral-8x7b": 46_702_792_704,
+    "mixtral-8x22b": 140_620_634_112,
+    "qwen2-7b": 7_615_616_512,
+    "qwen1.5-moe-a2.7b": 14_315_784_192,
+    "qwen3-30b-a3b": 30_532_122_624,
+    "gemma-2b": 2_506_172_416,
+    "phi3-mini": 3_821_079_552,
+}
+# active per token, as the authors state them (rounded in their names: A2.7B, A3B, 12.9B)
+ACTIVE_ROUNDED = {"mixtral-8x7b": 12.9e9, "qwen1.5-moe-a2.7b": 2.7e9, "qwen3-30b-a3b": 3.3e9}
+
+
+def params(preset: str):
+    return run(build_graph(load_config(preset), Workload(seq_len=1)), ["params"])["params"]
+
+
+@pytest.mark.parametrize(("preset", "total"), PUBLISHED.items())
+def test_total_matches_published(preset, total):
+    p = params(preset)
+    assert p.total == total
+    assert sum(p.by_kind.values()) == total
+
+
+@pytest.mark.parametrize(("preset", "active"), ACTIVE_ROUNDED.items())
+def test_moe_active_matches_published_rounding(preset, active):
+    p = params(preset)
+    assert abs(p.active - active) / active < 0.02
+    assert p.active < p.total
+
+
+def test_active_is_k_of_e_experts_plus_everything_else():
+    cfg = load_config("mixtral-8x7b")
+    p = params("mixtral-8x7b")
+    experts = p.by_kind["moe_experts"]
+    assert p.active == p.total - experts + experts * cfg.num_experts_per_tok // cfg.num_experts
+    assert p.active == 12_879_925_248
+
+
+def test_tied_head_counted_once_and_dense_active_equals_total():
+    p = params("llama3.2-1b")
+    assert p.by_kind["lm_head"] == 0 and p.by_kind["embedding"] == 128256 * 2048
+    assert p.active == p.total
+
+
+def test_shared_expert_gate_counts_as_router():
+    p = params("qwen1.5-moe-a2.7b")
+    # per layer: router 60 x 2048, shared-expert gate 1 x 2048
+    assert p.by_kind["router"] == 24 * (60 + 1) * 2048
+    assert p.by_kind["shared_experts"] == 24 * 3 * 2048 * 5632
+
+
+@pytest.mark.parametrize("preset", sorted(PUBLISHED))
+def test_total_matches_transformers_meta_model(preset):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    path = Path(__file__).parents[2] / "graphllm" / "presets" / f"{preset}.json"
+    d = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
+    hf = transformers.AutoConfig.for_model(**d)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(hf)
+    assert params(preset).total == sum(t.numel() for t in model.parameters())
