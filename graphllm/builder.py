@@ -18,6 +18,7 @@ T = Dim("T", "token")
 P = Dim("P", "key_token")
 S = Dim("S", "key_token")
 C = Dim("C", "slot")
+T_LAST = Dim("T_last", "token", 1)  # the last new position alone (logits for a server)
 
 PARAM_KINDS = (
     "embedding",
@@ -44,6 +45,10 @@ class _Builder:
             # balanced routing: T*k token-expert pairs spread over E experts (need not be whole)
             bindings["C"] = wl.batch * wl.seq_len * cfg.num_experts_per_tok / cfg.num_experts
         self.g = Graph(cfg.name, bindings)
+        # name prefix -> the kind of scope it is, for cost roll-ups (a node counts in every
+        # scope that prefixes its name)
+        self.scopes: dict[str, str] = {}
+        self.g.meta["scopes"] = self.scopes
         self.g.meta.update(
             config=cfg,
             workload=wl,
@@ -85,6 +90,7 @@ class _Builder:
         return self.g.add("linear", name, (x, w))
 
     def rmsnorm(self, name: str, x: Node, dim: Dim, kind: str = "norms") -> Node:
+        self.scopes[name] = "norms"
         w = self.param(f"{name}.weight", (dim,), kind)
         attrs = {"eps": self.cfg.rms_norm_eps, "weight_offset": self.cfg.norm_weight_offset}
         return self.g.add("rmsnorm", name, (x, w), attrs)
@@ -99,6 +105,7 @@ class _Builder:
         self.positions = g.add("input", "position_ids", (), {"type": TensorType((B, T), "int64")})
         table = self.param("model.embed_tokens.weight", (self.vocab, self.d), "embedding")
         x = g.add("embedding", "model.embed_tokens", (ids, table))
+        self.scopes.update({"model.embed_tokens": "embedding", "model.embed_scale": "embedding"})
         if c.embedding_multiplier != 1.0:
             # gemma rounds sqrt(d) to the activation dtype; in fp32 it is exact enough
             x = g.add("mul_const", "model.embed_scale", (x,), {"value": c.embedding_multiplier})
@@ -108,6 +115,9 @@ class _Builder:
             blocks.append(x.name)
         g.meta["blocks"] = blocks  # each block's output, for per-layer reports
         x = self.rmsnorm("model.norm", x, self.d)
+        if self.wl.logits == "last":
+            x = g.add("last_position", "model.last_position", (x,), {"axes": {"l": T_LAST}})
+        self.scopes["lm_head"] = "lm_head"
         if c.tie_word_embeddings:
             logits = g.add("linear", "lm_head", (x, table))
         else:
@@ -118,6 +128,7 @@ class _Builder:
     def block(self, i: int, x: Node) -> Node:
         """h = x + attn(norm1(x)); out = h + ffn(norm2(h))."""
         p = f"model.layers.{i}"
+        self.scopes[p] = "layer"
         a = self.attention(f"{p}.self_attn", self.rmsnorm(f"{p}.input_layernorm", x, self.d), i)
         h = self.g.add("add", f"{p}.attn_residual", (x, a))
         n2 = self.rmsnorm(f"{p}.post_attention_layernorm", h, self.d)
@@ -127,6 +138,7 @@ class _Builder:
     # -- attention -----------------------------------------------------------------------------
     def attention(self, p: str, x: Node, i: int) -> Node:
         c, g = self.cfg, self.g
+        self.scopes[p] = "attention"
         if c.fused_qkv:
             d_qkv = Dim("d_qkv", "hidden", self.d_q.size + 2 * self.d_kv.size)  # type: ignore[operator]
             qkv = self.linear(f"{p}.qkv_proj", x, d_qkv, "attention", bias=c.qkv_bias)
@@ -171,6 +183,7 @@ class _Builder:
     def core_attention(self, p: str, q: Node, k: Node, v: Node, window: int | None) -> Node:
         """softmax(mask(Q K^T / sqrt(d_h))) V, per head."""
         g = self.g
+        self.scopes[p] = "core_attention"
         s = g.add("scores", f"{p}.scores", (q, k))  # (B, h, T, S)
         s = g.add("mul_const", f"{p}.scale", (s,), {"value": self.cfg.head_dim**-0.5})
         s = g.add("mask", f"{p}.mask", (s,), {"causal": True, "window": window})
@@ -181,6 +194,7 @@ class _Builder:
     def mlp(self, p: str, x: Node, width: int | None = None, kind: str = "mlp") -> Node:
         """down(act(gate(x)) * up(x))."""
         c, g = self.cfg, self.g
+        self.scopes[p] = "shared_expert" if kind == "shared_experts" else "mlp"
         ffn = Dim("ffn", "ffn", width or c.intermediate_size)
         if c.fused_gate_up:
             two = Dim("2ffn", "ffn", 2 * ffn.size)  # type: ignore[operator]
@@ -201,6 +215,10 @@ class _Builder:
         c, g = self.cfg, self.g
         mixtral = c.moe_naming == "mixtral"
         p = f"{layer}.block_sparse_moe" if mixtral else f"{layer}.mlp"
+        self.scopes.update(
+            {p: "moe", f"{p}.gate": "router", f"{p}.router": "router", f"{p}.experts": "experts"}
+        )
+        self.scopes[f"{p}.shared_expert_gate"] = "router"
         n_exp = Dim("E", "expert", c.num_experts)
         topk = Dim("k", "topk", c.num_experts_per_tok)
         ffn = Dim("ffn_e", "ffn", c.moe_intermediate_size)

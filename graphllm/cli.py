@@ -18,6 +18,23 @@ import click
 DTYPE_NAMES = ["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
 
 
+class IntList(click.ParamType):
+    """A positive integer, or a comma-separated list of them (a sweep)."""
+
+    name = "N[,N...]"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> list[int]:
+        if isinstance(value, list):
+            return value
+        try:
+            out = [int(v) for v in str(value).split(",") if v.strip()]
+        except ValueError:
+            self.fail(f"{value!r} is not an integer or a comma-separated list of them", param, ctx)
+        if not out or min(out) < 1:
+            self.fail(f"{value!r}: sizes must be positive", param, ctx)
+        return out
+
+
 def _fail(msg: str) -> None:
     click.echo(f"error: {msg}", err=True)
     sys.exit(2)
@@ -51,7 +68,9 @@ def model_options(fn: Callable) -> Callable:
         ),
         click.option("--model", "preset", help="A preset name (see `graphllm presets`)."),
         click.option("--batch", "-b", type=click.IntRange(min=1), help="Batch size B."),
-        click.option("--seq-len", "-t", type=click.IntRange(min=1), help="New tokens T."),
+        click.option(
+            "--seq-len", "-t", type=IntList(), help="New tokens T (a list sweeps: 128,1024)."
+        ),
         click.option(
             "--past-len", type=click.IntRange(min=0), help="Past tokens P in the KV cache."
         ),
@@ -61,6 +80,11 @@ def model_options(fn: Callable) -> Callable:
         click.option("--weight-dtype", type=click.Choice(DTYPE_NAMES)),
         click.option("--act-dtype", type=click.Choice(DTYPE_NAMES)),
         click.option("--kv-dtype", type=click.Choice(DTYPE_NAMES)),
+        click.option(
+            "--logits",
+            type=click.Choice(["all", "last"]),
+            help="LM head for every new position, or the last only (as a server).",
+        ),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -69,6 +93,16 @@ def model_options(fn: Callable) -> Callable:
 
 def resolve(options: dict[str, Any]) -> tuple[Any, Any]:
     """ModelConfig and Workload from the shared options: flags over the YAML's workload section."""
+    config, workloads = resolve_sweep(options)
+    if len(workloads) > 1:
+        from graphllm.errors import ConfigError
+
+        raise ConfigError("this command takes one --seq-len, not a list")
+    return config, workloads[0]
+
+
+def resolve_sweep(options: dict[str, Any]) -> tuple[Any, list[Any]]:
+    """Like `resolve`, with one Workload per --seq-len value."""
     from graphllm.config import load_config, load_workload_section
     from graphllm.errors import ConfigError
     from graphllm.workload import Workload
@@ -78,17 +112,18 @@ def resolve(options: dict[str, Any]) -> tuple[Any, Any]:
         raise ConfigError("give exactly one of --config PATH or --model NAME")
     config = load_config(path if path is not None else preset)
     section = load_workload_section(path) if path is not None else {}
+    seq_lens = options.pop("seq_len") or [None]
     flags = {
         "batch": options.pop("batch"),
-        "seq_len": options.pop("seq_len"),
         "past_len": options.pop("past_len"),
         "dtype": options.pop("dtype"),
         "weight_dtype": options.pop("weight_dtype"),
         "act_dtype": options.pop("act_dtype"),
         "kv_dtype": options.pop("kv_dtype"),
+        "logits": options.pop("logits"),
     }
     base = {"seq_len": 2048}  # a typical prompt, when neither the file nor a flag says
-    merged = base | {k: v for k, v in section.items()} | {k: v for k, v in flags.items() if v}
+    merged = base | dict(section) | {k: v for k, v in flags.items() if v}
     if flags["dtype"]:
         # --dtype on the command line resets the per-kind dtypes of the file
         for k in ("weight_dtype", "act_dtype", "kv_dtype"):
@@ -96,7 +131,20 @@ def resolve(options: dict[str, Any]) -> tuple[Any, Any]:
                 merged.pop(k, None)
     if flags["past_len"] == 0:
         merged["past_len"] = 0
-    return config, Workload.with_dtype(None, **merged)
+    out = []
+    for t in seq_lens:
+        one = dict(merged) | ({"seq_len": t} if t else {})
+        out.append(Workload.with_dtype(None, **one))
+    return config, out
+
+
+def hardware_option(default: str | None) -> Callable:
+    return click.option(
+        "--hardware",
+        default=default,
+        show_default=True,
+        help="Device preset (see `graphllm hardware`), a YAML/JSON spec file, or `local`.",
+    )
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -107,15 +155,66 @@ def main() -> None:
 
 @main.command()
 @model_options
+@hardware_option("h100")
+@click.option(
+    "--attention",
+    type=click.Choice(["flash", "naive"]),
+    default="flash",
+    show_default=True,
+    help="Fused core attention, or every op through memory (the score matrix included).",
+)
+@click.option("--training", is_flag=True, help="Forward + backward FLOPs.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead.")
 @click.option("--print-graph", is_flag=True, help="Print the graph, one line per node.")
+@click.option(
+    "--per-op",
+    nargs=2,
+    type=(click.Choice(["csv", "json"]), click.Path(path_type=Path)),
+    help="Write one row per op node: --per-op csv FILE.",
+)
+@click.option(
+    "--plot", type=click.Path(path_type=Path), help="With a --seq-len list: draw the sweep (.png)."
+)
 @user_errors
-def trace(as_json: bool, print_graph: bool, **options: Any) -> None:
-    """Build the model's op graph, verify it and summarise it."""
-    from graphllm.report import trace_report
+def trace(
+    hardware: str | None,
+    attention: str,
+    training: bool,
+    as_json: bool,
+    print_graph: bool,
+    per_op: tuple[str, Path] | None,
+    plot: Path | None,
+    **options: Any,
+) -> None:
+    """Build the model's op graph, verify and analyse it: params, token mixing, cost, memory."""
+    from graphllm.errors import ConfigError
+    from graphllm.hardware import load_hardware
+    from graphllm.report import per_op_text, sweep, trace_report
 
-    config, workload = resolve(options)
-    doc, graph = trace_report(config, workload)
+    config, workloads = resolve_sweep(options)
+    hw = load_hardware(hardware) if hardware else None
+    if len(workloads) > 1:
+        if per_op or print_graph:
+            raise ConfigError("--per-op and --print-graph take one --seq-len, not a list")
+        rows = sweep(config, workloads, hw, attention, training)
+        if plot:
+            from graphllm.plot import plot_sweep
+
+            plot_sweep(rows, plot, f"{config.name} on {hw.name if hw else 'no hardware'}", hw)
+        if as_json:
+            click.echo(json.dumps({"model": config.name, "sweep": rows}, indent=2))
+        else:
+            from graphllm.summary import print_sweep
+
+            print_sweep(rows)
+        return
+    if plot:
+        raise ConfigError("--plot draws a sweep: give --seq-len a list, e.g. 128,1024,8192")
+    doc, graph = trace_report(config, workloads[0], hw, attention, training)
+    if per_op:
+        from graphllm.files import write_text_atomic
+
+        write_text_atomic(per_op[1], per_op_text(graph, per_op[0]))
     if print_graph:
         click.echo(graph.print())
     elif as_json:
@@ -124,6 +223,46 @@ def trace(as_json: bool, print_graph: bool, **options: Any) -> None:
         from graphllm.summary import print_trace
 
         print_trace(doc)
+
+
+@main.command()
+@click.option("--model", "preset", help="Also read a buffer the size of this preset's weights.")
+@click.option("--config", "config_path", type=click.Path(path_type=Path))
+@click.option("--dtype", type=click.Choice(DTYPE_NAMES), default="bf16", show_default=True)
+@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True)
+@user_errors
+def calibrate(
+    preset: str | None, config_path: Path | None, dtype: str, repeats: int, threads: int
+) -> None:
+    """Measure this machine (matmul FLOP/s, read bandwidth) for `--hardware local`."""
+    from graphllm.calibrate import calibrate as measure
+    from graphllm.calibrate import save_local
+
+    weights = None
+    if preset or config_path:
+        from graphllm import Workload, build_graph, load_config
+        from graphllm.passes import run
+
+        cfg = load_config(config_path or preset)
+        graph = build_graph(cfg, Workload(dtype=dtype))
+        weights = run(graph, ["memory"])["memory"].weights
+    hw = measure(weights_bytes=weights, repeats=repeats, threads=threads)
+    path = save_local(hw)
+    click.echo(
+        f"matmul {hw.peak_flops['fp32'] / 1e9:.1f} GFLOP/s, read {hw.memory_bandwidth / 1e9:.1f} "
+        f"GB/s ({threads} threads); saved {path}"
+    )
+
+
+@main.command("hardware")
+@user_errors
+def hardware_list() -> None:
+    """List the device presets for --hardware."""
+    from graphllm.hardware import list_hardware
+
+    for name, desc in list_hardware():
+        click.echo(f"{name:16s} {desc}")
 
 
 @main.group()
@@ -144,7 +283,7 @@ def verify_tokens(seed: int, full_size: bool, **options: Any) -> None:
     """
     from graphllm.observe import check_token_mixing
 
-    seq_len = options.get("seq_len") or 12
+    seq_len = (options.get("seq_len") or [12])[0]
     config, _ = resolve(options)
     check = check_token_mixing(config, seq_len=seq_len, seed=seed, shrink=not full_size)
     cells = check.predicted.size

@@ -52,6 +52,12 @@ class OpSpec:
     # which (query, key) position pairs the op lets through, from its attrs: for query
     # positions t (absolute), the interval [lo(t), hi(t)] of key positions; None: all
     relation: Callable[[dict[str, Any], np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
+    # the contraction is a matrix multiply (what GEMM kernels run and FLOP counters count)
+    matmul: bool = False
+    # the output is a view of the input: no memory is read or written
+    view: bool = False
+    # inputs the op appends to where they lie (a KV cache): not read, and not written again
+    in_place: tuple[int, ...] = ()
 
     @property
     def signature(self) -> Signature:
@@ -218,6 +224,7 @@ for _spec in [
         CONTRACTION,
         lambda xs, a: _f32(xs[0]) @ _f32(xs[1]).T,
         "x W^T with W stored (out, in), as HF checkpoints do.",
+        matmul=True,
     ),
     OpSpec(
         "linear_bias",
@@ -226,6 +233,7 @@ for _spec in [
         lambda xs, a: _f32(xs[0]) @ _f32(xs[1]).T + _f32(xs[2]),
         "x W^T + b; the bias add costs 1 FLOP per output element on top of the contraction.",
         flops_per_elem=1,
+        matmul=True,
     ),
     OpSpec(
         "expert_linear",
@@ -233,6 +241,7 @@ for _spec in [
         CONTRACTION,
         lambda xs, a: _f32(xs[0]) @ _f32(xs[1]).transpose(0, 2, 1),
         "Each expert's slots times that expert's weight (E stacked (out, in) matrices).",
+        matmul=True,
     ),
     OpSpec(
         "rmsnorm",
@@ -252,6 +261,7 @@ for _spec in [
         "Cut the last axis into two parts (phi3's fused gate_up).",
         check=_split_check,
         out_dtypes=("same", "same"),
+        view=True,
     ),
     OpSpec(
         "split3",
@@ -261,6 +271,7 @@ for _spec in [
         "Cut the last axis into three parts (phi3's fused qkv).",
         check=_split_check,
         out_dtypes=("same", "same", "same"),
+        view=True,
     ),
     OpSpec(
         "split_heads",
@@ -268,6 +279,7 @@ for _spec in [
         MOVEMENT,
         _split_heads,
         "View the projection as heads and move heads before tokens.",
+        view=True,
     ),
     OpSpec(
         "merge_heads",
@@ -275,6 +287,14 @@ for _spec in [
         MOVEMENT,
         _merge_heads,
         "Concatenate the heads back into one feature axis.",
+    ),
+    OpSpec(
+        "last_position",
+        "b t d -> b l d",
+        MOVEMENT,
+        lambda xs, a: xs[0][:, -1:],
+        "Keep the last position only (a server computes logits for it alone).",
+        same_position=(("l", "t"),),
     ),
     OpSpec(
         "rope",
@@ -294,6 +314,7 @@ for _spec in [
         "exactly one source position (absolute positions are kept).",
         same_position=(("s", "p", "t"),),
         check=None,
+        in_place=(0,),
     ),
     OpSpec(
         "repeat_kv",
@@ -309,6 +330,7 @@ for _spec in [
         CONTRACTION,
         lambda xs, a: _f32(xs[0]) @ _f32(xs[1]).swapaxes(-1, -2),
         "Q K^T: every query position against every key position.",
+        matmul=True,
     ),
     OpSpec(
         "mul_const",
@@ -343,6 +365,7 @@ for _spec in [
         CONTRACTION,
         lambda xs, a: _f32(xs[0]) @ _f32(xs[1]),
         "Attention probabilities times V: a weighted sum over key positions.",
+        matmul=True,
     ),
     OpSpec(
         "silu",
@@ -514,16 +537,15 @@ def letter_sizes(graph: Graph, node: Node) -> dict[str, float]:
     return sizes
 
 
-def node_flops(graph: Graph, node: Node) -> float:
-    """FLOPs of one node under the table's conventions (see module docstring)."""
+def node_flops(graph: Graph, node: Node) -> tuple[float, float]:
+    """(matmul FLOPs, other FLOPs) of one node under the table's conventions (module docstring)."""
     spec = OPS[node.op]
     if spec.category == SOURCE:
-        return 0.0
+        return 0.0, 0.0
     if spec.flops_fn is not None:
-        return float(spec.flops_fn(letter_sizes(graph, node)))
-    total = 0.0
-    if spec.is_contraction:
-        total += 2 * math.prod(letter_sizes(graph, node).values())
-    if spec.flops_per_elem:
-        total += spec.flops_per_elem * sum(t.numel(graph.bindings) for t in node.outputs)
-    return total
+        return 0.0, float(spec.flops_fn(letter_sizes(graph, node)))
+    contraction = 2 * math.prod(letter_sizes(graph, node).values()) if spec.is_contraction else 0.0
+    other = spec.flops_per_elem * sum(t.numel(graph.bindings) for t in node.outputs)
+    if spec.matmul:
+        return float(contraction), float(other)
+    return 0.0, float(contraction + other)

@@ -36,6 +36,8 @@ def print_trace(doc: dict[str, Any], console: Console | None = None) -> None:
     con.print(table)
     if "token_mixing" in doc:
         print_token_mixing(doc["token_mixing"], con)
+    if "flops" in doc:
+        print_costs(doc, con)
 
 
 def print_token_mixing(tm: dict[str, Any], con: Console) -> None:
@@ -49,3 +51,76 @@ def print_token_mixing(tm: dict[str, Any], con: Console) -> None:
         f"receptive field of the last position: {tm['receptive_field']} input positions "
         f"(per layer: {reach})"
     )
+
+
+def _b(x: float) -> str:
+    for unit, div in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.2f} {unit}"
+    return f"{x:g} B"
+
+
+def _t(sec: float) -> str:
+    return f"{sec * 1e3:.3f} ms" if sec < 1 else f"{sec:.3f} s"
+
+
+def print_costs(doc: dict[str, Any], con: Console) -> None:
+    """FLOPs, bytes, memory and roofline time, with the top scopes and op kinds."""
+    f, b, m, r = doc["flops"], doc["bytes"], doc["memory"], doc.get("roofline")
+    w = doc["workload"]
+    kind = "forward + backward" if w.get("training") else "forward"
+    con.print(
+        f"FLOPs ({kind}): total {_n(f['total'])}, matmul {_n(f['matmul'])}, "
+        f"matmul with the mask skipped {_n(f['matmul_causal'])}"
+    )
+    con.print(
+        f"bytes moved ({w.get('attention', 'flash')} attention): total {_b(b['total'])} = "
+        f"weights {_b(b['weights'])} + KV cache {_b(b['kv_cache'])} + "
+        f"activations {_b(b['activations'])}"
+    )
+    con.print(
+        f"memory: weights {_b(m['weights'])} (active {_b(m['weights_active'])}), "
+        f"KV cache {_b(m['kv_cache'])}, peak activations {_b(m['activations'])}"
+    )
+    table = Table("scope", "FLOPs", "bytes", "time" if r else "")
+    times = r["by_scope"] if r else {}
+    for scope, fl in sorted(f["by_scope"].items(), key=lambda kv: -kv[1]):
+        t = _t(times[scope]) if scope in times else ""
+        table.add_row(scope, _n(fl), _b(b["by_scope"].get(scope, 0.0)), t)
+    con.print(table)
+    ops = Table("op kind", "FLOPs", "time" if r else "")
+    op_times = r["by_op"] if r else {}
+    top = sorted(f["by_op"].items(), key=lambda kv: -op_times.get(kv[0], kv[1]))[:8]
+    for op, fl in top:
+        ops.add_row(op, _n(fl), _t(op_times[op]) if op in op_times else "")
+    con.print(ops)
+    if r:
+        share = r["compute_bound_seconds"] / r["seconds"] if r["seconds"] else 0.0
+        line = f"roofline on {r['hardware']}: {_t(r['seconds'])} per step"
+        if r["phase"] == "decode":
+            line += f", {r['ms_per_token']:.3f} ms per token"
+        line += f", {r['tokens_per_second']:,.0f} tokens/s; {100 * share:.0f}% of it compute-bound"
+        con.print(line)
+
+
+def print_sweep(rows: list[dict[str, Any]], console: Console | None = None) -> None:
+    """How FLOPs, bytes and predicted time grow with T."""
+    con = console or Console()
+    table = Table("T", "FLOPs", "x", "bytes", "x", "time", "x")
+    first = rows[0]
+    for row in rows:
+
+        def ratio(key: str, row: dict[str, Any] = row) -> str:
+            return f"{row[key] / first[key]:.2f}" if first[key] else ""
+
+        sec = row["seconds"]
+        table.add_row(
+            str(row["seq_len"]),
+            _n(row["flops"]),
+            ratio("flops"),
+            _b(row["bytes"]),
+            ratio("bytes"),
+            _t(sec) if sec is not None else "",
+            ratio("seconds") if sec is not None else "",
+        )
+    con.print(table)

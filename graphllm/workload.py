@@ -68,6 +68,8 @@ class Workload:
     weight_dtype: str = "bf16"
     act_dtype: str = "bf16"
     kv_dtype: str = "bf16"
+    # 'all': logits for every new position; 'last': only the last one, as a server computes them
+    logits: str = "all"
     # sets all three dtypes at once (an int4 one keeps 16-bit activations and cache)
     dtype: InitVar[str | None] = None
 
@@ -82,6 +84,8 @@ class Workload:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"workload {name} must be a positive integer, got {v!r}")
+        if self.logits not in ("all", "last"):
+            raise ConfigError(f"workload logits must be 'all' or 'last', got {self.logits!r}")
         p = self.past_len
         if not isinstance(p, int) or isinstance(p, bool) or p < 0:
             raise ConfigError(f"workload past_len must be a non-negative integer, got {p!r}")

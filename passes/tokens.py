@@ -261,7 +261,8 @@ class TokenReport:
 
     @property
     def dependence(self) -> np.ndarray:
-        """(T, S) bool matrix: output at new token t x input position; for short sequences."""
+        """(T, S) bool matrix: output at new token t x input position; for short sequences.
+        With logits for the last position only, the rows of the other positions are empty."""
         return self.deps.matrix()[self.past :]
 
     def to_dict(self) -> dict[str, Any]:
@@ -306,7 +307,7 @@ def _propagate(
     keep = set(graph.meta.get("blocks", ())) | {r.node for r in graph.outputs.values()}
     uses = {n.name: len(graph.users(n)) for n in graph.nodes()}
     info: dict[str, Any] = {}
-    ranges = {"T": (p_len, n), "P": (0, p_len), "S": (0, n), "C": (p_len, n)}
+    ranges = {"T": (p_len, n), "P": (0, p_len), "S": (0, n), "C": (p_len, n), "T_last": (n - 1, n)}
     for node in graph.nodes():
         spec = OPS[node.op]
         if spec.category == SOURCE:
@@ -321,7 +322,15 @@ def _propagate(
             continue
         ins, outs = letters[node.name]
         vals = [info[r.node] for r in node.inputs]
-        info[node.name] = _apply(node, ins, outs[0], vals, n)
+        out = _apply(node, ins, outs[0], vals, n)
+        pos = [d for d in node.out.dims if d.role in TOKEN_ROLES]
+        if isinstance(out, _One) and len(pos) == 1 and pos[0].name in ranges:
+            lo, hi = ranges[pos[0].name]  # an output that holds fewer positions than its input
+            if lo > 0 or hi < n:
+                held = np.zeros(n, bool)
+                held[lo:hi] = True
+                out = _One(out.support & held, out.deps.keep(held))
+        info[node.name] = out
         for r in node.inputs:  # free what no later node reads (bit matrices are N x N)
             uses[r.node] -= 1
             if uses[r.node] == 0 and r.node not in keep:

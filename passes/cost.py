@@ -1,0 +1,278 @@
+"""The `cost` pass: FLOPs and bytes moved per op, rolled up by scope and by op kind.
+
+Conventions (README, "Costs"):
+- FLOPs come from the op table (graphllm.ops.node_flops): a contraction costs 2 x the product of
+  its axis sizes; other ops a per-element constant. `matmul` counts the GEMMs (projections, experts,
+  Q K^T and P V over the full T x S score matrix, the LM head over every position it computes), as
+  a kernel without mask skipping does and as torch's FlopCounterMode counts; `matmul_causal` counts
+  only the (query, key) pairs the mask allows; `total` is every op. MoE experts count exactly the
+  B*T*k routed token-expert pairs. Training adds the backward pass: 2x forward for matmuls (input
+  and weight gradients), 1x for the other ops.
+- Bytes: each op reads its inputs and writes its outputs at their storage dtypes. Views (reshapes)
+  move nothing. A weight read by a movement op is gathered (the embedding reads B*T rows); routed
+  expert weights are read for the experts that B*T tokens touch under uniform routing,
+  E * (1 - (1 - k/E)^(B*T)). The KV cache is written where new keys/values enter it and read by
+  attention. `attention="naive"` materialises every op of core attention, the score matrix
+  included; `"flash"` (the default) fuses it: Q, K and V are read once (K/V only at the key
+  positions some query may see, and before any GQA head copy), the output written once, nothing of
+  size T x S touches memory.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from graphllm.ir import Graph, Node, TensorType
+from graphllm.ops import MOVEMENT, OPS, SOURCE, node_flops
+from graphllm.passes import register
+from graphllm.passes.attention_region import core_attention_region
+from graphllm.passes.tokens import position_letters
+from graphllm.workload import dtype as dtype_of
+
+SCOPE_KINDS = (
+    "embedding",
+    "attention",
+    "core_attention",
+    "mlp",
+    "moe",
+    "router",
+    "experts",
+    "shared_expert",
+    "norms",
+    "lm_head",
+)
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """One node's cost; left in `node.meta["cost"]`."""
+
+    flops: float  # matmul + other (forward, or forward + backward when training)
+    matmul: float
+    matmul_causal: float
+    bytes_read: float
+    bytes_written: float
+    weight_bytes: float  # of bytes_read: weights
+    kv_bytes: float  # of bytes_read + bytes_written: KV cache
+
+    @property
+    def bytes(self) -> float:
+        return self.bytes_read + self.bytes_written
+
+    @property
+    def intensity(self) -> float:
+        """FLOPs per byte moved (inf when nothing moves)."""
+        return self.flops / self.bytes if self.bytes else float("inf")
+
+
+ZERO = OpCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class CostReport:
+    attention: str
+    training: bool
+    flops: dict[str, Any]
+    bytes: dict[str, Any]
+    per_layer: list[dict[str, float]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _nbytes(t: TensorType, numel: float) -> float:
+    return dtype_of(t.dtype).nbytes(numel) if t.dtype != "int64" else 8 * numel
+
+
+class _Costing:
+    """Costs nodes one at a time; knows the fused-attention region and the KV cache tensors."""
+
+    def __init__(self, graph: Graph, attention: str, training: bool) -> None:
+        if attention not in ("naive", "flash"):
+            raise ValueError(f"attention must be 'naive' or 'flash', got {attention!r}")
+        self.g, self.flash, self.training = graph, attention == "flash", training
+        self.b = graph.bindings
+        appends = [n for n in graph.nodes() if OPS[n.op].in_place]
+        # the cache: what in-place ops append to, and what they return
+        self.kv_tensors = {n.name for n in appends} | {
+            n.inputs[i].node for n in appends for i in OPS[n.op].in_place
+        }
+        # prefill: present K/V enter the cache where they are produced
+        self.cache_writes = {
+            r.node for k, r in graph.outputs.items() if k.startswith("present.")
+        } - self.kv_tensors
+        self.region = core_attention_region(graph)
+        self.pairs = self.region.pairs
+        self.fused = self.region.copies if self.flash else frozenset()
+
+    def _attends(self, name: str) -> bool:
+        return self.region.attends(name)
+
+    def _relation_node(self, n: Node) -> Node | None:
+        """The mask-like node (a row with a `relation`) on the pair-tensor chain of `n`."""
+        seen, todo = set(), [n]
+        while todo:
+            m = todo.pop()
+            if m.name in seen:
+                continue
+            seen.add(m.name)
+            if OPS[m.op].relation is not None:
+                return m
+            nbrs = [self.g[r.node] for r in m.inputs] + self.g.users(m)
+            todo += [x for x in nbrs if x.name in self.pairs]
+        return None
+
+    def _allowed(self, n: Node) -> tuple[float, float]:
+        """(share of (query, key) pairs allowed, share of key positions some query may see)."""
+        rel = self._relation_node(n)
+        if rel is None:
+            return 1.0, 1.0
+        p, s = int(self.b.get("P", 0)), int(self.b["P"] + self.b["T"])
+        lo, hi = OPS[rel.op].relation(rel.attrs, np.arange(p, s))
+        lo, hi = np.maximum(lo, 0), np.minimum(hi, s - 1)
+        pairs = float(np.clip(hi - lo + 1, 0, None).sum()) / ((s - p) * s)
+        keys = max(int(hi.max()) - int(lo.min()) + 1, 0) / s
+        return pairs, keys
+
+    def _experts_touched(self) -> float:
+        """Expected share of experts that B*T tokens touch under uniform top-k routing."""
+        cfg = self.g.meta["config"]
+        k, e = cfg.num_experts_per_tok, cfg.num_experts
+        return 1.0 - (1.0 - k / e) ** (self.b["B"] * self.b["T"])
+
+    def read(self, n: Node, i: int, key_share: float) -> tuple[float, float, float]:
+        """(bytes, weight bytes, kv bytes) that node `n` reads through its input `i`."""
+        ref = n.inputs[i]
+        fused = self.flash and self._attends(n.name)
+        if fused:
+            ref = self.region.source(self.g, ref)
+        src, t = self.g[ref.node], self.g.type_of(ref)
+        numel = t.numel(self.b)
+        if src.op == "param":
+            if OPS[n.op].category == MOVEMENT:  # a gather: only the rows the output holds
+                numel = n.out.numel(self.b)
+            elif any(d.role == "expert" for d in t.dims):
+                numel *= self._experts_touched()
+            b = _nbytes(t, numel)
+            return b, b, 0.0
+        if fused and i in self._key_inputs(n):
+            numel *= key_share  # a fused kernel skips keys no query may see
+        b = _nbytes(t, numel)
+        return b, 0.0, b if ref.node in self.kv_tensors else 0.0
+
+    def _key_inputs(self, n: Node) -> set[int]:
+        """Inputs of a core-attention node that run along the key axis (K of Q K^T, V of P V)."""
+        ins, outs = position_letters(self.g, n)
+        if n.name in self.pairs:
+            col = outs[0][1]
+            return {i for i, x in enumerate(ins) if x == [col]}
+        out = set(outs[0])
+        return {i for i, x in enumerate(ins) if len(x) == 1 and x[0] not in out}
+
+    def cost(self, n: Node) -> OpCost:
+        spec = OPS[n.op]
+        if spec.category == SOURCE:
+            return ZERO
+        matmul, other = node_flops(self.g, n)
+        pairs = keys = 1.0
+        if self._attends(n.name):
+            pairs, keys = self._allowed(n)
+        causal = matmul * pairs
+        if self.training:
+            matmul, causal, other = 3 * matmul, 3 * causal, 2 * other
+        flops = matmul + other
+        if spec.view or n.name in self.fused:
+            return OpCost(flops, matmul, causal, 0.0, 0.0, 0.0, 0.0)
+        rd = wt = kv = 0.0
+        for i, ref in enumerate(n.inputs):
+            if i in spec.in_place or (self.flash and ref.node in self.pairs):
+                continue  # appended to where it lies / a pair tensor kept on chip
+            b, w, k = self.read(n, i, keys)
+            rd, wt, kv = rd + b, wt + w, kv + k
+        wr = 0.0
+        if not (self.flash and n.name in self.pairs):
+            for t in n.outputs:
+                numel = t.numel(self.b)
+                numel -= sum(self.g.type_of(n.inputs[i]).numel(self.b) for i in spec.in_place)
+                wr += _nbytes(t, numel)
+            if n.name in self.kv_tensors:
+                kv += wr
+        if n.name in self.cache_writes:
+            extra = dtype_of(self.g.meta.get("kv_dtype", n.out.dtype)).nbytes(n.out.numel(self.b))
+            wr, kv = wr + extra, kv + extra
+        return OpCost(flops, matmul, causal, rd, wr, wt, kv)
+
+
+def scopes_of(graph: Graph, name: str) -> list[tuple[str, str]]:
+    """(prefix, kind) of every declared scope that contains node `name`."""
+    scopes = graph.meta.get("scopes", {})
+    parts = name.split(".")
+    out = []
+    for i in range(1, len(parts) + 1):
+        prefix = ".".join(parts[:i])
+        kind = scopes.get(prefix)
+        if kind is not None:
+            out.append((prefix, kind))
+    return out
+
+
+@register("cost", requires=("verify",))
+def cost_pass(
+    graph: Graph,
+    results: dict[str, Any] | None = None,
+    attention: str = "flash",
+    training: bool = False,
+    **_: Any,
+) -> CostReport:
+    """Cost every node (into node.meta['cost']) and roll the totals up."""
+    c = _Costing(graph, attention, training)
+    by_scope: dict[str, float] = defaultdict(float)
+    by_op: dict[str, float] = defaultdict(float)
+    bytes_by_scope: dict[str, float] = defaultdict(float)
+    layers: dict[str, dict[str, float]] = {}
+    tot = dict.fromkeys(("flops", "matmul", "matmul_causal", "read", "written", "w", "kv"), 0.0)
+    for n in graph.nodes():
+        oc = c.cost(n)
+        n.meta["cost"] = oc
+        if oc is ZERO:
+            continue
+        tot["flops"] += oc.flops
+        tot["matmul"] += oc.matmul
+        tot["matmul_causal"] += oc.matmul_causal
+        tot["read"] += oc.bytes_read
+        tot["written"] += oc.bytes_written
+        tot["w"] += oc.weight_bytes
+        tot["kv"] += oc.kv_bytes
+        by_op[n.op] += oc.flops
+        kinds = set()
+        for prefix, kind in scopes_of(graph, n.name):
+            if kind == "layer":
+                lay = layers.setdefault(prefix, {"flops": 0.0, "bytes": 0.0})
+                lay["flops"] += oc.flops
+                lay["bytes"] += oc.bytes
+            else:
+                kinds.add(kind)
+        for kind in kinds:
+            by_scope[kind] += oc.flops
+            bytes_by_scope[kind] += oc.bytes
+    total_bytes = tot["read"] + tot["written"]
+    flops = {
+        "total": tot["flops"],
+        "matmul": tot["matmul"],
+        "matmul_causal": tot["matmul_causal"],
+        "by_scope": {k: by_scope[k] for k in SCOPE_KINDS if k in by_scope},
+        "by_op": dict(sorted(by_op.items(), key=lambda kv: -kv[1])),
+    }
+    nbytes = {
+        "total": total_bytes,
+        "weights": tot["w"],
+        "kv_cache": tot["kv"],
+        "activations": total_bytes - tot["w"] - tot["kv"],
+        "by_scope": {k: bytes_by_scope[k] for k in SCOPE_KINDS if k in bytes_by_scope},
+    }
+    per_layer = [{"layer": i, **v} for i, v in enumerate(layers.values())]
+    return CostReport(attention, training, flops, nbytes, per_layer)

@@ -1,0 +1,104 @@
+"""The `memory` pass: bytes held on the device for weights, the KV cache and activations.
+
+- weights: every stored tensor at its dtype (int4 with its group scales); `active` is what one
+  token touches (k of E routed experts).
+- kv_cache: the present K/V of every layer for B x (P + T) positions at the KV dtype.
+- activations: the peak of a liveness walk over the graph in its topological order: a tensor is
+  held from the op that writes it until its last reader runs; views share their source's memory;
+  with fused (flash) attention the (query, key) score tensors are never held.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from graphllm.ir import Graph
+from graphllm.ops import OPS, SOURCE
+from graphllm.passes import register
+from graphllm.passes.attention_region import core_attention_region
+from graphllm.workload import dtype as dtype_of
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    weights: float
+    weights_active: float
+    weights_by_dtype: dict[str, float]
+    kv_cache: float
+    activations: float  # peak live activation bytes
+    peak_at: str  # the node during which the peak occurs
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.kv_cache + self.activations
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"total": self.total}
+
+
+def _bytes(dt: str, numel: float) -> float:
+    return 8 * numel if dt == "int64" else dtype_of(dt).nbytes(numel)
+
+
+@register("memory", requires=("verify",))
+def memory_pass(
+    graph: Graph, results: dict[str, Any] | None = None, attention: str = "flash", **_: Any
+) -> MemoryReport:
+    b = graph.bindings
+    cfg = graph.meta.get("config")
+    weights = active = 0.0
+    by_dtype: dict[str, float] = {}
+    for n in graph.params():
+        nb = _bytes(n.out.dtype, n.out.numel(b))
+        weights += nb
+        by_dtype[n.out.dtype] = by_dtype.get(n.out.dtype, 0.0) + nb
+        experts = any(d.role == "expert" for d in n.out.dims)
+        active += nb * cfg.num_experts_per_tok / cfg.num_experts if experts and cfg else nb
+    kv_dt = graph.meta.get("kv_dtype")
+    presents = {r for k, r in graph.outputs.items() if k.startswith("present.")}
+    kv = sum(_bytes(kv_dt or graph.type_of(r).dtype, graph.type_of(r).numel(b)) for r in presents)
+    held = {r.node for r in presents}  # counted as the cache
+    if attention == "flash":
+        region = core_attention_region(graph)
+        held |= region.pairs | region.copies  # a fused kernel keeps these on chip
+    peak, at = _peak_activations(graph, held)
+    return MemoryReport(weights, active, by_dtype, kv, peak, at)
+
+
+def _peak_activations(graph: Graph, skip: set[str]) -> tuple[float, str]:
+    """Largest sum of live activation bytes while walking the nodes in order."""
+    root: dict[str, str] = {}  # a view's memory belongs to its source
+    size: dict[str, float] = {}
+    last_use: dict[str, int] = {}
+    order = graph.topo()
+    for i, n in enumerate(order):
+        spec = OPS[n.op]
+        for r in n.inputs:
+            last_use[root.get(r.node, r.node)] = i
+        if spec.category == SOURCE or n.name in skip or n.op in _IN_PLACE:
+            continue
+        if spec.view and n.inputs:
+            root[n.name] = root.get(n.inputs[0].node, n.inputs[0].node)
+            continue
+        size[n.name] = sum(_bytes(t.dtype, t.numel(graph.bindings)) for t in n.outputs)
+    for i, n in enumerate(order):
+        if n.name in size:
+            last_use.setdefault(n.name, i)  # written and never read: freed at once
+    for ref in graph.outputs.values():
+        last_use[root.get(ref.node, ref.node)] = len(order)
+    live = peak = 0.0
+    peak_at = ""
+    ends: dict[int, list[str]] = {}
+    for name, i in last_use.items():
+        ends.setdefault(i, []).append(name)
+    for i, n in enumerate(order):
+        live += size.get(n.name, 0.0)
+        if live > peak:
+            peak, peak_at = live, n.name
+        for name in ends.get(i, ()):
+            live -= size.get(name, 0.0)
+    return peak, peak_at
+
+
+_IN_PLACE = frozenset(name for name, spec in OPS.items() if spec.in_place)

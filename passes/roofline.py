@@ -1,0 +1,100 @@
+"""The `roofline` pass: predicted time per op on a device, and what bounds it.
+
+Each op takes max(FLOPs / peak FLOP/s, bytes / memory bandwidth): the peak for the activations'
+dtype and the bandwidth scaled by the hardware's achievable fractions (1.0 by default, the pure
+roofline). Ops run one after another; the step's time is their sum.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from graphllm.errors import PassError
+from graphllm.hardware import Hardware
+from graphllm.ir import Graph
+from graphllm.passes import register
+from graphllm.passes.cost import SCOPE_KINDS, ZERO, scopes_of
+
+
+@dataclass(frozen=True)
+class OpTime:
+    seconds: float
+    bound: str  # 'compute' | 'memory' | 'none'
+
+
+@dataclass(frozen=True)
+class RooflineReport:
+    hardware: str
+    seconds: float
+    compute_bound_seconds: float
+    memory_bound_seconds: float
+    by_scope: dict[str, float]
+    by_op: dict[str, float]
+    phase: str
+    tokens_per_step: int  # B x T new tokens each step produces
+    peak_flops: float
+    bandwidth: float
+
+    @property
+    def ms_per_token(self) -> float:
+        """Decode: milliseconds per generated token of one sequence (one step)."""
+        return 1e3 * self.seconds
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens_per_step / self.seconds if self.seconds else float("inf")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self) | {"tokens_per_second": self.tokens_per_second}
+        if self.phase == "decode":
+            d["ms_per_token"] = self.ms_per_token
+        else:
+            d["prefill_ms"] = 1e3 * self.seconds
+        return d
+
+
+@register("roofline", requires=("cost",))
+def roofline_pass(
+    graph: Graph, results: dict[str, Any], hardware: Hardware | None = None, **_: Any
+) -> RooflineReport | None:
+    """Time every node (into node.meta['time']); None when no hardware is given."""
+    if hardware is None:
+        return None
+    peak = hardware.peak(graph.meta.get("act_dtype", "bf16"))
+    bw = hardware.bandwidth()
+    if peak <= 0 or bw <= 0:
+        raise PassError(f"hardware {hardware.name}: peak and bandwidth must be positive")
+    total = comp = mem = 0.0
+    by_scope: dict[str, float] = defaultdict(float)
+    by_op: dict[str, float] = defaultdict(float)
+    for n in graph.nodes():
+        oc = n.meta.get("cost", ZERO)
+        tc, tm = oc.flops / peak, oc.bytes / bw
+        t = max(tc, tm)
+        bound = "none" if t == 0 else ("compute" if tc >= tm else "memory")
+        n.meta["time"] = OpTime(t, bound)
+        if t == 0:
+            continue
+        total += t
+        if bound == "compute":
+            comp += t
+        else:
+            mem += t
+        by_op[n.op] += t
+        for kind in {k for _, k in scopes_of(graph, n.name) if k != "layer"}:
+            by_scope[kind] += t
+    wl = graph.meta["workload"]
+    return RooflineReport(
+        hardware=hardware.name,
+        seconds=total,
+        compute_bound_seconds=comp,
+        memory_bound_seconds=mem,
+        by_scope={k: by_scope[k] for k in SCOPE_KINDS if k in by_scope},
+        by_op=dict(sorted(by_op.items(), key=lambda kv: -kv[1])),
+        phase=wl.phase,
+        tokens_per_step=wl.batch * wl.seq_len,
+        peak_flops=peak,
+        bandwidth=bw,
+    )
