@@ -38,7 +38,7 @@ if str(ROOT) not in sys.path:  # run standalone from a checkout
     sys.path.insert(0, str(ROOT))
 
 MODELS = ("llama3.1-405b", "mixtral-8x22b")
-PASSES = ("verify", "params", "tokens")  # what `graphllm trace` runs
+PASSES = ("verify", "params", "tokens", "cost", "memory", "roofline")  # what `trace` runs
 SEQ_LEN = 2048
 BATCH = 1
 RATIO_GOAL = 10.0  # peer time / graphllm time
@@ -63,13 +63,15 @@ def _median_ms(fn: Callable[[], Any], repeats: int) -> tuple[float, list[float],
 
 def graphllm_trace(preset: str, passes: tuple[str, ...]) -> Callable[[], dict[str, Any]]:
     import graphllm.passes  # binds graphllm too; one import keeps isort stable
+    from graphllm.hardware import load_hardware
 
     config = graphllm.load_config(preset)
     workload = graphllm.Workload(batch=BATCH, seq_len=SEQ_LEN)
+    hardware = load_hardware("h100")  # the roofline pass needs a device, as `trace` gives it
 
     def trace() -> dict[str, Any]:
         graph = graphllm.build_graph(config, workload)
-        results = graphllm.passes.run(graph, list(passes))
+        results = graphllm.passes.run(graph, list(passes), hardware=hardware)
         return {"graph": graph, "results": results}
 
     return trace

@@ -19,6 +19,9 @@ P = Dim("P", "key_token")
 S = Dim("S", "key_token")
 C = Dim("C", "slot")
 T_LAST = Dim("T_last", "token", 1)  # the last new position alone (logits for a server)
+# a sliding-window layer's cache keeps only the last W-1 past positions (as transformers' does)
+P_W = Dim("P_w", "key_token")
+S_W = Dim("S_w", "key_token")
 
 PARAM_KINDS = (
     "embedding",
@@ -44,6 +47,9 @@ class _Builder:
         if cfg.is_moe:
             # balanced routing: T*k token-expert pairs spread over E experts (need not be whole)
             bindings["C"] = wl.batch * wl.seq_len * cfg.num_experts_per_tok / cfg.num_experts
+        if cfg.sliding_window is not None and "sliding_attention" in cfg.layer_types:
+            bindings["P_w"] = min(wl.past_len, cfg.sliding_window - 1)
+            bindings["S_w"] = bindings["P_w"] + wl.seq_len
         self.g = Graph(cfg.name, bindings)
         # name prefix -> the kind of scope it is, for cost roll-ups (a node counts in every
         # scope that prefixes its name)
@@ -164,18 +170,21 @@ class _Builder:
         }
         q = g.add("rope", f"{p}.q_rope", (q, self.positions), rope)
         k = g.add("rope", f"{p}.k_rope", (k, self.positions), rope)
+        window = c.sliding_window if c.layer_types[i] == "sliding_attention" else None
         if self.wl.past_len > 0:
-            kv_t = TensorType((B, self.h_kv, P, self.d_h), self.wl.kv_dtype)
+            # a window layer's cache rolls: it holds the last W-1 positions, not all P
+            rolls = window is not None and self.wl.past_len > window - 1
+            past, keys = (P_W, S_W) if rolls else (P, S)
+            kv_t = TensorType((B, self.h_kv, past, self.d_h), self.wl.kv_dtype)
             past_k = g.add("input", f"past_key_values.{i}.key", (), {"type": kv_t})
             past_v = g.add("input", f"past_key_values.{i}.value", (), {"type": kv_t})
-            k = g.add("kv_concat", f"{p}.k_cache", (past_k, k), {"axes": {"s": S}})
-            v = g.add("kv_concat", f"{p}.v_cache", (past_v, v), {"axes": {"s": S}})
+            k = g.add("kv_concat", f"{p}.k_cache", (past_k, k), {"axes": {"s": keys}})
+            v = g.add("kv_concat", f"{p}.v_cache", (past_v, v), {"axes": {"s": keys}})
         g.set_output(f"present.{i}.key", k)
         g.set_output(f"present.{i}.value", v)
         if c.n_rep > 1:
             k = g.add("repeat_kv", f"{p}.k_repeat", (k,), {"axes": {"h": self.h}})  # (B, h, S, d_h)
             v = g.add("repeat_kv", f"{p}.v_repeat", (v,), {"axes": {"h": self.h}})
-        window = c.sliding_window if c.layer_types[i] == "sliding_attention" else None
         o = self.core_attention(f"{p}.core", q, k, v, window)
         o = g.add("merge_heads", f"{p}.merge_heads", (o,), {"axes": {"(h e)": self.d_q}})
         return self.linear(f"{p}.o_proj", o, self.d, "attention", bias=c.o_bias)

@@ -56,16 +56,20 @@ class Interpreter:
 def default_feeds(
     graph: Graph, input_ids: np.ndarray, past: dict[str, np.ndarray] | None = None
 ) -> dict[str, np.ndarray]:
-    """Feeds for token ids (B, T): positions continue after the past, past K/V passed through."""
+    """Feeds for token ids (B, T): positions continue after the graph's P past tokens; each past
+    K/V is cut to the positions its layer's cache holds (the last W-1 for a window layer)."""
     ids = np.asarray(input_ids, dtype=np.int64)
     if ids.ndim == 1:
         ids = ids[None]
-    past = past or {}
-    p = next((v.shape[2] for k, v in past.items()), 0)
     b, t = ids.shape
+    p = int(graph.bindings.get("P", 0)) if past else 0
     feeds = {"input_ids": ids, "position_ids": np.broadcast_to(np.arange(p, p + t), (b, t)).copy()}
-    for k, v in past.items():
-        feeds[k.replace("present.", "past_key_values.")] = v
+    for k, v in (past or {}).items():
+        name = k.replace("present.", "past_key_values.")
+        if name in graph:
+            held = graph[name].out.dims[2]
+            n = int(graph.bindings.get(held.name, v.shape[2]))
+            feeds[name] = v[:, :, v.shape[2] - n :]
     return feeds
 
 

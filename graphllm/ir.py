@@ -67,6 +67,13 @@ class TensorType:
 
     dims: tuple[Dim, ...]
     dtype: str
+    _hash: int = field(init=False, repr=False, compare=False, default=0)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.dims, self.dtype)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def rank(self) -> int:

@@ -36,6 +36,16 @@ class Region:
 
 
 def core_attention_region(graph: Graph) -> Region:
+    """The region of `graph` (cached on the graph until it gains nodes)."""
+    cached = graph.meta.get("_attention_region")
+    if cached is not None and cached[0] == len(graph):
+        return cached[1]
+    region = _find(graph)
+    graph.meta["_attention_region"] = (len(graph), region)
+    return region
+
+
+def _find(graph: Graph) -> Region:
     pairs = {n.name for n in graph.nodes() if position_axes(n.out) >= 2}
     consumers = {
         n.name

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from graphllm.ir import Graph, Node, TensorType
+from graphllm.ir import TOKEN_ROLES, Graph, Node, TensorType
 from graphllm.ops import MOVEMENT, OPS, SOURCE, node_flops
 from graphllm.passes import register
 from graphllm.passes.attention_region import core_attention_region
@@ -108,6 +108,8 @@ class _Costing:
         self.region = core_attention_region(graph)
         self.pairs = self.region.pairs
         self.fused = self.region.copies if self.flash else frozenset()
+        self._allowed_memo: dict = {}
+        self._flops_memo: dict = {}
 
     def _attends(self, name: str) -> bool:
         return self.region.attends(name)
@@ -129,13 +131,28 @@ class _Costing:
     def _allowed(self, n: Node) -> tuple[float, float]:
         """(share of (query, key) pairs allowed, share of key positions some query may see)."""
         rel = self._relation_node(n)
+        key = (rel.op, repr(sorted(rel.attrs.items())), n.out) if rel is not None else None
+        if key is not None and key in self._allowed_memo:
+            return self._allowed_memo[key]
+        self._allowed_memo[key] = out = self._allowed_uncached(n, rel)
+        return out
+
+    def _allowed_uncached(self, n: Node, rel: Node | None) -> tuple[float, float]:
+        pair_t = (
+            n.out
+            if n.name in self.pairs
+            else next(self.g.type_of(r) for r in n.inputs if r.node in self.pairs)
+        )
+        p, s = int(self.b.get("P", 0)), int(self.b["P"] + self.b["T"])
+        key_dim = [d for d in pair_t.dims if d.role in TOKEN_ROLES][-1]
+        n_keys = int(key_dim.size or self.b[key_dim.name])
         if rel is None:
             return 1.0, 1.0
-        p, s = int(self.b.get("P", 0)), int(self.b["P"] + self.b["T"])
+        first_key = s - n_keys  # a rolling cache holds the last positions only
         lo, hi = OPS[rel.op].relation(rel.attrs, np.arange(p, s))
-        lo, hi = np.maximum(lo, 0), np.minimum(hi, s - 1)
-        pairs = float(np.clip(hi - lo + 1, 0, None).sum()) / ((s - p) * s)
-        keys = max(int(hi.max()) - int(lo.min()) + 1, 0) / s
+        lo, hi = np.maximum(lo, first_key), np.minimum(hi, s - 1)
+        pairs = float(np.clip(hi - lo + 1, 0, None).sum()) / ((s - p) * n_keys)
+        keys = max(int(hi.max()) - int(lo.min()) + 1, 0) / n_keys
         return pairs, keys
 
     def _experts_touched(self) -> float:
@@ -155,7 +172,7 @@ class _Costing:
         if src.op == "param":
             if OPS[n.op].category == MOVEMENT:  # a gather: only the rows the output holds
                 numel = n.out.numel(self.b)
-            elif any(d.role == "expert" for d in t.dims):
+            elif src.attrs.get("stacked") == "expert":
                 numel *= self._experts_touched()
             b = _nbytes(t, numel)
             return b, b, 0.0
@@ -177,7 +194,11 @@ class _Costing:
         spec = OPS[n.op]
         if spec.category == SOURCE:
             return ZERO
-        matmul, other = node_flops(self.g, n)
+        key = (n.op, tuple(self.g.input_types(n)), n.outputs, repr(n.attrs.get("axes")))
+        flops = self._flops_memo.get(key)
+        if flops is None:  # the same op on the same types recurs in every layer
+            flops = self._flops_memo[key] = node_flops(self.g, n)
+        matmul, other = flops
         pairs = keys = 1.0
         if self._attends(n.name):
             pairs, keys = self._allowed(n)
@@ -209,15 +230,19 @@ class _Costing:
 
 def scopes_of(graph: Graph, name: str) -> list[tuple[str, str]]:
     """(prefix, kind) of every declared scope that contains node `name`."""
-    scopes = graph.meta.get("scopes", {})
-    parts = name.split(".")
-    out = []
-    for i in range(1, len(parts) + 1):
-        prefix = ".".join(parts[:i])
-        kind = scopes.get(prefix)
-        if kind is not None:
-            out.append((prefix, kind))
-    return out
+    cache = graph.meta.setdefault("_scopes_of", {})
+    hit = cache.get(name)
+    if hit is None:
+        scopes = graph.meta.get("scopes", {})
+        parts = name.split(".")
+        hit = []
+        for i in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:i])
+            kind = scopes.get(prefix)
+            if kind is not None:
+                hit.append((prefix, kind))
+        cache[name] = hit
+    return hit
 
 
 @register("cost", requires=("verify",))

@@ -53,7 +53,7 @@ def memory_pass(
         nb = _bytes(n.out.dtype, n.out.numel(b))
         weights += nb
         by_dtype[n.out.dtype] = by_dtype.get(n.out.dtype, 0.0) + nb
-        experts = any(d.role == "expert" for d in n.out.dims)
+        experts = n.attrs.get("stacked") == "expert"  # routed experts, one slice each
         active += nb * cfg.num_experts_per_tok / cfg.num_experts if experts and cfg else nb
     kv_dt = graph.meta.get("kv_dtype")
     presents = {r for k, r in graph.outputs.items() if k.startswith("present.")}

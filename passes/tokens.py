@@ -179,6 +179,14 @@ class Deps:
             return self.m.sum(axis=1)
         return np.maximum(self.hi - self.lo + 1, 0)
 
+    def extent(self, t: int) -> tuple[int, int]:
+        """(how many positions position t depends on, the first of them; -1 when none)."""
+        if self.exact:
+            idx = np.flatnonzero(self.m[t])
+            return len(idx), int(idx[0]) if len(idx) else -1
+        size = max(int(self.hi[t] - self.lo[t] + 1), 0)
+        return size, int(self.lo[t]) if size else -1
+
     def row(self, t: int) -> list[int]:
         if self.exact:
             return np.nonzero(self.m[t])[0].tolist()
@@ -294,8 +302,8 @@ def token_pass(graph: Graph, results: dict[str, Any] | None = None, **opts: Any)
     for i, name in enumerate(graph.meta.get("blocks", [])):
         blk = info.get(name)
         if isinstance(blk, _One):
-            last = blk.deps.row(s_len - 1)
-            per_layer.append({"layer": i, "reach": len(last), "first": last[0] if last else -1})
+            size, first = blk.deps.extent(s_len - 1)
+            per_layer.append({"layer": i, "reach": size, "first": first})
     return TokenReport(verdicts, mixing, bool(exact), s_len, p_len, logits.deps, per_layer)
 
 
@@ -307,7 +315,17 @@ def _propagate(
     keep = set(graph.meta.get("blocks", ())) | {r.node for r in graph.outputs.values()}
     uses = {n.name: len(graph.users(n)) for n in graph.nodes()}
     info: dict[str, Any] = {}
-    ranges = {"T": (p_len, n), "P": (0, p_len), "S": (0, n), "C": (p_len, n), "T_last": (n - 1, n)}
+    p_w = int(graph.bindings.get("P_w", p_len))
+    ranges = {
+        "T": (p_len, n),
+        "P": (0, p_len),
+        "S": (0, n),
+        "C": (p_len, n),
+        "T_last": (n - 1, n),
+        "P_w": (p_len - p_w, p_len),  # a rolling window cache: the last positions only
+        "S_w": (p_len - p_w, n),
+    }
+    narrower: dict[Any, Any] = {}  # output type -> the positions it holds, or False: all
     for node in graph.nodes():
         spec = OPS[node.op]
         if spec.category == SOURCE:
@@ -323,13 +341,18 @@ def _propagate(
         ins, outs = letters[node.name]
         vals = [info[r.node] for r in node.inputs]
         out = _apply(node, ins, outs[0], vals, n)
-        pos = [d for d in node.out.dims if d.role in TOKEN_ROLES]
-        if isinstance(out, _One) and len(pos) == 1 and pos[0].name in ranges:
-            lo, hi = ranges[pos[0].name]  # an output that holds fewer positions than its input
-            if lo > 0 or hi < n:
-                held = np.zeros(n, bool)
-                held[lo:hi] = True
-                out = _One(out.support & held, out.deps.keep(held))
+        held = narrower.get(node.out)
+        if held is None:
+            pos = [d for d in node.out.dims if d.role in TOKEN_ROLES]
+            held = False
+            if len(pos) == 1 and pos[0].name in ranges:
+                lo, hi = ranges[pos[0].name]
+                if lo > 0 or hi < n:  # an output that holds fewer positions than its input
+                    held = np.zeros(n, bool)
+                    held[lo:hi] = True
+            narrower[node.out] = held
+        if held is not False and isinstance(out, _One):
+            out = _One(out.support & held, out.deps.keep(held))
         info[node.name] = out
         for r in node.inputs:  # free what no later node reads (bit matrices are N x N)
             uses[r.node] -= 1
@@ -340,15 +363,23 @@ def _propagate(
 
 def _apply(node: Node, ins: list[list[str]], out: list[str], vals: list[Any], n: int) -> Any:
     """One op's effect on positions, by the shape of its position letters."""
-    spec = OPS[node.op]
-    exact = next((_exact(v) for v in vals if v is not _NONE), True)
     if not out:
         return _NONE
     if len(out) == 1:
         (t,) = out
-        passed = [v for x, v in zip(ins, vals) if x == [t]]
-        if len(passed) == len(vals) - vals.count(_NONE) and all(v is passed[0] for v in passed):
-            return passed[0]  # positions pass through unchanged (sets are never mutated)
+        first = None
+        for x, v in zip(ins, vals):
+            if v is _NONE:
+                continue
+            if x != out or (first is not None and v is not first):
+                break
+            first = v
+        else:
+            if first is not None:
+                return first  # positions pass through unchanged (sets are never mutated)
+    spec = OPS[node.op]
+    exact = next((_exact(v) for v in vals if v is not _NONE), True)
+    if len(out) == 1:
         sup, deps = np.zeros(n, bool), Deps(n, exact)
         paired = {x[1] for x, v in zip(ins, vals) if isinstance(v, _Two) and x[0] == t}
         for letters, v in zip(ins, vals):

@@ -144,3 +144,68 @@ def test_real_process_has_no_traceback(tmp_path):
     )
     assert p.returncode == 2
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_trace_costs_in_json_and_summary():
+    r = invoke("trace", "--model", "llama3-8b", "--json")
+    doc = json.loads(r.stdout)
+    assert doc["flops"]["matmul"] == 32_938_104_193_024
+    assert set(doc["flops"]) >= {"total", "matmul", "matmul_causal", "by_scope", "by_op"}
+    assert set(doc["bytes"]) >= {"total", "weights", "kv_cache", "activations"}
+    assert set(doc["memory"]) >= {"weights", "kv_cache", "activations"}
+    assert doc["roofline"]["hardware"] == "h100-sxm" and doc["roofline"]["prefill_ms"] > 0
+    r = invoke("trace", "--model", "llama3-70b", "-t", "1", "--past-len", "16", "--training",
+               "--attention", "naive", "--logits", "last", "--hardware", "a100")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    out = " ".join(r.stdout.split())
+    assert "forward + backward" in out and "naive attention" in out
+    assert "ms per token" in out and "a100" in out
+
+
+def test_per_op_table_is_written_whole(tmp_path):
+    f = tmp_path / "ops.csv"
+    r = invoke("trace", "--config", str(EXAMPLES / "tiny.yaml"), "--per-op", "csv", str(f))
+    assert r.exit_code == 0, r.output
+    lines = f.read_text().splitlines()
+    assert lines[0].startswith("name,op,scopes,outputs,flops,matmul")
+    assert any(line.startswith("model.layers.0.self_attn.core.scores,scores,") for line in lines)
+    j = tmp_path / "ops.json"
+    invoke("trace", "--config", str(EXAMPLES / "tiny.yaml"), "--per-op", "json", str(j))
+    rows = json.loads(j.read_text())
+    assert {"name", "flops", "bytes_read", "seconds", "bound"} <= set(rows[0])
+    bad = tmp_path / "missing" / "ops.csv"
+    r = invoke("trace", "--config", str(EXAMPLES / "tiny.yaml"), "--per-op", "csv", str(bad))
+    assert r.exit_code == 2 and not bad.exists()
+    assert list(tmp_path.iterdir()) == [f, j]  # no temporary file left behind
+
+
+def test_sweep_prints_growth_and_plots(tmp_path):
+    png = tmp_path / "sweep.png"
+    r = invoke("trace", "--model", "llama3-8b", "-t", "128,1024,8192", "--plot", str(png))
+    assert r.exit_code == 0, r.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    r = invoke("trace", "--model", "llama3-8b", "-t", "128,256", "--json")
+    rows = json.loads(r.stdout)["sweep"]
+    assert [x["seq_len"] for x in rows] == [128, 256]
+    assert rows[1]["flops"] > 2 * rows[0]["flops"] * 0.99
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--hardware", "tpu-v9"], "unknown hardware"),
+        (["--plot", "x.png"], "--plot draws a sweep"),
+        (["-t", "0"], "positive"),
+    ],
+)
+def test_cost_option_errors(args, message, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    r = invoke("trace", "--model", "llama3-8b", *args)
+    assert r.exit_code == 2
+    assert message in r.stderr, r.stderr
+
+
+def test_hardware_local_without_calibration(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    r = invoke("trace", "--model", "llama3-8b", "--hardware", "local")
+    assert r.exit_code == 2 and "graphllm calibrate" in r.stderr

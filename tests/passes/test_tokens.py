@@ -125,3 +125,15 @@ def test_prediction_matches_perturbation(preset):
     # the check can fail: a wrong prediction is reported cell by cell
     wrong = replace(check, predicted=np.ones_like(check.predicted))
     assert not wrong.agrees and wrong.differences()[0][2:] == (True, False)
+
+
+def test_rolling_window_cache_holds_the_last_positions():
+    # W=3, P=5: each window layer's cache holds positions 3 and 4 only
+    r = run(build_graph(_cfg(window=3), Workload(seq_len=2, past_len=5)), ["tokens"])["tokens"]
+    assert r.depends_on(0) == [3, 4, 5]
+    assert r.depends_on(1) == [3, 4, 5, 6]
+
+
+def test_logits_for_the_last_position_only():
+    r = run(build_graph(_cfg(), Workload(seq_len=4, logits="last")), ["tokens"])["tokens"]
+    assert r.depends_on(3) == [0, 1, 2, 3] and r.depends_on(0) == []

@@ -1,0 +1,166 @@
+"""FLOPs, bytes, memory and roofline: exact conventions and textbook facts on real configs."""
+
+import pytest
+
+from graphllm import Workload, build_graph, load_config
+from graphllm.hardware import load_hardware
+from graphllm.passes import run
+
+
+def analyse(preset, hardware=None, attention="flash", training=False, **wl):
+    graph = build_graph(load_config(preset), Workload(**wl))
+    res = run(graph, ["params", "cost", "memory", "roofline"], hardware=hardware,
+              attention=attention, training=training)  # fmt: skip
+    return graph, res
+
+
+def test_llama3_8b_matmul_equals_flop_counter_figure():
+    # torch's FlopCounterMode on transformers' Llama-3-8B, B=1, T=2048, no past
+    _, r = analyse("llama3-8b", seq_len=2048)
+    assert r["cost"].flops["matmul"] == 32_938_104_193_024
+
+
+def test_causal_count_keeps_only_allowed_pairs():
+    cfg = load_config("llama3-8b")
+    t = 2048
+    _, r = analyse("llama3-8b", seq_len=t)
+    f = r["cost"].flops
+    # Q K^T and P V over the full square, per layer: 2 matmuls x 2 B H T S E
+    square = 2 * 2 * cfg.num_attention_heads * t * t * cfg.head_dim * cfg.num_hidden_layers
+    assert f["matmul"] - f["matmul_causal"] == pytest.approx(square * (1 - (t + 1) / (2 * t)))
+    # a window keeps W keys per query (fewer for the first W-1)
+    _, rw = analyse("mistral-7b", seq_len=8192)
+    mc = load_config("mistral-7b")
+    w = mc.sliding_window
+    allowed = w * (w + 1) / 2 + (8192 - w) * w
+    sq = 2 * 2 * mc.num_attention_heads * 8192 * 8192 * mc.head_dim * mc.num_hidden_layers
+    fw = rw["cost"].flops
+    assert fw["matmul"] - fw["matmul_causal"] == pytest.approx(sq * (1 - allowed / 8192**2))
+
+
+def test_70b_decode_is_two_flops_per_parameter():
+    _, r = analyse("llama3-70b", seq_len=1, past_len=16)
+    params = r["params"].total
+    assert r["cost"].flops["total"] == pytest.approx(2 * params, rel=0.02)  # ~141 GFLOPs
+    assert 139e9 < r["cost"].flops["total"] < 143e9
+
+
+def test_70b_parameters_are_mostly_mlp():
+    _, r = analyse("llama3-70b", seq_len=1)
+    k, total = r["params"].by_kind, r["params"].total
+    assert k["mlp"] / total == pytest.approx(0.80, abs=0.01)
+    assert k["attention"] / total == pytest.approx(0.17, abs=0.01)
+
+
+def test_training_is_six_flops_per_parameter_per_token():
+    t = 1024
+    _, r = analyse("llama3-70b", seq_len=t, training=True)
+    per_token = r["cost"].flops["total"] / t
+    assert per_token == pytest.approx(6 * r["params"].total, rel=0.05)
+    _, fwd = analyse("llama3-70b", seq_len=t)
+    assert r["cost"].flops["matmul"] == 3 * fwd["cost"].flops["matmul"]
+
+
+def test_moe_memory_follows_total_and_flops_follow_active():
+    _, r = analyse("mixtral-8x7b", seq_len=1, past_len=16)
+    p, mem = r["params"], r["memory"]
+    assert mem.weights == 2 * p.total  # bf16
+    assert mem.weights_active == 2 * p.active
+    assert r["cost"].flops["total"] == pytest.approx(2 * p.active, rel=0.02)
+    # one token touches k of E experts: exactly k/E of the expert weights are read
+    cfg = load_config("mixtral-8x7b")
+    experts = 2 * p.by_kind["moe_experts"]
+    dense = 2 * (p.total - p.by_kind["moe_experts"] - p.by_kind["embedding"])
+    gathered = 2 * cfg.hidden_size  # one embedding row
+    expected = dense + gathered + experts * cfg.num_experts_per_tok / cfg.num_experts
+    assert r["cost"].bytes["weights"] == pytest.approx(expected)
+
+
+def test_many_tokens_touch_every_expert():
+    _, r = analyse("mixtral-8x7b", seq_len=512)
+    p = r["params"]
+    assert r["cost"].bytes["weights"] == pytest.approx(
+        2 * (p.total - p.by_kind["embedding"]) + 2 * 512 * 4096, rel=1e-6
+    )
+
+
+def test_decode_bytes_are_weights_plus_kv_cache():
+    cfg = load_config("llama3-8b")
+    b, p = 4, 4095
+    _, r = analyse("llama3-8b", batch=b, seq_len=1, past_len=p)
+    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
+    by = r["cost"].bytes
+    # read the whole cache, write one new position per sequence
+    assert by["kv_cache"] == b * (p + 1) * kv_per_token + b * kv_per_token
+    assert r["memory"].kv_cache == b * (p + 1) * kv_per_token
+    assert by["weights"] == pytest.approx(
+        2 * (r["params"].total - r["params"].by_kind["embedding"]) + 2 * b * cfg.hidden_size
+    )
+
+
+def test_sliding_window_cache_rolls():
+    cfg = load_config("mistral-7b")
+    w = cfg.sliding_window
+    _, r = analyse("mistral-7b", seq_len=1, past_len=20_000)
+    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
+    assert r["memory"].kv_cache == (w - 1 + 1) * kv_per_token
+
+
+def test_flash_skips_the_score_matrix():
+    cfg = load_config("llama3-8b")
+    t = 2048
+    _, naive = analyse("llama3-8b", seq_len=t, attention="naive")
+    _, flash = analyse("llama3-8b", seq_len=t, attention="flash")
+    score = cfg.num_attention_heads * t * t * 2  # one T x S tensor in bf16, per layer
+    gap = naive["cost"].bytes["total"] - flash["cost"].bytes["total"]
+    # scores written, scale/mask/softmax each read + write, P read by P V: 7 passes at least
+    assert gap > 7 * score * cfg.num_hidden_layers
+    assert flash["memory"].activations < naive["memory"].activations
+    assert naive["cost"].flops == flash["cost"].flops
+
+
+def test_logits_for_the_last_position_only():
+    cfg = load_config("llama3-8b")
+    g_all, r_all = analyse("llama3-8b", seq_len=128)
+    g_last, r_last = analyse("llama3-8b", seq_len=128, logits="last")
+    head = 2 * cfg.hidden_size * cfg.vocab_size
+    assert g_all["lm_head"].meta["cost"].matmul == 128 * head
+    assert g_last["lm_head"].meta["cost"].matmul == head
+    diff = r_all["cost"].flops["matmul"] - r_last["cost"].flops["matmul"]
+    assert diff == 127 * head
+
+
+def test_scopes_roll_up():
+    g, r = analyse("qwen1.5-moe-a2.7b", seq_len=64)
+    s = r["cost"].flops["by_scope"]
+    assert s["core_attention"] < s["attention"]
+    assert s["router"] + s["experts"] <= s["moe"]
+    assert len(r["cost"].per_layer) == 24
+    total_layers = sum(x["flops"] for x in r["cost"].per_layer)
+    outside = s["embedding"] + s["lm_head"] + g["model.norm"].meta["cost"].flops
+    assert total_layers + outside == pytest.approx(r["cost"].flops["total"])
+    assert sum(r["cost"].flops["by_op"].values()) == pytest.approx(r["cost"].flops["total"])
+
+
+def test_roofline_decode_is_bandwidth_bound():
+    hw = load_hardware("h100")
+    _, r = analyse("llama3-70b", seq_len=1, past_len=16, hardware=hw)
+    roof = r["roofline"]
+    assert roof.memory_bound_seconds / roof.seconds > 0.99
+    assert roof.seconds == pytest.approx(r["cost"].bytes["total"] / 3.35e12, rel=0.01)
+    assert 40 < roof.ms_per_token < 45  # ~141 GB of bf16 weights at 3.35 TB/s
+
+
+def test_roofline_long_prefill_is_compute_bound():
+    hw = load_hardware("h100")
+    _, r = analyse("llama3-70b", seq_len=4096, hardware=hw)
+    roof = r["roofline"]
+    assert roof.compute_bound_seconds / roof.seconds > 0.9
+    assert roof.tokens_per_second == pytest.approx(4096 / roof.seconds)
+
+
+def test_int4_weights_shrink_bytes_with_their_scales():
+    _, r16 = analyse("llama3-8b", seq_len=1, past_len=1)
+    _, r4 = analyse("llama3-8b", seq_len=1, past_len=1, dtype="int4")
+    ratio = r4["memory"].weights / r16["memory"].weights
+    assert ratio == pytest.approx((4 + 16 / 128) / 16, rel=0.01)
