@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import platform
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from graphllm.files import write_text_atomic
 from graphllm.hardware import Hardware, hardware_from_dict, local_path
 
 GiB = 1 << 30
@@ -192,12 +192,5 @@ def save_local(hw: Hardware, path: Path | None = None) -> Path:
     """Write `hw` where `load_hardware("local")` reads it, atomically; return the path."""
     path = path or local_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".hardware-", suffix=".yaml", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            yaml.safe_dump(hw.to_dict(), f, sort_keys=False, width=100)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    text = yaml.safe_dump(hw.to_dict(), sort_keys=False, width=100)
+    return write_text_atomic(path, text)

@@ -109,9 +109,15 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+# far above any real model's sizes (vocab 256K, hidden 16K, ffn 53K, 128K positions... 10M)
+MAX_SIZE = 1 << 27
+
+
 def _pos_int(name: str, v: Any) -> int:
     if not _is_int(v) or v < 1:
         raise _bad(name, "a positive integer", v)
+    if v > MAX_SIZE:
+        raise ConfigError(f"{name} is {v:,}, implausibly large (graphllm takes up to {MAX_SIZE:,})")
     return v
 
 
@@ -846,7 +852,16 @@ def load_config(source: str | Path | dict) -> ModelConfig:
     return config_from_dict(d, _file_name(path))
 
 
-WORKLOAD_KEYS = ("batch", "seq_len", "past_len", "dtype", "weight_dtype", "act_dtype", "kv_dtype")
+WORKLOAD_KEYS = (
+    "batch",
+    "seq_len",
+    "past_len",
+    "dtype",
+    "weight_dtype",
+    "act_dtype",
+    "kv_dtype",
+    "logits",
+)
 
 
 def load_workload_section(path: str | Path) -> dict:

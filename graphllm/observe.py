@@ -69,21 +69,42 @@ class MixingCheck:
 
 
 def check_token_mixing(
-    cfg: ModelConfig, seq_len: int = 12, seed: int = 0, shrink: bool = True
+    cfg: ModelConfig,
+    seq_len: int = 12,
+    seed: int = 0,
+    shrink: bool = True,
+    workload: Workload | None = None,
 ) -> MixingCheck:
-    """Run a small instance of `cfg`, perturb each position in turn, compare with the tokens pass."""
-    small = small_instance(cfg, seq_len) if shrink else cfg
-    graph = build_graph(small, Workload(seq_len=seq_len, dtype="fp32"))
-    predicted = run(graph, ["tokens"], exact_sets=True)["tokens"].dependence
+    """Run a small instance of `cfg`, perturb each new position in turn, compare with the tokens
+    pass. With a past (P > 0) the cache is random K/V and only the new positions are perturbed;
+    the matrices are then (outputs, new positions)."""
+    wl = workload or Workload(seq_len=seq_len)
+    wl = replace(wl, weight_dtype="fp32", act_dtype="fp32", kv_dtype="fp32")
+    small = small_instance(cfg, wl.seq_len) if shrink else cfg
+    graph = build_graph(small, wl)
+    predicted = run(graph, ["tokens"], exact_sets=True)["tokens"].dependence[:, wl.past_len :]
     weights = random_weights(graph, seed=seed)
     rng = np.random.default_rng(seed)
-    ids = rng.integers(0, small.vocab_size, size=(1, seq_len))
-    base = run_graph(graph, weights, ids)["logits"][0]
-    observed = np.zeros((seq_len, seq_len), dtype=bool)
-    for j in range(seq_len):
+    t = wl.seq_len
+    ids = rng.integers(0, small.vocab_size, size=(wl.batch, t))
+    past = {}
+    for n in graph.nodes("input"):
+        if n.name.startswith("past_key_values."):
+            shape = tuple(int(x) for x in n.out.shape(graph.bindings))
+            past[n.name.replace("past_key_values.", "present.")] = rng.standard_normal(shape)
+    rows = np.arange(t) if wl.logits == "all" else np.array([t - 1])
+
+    def logits(x: np.ndarray) -> np.ndarray:
+        out = run_graph(graph, weights, x, past or None)["logits"][0]
+        full = np.zeros((t, out.shape[-1]), out.dtype)
+        full[rows] = out  # with logits for the last position only, the other rows stay empty
+        return full
+
+    base = logits(ids)
+    observed = np.zeros((t, t), dtype=bool)
+    for j in range(t):
         changed = ids.copy()
         changed[0, j] = (changed[0, j] + 1 + rng.integers(small.vocab_size - 1)) % small.vocab_size
-        logits = run_graph(graph, weights, changed)["logits"][0]
         # bit-exact comparison: a position that does not read input j computes the same bits
-        observed[:, j] = (logits != base).any(axis=-1)
+        observed[:, j] = (logits(changed) != base).any(axis=-1)
     return MixingCheck(small, predicted, observed)

@@ -12,6 +12,9 @@ from graphllm.hardware import Hardware
 
 def plot_sweep(rows: list[dict[str, Any]], path: Path, title: str, hw: Hardware | None) -> Path:
     """Left: FLOPs, bytes and time against T. Right: each op kind by arithmetic intensity."""
+    fmt = path.suffix.lower().lstrip(".")
+    if fmt not in ("png", "svg", "pdf"):
+        raise GraphllmError(f"--plot {path}: give a .png, .svg or .pdf file")
     try:
         import matplotlib
 
@@ -34,7 +37,7 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path, title: str, hw: Hardware 
     ax.set_title(title)
     last = rows[-1]["by_op"]
     if hw is not None:
-        peak, bw = hw.peak("bf16"), hw.bandwidth()
+        peak, bw = hw.peak(rows[-1].get("act_dtype", "bf16")), hw.bandwidth()
         xs = [1e-2, peak / bw, 1e5]
         rf.loglog(xs, [min(peak, x * bw) for x in xs], "k-", label=f"{hw.name} roofline")
     for op, e in sorted(last.items()):
@@ -46,8 +49,6 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path, title: str, hw: Hardware 
     rf.set_title(f"op kinds at T={rows[-1]['seq_len']}")
     rf.legend(loc="lower right")
     fig.tight_layout()
-    out = write_atomic(
-        path, lambda p: fig.savefig(p, dpi=110, format=path.suffix.lstrip(".") or "png")
-    )
+    out = write_atomic(path, lambda p: fig.savefig(p, dpi=110, format=fmt))
     plt.close(fig)
     return out

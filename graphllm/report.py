@@ -138,6 +138,7 @@ def sweep(
             {
                 "seq_len": wl.seq_len,
                 "past_len": wl.past_len,
+                "act_dtype": wl.act_dtype,
                 "flops": cost.flops["total"],
                 "matmul": cost.flops["matmul"],
                 "bytes": cost.bytes["total"],

@@ -74,7 +74,7 @@ def print_costs(doc: dict[str, Any], con: Console) -> None:
         f"matmul with the mask skipped {_n(f['matmul_causal'])}"
     )
     con.print(
-        f"bytes moved ({w.get('attention', 'flash')} attention): total {_b(b['total'])} = "
+        f"bytes moved ({w.get('attention', 'flash')} attention, forward pass): total {_b(b['total'])} = "
         f"weights {_b(b['weights'])} + KV cache {_b(b['kv_cache'])} + "
         f"activations {_b(b['activations'])}"
     )

@@ -7,7 +7,9 @@ Conventions (README, "Costs"):
   a kernel without mask skipping does and as torch's FlopCounterMode counts; `matmul_causal` counts
   only the (query, key) pairs the mask allows; `total` is every op. MoE experts count exactly the
   B*T*k routed token-expert pairs. Training adds the backward pass: 2x forward for matmuls (input
-  and weight gradients), 1x for the other ops.
+  and weight gradients), 1x for the other ops. Bytes are the forward pass's; the roofline of a
+  training step takes 3x them (the backward pass reads weights and saved activations again and
+  writes gradients, about twice the forward traffic) — an estimate, and labelled as one.
 - Bytes: each op reads its inputs and writes its outputs at their storage dtypes. Views (reshapes)
   move nothing. A weight read by a movement op is gathered (the embedding reads B*T rows); routed
   expert weights are read for the experts that B*T tokens touch under uniform routing,
@@ -206,8 +208,12 @@ class _Costing:
         if self.training:
             matmul, causal, other = 3 * matmul, 3 * causal, 2 * other
         flops = matmul + other
+        # prefill: present K/V enter the cache where they are produced (a view included)
+        cache = 0.0
+        if n.name in self.cache_writes:
+            cache = dtype_of(self.g.meta.get("kv_dtype", n.out.dtype)).nbytes(n.out.numel(self.b))
         if spec.view or n.name in self.fused:
-            return OpCost(flops, matmul, causal, 0.0, 0.0, 0.0, 0.0)
+            return OpCost(flops, matmul, causal, 0.0, cache, 0.0, cache)
         rd = wt = kv = 0.0
         for i, ref in enumerate(n.inputs):
             if i in spec.in_place or (self.flash and ref.node in self.pairs):
@@ -222,10 +228,7 @@ class _Costing:
                 wr += _nbytes(t, numel)
             if n.name in self.kv_tensors:
                 kv += wr
-        if n.name in self.cache_writes:
-            extra = dtype_of(self.g.meta.get("kv_dtype", n.out.dtype)).nbytes(n.out.numel(self.b))
-            wr, kv = wr + extra, kv + extra
-        return OpCost(flops, matmul, causal, rd, wr, wt, kv)
+        return OpCost(flops, matmul, causal, rd, wr + cache, wt, kv + cache)
 
 
 def scopes_of(graph: Graph, name: str) -> list[tuple[str, str]]:
@@ -298,6 +301,7 @@ def cost_pass(
         "kv_cache": tot["kv"],
         "activations": total_bytes - tot["w"] - tot["kv"],
         "by_scope": {k: bytes_by_scope[k] for k in SCOPE_KINDS if k in bytes_by_scope},
+        "pass": "forward",  # also under training (the roofline scales them, see above)
     }
     per_layer = [{"layer": i, **v} for i, v in enumerate(layers.values())]
     return CostReport(attention, training, flops, nbytes, per_layer)

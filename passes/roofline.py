@@ -2,7 +2,9 @@
 
 Each op takes max(FLOPs / peak FLOP/s, bytes / memory bandwidth): the peak for the activations'
 dtype and the bandwidth scaled by the hardware's achievable fractions (1.0 by default, the pure
-roofline). Ops run one after another; the step's time is their sum.
+roofline). Ops run one after another; the step's time is their sum. With fused (flash) attention
+the masked (query, key) blocks are skipped, so attention ops are timed on the FLOPs the mask
+allows. For a training step (cost pass with training=True) the bytes are taken 3x (see cost.py).
 """
 
 from __future__ import annotations
@@ -37,10 +39,12 @@ class RooflineReport:
     peak_flops: float
     bandwidth: float
 
+    new_tokens: int = 1  # T: tokens each sequence gains per step
+
     @property
     def ms_per_token(self) -> float:
-        """Decode: milliseconds per generated token of one sequence (one step)."""
-        return 1e3 * self.seconds
+        """Decode: milliseconds per new token of one sequence (the step's time over T)."""
+        return 1e3 * self.seconds / self.new_tokens
 
     @property
     def tokens_per_second(self) -> float:
@@ -64,6 +68,9 @@ def roofline_pass(
         return None
     peak = hardware.peak(graph.meta.get("act_dtype", "bf16"))
     bw = hardware.bandwidth()
+    cost = results.get("cost")
+    skip_masked = cost is not None and cost.attention == "flash"
+    byte_factor = 3.0 if cost is not None and cost.training else 1.0
     if peak <= 0 or bw <= 0:
         raise PassError(f"hardware {hardware.name}: peak and bandwidth must be positive")
     total = comp = mem = 0.0
@@ -71,7 +78,8 @@ def roofline_pass(
     by_op: dict[str, float] = defaultdict(float)
     for n in graph.nodes():
         oc = n.meta.get("cost", ZERO)
-        tc, tm = oc.flops / peak, oc.bytes / bw
+        flops = oc.flops - (oc.matmul - oc.matmul_causal) if skip_masked else oc.flops
+        tc, tm = flops / peak, byte_factor * oc.bytes / bw
         t = max(tc, tm)
         bound = "none" if t == 0 else ("compute" if tc >= tm else "memory")
         n.meta["time"] = OpTime(t, bound)
@@ -95,6 +103,7 @@ def roofline_pass(
         by_op=dict(sorted(by_op.items(), key=lambda kv: -kv[1])),
         phase=wl.phase,
         tokens_per_step=wl.batch * wl.seq_len,
+        new_tokens=wl.seq_len,
         peak_flops=peak,
         bandwidth=bw,
     )

@@ -164,3 +164,37 @@ def test_int4_weights_shrink_bytes_with_their_scales():
     _, r4 = analyse("llama3-8b", seq_len=1, past_len=1, dtype="int4")
     ratio = r4["memory"].weights / r16["memory"].weights
     assert ratio == pytest.approx((4 + 16 / 128) / 16, rel=0.01)
+
+
+def test_prefill_writes_keys_and_values_into_the_cache():
+    cfg = load_config("llama3-8b")
+    _, r = analyse("llama3-8b", seq_len=2048)
+    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
+    assert r["cost"].bytes["kv_cache"] == 2048 * kv_per_token == r["memory"].kv_cache
+
+
+def test_flash_roofline_skips_masked_blocks():
+    hw = load_hardware("h100")
+    g, r = analyse("llama3-8b", seq_len=32768, hardware=hw)
+    scores = g["model.layers.0.self_attn.core.scores"]
+    oc, t = scores.meta["cost"], scores.meta["time"]
+    assert t.seconds == pytest.approx(oc.matmul_causal / hw.peak("bf16"))
+    _, naive = analyse("llama3-8b", seq_len=32768, hardware=hw, attention="naive")
+    assert naive["roofline"].seconds > r["roofline"].seconds
+
+
+def test_ms_per_token_divides_a_multi_token_step():
+    hw = load_hardware("h100")
+    _, r = analyse("llama3-8b", seq_len=4, past_len=100, hardware=hw)
+    roof = r["roofline"]
+    assert roof.ms_per_token == pytest.approx(1e3 * roof.seconds / 4)
+    assert roof.to_dict()["ms_per_token"] == roof.ms_per_token
+
+
+def test_training_roofline_counts_three_times_the_bytes():
+    hw = load_hardware("h100")
+    _, fwd = analyse("llama3-8b", seq_len=1, past_len=16, hardware=hw)
+    _, trn = analyse("llama3-8b", seq_len=1, past_len=16, hardware=hw, training=True)
+    assert trn["cost"].bytes == fwd["cost"].bytes and trn["cost"].bytes["pass"] == "forward"
+    # decode is bandwidth-bound: the step's time follows the bytes
+    assert trn["roofline"].seconds == pytest.approx(3 * fwd["roofline"].seconds, rel=0.01)

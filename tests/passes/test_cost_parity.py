@@ -9,8 +9,8 @@ counted; `logits="last"` is transformers' `logits_to_keep=1`.
 
 On meta, sdpa takes the math path, so attention shows up as two `aten.bmm` over the full T x S
 score matrix whatever the mask: a sliding window shorter than T counts the same as none. In a
-cached step the two sides part ways once P + T exceeds the window: transformers' sliding-window
-cache keeps only the last W - 1 keys, graphllm keeps all P (its S is always P + T).
+cached step both caches roll once P exceeds the window: a window layer holds the last W - 1 past
+keys, so its S is min(P, W - 1) + T on both sides.
 """
 
 from __future__ import annotations
