@@ -274,18 +274,35 @@ def verify() -> None:
 @model_options
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--full-size", is_flag=True, help="Run the config as given, not a small instance.")
+@click.option("--onnx", "use_onnx", is_flag=True, help="Observe on onnxruntime, exported to ONNX.")
 @user_errors
-def verify_tokens(seed: int, full_size: bool, **options: Any) -> None:
+def verify_tokens(seed: int, full_size: bool, use_onnx: bool, **options: Any) -> None:
     """Perturb each input position, watch which outputs change, compare with the tokens pass.
 
     Runs a small instance of the config (same family and features, toy sizes) in the numpy
-    interpreter. Exit 0 when prediction and observation agree, 1 otherwise.
+    interpreter, or with --onnx exported to ONNX and run on onnxruntime. Exit 0 when prediction
+    and observation agree, 1 otherwise.
     """
-    from graphllm.observe import check_token_mixing
+    from graphllm.errors import ConfigError
 
-    seq_len = (options.get("seq_len") or [12])[0]
-    config, _ = resolve(options)
-    check = check_token_mixing(config, seq_len=seq_len, seed=seed, shrink=not full_size)
+    if not options.get("seq_len") and options.get("config_path") is None:
+        options["seq_len"] = [12]  # a short prompt: every cell is checked by a run
+    config, workload = resolve(options)
+    if workload.seq_len > 256:
+        raise ConfigError(
+            f"verify tokens runs T+1 forward passes: T={workload.seq_len} is over 256"
+        )
+    if use_onnx:
+        from graphllm.cli_export import onnx_token_check
+
+        if workload.past_len or workload.batch > 1 or workload.logits != "all":
+            raise ConfigError("verify tokens --onnx checks a prefill of batch 1")
+        check = onnx_token_check(config, workload.seq_len, seed, not full_size)
+    else:
+        from graphllm.observe import check_token_mixing
+
+        check = check_token_mixing(config, seed=seed, shrink=not full_size, workload=workload)
+    seq_len = workload.seq_len
     cells = check.predicted.size
     what = check.config.name
     if check.agrees:
@@ -320,3 +337,7 @@ def presets(as_json: bool) -> None:
 
 if __name__ == "__main__":
     main()
+
+from graphllm.cli_render import render  # noqa: E402
+
+main.add_command(render)

@@ -209,3 +209,32 @@ def test_hardware_local_without_calibration(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     r = invoke("trace", "--model", "llama3-8b", "--hardware", "local")
     assert r.exit_code == 2 and "graphllm calibrate" in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-t", "4,8", "--plot", "p.txt"], "give a .png, .svg or .pdf"),
+        (["--per-op", "csv", "."], "it is a folder"),
+        (["--per-op", "csv", "/proc/nope/x.csv"], "does not exist"),
+    ],
+)
+def test_output_path_errors_are_one_line(args, message):
+    r = invoke("trace", "--config", str(EXAMPLES / "tiny.yaml"), *args)
+    assert r.exit_code == 2 and message in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_written_files_have_a_normal_mode(tmp_path):
+    f = tmp_path / "ops.csv"
+    invoke("trace", "--config", str(EXAMPLES / "tiny.yaml"), "--per-op", "csv", str(f))
+    assert f.stat().st_mode & 0o044 == 0o044  # readable by group and others (umask 022)
+
+
+def test_verify_tokens_uses_the_workload():
+    r = invoke(
+        "verify", "tokens", "--model", "mistral-7b", "--past-len", "20", "-t", "4", "-b", "2"
+    )
+    assert r.exit_code == 0 and "T=4" in r.stdout and "16 cells" in r.stdout
+    r = invoke("verify", "tokens", "--config", str(EXAMPLES / "article.yaml"))
+    assert "T=3" in r.stdout and "9 cells" in r.stdout

@@ -1,0 +1,67 @@
+"""`graphllm render`: files written whole, one-line errors with exit code 2."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from graphllm.cli import main
+
+ARTICLE = str(Path(__file__).parent.parent / "examples" / "article.yaml")
+
+
+def invoke(*args: str, env: dict | None = None):
+    return CliRunner().invoke(main, ["render", *args], env=env)
+
+
+@pytest.mark.parametrize("view", ["model", "block", "attention", "ffn", "tokens"])
+def test_render_each_view_with_the_fallback(tmp_path, view):
+    out = tmp_path / f"{view}.svg"
+    r = invoke("--config", ARTICLE, "--view", view, "-o", str(out), "--renderer", "pure")
+    assert r.exit_code == 0, r.output
+    assert f"wrote {out} ({view} view of article, renderer: pure)" in r.stdout
+    assert out.read_text().lstrip().startswith("<?xml")
+
+
+def test_render_options(tmp_path):
+    out = tmp_path / "t.dot"
+    r = invoke("--model", "mistral-7b", "--view", "tokens", "--tokens", "5", "--layer", "31",
+               "-o", str(out))  # fmt: skip
+    assert r.exit_code == 0, r.output
+    text = out.read_text()
+    assert '"token 5"' in text and "model.layers.31." in text and "renderer: none" in r.stdout
+    out = tmp_path / "c.svg"
+    r = invoke("--config", ARTICLE, "--view", "attention", "--color", "time", "--hardware",
+               "a100", "-o", str(out), env={"GRAPHLLM_RENDERER": "pure"})  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "roofline time:" in out.read_text() and "renderer: pure" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--view", "heads"], "'heads' is not one of"),
+        (["--view", "model", "-o", "m.jpg"], "'.jpg' is not a format to draw"),
+        (["--view", "block", "--layer", "2", "-o", "b.svg"], "--layer 2: the model has 1 layer"),
+        (["--view", "model", "-o", "m.pdf", "--renderer", "pure"], "PDF needs Graphviz's dot"),
+        (["--view", "model", "-o", "no/such/dir/m.dot"], "folder no/such/dir does not exist"),
+        (["--view", "tokens", "--tokens", "40", "-o", "t.svg"], "40 is not in the range"),
+    ],
+)
+def test_user_errors_exit_2_with_one_line(tmp_path, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    r = invoke("--config", ARTICLE, *args)
+    assert r.exit_code == 2, r.output
+    assert message in r.output
+    assert list(tmp_path.iterdir()) == []
+    if not r.output.startswith("Usage:"):  # click's own usage errors aside: one line
+        assert r.output.startswith("error: ") and r.output.count("\n") == 1
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot binary is not installed")
+def test_pdf_with_graphviz(tmp_path):
+    out = tmp_path / "m.pdf"
+    r = invoke("--config", ARTICLE, "--view", "model", "-o", str(out))
+    assert r.exit_code == 0, r.output
+    assert out.read_bytes().startswith(b"%PDF")
