@@ -23,17 +23,6 @@ T_LAST = Dim("T_last", "token", 1)  # the last new position alone (logits for a 
 P_W = Dim("P_w", "key_token")
 S_W = Dim("S_w", "key_token")
 
-PARAM_KINDS = (
-    "embedding",
-    "attention",
-    "mlp",
-    "moe_experts",
-    "shared_experts",
-    "router",
-    "norms",
-    "lm_head",
-)
-
 
 def build_graph(config: ModelConfig, workload: Workload | None = None) -> Graph:
     """The decoder of `config` as an explicit op graph for `workload` (default: B=1, T=1, P=0)."""

@@ -138,6 +138,16 @@ def resolve_sweep(options: dict[str, Any]) -> tuple[Any, list[Any]]:
     return config, out
 
 
+def attention_option(help_text: str) -> Callable:
+    return click.option(
+        "--attention",
+        type=click.Choice(["flash", "naive"]),
+        default="flash",
+        show_default=True,
+        help=help_text,
+    )
+
+
 def hardware_option(default: str | None) -> Callable:
     return click.option(
         "--hardware",
@@ -156,13 +166,7 @@ def main() -> None:
 @main.command()
 @model_options
 @hardware_option("h100")
-@click.option(
-    "--attention",
-    type=click.Choice(["flash", "naive"]),
-    default="flash",
-    show_default=True,
-    help="Fused core attention, or every op through memory (the score matrix included).",
-)
+@attention_option("Fused core attention, or every op through memory (the score matrix included).")
 @click.option("--training", is_flag=True, help="Forward + backward FLOPs.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead.")
 @click.option("--print-graph", is_flag=True, help="Print the graph, one line per node.")
@@ -295,9 +299,7 @@ def verify_tokens(seed: int, full_size: bool, use_onnx: bool, **options: Any) ->
     if use_onnx:
         from graphllm.cli_export import onnx_token_check
 
-        if workload.past_len or workload.batch > 1 or workload.logits != "all":
-            raise ConfigError("verify tokens --onnx checks a prefill of batch 1")
-        check = onnx_token_check(config, workload.seq_len, seed, not full_size)
+        check = onnx_token_check(config, workload.seq_len, seed, not full_size, workload)
     else:
         from graphllm.observe import check_token_mixing
 

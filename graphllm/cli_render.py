@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from graphllm.cli import hardware_option, model_options, resolve, user_errors
+from graphllm.cli import attention_option, hardware_option, model_options, resolve, user_errors
 
 # exporters.dot.VIEWS, listed here so that `graphllm --help` does not import the exporter
 VIEWS = ["model", "block", "attention", "ffn", "tokens"]
@@ -38,13 +38,7 @@ VIEWS = ["model", "block", "attention", "ffn", "tokens"]
     help="Shade ops by cost (time: roofline on --hardware).",
 )
 @hardware_option("h100")
-@click.option(
-    "--attention",
-    type=click.Choice(["flash", "naive"]),
-    default="flash",
-    show_default=True,
-    help="For --color bytes/time: fused core attention, or every op through memory.",
-)
+@attention_option("For --color bytes/time: fused core attention, or every op through memory.")
 @click.option(
     "--lanes",
     type=click.IntRange(min=1),
