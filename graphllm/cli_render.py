@@ -7,7 +7,13 @@ from typing import Any
 
 import click
 
-from graphllm.cli import attention_option, hardware_option, model_options, resolve, user_errors
+from graphllm.cli_common import (
+    attention_option,
+    hardware_option,
+    model_options,
+    resolve,
+    user_errors,
+)
 
 # exporters.dot.VIEWS, listed here so that `graphllm --help` does not import the exporter
 VIEWS = ["model", "block", "attention", "ffn", "tokens"]

@@ -32,6 +32,7 @@ CONTRACTION = "contraction"  # sums products over an axis absent from the output
 ELEMENTWISE = "elementwise"
 REDUCTION = "reduction"  # each output reads a whole axis (norms, softmax)
 MOVEMENT = "movement"  # copies values: reshapes, concat, repeat, gather, routing
+COMMUNICATION = "communication"  # moves values between devices: collectives, send/recv
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,18 @@ class OpSpec:
     view: bool = False
     # inputs the op appends to where they lie (a KV cache): not read, and not written again
     in_place: tuple[int, ...] = ()
+    # groups of inputs in which the output is jointly linear, the other inputs held fixed: a
+    # pending sum over devices (a partial) passes through such a group unreduced. None derives
+    # them from the category (`linear_groups`); () declares the op nonlinear in every input
+    linear: tuple[tuple[int, ...], ...] | None = None
+    # pairs of letters cut by one split: a block of one holds a block of the other (the GQA
+    # copy's query heads come from their KV heads; MoE slots hold a block of tokens)
+    carries: tuple[tuple[str, str], ...] = ()
+    # the impl takes the input of every rank of a device group, in rank order, and returns
+    # every rank's output (attrs: `mesh`, the mesh axis the group runs along)
+    collective: bool = False
+    # rewrites the signature's output dims from attrs (a collective changes one axis's size)
+    retype: Callable[[Node, tuple[Dim, ...]], tuple[Dim, ...]] | None = None
 
     @property
     def signature(self) -> Signature:
@@ -99,6 +112,16 @@ def _rope(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     return x * cos + rotated * sin
 
 
+def _embedding(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    ids, table = xs[0], _f32(xs[1])
+    shard = a.get("shard", {}).get("v")  # a vocab-parallel shard: (its first row, all rows)
+    if shard is None:
+        return table[ids]
+    local = ids - shard[0]
+    held = (local >= 0) & (local < table.shape[0])  # other rows are other ranks' (zeros here)
+    return np.where(held[..., None], table[np.where(held, local, 0)], np.float32(0))
+
+
 def _split(xs: list[np.ndarray], a: dict[str, Any]) -> tuple[np.ndarray, ...]:
     cuts = np.cumsum(a["sizes"])[:-1]
     return tuple(np.split(xs[0], cuts, axis=-1))
@@ -119,8 +142,11 @@ def _merge_heads(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
 def _mask(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     x = xs[0]  # (B, H, T, S); queries are the last T of the S key positions
     t, s = x.shape[-2], x.shape[-1]
-    lo, hi = _mask_relation(a, np.arange(s - t, s))
-    k = np.arange(s)[None, :]
+    shard = a.get("shard", {})  # on a token shard: (first position held, whole axis) per axis
+    t0, t_all = shard.get("t", (0, t))
+    s0, s_all = shard.get("s", (0, s))
+    lo, hi = _mask_relation(a, np.arange(t0, t0 + t) + (s_all - t_all))
+    k = np.arange(s0, s0 + s)[None, :]
     allowed = (k >= lo[:, None]) & (k <= hi[:, None])
     return np.where(allowed, x, np.float32(-np.inf))
 
@@ -206,6 +232,47 @@ def _unit_check(node: Node, env: dict[str, Dim]) -> str | None:
     return None if env["o"].size == 1 else "the gate axis must have size 1"
 
 
+# -- collectives: each impl gets the input of every rank of the group, in rank order ----------
+def _sum(xs: list[np.ndarray]) -> np.ndarray:
+    out = _f32(xs[0]).copy()
+    for x in xs[1:]:
+        out += _f32(x)
+    return out
+
+
+def _all_reduce(xs: list[np.ndarray], a: dict[str, Any]) -> list[np.ndarray]:
+    return [_sum(xs)] * len(xs)
+
+
+def _all_gather(xs: list[np.ndarray], a: dict[str, Any]) -> list[np.ndarray]:
+    return [np.concatenate(xs, axis=a["axis"])] * len(xs)
+
+
+def _reduce_scatter(xs: list[np.ndarray], a: dict[str, Any]) -> list[np.ndarray]:
+    return np.split(_sum(xs), len(xs), axis=a["axis"])
+
+
+def _all_to_all(xs: list[np.ndarray], a: dict[str, Any]) -> list[np.ndarray]:
+    blocks = [np.split(x, len(xs), axis=a["split_axis"]) for x in xs]
+    return [np.concatenate([b[j] for b in blocks], axis=a["concat_axis"]) for j in range(len(xs))]
+
+
+def _recv(xs: list[np.ndarray], a: dict[str, Any]) -> list[np.ndarray]:
+    return [xs[a["src"]]] * len(xs)
+
+
+def _shard_slice(xs: list[np.ndarray], a: dict[str, Any]) -> list[np.ndarray]:
+    return [np.split(x, len(xs), axis=a["axis"])[j] for j, x in enumerate(xs)]
+
+
+def _retype(node: Node, dims: tuple[Dim, ...]) -> tuple[Dim, ...]:
+    """The input's dims, those that attrs['axes'] names by position (`@2`: axis 2) replaced."""
+    out = list(dims)
+    for k, d in node.attrs.get("axes", {}).items():
+        out[int(k[1:])] = d
+    return tuple(out)
+
+
 # -- the table ---------------------------------------------------------------------------------
 for _spec in [
     OpSpec("input", "-> ...", SOURCE, None, "A graph input (token ids, positions, past K/V)."),
@@ -214,7 +281,7 @@ for _spec in [
         "embedding",
         "b t, v d -> b t d",
         MOVEMENT,
-        lambda xs, a: _f32(xs[1])[xs[0]],
+        _embedding,
         "Row lookup: each position reads the row of its own token id.",
         out_dtypes=("act",),
     ),
@@ -304,6 +371,7 @@ for _spec in [
         "Rotate pairs of features by the angle of the position's own index: x cos + rot(x) sin. "
         "3 FLOPs/element (two multiplies, one add); the cos/sin tables are not counted.",
         flops_per_elem=3,
+        linear=((0,),),
     ),
     OpSpec(
         "kv_concat",
@@ -323,6 +391,7 @@ for _spec in [
         lambda xs, a: np.repeat(xs[0], a["axes"]["h"].size // xs[0].shape[1], axis=1),
         "Copy each KV head to the query heads of its group (GQA/MQA).",
         check=_repeat_check,
+        carries=(("h", "g"),),
     ),
     OpSpec(
         "scores",
@@ -339,6 +408,7 @@ for _spec in [
         lambda xs, a: _f32(xs[0]) * np.float32(a["value"]),
         "Multiply by a constant (attention scale 1/sqrt(d_h), gemma's embedding scale).",
         flops_per_elem=1,
+        linear=((0,),),
     ),
     OpSpec(
         "mask",
@@ -398,6 +468,7 @@ for _spec in [
         lambda xs, a: _f32(xs[0]) * _f32(xs[1]),
         "Elementwise product (the gate of a gated MLP).",
         flops_per_elem=1,
+        linear=((0,), (1,)),
     ),
     OpSpec(
         "gate_mul",
@@ -407,6 +478,7 @@ for _spec in [
         "Scale each position's vector by its one gate value (shared-expert gate).",
         flops_per_elem=1,
         check=_unit_check,
+        linear=((0,), (1,)),
     ),
     OpSpec(
         "add",
@@ -415,6 +487,7 @@ for _spec in [
         lambda xs, a: _f32(xs[0]) + _f32(xs[1]),
         "Elementwise sum (residual connections, shared + routed experts).",
         flops_per_elem=1,
+        linear=((0, 1),),
     ),
     OpSpec(
         "topk",
@@ -423,6 +496,7 @@ for _spec in [
         _topk,
         "The k largest router scores and their expert ids, largest first. Comparisons, 0 FLOPs.",
         out_dtypes=("same", "int64"),
+        linear=(),
     ),
     OpSpec(
         "normalize",
@@ -441,6 +515,7 @@ for _spec in [
         "Copy each token to the slots of the k experts it chose. A slot holds one token, so "
         "the slot axis carries that token's position.",
         same_position=(("c", "t"),),
+        carries=(("c", "t"), ("c", "b")),
     ),
     OpSpec(
         "moe_combine",
@@ -450,7 +525,71 @@ for _spec in [
         "Each token sums its k expert outputs weighted by the router: 2 FLOPs per "
         "(token, choice, feature).",
         same_position=(("c", "t"),),
+        carries=(("c", "t"), ("c", "b")),
         flops_fn=lambda s: 2 * s["b"] * s["t"] * s["k"] * s["d"],
+    ),
+    # collectives: payload and wire bytes per device come from `comm_bytes`; FLOPs are 0
+    OpSpec(
+        "all_reduce",
+        "... -> ...",
+        COMMUNICATION,
+        _all_reduce,
+        "Sum a tensor held as partial sums over a device group; every rank gets the sum.",
+        collective=True,
+    ),
+    OpSpec(
+        "all_gather",
+        "... -> ...",
+        COMMUNICATION,
+        _all_gather,
+        "Concatenate the group's blocks of axis `axis`; every rank gets the whole axis.",
+        collective=True,
+        retype=_retype,
+    ),
+    OpSpec(
+        "reduce_scatter",
+        "... -> ...",
+        COMMUNICATION,
+        _reduce_scatter,
+        "Sum partial sums over a device group; rank i keeps block i of axis `axis`.",
+        collective=True,
+        retype=_retype,
+    ),
+    OpSpec(
+        "all_to_all",
+        "... -> ...",
+        COMMUNICATION,
+        _all_to_all,
+        "Rank j sends block i of `split_axis` to rank i and concatenates what it receives "
+        "along `concat_axis` (MoE dispatch to the experts' ranks, and back).",
+        collective=True,
+        retype=_retype,
+    ),
+    OpSpec(
+        "send",
+        "... -> ...",
+        COMMUNICATION,
+        lambda xs, a: xs[0],
+        "Hand an activation to the next pipeline stage (the stage that runs this node).",
+    ),
+    OpSpec(
+        "recv",
+        "... -> ...",
+        COMMUNICATION,
+        _recv,
+        "Take the activation that stage `src` sent (the input is its send).",
+        collective=True,
+    ),
+    OpSpec(
+        "shard_slice",
+        "... -> ...",
+        MOVEMENT,
+        _shard_slice,
+        "Keep this rank's block of axis `axis` of a tensor every rank of the group holds whole "
+        "(no communication).",
+        collective=True,
+        retype=_retype,
+        view=True,
     ),
 ]:
     _row(_spec)
@@ -458,7 +597,7 @@ for _spec in [
 
 CATEGORIES: dict[str, frozenset[str]] = {
     cat: frozenset(n for n, s in OPS.items() if s.category == cat)
-    for cat in (SOURCE, CONTRACTION, ELEMENTWISE, REDUCTION, MOVEMENT)
+    for cat in (SOURCE, CONTRACTION, ELEMENTWISE, REDUCTION, MOVEMENT, COMMUNICATION)
 }
 
 
@@ -520,8 +659,33 @@ def _infer(graph: Graph, node: Node, spec: OpSpec) -> tuple[TensorType, ...]:
             dt = graph.meta.get("act_dtype", "fp32")
         else:
             dt = rule
+        if spec.retype is not None:
+            dims = spec.retype(node, dims)
         out.append(TensorType(dims, node.attrs.get("dtype", dt)))
     return tuple(out)
+
+
+def linear_groups(spec: OpSpec, integer: list[bool]) -> tuple[tuple[int, ...], ...]:
+    """Groups of inputs in which the op's output is jointly linear (see OpSpec.linear).
+
+    Derived unless the row says: a contraction is linear in each input that has a contracted
+    axis, together with the inputs none of whose axes is contracted (a bias is added once);
+    a movement op in all its non-integer inputs together; other ops in none.
+    """
+    if spec.linear is not None:
+        return spec.linear
+    sig = spec.signature
+    floats = [i for i in range(len(sig.inputs)) if not integer[i]]
+    if spec.category == MOVEMENT:
+        return (tuple(floats),) if floats else ()
+    if spec.category != CONTRACTION:
+        return ()
+    out = sig.output_letters()
+    letters = [
+        {x for ax in op for x in (ax if isinstance(ax, tuple) else (ax,))} for op in sig.inputs
+    ]
+    summands = tuple(i for i in floats if letters[i] <= out)
+    return tuple((i, *summands) for i in floats if i not in summands)
 
 
 def letter_sizes(graph: Graph, node: Node) -> dict[str, float]:

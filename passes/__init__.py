@@ -62,4 +62,4 @@ def run(graph: Graph, names: Iterable[str], **options: Any) -> dict[str, Any]:
 
 def _load_builtin() -> None:
     # importing the modules registers their passes
-    from graphllm.passes import cost, memory, params, roofline, tokens, verify  # noqa: F401
+    from graphllm.passes import cost, memory, params, partition, roofline, tokens, verify  # noqa: F401

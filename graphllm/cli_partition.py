@@ -1,0 +1,209 @@
+"""`graphllm partition` and `graphllm verify partition`: parallel layouts, their costs, and proof by
+execution that the partitioned graph computes what the single-device one does."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from graphllm.cli_common import hardware_option, model_options, resolve, user_errors
+
+MAX_VERIFY_PARAMS = 200_000_000  # numpy runs every rank on one CPU: keep verification small
+
+
+def strategy_options(fn: Callable) -> Callable:
+    """--tp --sp --cp --pp --ep --dp --microbatches, shared by both commands."""
+    size = click.IntRange(min=1)
+    opts = [
+        click.option("--tp", type=size, default=1, help="Tensor parallel ranks (Megatron)."),
+        click.option("--sp", is_flag=True, help="Sequence parallel with --tp: norms on T/tp."),
+        click.option("--cp", type=size, default=1, help="Context parallel ranks: tokens split."),
+        click.option("--pp", type=size, default=1, help="Pipeline stages (contiguous layers)."),
+        click.option("--ep", type=size, default=1, help="Expert parallel ranks (MoE)."),
+        click.option("--dp", type=size, default=1, help="Data parallel replicas: batch split."),
+        click.option(
+            "--microbatches", type=size, default=1, help="Microbatches per step (pipelining)."
+        ),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def _strategy(options: dict[str, Any]) -> Any:
+    from graphllm.passes.partition import Strategy
+
+    keys = ("tp", "sp", "cp", "pp", "ep", "dp", "microbatches")
+    return Strategy(**{k: options.pop(k) for k in keys})
+
+
+@click.command()
+@model_options
+@strategy_options
+@hardware_option("h100")
+@click.option(
+    "--attention",
+    type=click.Choice(["flash", "naive"]),
+    default="flash",
+    show_default=True,
+    help="Fused core attention, or every op through memory.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead.")
+@click.option("--print-graph", is_flag=True, help="Print one rank's program, one line a node.")
+@user_errors
+def partition(
+    hardware: str | None, attention: str, as_json: bool, print_graph: bool, **options: Any
+) -> None:
+    """Partition the graph over devices: per-device memory, FLOPs, communication and time."""
+    from graphllm.builder import build_graph
+    from graphllm.hardware import load_hardware
+    from graphllm.passes.partition import partition as partition_graph
+    from graphllm.passes.partition import partition_report
+
+    strategy = _strategy(options)
+    config, wl = resolve(options)
+    hw = load_hardware(hardware) if hardware else None
+    graph = partition_graph(build_graph(config, wl), strategy, hw)
+    if print_graph:
+        click.echo(graph.print())
+        return
+    report = partition_report(graph, hw, attention)
+    doc = {
+        "model": {"name": config.name, "model_type": config.model_type},
+        "workload": wl.to_dict() | {"attention": attention},
+        "hardware": hw.to_dict() if hw else None,
+        "partition": report.to_dict(),
+    }
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        print_partition(doc)
+
+
+def print_partition(doc: dict[str, Any]) -> None:
+    """Per-stage devices, communication by kind, pipeline bubble."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from graphllm.summary import _b, _n, _t
+
+    con = Console()
+    p, w, hw = doc["partition"], doc["workload"], doc["hardware"]
+    mesh = " x ".join(f"{k}={v}" for k, v in p["mesh"].items() if v > 1) or "one device"
+    n_dev = len(p["devices"])
+    where = f" {hw['name']}" if hw else ""
+    con.print(
+        f"[bold]{doc['model']['name']}[/bold], {w['phase']} B={w['batch']} T={w['seq_len']} "
+        f"P={w['past_len']}: {n_dev}{where} devices ({mesh}"
+        + (", sequence parallel" if p["strategy"]["sp"] else "")
+        + ")"
+    )
+    for note in p["notes"]:
+        con.print(f"note: {note}")
+    timed = hw is not None
+    per_stage = n_dev // len(p["stages"])
+    table = Table("per device", *(f"stage {s['stage']}" for s in p["stages"]))
+    cap = f" of {_b(hw['memory_bytes'])}" if hw else ""
+
+    def row(label: str, fmt: Callable[[dict[str, Any]], str]) -> None:
+        table.add_row(label, *(fmt(s) for s in p["stages"]))
+
+    row("layers", lambda s: f"{s['layers'][0]}-{s['layers'][1]}" if s["layers"] else "")
+    row("devices", lambda s: str(per_stage))
+    row("params", lambda s: _n(s["params"]))
+    row("weights", lambda s: _b(s["weight_bytes"]))
+    row("KV cache", lambda s: _b(s["kv_cache_bytes"]))
+    row("activations (peak)", lambda s: _b(s["activation_bytes"]))
+    row(
+        "memory" + cap,
+        lambda s: (
+            _b(s["memory_bytes"])
+            + ("" if s["fits"] is None else (" fits" if s["fits"] else " [red]too big[/red]"))
+        ),
+    )
+    row("FLOPs", lambda s: _n(s["flops"]))
+    row("bytes moved", lambda s: _b(s["bytes"]))
+    row("bytes sent", lambda s: _b(sum(s["comm_bytes"].values())))
+    if timed:
+        row("compute time", lambda s: _t(s["compute_seconds"]))
+        row("communication time", lambda s: _t(s["comm_seconds"]))
+        row("time (no overlap)", lambda s: _t(s["seconds"]))
+    con.print(table)
+    comm = Table("collective", "axis", "group", "count", "payload", "sent/device", "time")
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for c in p["collectives"]:
+        r = rows.setdefault((c["kind"], c["mesh_axis"]), {"n": 0, "pay": set(), "wire": 0.0})
+        r["n"] += c["count"]
+        r["pay"].add(c["bytes"])
+        r["wire"] += c["count"] * c["wire_bytes_per_device"]
+        r["group"] = c["group_size"]
+        r["t"] = r.get("t", 0.0) + c["count"] * (c["seconds"] or 0.0)
+    for (kind, axis), r in rows.items():
+        pay = sorted(r["pay"])
+        each = _b(pay[0]) if len(pay) == 1 else f"{_b(pay[0])} - {_b(pay[-1])}"
+        comm.add_row(
+            kind,
+            axis,
+            str(r["group"]),
+            str(r["n"]),
+            each,
+            _b(r["wire"]),
+            _t(r["t"]) if timed else "",
+        )
+    if rows:
+        con.print(comm)
+    pipe = p["pipeline"]
+    if pipe["stages"] > 1:
+        con.print(
+            f"pipeline: {pipe['stages']} stages, {pipe['microbatches']} microbatches, bubble "
+            f"{100 * pipe['bubble']:.1f}%"
+            + (f", step {_t(pipe['step_seconds'])}" if pipe["step_seconds"] else "")
+        )
+    elif timed:
+        con.print(
+            f"step: {_t(p['stages'][0]['seconds'])} per device (communication not overlapped)"
+        )
+
+
+@click.command("partition")
+@model_options
+@strategy_options
+@click.option("--seed", type=int, default=0, show_default=True)
+@user_errors
+def verify_partition(seed: int, **options: Any) -> None:
+    """Run the partitioned graph rank by rank in numpy and compare its logits with one device's.
+
+    Exit 0 when they agree within 1e-5 (fp32), 1 with the largest differences otherwise.
+    """
+    from graphllm.builder import build_graph
+    from graphllm.errors import ConfigError
+    from graphllm.passes.partition import partition as partition_graph
+    from graphllm.spmd import check_partition
+    from graphllm.workload import Workload
+
+    strategy = _strategy(options)
+    config, wl = resolve(options)
+    wl = Workload.with_dtype(wl, dtype="fp32")
+    graph = build_graph(config, wl)
+    params = sum(n.out.numel(graph.bindings) for n in graph.params())
+    if params > MAX_VERIFY_PARAMS:
+        raise ConfigError(
+            f"{config.name} has {params:,.0f} parameters, too many to run every rank in numpy; "
+            "verify a small config of the same family (e.g. examples/tiny.yaml)"
+        )
+    check = check_partition(graph, partition_graph(graph, strategy), seed=seed)
+    what = (
+        f"{config.name} (B={wl.batch} T={wl.seq_len} P={wl.past_len}), "
+        f"{strategy.describe()} on {check.ranks} devices"
+    )
+    if check.agrees():
+        click.echo(f"{what}: logits equal within 1e-5 (max |diff| {check.max_diff:.2e})")
+        return
+    click.echo(f"{what}: logits differ, max |diff| {check.max_diff:.3e}")
+    for idx, ref, got in check.differences():
+        click.echo(f"  logits{list(idx)}: single device {ref:.6g}, partitioned {got:.6g}")
+    sys.exit(1)

@@ -1,0 +1,429 @@
+"""The ONNX export == transformers == the numpy interpreter, per family; I/O, metadata, weights.
+
+Each case is one of test_parity's tiny transformers models (random weights moved off their
+defaults, saved with `save_pretrained`), exported by graphllm from that folder and run on
+onnxruntime: a prefill, 16 decode steps through the KV cache fed with transformers' own greedy
+tokens, and a left-padded batch of 2, against transformers and the interpreter (fp32, 1e-4).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("onnxruntime")
+
+from click.testing import CliRunner  # noqa: E402
+
+import graphllm  # noqa: E402
+from graphllm.cli import main  # noqa: E402
+from graphllm.errors import ConfigError, WeightsError  # noqa: E402
+from graphllm.exporters.onnx import (  # noqa: E402
+    DECOMPOSED,
+    export_graph,
+    export_onnx,
+    random_tensors,
+    read_metadata,
+)
+from graphllm.interpret import run_graph  # noqa: E402
+from graphllm.ops import OPS, SOURCE  # noqa: E402
+from graphllm.runtime import OnnxModel, positions  # noqa: E402
+from graphllm.weights import load_weights, random_weights  # noqa: E402
+
+
+def _parity_module():
+    """tests/test_parity.py: its tiny-model cases and builder (one module, however imported)."""
+    if "test_parity" in sys.modules:
+        return sys.modules["test_parity"]
+    path = Path(__file__).parents[1] / "test_parity.py"
+    spec = importlib.util.spec_from_file_location("test_parity", path)
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules["test_parity"] = mod
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+parity = _parity_module()
+ATOL, BATCH, SEQ, STEPS, PAD = 1e-4, 2, 8, 16, 3
+VOCAB = parity.SMALL["vocab_size"]
+# every family and feature: llama3 rope, tied embeddings, a window shorter than the prompt, QKV
+# bias, q/k norm with an explicit head_dim, gemma, phi3, mixtral, qwen2_moe (shared expert,
+# decoder_sparse_step 2), qwen3_moe with and without norm_topk_prob
+CASES = [
+    "llama-llama3-rope",
+    "llama-tied-llama3.2",
+    "llama-bias",
+    "mistral-window",
+    "qwen2",
+    "qwen2-window",
+    "qwen3",
+    "gemma",
+    "phi3-window",
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe-norm_topk",
+    "qwen3_moe-no_norm_topk",
+]
+
+
+class Exported:
+    """A tiny HF model, its checkpoint, its ONNX export from that checkpoint, the session on it,
+    and the exported graph with the same weights for the interpreter."""
+
+    def __init__(self, case: str, folder: Path, out: Path) -> None:
+        self.tiny = parity.Tiny(case, folder)
+        self.path = out / "model.onnx"
+        self.result = export_onnx(self.tiny.cfg, self.path, weights=folder)
+        self.onnx = OnnxModel(self.path, device="cpu")
+        self.graph = export_graph(self.tiny.cfg)
+        self.weights = load_weights(self.graph, folder)
+
+    def interpret(self, ids: np.ndarray, past: dict | None = None, p: int = 0) -> dict:
+        """The numpy interpreter on the graph of this step's workload (`p` tokens in the past:
+        a window layer's cache holds fewer), with the same weights."""
+        wl = graphllm.Workload.with_dtype(
+            batch=ids.shape[0], seq_len=ids.shape[1], past_len=p, dtype="fp32"
+        )
+        return run_graph(graphllm.build_graph(self.tiny.cfg, wl), self.weights, ids, past)
+
+    @torch.no_grad()
+    def hf(self, ids, mask=None, pos=None, cache=None):
+        t = torch.from_numpy
+        return self.tiny.model(
+            t(ids),
+            attention_mask=None if mask is None else t(mask),
+            position_ids=None if pos is None else t(pos),
+            cache=cache,
+            use_cache=True,
+        )
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    cache: dict[str, Exported] = {}
+
+    def get(case: str) -> Exported:
+        if case not in cache:
+            cache[case] = Exported(
+                case, tmp_path_factory.mktemp(case), tmp_path_factory.mktemp(f"{case}-onnx")
+            )
+        return cache[case]
+
+    return get
+
+
+def _ids(seed: int, batch: int = BATCH, seq: int = SEQ) -> np.ndarray:
+    return np.random.default_rng(seed).integers(3, VOCAB, (batch, seq))
+
+
+def _presents(out: dict) -> dict:
+    return {k: v for k, v in out.items() if k.startswith("present.")}
+
+
+def _close(a: np.ndarray, b: np.ndarray, what: str) -> None:
+    np.testing.assert_allclose(a, b, atol=ATOL, rtol=0, err_msg=what)
+
+
+# -- exactness, per family -----------------------------------------------------------------
+@pytest.mark.parametrize("case", CASES)
+def test_prefill_and_16_decode_steps(exported, case):
+    e = exported(case)
+    onnx.checker.check_model(str(e.path), full_check=True)
+    ids = _ids(1)
+    ours, theirs, interp = e.onnx.forward(ids), e.hf(ids), e.interpret(ids)
+    assert ours["logits"].shape == (BATCH, SEQ, VOCAB)
+    _close(ours["logits"], theirs.logits.numpy(), "prefill vs transformers")
+    _close(ours["logits"], interp["logits"], "prefill vs interpreter")
+    cache = theirs.cache
+    for step in range(STEPS):
+        nxt = theirs.logits.numpy()[:, -1].argmax(-1)[:, None]  # transformers' own tokens
+        theirs = e.hf(nxt, cache=cache)
+        ours = e.onnx.forward(nxt, past=_presents(ours))
+        interp = e.interpret(nxt, past=_presents(interp), p=SEQ + step)
+        _close(ours["logits"], theirs.logits.numpy(), f"decode step {step} vs transformers")
+        _close(ours["logits"], interp["logits"], f"decode step {step} vs interpreter")
+    assert ours["present.0.key"].shape[2] == SEQ + STEPS  # every key kept, windowed or not
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_left_padded_batch(exported, case):
+    e = exported(case)
+    ids = _ids(2)
+    ids[1, :PAD] = 0
+    mask = np.ones_like(ids)
+    mask[1, :PAD] = 0
+    pos = positions(mask, SEQ)
+    ours = e.onnx.forward(ids, mask, pos)
+    theirs = e.hf(ids, mask, pos)
+    _close(ours["logits"][0], theirs.logits.numpy()[0], "full row vs transformers")
+    _close(ours["logits"][1, PAD:], theirs.logits.numpy()[1, PAD:], "padded row vs transformers")
+    alone = e.interpret(ids[1:, PAD:])["logits"][0]  # the padded row's prompt on its own
+    _close(ours["logits"][1, PAD:], alone, "padded row vs interpreter, unpadded")
+    cache = theirs.cache
+    for step in range(STEPS):
+        nxt = theirs.logits.numpy()[:, -1].argmax(-1)[:, None]
+        mask = np.concatenate([mask, np.ones_like(nxt)], axis=1)
+        pos = positions(mask, 1)
+        theirs = e.hf(nxt, mask, pos, cache=cache)
+        ours = e.onnx.forward(nxt, mask, pos, past=_presents(ours))
+        _close(ours["logits"], theirs.logits.numpy(), f"padded decode step {step}")
+
+
+# -- the model file ------------------------------------------------------------------------
+def test_io_names_and_dynamic_dims(exported):
+    e = exported("qwen2_moe")
+    m = onnx.load(str(e.path))
+    dims = {
+        v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+        for v in [*m.graph.input, *m.graph.output]
+    }
+    n = e.tiny.cfg.num_hidden_layers
+    kv = [e.tiny.cfg.num_key_value_heads, e.tiny.cfg.head_dim]
+    assert [v.name for v in m.graph.input][:3] == ["input_ids", "attention_mask", "position_ids"]
+    assert dims["input_ids"] == dims["position_ids"] == ["batch", "sequence_length"]
+    assert dims["attention_mask"] == ["batch", "total_sequence_length"]
+    assert dims["logits"] == ["batch", "sequence_length", VOCAB]
+    for i in range(n):
+        for kind in ("key", "value"):
+            past = dims[f"past_key_values.{i}.{kind}"]
+            assert past == ["batch", kv[0], "past_sequence_length", kv[1]]
+            assert dims[f"present.{i}.{kind}"] == ["batch", kv[0], "total_sequence_length", kv[1]]
+    assert len(m.graph.input) == 3 + 2 * n and len(m.graph.output) == 1 + 2 * n
+    assert {i.name for i in m.graph.initializer} >= {p.name for p in e.graph.params()}
+
+
+def test_node_names_keep_the_graph_scopes(exported):
+    e = exported("qwen2_moe")
+    names = [n.name for n in onnx.load(str(e.path)).graph.node]
+    assert len(names) == len(set(names))
+    ir = {n.name for n in e.graph.nodes() if n.op not in ("input", "param")}
+    assert ir <= set(names)  # each IR node's value comes from an ONNX node of its name
+    scopes = ir | {"model.rotary_emb", "model.attention_mask"}
+    assert all(n in scopes or n.split("/")[0] in scopes for n in names)
+
+
+def test_every_single_device_op_row_has_a_lowering():
+    def one_device(spec) -> bool:  # not a weight or input, not a collective between devices
+        return spec.category not in (SOURCE, "communication") and not getattr(
+            spec, "collective", False
+        )
+
+    assert set(DECOMPOSED) == {name for name, spec in OPS.items() if one_device(spec)}
+
+
+def test_metadata_round_trip(exported, tmp_path):
+    e = exported("qwen3_moe-norm_topk")
+    meta = read_metadata(e.path)
+    assert meta.config == e.tiny.cfg
+    assert meta.lowering == "decomposed" and meta.weights.startswith("checkpoint")
+    wl = graphllm.Workload(batch=4, seq_len=32, past_len=7, dtype="fp16", logits="last")
+    r = export_onnx(e.tiny.cfg, tmp_path / "m.onnx", dtype="fp16", workload=wl, seed=5)
+    meta = read_metadata(r.path)
+    assert meta.workload == wl and meta.weights == "random, seed 5"
+    # a bare .onnx is enough to analyse the model again
+    from graphllm.passes import run
+
+    params = run(graphllm.build_graph(meta.config, meta.workload), ["params"])["params"]
+    assert params.total == r.params
+
+
+def test_last_position_logits_and_fp16(exported, tmp_path):
+    e = exported("llama-tied-llama3.2")
+    path = tmp_path / "last.onnx"
+    export_onnx(e.tiny.cfg, path, weights=e.tiny.folder, dtype="fp16", workload=_last())
+    ids = _ids(3)
+    last = OnnxModel(path, device="cpu").forward(ids)
+    assert last["logits"].shape == (BATCH, 1, VOCAB) and last["logits"].dtype == np.float16
+    assert last["present.0.key"].dtype == np.float16
+    full = e.onnx.forward(ids)["logits"][:, -1:]
+    np.testing.assert_allclose(last["logits"].astype(np.float32), full, atol=2e-2, rtol=0)
+
+
+def _last() -> graphllm.Workload:
+    return graphllm.Workload(logits="last")
+
+
+# -- weights -------------------------------------------------------------------------------
+def test_random_weights_are_the_interpreters(tmp_path):
+    cfg = graphllm.load_config(Path(__file__).parents[2] / "examples" / "tiny.yaml")
+    graph = export_graph(cfg)
+    want = random_weights(graph, seed=3)
+    for node, arr in random_tensors(graph, 3, "fp32"):
+        np.testing.assert_array_equal(arr, want[node.name], err_msg=node.name)
+    export_onnx(cfg, tmp_path / "r.onnx", seed=3)
+    ids = _ids(4, seq=5) % cfg.vocab_size
+    ours = OnnxModel(tmp_path / "r.onnx", device="cpu").forward(ids)["logits"]
+    wl = graphllm.Workload.with_dtype(batch=BATCH, seq_len=5, dtype="fp32")
+    theirs = run_graph(graphllm.build_graph(cfg, wl), want, ids)["logits"]
+    _close(ours, theirs, "random weights")
+
+
+def _without(src: Path, dst: Path, drop: str | None = None, reshape: str | None = None) -> Path:
+    """A copy of a checkpoint folder with one tensor dropped or given the wrong shape."""
+    from safetensors.numpy import load_file, save_file
+
+    dst.mkdir()
+    (dst / "config.json").write_text((src / "config.json").read_text())
+    tensors = {}
+    for f in src.glob("*.safetensors"):
+        tensors |= load_file(f)
+    tensors.pop(drop, None)
+    if reshape:
+        tensors[reshape] = tensors[reshape][:-1]
+    save_file(tensors, dst / "model.safetensors")
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("drop", "reshape", "message"),
+    [
+        ("model.layers.1.mlp.experts.2.up_proj.weight", None, "has no tensor model.layers.1"),
+        (None, "model.layers.0.self_attn.q_proj.bias", "q_proj.bias: checkpoint shape (31,)"),
+    ],
+)
+def test_bad_checkpoint_is_one_line_and_writes_nothing(exported, tmp_path, drop, reshape, message):
+    e = exported("qwen2_moe")
+    bad = _without(e.tiny.folder, tmp_path / "bad", drop, reshape)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(WeightsError, match=re.escape(message)):
+        export_onnx(e.tiny.cfg, out / "m.onnx", weights=bad)
+    r = CliRunner().invoke(main, ["export", "--weights", str(bad), "-o", str(out / "m.onnx")])
+    assert r.exit_code == 2
+    assert r.stderr.count("\n") == 1 and message.split(":")[0] in r.stderr
+    for external in (True, False):  # neither the model nor its data file, nor temporaries
+        with pytest.raises(WeightsError):
+            export_onnx(e.tiny.cfg, out / "m.onnx", weights=bad, external_data=external)
+    assert list(out.iterdir()) == []
+    (out / "m.onnx").write_bytes(b"old")  # a failed export leaves an existing file alone
+    with pytest.raises(WeightsError):
+        export_onnx(e.tiny.cfg, out / "m.onnx", weights=bad)
+    assert [p.name for p in out.iterdir()] == ["m.onnx"] and (out / "m.onnx").read_bytes() == b"old"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_sharded_half_precision_checkpoint(exported, tmp_path, dtype):
+    e = exported("mixtral")
+    folder = tmp_path / "ckpt"
+    half = copy.deepcopy(e.tiny.model).to(getattr(torch, dtype))
+    half.save_pretrained(folder, max_shard_size="40KB")
+    assert (folder / "model.safetensors.index.json").exists()
+    assert len(list(folder.glob("*.safetensors"))) > 2
+    r = export_onnx(e.tiny.cfg, tmp_path / "m.onnx", weights=folder)
+    ids = _ids(8)
+    ours = OnnxModel(r.path, "cpu").forward(ids)["logits"]
+    wl = graphllm.Workload.with_dtype(batch=BATCH, seq_len=SEQ, dtype="fp32")
+    graph = graphllm.build_graph(e.tiny.cfg, wl)
+    _close(ours, run_graph(graph, load_weights(graph, folder), ids)["logits"], dtype)
+    assert np.abs(ours - e.onnx.forward(ids)["logits"]).max() > 1e-6  # the rounded weights
+
+
+def test_pickled_checkpoints_are_not_read(tmp_path):
+    cfg = graphllm.load_config(Path(__file__).parents[2] / "examples" / "tiny.yaml")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not unpickled")
+    with pytest.raises(WeightsError, match=r"no \.safetensors files"):
+        export_onnx(cfg, tmp_path / "m.onnx", weights=tmp_path)
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_external_data_runs_the_same(exported, tmp_path):
+    e = exported("phi3-window")
+    r = export_onnx(e.tiny.cfg, tmp_path / "ext.onnx", weights=e.tiny.folder, external_data=True)
+    assert (
+        r.data_path == tmp_path / "ext.onnx.data" and r.data_path.stat().st_size >= r.weight_bytes
+    )
+    m = onnx.load(str(r.path), load_external_data=False)
+    for t in m.graph.initializer:
+        if not t.name.startswith("const."):
+            info = {d.key: d.value for d in t.external_data}
+            assert info["location"] == "ext.onnx.data" and int(info["offset"]) % 4096 == 0
+    onnx.checker.check_model(str(r.path), full_check=True)
+    ids = _ids(5)
+    _close(OnnxModel(r.path, "cpu").forward(ids)["logits"], e.onnx.forward(ids)["logits"], "ext")
+
+
+def test_no_weights_makes_the_params_inputs(exported, tmp_path):
+    e = exported("mixtral")
+    r = export_onnx(e.tiny.cfg, tmp_path / "bare.onnx", no_weights=True)
+    assert r.data_path is None
+    m = onnx.load(str(r.path))
+    onnx.checker.check_model(m, full_check=True)
+    names = {i.name for i in m.graph.input}
+    assert {p.name for p in e.graph.params()} <= names
+    assert all(t.name.startswith("const.") for t in m.graph.initializer)
+    model = OnnxModel(r.path, device="cpu")
+    ids = _ids(6)
+    feeds = {
+        "input_ids": ids,
+        "attention_mask": np.ones_like(ids),
+        "position_ids": positions(np.ones_like(ids), SEQ),
+    }
+    feeds |= model.empty_past(BATCH) | e.weights
+    logits = model.session.run(["logits"], feeds)[0]
+    _close(logits, e.onnx.forward(ids)["logits"], "weights fed as inputs")
+
+
+def test_no_weights_scales_to_any_size(tmp_path):
+    r = export_onnx(graphllm.load_config("llama3.1-405b"), tmp_path / "405b.onnx", no_weights=True)
+    assert r.path.stat().st_size < 10_000_000 and r.params > 400e9
+
+
+def test_export_rejects_what_it_cannot_write(tmp_path):
+    cfg = graphllm.load_config("llama3-8b")
+    with pytest.raises(ConfigError, match="fp32 or fp16"):
+        export_onnx(cfg, tmp_path / "m.onnx", dtype="bf16")
+    with pytest.raises(ConfigError, match="not both"):
+        export_onnx(cfg, tmp_path / "m.onnx", weights=tmp_path, no_weights=True)
+
+
+# -- the command line -----------------------------------------------------------------------
+def test_cli_export_from_a_checkpoint_folder(exported, tmp_path):
+    e = exported("gemma")
+    out = tmp_path / "g.onnx"
+    r = CliRunner().invoke(main, ["export", "--weights", str(e.tiny.folder), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "fp32" in r.stdout and "checkpoint" in r.stdout
+    ids = _ids(7)
+    _close(OnnxModel(out, "cpu").forward(ids)["logits"], e.onnx.forward(ids)["logits"], "cli")
+    meta = json.loads(
+        {p.key: p.value for p in onnx.load(str(out)).metadata_props}["graphllm.config"]
+    )
+    assert meta["model_type"] == "gemma"
+
+
+def test_cli_export_no_weights_and_errors(tmp_path):
+    out = tmp_path / "m.onnx"
+    r = CliRunner().invoke(main, ["export", "--model", "qwen3-30b-a3b", "--no-weights", "-o", out])
+    assert r.exit_code == 0, r.output
+    onnx.checker.check_model(str(out), full_check=True)
+    r = CliRunner().invoke(main, ["export", "--model", "nope", "-o", str(out)])
+    assert r.exit_code == 2 and r.stderr.startswith("error: unknown preset")
+
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--config", str(EXAMPLES / "tiny.yaml")],  # its workload: batch 2, T=8
+        ["--config", str(EXAMPLES / "mixtral.yaml")],  # decode: T=1 after 1024 cached
+        ["--config", str(EXAMPLES / "qwen-moe.yaml"), "-t", "12", "-b", "1"],
+        ["--model", "mistral-7b", "-t", "6", "--past-len", "9"],  # past beyond the window
+        ["--model", "phi3-mini", "-t", "6", "--logits", "last"],
+    ],
+)
+def test_verify_tokens_through_onnxruntime(args):
+    r = CliRunner().invoke(main, ["verify", "tokens", *args, "--onnx"])
+    assert r.exit_code == 0, r.output
+    assert "predicted == observed" in r.stdout
