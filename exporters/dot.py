@@ -32,7 +32,7 @@ import numpy as np
 
 from graphllm.errors import GraphllmError
 from graphllm.ir import Dim, Graph, Node, TensorType
-from graphllm.ops import CONTRACTION, OPS, SOURCE
+from graphllm.ops import COMMUNICATION, CONTRACTION, OPS, SOURCE
 from graphllm.passes import run
 from graphllm.passes.attention_region import core_attention_region
 from graphllm.passes.cost import scopes_of
@@ -639,16 +639,36 @@ def model_view(ctx: _Ctx, layer: int, all_layers: bool) -> Drawing:
 
 
 def block_view(ctx: _Ctx, layer: int) -> Drawing:
-    """The residual stream down the middle, each side path collapsed to one box."""
+    """The residual stream down the middle, each side path collapsed to one box.
+
+    On a partitioned graph (graphllm.passes.partition) the collectives are drawn in place, as
+    their own boxes, and each side path says which shard of it a rank holds.
+    """
     p = ctx.layer(layer)
     keep = ctx.computing(p)
+    plan = ctx.g.meta.get("partition")
     collapse = {}
     for child in ctx.child_scopes(p):
-        members = ctx.computing(child)
+        nodes = ctx.computing(child)
+        members = [n for n in nodes if OPS[n.op].category != COMMUNICATION]
         if len(members) >= 2:
             collapse.update({n.name: child for n in members})
-    view = _View(ctx, f"{ctx.g.name}: block {layer}", keep, p, collapse)
+            inner = {n.name for n in members}
+            for n in nodes:  # a collective between two ops of the path stays inside its box
+                internal = n.inputs and n.inputs[0].node in inner
+                if (
+                    n.name not in inner
+                    and internal
+                    and any(u.name in inner for u in ctx.g.users(n))
+                ):
+                    collapse[n.name] = child
+    title = f"{ctx.g.name}: block {layer}"
+    if plan is not None:
+        title += f", one rank of {plan.strategy.devices} ({plan.strategy.describe()})"
+    view = _View(ctx, title, keep, p, collapse)
     d = view.build()
+    if plan is not None:
+        _shards(d, ctx, plan)
     for box_id, path in view.raw_paths.items():
         box = d.boxes[box_id]
         if box.role == "op" and len(path) == 1:  # at the layer's own level: the residual adds
@@ -657,6 +677,67 @@ def block_view(ctx: _Ctx, layer: int) -> Drawing:
         if d.boxes[src].attrs.get("group") == "stream" == d.boxes[dst].attrs.get("group"):
             attrs.update(weight="8", penwidth="2")
     return d
+
+
+COMM_FILL, COMM_LINE = "#c7e9c0", "#238b45"
+
+
+def _shards(d: Drawing, ctx: _Ctx, plan: Any) -> None:
+    """Collectives as green hexagons with their group and payload; shard notes on side paths."""
+    from graphllm.passes.partition import comm_bytes
+
+    s, cfg = plan.strategy, ctx.g.meta["config"]
+    for b in d.boxes.values():
+        if b.role == "op" and b.members and OPS[b.members[0].op].category == COMMUNICATION:
+            n = b.members[0]
+            payload = comm_bytes(ctx.g, n)[0]
+            b.lines = [
+                ctx.short(n.name),
+                f"{n.op} over {n.attrs['mesh']} ({n.attrs['group']} ranks)",
+                f"payload {si(payload, 'B')}",
+            ]
+            b.attrs.update(shape="hexagon", fillcolor=COMM_FILL, color=COMM_LINE, penwidth="1.5")
+        elif b.role == "scope":
+            kind = ctx.scopes.get(b.id, "")
+            b.lines += _shard_lines(kind, s, cfg)
+            inside: dict[str, int] = {}
+            for m in b.members:
+                if OPS[m.op].category == COMMUNICATION:
+                    key = f"{m.op} over {m.attrs['mesh']}"
+                    inside[key] = inside.get(key, 0) + 1
+            b.lines += [f"inside: {k} x {v}" for k, v in inside.items()]
+    d.legend.append(_cell("collective (partition pass)", bgcolor=COMM_FILL, color=COMM_LINE))
+
+
+def _shard_lines(kind: str, s: Any, cfg: Any) -> list[str]:
+    """Which shard of a side path rank r holds (r: its index on the mesh axis)."""
+    out = []
+    if kind == "attention" and s.tp > 1:
+        h, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        out.append(f"h/{s.tp} per rank: rank r holds {_span('head', h // s.tp)}")
+        if kv >= s.tp:
+            k = kv // s.tp
+            out.append(f"and kv heads {k}r..{k}r+{k - 1}" if k > 1 else "and kv head r")
+        else:
+            out.append(f"kv head r//{s.tp // kv} (each on {s.tp // kv} ranks)")
+    if kind == "mlp" and s.tp > 1 and cfg.intermediate_size:
+        f = cfg.intermediate_size // s.tp
+        out.append(f"ffn/{s.tp} per rank: rank r holds columns {f}r..{f}r+{f - 1}")
+    if kind == "moe":
+        if s.ep > 1:
+            out.append(
+                f"E/{s.ep} per rank: rank r holds {_span('expert', cfg.num_experts // s.ep)}"
+            )
+        if s.tp > 1:
+            out.append(f"each expert's ffn/{s.tp} per tp rank")
+    if kind in ("attention", "mlp", "moe") and s.cp > 1:
+        out.append(f"tokens T/{s.cp} per cp rank")
+    return out
+
+
+def _span(noun: str, per: int) -> str:
+    """`heads 8r..8r+7` for rank r's block of `per`, `head r` for one."""
+    return f"{noun} r" if per == 1 else f"{noun}s {per}r..{per}r+{per - 1}"
 
 
 def _side_scope(ctx: _Ctx, layer: int, kinds: tuple[str, ...], what: str) -> str:
@@ -864,7 +945,7 @@ def _style(d: Drawing, ctx: _Ctx, color: str | None) -> None:
         for k, c in enumerate(RAMP):
             edge = lo * (hi / lo) ** (k / steps)
             cells.append(_cell(f"from {si(edge, unit)}", bgcolor=c, white=k >= steps - 2))
-    d.legend = cells
+    d.legend = cells + d.legend  # a view's own cells (collectives) after the shared ones
 
 
 COLOR_TITLE = {"flops": "FLOPs", "bytes": "bytes moved", "time": "roofline time"}
@@ -920,3 +1001,21 @@ def view_dot(
         d = tokens_view(ctx, layer)
     _style(d, ctx, color)
     return d.to_dot()
+
+
+# DeepSeek-V2/V3 (MLA and its router): captions for their ops
+CAPTIONS.update(
+    {
+        "rope_pairs": lambda n: f"RoPE (pairs, {n.attrs['layout']})",
+        "concat": lambda n: "concat [no-RoPE, RoPE]",
+        "latent_heads": lambda n: "latent → per-head K/V",
+        "split_heads_weight": lambda n: "kv_b_proj → per-head W_uk, W_uv",
+        "absorb_q": lambda n: "q · W_uk (into latent)",
+        "absorb_o": lambda n: "· W_uv (out of latent)",
+        "scores_mqa": lambda n: "Q Kᵀ (shared latent key)",
+        "pv_mqa": lambda n: "P V (shared latent)",
+        "bias_add": lambda n: "+ correction bias (choice only)",
+        "group_limit": lambda n: f"best {n.attrs['topk_group']} of {n.attrs['n_group']} groups",
+        "gather_k": lambda n: "unbiased weights of the chosen",
+    }
+)

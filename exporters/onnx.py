@@ -71,6 +71,32 @@ _CHUNK = 1 << 22  # random weights are drawn this many values at a time
 _INT64_MAX = np.iinfo(np.int64).max
 
 
+# -- what a lowering produces besides nodes --------------------------------------------------
+@dataclass(frozen=True)
+class Initializer:
+    """A weight of the exported model: a checkpoint tensor as it is (`make` None), or one made
+    from some (transposed, packed, offset)."""
+
+    name: str
+    sources: tuple[str, ...]  # param names, at least one
+    shape: tuple[int, ...]
+    make: Callable[..., np.ndarray] | None = None
+
+
+@dataclass(frozen=True)
+class Region:
+    """IR nodes that one fused lowering replaces together. `nodes` are in graph order; the
+    region is emitted where its last node is. Only `outputs` may be read outside the region."""
+
+    nodes: tuple[str, ...]
+    outputs: tuple[Ref, ...]
+    emit: Callable[[Lowering, dict[Ref, str]], None]
+
+
+class LoweringError(GraphllmError):
+    """A model that an op set cannot express (said in one line)."""
+
+
 # -- the lowering context -------------------------------------------------------------------
 class Lowering:
     """ONNX nodes and constants for one Graph; what each op lowering writes into."""
@@ -83,6 +109,7 @@ class Lowering:
         self._const_names: dict[tuple, str] = {}
         self._node_names: set[str] = set()
         self._shared: dict[Any, Any] = {}
+        self.initializers: dict[str, Initializer] = {}  # weights made from params, or computed
 
     # emitting
     def _unique(self, name: str) -> str:
@@ -105,6 +132,10 @@ class Lowering:
         self.nodes.append(
             helper.make_node(op_type, inputs, outs, name=self._unique(node.name), **attrs)
         )
+
+    def named(self, op_type: str, inputs: list[str], outs: list[str], name: str, **attrs) -> None:
+        """A node that a fused region emits, named after the region's scope."""
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=self._unique(name), **attrs))
 
     def const(self, value: Any, dtype: str = "int64", hint: str = "const") -> str:
         """A small constant initializer, shared between all users of the same value."""
@@ -134,6 +165,29 @@ class Lowering:
 
     def scalar(self, vec: str, scope: str) -> str:
         return self.shared(("scalar", vec), lambda: self.op("Squeeze", [vec], scope))
+
+    # weights the lowering stores otherwise than the checkpoint does
+    def initializer(
+        self,
+        name: str,
+        sources: tuple[str, ...],
+        shape: tuple[int, ...],
+        make: Callable[..., np.ndarray],
+    ) -> str:
+        """A weight initializer made by `make` from the named params."""
+        if name not in self.initializers:
+            self.initializers[name] = Initializer(name, sources, tuple(shape), make)
+        return name
+
+    def param_shape(self, param: str) -> tuple[int, ...]:
+        return _shape(self.graph[param])
+
+    def transposed(self, param: str) -> str:
+        """A weight (out, in), or stacked experts (E, out, in), stored as (in, out)."""
+        shape = self.param_shape(param)
+        perm = (*range(len(shape) - 2), len(shape) - 1, len(shape) - 2)
+        t_shape = tuple(shape[i] for i in perm)
+        return self.initializer(f"{param}.T", (param,), t_shape, lambda w: w.transpose(perm))
 
 
 Lower = Callable[[Lowering, Node, list[str], list[str]], None]
@@ -395,7 +449,21 @@ def _moe_combine(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("ReduceSum", [weighted, c.const([2])], n, o, keepdims=0)  # (B, T, d)
 
 
-LOWERINGS: dict[str, dict[str, Lower]] = {"decomposed": DECOMPOSED}
+@dataclass(frozen=True)
+class OpSet:
+    """One ONNX lowering: a lowering per op row (the decomposed one where it has none) and the
+    fused regions it finds first; `regions` raises LoweringError for a model it cannot express."""
+
+    name: str
+    rows: dict[str, Lower]
+    regions: Callable[[Graph], list[Region]] = lambda graph: []
+    domains: tuple[tuple[str, int], ...] = (("", OPSET),)
+
+    def row(self, op: str) -> Lower | None:
+        return self.rows.get(op, DECOMPOSED.get(op))
+
+
+LOWERINGS: dict[str, OpSet] = {"decomposed": OpSet("decomposed", DECOMPOSED)}
 
 
 # -- graph -> ModelProto ---------------------------------------------------------------------
@@ -418,9 +486,10 @@ def _shape(node: Node) -> tuple[int, ...]:
 
 def lower(
     graph: Graph, ops: str = "decomposed", weights_as_inputs: bool = False
-) -> onnx.ModelProto:
-    """The graph as a ModelProto without weight data (the params are listed, not filled)."""
-    table = LOWERINGS[ops]
+) -> tuple[onnx.ModelProto, list[Initializer]]:
+    """The graph as a ModelProto without weight data, and the weight initializers it reads
+    (graph inputs with `weights_as_inputs`), in the order the params are read."""
+    opset = LOWERINGS[ops]
     dtype = graph.meta.get("act_dtype", "fp32")
     if dtype not in EXPORT_DTYPES:
         raise ConfigError(f"ONNX export runs in {' or '.join(EXPORT_DTYPES)}, not {dtype}")
@@ -430,6 +499,10 @@ def lower(
         for k in range(len(n.outputs)):
             ref = Ref(n.name, k)
             names[ref] = out_of.get(ref, n.name if k == 0 else f"{n.name}:{k}")
+    try:
+        regions = _placed(graph, opset.regions(graph))
+    except LoweringError as e:
+        raise LoweringError(f"the {ops} lowering cannot express {graph.name}: {e}") from None
     c = Lowering(graph, dtype)
     inputs, value_info = [], []
     for n in graph.nodes():
@@ -443,10 +516,13 @@ def lower(
                 inputs.append(_value_info("attention_mask", mask))
             continue
         if n.op == "param":
-            if weights_as_inputs:
-                inputs.append(_value_info(n.name, n.out))
             continue
-        lower_fn = table.get(n.op)
+        if n.name in regions:
+            region = regions[n.name]
+            if region is not None:  # the region's last node: emit it here
+                region.emit(c, names)
+            continue
+        lower_fn = opset.row(n.op)
         if lower_fn is None:
             raise GraphllmError(f"{n.name}: op {n.op!r} has no {ops} ONNX lowering")
         outs = [names[Ref(n.name, k)] for k in range(len(n.outputs))]
@@ -454,6 +530,11 @@ def lower(
         value_info += [
             _value_info(name, t) for name, t in zip(outs, n.outputs) if name not in graph.outputs
         ]
+    plan = _plan(graph, c)
+    if weights_as_inputs:
+        for init in plan:
+            shape = list(init.shape)
+            inputs.append(helper.make_tensor_value_info(init.name, ONNX_TYPES[dtype], shape))
     order = ["logits", *(k for k in graph.outputs if k != "logits")]
     outputs = [_value_info(k, graph.type_of(graph.outputs[k])) for k in order]
     g = helper.make_graph(
@@ -461,13 +542,49 @@ def lower(
     )
     model = helper.make_model(
         g,
-        opset_imports=[helper.make_opsetid("", OPSET)],
+        opset_imports=[helper.make_opsetid(d, v) for d, v in opset.domains],
         producer_name="graphllm",
         producer_version=_version(),
         doc_string=__doc__.split("\n\n")[1],  # the I/O paragraph of this module's docstring
     )
-    model.ir_version = helper.find_min_ir_version_for(list(model.opset_import))
-    return model
+    model.ir_version = helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+    return model, plan
+
+
+def _placed(graph: Graph, regions: list[Region]) -> dict[str, Region | None]:
+    """Node name -> its region where that is its last node, None for its other nodes; checks
+    that nothing outside a region reads a value it keeps to itself, or reads an output of the
+    region before the region is emitted."""
+    at = {n.name: i for i, n in enumerate(graph.nodes())}
+    out: dict[str, Region | None] = {}
+    for r in regions:
+        inside, last = set(r.nodes), at[r.nodes[-1]]
+        for name in r.nodes:
+            if name in out:
+                raise GraphllmError(f"{name}: in two fused regions")
+            for user in graph.users(name):
+                if user.name in inside:
+                    continue
+                read = [ref for ref in user.inputs if ref.node == name]
+                if any(ref not in r.outputs for ref in read) or at[user.name] < last:
+                    raise LoweringError(f"{user.name} reads {name}, inside a fused region")
+            out[name] = None
+        out[r.nodes[-1]] = r
+    return out
+
+
+def _plan(graph: Graph, c: Lowering) -> list[Initializer]:
+    """Every initializer the nodes read: made ones, then params read as they are, in graph
+    order (the order weights are read in, so a made one waits for few sources)."""
+    read = {i for node in c.nodes for i in node.input}
+    plan = [init for init in c.initializers.values() if init.name in read]
+    plan += [
+        Initializer(p.name, (p.name,), _shape(p))
+        for p in graph.params()
+        if p.name in read and p.name not in c.initializers
+    ]
+    at = {p.name: i for i, p in enumerate(graph.params())}
+    return sorted(plan, key=lambda init: max((at[s] for s in init.sources), default=-1))
 
 
 def _version() -> str:
@@ -576,8 +693,9 @@ class ExportResult:
     data_path: Path | None  # the external data file, when there is one
     nodes: int  # ONNX nodes
     params: int  # weight values
-    weight_bytes: int
+    weight_bytes: int  # bytes of the initializers written (weights as the lowering stores them)
     weights: str  # where the weights came from
+    lowering: str = "decomposed"  # the op set written
 
 
 def export_onnx(
@@ -591,25 +709,30 @@ def export_onnx(
     no_weights: bool = False,
     external_data: bool | None = None,
     check: bool = True,
-    ops: str = "decomposed",
+    ops: str = "auto",
+    device: str = "cpu",
 ) -> ExportResult:
     """Write `config` as an ONNX model: weights from a checkpoint folder, seeded random ones, or
-    (`no_weights`) none at all, the params then being graph inputs.
+    (`no_weights`) none at all, the weights then being graph inputs.
 
-    `workload` is recorded as the model's defaults for later analysis (its dtype is `dtype`).
-    `external_data` None chooses by size: past protobuf's 2 GB limit the weights go to
-    `<path>.data`. The file (and its data file) is written whole or not at all; with `check`,
-    `onnx.checker.check_model(full_check=True)` runs on it before it is moved into place.
+    `ops` is the lowering (`decomposed`, `standard`, `ort`), or `auto`: the default for `device`
+    and the model's family (`DEFAULT_LOWERINGS`). `workload` is recorded as the model's defaults
+    for later analysis (its dtype is `dtype`). `external_data` None chooses by size: past
+    protobuf's 2 GB limit the weights go to `<path>.data`. The file (and its data file) is
+    written whole or not at all; with `check`, `onnx.checker.check_model(full_check=True)` runs
+    on it before it is moved into place.
     """
     if dtype not in EXPORT_DTYPES:
         raise ConfigError(f"ONNX export runs in {' or '.join(EXPORT_DTYPES)}, not {dtype}")
-    if ops not in LOWERINGS:
-        raise ConfigError(f"unknown ONNX op set {ops!r}; known: {', '.join(LOWERINGS)}")
     if no_weights and weights is not None:
         raise ConfigError("give a weights folder or no_weights, not both")
     wl = Workload.with_dtype(workload, dtype=dtype)
     graph = export_graph(config, dtype, wl.logits)
-    model = lower(graph, ops, weights_as_inputs=no_weights)
+    if ops == "auto":
+        ops = default_lowering(config, device, dtype, graph)
+    elif ops not in LOWERINGS:
+        raise ConfigError(f"unknown ONNX op set {ops!r}; known: auto, {', '.join(LOWERINGS)}")
+    model, plan = lower(graph, ops, weights_as_inputs=no_weights)
     if no_weights:
         source = "none: the weights are graph inputs"
     elif weights is not None:
@@ -618,23 +741,25 @@ def export_onnx(
         source = f"random, seed {seed}"
     for k, v in _metadata(config, wl, ops, source).items():
         model.metadata_props.add(key=k, value=v)
-    params = graph.params()
-    numel = sum(int(np.prod(_shape(n))) for n in params)
-    nbytes = numel * np.dtype(NP_TYPES[dtype]).itemsize
+    numel = sum(int(np.prod(_shape(n))) for n in graph.params())
+    written = [] if no_weights else plan
+    itemsize = np.dtype(NP_TYPES[dtype]).itemsize
+    nbytes = sum(int(np.prod(init.shape)) for init in written) * itemsize
     if no_weights:
-        tensors: Iterator[tuple] = iter(())
+        params: Iterator[tuple] = iter(())
     elif weights is not None:
-        tensors = checkpoint_tensors(graph, weights, dtype)
+        params = checkpoint_tensors(graph, weights, dtype)
     else:
-        tensors = random_tensors(graph, seed, dtype)
+        params = random_tensors(graph, seed, dtype)
+    tensors = planned(written, params, dtype)
     external = nbytes > PROTO_LIMIT if external_data is None else external_data
     path = Path(path)
-    data_path = path.with_name(path.name + ".data") if external and not no_weights else None
+    data_path = path.with_name(path.name + ".data") if external and written else None
 
     def write(tmp: Path) -> None:
         if data_path is None:
-            for n, arr in tensors:
-                model.graph.initializer.append(numpy_helper.from_array(arr, n.name))
+            for name, arr in tensors:
+                model.graph.initializer.append(numpy_helper.from_array(arr, name))
             onnx.save_model(model, tmp)
             model.graph.ClearField("initializer")  # free the weights before the check reads them
             if check:
@@ -643,7 +768,38 @@ def export_onnx(
         _write_external(model, tmp, data_path, tensors, nbytes, check)
 
     write_atomic(path, write)
-    return ExportResult(path, data_path, len(model.graph.node), numel, nbytes, source)
+    return ExportResult(path, data_path, len(model.graph.node), numel, nbytes, source, ops)
+
+
+def planned(plan: list[Initializer], params: Iterator[tuple], dtype: str) -> Iterator[tuple]:
+    """(name, array) of each initializer in `plan`, from (param node, array) read one at a time,
+    each as soon as its sources have been read. A param is held only until the last initializer
+    made from it is written."""
+    want = NP_TYPES[dtype]
+    left: dict[str, int] = {}
+    for init in plan:
+        for src in init.sources:
+            left[src] = left.get(src, 0) + 1
+    pending = list(plan)
+    held: dict[str, np.ndarray] = {}
+    for node, arr in params:
+        if not left.get(node.name):
+            continue
+        held[node.name] = arr
+        ready = [init for init in pending if all(s in held for s in init.sources)]
+        for init in ready:
+            pending.remove(init)
+            args = [held[s] for s in init.sources]
+            out = np.ascontiguousarray(args[0] if init.make is None else init.make(*args), want)
+            del args
+            for src in init.sources:  # free the sources before the copy is written
+                left[src] -= 1
+                if not left[src]:
+                    del held[src]
+            yield init.name, out
+            del out
+    if pending:  # a source the graph does not hold: a bug in a lowering
+        raise GraphllmError(f"initializer {pending[0].name}: sources {pending[0].sources} not read")
 
 
 def _write_external(
@@ -665,11 +821,11 @@ def _write_external(
     placed = False
     try:
         with os.fdopen(fd, "wb") as f:
-            for n, arr in tensors:
+            for name, arr in tensors:
                 f.write(b"\0" * (-f.tell() % ALIGN))
                 offset = f.tell()
                 f.write(memoryview(np.ascontiguousarray(arr)).cast("B"))
-                t = TensorProto(name=n.name, dims=arr.shape, data_type=_dtype_of(arr))
+                t = TensorProto(name=name, dims=arr.shape, data_type=_dtype_of(arr))
                 t.data_location = TensorProto.EXTERNAL
                 for k, v in (
                     ("location", data_path.name),
@@ -710,3 +866,17 @@ def _check(path: Path) -> None:
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise GraphllmError(f"the exported model fails onnx.checker: {first}") from e
+
+
+# the standard and ort lowerings register themselves in LOWERINGS
+from graphllm.exporters import onnx_fused  # noqa: E402
+
+
+def default_lowering(
+    config: ModelConfig, device: str = "cpu", dtype: str = "fp32", graph: Graph | None = None
+) -> str:
+    """The fastest exact lowering of `config` on `device` (onnx_fused.DEFAULT_LOWERINGS)."""
+    return onnx_fused.default_lowering(config, device, dtype, graph)
+
+
+from graphllm.exporters import onnx_mla  # noqa: E402,F401  (registers DeepSeek's lowerings)

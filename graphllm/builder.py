@@ -8,6 +8,8 @@ axis in one param node whose name has `*` where the checkpoint has the expert in
 from __future__ import annotations
 
 from graphllm import rope as rope_mod
+from graphllm.build_mla import MLA_FORMS, deepseek_router, mla_attention
+from graphllm.errors import ConfigError
 from graphllm.ir import Dim, Graph, Node, Ref, TensorType
 from graphllm.model_config import ModelConfig
 from graphllm.workload import WEIGHT_ONLY, Workload
@@ -24,14 +26,22 @@ P_W = Dim("P_w", "key_token")
 S_W = Dim("S_w", "key_token")
 
 
-def build_graph(config: ModelConfig, workload: Workload | None = None) -> Graph:
-    """The decoder of `config` as an explicit op graph for `workload` (default: B=1, T=1, P=0)."""
-    return _Builder(config, workload or Workload()).build()
+def build_graph(config: ModelConfig, workload: Workload | None = None, mla: str = "naive") -> Graph:
+    """The decoder of `config` as an explicit op graph for `workload` (default: B=1, T=1, P=0).
+
+    `mla` picks how an MLA model (DeepSeek-V2/V3) attends: 'naive' re-expands the cached latent
+    every step, as transformers does; 'absorbed' folds the up projections into the query and the
+    output (graphllm.build_mla). Other models ignore it.
+    """
+    if mla not in MLA_FORMS:
+        raise ConfigError(f"mla must be one of {', '.join(MLA_FORMS)}, got {mla!r}")
+    return _Builder(config, workload or Workload(), mla).build()
 
 
 class _Builder:
-    def __init__(self, cfg: ModelConfig, wl: Workload) -> None:
+    def __init__(self, cfg: ModelConfig, wl: Workload, mla: str = "naive") -> None:
         self.cfg, self.wl = cfg, wl
+        self.mla = mla
         bindings: dict[str, float] = dict(wl.bindings())
         if cfg.is_moe:
             # balanced routing: T*k token-expert pairs spread over E experts (need not be whole)
@@ -47,6 +57,7 @@ class _Builder:
         self.g.meta.update(
             config=cfg,
             workload=wl,
+            mla=mla if cfg.is_mla else None,
             act_dtype=wl.act_dtype,
             weight_dtype=wl.weight_dtype,
             kv_dtype=wl.kv_dtype,
@@ -133,6 +144,8 @@ class _Builder:
     # -- attention -----------------------------------------------------------------------------
     def attention(self, p: str, x: Node, i: int) -> Node:
         c, g = self.cfg, self.g
+        if c.is_mla:
+            return mla_attention(self, p, x, i)
         self.scopes[p] = "attention"
         if c.fused_qkv:
             d_qkv = Dim("d_qkv", "hidden", self.d_q.size + 2 * self.d_kv.size)  # type: ignore[operator]
@@ -178,15 +191,24 @@ class _Builder:
         o = g.add("merge_heads", f"{p}.merge_heads", (o,), {"axes": {"(h e)": self.d_q}})
         return self.linear(f"{p}.o_proj", o, self.d, "attention", bias=c.o_bias)
 
-    def core_attention(self, p: str, q: Node, k: Node, v: Node, window: int | None) -> Node:
-        """softmax(mask(Q K^T / sqrt(d_h))) V, per head."""
+    def core_attention(
+        self,
+        p: str,
+        q: Node,
+        k: Node,
+        v: Node,
+        window: int | None,
+        ops: tuple[str, str] = ("scores", "pv"),
+    ) -> Node:
+        """softmax(mask(Q K^T * scale)) V, per head; scale 1/sqrt(d_h) unless the config sets it."""
         g = self.g
         self.scopes[p] = "core_attention"
-        s = g.add("scores", f"{p}.scores", (q, k))  # (B, h, T, S)
-        s = g.add("mul_const", f"{p}.scale", (s,), {"value": self.cfg.head_dim**-0.5})
+        scale = self.cfg.attention_scale or self.cfg.head_dim**-0.5
+        s = g.add(ops[0], f"{p}.scores", (q, k))  # (B, h, T, S)
+        s = g.add("mul_const", f"{p}.scale", (s,), {"value": scale})
         s = g.add("mask", f"{p}.mask", (s,), {"causal": True, "window": window})
         s = g.add("softmax", f"{p}.softmax", (s,))
-        return g.add("pv", f"{p}.pv", (s, v))  # (B, h, T, d_h)
+        return g.add(ops[1], f"{p}.pv", (s, v))  # (B, h, T, d_v)
 
     # -- feed-forward --------------------------------------------------------------------------
     def mlp(self, p: str, x: Node, width: int | None = None, kind: str = "mlp") -> Node:
@@ -221,13 +243,15 @@ class _Builder:
         topk = Dim("k", "topk", c.num_experts_per_tok)
         ffn = Dim("ffn_e", "ffn", c.moe_intermediate_size)
         logits = self.linear(f"{p}.gate", x, n_exp, "router")  # (B, T, E)
-        probs = g.add("softmax", f"{p}.router.softmax", (logits,))
-        top = g.add(
-            "topk", f"{p}.router.topk", (probs,), {"k": c.num_experts_per_tok, "axes": {"k": topk}}
-        )
-        weights, chosen = Ref(top.name, 0), Ref(top.name, 1)
-        if c.norm_topk_prob:
-            weights = g.add("normalize", f"{p}.router.normalize", (weights,))
+        if c.moe_naming == "deepseek":
+            weights, chosen = deepseek_router(self, p, logits)
+        else:
+            probs = g.add("softmax", f"{p}.router.softmax", (logits,))
+            attrs = {"k": c.num_experts_per_tok, "axes": {"k": topk}}
+            top = g.add("topk", f"{p}.router.topk", (probs,), attrs)
+            weights, chosen = Ref(top.name, 0), Ref(top.name, 1)
+            if c.norm_topk_prob:
+                weights = g.add("normalize", f"{p}.router.normalize", (weights,))
         slots = g.add(
             "moe_dispatch", f"{p}.experts.dispatch", (x, chosen), {"axes": {"x": n_exp, "c": C}}
         )
@@ -248,9 +272,9 @@ class _Builder:
         y = expert_linear(names[2], m, self.d)  # (E, C, d)
         out = g.add("moe_combine", f"{p}.experts.combine", (y, weights, chosen))  # (B, T, d)
         if c.shared_expert_intermediate_size:
-            sh = self.mlp(
-                f"{p}.shared_expert", x, c.shared_expert_intermediate_size, "shared_experts"
-            )
+            # DeepSeek: n_shared_experts experts fused into one MLP named `shared_experts`
+            name = "shared_experts" if c.moe_naming == "deepseek" else "shared_expert"
+            sh = self.mlp(f"{p}.{name}", x, c.shared_expert_intermediate_size, "shared_experts")
             if c.shared_expert_gate:
                 one = Dim("1", "hidden", 1)
                 gl = self.linear(f"{p}.shared_expert_gate", x, one, "router")

@@ -22,8 +22,9 @@ from graphllm.cli_common import (
     resolve_sweep,
     user_errors,
 )
-from graphllm.cli_export import export
+from graphllm.cli_export import bench, export
 from graphllm.cli_partition import partition, verify_partition
+from graphllm.cli_plan import plan
 from graphllm.cli_render import render
 
 
@@ -38,6 +39,14 @@ def main() -> None:
 @hardware_option("h100")
 @attention_option("Fused core attention, or every op through memory (the score matrix included).")
 @click.option("--training", is_flag=True, help="Forward + backward FLOPs.")
+@click.option(
+    "--mla",
+    type=click.Choice(["naive", "absorbed"]),
+    default="naive",
+    show_default=True,
+    help="DeepSeek latent attention: re-expand the cached latent (as transformers), or fold the "
+    "up projections into the query and output.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead.")
 @click.option("--print-graph", is_flag=True, help="Print the graph, one line per node.")
 @click.option(
@@ -54,6 +63,7 @@ def trace(
     hardware: str | None,
     attention: str,
     training: bool,
+    mla: str,
     as_json: bool,
     print_graph: bool,
     per_op: tuple[str, Path] | None,
@@ -70,7 +80,7 @@ def trace(
     if len(workloads) > 1:
         if per_op or print_graph:
             raise ConfigError("--per-op and --print-graph take one --seq-len, not a list")
-        rows = sweep(config, workloads, hw, attention, training)
+        rows = sweep(config, workloads, hw, attention, training, mla)
         if plot:
             from graphllm.plot import plot_sweep
 
@@ -84,7 +94,7 @@ def trace(
         return
     if plot:
         raise ConfigError("--plot draws a sweep: give --seq-len a list, e.g. 128,1024,8192")
-    doc, graph = trace_report(config, workloads[0], hw, attention, training)
+    doc, graph = trace_report(config, workloads[0], hw, attention, training, mla)
     if per_op:
         from graphllm.files import write_text_atomic
 
@@ -208,8 +218,10 @@ def presets(as_json: bool) -> None:
 
 
 main.add_command(export)
+main.add_command(bench)
 main.add_command(render)
 main.add_command(partition)
+main.add_command(plan)
 verify.add_command(verify_partition, "partition")
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -34,6 +35,42 @@ def strategy_options(fn: Callable) -> Callable:
     return fn
 
 
+def training_options(fn: Callable) -> Callable:
+    """--training --recompute --zero, shared by `partition` and `plan`."""
+    opts = [
+        click.option(
+            "--training", is_flag=True, help="A training step: forward + backward, Adam state."
+        ),
+        click.option(
+            "--recompute",
+            type=click.Choice(["none", "selective", "full"]),
+            help="Activation recomputation (with --training) [default: none].",
+        ),
+        click.option(
+            "--zero",
+            type=click.IntRange(0, 3),
+            help="ZeRO stage over the data parallel group (with --training): 1 optimizer state, "
+            "2 + gradients, 3 (FSDP) + weights [default: 0].",
+        ),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def _training(options: dict[str, Any]) -> Any:
+    """TrainingOptions from the flags, or None for inference; --recompute/--zero need --training."""
+    from graphllm.errors import ConfigError
+    from graphllm.passes.training import TrainingOptions
+
+    training, recompute, zero = (options.pop(k) for k in ("training", "recompute", "zero"))
+    if not training:
+        if recompute is not None or zero is not None:
+            raise ConfigError("--recompute and --zero describe a training step: add --training")
+        return None
+    return TrainingOptions(recompute=recompute or "none", zero=zero or 0)
+
+
 def _strategy(options: dict[str, Any]) -> Any:
     from graphllm.passes.partition import Strategy
 
@@ -52,36 +89,61 @@ def _strategy(options: dict[str, Any]) -> Any:
     show_default=True,
     help="Fused core attention, or every op through memory.",
 )
+@training_options
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead.")
 @click.option("--print-graph", is_flag=True, help="Print one rank's program, one line a node.")
+@click.option(
+    "--trace",
+    "trace_path",
+    type=click.Path(path_type=Path),
+    help="Write a Chrome/Perfetto trace of the predicted schedule (FILE.json).",
+)
 @user_errors
 def partition(
-    hardware: str | None, attention: str, as_json: bool, print_graph: bool, **options: Any
+    hardware: str | None,
+    attention: str,
+    as_json: bool,
+    print_graph: bool,
+    trace_path: Path | None,
+    **options: Any,
 ) -> None:
     """Partition the graph over devices: per-device memory, FLOPs, communication and time."""
     from graphllm.builder import build_graph
+    from graphllm.errors import ConfigError
     from graphllm.hardware import load_hardware
     from graphllm.passes.partition import partition as partition_graph
     from graphllm.passes.partition import partition_report
 
     strategy = _strategy(options)
+    training = _training(options)
     config, wl = resolve(options)
+    if training is not None and training.zero and strategy.dp == 1:
+        raise ConfigError("--zero shards over the data parallel group: give --dp N with N > 1")
     hw = load_hardware(hardware) if hardware else None
+    if trace_path is not None and hw is None:
+        raise ConfigError("--trace times the schedule on a device: give --hardware NAME")
     graph = partition_graph(build_graph(config, wl), strategy, hw)
     if print_graph:
         click.echo(graph.print())
         return
-    report = partition_report(graph, hw, attention)
+    report = partition_report(graph, hw, attention, training)
     doc = {
         "model": {"name": config.name, "model_type": config.model_type},
-        "workload": wl.to_dict() | {"attention": attention},
+        "workload": wl.to_dict() | {"attention": attention, "training": training is not None},
         "hardware": hw.to_dict() if hw else None,
         "partition": report.to_dict(),
     }
+    if trace_path is not None:
+        from graphllm.exporters.trace import chrome_trace, write_trace
+
+        trace = chrome_trace(graph, doc["partition"], hw, attention, training is not None)
+        write_trace(trace_path, trace)
     if as_json:
         click.echo(json.dumps(doc, indent=2))
     else:
         print_partition(doc)
+        if trace_path is not None:
+            click.echo(f"wrote {trace_path} (open in ui.perfetto.dev or chrome://tracing)")
 
 
 def print_partition(doc: dict[str, Any]) -> None:
@@ -115,9 +177,22 @@ def print_partition(doc: dict[str, Any]) -> None:
     row("layers", lambda s: f"{s['layers'][0]}-{s['layers'][1]}" if s["layers"] else "")
     row("devices", lambda s: str(per_stage))
     row("params", lambda s: _n(s["params"]))
-    row("weights", lambda s: _b(s["weight_bytes"]))
-    row("KV cache", lambda s: _b(s["kv_cache_bytes"]))
-    row("activations (peak)", lambda s: _b(s["activation_bytes"]))
+    tr = p.get("training")
+    if tr:
+        row(
+            "weights" + (" (ZeRO-3 shard)" if tr["zero"] == 3 else ""),
+            lambda s: _b(s["training"]["weights"]),
+        )
+        row("gradients", lambda s: _b(s["training"]["gradients"]))
+        row("optimizer (Adam, fp32)", lambda s: _b(s["training"]["optimizer"]))
+        row(
+            f"activations ({tr['recompute']} recompute)",
+            lambda s: f"{_b(s['activation_bytes'])} ({s['training']['microbatches_in_flight']} mb)",
+        )
+    else:
+        row("weights", lambda s: _b(s["weight_bytes"]))
+        row("KV cache", lambda s: _b(s["kv_cache_bytes"]))
+        row("activations (peak)", lambda s: _b(s["activation_bytes"]))
     row(
         "memory" + cap,
         lambda s: (
@@ -159,7 +234,8 @@ def print_partition(doc: dict[str, Any]) -> None:
     pipe = p["pipeline"]
     if pipe["stages"] > 1:
         con.print(
-            f"pipeline: {pipe['stages']} stages, {pipe['microbatches']} microbatches, bubble "
+            f"pipeline ({pipe['schedule']}): {pipe['stages']} stages, {pipe['microbatches']} "
+            "microbatches, bubble "
             f"{100 * pipe['bubble']:.1f}%"
             + (f", step {_t(pipe['step_seconds'])}" if pipe["step_seconds"] else "")
         )

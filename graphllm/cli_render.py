@@ -14,6 +14,7 @@ from graphllm.cli_common import (
     resolve,
     user_errors,
 )
+from graphllm.cli_partition import _strategy, strategy_options
 
 # exporters.dot.VIEWS, listed here so that `graphllm --help` does not import the exporter
 VIEWS = ["model", "block", "attention", "ffn", "tokens"]
@@ -45,6 +46,7 @@ VIEWS = ["model", "block", "attention", "ffn", "tokens"]
 )
 @hardware_option("h100")
 @attention_option("For --color bytes/time: fused core attention, or every op through memory.")
+@strategy_options
 @click.option(
     "--lanes",
     type=click.IntRange(min=1),
@@ -75,12 +77,17 @@ def render(
     from dataclasses import replace
 
     from graphllm.builder import build_graph
+    from graphllm.errors import ConfigError
     from graphllm.exporters.dot import view_dot
     from graphllm.exporters.render import find_renderer, output_format
     from graphllm.exporters.render import render as render_file
 
     fmt = output_format(output)
     name = find_renderer(fmt, renderer)[0] if fmt != "dot" else "none"  # fail before building
+    strategy = _strategy(options)
+    split = strategy.devices > 1 or strategy.microbatches > 1
+    if split and view != "block":
+        raise ConfigError("strategies (--tp, --cp, ...) are drawn in the block view: --view block")
     config, workload = resolve(options)
     if view == "tokens":
         workload = replace(workload, batch=1, seq_len=tokens, past_len=0)
@@ -90,6 +97,10 @@ def render(
 
         hw = load_hardware(hardware)
     graph = build_graph(config, workload)
+    if split:
+        from graphllm.passes.partition import partition
+
+        graph = partition(graph, strategy, hw)
     text = view_dot(
         graph,
         view,

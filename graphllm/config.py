@@ -31,8 +31,6 @@ PRESETS_DIR = Path(__file__).parent / "presets"
 FULL, SLIDING = "full_attention", "sliding_attention"
 
 NOT_SUPPORTED = {
-    "deepseek_v2": "DeepSeek-V2 (MLA attention) is not supported yet",
-    "deepseek_v3": "DeepSeek-V3 (MLA attention, grouped routing) is not supported yet",
     "deepseek": "DeepSeek-MoE v1 is not planned; DeepSeek-V2/V3 are on the roadmap",
 }
 
@@ -55,6 +53,8 @@ BOOKKEEPING = frozenset(
         "output_hidden_states", "output_attentions", "return_dict", "is_decoder",
         # splitting the FFN over the sequence is mathematically the same computation
         "chunk_size_feed_forward",
+        # DeepSeek: training losses, and the expert-parallel degree they were trained with
+        "aux_loss_alpha", "seq_aux", "ep_size",
         # generation defaults
         "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
         "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
@@ -310,6 +310,133 @@ def _qwen_moe(v: dict) -> dict:
     }
 
 
+def _deepseek_fields(version: int) -> dict[str, Spec]:
+    """DeepSeek-V2/V3 fields with transformers' defaults for each version."""
+    v3 = version == 3
+    return {
+        "num_key_value_heads": Spec(_pos_int, None),  # MLA: one K/V per query head
+        "head_dim": Spec(_pos_int, None),  # transformers writes qk_rope_head_dim here
+        "qk_head_dim": Spec(_pos_int, None),  # transformers writes nope + rope here
+        "max_position_embeddings": Spec(_pos_int, 4096 if v3 else 2048),
+        "q_lora_rank": Spec(_pos_int, 1536, nullable=True),  # null: one q_proj
+        "kv_lora_rank": Spec(_pos_int, 512),
+        "qk_nope_head_dim": Spec(_pos_int, 128),
+        "qk_rope_head_dim": Spec(_pos_int, 64),
+        "v_head_dim": Spec(_pos_int, 128),
+        "n_routed_experts": Spec(_pos_int, 256 if v3 else 64),
+        "n_shared_experts": Spec(_nonneg_int, 1 if v3 else 2),
+        "num_experts_per_tok": Spec(_pos_int, 8 if v3 else None),
+        "moe_intermediate_size": Spec(_pos_int, 2048 if v3 else 1407),
+        "first_k_dense_replace": Spec(_nonneg_int, 3 if v3 else 0),
+        "moe_layer_freq": Spec(_pos_int, 1),
+        "n_group": Spec(_pos_int, 8 if v3 else None),
+        "topk_group": Spec(_pos_int, 4 if v3 else None),
+        "topk_method": Spec(_str, "noaux_tc" if v3 else "greedy"),
+        "scoring_func": Spec(_str, "sigmoid" if v3 else "softmax"),
+        "routed_scaling_factor": Spec(_pos_float, 2.5 if v3 else 1.0),
+        **({"norm_topk_prob": Spec(_bool, True)} if v3 else {}),
+        **({"rope_interleave": Spec(_bool, True)} if v3 else {}),
+        **({"num_nextn_predict_layers": Spec(_nonneg_int, 1)} if v3 else {}),
+    }
+
+
+# per version: (scoring_func, topk methods) as transformers' DeepseekV2/V3TopkRouter compute them
+_DEEPSEEK_ROUTING = {
+    2: ("softmax", ("greedy", "group_limited_greedy")),
+    3: ("sigmoid", ("noaux_tc",)),
+}
+
+
+def _mla(v: dict, version: int) -> dict:
+    """MLA attention fields; head_dim is the query/key head width nope + rope."""
+    nope, rope, heads = v["qk_nope_head_dim"], v["qk_rope_head_dim"], v["num_attention_heads"]
+    if v["num_key_value_heads"] not in (None, heads):
+        raise ConfigError(
+            f"num_key_value_heads {v['num_key_value_heads']} must equal num_attention_heads "
+            f"{heads}: MLA expands one key and value per query head"
+        )
+    if v["head_dim"] not in (None, rope):
+        raise ConfigError(f"head_dim {v['head_dim']} must equal qk_rope_head_dim {rope} (MLA)")
+    if v["qk_head_dim"] not in (None, nope + rope):
+        raise ConfigError(
+            f"qk_head_dim {v['qk_head_dim']} must be qk_nope + qk_rope = {nope + rope}"
+        )
+    if rope % 2:
+        raise ConfigError(f"qk_rope_head_dim {rope} must be even: RoPE rotates pairs of channels")
+    layout = "complex" if version == 2 else ("interleave" if v["rope_interleave"] else "half")
+    return {
+        "q_lora_rank": v["q_lora_rank"] or 0,
+        "kv_lora_rank": v["kv_lora_rank"],
+        "qk_nope_head_dim": nope,
+        "qk_rope_head_dim": rope,
+        "v_head_dim": v["v_head_dim"],
+        "rope_layout": layout,
+        "num_nextn_predict_layers": v.get("num_nextn_predict_layers", 0),
+    }
+
+
+def mla_attention_scale(rope: RopeConfig, qk_head_dim: int) -> float:
+    """qk_head_dim ** -0.5, times yarn's mscale(factor, mscale_all_dim) squared (as
+    transformers' yarn_apply_mscale does for any scaled RoPE)."""
+    scale = qk_head_dim**-0.5
+    if rope.type != "default" and rope.mscale_all_dim:
+        m = 1.0 if rope.factor <= 1 else 0.1 * rope.mscale_all_dim * math.log(rope.factor) + 1.0
+        scale *= m * m
+    return scale
+
+
+def _deepseek_moe(v: dict) -> dict:
+    n, first, freq = v["num_hidden_layers"], v["first_k_dense_replace"], v["moe_layer_freq"]
+    version = 3 if "rope_interleave" in v else 2
+    scoring, methods = _DEEPSEEK_ROUTING[version]
+    if v["scoring_func"] != scoring:
+        raise ConfigError(
+            f"scoring_func {v['scoring_func']!r} is not modelled for deepseek_v{version} "
+            f"(transformers computes {scoring!r})"
+        )
+    method = v["topk_method"]
+    if method not in methods:
+        raise ConfigError(
+            f"topk_method {method!r} is not modelled for deepseek_v{version} "
+            f"(modelled: {', '.join(methods)})"
+        )
+    e, k = v["n_routed_experts"], v["num_experts_per_tok"]
+    if k is None:
+        raise ConfigError("missing required field 'num_experts_per_tok'")
+    groups, top_groups = v["n_group"] or 1, v["topk_group"] or 1
+    if method != "greedy":
+        if v["n_group"] is None or v["topk_group"] is None:
+            raise ConfigError(f"topk_method {method!r} needs n_group and topk_group")
+        if e % groups:
+            raise ConfigError(f"n_routed_experts {e} is not divisible by n_group {groups}")
+        if top_groups > groups:
+            raise ConfigError(f"topk_group {top_groups} exceeds n_group {groups}")
+        if top_groups * (e // groups) < k:
+            raise ConfigError(
+                f"topk_group {top_groups} groups of {e // groups} experts hold fewer than "
+                f"num_experts_per_tok {k}"
+            )
+        if method == "noaux_tc" and e // groups < 2:
+            raise ConfigError("noaux_tc ranks groups by their two best experts: n_group too large")
+    # DeepSeek's rule (transformers reads first_k_dense_replace alone; the same when freq is 1)
+    moe = tuple(i >= first and i % freq == 0 for i in range(n))
+    return {
+        "num_experts": e,
+        "num_experts_per_tok": k,
+        "moe_intermediate_size": v["moe_intermediate_size"],
+        "intermediate_size": v["intermediate_size"] if not all(moe) else 0,
+        "norm_topk_prob": v.get("norm_topk_prob", False),
+        "shared_expert_intermediate_size": v["n_shared_experts"] * v["moe_intermediate_size"],
+        "moe_layers": moe,
+        "moe_naming": "deepseek",
+        "scoring_func": scoring,
+        "topk_method": method,
+        "n_group": groups if method != "greedy" else 1,
+        "topk_group": top_groups if method != "greedy" else 1,
+        "routed_scaling_factor": v["routed_scaling_factor"],
+    }
+
+
 @dataclass(frozen=True)
 class Family:
     """What one model_type accepts and how it maps onto ModelConfig."""
@@ -327,6 +454,8 @@ class Family:
     # other spellings of a field (transformers' attribute_map), mapped to the name in `fields`
     aliases: dict[str, str] = field(default_factory=dict)
     noop_only: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    # MLA families derive the attention shape themselves (head_dim = nope + rope widths)
+    mla: bool = False
 
 
 def _fields(**extra: Spec) -> dict[str, Spec]:
@@ -418,6 +547,26 @@ FAMILY_TABLE: dict[str, Family] = {
         ),
         derive=_gemma,
         acts=_GEMMA_ACTS,
+    ),
+    "deepseek_v2": Family(
+        _fields(**_deepseek_fields(2)),
+        derive=lambda v: _mla(v, 2),
+        moe=_deepseek_moe,
+        aliases={"num_experts": "n_routed_experts"},
+        # transformers' DeepseekV2 ignores norm_topk_prob while DeepSeek's own code renormalises
+        noop_only={"attention_bias": (False,), "mlp_bias": (False,), "norm_topk_prob": (False,)},
+        mla=True,
+    ),
+    "deepseek_v3": Family(
+        _fields(**_deepseek_fields(3)),
+        derive=lambda v: _mla(v, 3),
+        moe=_deepseek_moe,
+        aliases={
+            "num_local_experts": "n_routed_experts",
+            "num_mtp_layers": "num_nextn_predict_layers",
+        },
+        noop_only={"attention_bias": (False,)},
+        mla=True,
     ),
     "phi3": Family(
         _fields(
@@ -667,7 +816,10 @@ def config_from_dict(d: dict, name: str) -> ModelConfig:
     fam = FAMILY_TABLE[mt]
     v = _collect(d, fam, mt)
 
-    kv, head_dim = _attention_shape(v)
+    if fam.mla:
+        kv, head_dim = v["num_attention_heads"], v["qk_nope_head_dim"] + v["qk_rope_head_dim"]
+    else:
+        kv, head_dim = _attention_shape(v)
     act = fam.acts.get(v["hidden_act"])
     if act is None:
         raise ConfigError(
@@ -692,6 +844,9 @@ def config_from_dict(d: dict, name: str) -> ModelConfig:
             kw = {"intermediate_size": kw["intermediate_size"], "moe_layers": kw["moe_layers"]}
     kw |= fam.derive(v)
 
+    rope = _rope(v, fam, mt)
+    if fam.mla:
+        kw["attention_scale"] = mla_attention_scale(rope, head_dim)
     return ModelConfig(
         name=name,
         model_type=mt,
@@ -703,7 +858,7 @@ def config_from_dict(d: dict, name: str) -> ModelConfig:
         head_dim=head_dim,
         hidden_act=act,
         rms_norm_eps=v["rms_norm_eps"],
-        rope=_rope(v, fam, mt),
+        rope=rope,
         max_position_embeddings=v["max_position_embeddings"],
         tie_word_embeddings=v["tie_word_embeddings"],
         layer_types=types,

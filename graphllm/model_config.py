@@ -19,6 +19,8 @@ FAMILIES = (
     "qwen3_moe",
     "gemma",
     "phi3",
+    "deepseek_v2",
+    "deepseek_v3",
 )
 
 
@@ -83,11 +85,39 @@ class ModelConfig:
     moe_layers: tuple[bool, ...] = ()
     # the HF module layout of the MoE block: 'mixtral' (block_sparse_moe, w1/w2/w3) or 'qwen'
     moe_naming: str = "qwen"
+    # DeepSeek routing: scores 'softmax' | 'sigmoid'; selection 'greedy' | 'group_limited_greedy'
+    # (groups ranked by their best score) | 'noaux_tc' (sigmoid scores plus a stored
+    # e_score_correction_bias pick the experts, groups ranked by their two best; the unbiased
+    # scores weight them); routed weights are multiplied by routed_scaling_factor
+    scoring_func: str = "softmax"
+    topk_method: str = "greedy"
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    # MLA (DeepSeek-V2/V3 latent attention); kv_lora_rank == 0 means standard attention.
+    # head_dim is then the query/key head width qk_nope_head_dim + qk_rope_head_dim
+    q_lora_rank: int = 0  # 0: one q_proj
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    # how RoPE pairs channels: 'half' (x_i with x_{i+d/2}); 'complex' (pairs (x_2i, x_2i+1),
+    # written back interleaved: DeepSeek-V2); 'interleave' (same pairs, written back as all
+    # first-of-pair then all second-of-pair: DeepSeek-V3's rope_interleave)
+    rope_layout: str = "half"
+    # the softmax scale; None: head_dim ** -0.5 (MLA with yarn multiplies in mscale^2)
+    attention_scale: float | None = None
+    # DeepSeek-V3's multi-token-prediction layers, kept out of the main model
+    num_nextn_predict_layers: int = 0
 
     @property
     def n_rep(self) -> int:
         """Query heads per KV head (GQA group size)."""
         return self.num_attention_heads // self.num_key_value_heads
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
 
     @property
     def is_moe(self) -> bool:

@@ -26,7 +26,7 @@ def small_instance(cfg: ModelConfig, seq_len: int = 12, max_layers: int = 4) -> 
     if window is not None:
         window = min(window, max(2, seq_len // 4))
     experts = min(cfg.num_experts, 8)
-    return replace(
+    small = replace(
         cfg,
         name=f"{cfg.name} (small instance)",
         vocab_size=97,
@@ -45,6 +45,29 @@ def small_instance(cfg: ModelConfig, seq_len: int = 12, max_layers: int = 4) -> 
         moe_layers=cfg.moe_layers[:layers],
         embedding_multiplier=32**0.5 if cfg.embedding_multiplier != 1.0 else 1.0,
     )
+    return replace(small, **_small_mla(cfg, experts)) if cfg.is_mla else small
+
+
+def _small_mla(cfg: ModelConfig, experts: int) -> dict:
+    """MLA at toy sizes (head_dim 8 = 6 without RoPE + 2 with), its router's groups kept."""
+    groups = min(cfg.n_group, 4)
+    while experts % groups:
+        groups -= 1
+    top_groups = max(1, min(cfg.topk_group, groups - 1))
+    k = min(cfg.num_experts_per_tok, experts)
+    if groups > 1:  # the chosen groups must hold k experts
+        k = min(k, top_groups * experts // groups)
+    return {
+        "num_experts_per_tok": k,
+        "qk_nope_head_dim": 6,
+        "qk_rope_head_dim": 2,
+        "v_head_dim": 4,
+        "kv_lora_rank": 12,
+        "q_lora_rank": 16 if cfg.q_lora_rank else 0,
+        "n_group": groups,
+        "topk_group": top_groups,
+        "attention_scale": 8**-0.5,
+    }
 
 
 @dataclass(frozen=True)

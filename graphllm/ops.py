@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from graphllm import ops_mla
 from graphllm.errors import GraphError
 from graphllm.ir import Dim, Graph, Node, TensorType
 from graphllm.signature import Signature, bind, output_dims, parse
@@ -590,6 +591,117 @@ for _spec in [
         collective=True,
         retype=_retype,
         view=True,
+    ),
+]:
+    _row(_spec)
+
+
+def _concat_check(node: Node, env: dict[str, Dim]) -> str | None:
+    ok = env["f1"].size + env["f2"].size == node.attrs["axes"]["f"].size  # type: ignore[operator]
+    return None if ok else "the parts do not add up to the concatenated axis"
+
+
+def _one_check(node: Node, env: dict[str, Dim]) -> str | None:
+    return None if env["o"].size == 1 else "the latent has a single (shared) head"
+
+
+# DeepSeek-V2/V3: MLA and its router (impls in graphllm.ops_mla)
+for _spec in [
+    OpSpec(
+        "rope_pairs",
+        "b h t e, b t -> b h t e",
+        ELEMENTWISE,
+        ops_mla.rope_pairs,
+        "RoPE on adjacent pairs (x_2i, x_2i+1), written back interleaved ('complex', "
+        "DeepSeek-V2) or first members then second ('interleave', DeepSeek-V3). 3 FLOPs/element.",
+        flops_per_elem=3,
+        linear=((0,),),
+    ),
+    OpSpec(
+        "concat",
+        "... f1, ... f2 -> ... f",
+        MOVEMENT,
+        ops_mla.concat,
+        "Join two feature parts (MLA's no-RoPE and RoPE parts of a query or key).",
+        check=_concat_check,
+    ),
+    OpSpec(
+        "latent_heads",
+        "b o s (h e) -> b h s e",
+        MOVEMENT,
+        ops_mla.latent_heads,
+        "View the latent's up-projection (one shared row per position) as per-head rows.",
+        check=_one_check,
+    ),
+    OpSpec(
+        "split_heads_weight",
+        "(h f) r -> h n r, h v r",
+        MOVEMENT,
+        ops_mla.split_heads_weight,
+        "kv_b_proj's weight as per-head key and value blocks (MLA's absorbed form).",
+        out_dtypes=("same", "same"),
+        view=True,
+    ),
+    OpSpec(
+        "absorb_q",
+        "b h t e, h e f -> b h t f",
+        CONTRACTION,
+        lambda xs, a: np.einsum("bhte,hef->bhtf", _f32(xs[0]), _f32(xs[1])),
+        "Each head's query times that head's key up-projection (query into latent space).",
+        matmul=True,
+    ),
+    OpSpec(
+        "absorb_o",
+        "b h t e, h f e -> b h t f",
+        CONTRACTION,
+        lambda xs, a: np.einsum("bhte,hfe->bhtf", _f32(xs[0]), _f32(xs[1])),
+        "Each head's latent output times that head's value up-projection.",
+        matmul=True,
+    ),
+    OpSpec(
+        "scores_mqa",
+        "b h t e, b o s e -> b h t s",
+        CONTRACTION,
+        lambda xs, a: _f32(xs[0]) @ _f32(xs[1]).swapaxes(-1, -2),
+        "Q K^T against one key head shared by all query heads (absorbed MLA's latent keys).",
+        check=_one_check,
+        matmul=True,
+    ),
+    OpSpec(
+        "pv_mqa",
+        "b h t s, b o s e -> b h t e",
+        CONTRACTION,
+        lambda xs, a: _f32(xs[0]) @ _f32(xs[1]),
+        "Attention probabilities times one value head shared by all query heads.",
+        check=_one_check,
+        matmul=True,
+    ),
+    OpSpec(
+        "bias_add",
+        "... x, x -> ... x",
+        ELEMENTWISE,
+        lambda xs, a: _f32(xs[0]) + _f32(xs[1]),
+        "Add a per-expert bias (DeepSeek-V3's e_score_correction_bias). 1 FLOP/element.",
+        flops_per_elem=1,
+        linear=((0, 1),),
+    ),
+    OpSpec(
+        "group_limit",
+        "... x -> ... x",
+        REDUCTION,
+        ops_mla.group_limit,
+        "Keep the experts of the topk_group best of n_group groups (ranked by their best score, "
+        "or their two best summed), the rest set to `fill`. 2 FLOPs/element (score, select).",
+        reduce=("x",),
+        flops_per_elem=2,
+        linear=(),
+    ),
+    OpSpec(
+        "gather_k",
+        "... x, ... k -> ... k",
+        MOVEMENT,
+        ops_mla.gather_k,
+        "The scores at the chosen expert ids (the unbiased weights of the selected experts).",
     ),
 ]:
     _row(_spec)

@@ -157,11 +157,21 @@ class _Costing:
         keys = max(int(hi.max()) - int(lo.min()) + 1, 0) / n_keys
         return pairs, keys
 
-    def _experts_touched(self) -> float:
-        """Expected share of experts that B*T tokens touch under uniform top-k routing."""
+    def _experts_touched(self, n: Node, weight: TensorType) -> float:
+        """Expected share of the experts held here that their tokens touch, uniform top-k routing.
+
+        The tokens come from the slots `n` computes on: this rank's (token, expert) pairs spread
+        over the experts it holds, so on a partitioned graph (experts split, or tokens split) the
+        count is the rank's own. N tokens choosing k of E experts leave one untouched with
+        probability (1 - k/E)^N."""
         cfg = self.g.meta["config"]
         k, e = cfg.num_experts_per_tok, cfg.num_experts
-        return 1.0 - (1.0 - k / e) ** (self.b["B"] * self.b["T"])
+        slots = self.g.type_of(n.inputs[0])
+        last = slots.dims[-1]
+        pairs = slots.numel(self.b) / float(last.size or self.b[last.name])
+        held = float(weight.dims[0].size or self.b[weight.dims[0].name])
+        tokens = pairs * e / (held * k)  # the tokens whose choices can land on these experts
+        return 1.0 - (1.0 - k / e) ** tokens
 
     def read(self, n: Node, i: int, key_share: float) -> tuple[float, float, float]:
         """(bytes, weight bytes, kv bytes) that node `n` reads through its input `i`."""
@@ -175,7 +185,7 @@ class _Costing:
             if OPS[n.op].category == MOVEMENT:  # a gather: only the rows the output holds
                 numel = n.out.numel(self.b)
             elif src.attrs.get("stacked") == "expert":
-                numel *= self._experts_touched()
+                numel *= self._experts_touched(n, t)
             b = _nbytes(t, numel)
             return b, b, 0.0
         if fused and i in self._key_inputs(n):

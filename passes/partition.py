@@ -37,6 +37,7 @@ from graphllm.passes.attention_region import core_attention_region
 from graphllm.passes.cost import ZERO, scopes_of
 from graphllm.passes.memory import _peak_activations
 from graphllm.passes.sharding import Mesh, Sharding, Split, copy_node, hoist_gathers, spmd
+from graphllm.passes.training import TrainingOptions, training_memory
 from graphllm.workload import Workload
 from graphllm.workload import dtype as dtype_of
 
@@ -417,6 +418,7 @@ class PartitionReport:
     pipeline: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     hardware: str | None = None
+    training: dict[str, Any] | None = None  # recompute and zero, for a training step
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -435,13 +437,27 @@ def _stage_memory(graph: Graph, names: set[str], attention: str) -> float:
 
 
 def partition_report(
-    graph: Graph, hardware: Hardware | None = None, attention: str = "flash"
+    graph: Graph,
+    hardware: Hardware | None = None,
+    attention: str = "flash",
+    training: TrainingOptions | None = None,
 ) -> PartitionReport:
-    """Per device: params, memory, FLOPs, bytes, communication and predicted time."""
+    """Per device: params, memory, FLOPs, bytes, communication and predicted time.
+
+    With `training`, a step is forward and backward (cost pass with training=True); each
+    collective runs again in the backward pass as its conjugate with the same volume (all-reduce
+    for all-reduce in Megatron's f/g pair, reduce-scatter for all-gather, all-to-all for
+    all-to-all, a send of the gradient for a send), so counts are 2 x microbatches; memory is the
+    training memory (passes/training.py, 1F1B: stage s holds min(pp - s, microbatches)
+    microbatches' activations), and the gradient reduction over the data-parallel group runs once
+    a step, after the last microbatch, not overlapped.
+    """
     plan: PartitionPlan = graph.meta["partition"]
     s, mesh = plan.strategy, plan.mesh
-    run(graph, ["cost", "roofline"], hardware=hardware, attention=attention)  # into node.meta
+    train = training is not None
+    run(graph, ["cost", "roofline"], hardware=hardware, attention=attention, training=train)
     m = s.microbatches
+    passes = 2 if train else 1  # forward (and backward) runs of every collective a microbatch
     b = graph.bindings
     kv_dt = graph.meta.get("kv_dtype")
     presents = {r.node for k, r in graph.outputs.items() if k.startswith("present.")}
@@ -486,8 +502,8 @@ def partition_report(
                 continue
             kind = "send/recv" if n.op == "send" else n.op
             secs = comm_seconds(graph, n, mesh, hardware) if hardware else None
-            e["comm_bytes"][kind] += m * wire
-            e["comm_seconds"] += secs or 0.0
+            e["comm_bytes"][kind] += passes * m * wire
+            e["comm_seconds"] += passes * (secs or 0.0)
             collectives.append(
                 {
                     "name": n.name,
@@ -497,7 +513,7 @@ def partition_report(
                     "wire_bytes_per_device": wire,
                     "mesh_axis": n.attrs["mesh"],
                     "stage": n.meta.get("stage", 0),
-                    "count": m,  # runs once per microbatch
+                    "count": passes * m,  # once per microbatch (and pass)
                     "seconds": secs,
                 }
             )
@@ -506,23 +522,47 @@ def partition_report(
             e["compute_seconds"] += t.seconds if t else 0.0
     cap = hardware.memory_bytes if hardware else None
     stages = []
-    for e in per_stage:
-        act = _stage_memory(graph, e.pop("names"), attention)
+    for st, e in enumerate(per_stage):
+        names = e.pop("names")
         e["comm_bytes"] = dict(e["comm_bytes"])
-        e["activation_bytes"] = act
-        e["memory_bytes"] = e["weight_bytes"] + e["kv_cache_bytes"] + act
+        grad_seconds = 0.0
+        if training is not None:
+            tm = training_memory(graph, training, attention, names, min(s.pp - st, m))
+            e["activation_bytes"] = tm.activations + tm.activations_working
+            e["kv_cache_bytes"] = 0.0  # a training step keeps no cache
+            e["training"] = {k: v for k, v in tm.to_dict().items() if k != "collectives"}
+            e["memory_bytes"] = tm.total
+            for c in tm.collectives:
+                axis = next(a for a in MESH_ORDER if a in c["mesh_axis"].split("+"))
+                secs = (
+                    c["wire_bytes_per_device"] / link_bandwidth(mesh, axis, hardware)
+                    if (hardware)
+                    else None
+                )
+                grad_seconds += secs or 0.0
+                e["comm_bytes"][c["kind"]] = (
+                    e["comm_bytes"].get(c["kind"], 0.0) + c["wire_bytes_per_device"]
+                )
+                collectives.append(c | {"stage": st, "seconds": secs, "gradient": True})
+        else:
+            act = _stage_memory(graph, names, attention)
+            e["activation_bytes"] = act
+            e["memory_bytes"] = e["weight_bytes"] + e["kv_cache_bytes"] + act
         e["fits"] = e["memory_bytes"] <= cap if cap else None
         e["seconds_per_microbatch"] = e["compute_seconds"] + e["comm_seconds"]
+        e["gradient_seconds"] = grad_seconds
         e["compute_seconds"] *= m
-        e["comm_seconds"] *= m
-        e["seconds"] = m * e["seconds_per_microbatch"]
+        e["comm_seconds"] = m * e["comm_seconds"] + grad_seconds
+        e["seconds"] = m * e["seconds_per_microbatch"] + grad_seconds
         stages.append(e)
     slowest = max(e["seconds_per_microbatch"] for e in stages)
+    grads = max(e["gradient_seconds"] for e in stages)
     pipe = {
         "stages": s.pp,
         "microbatches": m,
+        "schedule": "1F1B" if train else "GPipe (forward only)",
         "bubble": (s.pp - 1) / (m + s.pp - 1),
-        "step_seconds": (m + s.pp - 1) * slowest if hardware else None,
+        "step_seconds": (m + s.pp - 1) * slowest + grads if hardware else None,
     }
     devices = []
     for rank, c in enumerate(c for c in mesh.coords() if c.get("mb", 0) == 0):
@@ -538,4 +578,5 @@ def partition_report(
         pipeline=pipe,
         notes=list(plan.notes),
         hardware=hardware.name if hardware else None,
+        training=asdict(training) if training is not None else None,
     )

@@ -238,3 +238,17 @@ def test_verify_tokens_uses_the_workload():
     assert r.exit_code == 0 and "T=4" in r.stdout and "16 cells" in r.stdout
     r = invoke("verify", "tokens", "--config", str(EXAMPLES / "article.yaml"))
     assert "T=3" in r.stdout and "9 cells" in r.stdout
+
+
+def test_trace_mla_forms():
+    docs = {}
+    for form in ("naive", "absorbed"):
+        r = invoke("trace", "--model", "deepseek-v3", "-t", "1", "--past-len", "4096", "--mla", form,
+                   "--json")  # fmt: skip
+        assert r.exit_code == 0, r.output
+        docs[form] = json.loads(r.stdout)
+    assert docs["absorbed"]["workload"]["mla"] == "absorbed"
+    assert docs["naive"]["params"] == docs["absorbed"]["params"]
+    # folding the up projections removes the per-step re-expansion of the cached latent
+    assert docs["absorbed"]["flops"]["total"] < docs["naive"]["flops"]["total"] / 10
+    assert docs["naive"]["memory"]["kv_cache"] == docs["absorbed"]["memory"]["kv_cache"]

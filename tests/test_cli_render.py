@@ -65,3 +65,28 @@ def test_pdf_with_graphviz(tmp_path):
     r = invoke("--config", ARTICLE, "--view", "model", "-o", str(out))
     assert r.exit_code == 0, r.output
     assert out.read_bytes().startswith(b"%PDF")
+
+
+def test_block_view_with_strategies_draws_collectives_and_shards(tmp_path):
+    from click.testing import CliRunner
+
+    from graphllm.cli import main
+
+    out = tmp_path / "b.dot"
+    r = CliRunner().invoke(
+        main, ["render", "--model", "llama3-70b", "--view", "block", "--tp", "8", "-o", str(out)]
+    )
+    assert r.exit_code == 0, r.output
+    text = out.read_text()
+    assert text.count('shape="hexagon"') == 2  # o_proj and down_proj all-reduces, in place
+    assert "all_reduce over tp (8 ranks)" in text
+    assert "rank r holds heads 8r..8r+7" in text and "ffn/8 per rank" in text
+    out = tmp_path / "m.dot"
+    r = CliRunner().invoke(
+        main, ["render", "--model", "mixtral-8x7b", "--view", "block", "--ep", "8", "-o", str(out)]
+    )
+    assert r.exit_code == 0 and "rank r holds expert r" in out.read_text()
+    r = CliRunner().invoke(
+        main, ["render", "--model", "llama3-8b", "--view", "ffn", "--tp", "2", "-o", str(out)]
+    )
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1

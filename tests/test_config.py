@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -340,6 +341,28 @@ def test_bookkeeping_is_accepted():
 # ---------------------------------------------------------------------------------------------
 # bad input: one line naming the problem
 
+DS3 = {
+    "model_type": "deepseek_v3",
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "kv_lora_rank": 16,
+    "q_lora_rank": 24,
+    "qk_nope_head_dim": 8,
+    "qk_rope_head_dim": 4,
+    "v_head_dim": 6,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_group": 4,
+    "topk_group": 2,
+    "first_k_dense_replace": 1,
+}
+DS2 = {**DS3, "model_type": "deepseek_v2", "q_lora_rank": None, "topk_method": "greedy"}
+DS2.pop("n_group"), DS2.pop("topk_group")
+
 BAD = [
     (tiny(num_attention_head=4, num_attention_heads=...), "unknown field 'num_attention_head'; "
      "did you mean 'num_attention_heads'?"),
@@ -358,8 +381,16 @@ BAD = [
     (tiny(model_type=...), "missing required field 'model_type'; supported: llama, mistral"),
     (tiny(model_type="lama"), "unknown model_type 'lama'; did you mean 'llama'? supported:"),
     (tiny(model_type="gpt2"), "unknown model_type 'gpt2'; supported: llama, mistral, mixtral"),
-    (tiny(model_type="deepseek_v3"), "model_type 'deepseek_v3': DeepSeek-V3"),
-    (tiny(model_type="deepseek_v2"), "not supported yet"),
+    ({**DS3, "scoring_func": "softmax"}, "scoring_func 'softmax' is not modelled for deepseek_v3"),
+    ({**DS2, "topk_method": "noaux_tc"}, "topk_method 'noaux_tc' is not modelled for deepseek_v2"),
+    ({**DS3, "n_group": 3}, "n_routed_experts 8 is not divisible by n_group 3"),
+    ({**DS3, "topk_group": 5}, "topk_group 5 exceeds n_group 4"),
+    ({**DS3, "topk_group": 1, "num_experts_per_tok": 3}, "hold fewer than num_experts_per_tok 3"),
+    ({**DS2, "topk_method": "group_limited_greedy", "n_group": None}, "needs n_group and"),
+    ({**DS3, "num_key_value_heads": 2}, "must equal num_attention_heads 4: MLA"),
+    ({**DS3, "head_dim": 8}, "head_dim 8 must equal qk_rope_head_dim 4"),
+    ({**DS2, "norm_topk_prob": True}, "norm_topk_prob=true is not modelled (only false)"),
+    ({**DS3, "qk_rope_head_dim": 5}, "qk_rope_head_dim 5 must be even"),
     (tiny(model_type="deepseek"), "not planned"),
     (tiny(layer_types="full_attention"), "layer_types must be a list of strings"),
     (tiny(layer_types=["full_attention"]), "layer_types has 1 entries for 2 hidden layers"),
@@ -425,7 +456,9 @@ def test_non_dict_and_non_string_keys():
 def test_unknown_preset_lists_close_matches():
     with pytest.raises(ConfigError, match=r"unknown preset 'llama3-7b'; did you mean .*llama3-8b"):
         load_config("llama3-7b")
-    with pytest.raises(ConfigError, match="presets: gemma-2b, llama2-7b"):
+    with pytest.raises(
+        ConfigError, match="presets: deepseek-v2, deepseek-v2-lite, deepseek-v3, gemma-2b"
+    ):
         load_config("gpt2-xl")
     with pytest.raises(ConfigError, match="empty config source"):
         load_config("")
@@ -513,7 +546,8 @@ ROPES = ("default", "linear", "llama3", "yarn")
 
 @st.composite
 def valid_configs(draw) -> dict:
-    mt = draw(st.sampled_from(FAMILIES))
+    # MLA families have their own shape fields: test_deepseek_* and tests/test_parity_deepseek.py
+    mt = draw(st.sampled_from([f for f in FAMILIES if not f.startswith("deepseek")]))
     kv, rep = draw(st.integers(1, 4)), draw(st.integers(1, 4))
     heads, head_dim, n = kv * rep, 2 * draw(st.integers(1, 12)), draw(st.integers(1, 6))
     d: dict = {
@@ -699,3 +733,28 @@ def test_any_value_anywhere_is_a_model_or_a_config_error(d, data):
         assert "\n" not in str(e)
     else:
         assert len(c.layer_types) == c.num_hidden_layers
+
+
+def test_deepseek_fields_map_onto_the_model_config():
+    c = config_from_dict({**DS3, "moe_layer_freq": 2}, "x")
+    assert c.moe_layers == (False, False, True, False)  # i >= first_k_dense_replace, i % freq == 0
+    assert c.head_dim == 12 and c.num_key_value_heads == 4 and c.is_mla
+    assert c.shared_expert_intermediate_size == 32 and not c.shared_expert_gate
+    assert (c.scoring_func, c.topk_method, c.n_group, c.topk_group) == ("sigmoid", "noaux_tc", 4, 2)
+    assert c.norm_topk_prob and c.routed_scaling_factor == 2.5 and c.rope_layout == "interleave"
+    assert c.attention_scale == 12**-0.5 and c.num_nextn_predict_layers == 1
+    v2 = config_from_dict(DS2, "x")
+    assert v2.q_lora_rank == 0 and v2.rope_layout == "complex" and v2.scoring_func == "softmax"
+    assert v2.shared_expert_intermediate_size == 64  # two shared experts by default
+    # yarn's mscale(factor, mscale_all_dim) squared multiplies the softmax scale
+    yarn = {"rope_type": "yarn", "factor": 40.0, "mscale": 0.707, "mscale_all_dim": 0.707,
+            "original_max_position_embeddings": 4096, "rope_theta": 10000.0}  # fmt: skip
+    m = 0.1 * 0.707 * math.log(40) + 1
+    got = config_from_dict({**DS2, "rope_parameters": yarn}, "x").attention_scale
+    assert got == pytest.approx(12**-0.5 * m * m)
+
+
+@pytest.mark.parametrize("preset", ["deepseek-v2-lite", "deepseek-v2", "deepseek-v3"])
+def test_deepseek_presets_load(preset):
+    c = load_config(preset)
+    assert c.is_mla and c.is_moe and c.kv_lora_rank == 512 and c.qk_rope_head_dim == 64

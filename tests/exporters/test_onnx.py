@@ -14,6 +14,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import onnx
@@ -76,17 +77,43 @@ CASES = [
 ]
 
 
-class Exported:
-    """A tiny HF model, its checkpoint, its ONNX export from that checkpoint, the session on it,
-    and the exported graph with the same weights for the interpreter."""
+# the ort lowering rotates inside GroupQueryAttention where head_dim is a multiple of 16, as in
+# qwen3, gemma and qwen3_moe; these cases at hidden 64 (head_dim 16) take that path too: llama3
+# rope with tied embeddings, a window, Phi-3's fused projections, a shared expert
+HD16 = [
+    "llama-tied-llama3.2-hd16",
+    "mistral-window-hd16",
+    "phi3-window-hd16",
+    "qwen2_moe-hd16",
+]
+LOWERED = [
+    *(("decomposed", c) for c in CASES),
+    *(("standard", c) for c in CASES),
+    *(("ort", c) for c in CASES + HD16),
+]
 
-    def __init__(self, case: str, folder: Path, out: Path) -> None:
-        self.tiny = parity.Tiny(case, folder)
-        self.path = out / "model.onnx"
-        self.result = export_onnx(self.tiny.cfg, self.path, weights=folder)
-        self.onnx = OnnxModel(self.path, device="cpu")
+
+def _tiny(case: str, folder: Path):
+    """test_parity's tiny model of `case`; `<case>-hd16` is that case at hidden size 64."""
+    base = case.removesuffix("-hd16")
+    if base == case:
+        return parity.Tiny(case, folder)
+    model_type, overrides = parity.CASES[base]
+    with mock.patch.dict(parity.CASES, {case: (model_type, {**overrides, "hidden_size": 64})}):
+        return parity.Tiny(case, folder)
+
+
+class Case:
+    """A tiny HF model, its checkpoint, the exported graph with the same weights for the
+    interpreter, and the reference runs (transformers, the interpreter) that every lowering's
+    export is compared with, computed once."""
+
+    def __init__(self, case: str, folder: Path) -> None:
+        self.tiny = _tiny(case, folder)
         self.graph = export_graph(self.tiny.cfg)
         self.weights = load_weights(self.graph, folder)
+        self._decode: dict | None = None
+        self._padded: dict | None = None
 
     def interpret(self, ids: np.ndarray, past: dict | None = None, p: int = 0) -> dict:
         """The numpy interpreter on the graph of this step's workload (`p` tokens in the past:
@@ -107,17 +134,70 @@ class Exported:
             use_cache=True,
         )
 
+    def decode(self) -> dict:
+        """A prefill, then 16 decode steps fed with transformers' own greedy tokens: the tokens,
+        transformers' logits and the interpreter's, step by step."""
+        if self._decode is None:
+            ids = _ids(1)
+            theirs, interp = self.hf(ids), self.interpret(ids)
+            ref: dict = {"ids": ids, "tokens": [], "hf": [theirs.logits.numpy()]}
+            ref["interp"] = [interp["logits"]]
+            cache = theirs.cache
+            for step in range(STEPS):
+                nxt = ref["hf"][-1][:, -1].argmax(-1)[:, None]  # transformers' own tokens
+                ref["tokens"].append(nxt)
+                ref["hf"].append(self.hf(nxt, cache=cache).logits.numpy())
+                interp = self.interpret(nxt, past=_presents(interp), p=SEQ + step)
+                ref["interp"].append(interp["logits"])
+            self._decode = ref
+        return self._decode
+
+    def padded(self) -> dict:
+        """A batch of 2 whose second row is left-padded, and 16 decode steps: masks, positions,
+        transformers' logits, and the interpreter's on the padded row's prompt alone."""
+        if self._padded is None:
+            ids = _ids(2)
+            ids[1, :PAD] = 0
+            mask = np.ones_like(ids)
+            mask[1, :PAD] = 0
+            pos = positions(mask, SEQ)
+            theirs = self.hf(ids, mask, pos)
+            ref: dict = {"steps": [(ids, mask, pos)], "hf": [theirs.logits.numpy()]}
+            ref["alone"] = self.interpret(ids[1:, PAD:])["logits"][0]
+            cache = theirs.cache
+            for _ in range(STEPS):
+                nxt = ref["hf"][-1][:, -1].argmax(-1)[:, None]
+                mask = np.concatenate([mask, np.ones_like(nxt)], axis=1)
+                pos = positions(mask, 1)
+                ref["steps"].append((nxt, mask, pos))
+                ref["hf"].append(self.hf(nxt, mask, pos, cache=cache).logits.numpy())
+            self._padded = ref
+        return self._padded
+
+
+class Exported:
+    """One lowering of a Case: its ONNX export from the case's checkpoint and the session."""
+
+    def __init__(self, case: Case, ops: str, out: Path) -> None:
+        self.case, self.tiny, self.graph, self.weights = case, case.tiny, case.graph, case.weights
+        self.hf, self.interpret = case.hf, case.interpret
+        self.path = out / "model.onnx"
+        self.result = export_onnx(self.tiny.cfg, self.path, weights=self.tiny.folder, ops=ops)
+        self.onnx = OnnxModel(self.path, device="cpu")
+
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    cache: dict[str, Exported] = {}
+    cases: dict[str, Case] = {}
+    cache: dict[tuple[str, str], Exported] = {}
 
-    def get(case: str) -> Exported:
-        if case not in cache:
-            cache[case] = Exported(
-                case, tmp_path_factory.mktemp(case), tmp_path_factory.mktemp(f"{case}-onnx")
-            )
-        return cache[case]
+    def get(case: str, ops: str = "decomposed") -> Exported:
+        if case not in cases:
+            cases[case] = Case(case, tmp_path_factory.mktemp(case))
+        if (case, ops) not in cache:
+            out = tmp_path_factory.mktemp(f"{case}-{ops}")
+            cache[case, ops] = Exported(cases[case], ops, out)
+        return cache[case, ops]
 
     return get
 
@@ -134,49 +214,36 @@ def _close(a: np.ndarray, b: np.ndarray, what: str) -> None:
     np.testing.assert_allclose(a, b, atol=ATOL, rtol=0, err_msg=what)
 
 
-# -- exactness, per family -----------------------------------------------------------------
-@pytest.mark.parametrize("case", CASES)
-def test_prefill_and_16_decode_steps(exported, case):
-    e = exported(case)
+# -- exactness, per family and lowering ----------------------------------------------------
+@pytest.mark.parametrize(("ops", "case"), LOWERED)
+def test_prefill_and_16_decode_steps(exported, ops, case):
+    e = exported(case, ops)
+    ref = e.case.decode()
     onnx.checker.check_model(str(e.path), full_check=True)
-    ids = _ids(1)
-    ours, theirs, interp = e.onnx.forward(ids), e.hf(ids), e.interpret(ids)
+    ours = e.onnx.forward(ref["ids"])
     assert ours["logits"].shape == (BATCH, SEQ, VOCAB)
-    _close(ours["logits"], theirs.logits.numpy(), "prefill vs transformers")
-    _close(ours["logits"], interp["logits"], "prefill vs interpreter")
-    cache = theirs.cache
-    for step in range(STEPS):
-        nxt = theirs.logits.numpy()[:, -1].argmax(-1)[:, None]  # transformers' own tokens
-        theirs = e.hf(nxt, cache=cache)
+    _close(ours["logits"], ref["hf"][0], "prefill vs transformers")
+    _close(ours["logits"], ref["interp"][0], "prefill vs interpreter")
+    for step, nxt in enumerate(ref["tokens"]):
         ours = e.onnx.forward(nxt, past=_presents(ours))
-        interp = e.interpret(nxt, past=_presents(interp), p=SEQ + step)
-        _close(ours["logits"], theirs.logits.numpy(), f"decode step {step} vs transformers")
-        _close(ours["logits"], interp["logits"], f"decode step {step} vs interpreter")
+        _close(ours["logits"], ref["hf"][step + 1], f"decode step {step} vs transformers")
+        _close(ours["logits"], ref["interp"][step + 1], f"decode step {step} vs interpreter")
     assert ours["present.0.key"].shape[2] == SEQ + STEPS  # every key kept, windowed or not
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_left_padded_batch(exported, case):
-    e = exported(case)
-    ids = _ids(2)
-    ids[1, :PAD] = 0
-    mask = np.ones_like(ids)
-    mask[1, :PAD] = 0
-    pos = positions(mask, SEQ)
+@pytest.mark.parametrize(("ops", "case"), LOWERED)
+def test_left_padded_batch(exported, ops, case):
+    e = exported(case, ops)
+    ref = e.case.padded()
+    (ids, mask, pos), *steps = ref["steps"]
     ours = e.onnx.forward(ids, mask, pos)
-    theirs = e.hf(ids, mask, pos)
-    _close(ours["logits"][0], theirs.logits.numpy()[0], "full row vs transformers")
-    _close(ours["logits"][1, PAD:], theirs.logits.numpy()[1, PAD:], "padded row vs transformers")
-    alone = e.interpret(ids[1:, PAD:])["logits"][0]  # the padded row's prompt on its own
-    _close(ours["logits"][1, PAD:], alone, "padded row vs interpreter, unpadded")
-    cache = theirs.cache
-    for step in range(STEPS):
-        nxt = theirs.logits.numpy()[:, -1].argmax(-1)[:, None]
-        mask = np.concatenate([mask, np.ones_like(nxt)], axis=1)
-        pos = positions(mask, 1)
-        theirs = e.hf(nxt, mask, pos, cache=cache)
+    theirs = ref["hf"][0]
+    _close(ours["logits"][0], theirs[0], "full row vs transformers")
+    _close(ours["logits"][1, PAD:], theirs[1, PAD:], "padded row vs transformers")
+    _close(ours["logits"][1, PAD:], ref["alone"], "padded row vs interpreter, unpadded")
+    for step, (nxt, mask, pos) in enumerate(steps):
         ours = e.onnx.forward(nxt, mask, pos, past=_presents(ours))
-        _close(ours["logits"], theirs.logits.numpy(), f"padded decode step {step}")
+        _close(ours["logits"], ref["hf"][step + 1], f"padded decode step {step}")
 
 
 # -- the model file ------------------------------------------------------------------------
@@ -210,6 +277,77 @@ def test_node_names_keep_the_graph_scopes(exported):
     assert ir <= set(names)  # each IR node's value comes from an ONNX node of its name
     scopes = ir | {"model.rotary_emb", "model.attention_mask"}
     assert all(n in scopes or n.split("/")[0] in scopes for n in names)
+
+
+@pytest.mark.parametrize(("ops", "case"), [("standard", "qwen2_moe"), ("ort", "qwen2_moe-hd16")])
+def test_fused_node_names_lie_in_the_graph_scopes(exported, ops, case):
+    e = exported(case, ops)
+    names = [n.name for n in onnx.load(str(e.path)).graph.node]
+    assert len(names) == len(set(names))
+    ir = {n.name for n in e.graph.nodes() if n.op not in ("input", "param")}
+    known = ir | {"model.rotary_emb", "model.attention_mask"}
+    for name in names:  # an IR node's name, or a name in the scope that holds one
+        base = name.split("/")[0]
+        parent = base.rsplit(".", 1)[0] + "."
+        assert base in known or any(n.startswith(parent) for n in ir), name
+
+
+FUSED_OPS = {
+    "standard": {"Attention", "RotaryEmbedding", "RMSNormalization"},
+    "ort": {"GroupQueryAttention", "SkipSimplifiedLayerNormalization", "MoE", "QuickGelu"},
+}
+
+
+@pytest.mark.parametrize(
+    ("ops", "case"),
+    [("standard", "qwen2_moe"), ("ort", "qwen2_moe-hd16"), ("ort", "llama-tied-llama3.2-hd16")],
+)
+def test_fused_lowerings_use_their_ops_and_pretransposed_weights(exported, ops, case):
+    e = exported(case, ops)
+    m = onnx.load(str(e.path))
+    types = {n.op_type for n in m.graph.node}
+    want = FUSED_OPS[ops] - ({"MoE"} if not e.tiny.cfg.is_moe else set())
+    assert want <= types
+    # no softmax of attention scores: only the routers' softmax where routing is decomposed
+    softmaxes = sum(n.op_type == "Softmax" for n in m.graph.node)
+    assert softmaxes == (sum(e.tiny.cfg.moe_layers) if ops == "standard" else 0)
+    assert {d.domain for d in m.opset_import} == ({"", "com.microsoft"} if ops == "ort" else {""})
+    weights = {t.name for t in m.graph.initializer if not t.name.startswith("const.")}
+    assert not [n.name for n in m.graph.node if n.op_type == "Transpose" and n.input[0] in weights]
+    # one packed MatMul per attention block: Q, K and V stored (in, out) together
+    qkv = {t.name: list(t.dims) for t in m.graph.initializer if "qkv_proj.weight.T" in t.name}
+    cfg = e.tiny.cfg
+    width = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
+    assert list(qkv.values()) == [[cfg.hidden_size, width]] * cfg.num_hidden_layers
+
+
+def test_fused_no_weights_takes_the_weights_as_stored(exported, tmp_path):
+    from graphllm.exporters.onnx import lower, planned
+
+    e = exported("qwen3_moe-norm_topk", "ort")
+    r = export_onnx(e.tiny.cfg, tmp_path / "bare.onnx", no_weights=True, ops="ort")
+    m = onnx.load(str(r.path))
+    onnx.checker.check_model(m, full_check=True)
+    assert not [t for t in m.graph.initializer if not t.name.startswith("const.")]
+    _, plan = lower(e.graph, "ort", weights_as_inputs=True)
+    params = ((e.graph[name], arr) for name, arr in e.weights.items())
+    stored = dict(planned(plan, params, "fp32"))
+    assert set(stored) == {i.name for i in m.graph.input} - set(_inputs(e))
+    model = OnnxModel(r.path, device="cpu")
+    ids = _ids(6)
+    feeds = {
+        "input_ids": ids,
+        "attention_mask": np.ones_like(ids),
+        "position_ids": positions(np.ones_like(ids), SEQ),
+    }
+    logits = model.session.run(["logits"], feeds | model.empty_past(BATCH) | stored)[0]
+    _close(logits, e.onnx.forward(ids)["logits"], "stored weights fed as inputs")
+
+
+def _inputs(e) -> list[str]:
+    n = e.tiny.cfg.num_hidden_layers
+    past = [f"past_key_values.{i}.{k}" for i in range(n) for k in ("key", "value")]
+    return ["input_ids", "attention_mask", "position_ids", *past]
 
 
 def test_every_single_device_op_row_has_a_lowering():
@@ -354,7 +492,7 @@ def test_external_data_runs_the_same(exported, tmp_path):
 
 def test_no_weights_makes_the_params_inputs(exported, tmp_path):
     e = exported("mixtral")
-    r = export_onnx(e.tiny.cfg, tmp_path / "bare.onnx", no_weights=True)
+    r = export_onnx(e.tiny.cfg, tmp_path / "bare.onnx", no_weights=True, ops="decomposed")
     assert r.data_path is None
     m = onnx.load(str(r.path))
     onnx.checker.check_model(m, full_check=True)

@@ -282,3 +282,19 @@ def test_more_than_one_device_needs_an_interconnect():
     )
     with pytest.raises(ConfigError, match="no interconnect"):
         partition(tiny_graph(), Strategy(tp=2), cpu)
+
+
+def test_data_parallel_rank_reads_the_experts_its_own_tokens_touch():
+    # a dp rank routes its own B/dp sequences: it reads the experts those tokens touch, exactly as
+    # the unpartitioned model with that batch does
+    from graphllm import Workload, build_graph, load_config
+    from graphllm.passes import run as run_passes
+    from graphllm.passes.partition import Strategy, partition
+
+    cfg = load_config("mixtral-8x7b")
+    big = build_graph(cfg, Workload(batch=16, seq_len=1, past_len=64))
+    rank = partition(big, Strategy(dp=8))
+    one = build_graph(cfg, Workload(batch=2, seq_len=1, past_len=64))
+    w_rank = run_passes(rank, ["cost"])["cost"].bytes["weights"]
+    w_one = run_passes(one, ["cost"])["cost"].bytes["weights"]
+    assert w_rank == pytest.approx(w_one, rel=1e-9)

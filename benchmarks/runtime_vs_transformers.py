@@ -1,0 +1,170 @@
+"""graphllm's ONNX export on onnxruntime against transformers, on this machine's CPU.
+
+A Llama config (hidden 512, 8 layers, 8 heads, 4 KV heads, intermediate 1408, vocab 32000) with
+the same random weights for both: transformers' model (its default `sdpa` attention) is saved with
+`save_pretrained` and graphllm exports that checkpoint, once per lowering. Each run prefills a
+random 128-token prompt, then decodes 64 tokens greedily through the KV cache (batch 1, fp32,
+2 threads: `torch.set_num_threads(2)`, onnxruntime intra_op_num_threads=2; each step's present
+K/V stay OrtValues, fed back as the next step's past). Figures are medians over the repeats after
+a warm-up round; in each round every model runs once in turn, so a load that comes and goes on
+the machine weighs on all of them alike. Beside them: the bandwidth floor of a decode step (the
+weight bytes it streams over the read bandwidth of a buffer that size, measured as `graphllm
+calibrate` does, once per round, median) and measured over the roofline prediction on this
+machine's calibration (`--hardware local`), as `graphllm bench` reports it.
+
+    python benchmarks/runtime_vs_transformers.py [--repeats 5] [--lowerings standard,ort,decomposed]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+THREADS, PROMPT, NEW = 2, 128, 64
+LLAMA = {
+    "vocab_size": 32000,
+    "hidden_size": 512,
+    "intermediate_size": 1408,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 2048,
+}
+
+
+def transformers_run(model, ids: np.ndarray) -> tuple[float, float]:
+    """Prefill seconds and mean decode-step seconds of one run (the same loop as onnxruntime's:
+    the model's forward with its cache, then the argmax of the last logits)."""
+    import torch
+
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        out = model(torch.from_numpy(ids), use_cache=True)
+        nxt = out.logits[:, -1:].argmax(-1)
+        t1 = time.perf_counter()
+        spent = 0.0
+        for _ in range(NEW):
+            s0 = time.perf_counter()
+            out = model(nxt, cache=out.cache, use_cache=True)
+            nxt = out.logits[:, -1:].argmax(-1)
+            spent += time.perf_counter() - s0
+    return t1 - t0, spent / NEW
+
+
+def read_bandwidth(calibrate, nbytes: float) -> float:
+    """Read bandwidth over a buffer of `nbytes`, THREADS threads, as `graphllm calibrate` measures
+    it (its other figures taken as small as they go)."""
+    hw = calibrate(
+        weights_bytes=nbytes,
+        repeats=3,
+        threads=THREADS,
+        progress=False,
+        matmul_size=64,
+        buffer_bytes=1 << 20,
+    )
+    return hw.extra["memory_bandwidth_model"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--lowerings", default="standard,ort,decomposed")
+    args = ap.parse_args()
+
+    import torch
+    import transformers
+
+    import graphllm
+    from graphllm.calibrate import calibrate
+    from graphllm.exporters.onnx import default_lowering, export_onnx
+    from graphllm.passes import run
+    from graphllm.runtime import OnnxModel, predict, time_generation
+
+    torch.set_num_threads(THREADS)
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)).eval()
+    attn = hf.config._attn_implementation
+    ids = np.random.default_rng(0).integers(0, LLAMA["vocab_size"], (1, PROMPT), dtype=np.int64)
+    with tempfile.TemporaryDirectory(prefix="graphllm-bench-") as tmp:
+        ckpt = Path(tmp) / "ckpt"
+        hf.save_pretrained(ckpt)
+        cfg = graphllm.load_config(ckpt)
+        default = default_lowering(cfg, "cpu")
+        wl = graphllm.Workload.with_dtype(seq_len=1, past_len=PROMPT + NEW // 2, dtype="fp32")
+        streamed = run(graphllm.build_graph(cfg, wl), ["cost"])["cost"].bytes["weights"]
+        hw = calibrate(
+            weights_bytes=streamed,
+            repeats=5,
+            threads=THREADS,
+            progress=False,
+            matmul_size=1024,
+            buffer_bytes=512 << 20,
+        )
+        reads = [hw.extra["memory_bandwidth_model"]]
+
+        with torch.no_grad():
+            ref = hf(torch.from_numpy(ids)).logits.numpy()
+        models, predicted = {}, {}
+        for ops in args.lowerings.split(","):
+            path = Path(tmp) / f"{ops}.onnx"
+            export_onnx(cfg, path, weights=ckpt, ops=ops)
+            label = f"graphllm {ops}" + (" (default)" if ops == default else "")
+            models[label] = OnnxModel(path, device="cpu", threads=THREADS)
+            diff = float(np.abs(models[label].forward(ids)["logits"] - ref).max())
+            print(f"{label}: prefill logits max |diff| vs transformers {diff:.1e}", file=sys.stderr)
+            predicted[label] = predict(cfg, ops, "fp32", "all", 1, PROMPT, NEW, hw)
+        # one run of each in turn, a warm-up round first: a load that comes and goes on the
+        # machine then weighs on all of them alike
+        runs: dict[str, list[tuple[float, float]]] = {f"transformers {attn}": []}
+        runs |= {label: [] for label in models}
+        for r in range(1 + args.repeats):
+            reads.append(read_bandwidth(calibrate, streamed))
+            got = [transformers_run(hf, ids)]
+            for m in models.values():
+                t = time_generation(m, PROMPT, NEW, repeats=1, warmup=0)
+                got.append((t.prefill[0], t.decode[0]))
+            if r:
+                for label, one in zip(runs, got):
+                    runs[label].append(one)
+        rows = [
+            (label, statistics.median(p for p, _ in v), statistics.median(d for _, d in v))
+            for label, v in runs.items()
+        ]
+        read_bw = statistics.median(reads)
+        floor = streamed / read_bw
+
+    print(
+        f"Llama hidden 512, 8 layers, 8/4 heads, ffn 1408, vocab 32000; batch 1, fp32, "
+        f"{THREADS} threads; prefill {PROMPT} tokens, then {NEW} decode steps; median of "
+        f"{args.repeats} after a warm-up"
+    )
+    print(
+        f"decode bandwidth floor: {streamed / 1e6:.1f} MB of weights per token / "
+        f"{read_bw / 1e9:.1f} GB/s read over a buffer that size = {1e3 * floor:.2f} ms/token"
+    )
+    hf_label, hf_p, hf_d = rows[0]
+    head = f"{'':34s} {'prefill ms':>10s} {'decode ms/tok':>13s} {'tok/s':>7s}"
+    print(head + f" {'prefill x':>9s} {'decode x':>8s} {'/floor':>6s} {'meas/pred':>16s}")
+    for label, p, d in rows:
+        line = f"{label:34s} {1e3 * p:10.1f} {1e3 * d:13.2f} {1 / d:7.1f}"
+        if label != hf_label:
+            pp, pd = predicted[label]
+            line += f" {hf_p / p:9.2f} {hf_d / d:8.2f} {d / floor:6.2f}"
+            line += f"   {p / pp:5.2f} / {d / pd:5.2f}"
+        print(line)
+    print(
+        "prefill x, decode x: transformers' time over graphllm's (goals: >= 1.3 and >= 2); "
+        "/floor: decode time over the bandwidth floor (goal: <= 1.2); meas/pred: measured over "
+        "the roofline prediction on this machine's calibration, prefill / decode"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""Decomposed ONNX lowerings of the op rows DeepSeek-V2/V3 add (graphllm.ops_mla).
+
+Each registers itself with `graphllm.exporters.onnx.lowers`, like the lowerings in that module,
+and emits standard ONNX ops only:
+- `rope_pairs` rotates the even/odd feature pairs with cos/sin tables (B, 1, T, e/2) computed once
+  per position input and frequency set (scope `model.rotary_emb`), and writes the pairs back in
+  place ('complex') or first members then second ones ('interleave');
+- `latent_heads`, `split_heads_weight` are Reshape/Transpose/Split views (the latter of a weight);
+- `absorb_q`, `absorb_o`, `scores_mqa`, `pv_mqa` are MatMuls, the shared latent head (size 1)
+  broadcast over the query heads;
+- `group_limit` ranks the groups with ReduceMax or the sum of a TopK of 2, keeps the TopK groups
+  (lower index first on ties, as the numpy reference's stable argsort) and fills the rest;
+  `gather_k` is GatherElements.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+from graphllm.exporters.onnx import NP_TYPES, Lowering, _size, lowers
+from graphllm.ir import Node
+
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def _dims(c: Lowering, n: Node, k: int = 0) -> tuple[int | None, ...]:
+    """Sizes of input k of n (None for symbolic dims)."""
+    return tuple(d.size for d in c.graph.type_of(n.inputs[k]).dims)  # type: ignore[misc]
+
+
+def _pair_tables(c: Lowering, pos: str, n: Node) -> tuple[str, str]:
+    """cos and sin (B, 1, T, e/2) of position * inv_freq, once per distinct frequency set."""
+    inv = np.asarray(n.attrs["inv_freq"], dtype=np.float32)
+    scale = float(n.attrs.get("attention_scaling", 1.0))
+
+    def make() -> tuple[str, str]:
+        s = "model.rotary_emb"
+        p = c.op("Unsqueeze", [c.op("Cast", [pos], s, to=TensorProto.FLOAT), c.const([-1])], s)
+        freqs = c.op("Mul", [p, c.const(inv, "fp32", "inv_freq")], s)  # (B, T, e/2)
+        freqs = c.op("Unsqueeze", [freqs, c.const([1])], s)  # (B, 1, T, e/2)
+        out = []
+        for fn in ("Cos", "Sin"):
+            t = c.op(fn, [freqs], s)
+            if scale != 1.0:
+                t = c.op("Mul", [t, c.const(scale, "fp32", "attention_scaling")], s)
+            out.append(c.cast(t, "fp32", c.dtype, s))
+        return out[0], out[1]
+
+    return c.shared(("rope_pairs", pos, inv.tobytes(), scale), make)
+
+
+@lowers("rope_pairs")
+def _rope_pairs(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    cos, sin = _pair_tables(c, i[1], n)
+    s, x = n.name, i[0]
+    end, two = c.const([_INT64_MAX]), c.const([2])
+    x1 = c.op("Slice", [x, c.const([0]), end, c.const([-1]), two], s)  # x_2i
+    x2 = c.op("Slice", [x, c.const([1]), end, c.const([-1]), two], s)  # x_2i+1
+    r1 = c.op("Sub", [c.op("Mul", [x1, cos], s), c.op("Mul", [x2, sin], s)], s)
+    r2 = c.op("Add", [c.op("Mul", [x2, cos], s), c.op("Mul", [x1, sin], s)], s)
+    if n.attrs["layout"] == "interleave":
+        c.final("Concat", [r1, r2], n, o, axis=-1)  # first members, then second ones
+        return
+    if n.attrs["layout"] != "complex":
+        raise ValueError(f"{n.name}: unknown rope_pairs layout {n.attrs['layout']!r}")
+    e = int(_dims(c, n)[-1])  # type: ignore[arg-type]
+    pairs = [c.op("Unsqueeze", [r, c.const([-1])], s) for r in (r1, r2)]
+    both = c.op("Concat", pairs, s, axis=-1)  # (B, h, T, e/2, 2)
+    c.final("Reshape", [both, c.const([0, 0, 0, e])], n, o)  # each pair back in place
+
+
+@lowers("concat")
+def _concat(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    c.final("Concat", [i[0], i[1]], n, o, axis=-1)
+
+
+@lowers("latent_heads")
+def _latent_heads(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    h, e = _size(n, "h"), _size(n, "e")
+    x = c.op("Reshape", [i[0], c.const([0, -1, h, e])], n.name)  # (B, S, heads, e)
+    c.final("Transpose", [x], n, o, perm=[0, 2, 1, 3])  # (B, heads, S, e)
+
+
+@lowers("split_heads_weight")
+def _split_heads_weight(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    (h, nope, r), (_, v, _) = ([int(d.size) for d in t.dims] for t in n.outputs)  # type: ignore[arg-type]
+    w = c.op("Reshape", [i[0], c.const([h, nope + v, r])], n.name)  # (heads, nope + v, rank)
+    c.final("Split", [w, c.const([nope, v])], n, o, axis=1)
+
+
+@lowers("absorb_q")
+def _absorb_q(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    c.final("MatMul", [i[0], i[1]], n, o)  # (B, h, T, e) @ (h, e, f), batched over heads
+
+
+@lowers("absorb_o")
+def _absorb_o(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    wt = c.op("Transpose", [i[1]], n.name, perm=[0, 2, 1])  # (h, e, f)
+    c.final("MatMul", [i[0], wt], n, o)  # (B, h, T, f)
+
+
+@lowers("scores_mqa")
+def _scores_mqa(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    kt = c.op("Transpose", [i[1]], n.name, perm=[0, 1, 3, 2])  # (B, 1, e, S)
+    c.final("MatMul", [i[0], kt], n, o)  # (B, h, T, S): the one key head broadcast
+
+
+@lowers("pv_mqa")
+def _pv_mqa(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    c.final("MatMul", [i[0], i[1]], n, o)  # (B, h, T, S) @ (B, 1, S, e)
+
+
+@lowers("bias_add")
+def _bias_add(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    c.final("Add", [i[0], i[1]], n, o)
+
+
+@lowers("group_limit")
+def _group_limit(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    s, x = n.name, i[0]
+    dims = _dims(c, n)
+    g, e = int(n.attrs["n_group"]), int(dims[-1])  # type: ignore[arg-type]
+    lead = [0] * (len(dims) - 1)
+    groups = c.op("Reshape", [x, c.const([*lead, g, e // g])], s)  # (..., G, E/G)
+    if n.attrs["score"] == "max":
+        score = c.op("ReduceMax", [groups, c.const([-1])], s, keepdims=0)
+    elif n.attrs["score"] == "top2":
+        best2 = c.op("TopK", [groups, c.const([2])], s, n_out=2, axis=-1, largest=1, sorted=1)
+        score = c.op("ReduceSum", [best2[0], c.const([-1])], s, keepdims=0)
+    else:
+        raise ValueError(f"{n.name}: unknown group score {n.attrs['score']!r}")
+    k = c.const([int(n.attrs["topk_group"])])
+    _, best = c.op("TopK", [score, k], s, n_out=2, axis=-1, largest=1, sorted=1)  # (..., kg)
+    hit = c.op("Equal", [c.op("Unsqueeze", [best, c.const([-1])], s), c.const(np.arange(g))], s)
+    hits = c.op("ReduceMax", [c.op("Cast", [hit], s, to=TensorProto.INT64), c.const([-2])], s)
+    keep = c.op("Greater", [hits, c.const(0, hint="zero")], s)  # (..., 1, G)
+    keep = c.op("Transpose", [keep], s, perm=[*range(len(dims) - 1), len(dims), len(dims) - 1])
+    fill = c.const(np.asarray(n.attrs["fill"], NP_TYPES[c.dtype]), c.dtype, "fill")
+    kept = c.op("Where", [keep, groups, fill], s)  # (..., G, E/G)
+    c.final("Reshape", [kept, c.const([*lead, e])], n, o)
+
+
+@lowers("gather_k")
+def _gather_k(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    c.final("GatherElements", [i[0], i[1]], n, o, axis=-1)

@@ -1,0 +1,232 @@
+"""A Chrome / Perfetto trace of a partitioned graph's predicted schedule (`partition --trace`).
+
+One process (`pid`) per device, named with its mesh coordinates and pipeline stage; two threads
+(`tid`): 0 compute, 1 communication. Every op and collective of a microbatch is a complete event
+(`ph: "X"`, `ts` and `dur` in µs) at its roofline time; communication does not overlap compute,
+as in the partition report. Microbatches follow the GPipe schedule for inference (forward only:
+stage s runs microbatch j in slot s + j) and 1F1B for training (Narayanan et al. 2021: stage s
+runs min(pp - s - 1, M) warm-up forwards, then one forward and one backward alternately). Every
+slot is as long as the slowest stage's forward (backward), so a faster stage idles at the end of
+its slots; the idle slots before, between and after a stage's work are `bubble` events, and on each
+device they add up to (pp - 1) / (M + pp - 1) of the pipeline's part of the step. The gradient
+reduction of a training step follows on the communication lane.
+
+Large programs (more than MAX_EVENTS events) are drawn one event per layer and lane instead of one
+per op; the times are the same.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from graphllm.files import write_atomic
+from graphllm.hardware import Hardware
+from graphllm.ir import Graph
+from graphllm.ops import COMMUNICATION, OPS, SOURCE
+from graphllm.passes import run
+from graphllm.passes.cost import scopes_of
+from graphllm.passes.partition import comm_seconds
+
+MAX_EVENTS = 200_000
+COMPUTE, COMM = 0, 1
+Segment = tuple[str, int, float]  # name, lane, seconds
+
+
+def _segments(graph: Graph, hw: Hardware, attention: str, training: bool) -> list[list[Any]]:
+    """Per stage, its forward segments and (training) backward segments, in run order."""
+    plan = graph.meta["partition"]
+    mesh, pp = plan.mesh, plan.strategy.pp
+    run(graph, ["cost", "roofline"], hardware=hw, attention=attention, training=False)
+    fwd = {n.name: n.meta["time"].seconds for n in graph.nodes() if "time" in n.meta}
+    total = fwd
+    if training:
+        run(graph, ["cost", "roofline"], hardware=hw, attention=attention, training=True)
+        total = {n.name: n.meta["time"].seconds for n in graph.nodes() if "time" in n.meta}
+    out: list[list[Any]] = [[[], []] for _ in range(pp)]
+    for n in graph.nodes():
+        spec = OPS[n.op]
+        if spec.category == SOURCE or n.op == "recv":  # a recv is timed on its send
+            continue
+        st = n.meta.get("stage", 0)
+        if spec.category == COMMUNICATION:
+            t = comm_seconds(graph, n, mesh, hw)
+            out[st][0].append((n.name, COMM, t))
+            if training:
+                out[st][1].append((f"{n.name} (backward)", COMM, t))
+        else:
+            out[st][0].append((n.name, COMPUTE, fwd.get(n.name, 0.0)))
+            if training:
+                back = total.get(n.name, 0.0) - fwd.get(n.name, 0.0)
+                out[st][1].append((f"{n.name} (backward)", COMPUTE, back))
+    for st in out:
+        st[1].reverse()
+    return out
+
+
+def _coarse(graph: Graph, segs: list[Segment]) -> list[Segment]:
+    """Consecutive segments of one layer (or outside layers) and lane merged into one."""
+    out: list[Segment] = []
+    for name, lane, t in segs:
+        base = name.removesuffix(" (backward)")
+        layer = next((p for p, k in scopes_of(graph, base) if k == "layer"), base)
+        label = layer + (" (backward)" if name != base else "")
+        label += " comm" if lane == COMM else ""
+        if out and out[-1][0] == label and out[-1][1] == lane:
+            out[-1] = (label, lane, out[-1][2] + t)
+        else:
+            out.append((label, lane, t))
+    return out
+
+
+def schedule(pp: int, m: int, training: bool) -> list[list[tuple[str, int, int]]]:
+    """Per stage, its ops in order: ('F' or 'B', microbatch, stage)."""
+    out = []
+    for s in range(pp):
+        if not training:
+            out.append([("F", j, s) for j in range(m)])
+            continue
+        warm = min(pp - s - 1, m)
+        ops = [("F", j, s) for j in range(warm)]
+        for i in range(m - warm):
+            ops += [("F", warm + i, s), ("B", i, s)]
+        ops += [("B", j, s) for j in range(m - warm, m)]
+        out.append(ops)
+    return out
+
+
+def timeline(pp: int, m: int, f: float, b: float, training: bool) -> dict[tuple, float]:
+    """Start time of every op when each forward takes `f` and each backward `b`."""
+    order = schedule(pp, m, training)
+    start: dict[tuple, float] = {}
+    end: dict[tuple, float] = {}
+    pos, free = [0] * pp, [0.0] * pp
+    while any(pos[s] < len(order[s]) for s in range(pp)):
+        moved = False
+        for s in range(pp):
+            while pos[s] < len(order[s]):
+                kind, j, _ = order[s][pos[s]]
+                deps = [(kind, j, s - 1)] if kind == "F" and s > 0 else []
+                if kind == "B":
+                    deps = [("F", j, s)] + ([("B", j, s + 1)] if s < pp - 1 else [])
+                if any(d not in end for d in deps):
+                    break
+                t0 = max([free[s], *(end[d] for d in deps)])
+                key = (kind, j, s)
+                start[key], end[key] = t0, t0 + (f if kind == "F" else b)
+                free[s] = end[key]
+                pos[s] += 1
+                moved = True
+        if not moved:  # cannot happen for these schedules; guards an infinite loop
+            raise RuntimeError("pipeline schedule deadlocked")
+    return start
+
+
+def chrome_trace(
+    graph: Graph,
+    report: dict[str, Any],
+    hw: Hardware,
+    attention: str = "flash",
+    training: bool = False,
+) -> dict[str, Any]:
+    """The trace document of the partition report `report` (PartitionReport.to_dict())."""
+    plan = graph.meta["partition"]
+    pp, m = plan.strategy.pp, plan.strategy.microbatches
+    segs = _segments(graph, hw, attention, training)
+    nodes = sum(len(f) + len(b) for f, b in segs)
+    if nodes * m * len(report["devices"]) > MAX_EVENTS:
+        segs = [[_coarse(graph, f), _coarse(graph, b)] for f, b in segs]
+    f = max(sum(t for _, _, t in st[0]) for st in segs)
+    b = max(sum(t for _, _, t in st[1]) for st in segs) if training else 0.0
+    start = timeline(pp, m, f, b, training)
+    pipe_end = (m + pp - 1) * (f + b)
+    us = 1e6
+    events: list[dict[str, Any]] = []
+    for dev in report["devices"]:
+        pid, st = dev["rank"], dev["coords"]["pp"]
+        where = [f"{k} {v}" for k, v in dev["coords"].items() if report["mesh"][k] > 1]
+        label = f"device {pid}: stage {st}" + "".join(f", {w}" for w in where if w[:2] != "pp")
+        events.append(_meta(pid, "process_name", label))
+        events.append(_meta(pid, "process_sort_index", pid, key="sort_index"))
+        events.append(_meta(pid, "thread_name", "compute", tid=COMPUTE))
+        events.append(_meta(pid, "thread_name", "communication", tid=COMM))
+        busy = []
+        for (kind, j, s), t0 in sorted(start.items(), key=lambda kv: kv[1]):
+            if s != st:
+                continue
+            busy.append((t0, t0 + (f if kind == "F" else b)))
+            cursor = t0
+            pass_ = "forward" if kind == "F" else "backward"
+            for name, lane, t in segs[st][0 if kind == "F" else 1]:
+                if t <= 0:
+                    continue
+                events.append(
+                    {
+                        "name": name,
+                        "cat": "communication" if lane == COMM else "compute",
+                        "ph": "X",
+                        "ts": cursor * us,
+                        "dur": t * us,
+                        "pid": pid,
+                        "tid": lane,
+                        "args": {"microbatch": j, "pass": pass_, "stage": st},
+                    }
+                )
+                cursor += t
+        t = 0.0
+        for a, z in busy + [(pipe_end, pipe_end)]:
+            if a > t + 1e-15:
+                events.append(_bubble(pid, st, t, a - t))
+            t = max(t, z)
+        cursor = pipe_end
+        for c in report["collectives"]:
+            if c.get("gradient") and c["stage"] == st and c["seconds"]:
+                events.append(
+                    {
+                        "name": c["name"],
+                        "cat": "gradient reduction",
+                        "ph": "X",
+                        "ts": cursor * us,
+                        "dur": c["seconds"] * us,
+                        "pid": pid,
+                        "tid": COMM,
+                        "args": {"bytes": c["bytes"], "group_size": c["group_size"]},
+                    }
+                )
+                cursor += c["seconds"]
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "schedule": "1F1B" if training else "GPipe (forward only)",
+            "stages": pp,
+            "microbatches": m,
+            "slot_forward_us": f * us,
+            "slot_backward_us": b * us,
+            "pipeline_us": pipe_end * us,
+            "bubble": (pp - 1) / (m + pp - 1),
+        },
+    }
+
+
+def _meta(pid: int, name: str, value: Any, tid: int = 0, key: str = "name") -> dict[str, Any]:
+    return {"name": name, "ph": "M", "pid": pid, "tid": tid, "args": {key: value}}
+
+
+def _bubble(pid: int, stage: int, t0: float, dur: float) -> dict[str, Any]:
+    return {
+        "name": "bubble",
+        "cat": "bubble",
+        "ph": "X",
+        "ts": t0 * 1e6,
+        "dur": dur * 1e6,
+        "pid": pid,
+        "tid": COMPUTE,
+        "args": {"stage": stage},
+    }
+
+
+def write_trace(path: str | Path, doc: dict[str, Any]) -> Path:
+    """Write the trace atomically (whole or not at all)."""
+    return write_atomic(path, lambda p: p.write_text(json.dumps(doc)))

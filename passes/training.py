@@ -1,0 +1,326 @@
+"""Training memory of one rank: weights, gradients, optimizer state, saved activations, ZeRO.
+
+Conventions (README, "Training"):
+- Mixed-precision Adam as in ZeRO (Rajbhandari et al. 2020, sec. 3): weights and gradients in the
+  weight dtype (2 + 2 bytes a parameter in bf16), the optimizer state in fp32: 4 bytes of master
+  weights when the weight dtype is narrower than fp32, 8 bytes of first and second moments; 16
+  bytes a parameter in all for bf16 (their K = 12), 16 for fp32 weights too (no master copy).
+- ZeRO over the data-parallel group of each weight, the ranks that hold the same shard of it (dp,
+  and the cp and ep ranks that do not cut it): stage 1 shards the optimizer state, 2 the gradients
+  too, 3 (FSDP) the weights too.
+- Gradient reduction, once a step over that group: stage 0 all-reduces the gradients (ring,
+  2(n-1)/n of them per device); 1 and 2 reduce-scatter them and all-gather the updated weights;
+  3 all-gathers the weights in the forward and again in the backward pass and reduce-scatters the
+  gradients (1.5x the volume).
+- Saved activations come from the graph: the tensors the backward pass reads. A contraction needs
+  its non-weight inputs, a norm and a nonlinear elementwise op (SiLU, GELU, sigmoid) its input, a
+  product of two activations both inputs, softmax its output; linear ops (adds, scaling, masks,
+  RoPE, reshapes) need nothing. A tensor made by a copy (repeat_kv) or gathered by a collective is
+  kept as its source and copied or gathered again (as Megatron's sequence parallelism does). Fused
+  (flash) attention keeps no T x S tensor: it saves the softmax's log-sum-exp (fp32, B x H x T)
+  and recomputes the rest. `recompute="selective"` also drops the T x S tensors under naive
+  attention (Megatron's selective recomputation) and every elementwise output that a cheap op
+  remakes from tensors already kept (SiLU(gate), the gated product); `"full"` keeps only each
+  layer's input and recomputes one layer at a time in the backward pass (that layer's tensors are
+  the working set). The logits are kept for the loss.
+- Against Korthikanti et al. 2022 ("Reducing activation recomputation", table 2): a GPT layer
+  saves sbh(34 + 5as/h) bytes in 16-bit, 34sbh with selective recomputation, 2sbh with full.
+  Without dropout (3as²b + 2sbh of masks and dropped-out scores), with GQA (K and V at g/a of the
+  width) and a SwiGLU MLP of width f (gate, up, SiLU(gate) and their product, 8sbf in place of the
+  GELU MLP's 16sbh), the same counting gives sbh(6 + 4g/a + 4 + 2 + 8f/h) + 2as²b, which is what
+  this module derives (tests/passes/test_training.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from graphllm.errors import ConfigError
+from graphllm.ir import Graph, Node, Ref
+from graphllm.ops import COMMUNICATION, CONTRACTION, ELEMENTWISE, OPS, SOURCE
+from graphllm.passes.attention_region import core_attention_region
+from graphllm.passes.cost import scopes_of
+from graphllm.workload import dtype as dtype_of
+
+RECOMPUTE = ("none", "selective", "full")
+ZERO_STAGES = (0, 1, 2, 3)
+DP_AXES = ("dp", "cp", "ep")  # mesh axes whose ranks see other tokens: their gradients add up
+MOMENTS_BYTES = 8  # Adam's first and second moments in fp32
+MASTER_BYTES = 4  # fp32 master weights, when the weights are narrower
+
+# What the backward pass of an op reads, beyond what its category implies (contractions read
+# their inputs; norms their input): "inputs" or "output". Ops not listed read nothing (linear).
+BACKWARD_READS = {
+    "rmsnorm": "inputs",
+    "softmax": "output",
+    "normalize": "inputs",
+    "silu": "inputs",
+    "gelu_tanh": "inputs",
+    "sigmoid": "inputs",
+    "mul": "inputs",
+    "gate_mul": "inputs",
+}
+COPIES = frozenset({"repeat_kv", "all_gather", "shard_slice"})  # redone in the backward pass
+
+
+@dataclass(frozen=True)
+class TrainingOptions:
+    """How a training step keeps its state: recomputation and ZeRO stage (Adam optimizer)."""
+
+    recompute: str = "none"
+    zero: int = 0
+
+    def __post_init__(self) -> None:
+        if self.recompute not in RECOMPUTE:
+            raise ConfigError(f"--recompute must be one of {', '.join(RECOMPUTE)}")
+        if self.zero not in ZERO_STAGES:
+            raise ConfigError(f"--zero must be 0, 1, 2 or 3, got {self.zero!r}")
+
+
+def _nbytes(dt: str, numel: float) -> float:
+    return 8 * numel if dt == "int64" else dtype_of(dt).nbytes(numel)
+
+
+def _layer(graph: Graph, name: str) -> str:
+    for prefix, kind in scopes_of(graph, name):
+        if kind == "layer":
+            return prefix
+    return ""  # embedding, final norm, LM head
+
+
+@dataclass(frozen=True)
+class Activations:
+    """Bytes one microbatch keeps for the backward pass, and what recomputation adds while it runs."""
+
+    saved: float
+    working: float  # recomputed during the backward pass, one layer at a time
+    per_layer: dict[str, float] = field(default_factory=dict)  # '' holds what no layer holds
+
+    @property
+    def total(self) -> float:
+        return self.saved + self.working
+
+
+def saved_activations(
+    graph: Graph,
+    recompute: str = "none",
+    attention: str = "flash",
+    names: set[str] | None = None,
+) -> Activations:
+    """The tensors the backward pass reads, over the nodes in `names` (all by default)."""
+    b = graph.bindings
+    region = core_attention_region(graph)
+    pairs = region.pairs  # the T x S tensors of core attention
+    drop_pairs = attention == "flash" or recompute == "selective"
+
+    def root(r: Ref) -> Ref:
+        while True:
+            n = graph[r.node]
+            if n.op in COPIES or (OPS[n.op].view and n.inputs):
+                r = n.inputs[0]
+            else:
+                return r
+
+    kept: dict[Ref, str] = {}  # tensor -> the layer whose backward reads it
+    for n in graph.nodes():
+        if names is not None and n.name not in names:
+            continue
+        spec = OPS[n.op]
+        if spec.category in (SOURCE, COMMUNICATION):
+            continue
+        reads = "inputs" if spec.category == CONTRACTION else BACKWARD_READS.get(n.op)
+        if reads == "output":
+            refs = [Ref(n.name, i) for i in range(len(n.outputs))]
+        elif reads == "inputs":
+            refs = list(n.inputs)
+        else:
+            continue
+        for r in refs:
+            r = root(r)
+            if OPS[graph[r.node].op].category == SOURCE:
+                continue  # weights and graph inputs are held anyway
+            if drop_pairs and r.node in pairs:
+                continue
+            kept.setdefault(r, _layer(graph, n.name))
+    extra: dict[str, float] = defaultdict(float)
+    if attention == "flash":  # the softmax's log-sum-exp per query row (fp32)
+        for n in graph.nodes("softmax"):
+            if n.name in region.pairs and (names is None or n.name in names):
+                t = n.out
+                extra[_layer(graph, n.name)] += 4 * t.numel(b) / t.shape(b)[-1]
+    for k, r in graph.outputs.items():
+        if k == "logits" and (names is None or r.node in names):
+            kept.setdefault(root(r), "")
+    if recompute == "selective":
+        remade = _remade(graph, set(kept), root)
+        kept = {r: lay for r, lay in kept.items() if r not in remade}
+    per_layer: dict[str, float] = defaultdict(float, extra)
+    for r, lay in kept.items():
+        t = graph.type_of(r)
+        per_layer[lay] += _nbytes(t.dtype, t.numel(b))
+    working = 0.0
+    if recompute == "full":
+        full = dict(per_layer)
+        per_layer = defaultdict(float, {"": full.get("", 0.0)})
+        for lay, x in _layer_inputs(graph, names).items():
+            per_layer[lay] += x
+        working = max((v for k, v in full.items() if k), default=0.0)
+    return Activations(sum(per_layer.values()), working, dict(per_layer))
+
+
+def _remade(graph: Graph, kept: set[Ref], root: Any) -> set[Ref]:
+    """Elementwise outputs that elementwise ops remake from kept tensors (or remade ones)."""
+    avail: set[Ref] = set(kept)
+    out: set[Ref] = set()
+    for n in graph.nodes():
+        spec = OPS[n.op]
+        if spec.category == SOURCE:
+            avail.add(Ref(n.name))
+        elif spec.category == ELEMENTWISE and all(root(x) in avail for x in n.inputs):
+            avail.add(Ref(n.name))
+            out.add(Ref(n.name))
+    return out
+
+
+def _layer_inputs(graph: Graph, names: set[str] | None) -> dict[str, float]:
+    """Bytes of the tensors that enter each layer from outside it (the residual stream)."""
+    b = graph.bindings
+    out: dict[str, float] = defaultdict(float)
+    seen: set[Ref] = set()
+    for n in graph.nodes():
+        if names is not None and n.name not in names:
+            continue
+        lay = _layer(graph, n.name)
+        if not lay or OPS[n.op].category == SOURCE:
+            continue
+        for r in n.inputs:
+            src = graph[r.node]
+            if OPS[src.op].category == SOURCE or _layer(graph, r.node) == lay or r in seen:
+                continue
+            seen.add(r)
+            t = graph.type_of(r)
+            out[lay] += _nbytes(t.dtype, t.numel(b))
+    return out
+
+
+# -- weights, gradients, optimizer state -------------------------------------------------------
+def dp_group(node: Node, mesh: Any) -> tuple[tuple[str, ...], int]:
+    """The mesh axes over which `node` (a weight) is replicated while the tokens differ."""
+    if mesh is None:
+        return (), 1
+    sh = node.meta.get("sharding", (None,))[0]
+    cut = {m for axis in sh.axes for m, _ in axis} if sh is not None else set()
+    axes = tuple(a for a in DP_AXES if a not in cut and mesh.size(a) > 1)
+    return axes, math.prod(mesh.size(a) for a in axes)
+
+
+@dataclass(frozen=True)
+class TrainingMemory:
+    """One rank's bytes during a training step."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float  # saved for backward, times the microbatches in flight
+    activations_working: float  # recomputed in the backward pass (full recomputation)
+    microbatches_in_flight: int
+    recompute: str
+    zero: int
+    collectives: list[dict[str, Any]] = field(default_factory=list)  # the gradient reduction
+
+    @property
+    def total(self) -> float:
+        return (
+            self.weights
+            + self.gradients
+            + self.optimizer
+            + self.activations
+            + self.activations_working
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"total": self.total}
+
+
+def _comm(name: str, kind: str, payload: float, n: int, axes: tuple[str, ...]) -> dict[str, Any]:
+    wire = (2 if kind == "all_reduce" else 1) * (n - 1) / n * payload
+    return {
+        "name": name,
+        "kind": kind,
+        "bytes": payload,
+        "group_size": n,
+        "wire_bytes_per_device": wire,
+        "mesh_axis": "+".join(axes),
+        "count": 1,  # once a step
+    }
+
+
+def gradient_collectives(
+    groups: dict[tuple[str, ...], tuple[float, float, int]], zero: int
+) -> list[dict[str, Any]]:
+    """The gradient reduction's collectives: per group, (gradient bytes, weight bytes, size)."""
+    out = []
+    for axes, (grads, weights, n) in groups.items():
+        if n <= 1:
+            continue
+        tag = "grads" + ("" if len(groups) == 1 else f"[{'+'.join(axes)}]")
+        if zero == 0:
+            out.append(_comm(f"{tag}.all_reduce", "all_reduce", grads, n, axes))
+            continue
+        out.append(_comm(f"{tag}.reduce_scatter", "reduce_scatter", grads, n, axes))
+        if zero == 3:
+            out.append(_comm(f"{tag}.all_gather.forward", "all_gather", weights, n, axes))
+            out.append(_comm(f"{tag}.all_gather.backward", "all_gather", weights, n, axes))
+        else:
+            out.append(_comm(f"{tag}.all_gather", "all_gather", weights, n, axes))
+    return out
+
+
+def training_memory(
+    graph: Graph,
+    opts: TrainingOptions,
+    attention: str = "flash",
+    names: set[str] | None = None,
+    in_flight: int = 1,
+) -> TrainingMemory:
+    """Training memory of one rank of `graph` (partitioned or not), over the nodes in `names`.
+
+    `in_flight`: microbatches whose activations a rank holds at once (pipeline schedules).
+    """
+    plan = graph.meta.get("partition")
+    mesh = plan.mesh if plan is not None else None
+    if opts.zero and (mesh is None or mesh.size("dp") == 1):
+        raise ConfigError("--zero shards over the data parallel group: give --dp N with N > 1")
+    b = graph.bindings
+    weights = grads = optim = 0.0
+    groups: dict[tuple[str, ...], list[float]] = {}
+    for p in graph.params():
+        if names is not None and p.name not in names:
+            continue
+        numel = p.out.numel(b)
+        wb = _nbytes(p.out.dtype, numel)
+        master = MASTER_BYTES if dtype_of(p.out.dtype).nbytes(1) < 4 else 0
+        axes, n = dp_group(p, mesh)
+        z = {k: n if opts.zero >= k else 1 for k in (1, 2, 3)}
+        weights += wb / z[3]
+        grads += wb / z[2]
+        optim += (master + MOMENTS_BYTES) * numel / z[1]
+        g = groups.setdefault(axes, [0.0, 0.0, n])
+        g[0] += wb
+        g[1] += wb
+    act = saved_activations(graph, opts.recompute, attention, names)
+    colls = gradient_collectives({k: tuple(v) for k, v in groups.items()}, opts.zero)
+    return TrainingMemory(
+        weights=weights,
+        gradients=grads,
+        optimizer=optim,
+        activations=in_flight * act.saved,
+        activations_working=act.working,
+        microbatches_in_flight=in_flight,
+        recompute=opts.recompute,
+        zero=opts.zero,
+        collectives=colls,
+    )

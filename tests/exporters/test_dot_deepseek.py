@@ -1,0 +1,32 @@
+"""The diagrams draw MLA (both forms) and DeepSeek's grouped sigmoid router."""
+
+import pytest
+
+from graphllm import Workload, build_graph, load_config
+from graphllm.exporters.dot import view_dot
+
+
+@pytest.mark.parametrize("mla", ["naive", "absorbed"])
+def test_attention_view_draws_mla(mla):
+    g = build_graph(load_config("deepseek-v3"), Workload(seq_len=4, past_len=3), mla=mla)
+    dot = view_dot(g, "attention", layer=3)
+    for part in ("q_a_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "o_proj", "RoPE (pairs"):
+        assert part in dot, part
+    assert ("q · W_uk" in dot) == (mla == "absorbed")
+    assert ("kv_b_proj" in dot) and (("latent → per-head K/V" in dot) == (mla == "naive"))
+
+
+def test_ffn_view_draws_the_grouped_sigmoid_router_and_shared_experts():
+    g = build_graph(load_config("deepseek-v3"), Workload(seq_len=4))
+    dot = view_dot(g, "ffn", layer=3)
+    for part in ("sigmoid", "correction bias", "best 4 of 8 groups", "unbiased weights", "top-8"):
+        assert part in dot, part
+    assert "shared_experts" in dot
+    dense = view_dot(g, "ffn", layer=0)  # first_k_dense_replace: a gated MLP
+    assert "gate_proj" in dense and "router" not in dense
+
+
+@pytest.mark.parametrize("view", ["model", "block", "tokens"])
+def test_other_views_render(view):
+    g = build_graph(load_config("deepseek-v2-lite"), Workload(seq_len=4))
+    assert view_dot(g, view, layer=1).startswith("digraph")

@@ -1,0 +1,148 @@
+"""`graphllm bench` and runtime.bench: IO-bound steps equal plain runs, medians and predictions,
+calibrating first when `local` has no calibration, the command line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+
+ort = pytest.importorskip("onnxruntime")
+
+import graphllm  # noqa: E402
+from graphllm.cli import main  # noqa: E402
+from graphllm.exporters.onnx import export_onnx  # noqa: E402
+from graphllm.runtime import OnnxModel, _Bound, bench, time_generation  # noqa: E402
+
+TINY = Path(__file__).parent.parent / "examples" / "tiny.yaml"
+SHORT = ["--prompt-len", "6", "--new-tokens", "3", "--repeats", "2", "--warmup", "1"]
+
+
+@pytest.fixture(scope="module")
+def tiny_onnx(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("bench") / "tiny.onnx"
+    export_onnx(graphllm.load_config(TINY), path, seed=1)
+    return path
+
+
+def test_bound_steps_are_plain_runs(tiny_onnx):
+    m = OnnxModel(tiny_onnx, device="cpu", threads=1)
+    bound = _Bound(m)
+    ids = np.random.default_rng(0).integers(0, 256, (2, 5))
+    mask = np.ones_like(ids)
+    mask[1, :2] = 0  # left padding: positions from the mask
+    outs = bound.step(bound.inputs(ids, mask), None)
+    plain = m.forward(ids, mask)
+    np.testing.assert_allclose(outs[0].numpy(), plain["logits"], atol=1e-6, rtol=0)
+    for _ in range(3):  # presents bound as the next past, never copied to numpy
+        nxt = plain["logits"][:, -1].argmax(-1)[:, None]
+        mask = np.concatenate([mask, np.ones_like(nxt)], axis=1)
+        outs = bound.step(bound.inputs(nxt, mask), outs)
+        plain = m.forward(nxt, mask, past={k: v for k, v in plain.items() if k != "logits"})
+        np.testing.assert_allclose(outs[0].numpy(), plain["logits"], atol=1e-6, rtol=0)
+    assert outs[1].shape() == [2, 2, 8, 16]  # present.0.key
+
+
+def test_time_generation_counts_repeats_and_steps(tiny_onnx):
+    ticks = []
+    t = time_generation(OnnxModel(tiny_onnx, "cpu"), 4, 3, repeats=2, warmup=1, tick=ticks.append)
+    assert len(t.prefill) == len(t.decode) == 2 and min(t.prefill + t.decode) > 0
+    assert ticks == (["prefill"] + ["decode"] * 3) * 3
+
+
+def test_bench_beside_a_preset_prediction(tiny_onnx):
+    r = bench(tiny_onnx, prompt_len=6, new_tokens=3, repeats=2, threads=1, hardware="h100")
+    assert (r.model, r.lowering, r.threads) == ("tiny", "standard", 1)
+    assert r.provider == "CPUExecutionProvider"
+    assert r.hardware == "h100-sxm" and not r.calibrated
+    d = r.to_dict()
+    assert d["measured"]["decode_ms_per_token"] == pytest.approx(1e3 * r.decode_s)
+    assert d["measured"]["tokens_per_second"] == pytest.approx(1 / r.decode_s)
+    ratio = d["measured_over_predicted"]
+    assert ratio["prefill"] == pytest.approx(r.prefill_s / r.predicted_prefill_s)
+    assert ratio["decode"] > 1  # a CPU is slower than an H100
+    assert bench(tiny_onnx, 6, 3, repeats=1, hardware=None).to_dict()["predicted"] is None
+
+
+def test_bench_calibrates_local_first(tiny_onnx, tmp_path, monkeypatch):
+    import graphllm.calibrate as cal
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    real = cal.calibrate
+    sizes = {"matmul_size": 64, "buffer_bytes": 1 << 20, "repeats": 1}
+    monkeypatch.setattr(cal, "calibrate", lambda **kw: real(**(kw | sizes)))
+    said: list[str] = []
+    r = bench(tiny_onnx, 6, 3, repeats=1, hardware="local", say=said.append)
+    assert r.calibrated and r.hardware == "local" and r.predicted_decode_s > 0
+    assert said and said[0].startswith("no calibration for this machine: calibrating it first")
+    assert (tmp_path / "graphllm" / "hardware-local.yaml").is_file()
+    said.clear()
+    r = bench(tiny_onnx, 6, 3, repeats=1, hardware="local", say=said.append)
+    assert not r.calibrated and not said
+
+
+def test_cli_bench_json_and_text(tiny_onnx):
+    r = CliRunner().invoke(main, ["bench", str(tiny_onnx), *SHORT, "--hardware", "h100", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["lowering"] == "standard" and doc["prompt_len"] == 6 and doc["new_tokens"] == 3
+    assert (
+        set(doc["measured"])
+        == set(doc["predicted"])
+        == {
+            "prefill_ms",
+            "prefill_tokens_per_second",
+            "decode_ms_per_token",
+            "tokens_per_second",
+        }
+    )
+    r = CliRunner().invoke(main, ["bench", str(tiny_onnx), *SHORT, "--hardware", "h100"])
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert "standard lowering" in lines[0] and "median of 2" in lines[0]
+    assert "measured/predicted" in lines[1]
+    assert [ln.split()[:2] for ln in lines[2:]] == [
+        ["prefill", "ms"],
+        ["prefill", "tokens/s"],
+        ["decode", "ms/token"],
+        ["decode", "tokens/s"],
+    ]
+
+
+def test_cli_bench_exports_a_config_first():
+    args = ["bench", "--config", str(TINY), "--ops", "ort", *SHORT, "--no-predict", "--json"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["lowering"] == "ort"
+    assert "exported tiny (ort lowering, random weights)" in r.stderr
+
+
+def test_cli_bench_errors_are_one_line(tiny_onnx, tmp_path):
+    bare = tmp_path / "bare.onnx"
+    onnx.save(onnx.load(str(tiny_onnx)).__class__(), str(bare))  # an empty ModelProto
+    cases = [
+        ([], "give MODEL.onnx"),
+        ([str(tiny_onnx), "--model", "llama3-8b"], "give MODEL.onnx"),
+        ([str(tiny_onnx), "--ops", "ort"], "--ops chooses the lowering of an export"),
+        ([str(bare)], "no graphllm metadata"),
+        ([str(tmp_path / "none.onnx")], "no such ONNX model"),
+    ]
+    for args, message in cases:
+        r = CliRunner().invoke(main, ["bench", *args, "--no-predict"])
+        assert r.exit_code == 2, (args, r.output)
+        assert r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+
+
+def test_cli_stays_light():
+    code = (
+        "import sys, graphllm.cli, graphllm.runtime\n"
+        "heavy = {'onnxruntime', 'torch', 'onnx', 'rich.progress'} & set(sys.modules)\n"
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
