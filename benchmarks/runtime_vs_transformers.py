@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 THREADS, PROMPT, NEW = 2, 128, 64
+PAUSE = 0.5  # seconds between runs: idle threads of the one before stop spinning
 LLAMA = {
     "vocab_size": 32000,
     "hidden_size": 512,
@@ -125,8 +126,10 @@ def main() -> int:
         runs |= {label: [] for label in models}
         for r in range(1 + args.repeats):
             reads.append(read_bandwidth(calibrate, streamed))
+            time.sleep(PAUSE)
             got = [transformers_run(hf, ids)]
             for m in models.values():
+                time.sleep(PAUSE)  # torch's OpenMP workers spin a while after its last op
                 t = time_generation(m, PROMPT, NEW, repeats=1, warmup=0)
                 got.append((t.prefill[0], t.decode[0]))
             if r:

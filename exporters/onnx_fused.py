@@ -13,10 +13,12 @@
   ops; QuickGelu(alpha=1) for SiLU.
 
 Both compute Q/K/V (and a gated MLP's gate and up) with one MatMul, split after it, and store
-every weight they multiply by as (in, out), so no Transpose runs when onnxruntime loads them. Initializer names: a checkpoint tensor stored as it is
-keeps its name; `NAME.T` is its transpose; `<attention scope>.qkv_proj.weight.T` packs Q, K and V
-(Phi-3's `qkv_proj` itself, transposed); `NAME+1` adds a norm's weight offset (Gemma);
-`<moe scope>.experts.*.gate_up_interleaved.weight` interleaves each expert's gate and up rows.
+every weight they multiply by as (in, out), so no Transpose runs when onnxruntime loads them.
+Initializer names: a checkpoint tensor stored as it is keeps its name; `NAME.T` is its
+transpose; `<attention scope>.qkv_proj.weight.T` packs Q, K and V (Phi-3's `qkv_proj` itself,
+transposed) and `<mlp scope>.gate_up_proj.weight.T` gate and up; `NAME+1` adds a norm's weight
+offset (Gemma); `<moe scope>.experts.*.gate_up_interleaved.weight` interleaves each expert's
+gate and up rows.
 
 Where `ort` departs from the IR, on purpose: a fused rotary embedding rotates by cache index
 (GroupQueryAttention reads `position_ids` for the first token of a prompt only, so it is not

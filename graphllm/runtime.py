@@ -423,7 +423,10 @@ def _bar(show: bool, total: int) -> Iterator[Callable[[str], None] | None]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     cols = (TextColumn("bench {task.fields[phase]}"), BarColumn(), MofNCompleteColumn())
-    with Progress(*cols, console=Console(stderr=True), transient=True) as bars:
+    # a slow refresh: rich renders from its own thread, beside the runs being timed
+    with Progress(
+        *cols, console=Console(stderr=True), transient=True, refresh_per_second=2
+    ) as bars:
         task = bars.add_task("bench", total=total, phase="")
         yield lambda phase: bars.update(task, advance=1, phase=phase)
 
