@@ -96,18 +96,7 @@ def export(
         raise ConfigError("give --weights DIR or --no-weights, not both")
     if weights is not None and config_path is None and preset is None:
         config_path = weights  # a checkpoint folder holds its config.json
-    options: dict[str, Any] = {
-        "config_path": config_path,
-        "preset": preset,
-        "batch": None,
-        "seq_len": None,
-        "past_len": None,
-        "dtype": dtype,
-        "weight_dtype": None,
-        "act_dtype": None,
-        "kv_dtype": None,
-        "logits": logits,
-    }
+    options = _model_only(config_path, preset, dtype, logits)
     config, workload = resolve(options)
     # a `kill` ends the export like Ctrl-C does: the partial files are removed on the way out
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
@@ -186,18 +175,7 @@ def bench(
         if model_path is None:
             from graphllm.exporters.onnx import export_onnx
 
-            options: dict[str, Any] = {
-                "config_path": config_path,
-                "preset": preset,
-                "batch": None,
-                "seq_len": None,
-                "past_len": None,
-                "dtype": dtype,
-                "weight_dtype": None,
-                "act_dtype": None,
-                "kv_dtype": None,
-                "logits": None,
-            }
+            options = _model_only(config_path, preset, dtype, None)
             config, workload = resolve(options)
             model_path = Path(tmp) / "model.onnx"
             r = export_onnx(
@@ -247,6 +225,24 @@ def _num(x: float) -> str:
     if x >= 1e6 or x < 1e-3:
         return f"{x:.3e}"
     return f"{x:,.0f}" if x >= 1000 else f"{x:.4g}"
+
+
+def _model_only(
+    config_path: Path | None, preset: str | None, dtype: str, logits: str | None
+) -> dict[str, Any]:
+    """The options `resolve` takes, for commands whose workload is only a dtype (and logits)."""
+    return {
+        "config_path": config_path,
+        "preset": preset,
+        "batch": None,
+        "seq_len": None,
+        "past_len": None,
+        "dtype": dtype,
+        "weight_dtype": None,
+        "act_dtype": None,
+        "kv_dtype": None,
+        "logits": logits,
+    }
 
 
 def onnx_token_check(
