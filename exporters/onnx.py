@@ -269,31 +269,39 @@ def _last_position(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("Slice", [i[0], c.const([-1]), c.const([_INT64_MAX]), c.const([1])], n, o)
 
 
-def _rotary_tables(c: Lowering, pos: str, n: Node) -> tuple[str, str]:
-    """cos and sin (B, 1, T, hd) for the position ids, once per distinct frequency set."""
+def rotary_tables(
+    c: Lowering, pos: str, n: Node, full: bool = True, head_axis: bool = True
+) -> tuple[str, str]:
+    """cos and sin of the position ids' angles, built once per distinct frequency set and form.
+
+    Each angle is position x inv_freq (scaled by the node's attention_scaling): (B, T, hd/2), or
+    with `full` repeated to (B, T, hd) as rotate-half RoPE reads it, and with `head_axis` given a
+    head axis, (B, 1, T, ·), to broadcast over the heads."""
     inv = np.asarray(n.attrs["inv_freq"], dtype=np.float32)
     scale = float(n.attrs.get("attention_scaling", 1.0))
 
     def make() -> tuple[str, str]:
         s = "model.rotary_emb"
         p = c.op("Unsqueeze", [c.op("Cast", [pos], s, to=TensorProto.FLOAT), c.const([-1])], s)
-        freqs = c.op("Mul", [p, c.const(inv, "fp32", "inv_freq")], s)  # (B, T, hd/2)
-        emb = c.op("Concat", [freqs, freqs], s, axis=-1)  # (B, T, hd)
-        emb = c.op("Unsqueeze", [emb, c.const([1])], s)  # (B, 1, T, hd)
+        angles = c.op("Mul", [p, c.const(inv, "fp32", "inv_freq")], s)  # (B, T, hd/2)
+        if full:
+            angles = c.op("Concat", [angles, angles], s, axis=-1)  # (B, T, hd)
+        if head_axis:
+            angles = c.op("Unsqueeze", [angles, c.const([1])], s)  # (B, 1, T, ·)
         out = []
         for fn in ("Cos", "Sin"):
-            t = c.op(fn, [emb], s)
+            t = c.op(fn, [angles], s)
             if scale != 1.0:
                 t = c.op("Mul", [t, c.const(scale, "fp32", "attention_scaling")], s)
             out.append(c.cast(t, "fp32", c.dtype, s))
         return out[0], out[1]
 
-    return c.shared(("rope", pos, inv.tobytes(), scale), make)
+    return c.shared(("rope", pos, inv.tobytes(), scale, full, head_axis), make)
 
 
 @lowers("rope")
 def _rope(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
-    cos, sin = _rotary_tables(c, i[1], n)
+    cos, sin = rotary_tables(c, i[1], n)
     s = n.name
     x1, x2 = c.op("Split", [i[0]], s, n_out=2, axis=-1, num_outputs=2)
     rotated = c.op("Concat", [c.op("Neg", [x2], s), x1], s, axis=-1)  # (-x2, x1)

@@ -52,6 +52,7 @@ from graphllm.exporters.onnx import (
     Region,
     _allowed,
     _placed,
+    rotary_tables,
 )
 from graphllm.ir import Graph, Node, Ref
 from graphllm.model_config import FAMILIES, ModelConfig
@@ -301,26 +302,6 @@ def _gated(gate: Node, up: Node, act: Node, mul: Node, rows: dict[str, Lower]) -
 
 
 # -- standard: RMSNormalization, RotaryEmbedding, Attention ----------------------------------
-def _half_tables(c: Lowering, pos: str, rope: Node) -> tuple[str, str]:
-    """cos and sin (B, T, hd/2) of the position ids: RotaryEmbedding's 3-D caches."""
-    inv = np.asarray(rope.attrs["inv_freq"], dtype=np.float32)
-    scale = float(rope.attrs.get("attention_scaling", 1.0))
-
-    def make() -> tuple[str, str]:
-        s = "model.rotary_emb"
-        p = c.op("Unsqueeze", [c.op("Cast", [pos], s, to=1), c.const([-1])], s)  # (B, T, 1)
-        freqs = c.op("Mul", [p, c.const(inv, "fp32", "inv_freq")], s)  # (B, T, hd/2)
-        out = []
-        for fn in ("Cos", "Sin"):
-            t = c.op(fn, [freqs], s)
-            if scale != 1.0:
-                t = c.op("Mul", [t, c.const(scale, "fp32", "attention_scaling")], s)
-            out.append(c.cast(t, "fp32", c.dtype, s))
-        return out[0], out[1]
-
-    return c.shared(("half_rope", pos, inv.tobytes(), scale), make)
-
-
 def _bool_mask(c: Lowering, window: int | None) -> str:
     """(B, 1, T, S) bool: the attention_mask bits, and a sliding layer's window."""
 
@@ -343,7 +324,7 @@ def _standard_attention(a: Attn) -> Callable[[Lowering, dict[Ref, str]], None]:
         if a.q_norm is not None and a.k_norm is not None:
             q = _head_norm(c, q, a.q_norm, a.heads, a.head_dim)
             k = _head_norm(c, k, a.k_norm, a.kv_heads, a.head_dim)
-        cos, sin = _half_tables(c, names[a.positions], a.rope)
+        cos, sin = rotary_tables(c, names[a.positions], a.rope, full=False, head_axis=False)
         q = c.op("RotaryEmbedding", [q, cos, sin], f"{a.scope}.q_rope", num_heads=a.heads)
         k = c.op("RotaryEmbedding", [k, cos, sin], f"{a.scope}.k_rope", num_heads=a.kv_heads)
         attrs: dict[str, Any] = {
@@ -443,7 +424,7 @@ def _ort_attention(a: Attn) -> Callable[[Lowering, dict[Ref, str]], None]:
             k = _head_norm(c, k, a.k_norm, a.kv_heads, a.head_dim)
         fused = a.head_dim % GQA_ROTARY_MULTIPLE == 0
         if not fused:  # rotate first, by position_ids
-            cos, sin = _half_tables(c, names[a.positions], a.rope)
+            cos, sin = rotary_tables(c, names[a.positions], a.rope, full=False, head_axis=False)
             q = c.op("RotaryEmbedding", [q, cos, sin], f"{a.scope}.q_rope", num_heads=a.heads)
             k = c.op("RotaryEmbedding", [k, cos, sin], f"{a.scope}.k_rope", num_heads=a.kv_heads)
         ins = [q, k, v]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from graphllm.exporters.onnx import NP_TYPES, Lowering, _size, lowers
+from graphllm.exporters.onnx import NP_TYPES, Lowering, _size, lowers, rotary_tables
 from graphllm.ir import Node
 
 _INT64_MAX = np.iinfo(np.int64).max
@@ -29,30 +29,9 @@ def _dims(c: Lowering, n: Node, k: int = 0) -> tuple[int | None, ...]:
     return tuple(d.size for d in c.graph.type_of(n.inputs[k]).dims)  # type: ignore[misc]
 
 
-def _pair_tables(c: Lowering, pos: str, n: Node) -> tuple[str, str]:
-    """cos and sin (B, 1, T, e/2) of position * inv_freq, once per distinct frequency set."""
-    inv = np.asarray(n.attrs["inv_freq"], dtype=np.float32)
-    scale = float(n.attrs.get("attention_scaling", 1.0))
-
-    def make() -> tuple[str, str]:
-        s = "model.rotary_emb"
-        p = c.op("Unsqueeze", [c.op("Cast", [pos], s, to=TensorProto.FLOAT), c.const([-1])], s)
-        freqs = c.op("Mul", [p, c.const(inv, "fp32", "inv_freq")], s)  # (B, T, e/2)
-        freqs = c.op("Unsqueeze", [freqs, c.const([1])], s)  # (B, 1, T, e/2)
-        out = []
-        for fn in ("Cos", "Sin"):
-            t = c.op(fn, [freqs], s)
-            if scale != 1.0:
-                t = c.op("Mul", [t, c.const(scale, "fp32", "attention_scaling")], s)
-            out.append(c.cast(t, "fp32", c.dtype, s))
-        return out[0], out[1]
-
-    return c.shared(("rope_pairs", pos, inv.tobytes(), scale), make)
-
-
 @lowers("rope_pairs")
 def _rope_pairs(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
-    cos, sin = _pair_tables(c, i[1], n)
+    cos, sin = rotary_tables(c, i[1], n, full=False)  # (B, 1, T, e/2)
     s, x = n.name, i[0]
     end, two = c.const([_INT64_MAX]), c.const([2])
     x1 = c.op("Slice", [x, c.const([0]), end, c.const([-1]), two], s)  # x_2i
