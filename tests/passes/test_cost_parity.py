@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import json
+from typing import Any
 
 import pytest
 
@@ -94,7 +95,11 @@ def graphllm_matmul(model_id: str, workload: dict) -> int:
 
 def counted_flops(model_id: str, workload: dict) -> FlopCounterMode:
     """FlopCounterMode over one forward of the new tokens (a cache of P tokens filled first)."""
-    _, model = _models(model_id)
+    return count_forward(_models(model_id)[1], workload)
+
+
+def count_forward(model: Any, workload: dict) -> FlopCounterMode:
+    """FlopCounterMode over one forward of a meta-device model's new tokens, after P cached."""
     b, t, p = workload["batch"], workload["seq_len"], workload.get("past_len", 0)
     kwargs = {"logits_to_keep": 1} if workload.get("logits") == "last" else {}
     with torch.device("meta"), torch.no_grad():

@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+from test_cost_parity import count_forward  # noqa: E402  (the same counting, one copy)
 
 from graphllm import Workload, build_graph  # noqa: E402
 from graphllm.config import PRESETS_DIR, config_from_dict  # noqa: E402
@@ -56,17 +56,7 @@ def _models(preset: str):
 
 
 def counted(preset: str, workload: dict) -> int:
-    _, model = _models(preset)
-    b, t, p = workload["batch"], workload["seq_len"], workload.get("past_len", 0)
-    kwargs = {"logits_to_keep": 1} if workload.get("logits") == "last" else {}
-    with torch.device("meta"), torch.no_grad():
-        if p:
-            prefill = model(input_ids=torch.zeros((b, p), dtype=torch.long), use_cache=True)
-            kwargs |= {"cache": prefill.cache, "use_cache": True}
-        counter = FlopCounterMode(display=False)
-        with counter:
-            model(input_ids=torch.zeros((b, t), dtype=torch.long), **kwargs)
-    return counter.get_total_flops()
+    return count_forward(_models(preset)[1], workload).get_total_flops()
 
 
 def matmul_flops(preset: str, workload: dict, mla: str = "naive") -> int:
