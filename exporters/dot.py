@@ -61,6 +61,7 @@ KIND_TITLE = {
     "norms": "RMSNorm",
     "embedding": "embedding",
     "lm_head": "LM head",
+    "mtp": "MTP module",
 }
 LANE_NOUN = {"head": "head", "kv_head": "kv head", "expert": "expert"}
 
@@ -619,10 +620,19 @@ def model_view(ctx: _Ctx, layer: int, all_layers: bool) -> Drawing:
             runs.append([i])
     run_key = {layers[i]: f"blocks:{r[0]}" for r in runs for i in r}
     collapse = {name: run_key[lay] for name, lay in of_layer.items()}
+    # an MTP module's decoder block is one box; its norms, projection and head stay drawn
+    mtp = {f"mtp:{m['prefix']}": m for m in g.meta.get("mtp", [])}
+    collapse |= {name: key for key, m in mtp.items() for name in m["block"]}
     keep = [n for n in g.nodes() if OPS[n.op].category != SOURCE]
     runs_by_key = {f"blocks:{r[0]}": r for r in runs}
 
     def lines(key: str, members: list[Node]) -> list[str]:
+        if key in mtp:
+            p = mtp[key]["prefix"]
+            kinds = [ctx.scopes[c] for c in ctx.child_scopes(p) if ctx.scopes[c] != "norms"]
+            body = " + ".join(KIND_TITLE.get(k, k) for k in kinds)
+            head = f"MTP depth {mtp[key]['depth']}: decoder block"
+            return [head, p, body, ctx.summary(members)]
         r = runs_by_key[key]
         kinds = [ctx.scopes[c] for c in ctx.child_scopes(layers[r[0]]) if ctx.scopes[c] != "norms"]
         head = f"decoder block × {len(r)}" if len(r) > 1 else f"decoder block {r[0]}"

@@ -118,7 +118,8 @@ def deepseek_router(b: _Builder, p: str, logits: Node) -> tuple[Node | Ref, Ref]
     V2: softmax scores; 'greedy' top-k, or 'group_limited_greedy' (top-k inside the topk_group
     groups with the best single score). V3 ('noaux_tc'): sigmoid scores plus the stored
     e_score_correction_bias choose (groups ranked by their two best), the unbiased scores of the
-    chosen experts weight them. Then optional renormalisation and routed_scaling_factor.
+    chosen experts weight them. Then optional renormalisation and routed_scaling_factor (V2 with
+    norm_topk_prob and k > 1: renormalisation alone, as DeepSeek's modeling_deepseek.py does).
     """
     c, g = b.cfg, b.g
     n_exp = logits.out.dims[-1]
@@ -144,9 +145,12 @@ def deepseek_router(b: _Builder, p: str, logits: Node) -> tuple[Node | Ref, Ref]
     chosen = Ref(top.name, 1)
     if c.topk_method == "noaux_tc":
         weights = g.add("gather_k", f"{p}.router.gather", (scores, chosen))
-    if c.norm_topk_prob:
+    # DeepSeek-V2's own MoEGate renormalises top-k > 1 weights *instead of* scaling them;
+    # V3's (and transformers' V3) renormalises, then scales
+    v2_renorm = c.model_type == "deepseek_v2" and c.norm_topk_prob and c.num_experts_per_tok > 1
+    if c.norm_topk_prob and (v2_renorm or c.model_type != "deepseek_v2"):
         weights = g.add("normalize", f"{p}.router.normalize", (weights,))
-    if c.routed_scaling_factor != 1.0:
+    if c.routed_scaling_factor != 1.0 and not v2_renorm:
         attrs = {"value": c.routed_scaling_factor}
         weights = g.add("mul_const", f"{p}.router.scale", (weights,), attrs)
     return weights, chosen

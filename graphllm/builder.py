@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from graphllm import rope as rope_mod
 from graphllm.build_mla import MLA_FORMS, deepseek_router, mla_attention
+from graphllm.build_mtp import check_mtp, mtp_modules
 from graphllm.errors import ConfigError
 from graphllm.ir import Dim, Graph, Node, Ref, TensorType
 from graphllm.model_config import ModelConfig
@@ -26,22 +27,30 @@ P_W = Dim("P_w", "key_token")
 S_W = Dim("S_w", "key_token")
 
 
-def build_graph(config: ModelConfig, workload: Workload | None = None, mla: str = "naive") -> Graph:
+def build_graph(
+    config: ModelConfig, workload: Workload | None = None, mla: str = "naive", mtp: bool = False
+) -> Graph:
     """The decoder of `config` as an explicit op graph for `workload` (default: B=1, T=1, P=0).
 
     `mla` picks how an MLA model (DeepSeek-V2/V3) attends: 'naive' re-expands the cached latent
     every step, as transformers does; 'absorbed' folds the up projections into the query and the
-    output (graphllm.build_mla). Other models ignore it.
+    output (graphllm.build_mla). Other models ignore it. `mtp` adds DeepSeek-V3's
+    multi-token-prediction modules after the main model (graphllm.build_mtp); a config without
+    them is a ConfigError.
     """
     if mla not in MLA_FORMS:
         raise ConfigError(f"mla must be one of {', '.join(MLA_FORMS)}, got {mla!r}")
-    return _Builder(config, workload or Workload(), mla).build()
+    if mtp:
+        check_mtp(config)
+    return _Builder(config, workload or Workload(), mla, mtp).build()
 
 
 class _Builder:
-    def __init__(self, cfg: ModelConfig, wl: Workload, mla: str = "naive") -> None:
+    def __init__(
+        self, cfg: ModelConfig, wl: Workload, mla: str = "naive", mtp: bool = False
+    ) -> None:
         self.cfg, self.wl = cfg, wl
-        self.mla = mla
+        self.mla, self.mtp = mla, mtp
         bindings: dict[str, float] = dict(wl.bindings())
         if cfg.is_moe:
             # balanced routing: T*k token-expert pairs spread over E experts (need not be whole)
@@ -120,7 +129,7 @@ class _Builder:
             x = self.block(i, x)
             blocks.append(x.name)
         g.meta["blocks"] = blocks  # each block's output, for per-layer reports
-        x = self.rmsnorm("model.norm", x, self.d)
+        hidden = x = self.rmsnorm("model.norm", x, self.d)
         if self.wl.logits == "last":
             x = g.add("last_position", "model.last_position", (x,), {"axes": {"l": T_LAST}})
         self.scopes["lm_head"] = "lm_head"
@@ -129,16 +138,20 @@ class _Builder:
         else:
             logits = self.linear("lm_head", x, self.vocab, "lm_head")
         g.set_output("logits", logits)
+        if self.mtp:
+            mtp_modules(self, hidden)
         return g
 
-    def block(self, i: int, x: Node) -> Node:
-        """h = x + attn(norm1(x)); out = h + ffn(norm2(h))."""
+    def block(self, i: int, x: Node, kind: str = "layer", moe: bool | None = None) -> Node:
+        """h = x + attn(norm1(x)); out = h + ffn(norm2(h)). `kind` is the scope's kind (an MTP
+        module's block is not one of the main model's layers); `moe` overrides the layer's FFN."""
         p = f"model.layers.{i}"
-        self.scopes[p] = "layer"
+        self.scopes[p] = kind
         a = self.attention(f"{p}.self_attn", self.rmsnorm(f"{p}.input_layernorm", x, self.d), i)
         h = self.g.add("add", f"{p}.attn_residual", (x, a))
         n2 = self.rmsnorm(f"{p}.post_attention_layernorm", h, self.d)
-        f = self.moe(p, n2) if self.cfg.moe_layers[i] else self.mlp(f"{p}.mlp", n2)
+        routed = self.cfg.moe_layers[i] if moe is None else moe
+        f = self.moe(p, n2) if routed else self.mlp(f"{p}.mlp", n2)
         return self.g.add("add", f"{p}.mlp_residual", (h, f))
 
     # -- attention -----------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import click
 from graphllm.cli_common import (
     DTYPE_NAMES,
     attention_option,
+    deepseek_options,
     hardware_option,
     model_options,
     resolve,
@@ -39,14 +40,7 @@ def main() -> None:
 @hardware_option("h100")
 @attention_option("Fused core attention, or every op through memory (the score matrix included).")
 @click.option("--training", is_flag=True, help="Forward + backward FLOPs.")
-@click.option(
-    "--mla",
-    type=click.Choice(["naive", "absorbed"]),
-    default="naive",
-    show_default=True,
-    help="DeepSeek latent attention: re-expand the cached latent (as transformers), or fold the "
-    "up projections into the query and output.",
-)
+@deepseek_options
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead.")
 @click.option("--print-graph", is_flag=True, help="Print the graph, one line per node.")
 @click.option(
@@ -64,6 +58,7 @@ def trace(
     attention: str,
     training: bool,
     mla: str,
+    mtp: bool,
     as_json: bool,
     print_graph: bool,
     per_op: tuple[str, Path] | None,
@@ -80,7 +75,7 @@ def trace(
     if len(workloads) > 1:
         if per_op or print_graph:
             raise ConfigError("--per-op and --print-graph take one --seq-len, not a list")
-        rows = sweep(config, workloads, hw, attention, training, mla)
+        rows = sweep(config, workloads, hw, attention, training, mla, mtp)
         if plot:
             from graphllm.plot import plot_sweep
 
@@ -94,7 +89,7 @@ def trace(
         return
     if plot:
         raise ConfigError("--plot draws a sweep: give --seq-len a list, e.g. 128,1024,8192")
-    doc, graph = trace_report(config, workloads[0], hw, attention, training, mla)
+    doc, graph = trace_report(config, workloads[0], hw, attention, training, mla, mtp)
     if per_op:
         from graphllm.files import write_text_atomic
 

@@ -151,3 +151,21 @@ def hardware_option(default: str | None) -> Callable:
         show_default=True,
         help="Device preset (see `graphllm hardware`), a YAML/JSON spec file, or `local`.",
     )
+
+
+def deepseek_options(fn: Callable) -> Callable:
+    """--mla and --mtp: how a DeepSeek model attends, and whether its MTP modules are built."""
+    fn = click.option(
+        "--mtp",
+        is_flag=True,
+        help="DeepSeek-V3: include the multi-token-prediction modules (inputs "
+        "mtp.{k}.input_ids, outputs mtp.{k}.logits).",
+    )(fn)
+    return click.option(
+        "--mla",
+        type=click.Choice(["naive", "absorbed"]),
+        default="naive",
+        show_default=True,
+        help="DeepSeek latent attention: re-expand the cached latent (as transformers), or fold "
+        "the up projections into the query and output.",
+    )(fn)

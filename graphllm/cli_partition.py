@@ -11,7 +11,13 @@ from typing import Any
 
 import click
 
-from graphllm.cli_common import hardware_option, model_options, resolve, user_errors
+from graphllm.cli_common import (
+    deepseek_options,
+    hardware_option,
+    model_options,
+    resolve,
+    user_errors,
+)
 
 MAX_VERIFY_PARAMS = 200_000_000  # numpy runs every rank on one CPU: keep verification small
 
@@ -90,6 +96,7 @@ def _strategy(options: dict[str, Any]) -> Any:
     help="Fused core attention, or every op through memory.",
 )
 @training_options
+@deepseek_options
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead.")
 @click.option("--print-graph", is_flag=True, help="Print one rank's program, one line a node.")
 @click.option(
@@ -102,6 +109,8 @@ def _strategy(options: dict[str, Any]) -> Any:
 def partition(
     hardware: str | None,
     attention: str,
+    mla: str,
+    mtp: bool,
     as_json: bool,
     print_graph: bool,
     trace_path: Path | None,
@@ -122,7 +131,7 @@ def partition(
     hw = load_hardware(hardware) if hardware else None
     if trace_path is not None and hw is None:
         raise ConfigError("--trace times the schedule on a device: give --hardware NAME")
-    graph = partition_graph(build_graph(config, wl), strategy, hw)
+    graph = partition_graph(build_graph(config, wl, mla=mla, mtp=mtp), strategy, hw)
     if print_graph:
         click.echo(graph.print())
         return
@@ -248,9 +257,10 @@ def print_partition(doc: dict[str, Any]) -> None:
 @click.command("partition")
 @model_options
 @strategy_options
+@deepseek_options
 @click.option("--seed", type=int, default=0, show_default=True)
 @user_errors
-def verify_partition(seed: int, **options: Any) -> None:
+def verify_partition(seed: int, mla: str, mtp: bool, **options: Any) -> None:
     """Run the partitioned graph rank by rank in numpy and compare its logits with one device's.
 
     Exit 0 when they agree within 1e-5 (fp32), 1 with the largest differences otherwise.
@@ -264,7 +274,7 @@ def verify_partition(seed: int, **options: Any) -> None:
     strategy = _strategy(options)
     config, wl = resolve(options)
     wl = Workload.with_dtype(wl, dtype="fp32")
-    graph = build_graph(config, wl)
+    graph = build_graph(config, wl, mla=mla, mtp=mtp)
     params = sum(n.out.numel(graph.bindings) for n in graph.params())
     if params > MAX_VERIFY_PARAMS:
         raise ConfigError(
@@ -276,10 +286,12 @@ def verify_partition(seed: int, **options: Any) -> None:
         f"{config.name} (B={wl.batch} T={wl.seq_len} P={wl.past_len}), "
         f"{strategy.describe()} on {check.ranks} devices"
     )
-    if check.agrees():
-        click.echo(f"{what}: logits equal within 1e-5 (max |diff| {check.max_diff:.2e})")
+    mtp_diff = max((v for k, v in check.others.items() if k.startswith("mtp.")), default=None)
+    also = "" if mtp_diff is None else f", MTP logits {mtp_diff:.2e}"
+    if check.agrees() and (mtp_diff is None or mtp_diff <= 1e-5):
+        click.echo(f"{what}: logits equal within 1e-5 (max |diff| {check.max_diff:.2e}{also})")
         return
-    click.echo(f"{what}: logits differ, max |diff| {check.max_diff:.3e}")
+    click.echo(f"{what}: logits differ, max |diff| {check.max_diff:.3e}{also}")
     for idx, ref, got in check.differences():
         click.echo(f"  logits{list(idx)}: single device {ref:.6g}, partitioned {got:.6g}")
     sys.exit(1)

@@ -9,6 +9,7 @@ import click
 
 from graphllm.cli_common import (
     attention_option,
+    deepseek_options,
     hardware_option,
     model_options,
     resolve,
@@ -47,6 +48,7 @@ VIEWS = ["model", "block", "attention", "ffn", "tokens"]
 @hardware_option("h100")
 @attention_option("For --color bytes/time: fused core attention, or every op through memory.")
 @strategy_options
+@deepseek_options
 @click.option(
     "--lanes",
     type=click.IntRange(min=1),
@@ -71,6 +73,8 @@ def render(
     attention: str,
     lanes: int,
     renderer: str | None,
+    mla: str,
+    mtp: bool,
     **options: Any,
 ) -> None:
     """Draw the model the way it is usually explained: model, block, attention, ffn or tokens."""
@@ -96,7 +100,7 @@ def render(
         from graphllm.hardware import load_hardware
 
         hw = load_hardware(hardware)
-    graph = build_graph(config, workload)
+    graph = build_graph(config, workload, mla=mla, mtp=mtp)
     if split:
         from graphllm.passes.partition import partition
 

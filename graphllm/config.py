@@ -334,7 +334,7 @@ def _deepseek_fields(version: int) -> dict[str, Spec]:
         "topk_method": Spec(_str, "noaux_tc" if v3 else "greedy"),
         "scoring_func": Spec(_str, "sigmoid" if v3 else "softmax"),
         "routed_scaling_factor": Spec(_pos_float, 2.5 if v3 else 1.0),
-        **({"norm_topk_prob": Spec(_bool, True)} if v3 else {}),
+        "norm_topk_prob": Spec(_bool, v3),
         **({"rope_interleave": Spec(_bool, True)} if v3 else {}),
         **({"num_nextn_predict_layers": Spec(_nonneg_int, 1)} if v3 else {}),
     }
@@ -418,8 +418,10 @@ def _deepseek_moe(v: dict) -> dict:
             )
         if method == "noaux_tc" and e // groups < 2:
             raise ConfigError("noaux_tc ranks groups by their two best experts: n_group too large")
-    # DeepSeek's rule (transformers reads first_k_dense_replace alone; the same when freq is 1)
-    moe = tuple(i >= first and i % freq == 0 for i in range(n))
+    # DeepSeek's rule (transformers reads first_k_dense_replace alone; the same when freq is 1);
+    # the multi-token-prediction layers n, n+1, ... follow it too (vLLM's DeepseekV2DecoderLayer)
+    rule = [i >= first and i % freq == 0 for i in range(n + v.get("num_nextn_predict_layers", 0))]
+    moe = tuple(rule[:n])
     return {
         "num_experts": e,
         "num_experts_per_tok": k,
@@ -428,6 +430,7 @@ def _deepseek_moe(v: dict) -> dict:
         "norm_topk_prob": v.get("norm_topk_prob", False),
         "shared_expert_intermediate_size": v["n_shared_experts"] * v["moe_intermediate_size"],
         "moe_layers": moe,
+        "mtp_moe_layers": tuple(rule[n:]),
         "moe_naming": "deepseek",
         "scoring_func": scoring,
         "topk_method": method,
@@ -553,8 +556,7 @@ FAMILY_TABLE: dict[str, Family] = {
         derive=lambda v: _mla(v, 2),
         moe=_deepseek_moe,
         aliases={"num_experts": "n_routed_experts"},
-        # transformers' DeepseekV2 ignores norm_topk_prob while DeepSeek's own code renormalises
-        noop_only={"attention_bias": (False,), "mlp_bias": (False,), "norm_topk_prob": (False,)},
+        noop_only={"attention_bias": (False,), "mlp_bias": (False,)},
         mla=True,
     ),
     "deepseek_v3": Family(

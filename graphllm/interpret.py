@@ -78,6 +78,9 @@ def run_graph(
     weights: dict[str, np.ndarray],
     input_ids: np.ndarray,
     past: dict[str, np.ndarray] | None = None,
+    extra: dict[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Logits (B, T, vocab) and present K/V for token ids, optionally after a cached past."""
-    return Interpreter(graph, weights).run(default_feeds(graph, input_ids, past))
+    """Logits (B, T, vocab) and present K/V for token ids, optionally after a cached past;
+    `extra` feeds other inputs by name (DeepSeek's `mtp.{k}.input_ids`)."""
+    feeds = default_feeds(graph, input_ids, past) | (extra or {})
+    return Interpreter(graph, weights).run(feeds)

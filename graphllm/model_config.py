@@ -88,7 +88,9 @@ class ModelConfig:
     # DeepSeek routing: scores 'softmax' | 'sigmoid'; selection 'greedy' | 'group_limited_greedy'
     # (groups ranked by their best score) | 'noaux_tc' (sigmoid scores plus a stored
     # e_score_correction_bias pick the experts, groups ranked by their two best; the unbiased
-    # scores weight them); routed weights are multiplied by routed_scaling_factor
+    # scores weight them); routed weights are multiplied by routed_scaling_factor. DeepSeek-V2
+    # with norm_topk_prob and top-k > 1 renormalises the weights *instead of* scaling them (its
+    # modeling_deepseek.py MoEGate; transformers' DeepseekV2 ignores the flag)
     scoring_func: str = "softmax"
     topk_method: str = "greedy"
     n_group: int = 1
@@ -107,8 +109,10 @@ class ModelConfig:
     rope_layout: str = "half"
     # the softmax scale; None: head_dim ** -0.5 (MLA with yarn multiplies in mscale^2)
     attention_scale: float | None = None
-    # DeepSeek-V3's multi-token-prediction layers, kept out of the main model
+    # DeepSeek-V3's multi-token-prediction layers, kept out of the main model unless the builder
+    # is asked for them (build_graph(..., mtp=True)); True where MTP depth k's block is MoE
     num_nextn_predict_layers: int = 0
+    mtp_moe_layers: tuple[bool, ...] = ()
 
     @property
     def n_rep(self) -> int:

@@ -27,16 +27,17 @@ def trace_report(
     attention: str = "flash",
     training: bool = False,
     mla: str = "naive",
+    mtp: bool = False,
 ) -> tuple[dict[str, Any], Graph]:
     """Build and verify the graph, run every analysis; returns the document and the graph."""
-    graph = build_graph(config, workload, mla=mla)
+    graph = build_graph(config, workload, mla=mla, mtp=mtp)
     res = run(graph, ANALYSES, hardware=hardware, attention=attention, training=training)
     cost, memory, roof = res["cost"], res["memory"], res["roofline"]
     doc = {
         "model": {"name": config.name, "model_type": config.model_type, "config": asdict(config)},
         "workload": workload.to_dict()
         | {"attention": attention, "training": training}
-        | ({"mla": mla} if config.model_type.startswith("deepseek") else {}),
+        | ({"mla": mla, "mtp": mtp} if config.model_type.startswith("deepseek") else {}),
         "graph": {
             "nodes": len(graph),
             "edges": graph.num_edges(),
@@ -121,11 +122,12 @@ def sweep(
     attention: str = "flash",
     training: bool = False,
     mla: str = "naive",
+    mtp: bool = False,
 ) -> list[dict[str, Any]]:
     """FLOPs, bytes and predicted time for each workload (a sweep over T)."""
     out = []
     for wl in workloads:
-        graph = build_graph(config, wl, mla=mla)
+        graph = build_graph(config, wl, mla=mla, mtp=mtp)
         res = run(graph, ["cost", "roofline"], hardware=hardware, attention=attention,
                   training=training)  # fmt: skip
         cost, roof = res["cost"], res["roofline"]

@@ -220,7 +220,10 @@ def check_partition(graph: Graph, partitioned: Graph, seed: int = 0) -> Partitio
     for n in graph.nodes("input"):
         if n.name not in feeds:  # past K/V: random values of the cache's shape
             shape = tuple(int(d.size or graph.bindings[d.name]) for d in n.out.dims)
-            feeds[n.name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
+            if n.out.dtype == "int64":  # more token ids (DeepSeek's MTP inputs)
+                feeds[n.name] = rng.integers(0, vocab, size=shape)
+            else:
+                feeds[n.name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
     ref = Interpreter(graph, weights).run(feeds)
     out = SPMDInterpreter(partitioned, weights).run(feeds)
     others = {k: float(np.max(np.abs(ref[k] - out[k]))) for k in ref if k != "logits"}

@@ -31,6 +31,12 @@ def print_trace(doc: dict[str, Any], console: Console | None = None) -> None:
     for kind, count in p["by_kind"].items():
         if count:
             table.add_row(kind, f"{count:,} ({_n(count)})", f"{100 * count / total:.1f}%")
+    if p.get("mtp"):  # DeepSeek-V3's MTP modules: their weights are inside the kinds above
+        main = p["total"] - p["mtp"]
+        table.add_row("main model", f"{main:,} ({_n(main)})", f"{100 * main / total:.1f}%")
+        table.add_row(
+            "MTP modules", f"{p['mtp']:,} ({_n(p['mtp'])})", f"{100 * p['mtp'] / total:.1f}%"
+        )
     table.add_row("[bold]total[/bold]", f"[bold]{p['total']:,}[/bold] ({_n(p['total'])})", "")
     table.add_row("active per token", f"{p['active']:,} ({_n(p['active'])})", "")
     con.print(table)

@@ -46,6 +46,7 @@ SCOPE_KINDS = (
     "shared_expert",
     "norms",
     "lm_head",
+    "mtp",  # DeepSeek-V3's multi-token-prediction modules, when built
 )
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from graphllm.ir import Graph
 from graphllm.passes import register
+from graphllm.passes.cost import scopes_of
 
 KINDS = (
     "embedding",
@@ -18,17 +19,21 @@ KINDS = (
     "router",
     "norms",
     "lm_head",
+    "mtp_proj",  # an MTP module's eh_proj; its other weights count under their own kinds
 )
 
 
 @dataclass(frozen=True)
 class ParamReport:
     """`total` counts every stored weight once (a tied head once). `active` counts what one token
-    touches: every non-routed weight plus k of the E routed experts in each MoE layer."""
+    touches: every non-routed weight plus k of the E routed experts in each MoE layer. `mtp`
+    counts the weights of the multi-token-prediction modules (scopes of kind `mtp`, DeepSeek-V3
+    built with mtp=True), which `total` and `active` include; the main model is total - mtp."""
 
     total: int
     active: int
     by_kind: dict[str, int]
+    mtp: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -37,11 +42,13 @@ class ParamReport:
 @register("params")
 def count_params(graph: Graph, results: dict[str, Any] | None = None, **_: Any) -> ParamReport:
     by_kind = dict.fromkeys(KINDS, 0)
-    active = 0
+    active = mtp = 0
     for n in graph.params():
         numel = math.prod(d.size for d in n.out.dims)  # type: ignore[misc]
         kind = n.attrs["kind"]
         by_kind[kind] += numel
+        if any(k == "mtp" for _, k in scopes_of(graph, n.name)):
+            mtp += numel
         if kind == "moe_experts":
             n_exp = n.out.dims[0].size  # stacked: the expert axis comes first
             k = graph.meta["config"].num_experts_per_tok
@@ -49,4 +56,6 @@ def count_params(graph: Graph, results: dict[str, Any] | None = None, **_: Any) 
             active += numel // n_exp * k
         else:
             active += numel
-    return ParamReport(sum(by_kind.values()), active, by_kind)
+    if not by_kind["mtp_proj"]:  # a kind only models built with their MTP modules have
+        del by_kind["mtp_proj"]
+    return ParamReport(sum(by_kind.values()), active, by_kind, mtp)

@@ -389,7 +389,6 @@ BAD = [
     ({**DS2, "topk_method": "group_limited_greedy", "n_group": None}, "needs n_group and"),
     ({**DS3, "num_key_value_heads": 2}, "must equal num_attention_heads 4: MLA"),
     ({**DS3, "head_dim": 8}, "head_dim 8 must equal qk_rope_head_dim 4"),
-    ({**DS2, "norm_topk_prob": True}, "norm_topk_prob=true is not modelled (only false)"),
     ({**DS3, "qk_rope_head_dim": 5}, "qk_rope_head_dim 5 must be even"),
     (tiny(model_type="deepseek"), "not planned"),
     (tiny(layer_types="full_attention"), "layer_types must be a list of strings"),

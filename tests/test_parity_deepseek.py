@@ -79,10 +79,19 @@ CASES: dict[str, tuple[str, dict]] = {
     ),
 }
 
+# DeepSeek-V2 with norm_topk_prob: DeepSeek's modeling_deepseek.py renormalises the top-k weights
+# instead of scaling them; transformers ignores the flag (its routing is patched in the test)
+RENORM = {
+    "v2-norm-topk": (
+        "deepseek_v2",
+        {"q_lora_rank": None, "norm_topk_prob": True, "routed_scaling_factor": 2.0},
+    )
+}
+
 
 class Tiny:
     def __init__(self, case: str, folder) -> None:
-        model_type, overrides = CASES[case]
+        model_type, overrides = (CASES | RENORM)[case]
         torch.manual_seed(0)
         hf_cfg = transformers.AutoConfig.for_model(model_type, **{**SMALL, **overrides})
         model = transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.float32)
@@ -183,3 +192,35 @@ def test_correction_bias_and_group_limit_change_the_choice(tiny):
         if node.op == "group_limit":
             node.attrs["topk_group"] = node.attrs["n_group"]
     assert not np.allclose(run_graph(g, m.weights, ids)["logits"], base, atol=1e-3)
+
+
+def _renormalised(module, inputs, out):
+    """DeepSeek-V2's MoEGate with norm_topk_prob: top-k weights / their sum, unscaled."""
+    logits, weights, chosen = out
+    return logits, weights / (weights.sum(dim=-1, keepdim=True) + 1e-20), chosen
+
+
+def test_v2_norm_topk_prob_renormalises_instead_of_scaling(tiny):
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
+
+    m = tiny("v2-norm-topk")
+    assert m.cfg.norm_topk_prob and m.cfg.routed_scaling_factor == 2.0
+    ids = _ids(7)
+    plain = m.hf(ids).logits.numpy()  # transformers as it is: scaled, not renormalised
+    routers = [mod for mod in m.model.modules() if isinstance(mod, DeepseekV2TopkRouter)]
+    hooks = [r.register_forward_hook(_renormalised) for r in routers]
+    try:
+        ours, theirs = m.run(ids), m.hf(ids)
+        np.testing.assert_allclose(ours["logits"], theirs.logits.numpy(), atol=ATOL, rtol=0)
+        assert not np.allclose(ours["logits"], plain, atol=1e-3)  # the flag changes the logits
+        cache, past = theirs.cache, _presents(ours)
+        for step in range(4):
+            nxt = _ids(300 + step, seq=1)
+            ours, theirs = m.run(nxt, past=past), m.hf(nxt, past=cache)
+            np.testing.assert_allclose(
+                ours["logits"], theirs.logits.numpy(), atol=ATOL, rtol=0, err_msg=f"step {step}"
+            )
+            past, cache = _presents(ours), theirs.cache
+    finally:
+        for h in hooks:
+            h.remove()

@@ -53,3 +53,34 @@ def test_total_matches_transformers_meta_model(preset):
     assert params(preset).total == hf + BUFFERS[preset]
     bias = sum(b.numel() for n, b in model.named_buffers() if "correction_bias" in n)
     assert bias == BUFFERS[preset]
+
+
+# DeepSeek-V3 with its multi-token-prediction layer (model.layers.61): the MTP module is the
+# decoder block plus enorm, hnorm, eh_proj and its own copies of the embedding and output head
+MTP_V3 = 13_463_426_304
+
+
+def test_v3_with_mtp_main_model_unchanged_and_mtp_exact():
+    p = run(build_graph(load_config("deepseek-v3"), Workload(seq_len=1), mtp=True), ["params"])
+    p = p["params"]
+    assert p.total - p.mtp == PUBLISHED["deepseek-v3"]  # 671B, as published
+    assert p.mtp == MTP_V3 and p.total == 684_489_845_504
+    # README_WEIGHTS.md: "11.5B unique parameters (excluding the shared 0.9B Embedding and
+    # 0.9B output Head)": the block is 11.51B, eh_proj and the norms 0.10B more
+    embed = 129_280 * 7168
+    assert p.mtp - 2 * embed == 11_610_068_224
+    assert p.by_kind["mtp_proj"] == 2 * 7168 * 7168
+
+
+def test_v3_mtp_block_matches_transformers_decoder_layer():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer
+
+    d = json.loads((PRESETS_DIR / "deepseek-v3.json").read_text())
+    d = {k: v for k, v in d.items() if not k.startswith("_") and k != "quantization_config"}
+    with torch.device("meta"):
+        layer = DeepseekV3DecoderLayer(transformers.AutoConfig.for_model(**d), 61)
+    block = sum(t.numel() for t in layer.state_dict().values())  # the correction bias too
+    h, v = d["hidden_size"], d["vocab_size"]
+    assert MTP_V3 == block + 2 * v * h + 2 * h * h + 3 * h
