@@ -475,9 +475,17 @@ LOWERINGS: dict[str, OpSet] = {"decomposed": OpSet("decomposed", DECOMPOSED)}
 
 
 # -- graph -> ModelProto ---------------------------------------------------------------------
-def export_graph(config: ModelConfig, dtype: str = "fp32", logits: str = "all") -> Graph:
-    """The graph an export lowers: past K/V inputs present (the lengths are symbolic anyway)."""
-    return build_graph(config, Workload(batch=1, seq_len=1, past_len=1, dtype=dtype, logits=logits))
+def export_graph(
+    config: ModelConfig,
+    dtype: str = "fp32",
+    logits: str = "all",
+    mla: str = "naive",
+    mtp: bool = False,
+) -> Graph:
+    """The graph an export lowers: past K/V inputs present (the lengths are symbolic anyway).
+    `mla` and `mtp` as in build_graph (DeepSeek's attention form and multi-token prediction)."""
+    wl = Workload(batch=1, seq_len=1, past_len=1, dtype=dtype, logits=logits)
+    return build_graph(config, wl, mla=mla, mtp=mtp)
 
 
 def _onnx_dims(t: TensorType) -> list[int | str]:
@@ -719,6 +727,8 @@ def export_onnx(
     check: bool = True,
     ops: str = "auto",
     device: str = "cpu",
+    mla: str = "naive",
+    mtp: bool = False,
 ) -> ExportResult:
     """Write `config` as an ONNX model: weights from a checkpoint folder, seeded random ones, or
     (`no_weights`) none at all, the weights then being graph inputs.
@@ -728,14 +738,16 @@ def export_onnx(
     for later analysis (its dtype is `dtype`). `external_data` None chooses by size: past
     protobuf's 2 GB limit the weights go to `<path>.data`. The file (and its data file) is
     written whole or not at all; with `check`, `onnx.checker.check_model(full_check=True)` runs
-    on it before it is moved into place.
+    on it before it is moved into place. `mla` and `mtp` pick DeepSeek's attention form and
+    add its multi-token-prediction modules (inputs `mtp.{k}.input_ids`, outputs `mtp.{k}.logits`
+    and their block's cache), as build_graph does.
     """
     if dtype not in EXPORT_DTYPES:
         raise ConfigError(f"ONNX export runs in {' or '.join(EXPORT_DTYPES)}, not {dtype}")
     if no_weights and weights is not None:
         raise ConfigError("give a weights folder or no_weights, not both")
     wl = Workload.with_dtype(workload, dtype=dtype)
-    graph = export_graph(config, dtype, wl.logits)
+    graph = export_graph(config, dtype, wl.logits, mla, mtp)
     if ops == "auto":
         ops = default_lowering(config, device, dtype, graph)
     elif ops not in LOWERINGS:
@@ -749,6 +761,8 @@ def export_onnx(
         source = f"random, seed {seed}"
     for k, v in _metadata(config, wl, ops, source).items():
         model.metadata_props.add(key=k, value=v)
+    if config.is_mla:  # how the graph was built, beside the config it was built from
+        model.metadata_props.add(key="graphllm.graph", value=json.dumps({"mla": mla, "mtp": mtp}))
     numel = sum(int(np.prod(_shape(n))) for n in graph.params())
     written = [] if no_weights else plan
     itemsize = np.dtype(NP_TYPES[dtype]).itemsize

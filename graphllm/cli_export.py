@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from graphllm.cli_common import hardware_option, resolve, user_errors
+from graphllm.cli_common import deepseek_options, hardware_option, resolve, user_errors
 
 OP_SETS = ["auto", "decomposed", "standard", "ort"]  # exporters/onnx.py LOWERINGS, and auto
 DEVICES = ["auto", "cpu", "cuda"]
@@ -70,6 +70,7 @@ def provider_kind(device: str) -> str:
     help="LM head for every new position, or the last only (as a server).",
 )
 @ops_options
+@deepseek_options
 @click.option("--output", "-o", type=click.Path(path_type=Path, dir_okay=False), required=True)
 @user_errors
 def export(
@@ -82,6 +83,8 @@ def export(
     logits: str | None,
     ops: str,
     device: str,
+    mla: str,
+    mtp: bool,
     output: Path,
 ) -> None:
     """Write the model as ONNX: dynamic batch and lengths, KV cache in and out, left padding.
@@ -110,6 +113,8 @@ def export(
         no_weights=no_weights,
         ops=ops,
         device=provider_kind(device),
+        mla=mla,
+        mtp=mtp,
     )
     data = f" + {r.data_path.name}" if r.data_path else ""
     size = "" if no_weights else f" ({r.weight_bytes / 1e9:.2f} GB)"

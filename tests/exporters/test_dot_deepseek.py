@@ -30,3 +30,20 @@ def test_ffn_view_draws_the_grouped_sigmoid_router_and_shared_experts():
 def test_other_views_render(view):
     g = build_graph(load_config("deepseek-v2-lite"), Workload(seq_len=4))
     assert view_dot(g, view, layer=1).startswith("digraph")
+
+
+def test_render_with_mtp_draws_the_mtp_module(tmp_path):
+    import xml.etree.ElementTree as ET
+
+    from click.testing import CliRunner
+
+    from graphllm.cli import main
+
+    out = tmp_path / "mtp.svg"
+    args = ["render", "--model", "deepseek-v3", "-t", "4", "--mtp", "--view", "model"]
+    r = CliRunner().invoke(main, [*args, "-o", str(out), "--renderer", "pure"])
+    assert r.exit_code == 0, r.output
+    texts = [t.text or "" for t in ET.parse(out).iter() if t.tag.endswith("text")]
+    for part in ("MTP depth 1: decoder block", "model.layers.61", "eh_proj", "hnorm", "enorm"):
+        assert part in texts, part
+    assert {"mtp.1.input_ids", "mtp.1.logits", "shared_head.head"} <= set(texts)

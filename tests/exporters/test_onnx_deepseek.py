@@ -3,8 +3,10 @@
 test_parity_deepseek's tiny checkpoints (V2-Lite greedy, V2 group-limited with yarn, V3 noaux with
 correction bias, V3 without rope_interleave), exported by graphllm from the saved folder and run on
 onnxruntime: a prefill and cached decode steps fed present -> past, the cache holding the normed
-latent as `.key` and the RoPE key as `.value` ([B, 1, S, r]). Both MLA forms: the naive one that
-`export_graph` builds, and the absorbed one (its graph swapped in for the export).
+latent as `.key` and the RoPE key as `.value` ([B, 1, S, r]). Both MLA forms (`export_onnx(...,
+mla=...)`, `graphllm export --mla`), and V3 with its multi-token-prediction module (`mtp=True`:
+inputs `mtp.1.input_ids`, outputs `mtp.1.logits` and the MTP block's cache) against the
+interpreter on test_parity_mtp's checkpoint.
 """
 
 from __future__ import annotations
@@ -12,36 +14,35 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import onnx
 import pytest
+from click.testing import CliRunner
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
 
-import graphllm  # noqa: E402
-from graphllm.exporters import onnx as onnx_export  # noqa: E402
+from graphllm.cli import main  # noqa: E402
 from graphllm.exporters import onnx_mla  # noqa: E402
-from graphllm.exporters.onnx import DECOMPOSED, export_onnx  # noqa: E402
+from graphllm.exporters.onnx import DECOMPOSED, export_graph, export_onnx  # noqa: E402
 from graphllm.runtime import OnnxModel, positions  # noqa: E402
 
 
-def _parity_module():
-    """tests/test_parity_deepseek.py: its tiny cases (one module, however imported)."""
-    if "test_parity_deepseek" in sys.modules:
-        return sys.modules["test_parity_deepseek"]
-    path = Path(__file__).parents[1] / "test_parity_deepseek.py"
-    spec = importlib.util.spec_from_file_location("test_parity_deepseek", path)
+def _tests_module(name: str):
+    """tests/{name}.py: its tiny cases (one module, however imported)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    path = Path(__file__).parents[1] / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    sys.modules["test_parity_deepseek"] = mod
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)  # type: ignore[union-attr]
     return mod
 
 
-parity = _parity_module()
+parity = _tests_module("test_parity_deepseek")
 ATOL, BATCH, SEQ, STEPS = 1e-4, parity.BATCH, parity.SEQ, 4
 SMALL = parity.SMALL
 MLA_OPS = {
@@ -50,24 +51,13 @@ MLA_OPS = {
 }
 
 
-def _graph_for(mla: str):
-    """export_graph, building the `mla` form (export_graph itself builds the naive one)."""
-
-    def build(config, dtype="fp32", logits="all"):
-        wl = graphllm.Workload(batch=1, seq_len=1, past_len=1, dtype=dtype, logits=logits)
-        return graphllm.build_graph(config, wl, mla=mla)
-
-    return build
-
-
 class Exported:
     def __init__(self, tiny, mla: str, out: Path) -> None:
         self.tiny, self.mla = tiny, mla
         self.path = out / "model.onnx"
-        with mock.patch.object(onnx_export, "export_graph", _graph_for(mla)):
-            self.result = export_onnx(
-                tiny.cfg, self.path, weights=tiny.folder, ops="decomposed", check=True
-            )
+        self.result = export_onnx(
+            tiny.cfg, self.path, weights=tiny.folder, ops="decomposed", check=True, mla=mla
+        )
         self.onnx = OnnxModel(self.path, device="cpu")
 
 
@@ -104,7 +94,7 @@ def _close(a: np.ndarray, b: np.ndarray, what: str) -> None:
 def test_prefill_and_cached_decode_steps(exported, case, mla):
     e = exported(case, mla)
     onnx.checker.check_model(str(e.path), full_check=True)
-    types = {n.op for n in _graph_for(mla)(e.tiny.cfg).nodes()}
+    types = {n.op for n in export_graph(e.tiny.cfg, mla=mla).nodes()}
     assert MLA_OPS[mla] <= types
     ids = _ids(1)
     ours, theirs, interp = e.onnx.forward(ids), e.tiny.hf(ids), e.tiny.run(ids, mla=mla)
@@ -151,7 +141,7 @@ def test_the_cases_cover_every_deepseek_row_and_rope_layout(exported):
     seen, layouts = set(), set()
     for case in parity.CASES:
         for mla in MLA_OPS:
-            for n in _graph_for(mla)(exported(case, mla).tiny.cfg).nodes():
+            for n in export_graph(exported(case, mla).tiny.cfg, mla=mla).nodes():
                 seen.add(n.op)
                 if n.op == "rope_pairs":
                     layouts.add(n.attrs["layout"])
@@ -175,3 +165,63 @@ def test_io_dims_are_the_latent_cache(exported):
         assert dims[f"past_key_values.{i}.value"] == ["batch", 1, "past_sequence_length", rope]
         assert dims[f"present.{i}.key"] == ["batch", 1, "total_sequence_length", r]
         assert dims[f"present.{i}.value"] == ["batch", 1, "total_sequence_length", rope]
+
+
+def test_export_command_takes_mla_absorbed(exported, tmp_path):
+    e = exported("v3-noaux", "absorbed")
+    out = tmp_path / "absorbed.onnx"
+    args = ["export", "--weights", str(e.tiny.folder), "--mla", "absorbed", "-o", str(out)]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    names = {n.name for n in onnx.load(str(out)).graph.node}
+    assert (
+        "model.layers.0.self_attn.q_absorb" in names
+        and "model.layers.0.self_attn.kv_heads" not in names
+    )
+    ids = _ids(5)
+    _close(
+        OnnxModel(out, device="cpu").forward(ids)["logits"], e.tiny.hf(ids).logits.numpy(), "cli"
+    )
+
+
+def _session_run(path: Path, ids, mtp_ids, past: dict | None) -> dict:
+    """onnxruntime on the MTP export: token ids of both inputs, positions after `past`."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    b, t = ids.shape
+    feeds = {}
+    for i in sess.get_inputs():
+        if i.name.startswith("past_key_values."):
+            shape = [b if d == "batch" else 0 if isinstance(d, str) else d for d in i.shape]
+            feeds[i.name] = np.zeros(shape, np.float32)
+    feeds |= {k.replace("present.", "past_key_values."): v for k, v in (past or {}).items()}
+    p = next(iter(feeds.values())).shape[2]
+    feeds |= {
+        "input_ids": ids,
+        "mtp.1.input_ids": mtp_ids,
+        "attention_mask": np.ones((b, p + t), np.int64),
+        "position_ids": np.broadcast_to(np.arange(p, p + t), (b, t)).copy(),
+    }
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feeds)))
+
+
+@pytest.mark.parametrize("mla", ["naive", "absorbed"])
+def test_mtp_export_equals_the_interpreter(tmp_path, mla):
+    mtp = _tests_module("test_parity_mtp")
+    m = mtp.TinyMTP(parity.Tiny("v3-noaux", tmp_path / "ckpt"))
+    path = tmp_path / "mtp.onnx"
+    export_onnx(m.base.cfg, path, weights=m.base.folder, ops="decomposed", mla=mla, mtp=True)
+    model = onnx.load(str(path))
+    assert "mtp.1.input_ids" in {i.name for i in model.graph.input}
+    outs = {o.name for o in model.graph.output}
+    assert {"mtp.1.logits", f"present.{m.layer}.key", f"present.{m.layer}.value"} <= outs
+    ids, mids = _ids(1), _ids(2)
+    ours, interp = _session_run(path, ids, mids, None), m.run(ids, mids, mla=mla)
+    for step in range(STEPS):
+        for k in ("logits", "mtp.1.logits", f"present.{m.layer}.key"):
+            _close(ours[k], interp[k], f"{k}, step {step}")
+        nxt, mnxt = _ids(100 + step, seq=1), _ids(200 + step, seq=1)
+        past, ipast = _presents(ours), _presents(interp)
+        ours, interp = _session_run(path, nxt, mnxt, past), m.run(nxt, mnxt, ipast, mla=mla)

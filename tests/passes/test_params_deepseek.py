@@ -83,4 +83,4 @@ def test_v3_mtp_block_matches_transformers_decoder_layer():
         layer = DeepseekV3DecoderLayer(transformers.AutoConfig.for_model(**d), 61)
     block = sum(t.numel() for t in layer.state_dict().values())  # the correction bias too
     h, v = d["hidden_size"], d["vocab_size"]
-    assert MTP_V3 == block + 2 * v * h + 2 * h * h + 3 * h
+    assert block + 2 * v * h + 2 * h * h + 3 * h == MTP_V3

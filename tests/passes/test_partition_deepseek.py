@@ -69,3 +69,30 @@ def test_verify_partition_command(tmp_path):
     )
     assert r.exit_code == 0, r.output
     assert "logits equal within 1e-5" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [Strategy(tp=2), Strategy(tp=2, pp=2), Strategy(ep=2)],
+    ids=str,
+)
+def test_partitioned_mtp_equals_single_device(strategy):
+    """With the MTP module (--mtp): its logits and cache agree too, and it runs on the last
+    pipeline stage."""
+    cfg = config_from_dict(V3, "deepseek_v3")
+    g = build_graph(cfg, Workload(batch=4, seq_len=8, dtype="fp32"), mtp=True)
+    local = partition(g, strategy)
+    check = check_partition(g, local, seed=1)
+    assert check.max_diff <= 1e-5, check.differences(3)
+    assert check.others["mtp.1.logits"] <= 1e-5 and check.others["present.2.key"] <= 1e-5
+    last = strategy.pp - 1
+    assert {n.meta["stage"] for n in local.scope("model.layers.2") if n.op != "param"} == {last}
+
+
+def test_verify_partition_command_with_mtp(tmp_path):
+    f = tmp_path / "tiny-deepseek.yaml"
+    f.write_text(yaml.safe_dump(V3))
+    args = ["verify", "partition", "--config", str(f), "--tp", "2", "--pp", "2", "--mtp"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    assert "logits equal within 1e-5" in r.stdout and "MTP logits" in r.stdout
