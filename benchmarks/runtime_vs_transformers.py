@@ -12,7 +12,12 @@ weight bytes it streams over the read bandwidth of a buffer that size, measured 
 calibrate` does, once per round, median) and measured over the roofline prediction on this
 machine's calibration (`--hardware local`), as `graphllm bench` reports it.
 
+Once every model is loaded, the process's weights (torch's and onnxruntime's alike) are moved
+onto transparent huge pages (graphllm.hugepages), as `graphllm bench` does: numpy's arrays, the
+bandwidth floor's buffer among them, get huge pages anyway. `--no-huge-pages` measures without.
+
     python benchmarks/runtime_vs_transformers.py [--repeats 5] [--lowerings standard,ort,decomposed]
+        [--no-huge-pages]
 """
 
 from __future__ import annotations
@@ -63,7 +68,7 @@ def read_bandwidth(calibrate, nbytes: float) -> float:
     it (its other figures taken as small as they go)."""
     hw = calibrate(
         weights_bytes=nbytes,
-        repeats=3,
+        repeats=9,  # a read takes ~5 ms: a few more of them outlast a passing load
         threads=THREADS,
         progress=False,
         matmul_size=64,
@@ -76,12 +81,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--lowerings", default="standard,ort,decomposed")
+    ap.add_argument(
+        "--no-huge-pages", action="store_true", help="leave the weights on the pages they got"
+    )
     args = ap.parse_args()
 
     import torch
     import transformers
 
     import graphllm
+    from graphllm import hugepages
     from graphllm.calibrate import calibrate
     from graphllm.exporters.onnx import default_lowering, export_onnx
     from graphllm.passes import run
@@ -120,6 +129,7 @@ def main() -> int:
             diff = float(np.abs(models[label].forward(ids)["logits"] - ref).max())
             print(f"{label}: prefill logits max |diff| vs transformers {diff:.1e}", file=sys.stderr)
             predicted[label] = predict(cfg, ops, "fp32", "all", 1, PROMPT, NEW, hw)
+        huge = 0 if args.no_huge_pages else hugepages.collapse()
         # one run of each in turn, a warm-up round first: a load that comes and goes on the
         # machine then weighs on all of them alike
         runs: dict[str, list[tuple[float, float]]] = {f"transformers {attn}": []}
@@ -145,7 +155,8 @@ def main() -> int:
     print(
         f"Llama hidden 512, 8 layers, 8/4 heads, ffn 1408, vocab 32000; batch 1, fp32, "
         f"{THREADS} threads; prefill {PROMPT} tokens, then {NEW} decode steps; median of "
-        f"{args.repeats} after a warm-up"
+        f"{args.repeats} after a warm-up; {huge / 1e6:.0f} MB of loaded weights moved onto "
+        f"huge pages (--no-huge-pages: none)"
     )
     print(
         f"decode bandwidth floor: {streamed / 1e6:.1f} MB of weights per token / "

@@ -143,6 +143,12 @@ def export(
 @click.option("--threads", type=click.IntRange(min=1), help="intra-op threads [default: CPUs]")
 @hardware_option("local")
 @click.option("--no-predict", is_flag=True, help="Measure only: no roofline prediction.")
+@click.option(
+    "--no-huge-pages",
+    is_flag=True,
+    help="Leave the loaded weights on the pages they got (by default they are moved onto "
+    "transparent huge pages, as numpy's buffers are; graphllm.hugepages).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead.")
 @user_errors
 def bench(
@@ -160,6 +166,7 @@ def bench(
     threads: int | None,
     hardware: str,
     no_predict: bool,
+    no_huge_pages: bool,
     as_json: bool,
 ) -> None:
     """Time MODEL.onnx (or the --config/--model, exported first) on onnxruntime: prefill latency
@@ -202,14 +209,17 @@ def bench(
             hardware=None if no_predict else hardware,
             progress=not as_json,
             say=say,
+            huge_pages=not no_huge_pages,
         )
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
         return
+    huge = report.huge_page_bytes
     click.echo(
         f"{report.model} ({report.lowering} lowering) on {report.provider}, {report.threads} "
         f"threads, batch {report.batch}: prompt {report.prompt_len} tokens, then "
         f"{report.new_tokens} new; median of {report.repeats}"
+        + (f"; {huge / 1e6:.0f} MB on huge pages" if huge else "")
     )
     pred = f"predicted ({report.hardware})" if report.hardware else ""
     ratio = "measured/predicted" if pred else ""

@@ -264,6 +264,7 @@ class BenchReport:
     predicted_prefill_s: float | None = None
     predicted_decode_s: float | None = None
     calibrated: bool = False  # the local hardware was calibrated for this run
+    huge_page_bytes: int = 0  # of the process's memory, the weights among it, on huge pages
 
     def figures(self) -> list[tuple[str, str, float, float | None]]:
         """(figure, unit, measured, predicted) rows."""
@@ -342,12 +343,15 @@ def bench(
     hardware: str | None = "local",
     progress: bool = False,
     say: Callable[[str], None] | None = None,
+    huge_pages: bool = True,
 ) -> BenchReport:
     """Time a graphllm `.onnx` model on onnxruntime and predict the same from its metadata.
 
     `hardware` None skips the prediction; `local` calibrates this machine first when it has no
-    calibration yet (and says so through `say`).
+    calibration yet (and says so through `say`). `huge_pages` moves the loaded weights onto
+    transparent huge pages first, as numpy's buffers are (graphllm.hugepages).
     """
+    from graphllm import hugepages
     from graphllm.exporters.onnx import read_metadata
 
     if not Path(path).is_file():
@@ -356,6 +360,8 @@ def bench(
     threads = threads or os.cpu_count() or 1
     model = OnnxModel(path, device, threads)
     provider = model.session.get_providers()[0]
+    if huge_pages and provider == PROVIDERS["cpu"]:
+        hugepages.collapse()
     hw, calibrated = None, False
     if hardware is not None:
         hw, calibrated = _hardware(hardware, meta, threads, say)
@@ -383,6 +389,7 @@ def bench(
         predicted_prefill_s=pre,
         predicted_decode_s=dec,
         calibrated=calibrated,
+        huge_page_bytes=hugepages.huge_bytes(),
     )
 
 

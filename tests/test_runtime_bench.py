@@ -146,3 +146,15 @@ def test_cli_stays_light():
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_bench_moves_the_weights_onto_huge_pages_unless_told(tiny_onnx, monkeypatch):
+    from graphllm import hugepages
+
+    calls = []
+    monkeypatch.setattr(hugepages, "collapse", lambda: calls.append("collapse") or 0)
+    r = bench(tiny_onnx, 6, 3, repeats=1, hardware=None)
+    assert calls == ["collapse"] and "huge_page_bytes" in r.to_dict()
+    args = ["bench", str(tiny_onnx), *SHORT, "--no-predict", "--no-huge-pages", "--json"]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    assert calls == ["collapse"]
