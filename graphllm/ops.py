@@ -622,7 +622,8 @@ for _spec in [
         "... f1, ... f2 -> ... f",
         MOVEMENT,
         ops_mla.concat,
-        "Join two feature parts (MLA's no-RoPE and RoPE parts of a query or key).",
+        "Join two feature parts (MLA's no-RoPE and RoPE parts of a query or key; an MTP "
+        "module's normed embedding and hidden state).",
         check=_concat_check,
     ),
     OpSpec(

@@ -92,7 +92,7 @@ def test_partitioned_mtp_equals_single_device(strategy):
 def test_verify_partition_command_with_mtp(tmp_path):
     f = tmp_path / "tiny-deepseek.yaml"
     f.write_text(yaml.safe_dump(V3))
-    args = ["verify", "partition", "--config", str(f), "--tp", "2", "--pp", "2", "--mtp"]
+    args = ["verify", "partition", "--config", str(f), "--tp", "2", "--pp", "2", "--mtp", "-t", "8"]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
     assert "logits equal within 1e-5" in r.stdout and "MTP logits" in r.stdout
