@@ -193,3 +193,15 @@ def _counted(workload: dict) -> int:
 @pytest.mark.parametrize("workload", WORKLOADS.values(), ids=WORKLOADS.keys())
 def test_mtp_matmul_flops_equal_flop_counter(workload):
     assert _mtp_matmul(workload) == _counted(workload) > 0
+
+
+def test_a_checkpoint_without_the_mtp_tensors_is_one_line(tmp_path):
+    from click.testing import CliRunner
+
+    from graphllm.cli import main
+
+    base = Tiny("v3-noaux", tmp_path / "ckpt")  # transformers saves no MTP layer
+    out = tmp_path / "m.onnx"
+    r = CliRunner().invoke(main, ["export", "--weights", str(base.folder), "--mtp", "-o", str(out)])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.output
+    assert "has no tensor model.layers.3." in r.stderr and not out.exists()
