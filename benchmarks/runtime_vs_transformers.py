@@ -155,8 +155,12 @@ def main() -> int:
     print(
         f"Llama hidden 512, 8 layers, 8/4 heads, ffn 1408, vocab 32000; batch 1, fp32, "
         f"{THREADS} threads; prefill {PROMPT} tokens, then {NEW} decode steps; median of "
-        f"{args.repeats} after a warm-up; {huge / 1e6:.0f} MB of loaded weights moved onto "
-        f"huge pages (--no-huge-pages: none)"
+        f"{args.repeats} after a warm-up; "
+        + (
+            "huge pages off (--no-huge-pages)"
+            if args.no_huge_pages
+            else f"{huge / 1e6:.0f} MB of loaded memory moved onto huge pages"
+        )
     )
     print(
         f"decode bandwidth floor: {streamed / 1e6:.1f} MB of weights per token / "

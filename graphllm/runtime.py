@@ -84,6 +84,8 @@ class OnnxModel:
         self.past_names = [i.name for i in self.session.get_inputs() if i.name.startswith("past")]
         self._past = {i.name: i for i in self.session.get_inputs() if i.name.startswith("past")}
         self.output_names = [o.name for o in self.session.get_outputs()]
+        meta = self.session.get_modelmeta().custom_metadata_map
+        self.lowering = meta.get("graphllm.lowering")  # None: not exported by graphllm
 
     def empty_past(self, batch: int) -> dict[str, np.ndarray]:
         """Past K/V of length 0 (a prefill)."""
@@ -141,24 +143,47 @@ class OnnxModel:
 
 
 # -- bench ------------------------------------------------------------------------------------
-class _Bound:
-    """Forward steps whose present K/V stay OrtValues, bound as the next step's past: the cache
-    is never copied to numpy, only the logits come back. On CUDA through IO binding with the
-    outputs bound on the device; on CPU through `run_with_ort_values` (the same OrtValues, with
-    a fraction of the per-step cost of binding some 4 L + 4 values one by one)."""
+# Lowerings whose attention writes each step's keys and values into a past buffer bound as its
+# own present (GroupQueryAttention's shared-buffer mode: it sees past and present at the same
+# address and appends in place, attending to the first `seqlens_k + 1` rows).
+IN_PLACE_CACHE = ("ort",)
 
-    def __init__(self, model: OnnxModel) -> None:
+
+class _Bound:
+    """Forward steps whose K/V cache never goes through numpy; only the logits come back.
+
+    With `capacity` and a lowering in IN_PLACE_CACHE, each layer's cache is one buffer of
+    `capacity` positions, bound as both the past input and the present output, so a step
+    appends to it in place and copies nothing. Otherwise each step's present K/V stay OrtValues
+    fed back as the next step's past (its attention copies the cache into the new present): on
+    CUDA through IO binding with the outputs on the device, on CPU through `run_with_ort_values`
+    (the same OrtValues, with a fraction of the per-step cost of binding some 4 L + 4 values).
+    """
+
+    def __init__(self, model: OnnxModel, capacity: int | None = None, batch: int = 1) -> None:
         import onnxruntime as ort
 
         self.model = model
         self.session = model.session
         self.on_gpu = model.session.get_providers()[0] == PROVIDERS["cuda"]
+        self.device = "cuda" if self.on_gpu else "cpu"
         self.value = ort.OrtValue.ortvalue_from_numpy
-        self.io = model.session.io_binding() if self.on_gpu else None
         outs = model.output_names
         self.present_of = [
             outs.index(n.replace("past_key_values.", "present.")) for n in model.past_names
         ]
+        self.in_place = capacity is not None and model.lowering in IN_PLACE_CACHE
+        self.io = model.session.io_binding() if self.on_gpu or self.in_place else None
+        if self.in_place:
+            assert self.io is not None and capacity is not None
+            self.io.bind_output("logits", self.device)  # first bound: first among the outputs
+            for name, info in model._past.items():
+                shape = [batch, info.shape[1], capacity, info.shape[3]]
+                buf = ort.OrtValue.ortvalue_from_shape_and_type(
+                    shape, _NP[info.type], self.device, 0
+                )
+                self.io.bind_ortvalue_input(name, buf)
+                self.io.bind_ortvalue_output(name.replace("past_key_values.", "present."), buf)
 
     def inputs(self, ids: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
         """The inputs of a step besides the past, as OrtValues (positions from the mask)."""
@@ -168,23 +193,31 @@ class _Bound:
 
     def step(self, inputs: dict[str, Any], past: list[Any] | None) -> list[Any]:
         """Run one step on `inputs` (from `inputs()`) after `past` (the previous step's outputs,
-        or None: a prefill); returns the outputs as OrtValues, logits first."""
-        m = self.model
+        or None: a prefill); returns the outputs as OrtValues, logits first. In place, the past
+        is the bound cache and a prefill starts it again from position 0."""
+        m, io = self.model, self.io
+        if self.in_place:
+            assert io is not None
+            for name, value in inputs.items():
+                io.bind_ortvalue_input(name, value)
+            # bound again, not to the last run's logits: their shape follows the step's tokens
+            io.bind_output("logits", self.device)
+            self.session.run_with_iobinding(io)
+            return io.get_outputs()
         if past is None:
             b = inputs["input_ids"].shape()[0]
             feeds = {k: self.value(v) for k, v in m.empty_past(b).items()}
         else:
             feeds = {name: past[i] for name, i in zip(m.past_names, self.present_of)}
         feeds |= inputs
-        if not self.on_gpu:
+        if io is None:
             return self.session.run_with_ort_values(m.output_names, feeds)
-        io = self.io
         io.clear_binding_inputs()
         io.clear_binding_outputs()
         for name, value in feeds.items():
             io.bind_ortvalue_input(name, value)
         for name in m.output_names:
-            io.bind_output(name, "cuda")
+            io.bind_output(name, self.device)
         self.session.run_with_iobinding(io)
         return io.get_outputs()
 
@@ -214,7 +247,7 @@ def time_generation(
     if prompt_len < 1 or new_tokens < 1:
         raise GraphllmError("bench needs a prompt of at least 1 token and at least 1 new token")
     ids = np.random.default_rng(seed).integers(0, _vocab(model), (batch, prompt_len))
-    bound = _Bound(model)
+    bound = _Bound(model, capacity=prompt_len + new_tokens, batch=batch)
     masks = [np.ones((batch, prompt_len + i), np.int64) for i in range(new_tokens + 1)]
     prompt = bound.inputs(ids, masks[0])
     steps = [bound.inputs(np.zeros((batch, 1), np.int64), m) for m in masks[1:]]

@@ -49,6 +49,35 @@ def test_bound_steps_are_plain_runs(tiny_onnx):
     assert outs[1].shape() == [2, 2, 8, 16]  # present.0.key
 
 
+def test_in_place_cache_steps_equal_plain_runs(tmp_path):
+    """`ort`: one buffer per layer's K and V, bound as past and present, appended in place."""
+    path = tmp_path / "tiny-ort.onnx"
+    export_onnx(graphllm.load_config(TINY), path, seed=1, ops="ort")
+    m = OnnxModel(path, device="cpu", threads=1)
+    p, new = 5, 4
+    bound = _Bound(m, capacity=p + new, batch=2)
+    assert bound.in_place and not _Bound(m).in_place
+    ids = np.random.default_rng(0).integers(0, 256, (2, p))
+    mask = np.ones_like(ids)
+    for _ in range(2):  # a second prefill starts the buffers again from position 0
+        outs = bound.step(bound.inputs(ids, mask), None)
+        plain = m.forward(ids, mask)
+        np.testing.assert_allclose(outs[0].numpy(), plain["logits"], atol=1e-6, rtol=0)
+    step_mask = mask
+    for _ in range(new - 1):
+        nxt = plain["logits"][:, -1].argmax(-1)[:, None]
+        step_mask = np.concatenate([step_mask, np.ones_like(nxt)], axis=1)
+        outs = bound.step(bound.inputs(nxt, step_mask), outs)
+        plain = m.forward(nxt, step_mask, past={k: v for k, v in plain.items() if k != "logits"})
+        np.testing.assert_allclose(outs[0].numpy(), plain["logits"], atol=1e-6, rtol=0)
+    # the outputs after the logits are the bound buffers, holding the plain run's cache in front
+    held = step_mask.shape[1]
+    assert outs[1].shape() == [2, 2, p + new, 16]
+    np.testing.assert_allclose(
+        outs[1].numpy()[:, :, :held], plain["present.0.key"], atol=1e-6, rtol=0
+    )
+
+
 def test_time_generation_counts_repeats_and_steps(tiny_onnx):
     ticks = []
     t = time_generation(OnnxModel(tiny_onnx, "cpu"), 4, 3, repeats=2, warmup=1, tick=ticks.append)
@@ -58,7 +87,7 @@ def test_time_generation_counts_repeats_and_steps(tiny_onnx):
 
 def test_bench_beside_a_preset_prediction(tiny_onnx):
     r = bench(tiny_onnx, prompt_len=6, new_tokens=3, repeats=2, threads=1, hardware="h100")
-    assert (r.model, r.lowering, r.threads) == ("tiny", "standard", 1)
+    assert (r.model, r.lowering, r.threads) == ("tiny", "ort", 1)
     assert r.provider == "CPUExecutionProvider"
     assert r.hardware == "h100-sxm" and not r.calibrated
     d = r.to_dict()
@@ -91,7 +120,7 @@ def test_cli_bench_json_and_text(tiny_onnx):
     r = CliRunner().invoke(main, ["bench", str(tiny_onnx), *SHORT, "--hardware", "h100", "--json"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    assert doc["lowering"] == "standard" and doc["prompt_len"] == 6 and doc["new_tokens"] == 3
+    assert doc["lowering"] == "ort" and doc["prompt_len"] == 6 and doc["new_tokens"] == 3
     assert (
         set(doc["measured"])
         == set(doc["predicted"])
@@ -105,7 +134,7 @@ def test_cli_bench_json_and_text(tiny_onnx):
     r = CliRunner().invoke(main, ["bench", str(tiny_onnx), *SHORT, "--hardware", "h100"])
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
-    assert "standard lowering" in lines[0] and "median of 2" in lines[0]
+    assert "ort lowering" in lines[0] and "median of 2" in lines[0]
     assert "measured/predicted" in lines[1]
     assert [ln.split()[:2] for ln in lines[2:]] == [
         ["prefill", "ms"],

@@ -38,7 +38,7 @@ from graphllm.exporters.onnx import (  # noqa: E402
 )
 from graphllm.interpret import run_graph  # noqa: E402
 from graphllm.ops import OPS, SOURCE  # noqa: E402
-from graphllm.runtime import OnnxModel, positions  # noqa: E402
+from graphllm.runtime import OnnxModel, _Bound, positions  # noqa: E402
 from graphllm.weights import load_weights, random_weights  # noqa: E402
 
 
@@ -244,6 +244,23 @@ def test_left_padded_batch(exported, ops, case):
     for step, (nxt, mask, pos) in enumerate(steps):
         ours = e.onnx.forward(nxt, mask, pos, past=_presents(ours))
         _close(ours["logits"], ref["hf"][step + 1], f"padded decode step {step}")
+
+
+@pytest.mark.parametrize("case", CASES + HD16)
+def test_ort_in_place_cache_prefill_and_16_decode_steps(exported, case):
+    """`ort` as bench runs it: each layer's K and V one buffer, bound as past and present, that
+    GroupQueryAttention appends to in place."""
+    e = exported(case, "ort")
+    ref = e.case.decode()
+    bound = _Bound(e.onnx, capacity=SEQ + STEPS + 3, batch=BATCH)
+    assert bound.in_place
+    mask = np.ones((BATCH, SEQ), np.int64)
+    outs = bound.step(bound.inputs(ref["ids"], mask), None)
+    _close(outs[0].numpy(), ref["hf"][0], "prefill in place vs transformers")
+    for step, nxt in enumerate(ref["tokens"]):
+        mask = np.concatenate([mask, np.ones_like(nxt)], axis=1)
+        outs = bound.step(bound.inputs(nxt, mask), outs)
+        _close(outs[0].numpy(), ref["hf"][step + 1], f"decode step {step} in place")
 
 
 # -- the model file ------------------------------------------------------------------------
