@@ -93,30 +93,39 @@ CASES: dict[str, tuple[str, dict]] = {
 
 
 class Tiny:
-    """One tiny HF model, its checkpoint folder and graphllm's config and weights for it."""
+    """One tiny HF model, its checkpoint folder and graphllm's config and weights for it.
+    Subclasses (test_parity_deepseek) bring their own `cases`, `small` and `settle`."""
+
+    cases: dict[str, tuple[str, dict]] = CASES
+    small: dict = SMALL
 
     def __init__(self, case: str, folder) -> None:
-        model_type, overrides = CASES[case]
+        model_type, overrides = self.cases[case]
         torch.manual_seed(0)
-        hf_cfg = transformers.AutoConfig.for_model(model_type, **{**SMALL, **overrides})
+        hf_cfg = transformers.AutoConfig.for_model(model_type, **{**self.small, **overrides})
         model = transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.float32)
         with torch.no_grad():
             for p in model.parameters():  # norm weights off 1 (gemma: off 0), biases off 0
                 p.add_(0.1 * torch.randn_like(p))
+            self.settle(model)
         self.model = model.eval()
         self.folder = folder
         model.save_pretrained(folder)
         self.cfg = graphllm.load_config(folder)
-        self.weights = None
+        self.weights: dict | None = None
 
-    def graph(self, seq_len: int = SEQ, past_len: int = 0):
+    def settle(self, model) -> None:
+        """Move what else the family keeps (buffers) off its initial value."""
+
+    def graph(self, seq_len: int = SEQ, past_len: int = 0, **build):
         wl = graphllm.Workload.with_dtype(
             batch=BATCH, seq_len=seq_len, past_len=past_len, dtype="fp32"
         )
-        return graphllm.build_graph(self.cfg, wl)
+        return graphllm.build_graph(self.cfg, wl, **build)
 
-    def run(self, ids: np.ndarray, past: dict | None = None) -> dict[str, np.ndarray]:
-        g = self.graph(ids.shape[1], 0 if past is None else next(iter(past.values())).shape[2])
+    def run(self, ids: np.ndarray, past: dict | None = None, **build) -> dict[str, np.ndarray]:
+        p = 0 if past is None else next(iter(past.values())).shape[2]
+        g = self.graph(ids.shape[1], p, **build)
         if self.weights is None:
             self.weights = load_weights(g, self.folder)
         return run_graph(g, self.weights, ids, past)
@@ -126,17 +135,24 @@ class Tiny:
         return self.model(torch.from_numpy(ids), cache=past, use_cache=True)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """case -> its Tiny, each built once per module."""
-    models: dict[str, Tiny] = {}
+def tiny_models(kind: type[Tiny]):
+    """A module-scoped fixture: case -> its `kind` model, each built once per module."""
 
-    def get(case: str) -> Tiny:
-        if case not in models:
-            models[case] = Tiny(case, tmp_path_factory.mktemp(case))
-        return models[case]
+    @pytest.fixture(scope="module")
+    def tiny(tmp_path_factory):
+        models: dict[str, Tiny] = {}
 
-    return get
+        def get(case: str) -> Tiny:
+            if case not in models:
+                models[case] = kind(case, tmp_path_factory.mktemp(case))
+            return models[case]
+
+        return get
+
+    return tiny
+
+
+tiny = tiny_models(Tiny)
 
 
 def _ids(seed: int, seq: int = SEQ) -> np.ndarray:

@@ -13,9 +13,11 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from test_parity import Tiny as DenseTiny  # noqa: E402
+from test_parity import _presents, tiny_models  # noqa: E402
+
 import graphllm  # noqa: E402
 from graphllm.interpret import run_graph  # noqa: E402
-from graphllm.weights import load_weights  # noqa: E402
 
 BATCH, SEQ, STEPS = 2, 8, 16
 ATOL = 1e-4
@@ -89,57 +91,21 @@ RENORM = {
 }
 
 
-class Tiny:
-    def __init__(self, case: str, folder) -> None:
-        model_type, overrides = (CASES | RENORM)[case]
-        torch.manual_seed(0)
-        hf_cfg = transformers.AutoConfig.for_model(model_type, **{**SMALL, **overrides})
-        model = transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.float32)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(0.1 * torch.randn_like(p))
-            for name, buf in model.named_buffers():
-                if name.endswith("e_score_correction_bias"):  # nonzero, so it changes choices
-                    buf.copy_(0.05 * torch.randn_like(buf))
-        self.model = model.eval()
-        self.folder = folder
-        model.save_pretrained(folder)
-        self.cfg = graphllm.load_config(folder)
-        self.weights: dict | None = None
+class Tiny(DenseTiny):
+    cases = CASES | RENORM
+    small = SMALL
 
-    def run(self, ids: np.ndarray, past: dict | None = None, mla: str = "naive") -> dict:
-        p = 0 if past is None else next(iter(past.values())).shape[2]
-        wl = graphllm.Workload.with_dtype(
-            batch=BATCH, seq_len=ids.shape[1], past_len=p, dtype="fp32"
-        )
-        g = graphllm.build_graph(self.cfg, wl, mla=mla)
-        if self.weights is None:
-            self.weights = load_weights(g, self.folder)
-        return run_graph(g, self.weights, ids, past)
-
-    @torch.no_grad()
-    def hf(self, ids: np.ndarray, past=None):
-        return self.model(torch.from_numpy(ids), cache=past, use_cache=True)
+    def settle(self, model) -> None:
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # nonzero, so it changes choices
+                buf.copy_(0.05 * torch.randn_like(buf))
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    models: dict[str, Tiny] = {}
-
-    def get(case: str) -> Tiny:
-        if case not in models:
-            models[case] = Tiny(case, tmp_path_factory.mktemp(case))
-        return models[case]
-
-    return get
+tiny = tiny_models(Tiny)
 
 
 def _ids(seed: int, seq: int = SEQ) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, SMALL["vocab_size"], (BATCH, seq))
-
-
-def _presents(out: dict) -> dict:
-    return {k: v for k, v in out.items() if k.startswith("present.")}
 
 
 @pytest.mark.parametrize("mla", ["naive", "absorbed"])
