@@ -4,12 +4,14 @@ A Llama config (hidden 512, 8 layers, 8 heads, 4 KV heads, intermediate 1408, vo
 the same random weights for both: transformers' model (its default `sdpa` attention) is saved with
 `save_pretrained` and graphllm exports that checkpoint, once per lowering. Each run prefills a
 random 128-token prompt, then decodes 64 tokens greedily through the KV cache (batch 1, fp32,
-2 threads: `torch.set_num_threads(2)`, onnxruntime intra_op_num_threads=2; each step's present
-K/V stay OrtValues, fed back as the next step's past). Figures are medians over the repeats after
+2 threads: `torch.set_num_threads(2)`, onnxruntime intra_op_num_threads=2; the cache kept as
+`graphllm bench` keeps it: under `ort` one buffer per layer that each step appends to in place,
+otherwise each step's present K/V stay OrtValues, fed back as the next step's past). Figures are medians over the repeats after
 a warm-up round; in each round every model runs once in turn, so a load that comes and goes on
 the machine weighs on all of them alike. Beside them: the bandwidth floor of a decode step (the
 weight bytes it streams over the read bandwidth of a buffer that size, measured as `graphllm
-calibrate` does, once per round, median) and measured over the roofline prediction on this
+calibrate` does, just before each model's run in each round; the ratio is the median over the
+rounds of decode time over that round's floor) and measured over the roofline prediction on this
 machine's calibration (`--hardware local`), as `graphllm bench` reports it.
 
 Once every model is loaded, the process's weights (torch's and onnxruntime's alike) are moved
@@ -134,14 +136,20 @@ def main() -> int:
         # machine then weighs on all of them alike
         runs: dict[str, list[tuple[float, float]]] = {f"transformers {attn}": []}
         runs |= {label: [] for label in models}
+        # each model's decode over the floor read just before its run: the machine's bandwidth
+        # moves from one second to the next, a ratio within one round moves less
+        ratios: dict[str, list[float]] = {label: [] for label in models}
         for r in range(1 + args.repeats):
-            reads.append(read_bandwidth(calibrate, streamed))
             time.sleep(PAUSE)
             got = [transformers_run(hf, ids)]
-            for m in models.values():
+            for label, m in models.items():
                 time.sleep(PAUSE)  # torch's OpenMP workers spin a while after its last op
+                read = read_bandwidth(calibrate, streamed)
                 t = time_generation(m, PROMPT, NEW, repeats=1, warmup=0)
                 got.append((t.prefill[0], t.decode[0]))
+                if r:
+                    reads.append(read)
+                    ratios[label].append(t.decode[0] * read / streamed)
             if r:
                 for label, one in zip(runs, got):
                     runs[label].append(one)
@@ -164,21 +172,27 @@ def main() -> int:
     )
     print(
         f"decode bandwidth floor: {streamed / 1e6:.1f} MB of weights per token / "
-        f"{read_bw / 1e9:.1f} GB/s read over a buffer that size = {1e3 * floor:.2f} ms/token"
+        f"{read_bw / 1e9:.1f} GB/s read over a buffer that size = {1e3 * floor:.2f} ms/token "
+        f"(median; {1e3 * streamed / max(reads):.2f}-{1e3 * streamed / min(reads):.2f} ms "
+        "over the rounds)"
     )
     hf_label, hf_p, hf_d = rows[0]
     head = f"{'':34s} {'prefill ms':>10s} {'decode ms/tok':>13s} {'tok/s':>7s}"
-    print(head + f" {'prefill x':>9s} {'decode x':>8s} {'/floor':>6s} {'meas/pred':>16s}")
+    cols = f" {'prefill x':>9s} {'decode x':>8s} {'/floor':>6s} {'rounds':>9s} {'meas/pred':>16s}"
+    print(head + cols)
     for label, p, d in rows:
         line = f"{label:34s} {1e3 * p:10.1f} {1e3 * d:13.2f} {1 / d:7.1f}"
         if label != hf_label:
             pp, pd = predicted[label]
-            line += f" {hf_p / p:9.2f} {hf_d / d:8.2f} {d / floor:6.2f}"
+            r = ratios[label]
+            line += f" {hf_p / p:9.2f} {hf_d / d:8.2f} {statistics.median(r):6.2f}"
+            line += f" {min(r):4.2f}-{max(r):4.2f}"
             line += f"   {p / pp:5.2f} / {d / pd:5.2f}"
         print(line)
     print(
         "prefill x, decode x: transformers' time over graphllm's (goals: >= 1.3 and >= 2); "
-        "/floor: decode time over the bandwidth floor (goal: <= 1.2); meas/pred: measured over "
+        "/floor: median over the rounds of decode time over the bandwidth floor read just before "
+        "it (goal: <= 1.2), rounds: its least and greatest; meas/pred: measured over "
         "the roofline prediction on this machine's calibration, prefill / decode"
     )
     return 0
