@@ -248,7 +248,9 @@ class _Ctx:
         return [p for p, k in self.scopes.items() if k == "layer"]
 
     def layer(self, i: int) -> str:
-        layers = self.layers()
+        """Layer i's scope; past the main model's layers, the MTP modules (layer 61 of
+        DeepSeek-V3 with --mtp), whose block views draw their block in place."""
+        layers = self.layers() + [p for p, k in self.scopes.items() if k == "mtp"]
         if not 0 <= i < len(layers):
             n = len(layers)
             raise GraphllmError(f"--layer {i}: the model has {n} layer{'s' * (n != 1)} (0-{n - 1})")
@@ -1017,7 +1019,9 @@ def view_dot(
 CAPTIONS.update(
     {
         "rope_pairs": lambda n: f"RoPE (pairs, {n.attrs['layout']})",
-        "concat": lambda n: "concat [no-RoPE, RoPE]",
+        "concat": lambda n: (
+            "concat [" + ", ".join(r.node.rsplit(".", 1)[-1] for r in n.inputs) + "]"
+        ),
         "latent_heads": lambda n: "latent → per-head K/V",
         "split_heads_weight": lambda n: "kv_b_proj → per-head W_uk, W_uv",
         "absorb_q": lambda n: "q · W_uk (into latent)",

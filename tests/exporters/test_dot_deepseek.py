@@ -3,6 +3,7 @@
 import pytest
 
 from graphllm import Workload, build_graph, load_config
+from graphllm.errors import GraphllmError
 from graphllm.exporters.dot import view_dot
 
 
@@ -47,3 +48,16 @@ def test_render_with_mtp_draws_the_mtp_module(tmp_path):
     for part in ("MTP depth 1: decoder block", "model.layers.61", "eh_proj", "hnorm", "enorm"):
         assert part in texts, part
     assert {"mtp.1.input_ids", "mtp.1.logits", "shared_head.head"} <= set(texts)
+
+
+def test_block_views_reach_the_mtp_module_past_the_main_layers():
+    g = build_graph(load_config("deepseek-v3"), Workload(seq_len=4), mtp=True)
+    block = view_dot(g, "block", layer=61)  # V3's 61 layers are 0-60; 61 is the MTP module
+    for part in ("enorm", "hnorm", "concat [enorm, hnorm]", "eh_proj", "shared_head.head"):
+        assert part in block, part
+    assert "MoE" in block and "mixes tokens" in block  # its decoder block, drawn in place
+    assert "kv_a_proj_with_mqa" in view_dot(g, "attention", layer=61)
+    with pytest.raises(GraphllmError, match="--layer 62: the model has 62 layers"):
+        view_dot(g, "block", layer=62)
+    with pytest.raises(GraphllmError, match="--layer 61: the model has 61 layers"):
+        view_dot(build_graph(load_config("deepseek-v3"), Workload(seq_len=4)), "block", layer=61)
