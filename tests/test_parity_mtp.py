@@ -52,10 +52,10 @@ class MTPReference(torch.nn.Module):
             }
         )
 
-    def forward(self, ids, hidden, position_embeddings, mask=None, last: bool = False):
+    def forward(self, ids, hidden, position_embeddings, mask=None, last=False, cache=None):
         e = self.enorm(self.embed_tokens(ids))
         x = self.eh_proj(torch.cat([e, self.hnorm(hidden)], dim=-1))
-        x = self.block(x, attention_mask=mask, position_embeddings=position_embeddings)
+        x = self.block(x, attention_mask=mask, position_embeddings=position_embeddings, cache=cache)
         x = x[:, -1:] if last else x
         return self.shared_head["head"](self.shared_head["norm"](x))
 
@@ -164,6 +164,8 @@ def test_mtp_tokens_move_only_their_own_and_later_positions(mtp):
 WORKLOADS = {
     "prefill-b1-t64": {"batch": 1, "seq_len": 64},
     "prefill-b2-t32-last": {"batch": 2, "seq_len": 32, "logits": "last"},
+    "decode-b2-p48": {"batch": 2, "seq_len": 1, "past_len": 48},
+    "extend-b1-t8-p24": {"batch": 1, "seq_len": 8, "past_len": 24},
 }
 
 
@@ -177,16 +179,23 @@ def _mtp_matmul(workload: dict) -> int:
 
 def _counted(workload: dict) -> int:
     _, model = _models("deepseek-v3")
-    b, t = workload["batch"], workload["seq_len"]
+    b, t, p = workload["batch"], workload["seq_len"], workload.get("past_len", 0)
+    d = model.config.hidden_size
+
+    def step(ref, start: int, n: int, cache, last: bool = False):
+        hidden = torch.zeros((b, n, d))
+        pe = model.model.rotary_emb(hidden, torch.arange(start, start + n)[None].expand(b, -1))
+        mask = torch.zeros((1, 1, n, start + n))
+        return ref(torch.zeros((b, n), dtype=torch.long), hidden, pe, mask, last, cache)
+
     with torch.device("meta"), torch.no_grad():
         ref = MTPReference(model.config, model.config.num_hidden_layers).eval()
-        hidden = torch.zeros((b, t, model.config.hidden_size))
-        pe = model.model.rotary_emb(hidden, torch.arange(t)[None].expand(b, -1))
-        mask = torch.zeros((1, 1, t, t))
-        ids = torch.zeros((b, t), dtype=torch.long)
+        cache = transformers.DynamicCache()  # the MTP layer's own, filled by a prefill of P
+        if p:
+            step(ref, 0, p, cache)
         counter = FlopCounterMode(display=False)
         with counter:
-            ref(ids, hidden, pe, mask, last=workload.get("logits") == "last")
+            step(ref, p, t, cache, last=workload.get("logits") == "last")
     return counter.get_total_flops()
 
 
