@@ -250,10 +250,13 @@ class _Ctx:
     def layer(self, i: int) -> str:
         """Layer i's scope; past the main model's layers, the MTP modules (layer 61 of
         DeepSeek-V3 with --mtp), whose block views draw their block in place."""
-        layers = self.layers() + [p for p, k in self.scopes.items() if k == "mtp"]
+        main, mtp = self.layers(), [p for p, k in self.scopes.items() if k == "mtp"]
+        layers = main + mtp
         if not 0 <= i < len(layers):
-            n = len(layers)
-            raise GraphllmError(f"--layer {i}: the model has {n} layer{'s' * (n != 1)} (0-{n - 1})")
+            n = len(main)
+            has = f"{n} layer{'s' * (n != 1)}"
+            has += f" and {len(mtp)} MTP module{'s' * (len(mtp) != 1)}" if mtp else ""
+            raise GraphllmError(f"--layer {i}: the model has {has} (0-{len(layers) - 1})")
         return layers[i]
 
     def child_scopes(self, prefix: str) -> list[str]:
@@ -1019,9 +1022,7 @@ def view_dot(
 CAPTIONS.update(
     {
         "rope_pairs": lambda n: f"RoPE (pairs, {n.attrs['layout']})",
-        "concat": lambda n: (
-            "concat [" + ", ".join(r.node.rsplit(".", 1)[-1] for r in n.inputs) + "]"
-        ),
+        "concat": lambda n: f"concat [{', '.join(n.attrs.get('parts', ()))}]",
         "latent_heads": lambda n: "latent → per-head K/V",
         "split_heads_weight": lambda n: "kv_b_proj → per-head W_uk, W_uv",
         "absorb_q": lambda n: "q · W_uk (into latent)",

@@ -36,7 +36,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -618,6 +618,7 @@ class ExportedModel:
     workload: Workload
     lowering: str
     weights: str
+    build: dict[str, Any] = field(default_factory=dict)  # build_graph's mla= and mtp=
 
 
 def _metadata(config: ModelConfig, wl: Workload, ops: str, weights: str) -> dict[str, str]:
@@ -649,7 +650,12 @@ def read_metadata(path: str | Path) -> ExportedModel:
         workload = Workload(**json.loads(props["graphllm.workload"]))
     except (ValueError, TypeError, KeyError) as e:
         raise GraphllmError(f"{path}: unreadable graphllm metadata ({e})") from None
-    return ExportedModel(config, workload, props["graphllm.lowering"], props["graphllm.weights"])
+    try:
+        build = json.loads(props.get("graphllm.graph", "{}"))
+    except ValueError as e:
+        raise GraphllmError(f"{path}: unreadable graphllm metadata ({e})") from None
+    lowering, weights = props["graphllm.lowering"], props["graphllm.weights"]
+    return ExportedModel(config, workload, lowering, weights, build)
 
 
 # -- weights ----------------------------------------------------------------------------------

@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 MLA_FORMS = ("naive", "absorbed")
 
 
+def _parts(joined: Dim, first: str, second: str) -> dict:
+    """A concat's attrs: the joined axis, and what its two parts are (for the diagrams)."""
+    return {"axes": {"f": joined}, "parts": (first, second)}
+
+
 def _split(b: _Builder, name: str, x: Node | Ref, a: Dim, c: Dim) -> tuple[Ref, Ref]:
     attrs = {"axes": {"f1": a, "f2": c}, "sizes": [a.size, c.size]}
     n = b.g.add("split", name, (x,), attrs)
@@ -88,8 +93,10 @@ def mla_attention(b: _Builder, p: str, x: Node, i: int) -> Node:
         w_k, w_v = Ref(wn.name, 0), Ref(wn.name, 1)  # (h, d_nope, r), (h, d_v, r)
         q_lat = g.add("absorb_q", f"{p}.q_absorb", (q_nope, w_k))  # (B, h, T, r)
         d_l = Dim("d_lat", "head_dim", c.kv_lora_rank + c.qk_rope_head_dim)
-        q = g.add("concat", f"{p}.q_cat", (q_lat, q_rope), {"axes": {"f": d_l}})
-        k = g.add("concat", f"{p}.k_cat", (lat, k_rope), {"axes": {"f": d_l}})  # (B, 1, S, r+dr)
+        q = g.add("concat", f"{p}.q_cat", (q_lat, q_rope), _parts(d_l, "latent query", "RoPE"))
+        k = g.add(
+            "concat", f"{p}.k_cat", (lat, k_rope), _parts(d_l, "latent", "RoPE")
+        )  # (B,1,S,r+dr)
         o = b.core_attention(f"{p}.core", q, k, lat, None, ("scores_mqa", "pv_mqa"))
         o = g.add("absorb_o", f"{p}.o_absorb", (o, w_v))  # (B, h, T, d_v)
     else:
@@ -97,8 +104,8 @@ def mla_attention(b: _Builder, p: str, x: Node, i: int) -> Node:
         kv = g.add("latent_heads", f"{p}.kv_heads", (kv,), {"axes": {"h": h, "e": d_kv}})
         k_nope, v = _split(b, f"{p}.kv_b_split", kv, dn, dv)  # (B, h, S, d_nope), (.., d_v)
         k_rep = g.add("repeat_kv", f"{p}.k_rope_repeat", (k_rope,), {"axes": {"h": h}})
-        k = g.add("concat", f"{p}.k_cat", (k_nope, k_rep), {"axes": {"f": d_qk}})
-        q = g.add("concat", f"{p}.q_cat", (q_nope, q_rope), {"axes": {"f": d_qk}})
+        k = g.add("concat", f"{p}.k_cat", (k_nope, k_rep), _parts(d_qk, "no-RoPE", "RoPE"))
+        q = g.add("concat", f"{p}.q_cat", (q_nope, q_rope), _parts(d_qk, "no-RoPE", "RoPE"))
         o = b.core_attention(f"{p}.core", q, k, v, None)  # (B, h, T, d_v)
     d_o = Dim("d_o", "hidden", c.num_attention_heads * c.v_head_dim)
     o = g.add("merge_heads", f"{p}.merge_heads", (o,), {"axes": {"(h e)": d_o}})

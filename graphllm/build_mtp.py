@@ -41,6 +41,11 @@ def check_mtp(cfg: ModelConfig) -> None:
             else f"{cfg.model_type} has none, DeepSeek-V3 has"
         )
         raise ConfigError(f"--mtp: {cfg.name} has no multi-token-prediction layers ({why})")
+    if len(cfg.mtp_moe_layers) != cfg.num_nextn_predict_layers:  # a config built by hand
+        raise ConfigError(
+            f"--mtp: {cfg.name} says {len(cfg.mtp_moe_layers)} of its "
+            f"{cfg.num_nextn_predict_layers} MTP layers are MoE or dense (mtp_moe_layers)"
+        )
 
 
 def mtp_modules(b: _Builder, hidden: Node) -> None:
@@ -64,7 +69,9 @@ def _depth(b: _Builder, k: int, h_prev: Node) -> Node:
     e = b.rmsnorm(f"{p}.enorm", e, b.d)
     h = b.rmsnorm(f"{p}.hnorm", h_prev, b.d)
     both = Dim("2d", "hidden", 2 * c.hidden_size)
-    x = g.add("concat", f"{p}.eh_concat", (e, h), {"axes": {"f": both}})
+    x = g.add(
+        "concat", f"{p}.eh_concat", (e, h), {"axes": {"f": both}, "parts": ("embedding", "hidden")}
+    )
     x = b.linear(f"{p}.eh_proj", x, b.d, "mtp_proj")
     first = len(g)
     out = b.block(i, x, kind="mtp", moe=c.mtp_moe_layers[k - 1])

@@ -219,7 +219,7 @@ def bench(
         f"{report.model} ({report.lowering} lowering) on {report.provider}, {report.threads} "
         f"threads, batch {report.batch}: prompt {report.prompt_len} tokens, then "
         f"{report.new_tokens} new; median of {report.repeats}"
-        + (f"; {huge / 1e6:.0f} MB on huge pages" if huge else "")
+        + (f"; {huge / 1e6:.0f} MB of its memory on huge pages" if huge else "")
     )
     pred = f"predicted ({report.hardware})" if report.hardware else ""
     ratio = "measured/predicted" if pred else ""

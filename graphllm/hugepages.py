@@ -19,7 +19,15 @@ import sys
 from pathlib import Path
 
 MADV_COLLAPSE = 25  # linux/mman.h
-HUGE = 2 << 20  # the x86-64 and arm64 (4 KiB base page) PMD size
+PMD_SIZE = Path("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
+
+
+def huge_page_size() -> int:
+    """The size of a transparent huge page here (2 MiB on x86-64 and 4 KiB-page arm64)."""
+    try:
+        return int(PMD_SIZE.read_text())
+    except (OSError, ValueError):
+        return 2 << 20
 
 
 def _anonymous_regions(min_bytes: int, resident: float) -> list[tuple[int, int]]:
@@ -59,9 +67,9 @@ def huge_bytes() -> int:
 
 
 def collapse(min_bytes: int = 4 << 20, resident: float = 0.9) -> int:
-    """Move this process's large resident anonymous memory onto huge pages now; returns the
-    bytes the kernel collapsed (0 where it cannot: not Linux, a kernel before 6.1, or no huge
-    page free)."""
+    """Move this process's large resident anonymous memory onto huge pages now; returns how
+    many more bytes are on huge pages than before (0 where none moved: already there, not
+    Linux, a kernel before 6.1, or no huge page free)."""
     if not sys.platform.startswith("linux"):
         return 0
     try:
@@ -71,9 +79,9 @@ def collapse(min_bytes: int = 4 << 20, resident: float = 0.9) -> int:
         return 0
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     madvise.restype = ctypes.c_int
-    done = 0
+    before, huge = huge_bytes(), huge_page_size()
     for a, b in _anonymous_regions(min_bytes, resident):
-        start, end = -(-a // HUGE) * HUGE, b // HUGE * HUGE
-        if end > start and madvise(start, end - start, MADV_COLLAPSE) == 0:
-            done += end - start
-    return done
+        start, end = -(-a // huge) * huge, b // huge * huge
+        if end > start:
+            madvise(start, end - start, MADV_COLLAPSE)  # a failure leaves the pages as they were
+    return max(0, huge_bytes() - before)

@@ -83,6 +83,8 @@ class OnnxModel:
         self.session = session(path, device, threads)
         self.past_names = [i.name for i in self.session.get_inputs() if i.name.startswith("past")]
         self._past = {i.name: i for i in self.session.get_inputs() if i.name.startswith("past")}
+        # token ids of DeepSeek's multi-token-prediction modules (`export --mtp`)
+        self.mtp_names = [i.name for i in self.session.get_inputs() if i.name.startswith("mtp.")]
         self.output_names = [o.name for o in self.session.get_outputs()]
         meta = self.session.get_modelmeta().custom_metadata_map
         self.lowering = meta.get("graphllm.lowering")  # None: not exported by graphllm
@@ -101,16 +103,28 @@ class OnnxModel:
         attention_mask: np.ndarray | None = None,
         position_ids: np.ndarray | None = None,
         past: dict[str, np.ndarray] | None = None,
+        extra: dict[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
         """Logits and present K/V for new tokens (B, T) after `past` (`present.*` or
         `past_key_values.*` keys; none: a prefill). The mask defaults to all ones over past and
-        new tokens, positions to the mask's running count."""
+        new tokens, positions to the mask's running count. `extra`: the other inputs by name
+        (an MTP export's `mtp.{k}.input_ids`)."""
         ids = np.atleast_2d(np.asarray(input_ids, dtype=np.int64))
         b, t = ids.shape
         feeds = self.empty_past(b)
         for k, v in (past or {}).items():
             feeds[k.replace("present.", "past_key_values.")] = v
         p = next(iter(feeds.values())).shape[2] if feeds else 0
+        missing = [n for n in self.mtp_names if n not in (extra or {})]
+        if missing:
+            raise GraphllmError(f"{self.path}: give the token ids of {', '.join(missing)} (extra=)")
+        if self.lowering in IN_PLACE_CACHE and b > 1 and t > 1 and p > 0:
+            raise GraphllmError(
+                f"{self.path}: the {self.lowering} lowering's GroupQueryAttention takes several "
+                "new tokens after a past at batch 1 only (onnxruntime's rule); export this model "
+                f"with --ops standard to run them at batch {b}"
+            )
+        feeds |= {k: np.asarray(v, dtype=np.int64) for k, v in (extra or {}).items()}
         mask = np.ones((b, p + t), np.int64) if attention_mask is None else attention_mask
         feeds["attention_mask"] = np.asarray(mask, dtype=np.int64)
         feeds["input_ids"] = ids
@@ -126,20 +140,23 @@ class OnnxModel:
         attention_mask: np.ndarray | None = None,
     ) -> np.ndarray:
         """Greedy decoding through the KV cache: (B, max_new_tokens) new token ids. A batch of
-        prompts of different lengths is left-padded, with `attention_mask` 0 on the padding."""
+        prompts of different lengths is left-padded, with `attention_mask` 0 on the padding.
+        The cache stays in onnxruntime, as `bench` keeps it (`_Bound`); an MTP export's draft
+        inputs are fed the step's own tokens (their logits are not read)."""
         ids = np.atleast_2d(np.asarray(input_ids, dtype=np.int64))
         mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask)
-        out = self.forward(ids, mask)
+        b = ids.shape[0]
+        bound = _Bound(self, capacity=ids.shape[1] + max_new_tokens, batch=b)
+        outs = bound.step(bound.inputs(ids, mask), None)
         new = []
         for step in range(max_new_tokens):
-            nxt = out["logits"][:, -1].argmax(-1)[:, None]  # (B, 1)
+            nxt = outs[0].numpy()[:, -1].argmax(-1)[:, None].astype(np.int64)  # (B, 1)
             new.append(nxt)
             if step == max_new_tokens - 1:
                 break
             mask = np.concatenate([mask, np.ones_like(nxt)], axis=1)
-            past = {k: v for k, v in out.items() if k.startswith("present.")}
-            out = self.forward(nxt, mask, past=past)
-        return np.concatenate(new, axis=1) if new else np.zeros((ids.shape[0], 0), np.int64)
+            outs = bound.step(bound.inputs(nxt, mask), outs)
+        return np.concatenate(new, axis=1) if new else np.zeros((b, 0), np.int64)
 
 
 # -- bench ------------------------------------------------------------------------------------
@@ -186,9 +203,11 @@ class _Bound:
                 self.io.bind_ortvalue_output(name.replace("past_key_values.", "present."), buf)
 
     def inputs(self, ids: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
-        """The inputs of a step besides the past, as OrtValues (positions from the mask)."""
+        """The inputs of a step besides the past, as OrtValues (positions from the mask; an MTP
+        module's draft tokens the step's own: the same work, whatever the ids)."""
         pos = positions(mask, ids.shape[1])
         arrays = {"input_ids": ids, "attention_mask": mask, "position_ids": pos}
+        arrays |= {name: ids for name in self.model.mtp_names}
         return {k: self.value(np.ascontiguousarray(v, np.int64)) for k, v in arrays.items()}
 
     def step(self, inputs: dict[str, Any], past: list[Any] | None) -> list[Any]:
@@ -341,6 +360,7 @@ def predict(
     prompt_len: int,
     new_tokens: int,
     hardware: Any,
+    build: dict[str, Any] | None = None,
 ) -> tuple[float, float]:
     """Roofline seconds of the prefill and of one decode step, averaged over the decode steps
     (past P = prompt_len ... prompt_len + new_tokens - 1; decode cost is linear in P). The
@@ -354,9 +374,8 @@ def predict(
         wl = Workload.with_dtype(
             batch=batch, seq_len=seq, past_len=past, dtype=dtype, logits=logits
         )
-        res = run(
-            build_graph(config, wl), ["cost", "roofline"], hardware=hardware, attention=attention
-        )
+        graph = build_graph(config, wl, **(build or {}))  # an export's mla= and mtp=
+        res = run(graph, ["cost", "roofline"], hardware=hardware, attention=attention)
         return res["roofline"].seconds
 
     first, last = prompt_len, prompt_len + new_tokens - 1
@@ -405,7 +424,15 @@ def bench(
     if hw is not None:
         wl = meta.workload
         pre, dec = predict(
-            meta.config, meta.lowering, wl.act_dtype, wl.logits, batch, prompt_len, new_tokens, hw
+            meta.config,
+            meta.lowering,
+            wl.act_dtype,
+            wl.logits,
+            batch,
+            prompt_len,
+            new_tokens,
+            hw,
+            meta.build,
         )
     return BenchReport(
         model=meta.config.name,
@@ -439,7 +466,7 @@ def _hardware(name: str, meta: Any, threads: int, say: Callable[[str], None] | N
 
     if say:
         say(f"no calibration for this machine: calibrating it first ({local_path()})")
-    graph = build_graph(meta.config, meta.workload)
+    graph = build_graph(meta.config, meta.workload, **meta.build)
     weights = run(graph, ["memory"])["memory"].weights
     hw = calibrate(
         weights_bytes=weights,

@@ -56,6 +56,4 @@ def count_params(graph: Graph, results: dict[str, Any] | None = None, **_: Any) 
             active += numel // n_exp * k
         else:
             active += numel
-    if not by_kind["mtp_proj"]:  # a kind only models built with their MTP modules have
-        del by_kind["mtp_proj"]
     return ParamReport(sum(by_kind.values()), active, by_kind, mtp)

@@ -8,9 +8,6 @@ FlopCounterMode on the meta device.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -18,12 +15,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
-from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf_v3  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).parent / "passes"))  # the FLOP parity's meta models
 from test_cost_parity_deepseek import _models  # noqa: E402
 from test_parity_deepseek import BATCH, SEQ, SMALL, Tiny  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf_v3  # noqa: E402
 
 import graphllm  # noqa: E402
 from graphllm.interpret import run_graph  # noqa: E402
@@ -214,3 +209,30 @@ def test_a_checkpoint_without_the_mtp_tensors_is_one_line(tmp_path):
     r = CliRunner().invoke(main, ["export", "--weights", str(base.folder), "--mtp", "-o", str(out)])
     assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.output
     assert "has no tensor model.layers.3." in r.stderr and not out.exists()
+
+
+def test_two_mtp_depths_chain_each_on_the_block_output_before_it():
+    from test_cost_parity_deepseek import _config_dict
+
+    from graphllm.config import config_from_dict
+
+    d = {**_config_dict("deepseek-v3"), "num_nextn_predict_layers": 2}  # main layers 0-1
+    g = graphllm.build_graph(config_from_dict(d, "v3-mtp2"), graphllm.Workload(seq_len=4), mtp=True)
+    assert [m["depth"] for m in g.meta["mtp"]] == [1, 2]
+    assert g["model.layers.2.hnorm"].inputs[0].node == "model.norm"  # depth 1: the main model's
+    assert g["model.layers.3.hnorm"].inputs[0].node == "model.layers.2.mlp_residual"  # depth 2
+    assert {"mtp.1.logits", "mtp.2.logits"} <= set(g.outputs)
+    p = run(g, ["params"])["params"]
+    one = p.mtp // 2
+    assert (
+        p.mtp == 2 * one
+        and one
+        == run(
+            graphllm.build_graph(
+                config_from_dict({**d, "num_nextn_predict_layers": 1}, "v3-mtp1"),
+                graphllm.Workload(seq_len=4),
+                mtp=True,
+            ),
+            ["params"],
+        )["params"].mtp
+    )

@@ -63,6 +63,16 @@ def test_forward_defaults_and_empty_past(tiny_onnx):
     assert step["present.0.key"].shape[2] == 6
 
 
+def test_ort_refuses_a_batch_of_chunks_after_a_past_in_one_line(tiny_onnx):
+    m = OnnxModel(tiny_onnx, device="cpu")  # the default CPU lowering: ort
+    assert m.lowering == "ort"
+    ids = np.random.default_rng(1).integers(3, 256, (2, 5))
+    past = {k: v for k, v in m.forward(ids).items() if k.startswith("present.")}
+    with pytest.raises(GraphllmError, match=r"at batch 1 only .* with --ops standard"):
+        m.forward(ids[:, :2], past=past)
+    assert m.forward(ids[:1, :2], past={k: v[:1] for k, v in past.items()})["logits"].shape[1] == 2
+
+
 def test_generate_matches_row_by_row(tiny_onnx):
     m = OnnxModel(tiny_onnx, device="cpu")
     rng = np.random.default_rng(0)

@@ -14,6 +14,8 @@ def test_attention_view_draws_mla(mla):
     for part in ("q_a_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "o_proj", "RoPE (pairs"):
         assert part in dot, part
     assert ("q · W_uk" in dot) == (mla == "absorbed")
+    assert ("concat [latent, RoPE]" in dot) == (mla == "absorbed")
+    assert ("concat [no-RoPE, RoPE]" in dot) == (mla == "naive")
     assert ("kv_b_proj" in dot) and (("latent → per-head K/V" in dot) == (mla == "naive"))
 
 
@@ -53,11 +55,11 @@ def test_render_with_mtp_draws_the_mtp_module(tmp_path):
 def test_block_views_reach_the_mtp_module_past_the_main_layers():
     g = build_graph(load_config("deepseek-v3"), Workload(seq_len=4), mtp=True)
     block = view_dot(g, "block", layer=61)  # V3's 61 layers are 0-60; 61 is the MTP module
-    for part in ("enorm", "hnorm", "concat [enorm, hnorm]", "eh_proj", "shared_head.head"):
+    for part in ("enorm", "hnorm", "concat [embedding, hidden]", "eh_proj", "shared_head.head"):
         assert part in block, part
     assert "MoE" in block and "mixes tokens" in block  # its decoder block, drawn in place
     assert "kv_a_proj_with_mqa" in view_dot(g, "attention", layer=61)
-    with pytest.raises(GraphllmError, match="--layer 62: the model has 62 layers"):
+    with pytest.raises(GraphllmError, match=r"--layer 62: .* 61 layers and 1 MTP module \(0-61\)"):
         view_dot(g, "block", layer=62)
     with pytest.raises(GraphllmError, match="--layer 61: the model has 61 layers"):
         view_dot(build_graph(load_config("deepseek-v3"), Workload(seq_len=4)), "block", layer=61)

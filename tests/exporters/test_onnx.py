@@ -9,10 +9,8 @@ tokens, and a left-padded batch of 2, against transformers and the interpreter (
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 from unittest import mock
 
@@ -24,6 +22,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
 
+import test_parity as parity  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
 import graphllm  # noqa: E402
@@ -41,20 +40,6 @@ from graphllm.ops import OPS, SOURCE  # noqa: E402
 from graphllm.runtime import OnnxModel, _Bound, positions  # noqa: E402
 from graphllm.weights import load_weights, random_weights  # noqa: E402
 
-
-def _parity_module():
-    """tests/test_parity.py: its tiny-model cases and builder (one module, however imported)."""
-    if "test_parity" in sys.modules:
-        return sys.modules["test_parity"]
-    path = Path(__file__).parents[1] / "test_parity.py"
-    spec = importlib.util.spec_from_file_location("test_parity", path)
-    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    sys.modules["test_parity"] = mod
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
-
-
-parity = _parity_module()
 ATOL, BATCH, SEQ, STEPS, PAD = 1e-4, 2, 8, 16, 3
 VOCAB = parity.SMALL["vocab_size"]
 # every family and feature: llama3 rope, tied embeddings, a window shorter than the prompt, QKV

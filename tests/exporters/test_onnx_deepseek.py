@@ -11,8 +11,6 @@ interpreter on test_parity_mtp's checkpoint.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,25 +22,14 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
 
+import test_parity_deepseek as parity  # noqa: E402
+
 from graphllm.cli import main  # noqa: E402
+from graphllm.errors import GraphllmError  # noqa: E402
 from graphllm.exporters import onnx_mla  # noqa: E402
 from graphllm.exporters.onnx import DECOMPOSED, export_graph, export_onnx  # noqa: E402
 from graphllm.runtime import OnnxModel, positions  # noqa: E402
 
-
-def _tests_module(name: str):
-    """tests/{name}.py: its tiny cases (one module, however imported)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    path = Path(__file__).parents[1] / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
-
-
-parity = _tests_module("test_parity_deepseek")
 ATOL, BATCH, SEQ, STEPS = 1e-4, parity.BATCH, parity.SEQ, 4
 SMALL = parity.SMALL
 MLA_OPS = {
@@ -184,32 +171,10 @@ def test_export_command_takes_mla_absorbed(exported, tmp_path):
     )
 
 
-def _session_run(path: Path, ids, mtp_ids, past: dict | None) -> dict:
-    """onnxruntime on the MTP export: token ids of both inputs, positions after `past`."""
-    import onnxruntime as ort
-
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    b, t = ids.shape
-    feeds = {}
-    for i in sess.get_inputs():
-        if i.name.startswith("past_key_values."):
-            shape = [b if d == "batch" else 0 if isinstance(d, str) else d for d in i.shape]
-            feeds[i.name] = np.zeros(shape, np.float32)
-    feeds |= {k.replace("present.", "past_key_values."): v for k, v in (past or {}).items()}
-    p = next(iter(feeds.values())).shape[2]
-    feeds |= {
-        "input_ids": ids,
-        "mtp.1.input_ids": mtp_ids,
-        "attention_mask": np.ones((b, p + t), np.int64),
-        "position_ids": np.broadcast_to(np.arange(p, p + t), (b, t)).copy(),
-    }
-    names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, feeds)))
-
-
 @pytest.mark.parametrize("mla", ["naive", "absorbed"])
 def test_mtp_export_equals_the_interpreter(tmp_path, mla):
-    mtp = _tests_module("test_parity_mtp")
+    import test_parity_mtp as mtp
+
     m = mtp.TinyMTP(parity.Tiny("v3-noaux", tmp_path / "ckpt"))
     path = tmp_path / "mtp.onnx"
     export_onnx(m.base.cfg, path, weights=m.base.folder, ops="decomposed", mla=mla, mtp=True)
@@ -218,10 +183,33 @@ def test_mtp_export_equals_the_interpreter(tmp_path, mla):
     outs = {o.name for o in model.graph.output}
     assert {"mtp.1.logits", f"present.{m.layer}.key", f"present.{m.layer}.value"} <= outs
     ids, mids = _ids(1), _ids(2)
-    ours, interp = _session_run(path, ids, mids, None), m.run(ids, mids, mla=mla)
+    session = OnnxModel(path, device="cpu")
+    with pytest.raises(GraphllmError, match=r"give the token ids of mtp\.1\.input_ids"):
+        session.forward(ids)
+    ours = session.forward(ids, extra={"mtp.1.input_ids": mids})
+    interp = m.run(ids, mids, mla=mla)
     for step in range(STEPS):
         for k in ("logits", "mtp.1.logits", f"present.{m.layer}.key"):
             _close(ours[k], interp[k], f"{k}, step {step}")
         nxt, mnxt = _ids(100 + step, seq=1), _ids(200 + step, seq=1)
         past, ipast = _presents(ours), _presents(interp)
-        ours, interp = _session_run(path, nxt, mnxt, past), m.run(nxt, mnxt, ipast, mla=mla)
+        ours = session.forward(nxt, past=past, extra={"mtp.1.input_ids": mnxt})
+        interp = m.run(nxt, mnxt, ipast, mla=mla)
+
+
+def test_bench_runs_an_mtp_export_and_predicts_the_graph_it_was_built_as(tmp_path):
+    from graphllm.hardware import load_hardware
+    from graphllm.runtime import bench, predict
+
+    cfg = parity.Tiny("v3-noaux", tmp_path / "ckpt").cfg
+    path = tmp_path / "absorbed-mtp.onnx"
+    export_onnx(cfg, path, ops="decomposed", mla="absorbed", mtp=True)
+    r = bench(path, prompt_len=6, new_tokens=3, repeats=1, threads=1, hardware="h100")
+    h100 = load_hardware("h100")
+    as_built = predict(
+        cfg, "decomposed", "fp32", "all", 1, 6, 3, h100, {"mla": "absorbed", "mtp": True}
+    )
+    naive = predict(cfg, "decomposed", "fp32", "all", 1, 6, 3, h100)
+    assert (r.predicted_prefill_s, r.predicted_decode_s) == as_built != naive
+    tokens = OnnxModel(path, device="cpu").generate(_ids(3), 4)  # the drafts fed along
+    assert tokens.shape == (2, 4)
