@@ -10,8 +10,8 @@ otherwise each step's present K/V stay OrtValues, fed back as the next step's pa
 a warm-up round; in each round every model runs once in turn, so a load that comes and goes on
 the machine weighs on all of them alike. Beside them: the bandwidth floor of a decode step (the
 weight bytes it streams over the read bandwidth of a buffer that size, measured as `graphllm
-calibrate` does, just before each model's run in each round; the ratio is the median over the
-rounds of decode time over that round's floor) and measured over the roofline prediction on this
+calibrate` does, just before and just after each model's run in each round, averaged; the
+ratio is the median over the rounds of decode time over that run's floor) and measured over the roofline prediction on this
 machine's calibration (`--hardware local`), as `graphllm bench` reports it.
 
 Once every model is loaded, the process's weights (torch's and onnxruntime's alike) are moved
@@ -118,7 +118,7 @@ def main() -> int:
             matmul_size=1024,
             buffer_bytes=512 << 20,
         )
-        reads: list[float] = []  # model-sized reads, one before each model's run in each round
+        reads: list[float] = []  # model-sized reads, around each model's run in each round
 
         with torch.no_grad():
             ref = hf(torch.from_numpy(ids)).logits.numpy()
@@ -136,16 +136,17 @@ def main() -> int:
         # machine then weighs on all of them alike
         runs: dict[str, list[tuple[float, float]]] = {f"transformers {attn}": []}
         runs |= {label: [] for label in models}
-        # each model's decode over the floor read just before its run: the machine's bandwidth
-        # moves from one second to the next, a ratio within one round moves less
+        # each model's decode over the floor read just before and just after its run: the
+        # machine's bandwidth moves from one second to the next, a ratio within a round less
         ratios: dict[str, list[float]] = {label: [] for label in models}
         for r in range(1 + args.repeats):
             time.sleep(PAUSE)
             got = [transformers_run(hf, ids)]
             for label, m in models.items():
                 time.sleep(PAUSE)  # torch's OpenMP workers spin a while after its last op
-                read = read_bandwidth(calibrate, streamed)
+                before = read_bandwidth(calibrate, streamed)
                 t = time_generation(m, PROMPT, NEW, repeats=1, warmup=0)
+                read = (before + read_bandwidth(calibrate, streamed)) / 2  # reads around the run
                 got.append((t.prefill[0], t.decode[0]))
                 if r:
                     reads.append(read)
@@ -191,8 +192,8 @@ def main() -> int:
         print(line)
     print(
         "prefill x, decode x: transformers' time over graphllm's (goals: >= 1.3 and >= 2); "
-        "/floor: median over the rounds of decode time over the bandwidth floor read just before "
-        "it (goal: <= 1.2), rounds: its least and greatest; meas/pred: measured over "
+        "/floor: median over the rounds of decode time over the bandwidth floor read around it "
+        "(goal: <= 1.2), rounds: its least and greatest; meas/pred: measured over "
         "the roofline prediction on this machine's calibration, prefill / decode"
     )
     return 0
