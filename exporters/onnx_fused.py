@@ -4,8 +4,8 @@
   `position_ids`, half a head wide) and Attention (past K/V in, present out, GQA by head counts,
   `is_causal`, and a boolean mask: the `attention_mask` bits, and the window of a sliding layer).
 - `ort`: onnxruntime's com.microsoft ops. GroupQueryAttention with the rotary embedding fused
-  (cos/sin caches of `max_position_embeddings` rows, computed from constants, which onnxruntime
-  folds when it loads the model; its CPU kernel rotates heads of a multiple of 16 only, so other
+  (cos/sin caches of one row per position of the run, S = the attention_mask's length, computed
+  each run: a few thousand values; its CPU kernel rotates heads of a multiple of 16 only, so other
   heads are rotated before it by RotaryEmbedding), `local_window_size` for windows and the
   padding as an `attention_bias`; SkipSimplifiedLayerNormalization for each residual add and the
   norm after it; MoE for the routed experts (softmax top-k routing; SwiGLU experts, gate and up
@@ -345,7 +345,9 @@ def _standard_attention(a: Attn) -> Callable[[Lowering, dict[Ref, str]], None]:
 def _no_mla(g: Graph) -> None:
     cfg = g.meta.get("config")
     if cfg is not None and cfg.is_mla:
-        raise LoweringError("latent attention (MLA) has no fused form; use the decomposed lowering")
+        raise LoweringError(
+            "latent attention (MLA) has no fused form (the decomposed lowering has it)"
+        )
 
 
 def _standard_regions(g: Graph) -> list[Region]:
@@ -392,18 +394,19 @@ def _bias(c: Lowering) -> str:
 
 
 def _rotary_caches(c: Lowering, rope: Node) -> tuple[str, str]:
-    """cos and sin (max_position_embeddings, hd/2) by position: GroupQueryAttention's caches,
-    computed from constants only, so onnxruntime folds them once when it loads the model."""
+    """cos and sin (S, hd/2) by position 0 .. S-1, S the attention_mask's length: the caches
+    GroupQueryAttention indexes, as long as the run (a table of max_position_embeddings rows
+    would end a longer run inside onnxruntime)."""
     inv = np.asarray(rope.attrs["inv_freq"], dtype=np.float32)
     scale = float(rope.attrs.get("attention_scaling", 1.0))
-    rows = int(c.graph.meta["config"].max_position_embeddings)
 
     def make() -> tuple[str, str]:
         s = "model.rotary_emb"
         zero, one = c.const(0.0, "fp32", "zero_f"), c.const(1.0, "fp32", "one_f")
-        pos = c.op("Range", [zero, c.const(float(rows), "fp32", "max_positions"), one], s)
-        pos = c.op("Unsqueeze", [pos, c.const([-1])], s)  # (max_positions, 1)
-        freqs = c.op("Mul", [pos, c.const(inv, "fp32", "inv_freq")], s)  # (max_positions, hd/2)
+        rows = c.op("Cast", [c.scalar(c.dim("attention_mask", 1, s), s)], s, to=1)  # S, float
+        pos = c.op("Range", [zero, rows, one], s)
+        pos = c.op("Unsqueeze", [pos, c.const([-1])], s)  # (S, 1)
+        freqs = c.op("Mul", [pos, c.const(inv, "fp32", "inv_freq")], s)  # (S, hd/2)
         out = []
         for fn in ("Cos", "Sin"):
             t = c.op(fn, [freqs], s)
@@ -545,7 +548,15 @@ def _skip_norm(add: Node, norm: Node) -> Callable[[Lowering, dict[Ref, str]], No
 
 
 def _ort_regions(g: Graph) -> list[Region]:
-    _no_mla(g)
+    try:
+        _no_mla(g)
+    except LoweringError as e:  # DeepSeek: say what else the ort ops cannot do, its routing
+        for combine in g.nodes("moe_combine"):
+            try:
+                match_moe(g, combine)
+            except LoweringError as routing:
+                raise LoweringError(f"{e}; and {routing}") from None
+        raise
     out = []
     for pv in g.nodes("pv"):
         a = match_attention(g, pv)

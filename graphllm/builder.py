@@ -34,12 +34,16 @@ def build_graph(
 
     `mla` picks how an MLA model (DeepSeek-V2/V3) attends: 'naive' re-expands the cached latent
     every step, as transformers does; 'absorbed' folds the up projections into the query and the
-    output (graphllm.build_mla). Other models ignore it. `mtp` adds DeepSeek-V3's
-    multi-token-prediction modules after the main model (graphllm.build_mtp); a config without
-    them is a ConfigError.
+    output (graphllm.build_mla); asking another model for 'absorbed' is a ConfigError. `mtp`
+    adds DeepSeek-V3's multi-token-prediction modules after the main model (graphllm.build_mtp);
+    a config without them is a ConfigError.
     """
     if mla not in MLA_FORMS:
         raise ConfigError(f"mla must be one of {', '.join(MLA_FORMS)}, got {mla!r}")
+    if mla != "naive" and not config.is_mla:
+        raise ConfigError(
+            f"--mla {mla}: {config.name} has no latent attention (MLA: DeepSeek-V2/V3 have it)"
+        )
     if mtp:
         check_mtp(config)
     return _Builder(config, workload or Workload(), mla, mtp).build()

@@ -15,6 +15,7 @@ import click
 
 from graphllm.cli_common import (
     DTYPE_NAMES,
+    OneLineErrors,
     attention_option,
     deepseek_options,
     hardware_option,
@@ -29,7 +30,7 @@ from graphllm.cli_plan import plan
 from graphllm.cli_render import render
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="graphllm")
 def main() -> None:
     """graphllm: what a decoder-only LLM really computes, and what it costs."""

@@ -31,9 +31,29 @@ class IntList(click.ParamType):
         return out
 
 
-def _fail(msg: str) -> None:
+def _fail(msg: str, code: int = 2) -> None:
     click.echo(f"error: {msg}", err=True)
-    sys.exit(2)
+    sys.exit(code)
+
+
+class OneLineErrors(click.Group):
+    """The command group whose usage errors (a bad choice, a number out of range, an unknown
+    option) are one line on stderr and exit 2, as every other user error is, not click's
+    usage block."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except click.ClickException as e:
+            if type(e).__name__ == "NoArgsIsHelpError":  # a bare `graphllm`: the help, as is
+                e.show()
+                sys.exit(e.exit_code)
+            _fail(e.format_message(), e.exit_code)
+        except click.exceptions.Abort:
+            _fail("aborted", 1)
+        sys.exit(code if isinstance(code, int) else 0)
 
 
 def user_errors(fn: Callable) -> Callable:

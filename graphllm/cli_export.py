@@ -135,6 +135,7 @@ def export(
 @click.option("--model", "preset", help="Export this preset and bench it.")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True)
 @ops_options
+@deepseek_options
 @click.option("--prompt-len", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--batch", "-b", type=click.IntRange(min=1), default=1, show_default=True)
@@ -158,6 +159,8 @@ def bench(
     dtype: str,
     ops: str,
     device: str,
+    mla: str,
+    mtp: bool,
     prompt_len: int,
     new_tokens: int,
     batch: int,
@@ -192,11 +195,14 @@ def bench(
             model_path = Path(tmp) / "model.onnx"
             r = export_onnx(
                 config, model_path, dtype=dtype, workload=workload, ops=ops,
-                device=provider_kind(device), check=False,
+                device=provider_kind(device), check=False, mla=mla, mtp=mtp,
             )  # fmt: skip
             say(f"exported {config.name} ({r.lowering} lowering, random weights) to bench it")
-        elif ops != "auto":
-            raise ConfigError("--ops chooses the lowering of an export: give --config or --model")
+        elif ops != "auto" or mla != "naive" or mtp:
+            raise ConfigError(
+                "--ops, --mla and --mtp choose how a config is exported: give --config or "
+                "--model (a .onnx file is benched as it was exported)"
+            )
         report = run_bench(
             model_path,
             prompt_len=prompt_len,

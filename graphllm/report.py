@@ -53,7 +53,20 @@ def trace_report(
         "memory": memory.to_dict(),
         "roofline": roof.to_dict() if roof is not None else None,
     }
+    if config.is_mla:
+        doc["mla"] = mla_section(config, workload)
     return doc, graph
+
+
+def mla_section(config: ModelConfig, workload: Workload) -> dict[str, Any]:
+    """What latent attention saves: its KV cache per token against the same model's with
+    standard multi-head attention, and this workload's cost in the naive and absorbed forms."""
+    from graphllm.mla_report import form_costs, kv_per_token
+
+    return {
+        "kv_cache_per_token": kv_per_token(config, workload.kv_dtype).to_dict(),
+        "forms": {form: asdict(c) for form, c in form_costs(config, workload).items()},
+    }
 
 
 PER_OP_FIELDS = (

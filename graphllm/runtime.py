@@ -54,17 +54,26 @@ def session(path: str | Path, device: str = "auto", threads: int | None = None) 
     if not Path(path).is_file():
         raise GraphllmError(f"{path}: no such ONNX model")
     opts = ort.SessionOptions()
+    opts.log_severity_level = 4  # its errors reach the user as our one line (_one_line), once
     if threads:
         opts.intra_op_num_threads = threads
-    state = ort.capi.onnxruntime_pybind11_state
-    errors = tuple(getattr(state, k) for k in _ORT_ERRORS if hasattr(state, k))
-    try:
+    with _one_line(f"{path}: onnxruntime cannot load it"):
         return ort.InferenceSession(str(path), sess_options=opts, providers=providers(device))
+
+
+@contextmanager
+def _one_line(what: str) -> Iterator[None]:
+    """onnxruntime's errors (a C++ trace in a Python exception) as one GraphllmError line."""
+    import onnxruntime as ort
+
+    state = ort.capi.onnxruntime_pybind11_state
+    # run_with_iobinding raises a plain RuntimeError
+    errors = (RuntimeError, *(getattr(state, k) for k in _ORT_ERRORS if hasattr(state, k)))
+    try:
+        yield
     except errors as e:
         lines = [x for x in str(e).strip().splitlines() if x.strip()]
-        raise GraphllmError(
-            f"{path}: onnxruntime cannot load it: {lines[-1] if lines else e}"
-        ) from None
+        raise GraphllmError(f"{what}: {lines[-1].strip() if lines else e}") from None
 
 
 def positions(attention_mask: np.ndarray, new: int) -> np.ndarray:
@@ -130,7 +139,8 @@ class OnnxModel:
         feeds["input_ids"] = ids
         pos = positions(feeds["attention_mask"], t) if position_ids is None else position_ids
         feeds["position_ids"] = np.asarray(pos, dtype=np.int64)
-        outs = self.session.run(self.output_names, feeds)
+        with _one_line(f"{self.path}: onnxruntime failed"):
+            outs = self.session.run(self.output_names, feeds)
         return dict(zip(self.output_names, outs))
 
     def generate(
@@ -214,6 +224,10 @@ class _Bound:
         """Run one step on `inputs` (from `inputs()`) after `past` (the previous step's outputs,
         or None: a prefill); returns the outputs as OrtValues, logits first. In place, the past
         is the bound cache and a prefill starts it again from position 0."""
+        with _one_line(f"{self.model.path}: onnxruntime failed"):
+            return self._step(inputs, past)
+
+    def _step(self, inputs: dict[str, Any], past: list[Any] | None) -> list[Any]:
         m, io = self.model, self.io
         if self.in_place:
             assert io is not None

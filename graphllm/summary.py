@@ -44,6 +44,24 @@ def print_trace(doc: dict[str, Any], console: Console | None = None) -> None:
         print_token_mixing(doc["token_mixing"], con)
     if "flops" in doc:
         print_costs(doc, con)
+    if "mla" in doc:
+        print_mla(doc["mla"], doc["workload"], con)
+
+
+def print_mla(mla: dict[str, Any], w: dict[str, Any], con: Console) -> None:
+    """MLA's cache against multi-head attention's, and the two forms' cost."""
+    kv, forms = mla["kv_cache_per_token"], mla["forms"]
+    con.print(
+        f"latent attention (MLA): KV cache per token {_b(kv['mla_bytes'])} "
+        f"({kv['mla_values']:,} values: the latent and the RoPE key of every layer) against "
+        f"{_b(kv['mha_bytes'])} with standard multi-head attention ({kv['ratio']:.1f}x less)"
+    )
+    naive, absorbed = forms["naive"], forms["absorbed"]
+    con.print(
+        f"MLA forms, this workload: naive FLOPs {_n(naive['flops'])}, bytes "
+        f"{_b(naive['bytes'])}; absorbed FLOPs {_n(absorbed['flops'])}, bytes "
+        f"{_b(absorbed['bytes'])} (shown above: --mla {w.get('mla', 'naive')})"
+    )
 
 
 def print_token_mixing(tm: dict[str, Any], con: Console) -> None:

@@ -244,3 +244,21 @@ def test_trace_mla_forms():
     # folding the up projections removes the per-step re-expansion of the cached latent
     assert docs["absorbed"]["flops"]["total"] < docs["naive"]["flops"]["total"] / 10
     assert docs["naive"]["memory"]["kv_cache"] == docs["absorbed"]["memory"]["kv_cache"]
+
+
+def test_usage_errors_and_options_a_model_lacks_are_one_line():
+    cases = [
+        (["trace", "--model", "deepseek-v3", "--mla", "bogus"], "Invalid value for '--mla'"),
+        (["trace", "--model", "llama3-8b", "--bogus"], "No such option '--bogus'"),
+        (["bench", "--prompt-len", "0", "m.onnx"], "Invalid value for '--prompt-len'"),
+        (["nosuch"], "No such command 'nosuch'"),
+        (
+            ["trace", "--model", "llama3-8b", "--mla", "absorbed"],
+            "llama3-8b has no latent attention",
+        ),
+    ]
+    for args, message in cases:
+        r = invoke(*args)
+        assert r.exit_code == 2, (args, r.output)
+        assert r.stderr.count("\n") == 1 and message in r.stderr, (args, r.stderr)
+        assert r.stderr.startswith("error: ") and not r.stdout

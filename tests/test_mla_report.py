@@ -85,3 +85,24 @@ def test_unknown_mla_form_is_one_line():
 
     with pytest.raises(ConfigError, match="mla must be one of naive, absorbed"):
         build_graph(load_config("deepseek-v3"), mla="fast")
+
+
+def test_trace_reports_the_cache_against_mha_and_both_forms():
+    import json
+
+    from click.testing import CliRunner
+
+    from graphllm.cli import main
+
+    args = ["trace", "--model", "deepseek-v2-lite", "--seq-len", "1", "--past-len", "4096"]
+    r = CliRunner().invoke(main, [*args, "--json"])
+    assert r.exit_code == 0, r.output
+    mla = json.loads(r.stdout)["mla"]
+    assert mla["kv_cache_per_token"]["mla_values"] == 27 * 576
+    assert round(mla["kv_cache_per_token"]["ratio"], 2) == round(16 * 320 / 576, 2)
+    assert mla["forms"]["naive"]["flops"] > 2 * mla["forms"]["absorbed"]["flops"]
+    text = " ".join(CliRunner().invoke(main, args).stdout.split())  # rich wraps at 80 columns
+    assert "against" in text and "with standard multi-head attention (8.9x less)" in text
+    assert (
+        "latent attention" not in CliRunner().invoke(main, ["trace", "--model", "llama3-8b"]).stdout
+    )

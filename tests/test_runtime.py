@@ -127,3 +127,10 @@ def test_generate_matches_transformers(tmp_path):
 def test_importing_runtime_does_not_import_onnxruntime():
     code = "import sys, graphllm.runtime; assert 'onnxruntime' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_failing_run_is_one_line(tiny_onnx):
+    m = OnnxModel(tiny_onnx, device="cpu")
+    with pytest.raises(GraphllmError, match=r"onnxruntime failed: .*total_sequence_length") as e:
+        m.forward(np.array([[1, 2, 3]]), attention_mask=np.ones((1, 2), np.int64))  # too short
+    assert "\n" not in str(e.value)

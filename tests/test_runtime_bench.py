@@ -158,7 +158,9 @@ def test_cli_bench_errors_are_one_line(tiny_onnx, tmp_path):
     cases = [
         ([], "give MODEL.onnx"),
         ([str(tiny_onnx), "--model", "llama3-8b"], "give MODEL.onnx"),
-        ([str(tiny_onnx), "--ops", "ort"], "--ops chooses the lowering of an export"),
+        ([str(tiny_onnx), "--ops", "ort"], "--ops, --mla and --mtp choose how a config"),
+        ([str(tiny_onnx), "--mla", "absorbed"], "a .onnx file is benched as it was exported"),
+        (["--config", str(TINY), "--mtp"], "tiny has no multi-token-prediction layers"),
         ([str(bare)], "no graphllm metadata"),
         ([str(tmp_path / "none.onnx")], "no such ONNX model"),
     ]
@@ -188,3 +190,13 @@ def test_bench_moves_the_weights_onto_huge_pages_unless_told(tiny_onnx, monkeypa
     args = ["bench", str(tiny_onnx), *SHORT, "--no-predict", "--no-huge-pages", "--json"]
     assert CliRunner().invoke(main, args).exit_code == 0
     assert calls == ["collapse"]
+
+
+def test_ort_runs_past_max_position_embeddings_as_decomposed_does(tmp_path):
+    cfg = graphllm.load_config(TINY)
+    ids = np.random.default_rng(2).integers(3, 256, (1, cfg.max_position_embeddings - 4))
+    tokens = {}
+    for ops in ("ort", "decomposed"):
+        export_onnx(cfg, tmp_path / f"{ops}.onnx", seed=1, ops=ops)
+        tokens[ops] = OnnxModel(tmp_path / f"{ops}.onnx", "cpu").generate(ids, 12)
+    np.testing.assert_array_equal(tokens["ort"], tokens["decomposed"])  # 8 steps past the end

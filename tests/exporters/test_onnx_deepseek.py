@@ -30,7 +30,7 @@ from graphllm.exporters import onnx_mla  # noqa: E402
 from graphllm.exporters.onnx import DECOMPOSED, export_graph, export_onnx  # noqa: E402
 from graphllm.runtime import OnnxModel, positions  # noqa: E402
 
-ATOL, BATCH, SEQ, STEPS = 1e-4, parity.BATCH, parity.SEQ, 4
+ATOL, BATCH, SEQ, STEPS = 1e-4, parity.BATCH, parity.SEQ, 16
 SMALL = parity.SMALL
 MLA_OPS = {
     "naive": {"concat", "latent_heads"},
@@ -213,3 +213,27 @@ def test_bench_runs_an_mtp_export_and_predicts_the_graph_it_was_built_as(tmp_pat
     assert (r.predicted_prefill_s, r.predicted_decode_s) == as_built != naive
     tokens = OnnxModel(path, device="cpu").generate(_ids(3), 4)  # the drafts fed along
     assert tokens.shape == (2, 4)
+
+
+def test_cli_bench_exports_a_deepseek_config_as_asked(tmp_path):
+    import json
+
+    from test_partition_deepseek import V3
+
+    (tmp_path / "config.json").write_text(json.dumps({**V3, "num_nextn_predict_layers": 1}))
+    args = ["bench", "--config", str(tmp_path / "config.json"), "--mla", "absorbed", "--mtp"]
+    short = ["--prompt-len", "4", "--new-tokens", "2", "--repeats", "1", "--warmup", "0"]
+    r = CliRunner().invoke(main, [*args, *short, "--hardware", "h100", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["lowering"] == "decomposed" and "exported" in r.stderr
+    # the prediction is the absorbed graph with its MTP module: the export was built so
+    from graphllm.config import config_from_dict
+    from graphllm.hardware import load_hardware
+    from graphllm.runtime import predict
+
+    cfg = config_from_dict({**V3, "num_nextn_predict_layers": 1}, "config")
+    h100, build = load_hardware("h100"), {"mla": "absorbed", "mtp": True}
+    _, decode = predict(cfg, "decomposed", "fp32", "all", 1, 4, 2, h100, build)
+    assert doc["predicted_decode_s"] == pytest.approx(decode, rel=1e-9)
+    assert decode != predict(cfg, "decomposed", "fp32", "all", 1, 4, 2, h100)[1]

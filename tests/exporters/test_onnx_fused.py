@@ -86,6 +86,10 @@ def test_refusal_on_the_command_line_is_one_line(tmp_path):
     r = CliRunner().invoke(main, [*args, "--ops", "ort"])
     assert r.exit_code == 2 and r.stderr.count("\n") == 1 and not out.exists()
     assert r.stderr.startswith("error: the ort lowering cannot express deepseek-v2-lite: latent")
+    # V3's sigmoid routing, scaled, is beyond the MoE op too, and the line says so
+    r = CliRunner().invoke(main, [*args[:2], "deepseek-v3", *args[3:], "--ops", "ort"])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and not out.exists()
+    assert "latent attention (MLA)" in r.stderr and "routing the MoE op cannot do" in r.stderr
 
 
 def test_default_table():
