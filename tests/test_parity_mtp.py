@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-from test_cost_parity_deepseek import _models  # noqa: E402
+from test_cost_parity_deepseek import WORKLOADS, _models  # noqa: E402
 from test_parity_deepseek import BATCH, SEQ, SMALL, Tiny  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf_v3  # noqa: E402
@@ -156,12 +156,7 @@ def test_mtp_tokens_move_only_their_own_and_later_positions(mtp):
 
 
 # -- FLOPs: the MTP part of the cost pass == FlopCounterMode on the reference, meta device ----
-WORKLOADS = {
-    "prefill-b1-t64": {"batch": 1, "seq_len": 64},
-    "prefill-b2-t32-last": {"batch": 2, "seq_len": 32, "logits": "last"},
-    "decode-b2-p48": {"batch": 2, "seq_len": 1, "past_len": 48},
-    "extend-b1-t8-p24": {"batch": 1, "seq_len": 8, "past_len": 24},
-}
+# (the main model's DeepSeek FLOP parity workloads: prefill, last-position logits, decode, extend)
 
 
 def _mtp_matmul(workload: dict) -> int:
