@@ -587,7 +587,7 @@ LOWERINGS["ort"] = OpSet(
 # default. CPU, measured on onnxruntime 1.32's CPU provider (2 cores, fp32, batch 1; prefill of
 # 128 tokens and 64 decode steps, benchmarks/runtime_vs_transformers.py): `ort` first for every
 # family. Its GroupQueryAttention appends to a cache buffer bound as both past and present, so a
-# decode step copies no cache and allocates none: 5.54 ms a token against 6.28 for `standard`,
+# decode step copies no cache and allocates none: 5.52 ms a token against 5.95 for `standard`,
 # whose Attention concatenates the whole past into a new present each step (Llama hidden 512,
 # 8 layers; the run the README quotes); prefill within 7% of `standard`. With routed experts its MoE op also prefills and
 # decodes 2-3x faster than the decomposed routing of `standard`. CUDA: not measured (no GPU
