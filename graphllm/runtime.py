@@ -324,6 +324,7 @@ class BenchReport:
     prompt_len: int
     new_tokens: int
     repeats: int
+    warmup: int
     prefill_s: float
     decode_s: float  # per decode step (each sequence gains one token)
     hardware: str | None = None
@@ -457,6 +458,7 @@ def bench(
         prompt_len=prompt_len,
         new_tokens=new_tokens,
         repeats=repeats,
+        warmup=warmup,
         prefill_s=statistics.median(t.prefill),
         decode_s=statistics.median(t.decode),
         hardware=None if hw is None else hw.name,

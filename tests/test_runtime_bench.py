@@ -121,6 +121,7 @@ def test_cli_bench_json_and_text(tiny_onnx):
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["lowering"] == "ort" and doc["prompt_len"] == 6 and doc["new_tokens"] == 3
+    assert (doc["repeats"], doc["warmup"]) == (2, 1)
     assert (
         set(doc["measured"])
         == set(doc["predicted"])
@@ -200,3 +201,22 @@ def test_ort_runs_past_max_position_embeddings_as_decomposed_does(tmp_path):
         export_onnx(cfg, tmp_path / f"{ops}.onnx", seed=1, ops=ops)
         tokens[ops] = OnnxModel(tmp_path / f"{ops}.onnx", "cpu").generate(ids, 12)
     np.testing.assert_array_equal(tokens["ort"], tokens["decomposed"])  # 8 steps past the end
+
+
+def test_progress_bar_counts_every_step(tiny_onnx, monkeypatch):
+    from rich.progress import Progress
+
+    from graphllm import runtime
+
+    seen: list[tuple[float, float]] = []
+    original = Progress.update
+
+    def update(self, task, **kw):
+        original(self, task, **kw)
+        seen.append((self.tasks[0].completed, self.tasks[0].total))
+
+    monkeypatch.setattr(Progress, "update", update)
+    bench(tiny_onnx, 4, 3, repeats=2, warmup=1, hardware=None, progress=True)
+    assert seen[-1] == (3 * (1 + 3), 3 * (1 + 3))  # (warm-up + repeats) x (prefill + 3 steps)
+    with runtime._bar(False, 5) as tick:
+        assert tick is None
