@@ -50,7 +50,7 @@ class OneLineErrors(click.Group):
             if type(e).__name__ == "NoArgsIsHelpError":  # a bare `graphllm`: the help, as is
                 e.show()
                 sys.exit(e.exit_code)
-            _fail(e.format_message(), e.exit_code)
+            _fail(" ".join(e.format_message().split()), e.exit_code)  # click's lists: one line
         except click.exceptions.Abort:
             _fail("aborted", 1)
         sys.exit(code if isinstance(code, int) else 0)

@@ -252,6 +252,7 @@ def test_usage_errors_and_options_a_model_lacks_are_one_line():
         (["trace", "--model", "llama3-8b", "--bogus"], "No such option '--bogus'"),
         (["bench", "--prompt-len", "0", "m.onnx"], "Invalid value for '--prompt-len'"),
         (["nosuch"], "No such command 'nosuch'"),
+        (["render", "--model", "llama3-8b"], "Missing option '--view'. Choose from: model, block,"),
         (
             ["trace", "--model", "llama3-8b", "--mla", "absorbed"],
             "llama3-8b has no latent attention",
