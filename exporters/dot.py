@@ -35,7 +35,7 @@ from graphllm.ir import Dim, Graph, Node, TensorType
 from graphllm.ops import COMMUNICATION, CONTRACTION, OPS, SOURCE
 from graphllm.passes import run
 from graphllm.passes.attention_region import core_attention_region
-from graphllm.passes.cost import scopes_of
+from graphllm.passes.cost import layer_of, layer_scopes, scopes_of
 from graphllm.passes.tokens import position_letters
 
 VIEWS = ("model", "block", "attention", "ffn", "tokens")
@@ -245,7 +245,7 @@ class _Ctx:
         return bool(v and v.mixes)
 
     def layers(self) -> list[str]:
-        return [p for p, k in self.scopes.items() if k == "layer"]
+        return layer_scopes(self.g)
 
     def layer(self, i: int) -> str:
         """Layer i's scope; past the main model's layers, the MTP modules (layer 61 of
@@ -611,8 +611,8 @@ def model_view(ctx: _Ctx, layer: int, all_layers: bool) -> Drawing:
     for n in g.nodes():
         if OPS[n.op].category == SOURCE:
             continue
-        lay = next((p for p, k in scopes_of(g, n.name) if k == "layer"), None)
-        if lay is not None:
+        lay = layer_of(g, n.name)
+        if lay:
             of_layer[n.name] = lay
             simple = {k: v for k, v in n.attrs.items() if isinstance(v, int | float | str)}
             signature[lay].append((n.name[len(lay) :], n.op, sorted(simple.items())))

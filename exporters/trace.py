@@ -26,7 +26,7 @@ from graphllm.hardware import Hardware
 from graphllm.ir import Graph
 from graphllm.ops import COMMUNICATION, OPS, SOURCE
 from graphllm.passes import run
-from graphllm.passes.cost import scopes_of
+from graphllm.passes.cost import layer_of
 from graphllm.passes.partition import comm_seconds
 
 MAX_EVENTS = 200_000
@@ -70,7 +70,7 @@ def _coarse(graph: Graph, segs: list[Segment]) -> list[Segment]:
     out: list[Segment] = []
     for name, lane, t in segs:
         base = name.removesuffix(" (backward)")
-        layer = next((p for p, k in scopes_of(graph, base) if k == "layer"), base)
+        layer = layer_of(graph, base) or base
         label = layer + (" (backward)" if name != base else "")
         label += " comm" if lane == COMM else ""
         if out and out[-1][0] == label and out[-1][1] == lane:

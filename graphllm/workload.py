@@ -125,3 +125,8 @@ class Workload:
 
 
 dtype = _dtype  # public name: look up a dtype by graphllm or torch spelling
+
+
+def nbytes(dtype_name: str, numel: float) -> float:
+    """Bytes of `numel` elements of a graph tensor: a storage dtype, or int64 (token ids)."""
+    return 8 * numel if dtype_name == "int64" else _dtype(dtype_name).nbytes(numel)

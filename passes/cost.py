@@ -34,6 +34,7 @@ from graphllm.passes import register
 from graphllm.passes.attention_region import core_attention_region
 from graphllm.passes.tokens import position_letters
 from graphllm.workload import dtype as dtype_of
+from graphllm.workload import nbytes
 
 SCOPE_KINDS = (
     "embedding",
@@ -85,10 +86,6 @@ class CostReport:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _nbytes(t: TensorType, numel: float) -> float:
-    return dtype_of(t.dtype).nbytes(numel) if t.dtype != "int64" else 8 * numel
 
 
 class _Costing:
@@ -187,11 +184,11 @@ class _Costing:
                 numel = n.out.numel(self.b)
             elif src.attrs.get("stacked") == "expert":
                 numel *= self._experts_touched(n, t)
-            b = _nbytes(t, numel)
+            b = nbytes(t.dtype, numel)
             return b, b, 0.0
         if fused and i in self._key_inputs(n):
             numel *= key_share  # a fused kernel skips keys no query may see
-        b = _nbytes(t, numel)
+        b = nbytes(t.dtype, numel)
         return b, 0.0, b if ref.node in self.kv_tensors else 0.0
 
     def _key_inputs(self, n: Node) -> set[int]:
@@ -236,7 +233,7 @@ class _Costing:
             for t in n.outputs:
                 numel = t.numel(self.b)
                 numel -= sum(self.g.type_of(n.inputs[i]).numel(self.b) for i in spec.in_place)
-                wr += _nbytes(t, numel)
+                wr += nbytes(t.dtype, numel)
             if n.name in self.kv_tensors:
                 kv += wr
         return OpCost(flops, matmul, causal, rd, wr + cache, wt, kv + cache)
@@ -257,6 +254,17 @@ def scopes_of(graph: Graph, name: str) -> list[tuple[str, str]]:
                 hit.append((prefix, kind))
         cache[name] = hit
     return hit
+
+
+def layer_of(graph: Graph, name: str) -> str:
+    """The layer scope holding node `name`; '' outside every layer (embedding, final norm, LM
+    head)."""
+    return next((p for p, k in scopes_of(graph, name) if k == "layer"), "")
+
+
+def layer_scopes(graph: Graph) -> list[str]:
+    """The layer scopes, in order."""
+    return [p for p, k in graph.meta.get("scopes", {}).items() if k == "layer"]
 
 
 @register("cost", requires=("verify",))

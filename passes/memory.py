@@ -17,7 +17,7 @@ from graphllm.ir import Graph
 from graphllm.ops import OPS, SOURCE
 from graphllm.passes import register
 from graphllm.passes.attention_region import core_attention_region
-from graphllm.workload import dtype as dtype_of
+from graphllm.workload import nbytes
 
 
 @dataclass(frozen=True)
@@ -37,10 +37,6 @@ class MemoryReport:
         return asdict(self) | {"total": self.total}
 
 
-def _bytes(dt: str, numel: float) -> float:
-    return 8 * numel if dt == "int64" else dtype_of(dt).nbytes(numel)
-
-
 @register("memory", requires=("verify",))
 def memory_pass(
     graph: Graph, results: dict[str, Any] | None = None, attention: str = "flash", **_: Any
@@ -50,20 +46,29 @@ def memory_pass(
     weights = active = 0.0
     by_dtype: dict[str, float] = {}
     for n in graph.params():
-        nb = _bytes(n.out.dtype, n.out.numel(b))
+        nb = nbytes(n.out.dtype, n.out.numel(b))
         weights += nb
         by_dtype[n.out.dtype] = by_dtype.get(n.out.dtype, 0.0) + nb
         experts = n.attrs.get("stacked") == "expert"  # routed experts, one slice each
         active += nb * cfg.num_experts_per_tok / cfg.num_experts if experts and cfg else nb
     kv_dt = graph.meta.get("kv_dtype")
     presents = {r for k, r in graph.outputs.items() if k.startswith("present.")}
-    kv = sum(_bytes(kv_dt or graph.type_of(r).dtype, graph.type_of(r).numel(b)) for r in presents)
-    held = {r.node for r in presents}  # counted as the cache
+    kv = sum(nbytes(kv_dt or graph.type_of(r).dtype, graph.type_of(r).numel(b)) for r in presents)
+    peak, at = peak_activations(graph, attention)
+    return MemoryReport(weights, active, by_dtype, kv, peak, at)
+
+
+def peak_activations(
+    graph: Graph, attention: str, within: Graph | None = None
+) -> tuple[float, str]:
+    """Peak live activation bytes of `within` (a part of `graph`; default the whole), and where:
+    not the KV cache (counted as the cache) nor, under flash attention, what the fused kernel
+    keeps on chip."""
+    held = {r.node for k, r in graph.outputs.items() if k.startswith("present.")}
     if attention == "flash":
         region = core_attention_region(graph)
-        held |= region.pairs | region.copies  # a fused kernel keeps these on chip
-    peak, at = _peak_activations(graph, held)
-    return MemoryReport(weights, active, by_dtype, kv, peak, at)
+        held |= region.pairs | region.copies
+    return _peak_activations(graph if within is None else within, held)
 
 
 def _peak_activations(graph: Graph, skip: set[str]) -> tuple[float, str]:
@@ -81,7 +86,7 @@ def _peak_activations(graph: Graph, skip: set[str]) -> tuple[float, str]:
         if spec.view and n.inputs:
             root[n.name] = root.get(n.inputs[0].node, n.inputs[0].node)
             continue
-        size[n.name] = sum(_bytes(t.dtype, t.numel(graph.bindings)) for t in n.outputs)
+        size[n.name] = sum(nbytes(t.dtype, t.numel(graph.bindings)) for t in n.outputs)
     for i, n in enumerate(order):
         if n.name in size:
             last_use.setdefault(n.name, i)  # written and never read: freed at once

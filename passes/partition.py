@@ -33,12 +33,11 @@ from graphllm.ir import Graph, Node, Ref
 from graphllm.model_config import ModelConfig
 from graphllm.ops import COMMUNICATION, OPS, SOURCE
 from graphllm.passes import register, run
-from graphllm.passes.attention_region import core_attention_region
-from graphllm.passes.cost import ZERO, scopes_of
-from graphllm.passes.memory import _peak_activations
+from graphllm.passes.cost import ZERO, layer_of, layer_scopes
+from graphllm.passes.memory import peak_activations
 from graphllm.passes.sharding import Mesh, Sharding, Split, copy_node, hoist_gathers, spmd
 from graphllm.passes.training import TrainingOptions, training_memory
-from graphllm.workload import Workload
+from graphllm.workload import Workload, nbytes
 from graphllm.workload import dtype as dtype_of
 
 MESH_ORDER = ("dp", "mb", "pp", "cp", "ep", "tp")  # outermost first: tp ranks share a node
@@ -214,13 +213,6 @@ def seeds(
 
 
 # -- pipeline stages -----------------------------------------------------------------------------
-def _layer_of(graph: Graph, name: str, layers: dict[str, int]) -> int | None:
-    for prefix, kind in scopes_of(graph, name):
-        if kind == "layer":
-            return layers[prefix]
-    return None
-
-
 def balance(weights: list[float], stages: int) -> list[tuple[int, int]]:
     """Contiguous groups of `weights` (first, last index) whose largest sum is smallest."""
     n = len(weights)
@@ -263,16 +255,16 @@ def _node_seconds(graph: Graph, hw: Hardware | None) -> dict[str, float]:
 
 def pipeline(graph: Graph, stages: int, hw: Hardware | None) -> tuple[Graph, list[tuple[int, int]]]:
     """Assign contiguous layers to stages by predicted time; send/recv what crosses a stage."""
-    order = [p for p, k in graph.meta.get("scopes", {}).items() if k == "layer"]
+    order = layer_scopes(graph)
     layers = {p: i for i, p in enumerate(order)}
     secs = _node_seconds(graph, hw)
     where: dict[str, int] = {}
     seen_layer = False
     for n in graph.nodes():
-        i = _layer_of(graph, n.name, layers)
-        if i is not None:
+        lay = layer_of(graph, n.name)
+        if lay:
             seen_layer = True
-            where[n.name] = i
+            where[n.name] = layers[lay]
         elif OPS[n.op].category != SOURCE:
             where[n.name] = 0 if not seen_layer else len(order) - 1
     weights = [0.0] * len(order)
@@ -364,11 +356,6 @@ def partition_pass(
 
 
 # -- communication -----------------------------------------------------------------------------
-def _bytes(graph: Graph, t: Any) -> float:
-    numel = t.numel(graph.bindings)
-    return 8 * numel if t.dtype == "int64" else dtype_of(t.dtype).nbytes(numel)
-
-
 def comm_bytes(graph: Graph, n: Node) -> tuple[float, float]:
     """(payload, bytes one device sends) of a collective node.
 
@@ -378,7 +365,7 @@ def comm_bytes(graph: Graph, n: Node) -> tuple[float, float]:
     that to the others (pairwise); a send sends the payload.
     """
     k = n.attrs.get("group", 1)
-    x, y = _bytes(graph, graph.type_of(n.inputs[0])), _bytes(graph, n.out)
+    x, y = (nbytes(t.dtype, t.numel(graph.bindings)) for t in (graph.type_of(n.inputs[0]), n.out))
     if n.op == "all_reduce":
         return x, 2 * (k - 1) / k * x
     if n.op == "all_gather":
@@ -426,14 +413,10 @@ class PartitionReport:
 
 def _stage_memory(graph: Graph, names: set[str], attention: str) -> float:
     sub = graph.subgraph(names)
-    skip = {r.node for k, r in graph.outputs.items() if k.startswith("present.")}
-    if attention == "flash":
-        region = core_attention_region(graph)
-        skip |= region.pairs | region.copies
     for k, r in graph.outputs.items():
         if r.node in names:
             sub.set_output(k, r)
-    return _peak_activations(sub, skip)[0]
+    return peak_activations(graph, attention, sub)[0]
 
 
 def partition_report(
@@ -487,7 +470,7 @@ def partition_report(
                 e["names"].add(n.name)
                 if n.op == "param":
                     e["params"] += int(n.out.numel(b))
-                    e["weight_bytes"] += _bytes(graph, n.out)
+                    e["weight_bytes"] += nbytes(n.out.dtype, n.out.numel(graph.bindings))
             continue
         e = per_stage[n.meta.get("stage", 0)]
         e["names"].add(n.name)

@@ -31,8 +31,8 @@ from graphllm.ir import Graph
 from graphllm.model_config import ModelConfig
 from graphllm.ops import COMMUNICATION, OPS, SOURCE
 from graphllm.passes import run
-from graphllm.passes.attention_region import core_attention_region
-from graphllm.passes.memory import _peak_activations
+from graphllm.passes.cost import layer_of, layer_scopes
+from graphllm.passes.memory import peak_activations
 from graphllm.passes.partition import (
     MESH_ORDER,
     Strategy,
@@ -148,19 +148,15 @@ def analyse(
     train = training is not None
     run(graph, ["cost", "roofline"], hardware=hw, attention=attention, training=train)
     mesh = graph.meta["partition"].mesh
-    order = [p for p, k in graph.meta.get("scopes", {}).items() if k == "layer"]
+    order = layer_scopes(graph)
     index = {p: i for i, p in enumerate(order)}
     layers = [Part() for _ in order]
     pre, post = Part(), Part()
     b = graph.bindings
 
     def part(name: str) -> Part:
-        from graphllm.passes.cost import scopes_of
-
-        for prefix, kind in scopes_of(graph, name):
-            if kind == "layer":
-                return layers[index[prefix]]
-        return post if seen_layer else pre
+        lay = layer_of(graph, name)
+        return layers[index[lay]] if lay else post if seen_layer else pre
 
     seen_layer = False
     presents = {r.node for k, r in graph.outputs.items() if k.startswith("present.")}
@@ -208,11 +204,7 @@ def analyse(
             if lay:
                 layers[index[lay]].full_saved += x
     else:
-        skip = set(presents)
-        if attention == "flash":
-            region = core_attention_region(graph)
-            skip |= region.pairs | region.copies
-        peak = _peak_activations(graph, skip)[0]
+        peak = peak_activations(graph, attention)[0]
     for lay, x in _layer_inputs(graph, None).items():
         layers[index[lay]].stream_bytes = x
     return Program(layers, pre, post, peak)

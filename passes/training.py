@@ -42,8 +42,9 @@ from graphllm.errors import ConfigError
 from graphllm.ir import Graph, Node, Ref
 from graphllm.ops import COMMUNICATION, CONTRACTION, ELEMENTWISE, OPS, SOURCE
 from graphllm.passes.attention_region import core_attention_region
-from graphllm.passes.cost import scopes_of
+from graphllm.passes.cost import layer_of
 from graphllm.workload import dtype as dtype_of
+from graphllm.workload import nbytes
 
 RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -78,17 +79,6 @@ class TrainingOptions:
             raise ConfigError(f"--recompute must be one of {', '.join(RECOMPUTE)}")
         if self.zero not in ZERO_STAGES:
             raise ConfigError(f"--zero must be 0, 1, 2 or 3, got {self.zero!r}")
-
-
-def _nbytes(dt: str, numel: float) -> float:
-    return 8 * numel if dt == "int64" else dtype_of(dt).nbytes(numel)
-
-
-def _layer(graph: Graph, name: str) -> str:
-    for prefix, kind in scopes_of(graph, name):
-        if kind == "layer":
-            return prefix
-    return ""  # embedding, final norm, LM head
 
 
 @dataclass(frozen=True)
@@ -144,13 +134,13 @@ def saved_activations(
                 continue  # weights and graph inputs are held anyway
             if drop_pairs and r.node in pairs:
                 continue
-            kept.setdefault(r, _layer(graph, n.name))
+            kept.setdefault(r, layer_of(graph, n.name))
     extra: dict[str, float] = defaultdict(float)
     if attention == "flash":  # the softmax's log-sum-exp per query row (fp32)
         for n in graph.nodes("softmax"):
             if n.name in region.pairs and (names is None or n.name in names):
                 t = n.out
-                extra[_layer(graph, n.name)] += 4 * t.numel(b) / t.shape(b)[-1]
+                extra[layer_of(graph, n.name)] += 4 * t.numel(b) / t.shape(b)[-1]
     for k, r in graph.outputs.items():
         if k == "logits" and (names is None or r.node in names):
             kept.setdefault(root(r), "")
@@ -160,7 +150,7 @@ def saved_activations(
     per_layer: dict[str, float] = defaultdict(float, extra)
     for r, lay in kept.items():
         t = graph.type_of(r)
-        per_layer[lay] += _nbytes(t.dtype, t.numel(b))
+        per_layer[lay] += nbytes(t.dtype, t.numel(b))
     working = 0.0
     if recompute == "full":
         full = dict(per_layer)
@@ -193,16 +183,16 @@ def _layer_inputs(graph: Graph, names: set[str] | None) -> dict[str, float]:
     for n in graph.nodes():
         if names is not None and n.name not in names:
             continue
-        lay = _layer(graph, n.name)
+        lay = layer_of(graph, n.name)
         if not lay or OPS[n.op].category == SOURCE:
             continue
         for r in n.inputs:
             src = graph[r.node]
-            if OPS[src.op].category == SOURCE or _layer(graph, r.node) == lay or r in seen:
+            if OPS[src.op].category == SOURCE or layer_of(graph, r.node) == lay or r in seen:
                 continue
             seen.add(r)
             t = graph.type_of(r)
-            out[lay] += _nbytes(t.dtype, t.numel(b))
+            out[lay] += nbytes(t.dtype, t.numel(b))
     return out
 
 
@@ -301,7 +291,7 @@ def training_memory(
         if names is not None and p.name not in names:
             continue
         numel = p.out.numel(b)
-        wb = _nbytes(p.out.dtype, numel)
+        wb = nbytes(p.out.dtype, numel)
         master = MASTER_BYTES if dtype_of(p.out.dtype).nbytes(1) < 4 else 0
         axes, n = dp_group(p, mesh)
         z = {k: n if opts.zero >= k else 1 for k in (1, 2, 3)}
