@@ -85,8 +85,8 @@ class Initializer:
 
 @dataclass(frozen=True)
 class Region:
-    """IR nodes that one fused lowering replaces together. `nodes` are in graph order; the
-    region is emitted where its last node is. Only `outputs` may be read outside the region."""
+    """IR nodes that one fused lowering replaces together, in any order; the region is emitted
+    where its last node in graph order is. Only `outputs` may be read outside the region."""
 
     nodes: tuple[str, ...]
     outputs: tuple[Ref, ...]
@@ -574,7 +574,9 @@ def _placed(graph: Graph, regions: list[Region]) -> dict[str, Region | None]:
     at = {n.name: i for i, n in enumerate(graph.nodes())}
     out: dict[str, Region | None] = {}
     for r in regions:
-        inside, last = set(r.nodes), at[r.nodes[-1]]
+        inside = set(r.nodes)
+        last_node = max(r.nodes, key=at.__getitem__)
+        last = at[last_node]
         for name in r.nodes:
             if name in out:
                 raise GraphllmError(f"{name}: in two fused regions")
@@ -585,7 +587,7 @@ def _placed(graph: Graph, regions: list[Region]) -> dict[str, Region | None]:
                 if any(ref not in r.outputs for ref in read) or at[user.name] < last:
                     raise LoweringError(f"{user.name} reads {name}, inside a fused region")
             out[name] = None
-        out[r.nodes[-1]] = r
+        out[last_node] = r
     return out
 
 
@@ -642,19 +644,21 @@ def read_metadata(path: str | Path) -> ExportedModel:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # protobuf's DecodeError, OSError, ...
         raise GraphllmError(f"{path}: not a readable ONNX model ({e})") from None
-    props = {p.key: p.value for p in model.metadata_props}
+    return metadata_from_props({p.key: p.value for p in model.metadata_props}, path)
+
+
+def metadata_from_props(props: dict[str, str], path: str | Path) -> ExportedModel:
+    """`read_metadata` from the properties themselves (as an onnxruntime session holds them,
+    without reading the file again)."""
     if "graphllm.config" not in props:
         raise GraphllmError(f"{path}: no graphllm metadata (was it exported by graphllm?)")
     try:
         config = _config_from_json(json.loads(props["graphllm.config"]))
         workload = Workload(**json.loads(props["graphllm.workload"]))
+        build = json.loads(props.get("graphllm.graph", "{}"))
+        lowering, weights = props["graphllm.lowering"], props["graphllm.weights"]
     except (ValueError, TypeError, KeyError) as e:
         raise GraphllmError(f"{path}: unreadable graphllm metadata ({e})") from None
-    try:
-        build = json.loads(props.get("graphllm.graph", "{}"))
-    except ValueError as e:
-        raise GraphllmError(f"{path}: unreadable graphllm metadata ({e})") from None
-    lowering, weights = props["graphllm.lowering"], props["graphllm.weights"]
     return ExportedModel(config, workload, lowering, weights, build)
 
 

@@ -52,6 +52,7 @@ from graphllm.exporters.onnx import (
     Region,
     _allowed,
     _placed,
+    _size,
     rotary_tables,
 )
 from graphllm.ir import Graph, Node, Ref
@@ -118,10 +119,8 @@ def _from(g: Graph, ref: Ref, *ops: str) -> Node:
     return node
 
 
-def _region(g: Graph, nodes: list[Node], outputs: tuple[Ref, ...], emit: Callable) -> Region:
-    at = {n.name: i for i, n in enumerate(g.nodes())}
-    names = sorted({n.name for n in nodes}, key=at.__getitem__)
-    return Region(tuple(names), outputs, emit)
+def _region(nodes: list[Node], outputs: tuple[Ref, ...], emit: Callable) -> Region:
+    return Region(tuple(dict.fromkeys(n.name for n in nodes)), outputs, emit)
 
 
 @dataclass(frozen=True)
@@ -208,7 +207,6 @@ def match_attention(g: Graph, pv: Node) -> Attn:
         if len({p.op for p in projs}) > 1 or len({p.inputs[0] for p in projs}) > 1:
             raise LoweringError(f"{projs[0].name}: q, k and v are not projections of one input")
         nodes += projs
-    size = lambda node, letter: int(node.attrs["axes"][letter].size)  # noqa: E731
     return Attn(
         scope=merge[0].name.rsplit(".", 1)[0],
         nodes=tuple(nodes),
@@ -219,9 +217,9 @@ def match_attention(g: Graph, pv: Node) -> Attn:
         rope=q_rope,
         q_norm=q_norm,
         k_norm=k_norm,
-        heads=size(q_heads, "h"),
-        kv_heads=size(heads["k"], "h"),
-        head_dim=size(q_heads, "e"),
+        heads=_size(q_heads, "h"),
+        kv_heads=_size(heads["k"], "h"),
+        head_dim=_size(q_heads, "e"),
         scale=float(scale.attrs["value"]),
         window=mask.attrs.get("window"),
         past=(caches[0].inputs[0], caches[1].inputs[0]),
@@ -273,7 +271,7 @@ def _gated_mlps(g: Graph, rows: dict[str, Lower]) -> list[Region]:
         if gate.op != up.op or gate.inputs[0] != up.inputs[0]:
             continue
         out.append(
-            _region(g, [gate, up, act, mul], (Ref(mul.name),), _gated(gate, up, act, mul, rows))
+            _region([gate, up, act, mul], (Ref(mul.name),), _gated(gate, up, act, mul, rows))
         )
     return out
 
@@ -318,15 +316,33 @@ def _bool_mask(c: Lowering, window: int | None) -> str:
     return c.shared(("bool_mask", window), make)
 
 
-def _standard_attention(a: Attn) -> Callable[[Lowering, dict[Ref, str]], None]:
-    def emit(c: Lowering, names: dict[Ref, str]) -> None:
-        q, k, v = _split_qkv(c, a, _qkv(c, a, names[a.x]))
-        if a.q_norm is not None and a.k_norm is not None:
-            q = _head_norm(c, q, a.q_norm, a.heads, a.head_dim)
-            k = _head_norm(c, k, a.k_norm, a.kv_heads, a.head_dim)
+def _qkv_heads(c: Lowering, a: Attn, names: dict[Ref, str], rotate: bool) -> tuple[str, ...]:
+    """Q, K and V (B, T, heads x hd) from one MatMul, Qwen3's per-head norms applied, and with
+    `rotate` Q and K rotated by position_ids (RotaryEmbedding)."""
+    q, k, v = _split_qkv(c, a, _qkv(c, a, names[a.x]))
+    if a.q_norm is not None and a.k_norm is not None:
+        q = _head_norm(c, q, a.q_norm, a.heads, a.head_dim)
+        k = _head_norm(c, k, a.k_norm, a.kv_heads, a.head_dim)
+    if rotate:
         cos, sin = rotary_tables(c, names[a.positions], a.rope, full=False, head_axis=False)
         q = c.op("RotaryEmbedding", [q, cos, sin], f"{a.scope}.q_rope", num_heads=a.heads)
         k = c.op("RotaryEmbedding", [k, cos, sin], f"{a.scope}.k_rope", num_heads=a.kv_heads)
+    return q, k, v
+
+
+def _attention_regions(g: Graph, emitter: Callable[[Attn], Callable]) -> list[Region]:
+    """One region per attention block, from its input x to its merged heads and present K/V."""
+    _no_mla(g)
+    out = []
+    for pv in g.nodes("pv"):
+        a = match_attention(g, pv)
+        out.append(_region(list(a.nodes), (a.out, *a.present), emitter(a)))
+    return out
+
+
+def _standard_attention(a: Attn) -> Callable[[Lowering, dict[Ref, str]], None]:
+    def emit(c: Lowering, names: dict[Ref, str]) -> None:
+        q, k, v = _qkv_heads(c, a, names, rotate=True)
         attrs: dict[str, Any] = {
             "is_causal": 1,
             "q_num_heads": a.heads,
@@ -351,12 +367,7 @@ def _no_mla(g: Graph) -> None:
 
 
 def _standard_regions(g: Graph) -> list[Region]:
-    _no_mla(g)
-    out = []
-    for pv in g.nodes("pv"):
-        a = match_attention(g, pv)
-        out.append(_region(g, list(a.nodes), (a.out, *a.present), _standard_attention(a)))
-    return out + _gated_mlps(g, LOWERINGS["standard"].rows)
+    return _attention_regions(g, _standard_attention) + _gated_mlps(g, LOWERINGS["standard"].rows)
 
 
 # -- ort: GroupQueryAttention, SkipSimplifiedLayerNormalization, MoE -------------------------
@@ -397,40 +408,20 @@ def _rotary_caches(c: Lowering, rope: Node) -> tuple[str, str]:
     """cos and sin (S, hd/2) by position 0 .. S-1, S the attention_mask's length: the caches
     GroupQueryAttention indexes, as long as the run (a table of max_position_embeddings rows
     would end a longer run inside onnxruntime)."""
-    inv = np.asarray(rope.attrs["inv_freq"], dtype=np.float32)
-    scale = float(rope.attrs.get("attention_scaling", 1.0))
 
-    def make() -> tuple[str, str]:
+    def positions() -> str:
         s = "model.rotary_emb"
-        zero, one = c.const(0.0, "fp32", "zero_f"), c.const(1.0, "fp32", "one_f")
-        rows = c.op("Cast", [c.scalar(c.dim("attention_mask", 1, s), s)], s, to=1)  # S, float
-        pos = c.op("Range", [zero, rows, one], s)
-        pos = c.op("Unsqueeze", [pos, c.const([-1])], s)  # (S, 1)
-        freqs = c.op("Mul", [pos, c.const(inv, "fp32", "inv_freq")], s)  # (S, hd/2)
-        out = []
-        for fn in ("Cos", "Sin"):
-            t = c.op(fn, [freqs], s)
-            if scale != 1.0:
-                t = c.op("Mul", [t, c.const(scale, "fp32", "attention_scaling")], s)
-            out.append(c.cast(t, "fp32", c.dtype, s))
-        return out[0], out[1]
+        n_key = c.scalar(c.dim("attention_mask", 1, s), s)
+        return c.op("Range", [c.const(0, hint="zero"), n_key, c.const(1, hint="one")], s)
 
-    return c.shared(("rotary_caches", inv.tobytes(), scale), make)
+    return rotary_tables(c, c.shared(("cache_positions",), positions), rope, False, False)
 
 
 def _ort_attention(a: Attn) -> Callable[[Lowering, dict[Ref, str]], None]:
     def emit(c: Lowering, names: dict[Ref, str]) -> None:
         # Q, K and V apart: the CPU kernel is slower on a packed QKV input (measured at decode)
-        q, k, v = _split_qkv(c, a, _qkv(c, a, names[a.x]))
-        if a.q_norm is not None and a.k_norm is not None:
-            q = _head_norm(c, q, a.q_norm, a.heads, a.head_dim)
-            k = _head_norm(c, k, a.k_norm, a.kv_heads, a.head_dim)
         fused = a.head_dim % GQA_ROTARY_MULTIPLE == 0
-        if not fused:  # rotate first, by position_ids
-            cos, sin = rotary_tables(c, names[a.positions], a.rope, full=False, head_axis=False)
-            q = c.op("RotaryEmbedding", [q, cos, sin], f"{a.scope}.q_rope", num_heads=a.heads)
-            k = c.op("RotaryEmbedding", [k, cos, sin], f"{a.scope}.k_rope", num_heads=a.kv_heads)
-        ins = [q, k, v]
+        ins = list(_qkv_heads(c, a, names, rotate=not fused))  # unfused: rotated first
         seqlens, total = _gqa_lengths(c)
         cos, sin = _rotary_caches(c, a.rope) if fused else ("", "")
         ins += [names[a.past[0]], names[a.past[1]], seqlens, total, cos, sin, "", _bias(c)]
@@ -557,19 +548,16 @@ def _ort_regions(g: Graph) -> list[Region]:
             except LoweringError as routing:
                 raise LoweringError(f"{e}; and {routing}") from None
         raise
-    out = []
-    for pv in g.nodes("pv"):
-        a = match_attention(g, pv)
-        out.append(_region(g, list(a.nodes), (a.out, *a.present), _ort_attention(a)))
+    out = _attention_regions(g, _ort_attention)
     for combine in g.nodes("moe_combine"):
         m = match_moe(g, combine)
-        out.append(_region(g, list(m.nodes), (m.out,), _ort_moe(m)))
+        out.append(_region(list(m.nodes), (m.out,), _ort_moe(m)))
     out += _gated_mlps(g, LOWERINGS["ort"].rows)
     for norm in g.nodes("rmsnorm"):
         add = g[norm.inputs[0].node]
         if add.op == "add":  # a residual add and the norm of its sum
             outs = (Ref(add.name), Ref(norm.name))
-            out.append(_region(g, [add, norm], outs, _skip_norm(add, norm)))
+            out.append(_region([add, norm], outs, _skip_norm(add, norm)))
     return out
 
 

@@ -18,10 +18,19 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from graphllm.exporters.onnx import NP_TYPES, Lowering, _size, lowers, rotary_tables
+from graphllm.exporters.onnx import (
+    _INT64_MAX,
+    NP_TYPES,
+    Lowering,
+    _add,
+    _expert_linear,
+    _pv,
+    _scores,
+    _size,
+    lowers,
+    rotary_tables,
+)
 from graphllm.ir import Node
-
-_INT64_MAX = np.iinfo(np.int64).max
 
 
 def _dims(c: Lowering, n: Node, k: int = 0) -> tuple[int | None, ...]:
@@ -68,31 +77,12 @@ def _split_heads_weight(c: Lowering, n: Node, i: list[str], o: list[str]) -> Non
     c.final("Split", [w, c.const([nope, v])], n, o, axis=1)
 
 
-@lowers("absorb_q")
-def _absorb_q(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
-    c.final("MatMul", [i[0], i[1]], n, o)  # (B, h, T, e) @ (h, e, f), batched over heads
-
-
-@lowers("absorb_o")
-def _absorb_o(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
-    wt = c.op("Transpose", [i[1]], n.name, perm=[0, 2, 1])  # (h, e, f)
-    c.final("MatMul", [i[0], wt], n, o)  # (B, h, T, f)
-
-
-@lowers("scores_mqa")
-def _scores_mqa(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
-    kt = c.op("Transpose", [i[1]], n.name, perm=[0, 1, 3, 2])  # (B, 1, e, S)
-    c.final("MatMul", [i[0], kt], n, o)  # (B, h, T, S): the one key head broadcast
-
-
-@lowers("pv_mqa")
-def _pv_mqa(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
-    c.final("MatMul", [i[0], i[1]], n, o)  # (B, h, T, S) @ (B, 1, S, e)
-
-
-@lowers("bias_add")
-def _bias_add(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
-    c.final("Add", [i[0], i[1]], n, o)
+# the broadcast of the shared latent head (size 1) over the query heads is MatMul's own: the
+# rows lower as the ones they generalise
+lowers("absorb_q", "pv_mqa")(_pv)  # (B, h, T, e) @ (h, e, f) or (B, 1, S, e)
+lowers("absorb_o")(_expert_linear)  # (B, h, T, e) @ (h, f, e)^T, batched over heads
+lowers("scores_mqa")(_scores)  # (B, h, T, e) @ (B, 1, S, e)^T
+lowers("bias_add")(_add)
 
 
 @lowers("group_limit")

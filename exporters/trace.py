@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from graphllm.files import write_atomic
+from graphllm.files import write_text_atomic
 from graphllm.hardware import Hardware
 from graphllm.ir import Graph
 from graphllm.ops import COMMUNICATION, OPS, SOURCE
@@ -229,4 +229,4 @@ def _bubble(pid: int, stage: int, t0: float, dur: float) -> dict[str, Any]:
 
 def write_trace(path: str | Path, doc: dict[str, Any]) -> Path:
     """Write the trace atomically (whole or not at all)."""
-    return write_atomic(path, lambda p: p.write_text(json.dumps(doc)))
+    return write_text_atomic(path, json.dumps(doc))

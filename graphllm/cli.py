@@ -173,13 +173,10 @@ def verify_tokens(seed: int, full_size: bool, use_onnx: bool, **options: Any) ->
             f"verify tokens runs T+1 forward passes: T={workload.seq_len} is over 256"
         )
     if use_onnx:
-        from graphllm.cli_export import onnx_token_check
-
-        check = onnx_token_check(config, workload.seq_len, seed, not full_size, workload)
+        from graphllm.runtime import check_token_mixing_onnx as check_token_mixing
     else:
         from graphllm.observe import check_token_mixing
-
-        check = check_token_mixing(config, seed=seed, shrink=not full_size, workload=workload)
+    check = check_token_mixing(config, seed=seed, shrink=not full_size, workload=workload)
     seq_len = workload.seq_len
     cells = check.predicted.size
     what = check.config.name

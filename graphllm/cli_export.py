@@ -264,12 +264,3 @@ def _model_only(
         "kv_dtype": None,
         "logits": logits,
     }
-
-
-def onnx_token_check(
-    config: Any, seq_len: int, seed: int, shrink: bool, workload: Any = None
-) -> Any:
-    """`verify tokens --onnx`: the perturbation check run through onnxruntime."""
-    from graphllm.runtime import check_token_mixing_onnx
-
-    return check_token_mixing_onnx(config, seq_len, seed, shrink, workload)

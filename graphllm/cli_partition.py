@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from graphllm.cli_common import (
+    attention_option,
     deepseek_options,
     hardware_option,
     model_options,
@@ -88,13 +89,7 @@ def _strategy(options: dict[str, Any]) -> Any:
 @model_options
 @strategy_options
 @hardware_option("h100")
-@click.option(
-    "--attention",
-    type=click.Choice(["flash", "naive"]),
-    default="flash",
-    show_default=True,
-    help="Fused core attention, or every op through memory.",
-)
+@attention_option("Fused core attention, or every op through memory.")
 @training_options
 @deepseek_options
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead.")

@@ -3,12 +3,14 @@ positions change. The check of the tokens pass that does not trust the op table.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from graphllm.builder import build_graph
 from graphllm.interpret import run_graph
+from graphllm.ir import Graph
 from graphllm.model_config import ModelConfig
 from graphllm.passes import run
 from graphllm.weights import random_weights
@@ -91,6 +93,68 @@ class MixingCheck:
         ]
 
 
+@dataclass
+class MixingCase:
+    """A small instance of a config, its graph and the tokens pass's prediction, random token ids
+    and past K/V: what `check_token_mixing` runs, in numpy or through onnxruntime."""
+
+    small: ModelConfig
+    workload: Workload
+    graph: Graph
+    predicted: np.ndarray  # (outputs, new positions)
+    rng: np.random.Generator
+    ids: np.ndarray  # (B, T)
+    # every layer's past at the full length P; where a window layer's cache holds only the last
+    # W-1 positions the ones before are zeros, which its window masks out
+    past: dict[str, np.ndarray]
+
+    def observe(self, logits: Callable[[np.ndarray], np.ndarray]) -> MixingCheck:
+        """Perturb each new position in turn; `logits(ids)` is a run's (rows, vocab) logits of
+        the first sequence."""
+        t = self.workload.seq_len
+        rows = np.arange(t) if self.workload.logits == "all" else np.array([t - 1])
+
+        def full(x: np.ndarray) -> np.ndarray:
+            out = logits(x)
+            padded = np.zeros((t, out.shape[-1]), out.dtype)
+            padded[rows] = out  # with logits for the last position only, the others stay empty
+            return padded
+
+        base, vocab = full(self.ids), self.small.vocab_size
+        observed = np.zeros((t, t), dtype=bool)
+        for j in range(t):
+            changed = self.ids.copy()
+            changed[0, j] = (changed[0, j] + 1 + self.rng.integers(vocab - 1)) % vocab
+            # bit-exact comparison: a position that does not read input j computes the same bits
+            observed[:, j] = (full(changed) != base).any(axis=-1)
+        return MixingCheck(self.small, self.predicted, observed)
+
+
+def mixing_case(
+    cfg: ModelConfig,
+    seq_len: int = 12,
+    seed: int = 0,
+    shrink: bool = True,
+    workload: Workload | None = None,
+) -> MixingCase:
+    """The case `check_token_mixing` runs (fp32; the small instance unless `shrink` is off)."""
+    wl = workload or Workload(seq_len=seq_len)
+    wl = replace(wl, weight_dtype="fp32", act_dtype="fp32", kv_dtype="fp32")
+    small = small_instance(cfg, wl.seq_len) if shrink else cfg
+    graph = build_graph(small, wl)
+    predicted = run(graph, ["tokens"], exact_sets=True)["tokens"].dependence[:, wl.past_len :]
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, small.vocab_size, size=(wl.batch, wl.seq_len))
+    p, past = wl.past_len, {}
+    for n in graph.nodes("input"):
+        if n.name.startswith("past_key_values."):
+            b, h, held, e = (int(x) for x in n.out.shape(graph.bindings))
+            kv = np.zeros((b, h, p, e), np.float32)
+            kv[:, :, p - held :] = rng.standard_normal((b, h, held, e))
+            past[n.name] = kv
+    return MixingCase(small, wl, graph, predicted, rng, ids, past)
+
+
 def check_token_mixing(
     cfg: ModelConfig,
     seq_len: int = 12,
@@ -101,33 +165,6 @@ def check_token_mixing(
     """Run a small instance of `cfg`, perturb each new position in turn, compare with the tokens
     pass. With a past (P > 0) the cache is random K/V and only the new positions are perturbed;
     the matrices are then (outputs, new positions)."""
-    wl = workload or Workload(seq_len=seq_len)
-    wl = replace(wl, weight_dtype="fp32", act_dtype="fp32", kv_dtype="fp32")
-    small = small_instance(cfg, wl.seq_len) if shrink else cfg
-    graph = build_graph(small, wl)
-    predicted = run(graph, ["tokens"], exact_sets=True)["tokens"].dependence[:, wl.past_len :]
-    weights = random_weights(graph, seed=seed)
-    rng = np.random.default_rng(seed)
-    t = wl.seq_len
-    ids = rng.integers(0, small.vocab_size, size=(wl.batch, t))
-    past = {}
-    for n in graph.nodes("input"):
-        if n.name.startswith("past_key_values."):
-            shape = tuple(int(x) for x in n.out.shape(graph.bindings))
-            past[n.name.replace("past_key_values.", "present.")] = rng.standard_normal(shape)
-    rows = np.arange(t) if wl.logits == "all" else np.array([t - 1])
-
-    def logits(x: np.ndarray) -> np.ndarray:
-        out = run_graph(graph, weights, x, past or None)["logits"][0]
-        full = np.zeros((t, out.shape[-1]), out.dtype)
-        full[rows] = out  # with logits for the last position only, the other rows stay empty
-        return full
-
-    base = logits(ids)
-    observed = np.zeros((t, t), dtype=bool)
-    for j in range(t):
-        changed = ids.copy()
-        changed[0, j] = (changed[0, j] + 1 + rng.integers(small.vocab_size - 1)) % small.vocab_size
-        # bit-exact comparison: a position that does not read input j computes the same bits
-        observed[:, j] = (logits(changed) != base).any(axis=-1)
-    return MixingCheck(small, predicted, observed)
+    case = mixing_case(cfg, seq_len, seed, shrink, workload)
+    weights = random_weights(case.graph, seed=seed)
+    return case.observe(lambda x: run_graph(case.graph, weights, x, case.past or None)["logits"][0])

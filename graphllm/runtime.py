@@ -12,7 +12,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ import numpy as np
 
 from graphllm.errors import GraphllmError
 from graphllm.model_config import ModelConfig
-from graphllm.observe import MixingCheck, small_instance
+from graphllm.observe import MixingCheck, mixing_case
 from graphllm.workload import Workload
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -419,13 +419,16 @@ def bench(
     transparent huge pages first, as numpy's buffers are (graphllm.hugepages).
     """
     from graphllm import hugepages
-    from graphllm.exporters.onnx import read_metadata
+    from graphllm.exporters.onnx import metadata_from_props, read_metadata
 
-    if not Path(path).is_file():
-        raise GraphllmError(f"{path}: no such ONNX model")
-    meta = read_metadata(path)
     threads = threads or os.cpu_count() or 1
-    model = OnnxModel(path, device, threads)
+    try:
+        model = OnnxModel(path, device, threads)
+    except GraphllmError:
+        if Path(path).is_file():
+            read_metadata(path)  # a file graphllm did not write says so, before onnxruntime
+        raise
+    meta = metadata_from_props(model.session.get_modelmeta().custom_metadata_map, path)
     provider = model.session.get_providers()[0]
     if huge_pages and provider == PROVIDERS["cpu"]:
         hugepages.collapse()
@@ -522,50 +525,14 @@ def check_token_mixing_onnx(
     workload: Workload | None = None,
 ) -> MixingCheck:
     """`observe.check_token_mixing` observed through onnxruntime: the same small instance, random
-    weights, token ids, random past K/V and perturbations, run from an exported `.onnx` file.
-
-    The ONNX model takes one past length for every layer; where a window layer's cache holds
-    only the last W-1 positions, the positions before them are fed as zeros, which its window
-    masks out.
-    """
-    from graphllm.builder import build_graph
+    weights, token ids, past K/V and perturbations, run from an exported `.onnx` file."""
     from graphllm.exporters.onnx import export_onnx
-    from graphllm.passes import run
 
-    wl = workload or Workload(seq_len=seq_len)
-    wl = replace(wl, weight_dtype="fp32", act_dtype="fp32", kv_dtype="fp32")
-    small = small_instance(cfg, wl.seq_len) if shrink else cfg
-    graph = build_graph(small, wl)
-    predicted = run(graph, ["tokens"], exact_sets=True)["tokens"].dependence[:, wl.past_len :]
-    rng = np.random.default_rng(seed)
-    t, p = wl.seq_len, wl.past_len
-    ids = rng.integers(0, small.vocab_size, size=(wl.batch, t))
-    past = {}
-    for n in graph.nodes("input"):
-        if n.name.startswith("past_key_values."):
-            b, h, held, e = (int(x) for x in n.out.shape(graph.bindings))
-            kv = np.zeros((b, h, p, e), np.float32)
-            kv[:, :, p - held :] = rng.standard_normal((b, h, held, e))
-            past[n.name] = kv
-    rows = np.arange(t) if wl.logits == "all" else np.array([t - 1])
-    observed = np.zeros((t, t), dtype=bool)
+    case = mixing_case(cfg, seq_len, seed, shrink, workload)
     with tempfile.TemporaryDirectory(prefix="graphllm-tokens-") as tmp:
         path = Path(tmp) / "model.onnx"
-        export_onnx(small, path, seed=seed, workload=wl, check=False, ops="decomposed")
+        export_onnx(
+            case.small, path, seed=seed, workload=case.workload, check=False, ops="decomposed"
+        )
         model = OnnxModel(path, device="cpu")
-
-        def logits(x: np.ndarray) -> np.ndarray:
-            out = model.forward(x, past=past)["logits"][0]
-            full = np.zeros((t, out.shape[-1]), out.dtype)
-            full[rows] = out  # with logits for the last position only, the others stay empty
-            return full
-
-        base = logits(ids)
-        for j in range(t):
-            changed = ids.copy()
-            changed[0, j] = (changed[0, j] + 1 + rng.integers(small.vocab_size - 1)) % (
-                small.vocab_size
-            )
-            # bit-exact: a position that does not read input j computes the same bits
-            observed[:, j] = (logits(changed) != base).any(axis=-1)
-    return MixingCheck(small, predicted, observed)
+        return case.observe(lambda x: model.forward(x, past=case.past)["logits"][0])
