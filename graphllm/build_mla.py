@@ -18,8 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from graphllm import rope as rope_mod
-from graphllm.ir import Dim, Node, Ref
+from graphllm.ir import Dim, Node, Ref, TensorType
 
 if TYPE_CHECKING:
     from graphllm.builder import _Builder
@@ -40,7 +39,7 @@ def _split(b: _Builder, name: str, x: Node | Ref, a: Dim, c: Dim) -> tuple[Ref, 
 
 def mla_attention(b: _Builder, p: str, x: Node, i: int) -> Node:
     """MLA for layer i (scope p = model.layers.i.self_attn), in the builder's `mla` form."""
-    from graphllm.builder import P, S
+    from graphllm.builder import B, P, S
 
     c, g = b.cfg, b.g
     b.scopes[p] = "attention"
@@ -51,7 +50,7 @@ def mla_attention(b: _Builder, p: str, x: Node, i: int) -> Node:
     rank = Dim("r_kv", "hidden", c.kv_lora_rank)
     one = Dim("h_lat", "kv_head", 1)  # the latent and the RoPE key: one head shared by all
     # query: one projection, or down -> norm -> up
-    d_q = Dim("d_q", "hidden", c.num_attention_heads * c.head_dim)
+    d_q = b.d_q  # heads x (qk_nope_head_dim + qk_rope_head_dim)
     if c.q_lora_rank:
         r_q = Dim("r_q", "hidden", c.q_lora_rank)
         q = b.linear(f"{p}.q_a_proj", x, r_q, "attention")
@@ -68,18 +67,16 @@ def mla_attention(b: _Builder, p: str, x: Node, i: int) -> Node:
     lat = g.add("split_heads", f"{p}.latent_head", (lat,), {"axes": {"h": one, "e": rank}})
     lat = b.rmsnorm(f"{p}.kv_a_layernorm", lat, rank)  # (B, 1, T, r)
     k_rope = g.add("split_heads", f"{p}.k_rope_head", (k_rope,), {"axes": {"h": one, "e": dr}})
-    rope = {
-        "inv_freq": rope_mod.inv_freq(c.rope, c.qk_rope_head_dim, c.max_position_embeddings),
-        "attention_scaling": rope_mod.attention_scaling(c.rope),
-    }
+    rope = b.rope_attrs(c.qk_rope_head_dim)
     op = "rope" if c.rope_layout == "half" else "rope_pairs"
     if op == "rope_pairs":
         rope["layout"] = c.rope_layout
     q_rope = g.add(op, f"{p}.q_rope", (q_rope, b.positions), rope)  # (B, h, T, d_rope)
     k_rope = g.add(op, f"{p}.k_rope", (k_rope, b.positions), rope)  # (B, 1, T, d_rope)
     if b.wl.past_len > 0:
-        lat_t = g.add("input", f"past_key_values.{i}.key", (), {"type": _cache_type(b, P, rank)})
-        rope_t = g.add("input", f"past_key_values.{i}.value", (), {"type": _cache_type(b, P, dr)})
+        cache = lambda width: TensorType((B, one, P, width), b.wl.kv_dtype)  # noqa: E731
+        lat_t = g.add("input", f"past_key_values.{i}.key", (), {"type": cache(rank)})
+        rope_t = g.add("input", f"past_key_values.{i}.value", (), {"type": cache(dr)})
         lat = g.add("kv_concat", f"{p}.latent_cache", (lat_t, lat), {"axes": {"s": S}})
         k_rope = g.add("kv_concat", f"{p}.k_rope_cache", (rope_t, k_rope), {"axes": {"s": S}})
     g.set_output(f"present.{i}.key", lat)  # (B, 1, S, r)
@@ -110,13 +107,6 @@ def mla_attention(b: _Builder, p: str, x: Node, i: int) -> Node:
     d_o = Dim("d_o", "hidden", c.num_attention_heads * c.v_head_dim)
     o = g.add("merge_heads", f"{p}.merge_heads", (o,), {"axes": {"(h e)": d_o}})
     return b.linear(f"{p}.o_proj", o, b.d, "attention")
-
-
-def _cache_type(b: _Builder, past: Dim, width: Dim):
-    from graphllm.builder import B
-    from graphllm.ir import TensorType
-
-    return TensorType((B, Dim("h_lat", "kv_head", 1), past, width), b.wl.kv_dtype)
 
 
 def deepseek_router(b: _Builder, p: str, logits: Node) -> tuple[Node | Ref, Ref]:

@@ -7,6 +7,8 @@ axis in one param node whose name has `*` where the checkpoint has the expert in
 
 from __future__ import annotations
 
+from typing import Any
+
 from graphllm import rope as rope_mod
 from graphllm.build_mla import MLA_FORMS, deepseek_router, mla_attention
 from graphllm.build_mtp import check_mtp, mtp_modules
@@ -55,6 +57,7 @@ class _Builder:
     ) -> None:
         self.cfg, self.wl = cfg, wl
         self.mla, self.mtp = mla, mtp
+        self._rope: dict[int, tuple[Any, float]] = {}
         bindings: dict[str, float] = dict(wl.bindings())
         if cfg.is_moe:
             # balanced routing: T*k token-expert pairs spread over E experts (need not be whole)
@@ -93,6 +96,16 @@ class _Builder:
         dt = self.wl.weight_dtype if len(dims) > 1 else self.vector_dtype
         return self.g.add("param", name, (), {"type": TensorType(dims, dt), "kind": kind, **attrs})
 
+    def rope_attrs(self, width: int) -> dict[str, Any]:
+        """A rope node's attrs for heads `width` wide: the frequencies, computed once per width
+        rather than once per layer."""
+        if width not in self._rope:
+            c = self.cfg
+            inv = rope_mod.inv_freq(c.rope, width, c.max_position_embeddings)
+            self._rope[width] = (inv, rope_mod.attention_scaling(c.rope))
+        inv, scaling = self._rope[width]
+        return {"inv_freq": inv, "attention_scaling": scaling}
+
     def linear(
         self,
         name: str,
@@ -100,9 +113,8 @@ class _Builder:
         out: Dim,
         kind: str,
         bias: bool = False,
-        weight: str | None = None,
     ) -> Node:
-        w = self.param(weight or f"{name}.weight", (out, x.out.dims[-1]), kind)
+        w = self.param(f"{name}.weight", (out, x.out.dims[-1]), kind)
         if bias:
             b = self.param(f"{name}.bias", (out,), kind)
             return self.g.add("linear_bias", name, (x, w, b))
@@ -183,10 +195,7 @@ class _Builder:
         if c.qk_norm:
             q = self.rmsnorm(f"{p}.q_norm", q, self.d_h)
             k = self.rmsnorm(f"{p}.k_norm", k, self.d_h)
-        rope = {
-            "inv_freq": rope_mod.inv_freq(c.rope, c.head_dim, c.max_position_embeddings),
-            "attention_scaling": rope_mod.attention_scaling(c.rope),
-        }
+        rope = self.rope_attrs(c.head_dim)
         q = g.add("rope", f"{p}.q_rope", (q, self.positions), rope)
         k = g.add("rope", f"{p}.k_rope", (k, self.positions), rope)
         window = c.sliding_window if c.layer_types[i] == "sliding_attention" else None

@@ -378,10 +378,11 @@ def _mla(v: dict, version: int) -> dict:
 def mla_attention_scale(rope: RopeConfig, qk_head_dim: int) -> float:
     """qk_head_dim ** -0.5, times yarn's mscale(factor, mscale_all_dim) squared (as
     transformers' yarn_apply_mscale does for any scaled RoPE)."""
+    from graphllm.rope import mscale  # numpy: only DeepSeek configs pay for it
+
     scale = qk_head_dim**-0.5
     if rope.type != "default" and rope.mscale_all_dim:
-        m = 1.0 if rope.factor <= 1 else 0.1 * rope.mscale_all_dim * math.log(rope.factor) + 1.0
-        scale *= m * m
+        scale *= mscale(rope.factor, rope.mscale_all_dim) ** 2
     return scale
 
 

@@ -53,10 +53,6 @@ class Dim:
     def __hash__(self) -> int:
         return self._hash
 
-    @property
-    def symbolic(self) -> bool:
-        return self.size is None
-
     def __str__(self) -> str:
         return self.name if self.size is None else str(self.size)
 

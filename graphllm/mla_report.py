@@ -49,15 +49,21 @@ class FormCost:
     attention_flops: float  # in the attention scopes (projections, expansion, core)
 
 
-def form_costs(cfg: ModelConfig, workload: Workload) -> dict[str, FormCost]:
-    """FLOPs and bytes of one forward of `workload` in each MLA form ('naive', 'absorbed')."""
+def form_cost(cost: Any) -> FormCost:
+    """A FormCost from the cost pass's report (forward, flash attention)."""
+    attn = float(cost.flops["by_scope"]["attention"])
+    return FormCost(cost.flops["total"], cost.flops["matmul"], cost.bytes["total"], attn)
+
+
+def form_costs(
+    cfg: ModelConfig, workload: Workload, known: dict[str, FormCost] | None = None
+) -> dict[str, FormCost]:
+    """FLOPs and bytes of one forward of `workload` in each MLA form ('naive', 'absorbed');
+    `known` forms (costed already, forward and flash) are taken as they are."""
     from graphllm.passes import run
 
-    out = {}
+    out = dict(known or {})
     for form in ("naive", "absorbed"):
-        cost = run(build_graph(cfg, workload, mla=form), ["cost"])["cost"]
-        attn = cost.flops["by_scope"]["attention"]
-        out[form] = FormCost(
-            cost.flops["total"], cost.flops["matmul"], cost.bytes["total"], float(attn)
-        )
-    return out
+        if form not in out:
+            out[form] = form_cost(run(build_graph(cfg, workload, mla=form), ["cost"])["cost"])
+    return {form: out[form] for form in ("naive", "absorbed")}

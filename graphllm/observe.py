@@ -17,13 +17,13 @@ from graphllm.weights import random_weights
 from graphllm.workload import Workload
 
 
-def small_instance(cfg: ModelConfig, seq_len: int = 12, max_layers: int = 4) -> ModelConfig:
+def small_instance(cfg: ModelConfig, seq_len: int = 12) -> ModelConfig:
     """The same architecture at toy sizes: its family, features, GQA sharing, MoE routing and
     per-layer attention kinds, with a sliding window shrunk below `seq_len` so it shows."""
     ratio = cfg.num_attention_heads // cfg.num_key_value_heads
     kv = 1 if ratio >= 4 else 2
     heads = kv * min(ratio, 4)
-    layers = min(cfg.num_hidden_layers, max_layers)
+    layers = min(cfg.num_hidden_layers, 4)
     window = cfg.sliding_window
     if window is not None:
         window = min(window, max(2, seq_len // 4))

@@ -208,14 +208,6 @@ def _kv_concat(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     return np.concatenate([_f32(xs[0]), _f32(xs[1])], axis=2)  # (B, kv_heads, P+T, hd)
 
 
-def _same_size_check(*letters: str) -> Callable[[Node, dict[str, Dim]], str | None]:
-    def check(node: Node, env: dict[str, Dim]) -> str | None:
-        sizes = {env[x].size for x in letters}
-        return None if len(sizes) == 1 else f"axes {', '.join(letters)} must be equal in size"
-
-    return check
-
-
 def _split_check(node: Node, env: dict[str, Dim]) -> str | None:
     axes = node.attrs["axes"]
     parts = [axes[x].size for x in ("f1", "f2", "f3") if x in axes]
@@ -229,8 +221,27 @@ def _repeat_check(node: Node, env: dict[str, Dim]) -> str | None:
     return None if g and h and h % g == 0 else f"{h} heads are not a multiple of {g} kv heads"
 
 
-def _unit_check(node: Node, env: dict[str, Dim]) -> str | None:
-    return None if env["o"].size == 1 else "the gate axis must have size 1"
+def _size_one(what: str) -> Callable[[Node, dict[str, Dim]], str | None]:
+    """A check that axis `o` has size 1, saying `what` it is."""
+
+    def check(node: Node, env: dict[str, Dim]) -> str | None:
+        return None if env["o"].size == 1 else what
+
+    return check
+
+
+def _einsum(sig: str) -> Callable[[list[np.ndarray], dict[str, Any]], np.ndarray]:
+    """An impl that is the row's own signature as an einsum (one-letter axes, no groups)."""
+    subscripts = sig.replace(" ", "")
+    return lambda xs, a: np.einsum(subscripts, *map(_f32, xs))
+
+
+def _qk(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    return _f32(xs[0]) @ _f32(xs[1]).swapaxes(-1, -2)
+
+
+def _weighted_values(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    return _f32(xs[0]) @ _f32(xs[1])
 
 
 # -- collectives: each impl gets the input of every rank of the group, in rank order ----------
@@ -398,7 +409,7 @@ for _spec in [
         "scores",
         "b h t e, b h s e -> b h t s",
         CONTRACTION,
-        lambda xs, a: _f32(xs[0]) @ _f32(xs[1]).swapaxes(-1, -2),
+        _qk,
         "Q K^T: every query position against every key position.",
         matmul=True,
     ),
@@ -434,7 +445,7 @@ for _spec in [
         "pv",
         "b h t s, b h s e -> b h t e",
         CONTRACTION,
-        lambda xs, a: _f32(xs[0]) @ _f32(xs[1]),
+        _weighted_values,
         "Attention probabilities times V: a weighted sum over key positions.",
         matmul=True,
     ),
@@ -478,7 +489,7 @@ for _spec in [
         lambda xs, a: _f32(xs[0]) * _f32(xs[1]),
         "Scale each position's vector by its one gate value (shared-expert gate).",
         flops_per_elem=1,
-        check=_unit_check,
+        check=_size_one("the gate axis must have size 1"),
         linear=((0,), (1,)),
     ),
     OpSpec(
@@ -601,8 +612,9 @@ def _concat_check(node: Node, env: dict[str, Dim]) -> str | None:
     return None if ok else "the parts do not add up to the concatenated axis"
 
 
-def _one_check(node: Node, env: dict[str, Dim]) -> str | None:
-    return None if env["o"].size == 1 else "the latent has a single (shared) head"
+_one_check = _size_one("the latent has a single (shared) head")
+_ABSORB_Q = "b h t e, h e f -> b h t f"  # each head's query into latent space
+_ABSORB_O = "b h t e, h f e -> b h t f"  # each head's latent output back out
 
 
 # DeepSeek-V2/V3: MLA and its router (impls in graphllm.ops_mla)
@@ -645,17 +657,17 @@ for _spec in [
     ),
     OpSpec(
         "absorb_q",
-        "b h t e, h e f -> b h t f",
+        _ABSORB_Q,
         CONTRACTION,
-        lambda xs, a: np.einsum("bhte,hef->bhtf", _f32(xs[0]), _f32(xs[1])),
+        _einsum(_ABSORB_Q),
         "Each head's query times that head's key up-projection (query into latent space).",
         matmul=True,
     ),
     OpSpec(
         "absorb_o",
-        "b h t e, h f e -> b h t f",
+        _ABSORB_O,
         CONTRACTION,
-        lambda xs, a: np.einsum("bhte,hfe->bhtf", _f32(xs[0]), _f32(xs[1])),
+        _einsum(_ABSORB_O),
         "Each head's latent output times that head's value up-projection.",
         matmul=True,
     ),
@@ -663,7 +675,7 @@ for _spec in [
         "scores_mqa",
         "b h t e, b o s e -> b h t s",
         CONTRACTION,
-        lambda xs, a: _f32(xs[0]) @ _f32(xs[1]).swapaxes(-1, -2),
+        _qk,
         "Q K^T against one key head shared by all query heads (absorbed MLA's latent keys).",
         check=_one_check,
         matmul=True,
@@ -672,7 +684,7 @@ for _spec in [
         "pv_mqa",
         "b h t s, b o s e -> b h t e",
         CONTRACTION,
-        lambda xs, a: _f32(xs[0]) @ _f32(xs[1]),
+        _weighted_values,
         "Attention probabilities times one value head shared by all query heads.",
         check=_one_check,
         matmul=True,

@@ -54,18 +54,26 @@ def trace_report(
         "roofline": roof.to_dict() if roof is not None else None,
     }
     if config.is_mla:
-        doc["mla"] = mla_section(config, workload)
+        from graphllm.mla_report import form_cost
+
+        # this graph's cost is one form's, where the forms are compared alike (a forward, flash)
+        same = attention == "flash" and not training and not mtp
+        doc["mla"] = mla_section(config, workload, {mla: form_cost(cost)} if same else None)
     return doc, graph
 
 
-def mla_section(config: ModelConfig, workload: Workload) -> dict[str, Any]:
+def mla_section(
+    config: ModelConfig, workload: Workload, known: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """What latent attention saves: its KV cache per token against the same model's with
-    standard multi-head attention, and this workload's cost in the naive and absorbed forms."""
+    standard multi-head attention, and this workload's cost in the naive and absorbed forms
+    (`known`: forms already costed)."""
     from graphllm.mla_report import form_costs, kv_per_token
 
+    forms = form_costs(config, workload, known)
     return {
         "kv_cache_per_token": kv_per_token(config, workload.kv_dtype).to_dict(),
-        "forms": {form: asdict(c) for form, c in form_costs(config, workload).items()},
+        "forms": {form: asdict(c) for form, c in forms.items()},
     }
 
 

@@ -37,11 +37,12 @@ def attention_scaling(rope: RopeConfig) -> float:
     if rope.attention_factor is not None:
         return rope.attention_factor
     if rope.mscale and rope.mscale_all_dim:
-        return _mscale(rope.factor, rope.mscale) / _mscale(rope.factor, rope.mscale_all_dim)
-    return _mscale(rope.factor)
+        return mscale(rope.factor, rope.mscale) / mscale(rope.factor, rope.mscale_all_dim)
+    return mscale(rope.factor)
 
 
-def _mscale(scale: float, m: float = 1.0) -> float:
+def mscale(scale: float, m: float = 1.0) -> float:
+    """yarn's attention factor for a context `scale`: 0.1 m ln(scale) + 1 (1 when not scaled)."""
     return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
 
 

@@ -32,9 +32,6 @@ class Signature:
                         seen[letter] = None
         return tuple(seen)
 
-    def input_letters(self) -> set[str]:
-        return {x for op in self.inputs for ax in op for x in _flat(ax)}
-
     def output_letters(self) -> set[str]:
         return {x for op in self.outputs for ax in op for x in _flat(ax)}
 

@@ -64,12 +64,13 @@ class SafetensorsFolder:
             files = sorted(p.name for p in self.folder.glob("*.safetensors"))
             if not files:
                 raise WeightsError(f"no .safetensors files in {self.folder}")
-        self._where: dict[str, tuple[Path, dict]] = {}
+        self._where: dict[str, tuple[Path, int, dict]] = {}  # name -> file, data start, info
         for f in files:
             path = self.folder / f
+            base = 8 + _header_len(path)
             for name, info in _header(path).items():
                 if name != "__metadata__":
-                    self._where[name] = (path, info)
+                    self._where[name] = (path, base, info)
 
     def __contains__(self, name: str) -> bool:
         return name in self._where
@@ -81,12 +82,11 @@ class SafetensorsFolder:
         """One tensor as float32."""
         if name not in self._where:
             raise WeightsError(f"checkpoint {self.folder} has no tensor {name}")
-        path, info = self._where[name]
+        path, base, info = self._where[name]
         dt = _ST_DTYPES.get(info["dtype"])
         if dt is None:
             raise WeightsError(f"{name}: safetensors dtype {info['dtype']} is not supported")
         start, end = info["data_offsets"]
-        base = 8 + _header_len(path)
         count = math.prod(info["shape"])
         if end - start != count * dt.itemsize:
             raise WeightsError(f"{name}: data size does not match its shape in {path.name}")
