@@ -72,6 +72,11 @@ class OpSpec:
     collective: bool = False
     # rewrites the signature's output dims from attrs (a collective changes one axis's size)
     retype: Callable[[Node, tuple[Dim, ...]], tuple[Dim, ...]] | None = None
+    # what the backward pass reads, so a training step keeps it: "inputs" or "output"; None:
+    # a contraction reads its inputs, any other op nothing (linear in its inputs)
+    backward_reads: str | None = None
+    # a copy the backward pass redoes from its input rather than keeps (GQA's repeat, a gather)
+    backward_redoes: bool = False
 
     @property
     def signature(self) -> Signature:
@@ -331,6 +336,7 @@ for _spec in [
         "scale by the reciprocal root, multiply by the weight.",
         reduce=("d",),
         flops_per_elem=4,
+        backward_reads="inputs",
     ),
     OpSpec(
         "split",
@@ -404,6 +410,7 @@ for _spec in [
         "Copy each KV head to the query heads of its group (GQA/MQA).",
         check=_repeat_check,
         carries=(("h", "g"),),
+        backward_redoes=True,
     ),
     OpSpec(
         "scores",
@@ -440,6 +447,7 @@ for _spec in [
         "Softmax over the last axis, in fp32. 5 FLOPs/element: max, subtract, exp, sum, divide.",
         reduce=("s",),
         flops_per_elem=5,
+        backward_reads="output",
     ),
     OpSpec(
         "pv",
@@ -456,6 +464,7 @@ for _spec in [
         lambda xs, a: _f32(xs[0]) / (1 + np.exp(-_f32(xs[0]))),
         "x * sigmoid(x). 4 FLOPs/element: negate, exp, add, divide.",
         flops_per_elem=4,
+        backward_reads="inputs",
     ),
     OpSpec(
         "gelu_tanh",
@@ -464,6 +473,7 @@ for _spec in [
         _gelu_tanh,
         "GELU, tanh approximation. 8 FLOPs/element (cube, fma, scale, tanh, add, two muls).",
         flops_per_elem=8,
+        backward_reads="inputs",
     ),
     OpSpec(
         "sigmoid",
@@ -472,6 +482,7 @@ for _spec in [
         lambda xs, a: 1 / (1 + np.exp(-_f32(xs[0]))),
         "1 / (1 + exp(-x)). 3 FLOPs/element.",
         flops_per_elem=3,
+        backward_reads="inputs",
     ),
     OpSpec(
         "mul",
@@ -481,6 +492,7 @@ for _spec in [
         "Elementwise product (the gate of a gated MLP).",
         flops_per_elem=1,
         linear=((0,), (1,)),
+        backward_reads="inputs",
     ),
     OpSpec(
         "gate_mul",
@@ -491,6 +503,7 @@ for _spec in [
         flops_per_elem=1,
         check=_size_one("the gate axis must have size 1"),
         linear=((0,), (1,)),
+        backward_reads="inputs",
     ),
     OpSpec(
         "add",
@@ -518,6 +531,7 @@ for _spec in [
         "Divide by the sum over the last axis (top-k weight renormalisation). 2 FLOPs/element.",
         reduce=("k",),
         flops_per_elem=2,
+        backward_reads="inputs",
     ),
     OpSpec(
         "moe_dispatch",
@@ -557,6 +571,7 @@ for _spec in [
         "Concatenate the group's blocks of axis `axis`; every rank gets the whole axis.",
         collective=True,
         retype=_retype,
+        backward_redoes=True,
     ),
     OpSpec(
         "reduce_scatter",
@@ -602,6 +617,7 @@ for _spec in [
         collective=True,
         retype=_retype,
         view=True,
+        backward_redoes=True,
     ),
 ]:
     _row(_spec)

@@ -52,20 +52,6 @@ DP_AXES = ("dp", "cp", "ep")  # mesh axes whose ranks see other tokens: their gr
 MOMENTS_BYTES = 8  # Adam's first and second moments in fp32
 MASTER_BYTES = 4  # fp32 master weights, when the weights are narrower
 
-# What the backward pass of an op reads, beyond what its category implies (contractions read
-# their inputs; norms their input): "inputs" or "output". Ops not listed read nothing (linear).
-BACKWARD_READS = {
-    "rmsnorm": "inputs",
-    "softmax": "output",
-    "normalize": "inputs",
-    "silu": "inputs",
-    "gelu_tanh": "inputs",
-    "sigmoid": "inputs",
-    "mul": "inputs",
-    "gate_mul": "inputs",
-}
-COPIES = frozenset({"repeat_kv", "all_gather", "shard_slice"})  # redone in the backward pass
-
 
 @dataclass(frozen=True)
 class TrainingOptions:
@@ -109,7 +95,7 @@ def saved_activations(
     def root(r: Ref) -> Ref:
         while True:
             n = graph[r.node]
-            if n.op in COPIES or (OPS[n.op].view and n.inputs):
+            if OPS[n.op].backward_redoes or (OPS[n.op].view and n.inputs):
                 r = n.inputs[0]
             else:
                 return r
@@ -121,7 +107,7 @@ def saved_activations(
         spec = OPS[n.op]
         if spec.category in (SOURCE, COMMUNICATION):
             continue
-        reads = "inputs" if spec.category == CONTRACTION else BACKWARD_READS.get(n.op)
+        reads = "inputs" if spec.category == CONTRACTION else spec.backward_reads
         if reads == "output":
             refs = [Ref(n.name, i) for i in range(len(n.outputs))]
         elif reads == "inputs":
