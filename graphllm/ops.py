@@ -77,6 +77,10 @@ class OpSpec:
     backward_reads: str | None = None
     # a copy the backward pass redoes from its input rather than keeps (GQA's repeat, a gather)
     backward_redoes: bool = False
+    # a collective's bytes one device sends, as a fraction of its per-device share of the
+    # payload, for a group of n (ring all-reduce 2(n-1)/n; ring gather/scatter and pairwise
+    # all-to-all (n-1)/n; a send the whole)
+    wire: Callable[[int], float] | None = None
 
     @property
     def signature(self) -> Signature:
@@ -562,6 +566,7 @@ for _spec in [
         _all_reduce,
         "Sum a tensor held as partial sums over a device group; every rank gets the sum.",
         collective=True,
+        wire=lambda n: 2 * (n - 1) / n,
     ),
     OpSpec(
         "all_gather",
@@ -572,6 +577,7 @@ for _spec in [
         collective=True,
         retype=_retype,
         backward_redoes=True,
+        wire=lambda n: (n - 1) / n,
     ),
     OpSpec(
         "reduce_scatter",
@@ -581,6 +587,7 @@ for _spec in [
         "Sum partial sums over a device group; rank i keeps block i of axis `axis`.",
         collective=True,
         retype=_retype,
+        wire=lambda n: (n - 1) / n,
     ),
     OpSpec(
         "all_to_all",
@@ -591,6 +598,7 @@ for _spec in [
         "along `concat_axis` (MoE dispatch to the experts' ranks, and back).",
         collective=True,
         retype=_retype,
+        wire=lambda n: (n - 1) / n,
     ),
     OpSpec(
         "send",
@@ -598,6 +606,7 @@ for _spec in [
         COMMUNICATION,
         lambda xs, a: xs[0],
         "Hand an activation to the next pipeline stage (the stage that runs this node).",
+        wire=lambda n: 1.0,
     ),
     OpSpec(
         "recv",

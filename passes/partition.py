@@ -364,19 +364,14 @@ def comm_bytes(graph: Graph, n: Node) -> tuple[float, float]:
     reduce-scatter (n-1)/n; in an all-to-all each device holds payload/n and sends (n-1)/n of
     that to the others (pairwise); a send sends the payload.
     """
+    wire = OPS[n.op].wire
+    if wire is None:
+        return 0.0, 0.0  # recv: counted on its send
     k = n.attrs.get("group", 1)
     x, y = (nbytes(t.dtype, t.numel(graph.bindings)) for t in (graph.type_of(n.inputs[0]), n.out))
-    if n.op == "all_reduce":
-        return x, 2 * (k - 1) / k * x
-    if n.op == "all_gather":
-        return y, (k - 1) / k * y
-    if n.op == "reduce_scatter":
-        return x, (k - 1) / k * x
-    if n.op == "all_to_all":
-        return k * x, (k - 1) / k * x
-    if n.op == "send":
-        return x, x
-    return 0.0, 0.0  # recv: counted on its send
+    share = y if n.op == "all_gather" else x  # what one device holds of the payload
+    payload = k * x if n.op == "all_to_all" else share
+    return payload, wire(k) * share
 
 
 def link_bandwidth(mesh: Mesh, axis: str, hw: Hardware) -> float:
@@ -387,6 +382,13 @@ def link_bandwidth(mesh: Mesh, axis: str, hw: Hardware) -> float:
     if bw is None:
         raise ConfigError(f"hardware {hw.name}: no bandwidth between devices")
     return bw
+
+
+def gradient_seconds(c: dict[str, Any], mesh: Mesh, hw: Hardware) -> float:
+    """Seconds of a training step's gradient collective (`training.gradient_collectives`), over
+    the link of the outermost mesh axis it spans."""
+    axis = next(a for a in MESH_ORDER if a in c["mesh_axis"].split("+"))
+    return c["wire_bytes_per_device"] / link_bandwidth(mesh, axis, hw)
 
 
 def comm_seconds(graph: Graph, n: Node, mesh: Mesh, hw: Hardware) -> float:
@@ -516,12 +518,7 @@ def partition_report(
             e["training"] = {k: v for k, v in tm.to_dict().items() if k != "collectives"}
             e["memory_bytes"] = tm.total
             for c in tm.collectives:
-                axis = next(a for a in MESH_ORDER if a in c["mesh_axis"].split("+"))
-                secs = (
-                    c["wire_bytes_per_device"] / link_bandwidth(mesh, axis, hardware)
-                    if (hardware)
-                    else None
-                )
+                secs = gradient_seconds(c, mesh, hardware) if hardware else None
                 grad_seconds += secs or 0.0
                 e["comm_bytes"][c["kind"]] = (
                     e["comm_bytes"].get(c["kind"], 0.0) + c["wire_bytes_per_device"]

@@ -34,10 +34,10 @@ from graphllm.passes import run
 from graphllm.passes.cost import layer_of, layer_scopes
 from graphllm.passes.memory import peak_activations
 from graphllm.passes.partition import (
-    MESH_ORDER,
     Strategy,
     balance,
     comm_bytes,
+    gradient_seconds,
     link_bandwidth,
     make_mesh,
     partition,
@@ -336,8 +336,7 @@ def _training_memory(
         groups[axes_ep] = (ep_wb, ep_wb, n_ep)
     secs = 0.0
     for c in gradient_collectives(groups, z):
-        axis = next(a for a in MESH_ORDER if a in c["mesh_axis"].split("+"))
-        secs += c["wire_bytes_per_device"] / link_bandwidth(mesh, axis, hw)
+        secs += gradient_seconds(c, mesh, hw)
     return out, secs
 
 

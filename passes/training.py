@@ -222,7 +222,7 @@ class TrainingMemory:
 
 
 def _comm(name: str, kind: str, payload: float, n: int, axes: tuple[str, ...]) -> dict[str, Any]:
-    wire = (2 if kind == "all_reduce" else 1) * (n - 1) / n * payload
+    wire = OPS[kind].wire(n) * payload  # type: ignore[misc]
     return {
         "name": name,
         "kind": kind,
