@@ -249,6 +249,10 @@ def _qk(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     return _f32(xs[0]) @ _f32(xs[1]).swapaxes(-1, -2)
 
 
+def _add(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    return _f32(xs[0]) + _f32(xs[1])
+
+
 def _weighted_values(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     return _f32(xs[0]) @ _f32(xs[1])
 
@@ -513,7 +517,7 @@ for _spec in [
         "add",
         "..., ... -> ...",
         ELEMENTWISE,
-        lambda xs, a: _f32(xs[0]) + _f32(xs[1]),
+        _add,
         "Elementwise sum (residual connections, shared + routed experts).",
         flops_per_elem=1,
         linear=((0, 1),),
@@ -718,7 +722,7 @@ for _spec in [
         "bias_add",
         "... x, x -> ... x",
         ELEMENTWISE,
-        lambda xs, a: _f32(xs[0]) + _f32(xs[1]),
+        _add,
         "Add a per-expert bias (DeepSeek-V3's e_score_correction_bias). 1 FLOP/element.",
         flops_per_elem=1,
         linear=((0, 1),),

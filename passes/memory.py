@@ -81,7 +81,7 @@ def _peak_activations(graph: Graph, skip: set[str]) -> tuple[float, str]:
         spec = OPS[n.op]
         for r in n.inputs:
             last_use[root.get(r.node, r.node)] = i
-        if spec.category == SOURCE or n.name in skip or n.op in _IN_PLACE:
+        if spec.category == SOURCE or n.name in skip or spec.in_place:
             continue
         if spec.view and n.inputs:
             root[n.name] = root.get(n.inputs[0].node, n.inputs[0].node)
@@ -104,6 +104,3 @@ def _peak_activations(graph: Graph, skip: set[str]) -> tuple[float, str]:
         for name in ends.get(i, ()):
             live -= size.get(name, 0.0)
     return peak, peak_at
-
-
-_IN_PLACE = frozenset(name for name, spec in OPS.items() if spec.in_place)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tiny_configs
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -40,15 +41,7 @@ PRESETS = {
 }
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
-TINY = {
-    "model_type": "llama",
-    "vocab_size": 256,
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 128,
-}
+TINY = tiny_configs.LLAMA
 
 
 def tiny(**kw) -> dict:
@@ -341,25 +334,7 @@ def test_bookkeeping_is_accepted():
 # ---------------------------------------------------------------------------------------------
 # bad input: one line naming the problem
 
-DS3 = {
-    "model_type": "deepseek_v3",
-    "vocab_size": 256,
-    "hidden_size": 64,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "intermediate_size": 128,
-    "moe_intermediate_size": 32,
-    "kv_lora_rank": 16,
-    "q_lora_rank": 24,
-    "qk_nope_head_dim": 8,
-    "qk_rope_head_dim": 4,
-    "v_head_dim": 6,
-    "n_routed_experts": 8,
-    "num_experts_per_tok": 2,
-    "n_group": 4,
-    "topk_group": 2,
-    "first_k_dense_replace": 1,
-}
+DS3 = {**tiny_configs.DEEPSEEK_V3, "num_hidden_layers": 4}
 DS2 = {**DS3, "model_type": "deepseek_v2", "q_lora_rank": None, "topk_method": "greedy"}
 DS2.pop("n_group"), DS2.pop("topk_group")
 

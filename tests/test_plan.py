@@ -4,6 +4,7 @@ import json
 import time
 
 import pytest
+import tiny_configs
 from click.testing import CliRunner
 
 from graphllm import Workload, build_graph, load_config
@@ -16,15 +17,7 @@ from graphllm.passes.plan import factorisations, plan, reduced_config
 from graphllm.passes.training import TrainingOptions
 
 H100 = load_hardware("h100")
-TINY = {
-    "model_type": "llama",
-    "vocab_size": 256,
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 128,
-}
+TINY = tiny_configs.LLAMA
 
 
 def test_factorisations_cover_every_product():

@@ -335,15 +335,20 @@ def test_fused_no_weights_takes_the_weights_as_stored(exported, tmp_path):
     params = ((e.graph[name], arr) for name, arr in e.weights.items())
     stored = dict(planned(plan, params, "fp32"))
     assert set(stored) == {i.name for i in m.graph.input} - set(_inputs(e))
-    model = OnnxModel(r.path, device="cpu")
     ids = _ids(6)
+    logits = _prefill_with_weights(r.path, ids, stored)
+    _close(logits, e.onnx.forward(ids)["logits"], "stored weights fed as inputs")
+
+
+def _prefill_with_weights(path: Path, ids: np.ndarray, weights: dict) -> np.ndarray:
+    """Logits of a `no_weights` export's prefill, its weights fed as inputs."""
+    model = OnnxModel(path, device="cpu")
     feeds = {
         "input_ids": ids,
         "attention_mask": np.ones_like(ids),
-        "position_ids": positions(np.ones_like(ids), SEQ),
+        "position_ids": positions(np.ones_like(ids), ids.shape[1]),
     }
-    logits = model.session.run(["logits"], feeds | model.empty_past(BATCH) | stored)[0]
-    _close(logits, e.onnx.forward(ids)["logits"], "stored weights fed as inputs")
+    return model.session.run(["logits"], feeds | model.empty_past(len(ids)) | weights)[0]
 
 
 def _inputs(e) -> list[str]:
@@ -501,15 +506,8 @@ def test_no_weights_makes_the_params_inputs(exported, tmp_path):
     names = {i.name for i in m.graph.input}
     assert {p.name for p in e.graph.params()} <= names
     assert all(t.name.startswith("const.") for t in m.graph.initializer)
-    model = OnnxModel(r.path, device="cpu")
     ids = _ids(6)
-    feeds = {
-        "input_ids": ids,
-        "attention_mask": np.ones_like(ids),
-        "position_ids": positions(np.ones_like(ids), SEQ),
-    }
-    feeds |= model.empty_past(BATCH) | e.weights
-    logits = model.session.run(["logits"], feeds)[0]
+    logits = _prefill_with_weights(r.path, ids, e.weights)
     _close(logits, e.onnx.forward(ids)["logits"], "weights fed as inputs")
 
 

@@ -220,7 +220,7 @@ def test_bench_runs_an_mtp_export_and_predicts_the_graph_it_was_built_as(tmp_pat
 def test_cli_bench_exports_a_deepseek_config_as_asked(tmp_path):
     import json
 
-    from test_partition_deepseek import V3
+    from tiny_configs import DEEPSEEK_V3 as V3
 
     (tmp_path / "config.json").write_text(json.dumps({**V3, "num_nextn_predict_layers": 1}))
     args = ["bench", "--config", str(tmp_path / "config.json"), "--mla", "absorbed", "--mtp"]

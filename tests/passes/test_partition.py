@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import tiny_configs
 from click.testing import CliRunner
 
 from graphllm import Workload, build_graph, load_config
@@ -20,15 +21,7 @@ from graphllm.passes.partition import Strategy, balance, partition, partition_re
 from graphllm.spmd import check_partition
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-TINY = {
-    "model_type": "llama",
-    "vocab_size": 256,
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 128,
-}
+TINY = tiny_configs.LLAMA
 CONFIGS = {
     "llama": TINY,
     "mixtral": {**TINY, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2},

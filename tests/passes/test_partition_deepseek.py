@@ -2,6 +2,7 @@
 execution against the single-device graph, in both MLA forms, and `verify partition` on it."""
 
 import pytest
+import tiny_configs
 import yaml
 from click.testing import CliRunner
 
@@ -11,26 +12,7 @@ from graphllm.config import config_from_dict
 from graphllm.passes.partition import Strategy, partition
 from graphllm.spmd import check_partition
 
-V3 = {
-    "model_type": "deepseek_v3",
-    "vocab_size": 256,
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "intermediate_size": 128,
-    "moe_intermediate_size": 32,
-    "kv_lora_rank": 16,
-    "q_lora_rank": 24,
-    "qk_nope_head_dim": 8,
-    "qk_rope_head_dim": 4,
-    "v_head_dim": 6,
-    "n_routed_experts": 8,
-    "num_experts_per_tok": 2,
-    "n_group": 4,
-    "topk_group": 2,
-    "first_k_dense_replace": 1,
-}
+V3 = tiny_configs.DEEPSEEK_V3
 V2 = {
     **V3,
     "model_type": "deepseek_v2",

@@ -4,6 +4,7 @@ gradient reduction's volume, and the partition report's training step."""
 import json
 
 import pytest
+import tiny_configs
 from click.testing import CliRunner
 
 from graphllm import Workload, build_graph, load_config
@@ -15,15 +16,7 @@ from graphllm.passes import run
 from graphllm.passes.partition import Strategy, partition, partition_report
 from graphllm.passes.training import TrainingOptions, saved_activations, training_memory
 
-TINY = {
-    "model_type": "llama",
-    "vocab_size": 256,
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 128,
-}
+TINY = tiny_configs.LLAMA
 
 
 def tiny(**wl):
