@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from graphllm.build.builder import build_export_graph
+
 ROOT = Path(__file__).resolve().parent.parent
 GOAL_BYTES = 1 << 30  # peak RSS - largest tensor
 
@@ -68,9 +70,8 @@ def _largest_tensor(model: str, dtype: str) -> tuple[str, int]:
     import numpy as np
 
     import graphllm
-    from graphllm.exporters.onnx import export_graph
 
-    graph = export_graph(graphllm.load_config(model), dtype)
+    graph = build_export_graph(graphllm.load_config(model), dtype)
     item = np.dtype(np.float16 if dtype == "fp16" else np.float32).itemsize
     sizes = {n.name: int(np.prod([d.size for d in n.out.dims])) * item for n in graph.params()}
     name = max(sizes, key=sizes.__getitem__)

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from graphllm.build.builder import build_export_graph
+
 THREADS, PROMPT, NEW = 2, 128, 64
 PAUSE = 0.5  # seconds between runs: idle threads of the one before stop spinning
 LLAMA = {
@@ -92,11 +94,12 @@ def main() -> int:
     import transformers
 
     import graphllm
-    from graphllm import hugepages
-    from graphllm.calibrate import calibrate
     from graphllm.exporters.onnx import default_lowering, export_onnx
     from graphllm.passes import run
-    from graphllm.runtime import OnnxModel, predict, time_generation
+    from graphllm.runtime import hugepages
+    from graphllm.runtime.bench import predict, time_generation
+    from graphllm.runtime.calibrate import calibrate
+    from graphllm.runtime.session import OnnxModel
 
     torch.set_num_threads(THREADS)
     torch.manual_seed(0)
@@ -107,7 +110,7 @@ def main() -> int:
         ckpt = Path(tmp) / "ckpt"
         hf.save_pretrained(ckpt)
         cfg = graphllm.load_config(ckpt)
-        default = default_lowering(cfg, "cpu")
+        default = default_lowering(build_export_graph(cfg), "cpu")
         wl = graphllm.Workload.with_dtype(seq_len=1, past_len=PROMPT + NEW // 2, dtype="fp32")
         streamed = run(graphllm.build_graph(cfg, wl), ["cost"])["cost"].bytes["weights"]
         hw = calibrate(
@@ -125,7 +128,7 @@ def main() -> int:
         models, predicted = {}, {}
         for ops in args.lowerings.split(","):
             path = Path(tmp) / f"{ops}.onnx"
-            export_onnx(cfg, path, weights=ckpt, ops=ops)
+            export_onnx(build_export_graph(cfg), path, weights=ckpt, ops=ops)
             label = f"graphllm {ops}" + (" (default)" if ops == default else "")
             models[label] = OnnxModel(path, device="cpu", threads=THREADS)
             diff = float(np.abs(models[label].forward(ids)["logits"] - ref).max())

@@ -63,7 +63,7 @@ def _median_ms(fn: Callable[[], Any], repeats: int) -> tuple[float, list[float],
 
 def graphllm_trace(preset: str, passes: tuple[str, ...]) -> Callable[[], dict[str, Any]]:
     import graphllm.passes  # binds graphllm too; one import keeps isort stable
-    from graphllm.hardware import load_hardware
+    from graphllm.models.hardware import load_hardware
 
     config = graphllm.load_config(preset)
     workload = graphllm.Workload(batch=BATCH, seq_len=SEQ_LEN)
@@ -82,7 +82,7 @@ def graphllm_trace(preset: str, passes: tuple[str, ...]) -> Callable[[], dict[st
 
 
 def _hf_config_dict(preset: str) -> dict[str, Any]:
-    from graphllm.config import PRESETS_DIR
+    from graphllm.models.config import PRESETS_DIR
 
     d = json.loads((PRESETS_DIR / f"{preset}.json").read_text(encoding="utf-8"))
     return {k: v for k, v in d.items() if not k.startswith("_")}  # drop graphllm's notes

@@ -36,6 +36,7 @@ from graphllm.ops import COMMUNICATION, CONTRACTION, OPS, SOURCE
 from graphllm.passes import run
 from graphllm.passes.attention_region import core_attention_region
 from graphllm.passes.cost import layer_of, layer_scopes, scopes_of
+from graphllm.passes.parallel.partition import comm_bytes
 from graphllm.passes.tokens import position_letters
 
 VIEWS = ("model", "block", "attention", "ffn", "tokens")
@@ -699,7 +700,6 @@ COMM_FILL, COMM_LINE = "#c7e9c0", "#238b45"
 
 def _shards(d: Drawing, ctx: _Ctx, plan: Any) -> None:
     """Collectives as green hexagons with their group and payload; shard notes on side paths."""
-    from graphllm.passes.partition import comm_bytes
 
     s, cfg = plan.strategy, ctx.g.meta["config"]
     for b in d.boxes.values():

@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from graphllm.files import write_text_atomic
-from graphllm.hardware import Hardware
 from graphllm.ir import Graph
+from graphllm.models.hardware import Hardware
 from graphllm.ops import COMMUNICATION, OPS, SOURCE
 from graphllm.passes import run
 from graphllm.passes.cost import layer_of
-from graphllm.passes.partition import comm_seconds
+from graphllm.passes.parallel.partition import comm_seconds
 
 MAX_EVENTS = 200_000
 COMPUTE, COMM = 0, 1

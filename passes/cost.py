@@ -29,12 +29,12 @@ from typing import Any
 import numpy as np
 
 from graphllm.ir import TOKEN_ROLES, Graph, Node, TensorType
+from graphllm.models.workload import dtype as dtype_of
+from graphllm.models.workload import nbytes
 from graphllm.ops import MOVEMENT, OPS, SOURCE, node_flops
-from graphllm.passes import register
 from graphllm.passes.attention_region import core_attention_region
+from graphllm.passes.registry import register
 from graphllm.passes.tokens import position_letters
-from graphllm.workload import dtype as dtype_of
-from graphllm.workload import nbytes
 
 SCOPE_KINDS = (
     "embedding",

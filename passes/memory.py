@@ -14,10 +14,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from graphllm.ir import Graph
+from graphllm.models.workload import nbytes
 from graphllm.ops import OPS, SOURCE
-from graphllm.passes import register
 from graphllm.passes.attention_region import core_attention_region
-from graphllm.workload import nbytes
+from graphllm.passes.registry import register
 
 
 @dataclass(frozen=True)

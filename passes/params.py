@@ -7,8 +7,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from graphllm.ir import Graph
-from graphllm.passes import register
 from graphllm.passes.cost import scopes_of
+from graphllm.passes.registry import register
 
 KINDS = (
     "embedding",

@@ -14,10 +14,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from graphllm.errors import PassError
-from graphllm.hardware import Hardware
 from graphllm.ir import Graph
-from graphllm.passes import register
+from graphllm.models.hardware import Hardware
 from graphllm.passes.cost import SCOPE_KINDS, ZERO, scopes_of
+from graphllm.passes.registry import register
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ import numpy as np
 from graphllm.errors import PassError
 from graphllm.ir import TOKEN_ROLES, Dim, Graph, Node
 from graphllm.ops import OPS, SOURCE, bind_node
-from graphllm.passes import register
+from graphllm.passes.registry import register
 
 EXACT_LIMIT = 256  # positions up to which sets are exact bit matrices
 _BIG = np.iinfo(np.int64).max // 4

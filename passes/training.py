@@ -40,11 +40,11 @@ from typing import Any
 
 from graphllm.errors import ConfigError
 from graphllm.ir import Graph, Node, Ref
+from graphllm.models.workload import dtype as dtype_of
+from graphllm.models.workload import nbytes
 from graphllm.ops import COMMUNICATION, CONTRACTION, ELEMENTWISE, OPS, SOURCE
 from graphllm.passes.attention_region import core_attention_region
 from graphllm.passes.cost import layer_of
-from graphllm.workload import dtype as dtype_of
-from graphllm.workload import nbytes
 
 RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from graphllm.ir import Graph
-from graphllm.passes import register
+from graphllm.passes.registry import register
 
 
 @register("verify")

@@ -14,14 +14,19 @@ import tiny_configs
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from graphllm import config as C
-from graphllm.builder import build_graph
-from graphllm.config import config_from_dict, list_presets, load_config, load_workload_section
+from graphllm.build.builder import build_graph
+from graphllm.build.weights import random_weights
 from graphllm.errors import ConfigError
-from graphllm.interpret import run_graph
-from graphllm.model_config import FAMILIES, ModelConfig
-from graphllm.weights import random_weights
-from graphllm.workload import Workload
+from graphllm.models import config as C
+from graphllm.models.config import (
+    config_from_dict,
+    list_presets,
+    load_config,
+    load_workload_section,
+)
+from graphllm.models.model_config import FAMILIES, ModelConfig
+from graphllm.models.workload import Workload
+from graphllm.runtime.interpret import run_graph
 
 PRESETS = {
     "llama2-7b": "meta-llama/Llama-2-7b-hf",

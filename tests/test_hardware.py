@@ -5,9 +5,9 @@ import json
 import pytest
 import yaml
 
-from graphllm.calibrate import calibrate, save_local
 from graphllm.errors import ConfigError
-from graphllm.hardware import Hardware, _presets, list_hardware, load_hardware
+from graphllm.models.hardware import Hardware, _presets, list_hardware, load_hardware
+from graphllm.runtime.calibrate import calibrate, save_local
 
 
 @pytest.fixture(autouse=True)

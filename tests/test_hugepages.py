@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from graphllm import hugepages
+from graphllm.runtime import hugepages
 
 
 def _malloced(nbytes: int) -> tuple[ctypes.Array, int]:
@@ -40,7 +40,7 @@ def test_regions_hold_a_resident_buffer_and_skip_reserved_space():
 
 COLLAPSE = """
 import ctypes, json
-from graphllm import hugepages
+from graphllm.runtime import hugepages
 n = 64 << 20
 buf = (ctypes.c_char * n)()
 ctypes.memset(buf, 1, n)

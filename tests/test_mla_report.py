@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 from graphllm import Workload, build_graph, load_config
-from graphllm.interpret import run_graph
-from graphllm.mla_report import form_costs, kv_per_token
-from graphllm.observe import small_instance
+from graphllm.build.weights import random_weights
 from graphllm.passes import run
-from graphllm.weights import random_weights
+from graphllm.report.mla import form_costs, kv_per_token
+from graphllm.runtime.interpret import run_graph
+from graphllm.runtime.observe import small_instance
 
 
 def test_kv_per_token_v3_and_v2_lite():
@@ -74,7 +74,7 @@ def test_only_core_attention_mixes(preset, mla):
 
 @pytest.mark.parametrize("preset", ["deepseek-v2-lite", "deepseek-v2", "deepseek-v3"])
 def test_token_mixing_prediction_matches_perturbation(preset):
-    from graphllm.observe import check_token_mixing
+    from graphllm.runtime.observe import check_token_mixing
 
     assert check_token_mixing(load_config(preset), seq_len=8).agrees
     assert check_token_mixing(load_config(preset), workload=Workload(seq_len=3, past_len=4)).agrees

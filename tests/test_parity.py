@@ -17,8 +17,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import graphllm  # noqa: E402
-from graphllm.interpret import run_graph  # noqa: E402
-from graphllm.weights import load_weights  # noqa: E402
+from graphllm.build.weights import load_weights  # noqa: E402
+from graphllm.runtime.interpret import run_graph  # noqa: E402
 
 BATCH, SEQ = 2, 8
 ATOL = 1e-4

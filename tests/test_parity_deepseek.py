@@ -17,7 +17,7 @@ from test_parity import Tiny as DenseTiny  # noqa: E402
 from test_parity import _presents, tiny_models  # noqa: E402
 
 import graphllm  # noqa: E402
-from graphllm.interpret import run_graph  # noqa: E402
+from graphllm.runtime.interpret import run_graph  # noqa: E402
 
 BATCH, SEQ, STEPS = 2, 8, 16
 ATOL = 1e-4

@@ -21,10 +21,10 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf_v3  # noqa: E402
 
 import graphllm  # noqa: E402
-from graphllm.interpret import run_graph  # noqa: E402
+from graphllm.build.weights import load_weights  # noqa: E402
 from graphllm.passes import run  # noqa: E402
 from graphllm.passes.cost import scopes_of  # noqa: E402
-from graphllm.weights import load_weights  # noqa: E402
+from graphllm.runtime.interpret import run_graph  # noqa: E402
 
 ATOL, STEPS = 1e-4, 3
 
@@ -209,7 +209,7 @@ def test_a_checkpoint_without_the_mtp_tensors_is_one_line(tmp_path):
 def test_two_mtp_depths_chain_each_on_the_block_output_before_it():
     from test_cost_parity_deepseek import _config_dict
 
-    from graphllm.config import config_from_dict
+    from graphllm.models.config import config_from_dict
 
     d = {**_config_dict("deepseek-v3"), "num_nextn_predict_layers": 2}  # main layers 0-1
     g = graphllm.build_graph(config_from_dict(d, "v3-mtp2"), graphllm.Workload(seq_len=4), mtp=True)

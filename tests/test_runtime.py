@@ -10,12 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from graphllm.build.builder import build_export_graph
+
 ort = pytest.importorskip("onnxruntime")
 
 import graphllm  # noqa: E402
 from graphllm.errors import GraphllmError  # noqa: E402
 from graphllm.exporters.onnx import export_onnx  # noqa: E402
-from graphllm.runtime import OnnxModel, positions, providers, session  # noqa: E402
+from graphllm.runtime.session import OnnxModel, positions, providers, session  # noqa: E402
 
 TINY = Path(__file__).parent.parent / "examples" / "tiny.yaml"
 
@@ -23,7 +25,7 @@ TINY = Path(__file__).parent.parent / "examples" / "tiny.yaml"
 @pytest.fixture(scope="module")
 def tiny_onnx(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("rt") / "tiny.onnx"
-    export_onnx(graphllm.load_config(TINY), path, seed=1)
+    export_onnx(build_export_graph(graphllm.load_config(TINY)), path, seed=1)
     return path
 
 
@@ -108,7 +110,9 @@ def test_generate_matches_transformers(tmp_path):
             p.mul_(20.0)  # confident logits: greedy choices far from ties
     model.save_pretrained(tmp_path / "ckpt")
     path = tmp_path / "m.onnx"
-    export_onnx(graphllm.load_config(tmp_path / "ckpt"), path, weights=tmp_path / "ckpt")
+    export_onnx(
+        build_export_graph(graphllm.load_config(tmp_path / "ckpt")), path, weights=tmp_path / "ckpt"
+    )
     ids = np.array([[5, 6, 7, 8, 9, 10], [0, 0, 11, 12, 13, 14]])
     mask = (ids != 0).astype(np.int64)
     with torch.no_grad():

@@ -13,12 +13,15 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
+from graphllm.build.builder import build_export_graph
+
 ort = pytest.importorskip("onnxruntime")
 
 import graphllm  # noqa: E402
 from graphllm.cli import main  # noqa: E402
 from graphllm.exporters.onnx import export_onnx  # noqa: E402
-from graphllm.runtime import OnnxModel, _Bound, bench, time_generation  # noqa: E402
+from graphllm.runtime.bench import bench, time_generation  # noqa: E402
+from graphllm.runtime.session import BoundCache, OnnxModel  # noqa: E402
 
 TINY = Path(__file__).parent.parent / "examples" / "tiny.yaml"
 SHORT = ["--prompt-len", "6", "--new-tokens", "3", "--repeats", "2", "--warmup", "1"]
@@ -27,13 +30,13 @@ SHORT = ["--prompt-len", "6", "--new-tokens", "3", "--repeats", "2", "--warmup",
 @pytest.fixture(scope="module")
 def tiny_onnx(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("bench") / "tiny.onnx"
-    export_onnx(graphllm.load_config(TINY), path, seed=1)
+    export_onnx(build_export_graph(graphllm.load_config(TINY)), path, seed=1)
     return path
 
 
 def test_bound_steps_are_plain_runs(tiny_onnx):
     m = OnnxModel(tiny_onnx, device="cpu", threads=1)
-    bound = _Bound(m)
+    bound = BoundCache(m)
     ids = np.random.default_rng(0).integers(0, 256, (2, 5))
     mask = np.ones_like(ids)
     mask[1, :2] = 0  # left padding: positions from the mask
@@ -52,11 +55,11 @@ def test_bound_steps_are_plain_runs(tiny_onnx):
 def test_in_place_cache_steps_equal_plain_runs(tmp_path):
     """`ort`: one buffer per layer's K and V, bound as past and present, appended in place."""
     path = tmp_path / "tiny-ort.onnx"
-    export_onnx(graphllm.load_config(TINY), path, seed=1, ops="ort")
+    export_onnx(build_export_graph(graphllm.load_config(TINY)), path, seed=1, ops="ort")
     m = OnnxModel(path, device="cpu", threads=1)
     p, new = 5, 4
-    bound = _Bound(m, capacity=p + new, batch=2)
-    assert bound.in_place and not _Bound(m).in_place
+    bound = BoundCache(m, capacity=p + new, batch=2)
+    assert bound.in_place and not BoundCache(m).in_place
     ids = np.random.default_rng(0).integers(0, 256, (2, p))
     mask = np.ones_like(ids)
     for _ in range(2):  # a second prefill starts the buffers again from position 0
@@ -100,7 +103,7 @@ def test_bench_beside_a_preset_prediction(tiny_onnx):
 
 
 def test_bench_calibrates_local_first(tiny_onnx, tmp_path, monkeypatch):
-    import graphllm.calibrate as cal
+    import graphllm.runtime.calibrate as cal
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     real = cal.calibrate
@@ -181,7 +184,7 @@ def test_cli_stays_light():
 
 
 def test_bench_moves_the_weights_onto_huge_pages_unless_told(tiny_onnx, monkeypatch):
-    from graphllm import hugepages
+    from graphllm.runtime import hugepages
 
     calls = []
     monkeypatch.setattr(hugepages, "collapse", lambda: calls.append("collapse") or 0)
@@ -198,7 +201,7 @@ def test_ort_runs_past_max_position_embeddings_as_decomposed_does(tmp_path):
     ids = np.random.default_rng(2).integers(3, 256, (1, cfg.max_position_embeddings - 4))
     tokens = {}
     for ops in ("ort", "decomposed"):
-        export_onnx(cfg, tmp_path / f"{ops}.onnx", seed=1, ops=ops)
+        export_onnx(build_export_graph(cfg), tmp_path / f"{ops}.onnx", seed=1, ops=ops)
         tokens[ops] = OnnxModel(tmp_path / f"{ops}.onnx", "cpu").generate(ids, 12)
     np.testing.assert_array_equal(tokens["ort"], tokens["decomposed"])  # 8 steps past the end
 
@@ -206,7 +209,7 @@ def test_ort_runs_past_max_position_embeddings_as_decomposed_does(tmp_path):
 def test_progress_bar_counts_every_step(tiny_onnx, monkeypatch):
     from rich.progress import Progress
 
-    from graphllm import runtime
+    from graphllm.runtime import bench as bench_mod
 
     seen: list[tuple[float, float]] = []
     original = Progress.update
@@ -218,5 +221,5 @@ def test_progress_bar_counts_every_step(tiny_onnx, monkeypatch):
     monkeypatch.setattr(Progress, "update", update)
     bench(tiny_onnx, 4, 3, repeats=2, warmup=1, hardware=None, progress=True)
     assert seen[-1] == (3 * (1 + 3), 3 * (1 + 3))  # (warm-up + repeats) x (prefill + 3 steps)
-    with runtime._bar(False, 5) as tick:
+    with bench_mod._bar(False, 5) as tick:
         assert tick is None

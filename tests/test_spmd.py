@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 
 from graphllm.errors import GraphError
-from graphllm.interpret import Interpreter
 from graphllm.ir import Dim, Graph, TensorType
 from graphllm.ops import OPS
-from graphllm.passes.partition import PartitionPlan, Strategy
-from graphllm.passes.sharding import Mesh, Sharding, local_dim, spmd
-from graphllm.spmd import SPMDInterpreter, assemble, shard
+from graphllm.passes.parallel.partition import PartitionPlan, Strategy
+from graphllm.passes.parallel.sharding import Mesh, Sharding, local_dim, spmd
+from graphllm.runtime.interpret import Interpreter
+from graphllm.runtime.spmd import SPMDInterpreter, assemble, shard
 
 B, T = Dim("B", "batch"), Dim("T", "token")
 D = Dim("d", "hidden", 8)

@@ -22,7 +22,7 @@ from graphllm.errors import GraphllmError
 from graphllm.exporters import render as render_mod
 from graphllm.exporters.dot import MIX_FILL, MIX_LINE, VIEWS, view_dot
 from graphllm.exporters.render import render
-from graphllm.hardware import load_hardware
+from graphllm.models.hardware import load_hardware
 from graphllm.passes import run
 
 EXAMPLES = Path(__file__).parent.parent.parent / "examples"

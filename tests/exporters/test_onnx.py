@@ -18,6 +18,8 @@ import numpy as np
 import onnx
 import pytest
 
+from graphllm.build.builder import build_export_graph
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
@@ -26,19 +28,18 @@ import test_parity as parity  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
 import graphllm  # noqa: E402
+from graphllm.build.weights import (  # noqa: E402
+    load_weights,
+    random_tensors,
+    random_weights,
+)
 from graphllm.cli import main  # noqa: E402
 from graphllm.errors import ConfigError, WeightsError  # noqa: E402
-from graphllm.exporters.onnx import (  # noqa: E402
-    DECOMPOSED,
-    export_graph,
-    export_onnx,
-    random_tensors,
-    read_metadata,
-)
-from graphllm.interpret import run_graph  # noqa: E402
+from graphllm.exporters.onnx import export_onnx, read_metadata  # noqa: E402
+from graphllm.exporters.onnx.lowering import DECOMPOSED  # noqa: E402
 from graphllm.ops import OPS, SOURCE  # noqa: E402
-from graphllm.runtime import OnnxModel, _Bound, positions  # noqa: E402
-from graphllm.weights import load_weights, random_weights  # noqa: E402
+from graphllm.runtime.interpret import run_graph  # noqa: E402
+from graphllm.runtime.session import BoundCache, OnnxModel, positions  # noqa: E402
 
 ATOL, BATCH, SEQ, STEPS, PAD = 1e-4, 2, 8, 16, 3
 VOCAB = parity.SMALL["vocab_size"]
@@ -95,7 +96,7 @@ class Case:
 
     def __init__(self, case: str, folder: Path) -> None:
         self.tiny = _tiny(case, folder)
-        self.graph = export_graph(self.tiny.cfg)
+        self.graph = build_export_graph(self.tiny.cfg)
         self.weights = load_weights(self.graph, folder)
         self._decode: dict | None = None
         self._padded: dict | None = None
@@ -167,7 +168,9 @@ class Exported:
         self.case, self.tiny, self.graph, self.weights = case, case.tiny, case.graph, case.weights
         self.hf, self.interpret = case.hf, case.interpret
         self.path = out / "model.onnx"
-        self.result = export_onnx(self.tiny.cfg, self.path, weights=self.tiny.folder, ops=ops)
+        self.result = export_onnx(
+            build_export_graph(self.tiny.cfg), self.path, weights=self.tiny.folder, ops=ops
+        )
         self.onnx = OnnxModel(self.path, device="cpu")
 
 
@@ -237,7 +240,7 @@ def test_ort_in_place_cache_prefill_and_16_decode_steps(exported, case):
     GroupQueryAttention appends to in place."""
     e = exported(case, "ort")
     ref = e.case.decode()
-    bound = _Bound(e.onnx, capacity=SEQ + STEPS + 3, batch=BATCH)
+    bound = BoundCache(e.onnx, capacity=SEQ + STEPS + 3, batch=BATCH)
     assert bound.in_place
     mask = np.ones((BATCH, SEQ), np.int64)
     outs = bound.step(bound.inputs(ref["ids"], mask), None)
@@ -324,10 +327,13 @@ def test_fused_lowerings_use_their_ops_and_pretransposed_weights(exported, ops, 
 
 
 def test_fused_no_weights_takes_the_weights_as_stored(exported, tmp_path):
-    from graphllm.exporters.onnx import lower, planned
+    from graphllm.exporters.onnx import lower
+    from graphllm.exporters.onnx.export import planned
 
     e = exported("qwen3_moe-norm_topk", "ort")
-    r = export_onnx(e.tiny.cfg, tmp_path / "bare.onnx", no_weights=True, ops="ort")
+    r = export_onnx(
+        build_export_graph(e.tiny.cfg), tmp_path / "bare.onnx", no_weights=True, ops="ort"
+    )
     m = onnx.load(str(r.path))
     onnx.checker.check_model(m, full_check=True)
     assert not [t for t in m.graph.initializer if not t.name.startswith("const.")]
@@ -372,7 +378,12 @@ def test_metadata_round_trip(exported, tmp_path):
     assert meta.config == e.tiny.cfg
     assert meta.lowering == "decomposed" and meta.weights.startswith("checkpoint")
     wl = graphllm.Workload(batch=4, seq_len=32, past_len=7, dtype="fp16", logits="last")
-    r = export_onnx(e.tiny.cfg, tmp_path / "m.onnx", dtype="fp16", workload=wl, seed=5)
+    r = export_onnx(
+        build_export_graph(e.tiny.cfg, dtype="fp16", logits=wl.logits),
+        tmp_path / "m.onnx",
+        workload=wl,
+        seed=5,
+    )
     meta = read_metadata(r.path)
     assert meta.workload == wl and meta.weights == "random, seed 5"
     # a bare .onnx is enough to analyse the model again
@@ -385,7 +396,12 @@ def test_metadata_round_trip(exported, tmp_path):
 def test_last_position_logits_and_fp16(exported, tmp_path):
     e = exported("llama-tied-llama3.2")
     path = tmp_path / "last.onnx"
-    export_onnx(e.tiny.cfg, path, weights=e.tiny.folder, dtype="fp16", workload=_last())
+    export_onnx(
+        build_export_graph(e.tiny.cfg, dtype="fp16", logits=_last().logits),
+        path,
+        weights=e.tiny.folder,
+        workload=_last(),
+    )
     ids = _ids(3)
     last = OnnxModel(path, device="cpu").forward(ids)
     assert last["logits"].shape == (BATCH, 1, VOCAB) and last["logits"].dtype == np.float16
@@ -401,11 +417,11 @@ def _last() -> graphllm.Workload:
 # -- weights -------------------------------------------------------------------------------
 def test_random_weights_are_the_interpreters(tmp_path):
     cfg = graphllm.load_config(Path(__file__).parents[2] / "examples" / "tiny.yaml")
-    graph = export_graph(cfg)
+    graph = build_export_graph(cfg)
     want = random_weights(graph, seed=3)
     for node, arr in random_tensors(graph, 3, "fp32"):
         np.testing.assert_array_equal(arr, want[node.name], err_msg=node.name)
-    export_onnx(cfg, tmp_path / "r.onnx", seed=3)
+    export_onnx(build_export_graph(cfg), tmp_path / "r.onnx", seed=3)
     ids = _ids(4, seq=5) % cfg.vocab_size
     ours = OnnxModel(tmp_path / "r.onnx", device="cpu").forward(ids)["logits"]
     wl = graphllm.Workload.with_dtype(batch=BATCH, seq_len=5, dtype="fp32")
@@ -442,17 +458,19 @@ def test_bad_checkpoint_is_one_line_and_writes_nothing(exported, tmp_path, drop,
     out = tmp_path / "out"
     out.mkdir()
     with pytest.raises(WeightsError, match=re.escape(message)):
-        export_onnx(e.tiny.cfg, out / "m.onnx", weights=bad)
+        export_onnx(build_export_graph(e.tiny.cfg), out / "m.onnx", weights=bad)
     r = CliRunner().invoke(main, ["export", "--weights", str(bad), "-o", str(out / "m.onnx")])
     assert r.exit_code == 2
     assert r.stderr.count("\n") == 1 and message.split(":")[0] in r.stderr
     for external in (True, False):  # neither the model nor its data file, nor temporaries
         with pytest.raises(WeightsError):
-            export_onnx(e.tiny.cfg, out / "m.onnx", weights=bad, external_data=external)
+            export_onnx(
+                build_export_graph(e.tiny.cfg), out / "m.onnx", weights=bad, external_data=external
+            )
     assert list(out.iterdir()) == []
     (out / "m.onnx").write_bytes(b"old")  # a failed export leaves an existing file alone
     with pytest.raises(WeightsError):
-        export_onnx(e.tiny.cfg, out / "m.onnx", weights=bad)
+        export_onnx(build_export_graph(e.tiny.cfg), out / "m.onnx", weights=bad)
     assert [p.name for p in out.iterdir()] == ["m.onnx"] and (out / "m.onnx").read_bytes() == b"old"
 
 
@@ -464,7 +482,7 @@ def test_sharded_half_precision_checkpoint(exported, tmp_path, dtype):
     half.save_pretrained(folder, max_shard_size="40KB")
     assert (folder / "model.safetensors.index.json").exists()
     assert len(list(folder.glob("*.safetensors"))) > 2
-    r = export_onnx(e.tiny.cfg, tmp_path / "m.onnx", weights=folder)
+    r = export_onnx(build_export_graph(e.tiny.cfg), tmp_path / "m.onnx", weights=folder)
     ids = _ids(8)
     ours = OnnxModel(r.path, "cpu").forward(ids)["logits"]
     wl = graphllm.Workload.with_dtype(batch=BATCH, seq_len=SEQ, dtype="fp32")
@@ -477,13 +495,18 @@ def test_pickled_checkpoints_are_not_read(tmp_path):
     cfg = graphllm.load_config(Path(__file__).parents[2] / "examples" / "tiny.yaml")
     (tmp_path / "pytorch_model.bin").write_bytes(b"not unpickled")
     with pytest.raises(WeightsError, match=r"no \.safetensors files"):
-        export_onnx(cfg, tmp_path / "m.onnx", weights=tmp_path)
+        export_onnx(build_export_graph(cfg), tmp_path / "m.onnx", weights=tmp_path)
     assert not (tmp_path / "m.onnx").exists()
 
 
 def test_external_data_runs_the_same(exported, tmp_path):
     e = exported("phi3-window")
-    r = export_onnx(e.tiny.cfg, tmp_path / "ext.onnx", weights=e.tiny.folder, external_data=True)
+    r = export_onnx(
+        build_export_graph(e.tiny.cfg),
+        tmp_path / "ext.onnx",
+        weights=e.tiny.folder,
+        external_data=True,
+    )
     assert (
         r.data_path == tmp_path / "ext.onnx.data" and r.data_path.stat().st_size >= r.weight_bytes
     )
@@ -499,7 +522,9 @@ def test_external_data_runs_the_same(exported, tmp_path):
 
 def test_no_weights_makes_the_params_inputs(exported, tmp_path):
     e = exported("mixtral")
-    r = export_onnx(e.tiny.cfg, tmp_path / "bare.onnx", no_weights=True, ops="decomposed")
+    r = export_onnx(
+        build_export_graph(e.tiny.cfg), tmp_path / "bare.onnx", no_weights=True, ops="decomposed"
+    )
     assert r.data_path is None
     m = onnx.load(str(r.path))
     onnx.checker.check_model(m, full_check=True)
@@ -512,16 +537,20 @@ def test_no_weights_makes_the_params_inputs(exported, tmp_path):
 
 
 def test_no_weights_scales_to_any_size(tmp_path):
-    r = export_onnx(graphllm.load_config("llama3.1-405b"), tmp_path / "405b.onnx", no_weights=True)
+    r = export_onnx(
+        build_export_graph(graphllm.load_config("llama3.1-405b")),
+        tmp_path / "405b.onnx",
+        no_weights=True,
+    )
     assert r.path.stat().st_size < 10_000_000 and r.params > 400e9
 
 
 def test_export_rejects_what_it_cannot_write(tmp_path):
     cfg = graphllm.load_config("llama3-8b")
     with pytest.raises(ConfigError, match="fp32 or fp16"):
-        export_onnx(cfg, tmp_path / "m.onnx", dtype="bf16")
+        export_onnx(build_export_graph(cfg, dtype="bf16"), tmp_path / "m.onnx")
     with pytest.raises(ConfigError, match="not both"):
-        export_onnx(cfg, tmp_path / "m.onnx", weights=tmp_path, no_weights=True)
+        export_onnx(build_export_graph(cfg), tmp_path / "m.onnx", weights=tmp_path, no_weights=True)
 
 
 # -- the command line -----------------------------------------------------------------------

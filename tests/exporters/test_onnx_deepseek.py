@@ -18,6 +18,8 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
+from graphllm.build.builder import build_export_graph
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
@@ -26,9 +28,10 @@ import test_parity_deepseek as parity  # noqa: E402
 
 from graphllm.cli import main  # noqa: E402
 from graphllm.errors import GraphllmError  # noqa: E402
-from graphllm.exporters import onnx_mla  # noqa: E402
-from graphllm.exporters.onnx import DECOMPOSED, export_graph, export_onnx  # noqa: E402
-from graphllm.runtime import OnnxModel, positions  # noqa: E402
+from graphllm.exporters.onnx import export_onnx  # noqa: E402
+from graphllm.exporters.onnx import mla as onnx_mla  # noqa: E402
+from graphllm.exporters.onnx.lowering import DECOMPOSED  # noqa: E402
+from graphllm.runtime.session import OnnxModel, positions  # noqa: E402
 
 ATOL, BATCH, SEQ, STEPS = 1e-4, parity.BATCH, parity.SEQ, 16
 SMALL = parity.SMALL
@@ -43,7 +46,11 @@ class Exported:
         self.tiny, self.mla = tiny, mla
         self.path = out / "model.onnx"
         self.result = export_onnx(
-            tiny.cfg, self.path, weights=tiny.folder, ops="decomposed", check=True, mla=mla
+            build_export_graph(tiny.cfg, mla=mla),
+            self.path,
+            weights=tiny.folder,
+            ops="decomposed",
+            check=True,
         )
         self.onnx = OnnxModel(self.path, device="cpu")
 
@@ -81,7 +88,7 @@ def _close(a: np.ndarray, b: np.ndarray, what: str) -> None:
 def test_prefill_and_cached_decode_steps(exported, case, mla):
     e = exported(case, mla)
     onnx.checker.check_model(str(e.path), full_check=True)
-    types = {n.op for n in export_graph(e.tiny.cfg, mla=mla).nodes()}
+    types = {n.op for n in build_export_graph(e.tiny.cfg, mla=mla).nodes()}
     assert MLA_OPS[mla] <= types
     ids = _ids(1)
     ours, theirs, interp = e.onnx.forward(ids), e.tiny.hf(ids), e.tiny.run(ids, mla=mla)
@@ -128,7 +135,7 @@ def test_the_cases_cover_every_deepseek_row_and_rope_layout(exported):
     seen, layouts = set(), set()
     for case in parity.CASES:
         for mla in MLA_OPS:
-            for n in export_graph(exported(case, mla).tiny.cfg, mla=mla).nodes():
+            for n in build_export_graph(exported(case, mla).tiny.cfg, mla=mla).nodes():
                 seen.add(n.op)
                 if n.op == "rope_pairs":
                     layouts.add(n.attrs["layout"])
@@ -179,7 +186,12 @@ def test_mtp_export_equals_the_interpreter(tmp_path, mla):
 
     m = mtp.TinyMTP(parity.Tiny("v3-noaux", tmp_path / "ckpt"))
     path = tmp_path / "mtp.onnx"
-    export_onnx(m.base.cfg, path, weights=m.base.folder, ops="decomposed", mla=mla, mtp=True)
+    export_onnx(
+        build_export_graph(m.base.cfg, mla=mla, mtp=True),
+        path,
+        weights=m.base.folder,
+        ops="decomposed",
+    )
     model = onnx.load(str(path))
     assert "mtp.1.input_ids" in {i.name for i in model.graph.input}
     outs = {o.name for o in model.graph.output}
@@ -200,12 +212,12 @@ def test_mtp_export_equals_the_interpreter(tmp_path, mla):
 
 
 def test_bench_runs_an_mtp_export_and_predicts_the_graph_it_was_built_as(tmp_path):
-    from graphllm.hardware import load_hardware
-    from graphllm.runtime import bench, predict
+    from graphllm.models.hardware import load_hardware
+    from graphllm.runtime.bench import bench, predict
 
     cfg = parity.Tiny("v3-noaux", tmp_path / "ckpt").cfg
     path = tmp_path / "absorbed-mtp.onnx"
-    export_onnx(cfg, path, ops="decomposed", mla="absorbed", mtp=True)
+    export_onnx(build_export_graph(cfg, mla="absorbed", mtp=True), path, ops="decomposed")
     r = bench(path, prompt_len=6, new_tokens=3, repeats=1, threads=1, hardware="h100")
     h100 = load_hardware("h100")
     as_built = predict(
@@ -230,9 +242,9 @@ def test_cli_bench_exports_a_deepseek_config_as_asked(tmp_path):
     doc = json.loads(r.stdout)
     assert doc["lowering"] == "decomposed" and "exported" in r.stderr
     # the prediction is the absorbed graph with its MTP module: the export was built so
-    from graphllm.config import config_from_dict
-    from graphllm.hardware import load_hardware
-    from graphllm.runtime import predict
+    from graphllm.models.config import config_from_dict
+    from graphllm.models.hardware import load_hardware
+    from graphllm.runtime.bench import predict
 
     cfg = config_from_dict({**V3, "num_nextn_predict_layers": 1}, "config")
     h100, build = load_hardware("h100"), {"mla": "absorbed", "mtp": True}

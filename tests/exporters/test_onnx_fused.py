@@ -11,22 +11,17 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from graphllm.build.builder import build_export_graph
+
 ort = pytest.importorskip("onnxruntime")
 
 import graphllm  # noqa: E402
 from graphllm.cli import main  # noqa: E402
-from graphllm.config import list_presets  # noqa: E402
-from graphllm.exporters.onnx import (  # noqa: E402
-    LOWERINGS,
-    LoweringError,
-    default_lowering,
-    export_graph,
-    export_onnx,
-    lower,
-)
-from graphllm.exporters.onnx_fused import DEFAULT_LOWERINGS, can_express  # noqa: E402
-from graphllm.model_config import FAMILIES  # noqa: E402
-from graphllm.observe import small_instance  # noqa: E402
+from graphllm.exporters.onnx import LOWERINGS, LoweringError, default_lowering, export_onnx, lower  # noqa: E402
+from graphllm.exporters.onnx.fused import DEFAULT_LOWERINGS, can_express  # noqa: E402
+from graphllm.models.config import list_presets  # noqa: E402
+from graphllm.models.model_config import FAMILIES  # noqa: E402
+from graphllm.runtime.observe import small_instance  # noqa: E402
 
 TINY = Path(__file__).parents[2] / "examples" / "tiny.yaml"
 
@@ -47,16 +42,16 @@ def _rotations(path: Path) -> tuple[int, list[int]]:
 
 
 def test_ort_rotates_before_attention_where_its_kernel_cannot(tmp_path):
-    from graphllm.interpret import run_graph
-    from graphllm.runtime import OnnxModel
-    from graphllm.weights import random_weights
+    from graphllm.build.weights import random_weights
+    from graphllm.runtime.interpret import run_graph
+    from graphllm.runtime.session import OnnxModel
 
     cfg = graphllm.load_config(TINY)  # head_dim 16: rotated inside GroupQueryAttention
     narrow = dataclasses.replace(cfg, name="tiny-hd8", hidden_size=32, head_dim=8)
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 5))
     for c, want in ((cfg, (0, [1, 1])), (narrow, (4, [0, 0]))):
         path = tmp_path / f"{c.name}.onnx"
-        export_onnx(c, path, ops="ort", seed=2)
+        export_onnx(build_export_graph(c), path, ops="ort", seed=2)
         assert _rotations(path) == want
         wl = graphllm.Workload.with_dtype(batch=2, seq_len=5, dtype="fp32")
         graph = graphllm.build_graph(c, wl)
@@ -67,15 +62,15 @@ def test_ort_rotates_before_attention_where_its_kernel_cannot(tmp_path):
 
 def test_ort_refuses_routing_and_experts_the_moe_op_cannot_run(tmp_path):
     moe = _small("mixtral-8x7b")
-    assert can_express("ort", export_graph(moe)) is None
+    assert can_express("ort", build_export_graph(moe)) is None
     gelu = dataclasses.replace(moe, hidden_act="gelu_tanh")
-    reason = can_express("ort", export_graph(gelu))
+    reason = can_express("ort", build_export_graph(gelu))
     assert reason is not None and "SwiGLU experts only" in reason and "gelu_tanh" in reason
-    assert can_express("standard", export_graph(gelu)) is None
+    assert can_express("standard", build_export_graph(gelu)) is None
     with pytest.raises(LoweringError, match="SwiGLU experts only"):
-        export_onnx(gelu, tmp_path / "m.onnx", ops="ort")
+        export_onnx(build_export_graph(gelu), tmp_path / "m.onnx", ops="ort")
     assert not (tmp_path / "m.onnx").exists()
-    v3 = export_graph(small_instance(graphllm.load_config("deepseek-v3"), 8))
+    v3 = build_export_graph(small_instance(graphllm.load_config("deepseek-v3"), 8))
     for ops in ("standard", "ort"):
         assert "latent attention (MLA)" in can_express(ops, v3)
 
@@ -99,23 +94,25 @@ def test_default_table():
         assert all(set(v) <= set(LOWERINGS) for v in DEFAULT_LOWERINGS[device].values())
     for name, _ in list_presets():
         cfg = graphllm.load_config(name)
-        graph = export_graph(cfg)
+        graph = build_export_graph(cfg)
         # onnxruntime's GroupQueryAttention (and MoE op); latent attention: decomposed only
         want = "decomposed" if cfg.is_mla else "ort"
-        assert default_lowering(cfg, "cpu", graph=graph) == want, name
-        assert default_lowering(cfg, "cuda", graph=graph) == "decomposed", name
+        assert default_lowering(graph, "cpu") == want, name
+        assert default_lowering(graph, "cuda") == "decomposed", name
     moe = _small("qwen3-30b-a3b")
-    assert default_lowering(moe, "cpu") == "ort"
-    assert default_lowering(moe, "cpu", "fp16") == "standard"  # the CPU MoE kernel is fp32 only
+    assert default_lowering(build_export_graph(moe), "cpu") == "ort"
+    assert (
+        default_lowering(build_export_graph(moe, "fp16"), "cpu") == "standard"
+    )  # the CPU MoE kernel is fp32 only
 
 
 def test_unknown_op_set(tmp_path):
     with pytest.raises(graphllm.errors.ConfigError, match="unknown ONNX op set 'fast'"):
-        export_onnx(graphllm.load_config(TINY), tmp_path / "m.onnx", ops="fast")
+        export_onnx(build_export_graph(graphllm.load_config(TINY)), tmp_path / "m.onnx", ops="fast")
 
 
 def test_every_lowering_lowers_every_single_device_row():
-    graph = export_graph(_small("qwen1.5-moe-a2.7b"))
+    graph = build_export_graph(_small("qwen1.5-moe-a2.7b"))
     for ops in LOWERINGS:
         model, plan = lower(graph, ops)
         assert model.graph.node and plan

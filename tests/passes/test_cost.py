@@ -3,7 +3,7 @@
 import pytest
 
 from graphllm import Workload, build_graph, load_config
-from graphllm.hardware import load_hardware
+from graphllm.models.hardware import load_hardware
 from graphllm.passes import run
 
 

@@ -27,7 +27,7 @@ transformers = pytest.importorskip("transformers")
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from graphllm import Workload, build_graph  # noqa: E402
-from graphllm.config import PRESETS_DIR, config_from_dict  # noqa: E402
+from graphllm.models.config import PRESETS_DIR, config_from_dict  # noqa: E402
 from graphllm.passes import run  # noqa: E402
 
 LAYERS = 2
@@ -146,7 +146,7 @@ def test_sliding_window_shorter_than_sequence(model_id, workload):
 def test_sliding_window_cache_rolls_like_transformers():
     """A cached step over a window shorter than the past sees W-1 past keys, not P."""
     from graphllm import build_graph
-    from graphllm.workload import Workload
+    from graphllm.models.workload import Workload
 
     model_id, workload = "mistral-7b-window32", WORKLOADS["extend-b2-t16-p64"]
     cfg, _ = _models(model_id)

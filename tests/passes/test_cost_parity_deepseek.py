@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers")
 from test_cost_parity import count_forward  # noqa: E402  (the same counting, one copy)
 
 from graphllm import Workload, build_graph  # noqa: E402
-from graphllm.config import PRESETS_DIR, config_from_dict  # noqa: E402
+from graphllm.models.config import PRESETS_DIR, config_from_dict  # noqa: E402
 from graphllm.passes import run  # noqa: E402
 
 MODELS = {

@@ -71,7 +71,7 @@ def test_shared_expert_gate_counts_as_router():
 def test_total_matches_transformers_meta_model(preset):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    path = Path(__file__).parents[2] / "graphllm" / "presets" / f"{preset}.json"
+    path = Path(__file__).parents[2] / "graphllm" / "models" / "presets" / f"{preset}.json"
     d = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
     hf = transformers.AutoConfig.for_model(**d)
     with torch.device("meta"):

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from graphllm import Workload, build_graph, load_config
-from graphllm.config import PRESETS_DIR
+from graphllm.models.config import PRESETS_DIR
 from graphllm.passes import run
 
 # every stored tensor of the main model (V3: without the multi-token-prediction layer 61)

@@ -12,13 +12,13 @@ from click.testing import CliRunner
 
 from graphllm import Workload, build_graph, load_config
 from graphllm.cli import main
-from graphllm.config import config_from_dict
 from graphllm.errors import ConfigError
-from graphllm.hardware import load_hardware
+from graphllm.models.config import config_from_dict
+from graphllm.models.hardware import load_hardware
 from graphllm.ops import COMMUNICATION, OPS
 from graphllm.passes import run
-from graphllm.passes.partition import Strategy, balance, partition, partition_report
-from graphllm.spmd import check_partition
+from graphllm.passes.parallel.partition import Strategy, balance, partition, partition_report
+from graphllm.runtime.spmd import check_partition
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TINY = tiny_configs.LLAMA
@@ -282,7 +282,7 @@ def test_data_parallel_rank_reads_the_experts_its_own_tokens_touch():
     # the unpartitioned model with that batch does
     from graphllm import Workload, build_graph, load_config
     from graphllm.passes import run as run_passes
-    from graphllm.passes.partition import Strategy, partition
+    from graphllm.passes.parallel.partition import Strategy, partition
 
     cfg = load_config("mixtral-8x7b")
     big = build_graph(cfg, Workload(batch=16, seq_len=1, past_len=64))

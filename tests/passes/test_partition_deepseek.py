@@ -8,9 +8,9 @@ from click.testing import CliRunner
 
 from graphllm import Workload, build_graph
 from graphllm.cli import main
-from graphllm.config import config_from_dict
-from graphllm.passes.partition import Strategy, partition
-from graphllm.spmd import check_partition
+from graphllm.models.config import config_from_dict
+from graphllm.passes.parallel.partition import Strategy, partition
+from graphllm.runtime.spmd import check_partition
 
 V3 = tiny_configs.DEEPSEEK_V3
 V2 = {

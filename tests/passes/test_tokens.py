@@ -7,9 +7,9 @@ import pytest
 
 from graphllm import Workload, build_graph, load_config
 from graphllm.ir import Dim, Graph, TensorType
-from graphllm.observe import check_token_mixing
 from graphllm.passes import run
 from graphllm.passes.tokens import mixing_verdict
+from graphllm.runtime.observe import check_token_mixing
 
 PRESETS = [
     "llama3-8b",

@@ -9,11 +9,11 @@ from click.testing import CliRunner
 
 from graphllm import Workload, build_graph, load_config
 from graphllm.cli import main
-from graphllm.config import config_from_dict
 from graphllm.errors import ConfigError
-from graphllm.hardware import load_hardware
+from graphllm.models.config import config_from_dict
+from graphllm.models.hardware import load_hardware
 from graphllm.passes import run
-from graphllm.passes.partition import Strategy, partition, partition_report
+from graphllm.passes.parallel.partition import Strategy, partition, partition_report
 from graphllm.passes.training import TrainingOptions, saved_activations, training_memory
 
 TINY = tiny_configs.LLAMA

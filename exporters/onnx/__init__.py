@@ -1,0 +1,29 @@
+"""ONNX export: op sets (decomposed, standard, ort), their lowerings, and the file writer.
+
+Importing this package registers every lowering.
+"""
+
+from graphllm.exporters.onnx import decomposed, fused, mla  # noqa: F401  (register the lowerings)
+from graphllm.exporters.onnx.export import (
+    ExportedModel,
+    ExportResult,
+    export_onnx,
+    metadata_from_props,
+    read_metadata,
+)
+from graphllm.exporters.onnx.fused import DEFAULT_LOWERINGS, default_lowering
+from graphllm.exporters.onnx.lowering import EXPORT_DTYPES, LOWERINGS, LoweringError, lower
+
+__all__ = [
+    "DEFAULT_LOWERINGS",
+    "EXPORT_DTYPES",
+    "LOWERINGS",
+    "ExportResult",
+    "ExportedModel",
+    "LoweringError",
+    "default_lowering",
+    "export_onnx",
+    "lower",
+    "metadata_from_props",
+    "read_metadata",
+]

@@ -1,0 +1,281 @@
+"""Graph -> a `.onnx` file: lowered by an op set, with its weights and the metadata graphllm reads
+back (config, workload, lowering, how the graph was built). Written whole or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from graphllm.build.weights import checkpoint_tensors, random_tensors
+from graphllm.errors import ConfigError, GraphllmError
+from graphllm.exporters.onnx.fused import default_lowering
+from graphllm.exporters.onnx.lowering import (
+    ALIGN,
+    EXPORT_DTYPES,
+    LOWERINGS,
+    NP_TYPES,
+    PROTO_LIMIT,
+    Initializer,
+    lower,
+    producer_version,
+    static_shape,
+)
+from graphllm.files import write_atomic
+from graphllm.ir import Graph
+from graphllm.models.model_config import ModelConfig, RopeConfig
+from graphllm.models.workload import Workload
+
+
+# -- metadata ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ExportedModel:
+    """What a `.onnx` file written by graphllm says about itself (its metadata_props)."""
+
+    config: ModelConfig
+    workload: Workload
+    lowering: str
+    weights: str
+    build: dict[str, Any] = field(default_factory=dict)  # build_graph's mla= and mtp=
+
+
+def _metadata(config: ModelConfig, wl: Workload, ops: str, weights: str) -> dict[str, str]:
+    return {
+        "graphllm.version": producer_version(),
+        "graphllm.lowering": ops,
+        "graphllm.config": json.dumps(asdict(config)),
+        "graphllm.workload": json.dumps(asdict(wl)),
+        "graphllm.weights": weights,
+    }
+
+
+def _config_from_json(d: dict[str, Any]) -> ModelConfig:
+    d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+    return ModelConfig(**(d | {"rope": RopeConfig(**d["rope"])}))
+
+
+def read_metadata(path: str | Path) -> ExportedModel:
+    """The config, workload defaults, lowering and weights note of a graphllm `.onnx` file."""
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # protobuf's DecodeError, OSError, ...
+        raise GraphllmError(f"{path}: not a readable ONNX model ({e})") from None
+    return metadata_from_props({p.key: p.value for p in model.metadata_props}, path)
+
+
+def metadata_from_props(props: dict[str, str], path: str | Path) -> ExportedModel:
+    """`read_metadata` from the properties themselves (as an onnxruntime session holds them,
+    without reading the file again)."""
+    if "graphllm.config" not in props:
+        raise GraphllmError(f"{path}: no graphllm metadata (was it exported by graphllm?)")
+    try:
+        config = _config_from_json(json.loads(props["graphllm.config"]))
+        workload = Workload(**json.loads(props["graphllm.workload"]))
+        build = json.loads(props.get("graphllm.graph", "{}"))
+        lowering, weights = props["graphllm.lowering"], props["graphllm.weights"]
+    except (ValueError, TypeError, KeyError) as e:
+        raise GraphllmError(f"{path}: unreadable graphllm metadata ({e})") from None
+    return ExportedModel(config, workload, lowering, weights, build)
+
+
+# -- writing ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ExportResult:
+    """What `export_onnx` wrote."""
+
+    path: Path
+    data_path: Path | None  # the external data file, when there is one
+    nodes: int  # ONNX nodes
+    params: int  # weight values
+    weight_bytes: int  # bytes of the initializers written (weights as the lowering stores them)
+    weights: str  # where the weights came from
+    lowering: str = "decomposed"  # the op set written
+
+
+def export_onnx(
+    graph: Graph,
+    path: str | Path,
+    *,
+    weights: str | Path | None = None,
+    seed: int = 0,
+    no_weights: bool = False,
+    workload: Workload | None = None,
+    external_data: bool | None = None,
+    check: bool = True,
+    ops: str = "auto",
+    device: str = "cpu",
+) -> ExportResult:
+    """Write `graph` as an ONNX model: weights from a checkpoint folder, seeded random ones, or
+    (`no_weights`) none at all, the weights then being graph inputs.
+
+    The graph is built by the caller (`graphllm.build.builder.build_export_graph` builds one that
+    serves prefill and decode); its activation dtype is the model's. `ops` is the lowering
+    (`decomposed`, `standard`, `ort`), or `auto`: the default for `device` and the model's family
+    (`DEFAULT_LOWERINGS`). `workload` is recorded as the model's defaults for later analysis (by
+    default the graph's own, with its dtypes). `external_data` None chooses by size: past
+    protobuf's 2 GB limit the weights go to `<path>.data`. The file (and its data file) is
+    written whole or not at all; with `check`, `onnx.checker.check_model(full_check=True)` runs
+    on it before it is moved into place.
+    """
+    config, built = graph.meta.get("config"), graph.meta.get("workload")
+    if config is None or built is None:
+        raise ConfigError(f"graph {graph.name} was not built from a config (build_export_graph)")
+    dtype = built.act_dtype
+    if dtype not in EXPORT_DTYPES:
+        raise ConfigError(f"ONNX export runs in {' or '.join(EXPORT_DTYPES)}, not {dtype}")
+    if built.past_len == 0:
+        raise ConfigError("the graph has no past K/V inputs: build it with past_len > 0")
+    wl = Workload.with_dtype(workload or built, dtype=dtype, logits=built.logits)
+    mla, mtp = graph.meta.get("mla") or "naive", bool(graph.meta.get("mtp"))
+    if no_weights and weights is not None:
+        raise ConfigError("give a weights folder or no_weights, not both")
+    if ops == "auto":
+        ops = default_lowering(graph, device)
+    elif ops not in LOWERINGS:
+        raise ConfigError(f"unknown ONNX op set {ops!r}; known: auto, {', '.join(LOWERINGS)}")
+    model, plan = lower(graph, ops, weights_as_inputs=no_weights)
+    if no_weights:
+        source = "none: the weights are graph inputs"
+    elif weights is not None:
+        source = f"checkpoint {Path(weights).resolve().name}"
+    else:
+        source = f"random, seed {seed}"
+    for k, v in _metadata(config, wl, ops, source).items():
+        model.metadata_props.add(key=k, value=v)
+    if config.is_mla:  # how the graph was built, beside the config it was built from
+        model.metadata_props.add(key="graphllm.graph", value=json.dumps({"mla": mla, "mtp": mtp}))
+    numel = sum(int(np.prod(static_shape(n))) for n in graph.params())
+    written = [] if no_weights else plan
+    itemsize = np.dtype(NP_TYPES[dtype]).itemsize
+    nbytes = sum(int(np.prod(init.shape)) for init in written) * itemsize
+    if no_weights:
+        params: Iterator[tuple] = iter(())
+    elif weights is not None:
+        params = checkpoint_tensors(graph, weights, dtype)
+    else:
+        params = random_tensors(graph, seed, dtype)
+    tensors = planned(written, params, dtype)
+    external = nbytes > PROTO_LIMIT if external_data is None else external_data
+    path = Path(path)
+    data_path = path.with_name(path.name + ".data") if external and written else None
+
+    def write(tmp: Path) -> None:
+        if data_path is None:
+            for name, arr in tensors:
+                model.graph.initializer.append(numpy_helper.from_array(arr, name))
+            onnx.save_model(model, tmp)
+            model.graph.ClearField("initializer")  # free the weights before the check reads them
+            if check:
+                _check(tmp)
+            return
+        _write_external(model, tmp, data_path, tensors, nbytes, check)
+
+    write_atomic(path, write)
+    return ExportResult(path, data_path, len(model.graph.node), numel, nbytes, source, ops)
+
+
+def planned(plan: list[Initializer], params: Iterator[tuple], dtype: str) -> Iterator[tuple]:
+    """(name, array) of each initializer in `plan`, from (param node, array) read one at a time,
+    each as soon as its sources have been read. A param is held only until the last initializer
+    made from it is written."""
+    want = NP_TYPES[dtype]
+    left: dict[str, int] = {}
+    for init in plan:
+        for src in init.sources:
+            left[src] = left.get(src, 0) + 1
+    pending = list(plan)
+    held: dict[str, np.ndarray] = {}
+    for node, arr in params:
+        if not left.get(node.name):
+            continue
+        held[node.name] = arr
+        ready = [init for init in pending if all(s in held for s in init.sources)]
+        for init in ready:
+            pending.remove(init)
+            args = [held[s] for s in init.sources]
+            out = np.ascontiguousarray(args[0] if init.make is None else init.make(*args), want)
+            del args
+            for src in init.sources:  # free the sources before the copy is written
+                left[src] -= 1
+                if not left[src]:
+                    del held[src]
+            yield init.name, out
+            del out
+    if pending:  # a source the graph does not hold: a bug in a lowering
+        raise GraphllmError(f"initializer {pending[0].name}: sources {pending[0].sources} not read")
+
+
+def _write_external(
+    model: onnx.ModelProto,
+    tmp: Path,
+    data_path: Path,
+    tensors: Iterator[tuple],
+    nbytes: int,
+    check: bool,
+) -> None:
+    """Weights to `data_path` one tensor at a time (page-aligned), the graph to `tmp`."""
+    free = shutil.disk_usage(data_path.parent).free
+    if free < nbytes:
+        raise GraphllmError(
+            f"{data_path.parent} has {free / 1e9:.1f} GB free; the weights need {nbytes / 1e9:.1f} GB"
+        )
+    fd, data_tmp = tempfile.mkstemp(prefix=f".{data_path.name}.", dir=data_path.parent)
+    _readable(Path(data_tmp))
+    placed = False
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for name, arr in tensors:
+                f.write(b"\0" * (-f.tell() % ALIGN))
+                offset = f.tell()
+                f.write(memoryview(np.ascontiguousarray(arr)).cast("B"))
+                t = TensorProto(name=name, dims=arr.shape, data_type=_dtype_of(arr))
+                t.data_location = TensorProto.EXTERNAL
+                for k, v in (
+                    ("location", data_path.name),
+                    ("offset", offset),
+                    ("length", arr.nbytes),
+                ):
+                    t.external_data.add(key=k, value=str(v))
+                model.graph.initializer.append(t)
+                del arr
+        os.replace(data_tmp, data_path)
+        placed = True
+        onnx.save_model(model, tmp)
+        if check:
+            _check(tmp)
+    except BaseException:
+        Path(data_tmp).unlink(missing_ok=True)
+        if placed:
+            data_path.unlink(missing_ok=True)
+        raise
+
+
+def _readable(path: Path) -> None:
+    """The permissions of a new file (temporary files are created private)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o666 & ~umask)
+
+
+def _dtype_of(arr: np.ndarray) -> int:
+    return {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16}[
+        arr.dtype
+    ]
+
+
+def _check(path: Path) -> None:
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise GraphllmError(f"the exported model fails onnx.checker: {first}") from e

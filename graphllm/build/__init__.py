@@ -1,0 +1,1 @@
+"""ModelConfig + Workload -> Graph: the decoder as op nodes, and the values of its weights."""

@@ -1,0 +1,312 @@
+"""ModelConfig + Workload -> Graph. Reads like the model: embedding, N blocks, final norm, LM head.
+
+Node names follow the HF module tree (`model.layers.3.self_attn.q_proj`); weights are `param` nodes
+named exactly like the checkpoint tensors they hold. Routed experts are stacked along an expert
+axis in one param node whose name has `*` where the checkpoint has the expert index.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from graphllm.models import rope as rope_mod
+from graphllm.build.mla import MLA_FORMS, deepseek_router, mla_attention
+from graphllm.build.mtp import check_mtp, mtp_modules
+from graphllm.build.dims import C, P_W, S_W, T_LAST, B, P, S, T
+from graphllm.errors import ConfigError
+from graphllm.ir import Dim, Graph, Node, Ref, TensorType
+from graphllm.models.model_config import ModelConfig
+from graphllm.models.workload import WEIGHT_ONLY, Workload
+
+def build_graph(
+    config: ModelConfig, workload: Workload | None = None, mla: str = "naive", mtp: bool = False
+) -> Graph:
+    """The decoder of `config` as an explicit op graph for `workload` (default: B=1, T=1, P=0).
+
+    `mla` picks how an MLA model (DeepSeek-V2/V3) attends: 'naive' re-expands the cached latent
+    every step, as transformers does; 'absorbed' folds the up projections into the query and the
+    output (graphllm.build_mla); asking another model for 'absorbed' is a ConfigError. `mtp`
+    adds DeepSeek-V3's multi-token-prediction modules after the main model (graphllm.build_mtp);
+    a config without them is a ConfigError.
+    """
+    if mla not in MLA_FORMS:
+        raise ConfigError(f"mla must be one of {', '.join(MLA_FORMS)}, got {mla!r}")
+    if mla != "naive" and not config.is_mla:
+        raise ConfigError(
+            f"--mla {mla}: {config.name} has no latent attention (MLA: DeepSeek-V2/V3 have it)"
+        )
+    if mtp:
+        check_mtp(config)
+    return _Builder(config, workload or Workload(), mla, mtp).build()
+
+
+def build_export_graph(
+    config: ModelConfig,
+    dtype: str = "fp32",
+    logits: str = "all",
+    mla: str = "naive",
+    mtp: bool = False,
+) -> Graph:
+    """The graph an ONNX export lowers: one model for prefill and decode, so the past K/V inputs
+    are present (every length stays symbolic in the export). `mla` and `mtp` as in build_graph."""
+    wl = Workload(batch=1, seq_len=1, past_len=1, dtype=dtype, logits=logits)
+    return build_graph(config, wl, mla=mla, mtp=mtp)
+
+
+class _Builder:
+    def __init__(
+        self, cfg: ModelConfig, wl: Workload, mla: str = "naive", mtp: bool = False
+    ) -> None:
+        self.cfg, self.wl = cfg, wl
+        self.mla, self.mtp = mla, mtp
+        self._rope: dict[int, tuple[Any, float]] = {}
+        bindings: dict[str, float] = dict(wl.bindings())
+        if cfg.is_moe:
+            # balanced routing: T*k token-expert pairs spread over E experts (need not be whole)
+            bindings["C"] = wl.batch * wl.seq_len * cfg.num_experts_per_tok / cfg.num_experts
+        if cfg.sliding_window is not None and "sliding_attention" in cfg.layer_types:
+            bindings["P_w"] = min(wl.past_len, cfg.sliding_window - 1)
+            bindings["S_w"] = bindings["P_w"] + wl.seq_len
+        self.g = Graph(cfg.name, bindings)
+        # name prefix -> the kind of scope it is, for cost roll-ups (a node counts in every
+        # scope that prefixes its name)
+        self.scopes: dict[str, str] = {}
+        self.g.meta["scopes"] = self.scopes
+        self.g.meta.update(
+            config=cfg,
+            workload=wl,
+            mla=mla if cfg.is_mla else None,
+            act_dtype=wl.act_dtype,
+            weight_dtype=wl.weight_dtype,
+            kv_dtype=wl.kv_dtype,
+        )
+        small = wl.act_dtype if wl.weight_dtype in WEIGHT_ONLY else wl.weight_dtype
+        self.vector_dtype = small  # 1-D weights (norms, biases) are not quantised
+        c = cfg
+        self.d = Dim("d", "hidden", c.hidden_size)
+        self.vocab = Dim("vocab", "vocab", c.vocab_size)
+        self.h = Dim("h", "head", c.num_attention_heads)
+        # MHA: each query head has its own K/V head, so K/V carry the query head axis itself
+        # (repeat_kv only exists for GQA/MQA, as in HF's repeat_kv)
+        self.h_kv = self.h if c.n_rep == 1 else Dim("h_kv", "kv_head", c.num_key_value_heads)
+        self.d_h = Dim("d_h", "head_dim", c.head_dim)
+        self.d_q = Dim("d_q", "hidden", c.num_attention_heads * c.head_dim)
+        self.d_kv = Dim("d_kv", "hidden", c.num_key_value_heads * c.head_dim)
+
+    # -- primitives ----------------------------------------------------------------------------
+    def param(self, name: str, dims: tuple[Dim, ...], kind: str, **attrs: object) -> Node:
+        dt = self.wl.weight_dtype if len(dims) > 1 else self.vector_dtype
+        return self.g.add("param", name, (), {"type": TensorType(dims, dt), "kind": kind, **attrs})
+
+    def rope_attrs(self, width: int) -> dict[str, Any]:
+        """A rope node's attrs for heads `width` wide: the frequencies, computed once per width
+        rather than once per layer."""
+        if width not in self._rope:
+            c = self.cfg
+            inv = rope_mod.inv_freq(c.rope, width, c.max_position_embeddings)
+            self._rope[width] = (inv, rope_mod.attention_scaling(c.rope))
+        inv, scaling = self._rope[width]
+        return {"inv_freq": inv, "attention_scaling": scaling}
+
+    def linear(
+        self,
+        name: str,
+        x: Node,
+        out: Dim,
+        kind: str,
+        bias: bool = False,
+    ) -> Node:
+        w = self.param(f"{name}.weight", (out, x.out.dims[-1]), kind)
+        if bias:
+            b = self.param(f"{name}.bias", (out,), kind)
+            return self.g.add("linear_bias", name, (x, w, b))
+        return self.g.add("linear", name, (x, w))
+
+    def rmsnorm(self, name: str, x: Node, dim: Dim, kind: str = "norms") -> Node:
+        self.scopes[name] = "norms"
+        w = self.param(f"{name}.weight", (dim,), kind)
+        attrs = {"eps": self.cfg.rms_norm_eps, "weight_offset": self.cfg.norm_weight_offset}
+        return self.g.add("rmsnorm", name, (x, w), attrs)
+
+    def act(self, name: str, x: Node) -> Node:
+        return self.g.add(self.cfg.hidden_act, name, (x,))
+
+    # -- the model -----------------------------------------------------------------------------
+    def build(self) -> Graph:
+        c, g = self.cfg, self.g
+        ids = g.add("input", "input_ids", (), {"type": TensorType((B, T), "int64")})
+        self.positions = g.add("input", "position_ids", (), {"type": TensorType((B, T), "int64")})
+        table = self.param("model.embed_tokens.weight", (self.vocab, self.d), "embedding")
+        x = g.add("embedding", "model.embed_tokens", (ids, table))
+        self.scopes.update({"model.embed_tokens": "embedding", "model.embed_scale": "embedding"})
+        if c.embedding_multiplier != 1.0:
+            # gemma rounds sqrt(d) to the activation dtype; in fp32 it is exact enough
+            x = g.add("mul_const", "model.embed_scale", (x,), {"value": c.embedding_multiplier})
+        blocks = []
+        for i in range(c.num_hidden_layers):
+            x = self.block(i, x)
+            blocks.append(x.name)
+        g.meta["blocks"] = blocks  # each block's output, for per-layer reports
+        hidden = x = self.rmsnorm("model.norm", x, self.d)
+        if self.wl.logits == "last":
+            x = g.add("last_position", "model.last_position", (x,), {"axes": {"l": T_LAST}})
+        self.scopes["lm_head"] = "lm_head"
+        if c.tie_word_embeddings:
+            logits = g.add("linear", "lm_head", (x, table))
+        else:
+            logits = self.linear("lm_head", x, self.vocab, "lm_head")
+        g.set_output("logits", logits)
+        if self.mtp:
+            mtp_modules(self, hidden)
+        return g
+
+    def block(self, i: int, x: Node, kind: str = "layer", moe: bool | None = None) -> Node:
+        """h = x + attn(norm1(x)); out = h + ffn(norm2(h)). `kind` is the scope's kind (an MTP
+        module's block is not one of the main model's layers); `moe` overrides the layer's FFN."""
+        p = f"model.layers.{i}"
+        self.scopes[p] = kind
+        a = self.attention(f"{p}.self_attn", self.rmsnorm(f"{p}.input_layernorm", x, self.d), i)
+        h = self.g.add("add", f"{p}.attn_residual", (x, a))
+        n2 = self.rmsnorm(f"{p}.post_attention_layernorm", h, self.d)
+        routed = self.cfg.moe_layers[i] if moe is None else moe
+        f = self.moe(p, n2) if routed else self.mlp(f"{p}.mlp", n2)
+        return self.g.add("add", f"{p}.mlp_residual", (h, f))
+
+    # -- attention -----------------------------------------------------------------------------
+    def attention(self, p: str, x: Node, i: int) -> Node:
+        c, g = self.cfg, self.g
+        if c.is_mla:
+            return mla_attention(self, p, x, i)
+        self.scopes[p] = "attention"
+        if c.fused_qkv:
+            d_qkv = Dim("d_qkv", "hidden", self.d_q.size + 2 * self.d_kv.size)  # type: ignore[operator]
+            qkv = self.linear(f"{p}.qkv_proj", x, d_qkv, "attention", bias=c.qkv_bias)
+            parts = {"f1": self.d_q, "f2": self.d_kv, "f3": self.d_kv}
+            sizes = [d.size for d in parts.values()]
+            split = g.add("split3", f"{p}.qkv_split", (qkv,), {"axes": parts, "sizes": sizes})
+            q, k, v = Ref(split.name, 0), Ref(split.name, 1), Ref(split.name, 2)
+        else:
+            q = self.linear(f"{p}.q_proj", x, self.d_q, "attention", bias=c.qkv_bias)
+            k = self.linear(f"{p}.k_proj", x, self.d_kv, "attention", bias=c.qkv_bias)
+            v = self.linear(f"{p}.v_proj", x, self.d_kv, "attention", bias=c.qkv_bias)
+        qa = {"axes": {"h": self.h, "e": self.d_h}}
+        kva = {"axes": {"h": self.h_kv, "e": self.d_h}}
+        q = g.add("split_heads", f"{p}.q_heads", (q,), qa)  # (B, h, T, d_h)
+        k = g.add("split_heads", f"{p}.k_heads", (k,), kva)  # (B, h_kv, T, d_h)
+        v = g.add("split_heads", f"{p}.v_heads", (v,), kva)  # (B, h_kv, T, d_h)
+        if c.qk_norm:
+            q = self.rmsnorm(f"{p}.q_norm", q, self.d_h)
+            k = self.rmsnorm(f"{p}.k_norm", k, self.d_h)
+        rope = self.rope_attrs(c.head_dim)
+        q = g.add("rope", f"{p}.q_rope", (q, self.positions), rope)
+        k = g.add("rope", f"{p}.k_rope", (k, self.positions), rope)
+        window = c.sliding_window if c.layer_types[i] == "sliding_attention" else None
+        if self.wl.past_len > 0:
+            # a window layer's cache rolls: it holds the last W-1 positions, not all P
+            rolls = window is not None and self.wl.past_len > window - 1
+            past, keys = (P_W, S_W) if rolls else (P, S)
+            kv_t = TensorType((B, self.h_kv, past, self.d_h), self.wl.kv_dtype)
+            past_k = g.add("input", f"past_key_values.{i}.key", (), {"type": kv_t})
+            past_v = g.add("input", f"past_key_values.{i}.value", (), {"type": kv_t})
+            k = g.add("kv_concat", f"{p}.k_cache", (past_k, k), {"axes": {"s": keys}})
+            v = g.add("kv_concat", f"{p}.v_cache", (past_v, v), {"axes": {"s": keys}})
+        g.set_output(f"present.{i}.key", k)
+        g.set_output(f"present.{i}.value", v)
+        if c.n_rep > 1:
+            k = g.add("repeat_kv", f"{p}.k_repeat", (k,), {"axes": {"h": self.h}})  # (B, h, S, d_h)
+            v = g.add("repeat_kv", f"{p}.v_repeat", (v,), {"axes": {"h": self.h}})
+        o = self.core_attention(f"{p}.core", q, k, v, window)
+        o = g.add("merge_heads", f"{p}.merge_heads", (o,), {"axes": {"(h e)": self.d_q}})
+        return self.linear(f"{p}.o_proj", o, self.d, "attention", bias=c.o_bias)
+
+    def core_attention(
+        self,
+        p: str,
+        q: Node,
+        k: Node,
+        v: Node,
+        window: int | None,
+        ops: tuple[str, str] = ("scores", "pv"),
+    ) -> Node:
+        """softmax(mask(Q K^T * scale)) V, per head; scale 1/sqrt(d_h) unless the config sets it."""
+        g = self.g
+        self.scopes[p] = "core_attention"
+        scale = self.cfg.attention_scale or self.cfg.head_dim**-0.5
+        s = g.add(ops[0], f"{p}.scores", (q, k))  # (B, h, T, S)
+        s = g.add("mul_const", f"{p}.scale", (s,), {"value": scale})
+        s = g.add("mask", f"{p}.mask", (s,), {"causal": True, "window": window})
+        s = g.add("softmax", f"{p}.softmax", (s,))
+        return g.add(ops[1], f"{p}.pv", (s, v))  # (B, h, T, d_v)
+
+    # -- feed-forward --------------------------------------------------------------------------
+    def mlp(self, p: str, x: Node, width: int | None = None, kind: str = "mlp") -> Node:
+        """down(act(gate(x)) * up(x))."""
+        c, g = self.cfg, self.g
+        self.scopes[p] = "shared_expert" if kind == "shared_experts" else "mlp"
+        ffn = Dim("ffn", "ffn", width or c.intermediate_size)
+        if c.fused_gate_up:
+            two = Dim("2ffn", "ffn", 2 * ffn.size)  # type: ignore[operator]
+            gu = self.linear(f"{p}.gate_up_proj", x, two, kind, bias=c.mlp_bias)
+            attrs = {"axes": {"f1": ffn, "f2": ffn}, "sizes": [ffn.size, ffn.size]}
+            split = g.add("split", f"{p}.gate_up_split", (gu,), attrs)
+            gate, up = Ref(split.name, 0), Ref(split.name, 1)
+            a = g.add(c.hidden_act, f"{p}.act_fn", (gate,))
+        else:
+            gate = self.linear(f"{p}.gate_proj", x, ffn, kind, bias=c.mlp_bias)
+            up = self.linear(f"{p}.up_proj", x, ffn, kind, bias=c.mlp_bias)
+            a = self.act(f"{p}.act_fn", gate)
+        m = g.add("mul", f"{p}.mul", (a, up))
+        return self.linear(f"{p}.down_proj", m, self.d, kind, bias=c.mlp_bias)
+
+    def moe(self, layer: str, x: Node) -> Node:
+        """Router -> top-k -> dispatch -> experts -> weighted combine (+ gated shared expert)."""
+        c, g = self.cfg, self.g
+        mixtral = c.moe_naming == "mixtral"
+        p = f"{layer}.block_sparse_moe" if mixtral else f"{layer}.mlp"
+        self.scopes.update(
+            {p: "moe", f"{p}.gate": "router", f"{p}.router": "router", f"{p}.experts": "experts"}
+        )
+        self.scopes[f"{p}.shared_expert_gate"] = "router"
+        n_exp = Dim("E", "expert", c.num_experts)
+        topk = Dim("k", "topk", c.num_experts_per_tok)
+        ffn = Dim("ffn_e", "ffn", c.moe_intermediate_size)
+        logits = self.linear(f"{p}.gate", x, n_exp, "router")  # (B, T, E)
+        if c.moe_naming == "deepseek":
+            weights, chosen = deepseek_router(self, p, logits)
+        else:
+            probs = g.add("softmax", f"{p}.router.softmax", (logits,))
+            attrs = {"k": c.num_experts_per_tok, "axes": {"k": topk}}
+            top = g.add("topk", f"{p}.router.topk", (probs,), attrs)
+            weights, chosen = Ref(top.name, 0), Ref(top.name, 1)
+            if c.norm_topk_prob:
+                weights = g.add("normalize", f"{p}.router.normalize", (weights,))
+        slots = g.add(
+            "moe_dispatch", f"{p}.experts.dispatch", (x, chosen), {"axes": {"x": n_exp, "c": C}}
+        )
+        names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+
+        def expert_linear(role: str, inp: Node, out: Dim) -> Node:
+            w = self.param(
+                f"{p}.experts.*.{role}.weight",
+                (n_exp, out, inp.out.dims[-1]),
+                "moe_experts",
+                stacked="expert",
+            )
+            return g.add("expert_linear", f"{p}.experts.{role}", (inp, w))
+
+        gate = expert_linear(names[0], slots, ffn)  # (E, C, ffn_e)
+        up = expert_linear(names[1], slots, ffn)
+        m = g.add("mul", f"{p}.experts.mul", (self.act(f"{p}.experts.act_fn", gate), up))
+        y = expert_linear(names[2], m, self.d)  # (E, C, d)
+        out = g.add("moe_combine", f"{p}.experts.combine", (y, weights, chosen))  # (B, T, d)
+        if c.shared_expert_intermediate_size:
+            # DeepSeek: n_shared_experts experts fused into one MLP named `shared_experts`
+            name = "shared_experts" if c.moe_naming == "deepseek" else "shared_expert"
+            sh = self.mlp(f"{p}.{name}", x, c.shared_expert_intermediate_size, "shared_experts")
+            if c.shared_expert_gate:
+                one = Dim("1", "hidden", 1)
+                gl = self.linear(f"{p}.shared_expert_gate", x, one, "router")
+                gs = g.add("sigmoid", f"{p}.shared_expert_gate.sigmoid", (gl,))
+                sh = g.add("gate_mul", f"{p}.shared_expert.gated", (sh, gs))
+            out = g.add("add", f"{p}.add_shared", (out, sh))
+        return out

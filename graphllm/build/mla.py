@@ -1,0 +1,154 @@
+"""DeepSeek's multi-head latent attention (MLA) and router, as the builder adds them.
+
+MLA: the query comes from one projection or a low-rank pair (down, norm, up); the keys and values
+come from one shared latent of kv_lora_rank values per position (after its norm) plus one RoPE key
+of qk_rope_head_dim values shared by all heads. The cache holds exactly these two:
+`present.{i}.key` is the latent (B, 1, S, kv_lora_rank), `present.{i}.value` the RoPE key
+(B, 1, S, qk_rope_head_dim).
+
+- `naive` (transformers' computation): every step expands the whole cached latent through
+  kv_b_proj into per-head no-RoPE keys and values, then runs ordinary attention with
+  q = [q_nope, q_rope] and k = [k_nope, k_rope repeated over heads].
+- `absorbed`: kv_b_proj's key block is folded into the query (q_nope W_uk: the query in latent
+  space) and its value block into the output, so attention runs against the cached latent itself
+  (one key/value head shared by all query heads) and the latent is never expanded.
+"""
+
+from __future__ import annotations
+
+from graphllm.build.dims import B, P, S
+
+from typing import TYPE_CHECKING
+
+from graphllm.ir import Dim, Node, Ref, TensorType
+
+if TYPE_CHECKING:
+    from graphllm.build.builder import _Builder
+
+MLA_FORMS = ("naive", "absorbed")
+
+
+def _parts(joined: Dim, first: str, second: str) -> dict:
+    """A concat's attrs: the joined axis, and what its two parts are (for the diagrams)."""
+    return {"axes": {"f": joined}, "parts": (first, second)}
+
+
+def _split(b: _Builder, name: str, x: Node | Ref, a: Dim, c: Dim) -> tuple[Ref, Ref]:
+    attrs = {"axes": {"f1": a, "f2": c}, "sizes": [a.size, c.size]}
+    n = b.g.add("split", name, (x,), attrs)
+    return Ref(n.name, 0), Ref(n.name, 1)
+
+
+def mla_attention(b: _Builder, p: str, x: Node, i: int) -> Node:
+    """MLA for layer i (scope p = model.layers.i.self_attn), in the builder's `mla` form."""
+
+    c, g = b.cfg, b.g
+    b.scopes[p] = "attention"
+    h, d_qk = b.h, b.d_h  # d_qk = qk_nope_head_dim + qk_rope_head_dim
+    dn = Dim("d_nope", "head_dim", c.qk_nope_head_dim)
+    dr = Dim("d_rope", "head_dim", c.qk_rope_head_dim)
+    dv = Dim("d_v", "head_dim", c.v_head_dim)
+    rank = Dim("r_kv", "hidden", c.kv_lora_rank)
+    one = Dim("h_lat", "kv_head", 1)  # the latent and the RoPE key: one head shared by all
+    # query: one projection, or down -> norm -> up
+    d_q = b.d_q  # heads x (qk_nope_head_dim + qk_rope_head_dim)
+    if c.q_lora_rank:
+        r_q = Dim("r_q", "hidden", c.q_lora_rank)
+        q = b.linear(f"{p}.q_a_proj", x, r_q, "attention")
+        q = b.rmsnorm(f"{p}.q_a_layernorm", q, r_q)
+        q = b.linear(f"{p}.q_b_proj", q, d_q, "attention")
+    else:
+        q = b.linear(f"{p}.q_proj", x, d_q, "attention")
+    q = g.add("split_heads", f"{p}.q_heads", (q,), {"axes": {"h": h, "e": d_qk}})  # (B, h, T, d_qk)
+    q_nope, q_rope = _split(b, f"{p}.q_split", q, dn, dr)
+    # the compressed KV: the latent and the RoPE key, each one shared head
+    d_a = Dim("d_kv_a", "hidden", c.kv_lora_rank + c.qk_rope_head_dim)
+    ckv = b.linear(f"{p}.kv_a_proj_with_mqa", x, d_a, "attention")  # (B, T, r + d_rope)
+    lat, k_rope = _split(b, f"{p}.kv_split", ckv, rank, dr)
+    lat = g.add("split_heads", f"{p}.latent_head", (lat,), {"axes": {"h": one, "e": rank}})
+    lat = b.rmsnorm(f"{p}.kv_a_layernorm", lat, rank)  # (B, 1, T, r)
+    k_rope = g.add("split_heads", f"{p}.k_rope_head", (k_rope,), {"axes": {"h": one, "e": dr}})
+    rope = b.rope_attrs(c.qk_rope_head_dim)
+    op = "rope" if c.rope_layout == "half" else "rope_pairs"
+    if op == "rope_pairs":
+        rope["layout"] = c.rope_layout
+    q_rope = g.add(op, f"{p}.q_rope", (q_rope, b.positions), rope)  # (B, h, T, d_rope)
+    k_rope = g.add(op, f"{p}.k_rope", (k_rope, b.positions), rope)  # (B, 1, T, d_rope)
+    if b.wl.past_len > 0:
+        cache = lambda width: TensorType((B, one, P, width), b.wl.kv_dtype)  # noqa: E731
+        lat_t = g.add("input", f"past_key_values.{i}.key", (), {"type": cache(rank)})
+        rope_t = g.add("input", f"past_key_values.{i}.value", (), {"type": cache(dr)})
+        lat = g.add("kv_concat", f"{p}.latent_cache", (lat_t, lat), {"axes": {"s": S}})
+        k_rope = g.add("kv_concat", f"{p}.k_rope_cache", (rope_t, k_rope), {"axes": {"s": S}})
+    g.set_output(f"present.{i}.key", lat)  # (B, 1, S, r)
+    g.set_output(f"present.{i}.value", k_rope)  # (B, 1, S, d_rope)
+    d_kv = Dim("d_kv_h", "head_dim", c.qk_nope_head_dim + c.v_head_dim)
+    d_kvb = Dim("d_kv_b", "hidden", c.num_attention_heads * d_kv.size)  # type: ignore[operator]
+    if b.mla == "absorbed":
+        w = b.param(f"{p}.kv_b_proj.weight", (d_kvb, rank), "attention")
+        axes = {"h": h, "f": d_kv, "n": dn, "v": dv}
+        wn = g.add("split_heads_weight", f"{p}.kv_b_heads", (w,), {"axes": axes})
+        w_k, w_v = Ref(wn.name, 0), Ref(wn.name, 1)  # (h, d_nope, r), (h, d_v, r)
+        q_lat = g.add("absorb_q", f"{p}.q_absorb", (q_nope, w_k))  # (B, h, T, r)
+        d_l = Dim("d_lat", "head_dim", c.kv_lora_rank + c.qk_rope_head_dim)
+        q = g.add("concat", f"{p}.q_cat", (q_lat, q_rope), _parts(d_l, "latent query", "RoPE"))
+        k = g.add(
+            "concat", f"{p}.k_cat", (lat, k_rope), _parts(d_l, "latent", "RoPE")
+        )  # (B,1,S,r+dr)
+        o = b.core_attention(f"{p}.core", q, k, lat, None, ("scores_mqa", "pv_mqa"))
+        o = g.add("absorb_o", f"{p}.o_absorb", (o, w_v))  # (B, h, T, d_v)
+    else:
+        kv = b.linear(f"{p}.kv_b_proj", lat, d_kvb, "attention")  # (B, 1, S, h (d_nope + d_v))
+        kv = g.add("latent_heads", f"{p}.kv_heads", (kv,), {"axes": {"h": h, "e": d_kv}})
+        k_nope, v = _split(b, f"{p}.kv_b_split", kv, dn, dv)  # (B, h, S, d_nope), (.., d_v)
+        k_rep = g.add("repeat_kv", f"{p}.k_rope_repeat", (k_rope,), {"axes": {"h": h}})
+        k = g.add("concat", f"{p}.k_cat", (k_nope, k_rep), _parts(d_qk, "no-RoPE", "RoPE"))
+        q = g.add("concat", f"{p}.q_cat", (q_nope, q_rope), _parts(d_qk, "no-RoPE", "RoPE"))
+        o = b.core_attention(f"{p}.core", q, k, v, None)  # (B, h, T, d_v)
+    d_o = Dim("d_o", "hidden", c.num_attention_heads * c.v_head_dim)
+    o = g.add("merge_heads", f"{p}.merge_heads", (o,), {"axes": {"(h e)": d_o}})
+    return b.linear(f"{p}.o_proj", o, b.d, "attention")
+
+
+def deepseek_router(b: _Builder, p: str, logits: Node) -> tuple[Node | Ref, Ref]:
+    """(routing weights, chosen expert ids), each (B, T, k), as transformers' DeepSeek routers.
+
+    V2: softmax scores; 'greedy' top-k, or 'group_limited_greedy' (top-k inside the topk_group
+    groups with the best single score). V3 ('noaux_tc'): sigmoid scores plus the stored
+    e_score_correction_bias choose (groups ranked by their two best), the unbiased scores of the
+    chosen experts weight them. Then optional renormalisation and routed_scaling_factor (V2 with
+    norm_topk_prob and k > 1: renormalisation alone, as DeepSeek's modeling_deepseek.py does).
+    """
+    c, g = b.cfg, b.g
+    n_exp = logits.out.dims[-1]
+    scoring = c.scoring_func
+    scores = g.add(scoring, f"{p}.router.{scoring}", (logits,))  # (B, T, E)
+    choose: Node = scores
+    if c.topk_method == "noaux_tc":
+        bias = b.param(f"{p}.gate.e_score_correction_bias", (n_exp,), "router")
+        choose = g.add("bias_add", f"{p}.router.bias", (scores, bias))
+    if c.topk_method != "greedy" and c.n_group > 1:
+        attrs = {
+            "n_group": c.n_group,
+            "topk_group": c.topk_group,
+            "score": "max" if c.topk_method == "group_limited_greedy" else "top2",
+            "fill": 0.0 if c.topk_method == "group_limited_greedy" else float("-inf"),
+        }
+        choose = g.add("group_limit", f"{p}.router.group_limit", (choose,), attrs)
+    topk = Dim("k", "topk", c.num_experts_per_tok)
+    top = g.add(
+        "topk", f"{p}.router.topk", (choose,), {"k": c.num_experts_per_tok, "axes": {"k": topk}}
+    )
+    weights: Node | Ref = Ref(top.name, 0)
+    chosen = Ref(top.name, 1)
+    if c.topk_method == "noaux_tc":
+        weights = g.add("gather_k", f"{p}.router.gather", (scores, chosen))
+    # DeepSeek-V2's own MoEGate renormalises top-k > 1 weights *instead of* scaling them;
+    # V3's (and transformers' V3) renormalises, then scales
+    v2_renorm = c.model_type == "deepseek_v2" and c.norm_topk_prob and c.num_experts_per_tok > 1
+    if c.norm_topk_prob and (v2_renorm or c.model_type != "deepseek_v2"):
+        weights = g.add("normalize", f"{p}.router.normalize", (weights,))
+    if c.routed_scaling_factor != 1.0 and not v2_renorm:
+        attrs = {"value": c.routed_scaling_factor}
+        weights = g.add("mul_const", f"{p}.router.scale", (weights,), attrs)
+    return weights, chosen

@@ -1,0 +1,86 @@
+"""DeepSeek-V3's multi-token-prediction (MTP) modules, as the builder adds them with `mtp=True`.
+
+Depth k (1 .. num_nextn_predict_layers) is checkpoint layer L = num_hidden_layers + k - 1 and
+predicts the token k + 1 positions ahead. As the serving engines that run the published weights
+compute it (vLLM's deepseek_mtp.py, SGLang's deepseek_nextn.py):
+
+    e      = enorm(embed_tokens(mtp.{k}.input_ids))     the layer's own copy of the embedding
+    h      = hnorm(h_prev)                               the main model's last hidden state
+                                                         *after* model.norm for k = 1 (what
+                                                         their DeepseekV2Model returns), depth
+                                                         k-1's block output for k > 1
+    x      = eh_proj(concat([e, h], hidden axis))
+    x_out  = decoder block L (MLA + MoE for V3, its own KV cache `past_key_values.{L}`)
+    logits = shared_head.head(shared_head.norm(x_out))   -> output `mtp.{k}.logits`
+
+The token ids of depth k are a graph input (the tokens at positions i + k, which the caller
+supplies, as speculative decoding does), so no shift op is needed and the positions are the main
+model's. vLLM also zeroes the embedding at position 0 (a position its drafts never use); SGLang
+does not, and neither does this graph. Everything of layer L sits in the scope `model.layers.L`
+of kind `mtp`, so reports, diagrams and the pipeline (which puts it on the last stage) see it.
+"""
+
+from __future__ import annotations
+
+from graphllm.build.dims import T_LAST, B, T
+
+from typing import TYPE_CHECKING
+
+from graphllm.errors import ConfigError
+from graphllm.ir import Dim, Node, TensorType
+from graphllm.models.model_config import ModelConfig
+
+if TYPE_CHECKING:
+    from graphllm.build.builder import _Builder
+
+
+def check_mtp(cfg: ModelConfig) -> None:
+    """One line when `cfg` has no multi-token-prediction layers to include."""
+    if cfg.num_nextn_predict_layers == 0:
+        why = (
+            "num_nextn_predict_layers is 0"
+            if cfg.model_type == "deepseek_v3"
+            else f"{cfg.model_type} has none, DeepSeek-V3 has"
+        )
+        raise ConfigError(f"--mtp: {cfg.name} has no multi-token-prediction layers ({why})")
+    if len(cfg.mtp_moe_layers) != cfg.num_nextn_predict_layers:  # a config built by hand
+        raise ConfigError(
+            f"--mtp: {cfg.name} says {len(cfg.mtp_moe_layers)} of its "
+            f"{cfg.num_nextn_predict_layers} MTP layers are MoE or dense (mtp_moe_layers)"
+        )
+
+
+def mtp_modules(b: _Builder, hidden: Node) -> None:
+    """Every MTP depth after the main model; `hidden` is its last hidden state after model.norm."""
+    b.g.meta["mtp"] = []
+    h = hidden
+    for k in range(1, b.cfg.num_nextn_predict_layers + 1):
+        h = _depth(b, k, h)
+
+
+def _depth(b: _Builder, k: int, h_prev: Node) -> Node:
+
+    c, g = b.cfg, b.g
+    i = c.num_hidden_layers + k - 1
+    p = f"model.layers.{i}"
+    b.scopes[p] = "mtp"
+    ids = g.add("input", f"mtp.{k}.input_ids", (), {"type": TensorType((B, T), "int64")})
+    table = b.param(f"{p}.embed_tokens.weight", (b.vocab, b.d), "embedding")
+    e = g.add("embedding", f"{p}.embed_tokens", (ids, table))
+    e = b.rmsnorm(f"{p}.enorm", e, b.d)
+    h = b.rmsnorm(f"{p}.hnorm", h_prev, b.d)
+    both = Dim("2d", "hidden", 2 * c.hidden_size)
+    x = g.add(
+        "concat", f"{p}.eh_concat", (e, h), {"axes": {"f": both}, "parts": ("embedding", "hidden")}
+    )
+    x = b.linear(f"{p}.eh_proj", x, b.d, "mtp_proj")
+    first = len(g)
+    out = b.block(i, x, kind="mtp", moe=c.mtp_moe_layers[k - 1])
+    block = [n.name for n in g.topo()[first:]]
+    y = b.rmsnorm(f"{p}.shared_head.norm", out, b.d)
+    if b.wl.logits == "last":
+        y = g.add("last_position", f"{p}.last_position", (y,), {"axes": {"l": T_LAST}})
+    logits = b.linear(f"{p}.shared_head.head", y, b.vocab, "lm_head")
+    g.set_output(f"mtp.{k}.logits", logits)
+    g.meta["mtp"].append({"depth": k, "prefix": p, "block": block})
+    return out

@@ -1,0 +1,3 @@
+from graphllm.cli.main import main
+
+main()

@@ -1,0 +1,189 @@
+"""What the `graphllm` commands share: the model and workload options, resolving them into a
+ModelConfig and Workloads, and turning user errors into one line and exit code 2."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from graphllm.errors import ConfigError, GraphllmError
+from graphllm.models.config import load_config, load_workload_section
+from graphllm.models.workload import Workload
+
+DTYPE_NAMES = ["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
+
+
+class IntList(click.ParamType):
+    """A positive integer, or a comma-separated list of them (a sweep)."""
+
+    name = "N[,N...]"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> list[int]:
+        if isinstance(value, list):
+            return value
+        try:
+            out = [int(v) for v in str(value).split(",") if v.strip()]
+        except ValueError:
+            self.fail(f"{value!r} is not an integer or a comma-separated list of them", param, ctx)
+        if not out or min(out) < 1:
+            self.fail(f"{value!r}: sizes must be positive", param, ctx)
+        return out
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    click.echo(f"error: {msg}", err=True)
+    sys.exit(code)
+
+
+class OneLineErrors(click.Group):
+    """The command group whose usage errors (a bad choice, a number out of range, an unknown
+    option) are one line on stderr and exit 2, as every other user error is, not click's
+    usage block."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except click.ClickException as e:
+            if type(e).__name__ == "NoArgsIsHelpError":  # a bare `graphllm`: the help, as is
+                e.show()
+                sys.exit(e.exit_code)
+            _fail(" ".join(e.format_message().split()), e.exit_code)  # click's lists: one line
+        except click.exceptions.Abort:
+            _fail("aborted", 1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def user_errors(fn: Callable) -> Callable:
+    """Turn GraphllmError (and a missing optional dependency) into one line and exit 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+
+        try:
+            return fn(*args, **kwargs)
+        except GraphllmError as e:
+            _fail(str(e))
+        except ModuleNotFoundError as e:
+            _fail(f"{e.name} is not installed (see README.md for the extras)")
+
+    return wrapper
+
+
+def model_options(fn: Callable) -> Callable:
+    """--config / --model and the workload flags, shared by every command that builds a graph."""
+    opts = [
+        click.option(
+            "--config",
+            "config_path",
+            type=click.Path(path_type=Path),
+            help="HF config.json, a checkpoint folder, or a YAML file (with optional workload:).",
+        ),
+        click.option("--model", "preset", help="A preset name (see `graphllm presets`)."),
+        click.option("--batch", "-b", type=click.IntRange(min=1), help="Batch size B."),
+        click.option(
+            "--seq-len", "-t", type=IntList(), help="New tokens T (a list sweeps: 128,1024)."
+        ),
+        click.option(
+            "--past-len", type=click.IntRange(min=0), help="Past tokens P in the KV cache."
+        ),
+        click.option(
+            "--dtype", type=click.Choice(DTYPE_NAMES), help="Weights, activations and KV cache."
+        ),
+        click.option("--weight-dtype", type=click.Choice(DTYPE_NAMES)),
+        click.option("--act-dtype", type=click.Choice(DTYPE_NAMES)),
+        click.option("--kv-dtype", type=click.Choice(DTYPE_NAMES)),
+        click.option(
+            "--logits",
+            type=click.Choice(["all", "last"]),
+            help="LM head for every new position, or the last only (as a server).",
+        ),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def resolve(options: dict[str, Any]) -> tuple[Any, Any]:
+    """ModelConfig and Workload from the shared options: flags over the YAML's workload section."""
+    config, workloads = resolve_sweep(options)
+    if len(workloads) > 1:
+        raise ConfigError("this command takes one --seq-len, not a list")
+    return config, workloads[0]
+
+
+def resolve_sweep(options: dict[str, Any]) -> tuple[Any, list[Any]]:
+    """Like `resolve`, with one Workload per --seq-len value."""
+
+    path, preset = options.pop("config_path"), options.pop("preset")
+    if (path is None) == (preset is None):
+        raise ConfigError("give exactly one of --config PATH or --model NAME")
+    config = load_config(path if path is not None else preset)
+    section = load_workload_section(path) if path is not None else {}
+    seq_lens = options.pop("seq_len") or [None]
+    flags = {
+        "batch": options.pop("batch"),
+        "past_len": options.pop("past_len"),
+        "dtype": options.pop("dtype"),
+        "weight_dtype": options.pop("weight_dtype"),
+        "act_dtype": options.pop("act_dtype"),
+        "kv_dtype": options.pop("kv_dtype"),
+        "logits": options.pop("logits"),
+    }
+    base = {"seq_len": 2048}  # a typical prompt, when neither the file nor a flag says
+    merged = base | dict(section) | {k: v for k, v in flags.items() if v}
+    if flags["dtype"]:
+        # --dtype on the command line resets the per-kind dtypes of the file
+        for k in ("weight_dtype", "act_dtype", "kv_dtype"):
+            if not flags[k]:
+                merged.pop(k, None)
+    if flags["past_len"] == 0:
+        merged["past_len"] = 0
+    out = []
+    for t in seq_lens:
+        one = dict(merged) | ({"seq_len": t} if t else {})
+        out.append(Workload.with_dtype(None, **one))
+    return config, out
+
+
+def attention_option(help_text: str) -> Callable:
+    return click.option(
+        "--attention",
+        type=click.Choice(["flash", "naive"]),
+        default="flash",
+        show_default=True,
+        help=help_text,
+    )
+
+
+def hardware_option(default: str | None) -> Callable:
+    return click.option(
+        "--hardware",
+        default=default,
+        show_default=True,
+        help="Device preset (see `graphllm hardware`), a YAML/JSON spec file, or `local`.",
+    )
+
+
+def deepseek_options(fn: Callable) -> Callable:
+    """--mla and --mtp: how a DeepSeek model attends, and whether its MTP modules are built."""
+    fn = click.option(
+        "--mtp",
+        is_flag=True,
+        help="DeepSeek-V3: include the multi-token-prediction modules (inputs "
+        "mtp.{k}.input_ids, outputs mtp.{k}.logits).",
+    )(fn)
+    return click.option(
+        "--mla",
+        type=click.Choice(["naive", "absorbed"]),
+        default="naive",
+        show_default=True,
+        help="DeepSeek latent attention: re-expand the cached latent (as transformers), or fold "
+        "the up projections into the query and output.",
+    )(fn)

@@ -1,0 +1,261 @@
+"""`graphllm export`: the model as an ONNX file that onnxruntime runs (prefill and decode);
+`graphllm bench`: that file timed on onnxruntime beside the roofline prediction."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from graphllm.build.builder import build_export_graph
+from graphllm.cli.common import deepseek_options, hardware_option, resolve, user_errors
+from graphllm.errors import ConfigError
+from graphllm.exporters.onnx import export_onnx
+from graphllm.runtime.bench import bench as run_bench
+from graphllm.runtime.session import PROVIDERS, providers
+
+OP_SETS = ["auto", "decomposed", "standard", "ort"]  # exporters/onnx.py LOWERINGS, and auto
+DEVICES = ["auto", "cpu", "cuda"]
+
+
+def ops_options(fn: Any) -> Any:
+    """--ops and --device: the lowering, by default the fastest exact one for the provider."""
+    fn = click.option(
+        "--device",
+        type=click.Choice(DEVICES),
+        default="auto",
+        show_default=True,
+        help="onnxruntime provider to run on (auto: CUDA when this onnxruntime has it).",
+    )(fn)
+    return click.option(
+        "--ops",
+        type=click.Choice(OP_SETS),
+        default="auto",
+        show_default=True,
+        help="ONNX lowering: decomposed (one node per IR op), standard (opset 23 Attention, "
+        "RotaryEmbedding, RMSNormalization), ort (com.microsoft GroupQueryAttention, "
+        "SkipSimplifiedLayerNormalization, MoE); auto picks per provider and family.",
+    )(fn)
+
+
+def provider_kind(device: str) -> str:
+    """'cpu' or 'cuda': the provider `device` runs on (auto without onnxruntime: cpu)."""
+    if device != "auto":
+        return device
+    try:
+        return "cuda" if providers("auto")[0] == PROVIDERS["cuda"] else "cpu"
+    except ModuleNotFoundError:
+        return "cpu"
+
+
+@click.command()
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    help="HF config.json, a checkpoint folder, or a YAML file (default: the --weights folder).",
+)
+@click.option("--model", "preset", help="A preset name (see `graphllm presets`).")
+@click.option(
+    "--weights",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="A transformers checkpoint folder (safetensors) to read the weights from.",
+)
+@click.option("--no-weights", is_flag=True, help="No weights: they become graph inputs (Netron).")
+@click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of random weights.")
+@click.option(
+    "--logits",
+    type=click.Choice(["all", "last"]),
+    help="LM head for every new position, or the last only (as a server).",
+)
+@ops_options
+@deepseek_options
+@click.option("--output", "-o", type=click.Path(path_type=Path, dir_okay=False), required=True)
+@user_errors
+def export(
+    config_path: Path | None,
+    preset: str | None,
+    weights: Path | None,
+    no_weights: bool,
+    dtype: str,
+    seed: int,
+    logits: str | None,
+    ops: str,
+    device: str,
+    mla: str,
+    mtp: bool,
+    output: Path,
+) -> None:
+    """Write the model as ONNX: dynamic batch and lengths, KV cache in and out, left padding.
+
+    Weights are seeded random unless --weights names a checkpoint folder; past 2 GB they go to
+    OUTPUT.data beside the model. The config and workload ride along in the model's metadata.
+    """
+
+    if weights is not None and no_weights:
+        raise ConfigError("give --weights DIR or --no-weights, not both")
+    if weights is not None and config_path is None and preset is None:
+        config_path = weights  # a checkpoint folder holds its config.json
+    options = _model_only(config_path, preset, dtype, logits)
+    config, workload = resolve(options)
+    # a `kill` ends the export like Ctrl-C does: the partial files are removed on the way out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    graph = build_export_graph(config, dtype, workload.logits, mla, mtp)
+    r = export_onnx(
+        graph,
+        output,
+        workload=workload,
+        weights=weights,
+        seed=seed,
+        no_weights=no_weights,
+        ops=ops,
+        device=provider_kind(device),
+    )
+    data = f" + {r.data_path.name}" if r.data_path else ""
+    size = "" if no_weights else f" ({r.weight_bytes / 1e9:.2f} GB)"
+    click.echo(
+        f"wrote {r.path}{data}: {config.name}, {dtype}, {r.lowering} lowering, {r.nodes} ONNX "
+        f"nodes, {r.params / 1e6:.1f}M params{size}, weights {r.weights}"
+    )
+
+
+@click.command()
+@click.argument("model_path", required=False, type=click.Path(path_type=Path, dir_okay=False))
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    help="Export this config (random weights) to a temporary file and bench that.",
+)
+@click.option("--model", "preset", help="Export this preset and bench it.")
+@click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True)
+@ops_options
+@deepseek_options
+@click.option("--prompt-len", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--batch", "-b", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), help="intra-op threads [default: CPUs]")
+@hardware_option("local")
+@click.option("--no-predict", is_flag=True, help="Measure only: no roofline prediction.")
+@click.option(
+    "--no-huge-pages",
+    is_flag=True,
+    help="Leave the loaded weights on the pages they got (by default they are moved onto "
+    "transparent huge pages, as numpy's buffers are; graphllm.hugepages).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead.")
+@user_errors
+def bench(
+    model_path: Path | None,
+    config_path: Path | None,
+    preset: str | None,
+    dtype: str,
+    ops: str,
+    device: str,
+    mla: str,
+    mtp: bool,
+    prompt_len: int,
+    new_tokens: int,
+    batch: int,
+    repeats: int,
+    warmup: int,
+    threads: int | None,
+    hardware: str,
+    no_predict: bool,
+    no_huge_pages: bool,
+    as_json: bool,
+) -> None:
+    """Time MODEL.onnx (or the --config/--model, exported first) on onnxruntime: prefill latency
+    for a prompt, decode ms per token through the KV cache (IO binding), tokens/s, each the
+    median over --repeats after --warmup runs, beside the roofline prediction on --hardware and
+    the ratio measured/predicted. A graphllm .onnx is analysed from its metadata; `local`
+    calibrates this machine first when it has not been."""
+    import json
+    import tempfile
+
+    if (model_path is None) == (config_path is None and preset is None):
+        raise ConfigError("give MODEL.onnx, or one of --config PATH / --model NAME")
+    say = lambda msg: click.echo(msg, err=True)  # noqa: E731
+    with tempfile.TemporaryDirectory(prefix="graphllm-bench-") as tmp:
+        if model_path is None:
+            options = _model_only(config_path, preset, dtype, None)
+            config, workload = resolve(options)
+            model_path = Path(tmp) / "model.onnx"
+            graph = build_export_graph(config, dtype, workload.logits, mla, mtp)
+            r = export_onnx(
+                graph, model_path, workload=workload, ops=ops, device=provider_kind(device),
+                check=False,
+            )  # fmt: skip
+            say(f"exported {config.name} ({r.lowering} lowering, random weights) to bench it")
+        elif ops != "auto" or mla != "naive" or mtp:
+            raise ConfigError(
+                "--ops, --mla and --mtp choose how a config is exported: give --config or "
+                "--model (a .onnx file is benched as it was exported)"
+            )
+        report = run_bench(
+            model_path,
+            prompt_len=prompt_len,
+            new_tokens=new_tokens,
+            batch=batch,
+            repeats=repeats,
+            warmup=warmup,
+            threads=threads,
+            device=device,
+            hardware=None if no_predict else hardware,
+            progress=not as_json,
+            say=say,
+            huge_pages=not no_huge_pages,
+        )
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+        return
+    huge = report.huge_page_bytes
+    click.echo(
+        f"{report.model} ({report.lowering} lowering) on {report.provider}, {report.threads} "
+        f"threads, batch {report.batch}: prompt {report.prompt_len} tokens, then "
+        f"{report.new_tokens} new; median of {report.repeats}"
+        + (f"; {huge / 1e6:.0f} MB of its memory on huge pages" if huge else "")
+    )
+    pred = f"predicted ({report.hardware})" if report.hardware else ""
+    ratio = "measured/predicted" if pred else ""
+    click.echo(f"{'':19s} {'measured':>10s} {pred:>22s} {ratio:>19s}")
+    for figure, unit, measured, predicted in report.figures():
+        line = f"{figure:8s} {unit:10s} {_num(measured):>10s}"
+        if predicted is not None:
+            # time over predicted time, whichever way the figure is written
+            slower = predicted / measured if unit == "tokens/s" else measured / predicted
+            line += f" {_num(predicted):>22s} {slower:19.2f}"
+        click.echo(line)
+    if report.calibrated:
+        click.echo("(this machine was calibrated for the prediction: graphllm calibrate)")
+
+
+def _num(x: float) -> str:
+    """Four significant digits without an exponent where that reads better."""
+    if x >= 1e6 or x < 1e-3:
+        return f"{x:.3e}"
+    return f"{x:,.0f}" if x >= 1000 else f"{x:.4g}"
+
+
+def _model_only(
+    config_path: Path | None, preset: str | None, dtype: str, logits: str | None
+) -> dict[str, Any]:
+    """The options `resolve` takes, for commands whose workload is only a dtype (and logits)."""
+    return {
+        "config_path": config_path,
+        "preset": preset,
+        "batch": None,
+        "seq_len": None,
+        "past_len": None,
+        "dtype": dtype,
+        "weight_dtype": None,
+        "act_dtype": None,
+        "kv_dtype": None,
+        "logits": logits,
+    }

@@ -1,0 +1,51 @@
+"""`graphllm hardware` and `graphllm calibrate`: the device specs predictions run on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from graphllm import Workload, build_graph, load_config
+from graphllm.cli.common import (
+    DTYPE_NAMES,
+    user_errors,
+)
+from graphllm.models.hardware import list_hardware
+from graphllm.passes import run
+from graphllm.runtime.calibrate import calibrate as measure
+from graphllm.runtime.calibrate import save_local
+
+
+@click.command()
+@click.option("--model", "preset", help="Also read a buffer the size of this preset's weights.")
+@click.option("--config", "config_path", type=click.Path(path_type=Path))
+@click.option("--dtype", type=click.Choice(DTYPE_NAMES), default="bf16", show_default=True)
+@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True)
+@user_errors
+def calibrate(
+    preset: str | None, config_path: Path | None, dtype: str, repeats: int, threads: int
+) -> None:
+    """Measure this machine (matmul FLOP/s, read bandwidth) for `--hardware local`."""
+
+    weights = None
+    if preset or config_path:
+        cfg = load_config(config_path or preset)
+        graph = build_graph(cfg, Workload(dtype=dtype))
+        weights = run(graph, ["memory"])["memory"].weights
+    hw = measure(weights_bytes=weights, repeats=repeats, threads=threads)
+    path = save_local(hw)
+    click.echo(
+        f"matmul {hw.peak_flops['fp32'] / 1e9:.1f} GFLOP/s, read {hw.memory_bandwidth / 1e9:.1f} "
+        f"GB/s ({threads} threads); saved {path}"
+    )
+
+
+@click.command("hardware")
+@user_errors
+def hardware_list() -> None:
+    """List the device presets for --hardware."""
+
+    for name, desc in list_hardware():
+        click.echo(f"{name:16s} {desc}")

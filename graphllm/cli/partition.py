@@ -1,0 +1,285 @@
+"""`graphllm partition` and `graphllm verify partition`: parallel layouts, their costs, and proof by
+execution that the partitioned graph computes what the single-device one does."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from graphllm.build.builder import build_graph
+from graphllm.cli.common import (
+    attention_option,
+    deepseek_options,
+    hardware_option,
+    model_options,
+    resolve,
+    user_errors,
+)
+from graphllm.errors import ConfigError
+from graphllm.exporters.trace import chrome_trace, write_trace
+from graphllm.models.hardware import load_hardware
+from graphllm.models.workload import Workload
+from graphllm.passes.parallel.partition import Strategy, partition_report
+from graphllm.passes.parallel.partition import partition as partition_graph
+from graphllm.passes.training import TrainingOptions
+from graphllm.report.summary import _b, _n, _t
+from graphllm.runtime.spmd import check_partition
+
+MAX_VERIFY_PARAMS = 200_000_000  # numpy runs every rank on one CPU: keep verification small
+
+
+def strategy_options(fn: Callable) -> Callable:
+    """--tp --sp --cp --pp --ep --dp --microbatches, shared by both commands."""
+    size = click.IntRange(min=1)
+    opts = [
+        click.option("--tp", type=size, default=1, help="Tensor parallel ranks (Megatron)."),
+        click.option("--sp", is_flag=True, help="Sequence parallel with --tp: norms on T/tp."),
+        click.option("--cp", type=size, default=1, help="Context parallel ranks: tokens split."),
+        click.option("--pp", type=size, default=1, help="Pipeline stages (contiguous layers)."),
+        click.option("--ep", type=size, default=1, help="Expert parallel ranks (MoE)."),
+        click.option("--dp", type=size, default=1, help="Data parallel replicas: batch split."),
+        click.option(
+            "--microbatches", type=size, default=1, help="Microbatches per step (pipelining)."
+        ),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def training_options(fn: Callable) -> Callable:
+    """--training --recompute --zero, shared by `partition` and `plan`."""
+    opts = [
+        click.option(
+            "--training", is_flag=True, help="A training step: forward + backward, Adam state."
+        ),
+        click.option(
+            "--recompute",
+            type=click.Choice(["none", "selective", "full"]),
+            help="Activation recomputation (with --training) [default: none].",
+        ),
+        click.option(
+            "--zero",
+            type=click.IntRange(0, 3),
+            help="ZeRO stage over the data parallel group (with --training): 1 optimizer state, "
+            "2 + gradients, 3 (FSDP) + weights [default: 0].",
+        ),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def _training(options: dict[str, Any]) -> Any:
+    """TrainingOptions from the flags, or None for inference; --recompute/--zero need --training."""
+
+    training, recompute, zero = (options.pop(k) for k in ("training", "recompute", "zero"))
+    if not training:
+        if recompute is not None or zero is not None:
+            raise ConfigError("--recompute and --zero describe a training step: add --training")
+        return None
+    return TrainingOptions(recompute=recompute or "none", zero=zero or 0)
+
+
+def _strategy(options: dict[str, Any]) -> Any:
+
+    keys = ("tp", "sp", "cp", "pp", "ep", "dp", "microbatches")
+    return Strategy(**{k: options.pop(k) for k in keys})
+
+
+@click.command()
+@model_options
+@strategy_options
+@hardware_option("h100")
+@attention_option("Fused core attention, or every op through memory.")
+@training_options
+@deepseek_options
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead.")
+@click.option("--print-graph", is_flag=True, help="Print one rank's program, one line a node.")
+@click.option(
+    "--trace",
+    "trace_path",
+    type=click.Path(path_type=Path),
+    help="Write a Chrome/Perfetto trace of the predicted schedule (FILE.json).",
+)
+@user_errors
+def partition(
+    hardware: str | None,
+    attention: str,
+    mla: str,
+    mtp: bool,
+    as_json: bool,
+    print_graph: bool,
+    trace_path: Path | None,
+    **options: Any,
+) -> None:
+    """Partition the graph over devices: per-device memory, FLOPs, communication and time."""
+
+    strategy = _strategy(options)
+    training = _training(options)
+    config, wl = resolve(options)
+    if training is not None and training.zero and strategy.dp == 1:
+        raise ConfigError("--zero shards over the data parallel group: give --dp N with N > 1")
+    hw = load_hardware(hardware) if hardware else None
+    if trace_path is not None and hw is None:
+        raise ConfigError("--trace times the schedule on a device: give --hardware NAME")
+    graph = partition_graph(build_graph(config, wl, mla=mla, mtp=mtp), strategy, hw)
+    if print_graph:
+        click.echo(graph.print())
+        return
+    report = partition_report(graph, hw, attention, training)
+    doc = {
+        "model": {"name": config.name, "model_type": config.model_type},
+        "workload": wl.to_dict() | {"attention": attention, "training": training is not None},
+        "hardware": hw.to_dict() if hw else None,
+        "partition": report.to_dict(),
+    }
+    if trace_path is not None:
+        trace = chrome_trace(graph, doc["partition"], hw, attention, training is not None)
+        write_trace(trace_path, trace)
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        print_partition(doc)
+        if trace_path is not None:
+            click.echo(f"wrote {trace_path} (open in ui.perfetto.dev or chrome://tracing)")
+
+
+def print_partition(doc: dict[str, Any]) -> None:
+    """Per-stage devices, communication by kind, pipeline bubble."""
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    p, w, hw = doc["partition"], doc["workload"], doc["hardware"]
+    mesh = " x ".join(f"{k}={v}" for k, v in p["mesh"].items() if v > 1) or "one device"
+    n_dev = len(p["devices"])
+    where = f" {hw['name']}" if hw else ""
+    con.print(
+        f"[bold]{doc['model']['name']}[/bold], {w['phase']} B={w['batch']} T={w['seq_len']} "
+        f"P={w['past_len']}: {n_dev}{where} devices ({mesh}"
+        + (", sequence parallel" if p["strategy"]["sp"] else "")
+        + ")"
+    )
+    for note in p["notes"]:
+        con.print(f"note: {note}")
+    timed = hw is not None
+    per_stage = n_dev // len(p["stages"])
+    table = Table("per device", *(f"stage {s['stage']}" for s in p["stages"]))
+    cap = f" of {_b(hw['memory_bytes'])}" if hw else ""
+
+    def row(label: str, fmt: Callable[[dict[str, Any]], str]) -> None:
+        table.add_row(label, *(fmt(s) for s in p["stages"]))
+
+    row("layers", lambda s: f"{s['layers'][0]}-{s['layers'][1]}" if s["layers"] else "")
+    row("devices", lambda s: str(per_stage))
+    row("params", lambda s: _n(s["params"]))
+    tr = p.get("training")
+    if tr:
+        row(
+            "weights" + (" (ZeRO-3 shard)" if tr["zero"] == 3 else ""),
+            lambda s: _b(s["training"]["weights"]),
+        )
+        row("gradients", lambda s: _b(s["training"]["gradients"]))
+        row("optimizer (Adam, fp32)", lambda s: _b(s["training"]["optimizer"]))
+        row(
+            f"activations ({tr['recompute']} recompute)",
+            lambda s: f"{_b(s['activation_bytes'])} ({s['training']['microbatches_in_flight']} mb)",
+        )
+    else:
+        row("weights", lambda s: _b(s["weight_bytes"]))
+        row("KV cache", lambda s: _b(s["kv_cache_bytes"]))
+        row("activations (peak)", lambda s: _b(s["activation_bytes"]))
+    row(
+        "memory" + cap,
+        lambda s: (
+            _b(s["memory_bytes"])
+            + ("" if s["fits"] is None else (" fits" if s["fits"] else " [red]too big[/red]"))
+        ),
+    )
+    row("FLOPs", lambda s: _n(s["flops"]))
+    row("bytes moved", lambda s: _b(s["bytes"]))
+    row("bytes sent", lambda s: _b(sum(s["comm_bytes"].values())))
+    if timed:
+        row("compute time", lambda s: _t(s["compute_seconds"]))
+        row("communication time", lambda s: _t(s["comm_seconds"]))
+        row("time (no overlap)", lambda s: _t(s["seconds"]))
+    con.print(table)
+    comm = Table("collective", "axis", "group", "count", "payload", "sent/device", "time")
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for c in p["collectives"]:
+        r = rows.setdefault((c["kind"], c["mesh_axis"]), {"n": 0, "pay": set(), "wire": 0.0})
+        r["n"] += c["count"]
+        r["pay"].add(c["bytes"])
+        r["wire"] += c["count"] * c["wire_bytes_per_device"]
+        r["group"] = c["group_size"]
+        r["t"] = r.get("t", 0.0) + c["count"] * (c["seconds"] or 0.0)
+    for (kind, axis), r in rows.items():
+        pay = sorted(r["pay"])
+        each = _b(pay[0]) if len(pay) == 1 else f"{_b(pay[0])} - {_b(pay[-1])}"
+        comm.add_row(
+            kind,
+            axis,
+            str(r["group"]),
+            str(r["n"]),
+            each,
+            _b(r["wire"]),
+            _t(r["t"]) if timed else "",
+        )
+    if rows:
+        con.print(comm)
+    pipe = p["pipeline"]
+    if pipe["stages"] > 1:
+        con.print(
+            f"pipeline ({pipe['schedule']}): {pipe['stages']} stages, {pipe['microbatches']} "
+            "microbatches, bubble "
+            f"{100 * pipe['bubble']:.1f}%"
+            + (f", step {_t(pipe['step_seconds'])}" if pipe["step_seconds"] else "")
+        )
+    elif timed:
+        con.print(
+            f"step: {_t(p['stages'][0]['seconds'])} per device (communication not overlapped)"
+        )
+
+
+@click.command("partition")
+@model_options
+@strategy_options
+@deepseek_options
+@click.option("--seed", type=int, default=0, show_default=True)
+@user_errors
+def verify_partition(seed: int, mla: str, mtp: bool, **options: Any) -> None:
+    """Run the partitioned graph rank by rank in numpy and compare its logits with one device's.
+
+    Exit 0 when they agree within 1e-5 (fp32), 1 with the largest differences otherwise.
+    """
+
+    strategy = _strategy(options)
+    config, wl = resolve(options)
+    wl = Workload.with_dtype(wl, dtype="fp32")
+    graph = build_graph(config, wl, mla=mla, mtp=mtp)
+    params = sum(n.out.numel(graph.bindings) for n in graph.params())
+    if params > MAX_VERIFY_PARAMS:
+        raise ConfigError(
+            f"{config.name} has {params:,.0f} parameters, too many to run every rank in numpy; "
+            "verify a small config of the same family (e.g. examples/tiny.yaml)"
+        )
+    check = check_partition(graph, partition_graph(graph, strategy), seed=seed)
+    what = (
+        f"{config.name} (B={wl.batch} T={wl.seq_len} P={wl.past_len}), "
+        f"{strategy.describe()} on {check.ranks} devices"
+    )
+    mtp_diff = max((v for k, v in check.others.items() if k.startswith("mtp.")), default=None)
+    also = "" if mtp_diff is None else f", MTP logits {mtp_diff:.2e}"
+    if check.agrees() and (mtp_diff is None or mtp_diff <= 1e-5):
+        click.echo(f"{what}: logits equal within 1e-5 (max |diff| {check.max_diff:.2e}{also})")
+        return
+    click.echo(f"{what}: logits differ, max |diff| {check.max_diff:.3e}{also}")
+    for idx, ref, got in check.differences():
+        click.echo(f"  logits{list(idx)}: single device {ref:.6g}, partitioned {got:.6g}")
+    sys.exit(1)

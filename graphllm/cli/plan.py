@@ -1,0 +1,117 @@
+"""`graphllm plan`: the legal parallel layouts of N devices, those that fit ranked by time."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from graphllm.cli.common import (
+    attention_option,
+    hardware_option,
+    model_options,
+    resolve,
+    user_errors,
+)
+from graphllm.cli.partition import _training, training_options
+from graphllm.models.hardware import load_hardware
+from graphllm.passes.parallel.plan import plan as make_plan
+from graphllm.report.summary import _b, _t
+
+
+@click.command()
+@model_options
+@click.option("--devices", "-n", type=int, required=True, help="Devices to lay the model out on.")
+@hardware_option("h100")
+@training_options
+@attention_option("Fused core attention, or every op through memory.")
+@click.option("--top", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--tp", type=click.IntRange(min=1), help="Pin the tensor parallel size.")
+@click.option("--cp", type=click.IntRange(min=1), help="Pin the context parallel size.")
+@click.option("--pp", type=click.IntRange(min=1), help="Pin the pipeline stages.")
+@click.option("--ep", type=click.IntRange(min=1), help="Pin the expert parallel size.")
+@click.option("--dp", type=click.IntRange(min=1), help="Pin the data parallel size.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead.")
+@user_errors
+def plan(
+    devices: int, hardware: str, attention: str, top: int, as_json: bool, **options: Any
+) -> None:
+    """Enumerate TP x CP x PP x EP x DP layouts of --devices, drop those that do not fit, rank the
+    rest by predicted time (a decoded token, a prefill, or a training step)."""
+
+    pinned = {k: options.pop(k) for k in ("tp", "cp", "pp", "ep", "dp")}
+    training = _training(options)
+    config, wl = resolve(options)
+    hw = load_hardware(hardware)
+    report = make_plan(config, wl, devices, hw, training, attention, pinned)
+    doc = {
+        "model": {"name": config.name, "model_type": config.model_type},
+        "workload": wl.to_dict() | {"attention": attention, "training": training is not None},
+        "hardware": hw.to_dict(),
+        "training": None if training is None else training.__dict__,
+        "plan": report.to_dict(),
+    }
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        print_plan(doc, top)
+
+
+def describe(s: dict[str, Any]) -> str:
+    parts = [f"{k}={s[k]}" for k in ("tp", "cp", "pp", "ep", "dp") if s[k] > 1]
+    if s.get("sp"):
+        parts.append("sp")
+    if s["microbatches"] > 1:
+        parts.append(f"mb={s['microbatches']}")
+    return " ".join(parts) or "one device"
+
+
+def print_plan(doc: dict[str, Any], top: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    p, w, hw = doc["plan"], doc["workload"], doc["hardware"]
+    what = {"training": "training step", "prefill": "prefill", "decode": "decoded token"}[
+        p["phase"]
+    ]
+    con.print(
+        f"[bold]{doc['model']['name']}[/bold] on {p['devices']} {hw['name']} "
+        f"({_b(hw['memory_bytes'])} each), B={w['batch']} T={w['seq_len']} P={w['past_len']}: "
+        f"{len(p['candidates'])} layouts fit, {len(p['too_big'])} too big, "
+        f"{len(p['illegal'])} illegal"
+    )
+    if doc.get("training"):
+        t = doc["training"]
+        con.print(f"training: Adam (fp32 state), recompute {t['recompute']}, ZeRO-{t['zero']}")
+    table = Table(
+        "#", "layout", "memory/device", f"time per {what}", "compute", "bubble", "main comm."
+    )
+    for i, c in enumerate(p["candidates"][:top], 1):
+        mc = c["main_comm"]
+        main = f"{mc['kind']} ({mc['mesh_axis']}) {_t(mc['seconds'])}" if mc["seconds"] else "none"
+        table.add_row(
+            str(i),
+            describe(c["strategy"]),
+            _b(c["memory_bytes"]),
+            _t(c["seconds"]),
+            _t(c["compute_seconds"]),
+            f"{100 * c['bubble']:.0f}%",
+            main,
+        )
+    if p["candidates"]:
+        con.print(table)
+    else:
+        con.print("[red]no layout fits device memory[/red]")
+    if p["too_big"]:
+        c = p["too_big"][0]
+        con.print(
+            f"dropped {len(p['too_big'])} that do not fit, the smallest {describe(c['strategy'])} "
+            f"needs {_b(c['memory_bytes'])} > {_b(hw['memory_bytes'])}"
+        )
+    reasons: dict[str, int] = {}
+    for x in p["illegal"]:
+        reasons[x["reason"]] = reasons.get(x["reason"], 0) + 1
+    for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:5]:
+        con.print(f"illegal ({n}): {r}")

@@ -1,0 +1,31 @@
+"""`graphllm presets`: the built-in model configs."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from graphllm.cli.common import (
+    user_errors,
+)
+from graphllm.models.config import list_presets
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True)
+@user_errors
+def presets(as_json: bool) -> None:
+    """List the model presets (`--model NAME`)."""
+
+    rows = list_presets()
+    if as_json:
+        click.echo(json.dumps([{"name": n, "description": d} for n, d in rows], indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("preset", "model")
+    for name, desc in rows:
+        table.add_row(name, desc)
+    Console().print(table)

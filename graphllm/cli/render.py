@@ -1,0 +1,116 @@
+"""`graphllm render`: Graphviz diagrams of the model, drawn from the graph the passes analyse."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from graphllm.build.builder import build_graph
+from graphllm.cli.common import (
+    attention_option,
+    deepseek_options,
+    hardware_option,
+    model_options,
+    resolve,
+    user_errors,
+)
+from graphllm.cli.partition import _strategy, strategy_options
+from graphllm.errors import ConfigError
+from graphllm.exporters.dot import view_dot
+from graphllm.exporters.render import find_renderer, output_format
+from graphllm.exporters.render import render as render_file
+from graphllm.models.hardware import load_hardware
+from graphllm.passes.parallel.partition import partition
+
+# exporters.dot.VIEWS, listed here so that `graphllm --help` does not import the exporter
+VIEWS = ["model", "block", "attention", "ffn", "tokens"]
+
+
+@click.command()
+@model_options
+@click.option("--view", type=click.Choice(VIEWS), required=True, help="What to draw.")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="FILE.svg, .png, .pdf (needs Graphviz's dot) or .dot.",
+)
+@click.option("--layer", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--all-layers", is_flag=True, help="Model view: every block, not runs of alike ones.")
+@click.option(
+    "--tokens",
+    type=click.IntRange(1, 16),
+    default=3,
+    show_default=True,
+    help="Tokens view: token positions (columns); replaces --seq-len for this view.",
+)
+@click.option(
+    "--color",
+    type=click.Choice(["flops", "bytes", "time"]),
+    help="Shade ops by cost (time: roofline on --hardware).",
+)
+@hardware_option("h100")
+@attention_option("For --color bytes/time: fused core attention, or every op through memory.")
+@strategy_options
+@deepseek_options
+@click.option(
+    "--lanes",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Draw every head (expert) up to this many, else one representative.",
+)
+@click.option(
+    "--renderer",
+    type=click.Choice(["auto", "dot", "pure"]),
+    help="dot binary or graphviz-pure [default: $GRAPHLLM_RENDERER, else auto].",
+)
+@user_errors
+def render(
+    view: str,
+    output: Path,
+    layer: int,
+    all_layers: bool,
+    tokens: int,
+    color: str | None,
+    hardware: str,
+    attention: str,
+    lanes: int,
+    renderer: str | None,
+    mla: str,
+    mtp: bool,
+    **options: Any,
+) -> None:
+    """Draw the model the way it is usually explained: model, block, attention, ffn or tokens."""
+    from dataclasses import replace
+
+    fmt = output_format(output)
+    name = find_renderer(fmt, renderer)[0] if fmt != "dot" else "none"  # fail before building
+    strategy = _strategy(options)
+    split = strategy.devices > 1 or strategy.microbatches > 1
+    if split and view != "block":
+        raise ConfigError("strategies (--tp, --cp, ...) are drawn in the block view: --view block")
+    config, workload = resolve(options)
+    if view == "tokens":
+        workload = replace(workload, batch=1, seq_len=tokens, past_len=0)
+    hw = None
+    if color == "time":
+        hw = load_hardware(hardware)
+    graph = build_graph(config, workload, mla=mla, mtp=mtp)
+    if split:
+        graph = partition(graph, strategy, hw)
+    text = view_dot(
+        graph,
+        view,
+        layer=layer,
+        all_layers=all_layers,
+        color=color,
+        hardware=hw,
+        attention=attention,
+        max_lanes=lanes,
+    )
+    render_file(text, output, renderer)
+    click.echo(f"wrote {output} ({view} view of {config.name}, renderer: {name})")

@@ -1,0 +1,82 @@
+"""`graphllm trace`: build, verify and analyse a model's graph, and print what it costs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from graphllm.cli.common import (
+    attention_option,
+    deepseek_options,
+    hardware_option,
+    model_options,
+    resolve_sweep,
+    user_errors,
+)
+from graphllm.errors import ConfigError
+from graphllm.files import write_text_atomic
+from graphllm.models.hardware import load_hardware
+from graphllm.report.plot import plot_sweep
+from graphllm.report.summary import print_sweep, print_trace
+from graphllm.report.trace_report import per_op_text, sweep, trace_report
+
+
+@click.command()
+@model_options
+@hardware_option("h100")
+@attention_option("Fused core attention, or every op through memory (the score matrix included).")
+@click.option("--training", is_flag=True, help="Forward + backward FLOPs.")
+@deepseek_options
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead.")
+@click.option("--print-graph", is_flag=True, help="Print the graph, one line per node.")
+@click.option(
+    "--per-op",
+    nargs=2,
+    type=(click.Choice(["csv", "json"]), click.Path(path_type=Path)),
+    help="Write one row per op node: --per-op csv FILE.",
+)
+@click.option(
+    "--plot", type=click.Path(path_type=Path), help="With a --seq-len list: draw the sweep (.png)."
+)
+@user_errors
+def trace(
+    hardware: str | None,
+    attention: str,
+    training: bool,
+    mla: str,
+    mtp: bool,
+    as_json: bool,
+    print_graph: bool,
+    per_op: tuple[str, Path] | None,
+    plot: Path | None,
+    **options: Any,
+) -> None:
+    """Build the model's op graph, verify and analyse it: params, token mixing, cost, memory."""
+
+    config, workloads = resolve_sweep(options)
+    hw = load_hardware(hardware) if hardware else None
+    if len(workloads) > 1:
+        if per_op or print_graph:
+            raise ConfigError("--per-op and --print-graph take one --seq-len, not a list")
+        rows = sweep(config, workloads, hw, attention, training, mla, mtp)
+        if plot:
+            plot_sweep(rows, plot, f"{config.name} on {hw.name if hw else 'no hardware'}", hw)
+        if as_json:
+            click.echo(json.dumps({"model": config.name, "sweep": rows}, indent=2))
+        else:
+            print_sweep(rows)
+        return
+    if plot:
+        raise ConfigError("--plot draws a sweep: give --seq-len a list, e.g. 128,1024,8192")
+    doc, graph = trace_report(config, workloads[0], hw, attention, training, mla, mtp)
+    if per_op:
+        write_text_atomic(per_op[1], per_op_text(graph, per_op[0]))
+    if print_graph:
+        click.echo(graph.print())
+    elif as_json:
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        print_trace(doc)

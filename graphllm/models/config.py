@@ -1,0 +1,1058 @@
+"""Load a model config (HF config.json, YAML, preset name or dict) into a normalised ModelConfig.
+
+The semantics follow transformers 5.x's own config and modeling code for each family: which
+biases exist, the defaults, how `layer_types` is derived, what a MoE layer is. Both the
+transformers-4 spelling (`rope_theta` + `rope_scaling`, `torch_dtype`) and the transformers-5 one
+(`rope_parameters`, `dtype`, `layer_types`) load to the same ModelConfig.
+
+Every problem raises ConfigError with one line naming the field. Nothing that changes the
+computation is silently ignored: an unknown key, or a known feature graphllm does not model
+(logit soft-capping, partial RoPE, longrope, ...), is an error.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from graphllm.errors import ConfigError
+from graphllm.models.model_config import FAMILIES, ModelConfig, RopeConfig
+from graphllm.models.rope import mscale
+from graphllm.models.workload import Workload
+
+PRESETS_DIR = Path(__file__).parent / "presets"
+FULL, SLIDING = "full_attention", "sliding_attention"
+
+NOT_SUPPORTED = {
+    "deepseek": "DeepSeek-MoE v1 is not planned; DeepSeek-V2/V3 are on the roadmap",
+}
+
+# Keys that never change the forward computation: provenance, token ids, training-only knobs
+# (dropout, aux losses, router jitter), task heads, output flags and the generation defaults that
+# transformers-4's `to_dict()` writes into every config. Their values are not inspected.
+BOOKKEEPING = frozenset(
+    {
+        # provenance and storage
+        "_name_or_path", "_commit_hash", "_attn_implementation", "_attn_implementation_autoset",
+        "architectures", "auto_map", "transformers_version", "model_name", "dtype", "torch_dtype",
+        "use_bfloat16", "quantization_config", "tokenizer_class", "torchscript", "tf_legacy_loss",
+        # token ids
+        "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+        # training only
+        "initializer_range", "attention_dropout", "resid_pdrop", "embd_pdrop", "use_cache",
+        "output_router_logits", "router_aux_loss_coef", "router_jitter_noise",
+        # task heads and outputs
+        "id2label", "label2id", "problem_type", "finetuning_task", "task_specific_params",
+        "output_hidden_states", "output_attentions", "return_dict", "is_decoder",
+        # splitting the FFN over the sequence is mathematically the same computation
+        "chunk_size_feed_forward",
+        # DeepSeek: training losses, and the expert-parallel degree they were trained with
+        "aux_loss_alpha", "seq_aux", "ep_size",
+        # generation defaults
+        "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+        "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
+        "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
+        "num_return_sequences", "output_scores", "return_dict_in_generate", "prefix",
+        "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
+        "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
+    }
+)  # fmt: skip
+
+# Features that change the computation: accepted only at their no-op value.
+NOOP_ONLY: dict[str, tuple[Any, ...]] = {
+    "pretraining_tp": (1, None),
+    "partial_rotary_factor": (1.0, None),
+    "attn_logit_softcapping": (None,),
+    "final_logit_softcapping": (None,),
+    "use_bidirectional_attention": (False, None),
+    "use_mrope": (False,),
+    "is_encoder_decoder": (False,),
+    "add_cross_attention": (False,),
+    "tie_encoder_decoder": (False,),
+    "cross_attention_hidden_size": (None,),
+    "pruned_heads": ({},),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Field kinds: each checks one value and returns it normalised, or raises naming the field.
+
+
+def _describe(v: Any) -> str:
+    text = repr(v)
+    if len(text) > 40:
+        text = text[:37] + "..."
+    return f"{text} ({type(v).__name__})"
+
+
+def _show(v: Any) -> str:
+    """A value as the config file spells it (JSON), falling back to repr."""
+    try:
+        return json.dumps(v)
+    except (TypeError, ValueError):
+        return repr(v)
+
+
+def _bad(name: str, want: str, v: Any) -> ConfigError:
+    return ConfigError(f"{name} must be {want}, got {_describe(v)}")
+
+
+def _is_int(v: Any) -> bool:
+    # bool is an int subclass in Python; `true` for a size is a mistake, not a 1
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# far above any real model's sizes (vocab 256K, hidden 16K, ffn 53K, 128K positions... 10M)
+MAX_SIZE = 1 << 27
+
+
+def _pos_int(name: str, v: Any) -> int:
+    if not _is_int(v) or v < 1:
+        raise _bad(name, "a positive integer", v)
+    if v > MAX_SIZE:
+        raise ConfigError(f"{name} is {v:,}, implausibly large (graphllm takes up to {MAX_SIZE:,})")
+    return v
+
+
+def _nonneg_int(name: str, v: Any) -> int:
+    if not _is_int(v) or v < 0:
+        raise _bad(name, "a non-negative integer", v)
+    return v
+
+
+def _pos_float(name: str, v: Any) -> float:
+    if not (_is_int(v) or isinstance(v, float)) or not math.isfinite(v) or v <= 0:
+        raise _bad(name, "a positive number", v)
+    return float(v)
+
+
+def _bool(name: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise _bad(name, "true or false", v)
+    return v
+
+
+def _str(name: str, v: Any) -> str:
+    if not isinstance(v, str):
+        raise _bad(name, "a string", v)
+    return v
+
+
+def _mapping(name: str, v: Any) -> dict:
+    if not isinstance(v, dict):
+        raise _bad(name, "a mapping", v)
+    return v
+
+
+def _int_list(name: str, v: Any) -> list[int]:
+    if not isinstance(v, list) or not all(_is_int(x) and x >= 0 for x in v):
+        raise _bad(name, "a list of non-negative integers", v)
+    return v
+
+
+def _str_list(name: str, v: Any) -> list[str]:
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise _bad(name, "a list of strings", v)
+    return v
+
+
+_REQUIRED = object()  # no default: the config must give the field
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One accepted config field: its check, its default, and whether null means something."""
+
+    check: Callable[[str, Any], Any]
+    default: Any = _REQUIRED
+    # null normally means "not given" (the default applies); for a nullable field null is a
+    # value of its own (sliding_window: null switches the window off)
+    nullable: bool = False
+
+
+_COMMON: dict[str, Spec] = {
+    "vocab_size": Spec(_pos_int),
+    "hidden_size": Spec(_pos_int),
+    "num_hidden_layers": Spec(_pos_int),
+    "num_attention_heads": Spec(_pos_int),
+    "num_key_value_heads": Spec(_pos_int),
+    "intermediate_size": Spec(_pos_int),
+    "head_dim": Spec(_pos_int, None),
+    "hidden_act": Spec(_str, "silu"),
+    "rms_norm_eps": Spec(_pos_float, 1e-6),
+    "max_position_embeddings": Spec(_pos_int, 2048),
+    "tie_word_embeddings": Spec(_bool, False),
+    "rope_theta": Spec(_pos_float, None),
+    "rope_scaling": Spec(_mapping, None),
+    "rope_parameters": Spec(_mapping, None),
+    "layer_types": Spec(_str_list, None),
+}
+_QWEN_WINDOW = {
+    "use_sliding_window": Spec(_bool, False),
+    "sliding_window": Spec(_nonneg_int, 4096, nullable=True),
+    "max_window_layers": Spec(_nonneg_int, 28),
+}
+_QWEN_MOE = {
+    "num_experts": Spec(_pos_int),
+    "num_experts_per_tok": Spec(_pos_int),
+    "moe_intermediate_size": Spec(_pos_int),
+    "norm_topk_prob": Spec(_bool, False),
+    "decoder_sparse_step": Spec(_pos_int, 1),
+    "mlp_only_layers": Spec(_int_list, []),
+    # only the dense layers (mlp_only_layers, decoder_sparse_step) read it
+    "intermediate_size": Spec(_pos_int, None),
+}
+
+_SILU = {"silu": "silu", "swish": "silu"}
+# Gemma's published `gelu` means the tanh approximation (transformers rewrites it so)
+_GEMMA_ACTS = {**_SILU, "gelu": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-family rules. Each takes the checked field values `v` (defaults filled in).
+
+
+def _attention_bias(v: dict) -> dict:
+    return {"qkv_bias": v["attention_bias"], "o_bias": v["attention_bias"]}
+
+
+def _gemma(v: dict) -> dict:
+    # transformers 4.4x read `hidden_activation` and 5.x reads `hidden_act`: they must agree
+    act = v["hidden_activation"]
+    if act is not None and _GEMMA_ACTS.get(act) != _GEMMA_ACTS.get(v["hidden_act"]):
+        raise ConfigError(
+            f"hidden_activation {act!r} disagrees with hidden_act {v['hidden_act']!r}; "
+            "give one gelu-tanh activation"
+        )
+    return _attention_bias(v) | {
+        "norm_weight_offset": 1.0,  # RMSNorm scales by (1 + w)
+        "embedding_multiplier": v["hidden_size"] ** 0.5,
+    }
+
+
+def _active_window(v: dict, on: bool) -> int | None:
+    """The window when sliding attention is switched on, else None."""
+    if not on or v["sliding_window"] is None:
+        if on and "use_sliding_window" in v:
+            raise ConfigError("use_sliding_window is true but sliding_window is null")
+        return None
+    if v["sliding_window"] < 1:
+        raise _bad("sliding_window", "positive when sliding attention is on", v["sliding_window"])
+    return v["sliding_window"]
+
+
+def _no_window(v: dict) -> tuple[tuple[str, ...], int | None]:
+    return (FULL,) * v["num_hidden_layers"], None
+
+
+def _every_layer_window(v: dict) -> tuple[tuple[str, ...], int | None]:
+    # mistral, mixtral, phi3, qwen3_moe: one mask for all layers, sliding when a window is set
+    w = _active_window(v, v.get("use_sliding_window", True))
+    return ((SLIDING if w else FULL),) * v["num_hidden_layers"], w
+
+
+def _qwen2_window(v: dict) -> tuple[tuple[str, ...], int | None]:
+    # qwen2 / qwen3: the layers from max_window_layers on slide
+    w = _active_window(v, v["use_sliding_window"])
+    n, first = v["num_hidden_layers"], v["max_window_layers"]
+    return tuple(SLIDING if w and i >= first else FULL for i in range(n)), w
+
+
+def _qwen2_moe_window(v: dict) -> tuple[tuple[str, ...], int | None]:
+    # qwen2_moe (transformers 5): every other layer below max_window_layers slides
+    w = _active_window(v, v["use_sliding_window"])
+    n, last = v["num_hidden_layers"], v["max_window_layers"]
+    return tuple(SLIDING if w and (i + 1) % 2 and i < last else FULL for i in range(n)), w
+
+
+def _mixtral_moe(v: dict) -> dict:
+    # every layer routes, and the top-k weights are always renormalised to sum to 1
+    n = v["num_hidden_layers"]
+    return {
+        "num_experts": v["num_local_experts"],
+        "num_experts_per_tok": v["num_experts_per_tok"],
+        "moe_intermediate_size": v["intermediate_size"],
+        "intermediate_size": 0,
+        "norm_topk_prob": True,
+        "moe_layers": (True,) * n,
+        "moe_naming": "mixtral",
+    }
+
+
+def _qwen_moe(v: dict) -> dict:
+    n, only, step = v["num_hidden_layers"], v["mlp_only_layers"], v["decoder_sparse_step"]
+    if any(i >= n for i in only):
+        bad = next(i for i in only if i >= n)
+        raise ConfigError(f"mlp_only_layers names layer {bad} but num_hidden_layers is {n}")
+    # the rule in Qwen2MoeDecoderLayer / Qwen3MoeDecoderLayer
+    moe = tuple(i not in only and (i + 1) % step == 0 for i in range(n))
+    dense = [i for i, m in enumerate(moe) if not m]
+    if dense and v["intermediate_size"] is None:
+        raise ConfigError(f"intermediate_size is required: layers {dense[:4]} use a dense MLP")
+    shared = v.get("shared_expert_intermediate_size", 0)
+    return {
+        "num_experts": v["num_experts"],
+        "num_experts_per_tok": v["num_experts_per_tok"],
+        "moe_intermediate_size": v["moe_intermediate_size"],
+        "intermediate_size": v["intermediate_size"] if dense else 0,
+        "norm_topk_prob": v["norm_topk_prob"],
+        "shared_expert_intermediate_size": shared,
+        "shared_expert_gate": shared > 0,  # a sigmoid(Linear(d, 1)) gate on the shared expert
+        "moe_layers": moe,
+    }
+
+
+def _deepseek_fields(version: int) -> dict[str, Spec]:
+    """DeepSeek-V2/V3 fields with transformers' defaults for each version."""
+    v3 = version == 3
+    return {
+        "num_key_value_heads": Spec(_pos_int, None),  # MLA: one K/V per query head
+        "head_dim": Spec(_pos_int, None),  # transformers writes qk_rope_head_dim here
+        "qk_head_dim": Spec(_pos_int, None),  # transformers writes nope + rope here
+        "max_position_embeddings": Spec(_pos_int, 4096 if v3 else 2048),
+        "q_lora_rank": Spec(_pos_int, 1536, nullable=True),  # null: one q_proj
+        "kv_lora_rank": Spec(_pos_int, 512),
+        "qk_nope_head_dim": Spec(_pos_int, 128),
+        "qk_rope_head_dim": Spec(_pos_int, 64),
+        "v_head_dim": Spec(_pos_int, 128),
+        "n_routed_experts": Spec(_pos_int, 256 if v3 else 64),
+        "n_shared_experts": Spec(_nonneg_int, 1 if v3 else 2),
+        "num_experts_per_tok": Spec(_pos_int, 8 if v3 else None),
+        "moe_intermediate_size": Spec(_pos_int, 2048 if v3 else 1407),
+        "first_k_dense_replace": Spec(_nonneg_int, 3 if v3 else 0),
+        "moe_layer_freq": Spec(_pos_int, 1),
+        "n_group": Spec(_pos_int, 8 if v3 else None),
+        "topk_group": Spec(_pos_int, 4 if v3 else None),
+        "topk_method": Spec(_str, "noaux_tc" if v3 else "greedy"),
+        "scoring_func": Spec(_str, "sigmoid" if v3 else "softmax"),
+        "routed_scaling_factor": Spec(_pos_float, 2.5 if v3 else 1.0),
+        "norm_topk_prob": Spec(_bool, v3),
+        **({"rope_interleave": Spec(_bool, True)} if v3 else {}),
+        **({"num_nextn_predict_layers": Spec(_nonneg_int, 1)} if v3 else {}),
+    }
+
+
+# per version: (scoring_func, topk methods) as transformers' DeepseekV2/V3TopkRouter compute them
+_DEEPSEEK_ROUTING = {
+    2: ("softmax", ("greedy", "group_limited_greedy")),
+    3: ("sigmoid", ("noaux_tc",)),
+}
+
+
+def _mla(v: dict, version: int) -> dict:
+    """MLA attention fields; head_dim is the query/key head width nope + rope."""
+    nope, rope, heads = v["qk_nope_head_dim"], v["qk_rope_head_dim"], v["num_attention_heads"]
+    if v["num_key_value_heads"] not in (None, heads):
+        raise ConfigError(
+            f"num_key_value_heads {v['num_key_value_heads']} must equal num_attention_heads "
+            f"{heads}: MLA expands one key and value per query head"
+        )
+    if v["head_dim"] not in (None, rope):
+        raise ConfigError(f"head_dim {v['head_dim']} must equal qk_rope_head_dim {rope} (MLA)")
+    if v["qk_head_dim"] not in (None, nope + rope):
+        raise ConfigError(
+            f"qk_head_dim {v['qk_head_dim']} must be qk_nope + qk_rope = {nope + rope}"
+        )
+    if rope % 2:
+        raise ConfigError(f"qk_rope_head_dim {rope} must be even: RoPE rotates pairs of channels")
+    layout = "complex" if version == 2 else ("interleave" if v["rope_interleave"] else "half")
+    return {
+        "q_lora_rank": v["q_lora_rank"] or 0,
+        "kv_lora_rank": v["kv_lora_rank"],
+        "qk_nope_head_dim": nope,
+        "qk_rope_head_dim": rope,
+        "v_head_dim": v["v_head_dim"],
+        "rope_layout": layout,
+        "num_nextn_predict_layers": v.get("num_nextn_predict_layers", 0),
+    }
+
+
+def mla_attention_scale(rope: RopeConfig, qk_head_dim: int) -> float:
+    """qk_head_dim ** -0.5, times yarn's mscale(factor, mscale_all_dim) squared (as
+    transformers' yarn_apply_mscale does for any scaled RoPE)."""
+
+    scale = qk_head_dim**-0.5
+    if rope.type != "default" and rope.mscale_all_dim:
+        scale *= mscale(rope.factor, rope.mscale_all_dim) ** 2
+    return scale
+
+
+def _deepseek_moe(v: dict) -> dict:
+    n, first, freq = v["num_hidden_layers"], v["first_k_dense_replace"], v["moe_layer_freq"]
+    version = 3 if "rope_interleave" in v else 2
+    scoring, methods = _DEEPSEEK_ROUTING[version]
+    if v["scoring_func"] != scoring:
+        raise ConfigError(
+            f"scoring_func {v['scoring_func']!r} is not modelled for deepseek_v{version} "
+            f"(transformers computes {scoring!r})"
+        )
+    method = v["topk_method"]
+    if method not in methods:
+        raise ConfigError(
+            f"topk_method {method!r} is not modelled for deepseek_v{version} "
+            f"(modelled: {', '.join(methods)})"
+        )
+    e, k = v["n_routed_experts"], v["num_experts_per_tok"]
+    if k is None:
+        raise ConfigError("missing required field 'num_experts_per_tok'")
+    groups, top_groups = v["n_group"] or 1, v["topk_group"] or 1
+    if method != "greedy":
+        if v["n_group"] is None or v["topk_group"] is None:
+            raise ConfigError(f"topk_method {method!r} needs n_group and topk_group")
+        if e % groups:
+            raise ConfigError(f"n_routed_experts {e} is not divisible by n_group {groups}")
+        if top_groups > groups:
+            raise ConfigError(f"topk_group {top_groups} exceeds n_group {groups}")
+        if top_groups * (e // groups) < k:
+            raise ConfigError(
+                f"topk_group {top_groups} groups of {e // groups} experts hold fewer than "
+                f"num_experts_per_tok {k}"
+            )
+        if method == "noaux_tc" and e // groups < 2:
+            raise ConfigError("noaux_tc ranks groups by their two best experts: n_group too large")
+    # DeepSeek's rule (transformers reads first_k_dense_replace alone; the same when freq is 1);
+    # the multi-token-prediction layers n, n+1, ... follow it too (vLLM's DeepseekV2DecoderLayer)
+    rule = [i >= first and i % freq == 0 for i in range(n + v.get("num_nextn_predict_layers", 0))]
+    moe = tuple(rule[:n])
+    return {
+        "num_experts": e,
+        "num_experts_per_tok": k,
+        "moe_intermediate_size": v["moe_intermediate_size"],
+        "intermediate_size": v["intermediate_size"] if not all(moe) else 0,
+        "norm_topk_prob": v.get("norm_topk_prob", False),
+        "shared_expert_intermediate_size": v["n_shared_experts"] * v["moe_intermediate_size"],
+        "moe_layers": moe,
+        "mtp_moe_layers": tuple(rule[n:]),
+        "moe_naming": "deepseek",
+        "scoring_func": scoring,
+        "topk_method": method,
+        "n_group": groups if method != "greedy" else 1,
+        "topk_group": top_groups if method != "greedy" else 1,
+        "routed_scaling_factor": v["routed_scaling_factor"],
+    }
+
+
+@dataclass(frozen=True)
+class Family:
+    """What one model_type accepts and how it maps onto ModelConfig."""
+
+    fields: dict[str, Spec]
+    # ModelConfig fields fixed by the family or derived from `v` (biases, norms, fused weights)
+    derive: Callable[[dict], dict]
+    windows: Callable[[dict], tuple[tuple[str, ...], int | None]] = _no_window
+    # whether the transformers model reads `layer_types` (else a given one must match the rule)
+    reads_layer_types: bool = False
+    moe: Callable[[dict], dict] | None = None
+    acts: dict[str, str] = field(default_factory=lambda: dict(_SILU))
+    rope_types: tuple[str, ...] = _ROPE_TYPES
+    default_theta: float = 10000.0
+    # other spellings of a field (transformers' attribute_map), mapped to the name in `fields`
+    aliases: dict[str, str] = field(default_factory=dict)
+    noop_only: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    # MLA families derive the attention shape themselves (head_dim = nope + rope widths)
+    mla: bool = False
+
+
+def _fields(**extra: Spec) -> dict[str, Spec]:
+    return {**_COMMON, **extra}
+
+
+_MHA = Spec(_pos_int, None)  # llama, phi3: num_key_value_heads defaults to num_attention_heads
+
+FAMILY_TABLE: dict[str, Family] = {
+    "llama": Family(
+        _fields(
+            num_key_value_heads=_MHA, attention_bias=Spec(_bool, False), mlp_bias=Spec(_bool, False)
+        ),
+        derive=lambda v: _attention_bias(v) | {"mlp_bias": v["mlp_bias"]},
+    ),
+    "mistral": Family(
+        _fields(
+            max_position_embeddings=Spec(_pos_int, 131072),
+            sliding_window=Spec(_nonneg_int, 4096, nullable=True),
+        ),
+        derive=lambda v: {},
+        windows=_every_layer_window,
+    ),
+    "mixtral": Family(
+        _fields(
+            max_position_embeddings=Spec(_pos_int, 131072),
+            rms_norm_eps=Spec(_pos_float, 1e-5),
+            sliding_window=Spec(_nonneg_int, None, nullable=True),
+            num_local_experts=Spec(_pos_int),
+            num_experts_per_tok=Spec(_pos_int),
+        ),
+        derive=lambda v: {},
+        windows=_every_layer_window,
+        moe=_mixtral_moe,
+        default_theta=1e6,
+        aliases={"num_experts": "num_local_experts"},
+    ),
+    "qwen2": Family(
+        _fields(max_position_embeddings=Spec(_pos_int, 32768), **_QWEN_WINDOW),
+        derive=lambda v: {"qkv_bias": True},  # q/k/v always carry a bias, o_proj never
+        windows=_qwen2_window,
+        reads_layer_types=True,
+    ),
+    "qwen2_moe": Family(
+        _fields(
+            max_position_embeddings=Spec(_pos_int, 32768),
+            qkv_bias=Spec(_bool, True),  # transformers 5 field; 4.x configs lack it and have bias
+            shared_expert_intermediate_size=Spec(_pos_int),
+            **_QWEN_WINDOW,
+            **_QWEN_MOE,
+        ),
+        derive=lambda v: {"qkv_bias": v["qkv_bias"]},
+        windows=_qwen2_moe_window,
+        reads_layer_types=True,
+        moe=_qwen_moe,
+    ),
+    "qwen3": Family(
+        _fields(
+            max_position_embeddings=Spec(_pos_int, 32768),
+            head_dim=Spec(_pos_int, 128),
+            attention_bias=Spec(_bool, False),
+            **_QWEN_WINDOW,
+        ),
+        derive=lambda v: _attention_bias(v) | {"qk_norm": True},
+        windows=_qwen2_window,
+        reads_layer_types=True,
+    ),
+    "qwen3_moe": Family(
+        _fields(
+            max_position_embeddings=Spec(_pos_int, 32768),
+            attention_bias=Spec(_bool, False),
+            **_QWEN_WINDOW,
+            **_QWEN_MOE,
+        ),
+        # max_window_layers is written by Qwen3-MoE checkpoints but transformers 5 ignores it
+        derive=lambda v: _attention_bias(v) | {"qk_norm": True},
+        windows=_every_layer_window,
+        moe=_qwen_moe,
+        aliases={"num_local_experts": "num_experts"},  # transformers 5 writes this spelling
+    ),
+    "gemma": Family(
+        _fields(
+            max_position_embeddings=Spec(_pos_int, 8192),
+            head_dim=Spec(_pos_int, 256),
+            hidden_act=Spec(_str, "gelu_pytorch_tanh"),
+            hidden_activation=Spec(_str, None),
+            tie_word_embeddings=Spec(_bool, True),
+            attention_bias=Spec(_bool, False),
+        ),
+        derive=_gemma,
+        acts=_GEMMA_ACTS,
+    ),
+    "deepseek_v2": Family(
+        _fields(**_deepseek_fields(2)),
+        derive=lambda v: _mla(v, 2),
+        moe=_deepseek_moe,
+        aliases={"num_experts": "n_routed_experts"},
+        noop_only={"attention_bias": (False,), "mlp_bias": (False,)},
+        mla=True,
+    ),
+    "deepseek_v3": Family(
+        _fields(**_deepseek_fields(3)),
+        derive=lambda v: _mla(v, 3),
+        moe=_deepseek_moe,
+        aliases={
+            "num_local_experts": "n_routed_experts",
+            "num_mtp_layers": "num_nextn_predict_layers",
+        },
+        noop_only={"attention_bias": (False,)},
+        mla=True,
+    ),
+    "phi3": Family(
+        _fields(
+            num_key_value_heads=_MHA,
+            max_position_embeddings=Spec(_pos_int, 4096),
+            rms_norm_eps=Spec(_pos_float, 1e-5),
+            sliding_window=Spec(_nonneg_int, None, nullable=True),
+            # only read by longrope, which is not modelled
+            original_max_position_embeddings=Spec(_pos_int, 4096),
+        ),
+        derive=lambda v: {"fused_qkv": True, "fused_gate_up": True},
+        windows=_every_layer_window,
+        rope_types=("default",),  # transformers' phi3 knows only default and longrope
+        noop_only={"attention_bias": (False,)},  # published 4.x configs carry it; never a bias
+    ),
+}
+assert set(FAMILY_TABLE) == set(FAMILIES)
+
+# every key some family or rope dict understands: to tell "wrong family" from "misspelt"
+_ALL_FIELDS = frozenset(k for fam in FAMILY_TABLE.values() for k in (*fam.fields, *fam.aliases))
+
+
+# ---------------------------------------------------------------------------------------------
+# RoPE: transformers-4 `rope_theta` + `rope_scaling`, or transformers-5 `rope_parameters`.
+
+# per rope type: its keys and their checks; `_REQUIRED` marks keys without a default
+_ROPE_KEYS: dict[str, dict[str, tuple[Callable, Any]]] = {
+    "default": {},
+    "linear": {"factor": (_pos_float, _REQUIRED)},
+    "llama3": {
+        "factor": (_pos_float, _REQUIRED),
+        "low_freq_factor": (_pos_float, _REQUIRED),
+        "high_freq_factor": (_pos_float, _REQUIRED),
+        "original_max_position_embeddings": (_pos_int, None),
+    },
+    "yarn": {
+        "factor": (_pos_float, None),
+        "original_max_position_embeddings": (_pos_int, None),
+        "attention_factor": (_pos_float, None),
+        "beta_fast": (_pos_float, None),
+        "beta_slow": (_pos_float, None),
+        "mscale": (_pos_float, None),
+        "mscale_all_dim": (_pos_float, None),
+        "truncate": (_bool, None),
+    },
+}
+_ROPE_ALL_KEYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor"} | {
+    k for keys in _ROPE_KEYS.values() for k in keys
+}
+
+
+def _rope(v: dict, fam: Family, model_type: str) -> RopeConfig:
+    if v["rope_scaling"] is not None and v["rope_parameters"] is not None:
+        raise ConfigError("give rope_parameters (transformers 5) or rope_scaling, not both")
+    where = "rope_parameters" if v["rope_parameters"] is not None else "rope_scaling"
+    raw = dict(v[where] or {})
+    t4, t5 = raw.pop("type", None), raw.pop("rope_type", None)
+    if t4 is not None and t5 is not None and t4 != t5:
+        raise ConfigError(f"{where} has type {t4!r} and rope_type {t5!r}; give one")
+    rtype = _str(f"{where}.rope_type", t5 if t5 is not None else (t4 or "default"))
+    if rtype not in fam.rope_types:
+        known = ", ".join(fam.rope_types)
+        raise ConfigError(
+            f"{where}: rope type {rtype!r} is not modelled for {model_type} (modelled: {known})"
+        )
+
+    theta, top = raw.pop("rope_theta", None), v["rope_theta"]
+    if theta is not None:
+        theta = _pos_float(f"{where}.rope_theta", theta)
+        if top is not None and theta != top:
+            raise ConfigError(f"rope_theta {top} disagrees with {where}.rope_theta {theta}")
+    theta = theta if theta is not None else (top if top is not None else fam.default_theta)
+    prf = raw.pop("partial_rotary_factor", None)
+    if prf is not None and (not isinstance(prf, (int, float)) or isinstance(prf, bool) or prf != 1):
+        raise ConfigError(
+            f"{where}.partial_rotary_factor={prf!r} is not modelled (RoPE on the whole head only)"
+        )
+
+    keys = _ROPE_KEYS[rtype]
+    got: dict[str, Any] = {}
+    for k, x in raw.items():
+        if k not in keys:
+            if k in _ROPE_ALL_KEYS:
+                raise ConfigError(f"{where}.{k} does not apply to rope type {rtype!r}")
+            raise _unknown(f"{where}.{k}", k, set(keys) | {"rope_type", "rope_theta"})
+        if x is not None:
+            got[k] = keys[k][0](f"{where}.{k}", x)
+    for k, (_, default) in keys.items():
+        if default is _REQUIRED and k not in got:
+            raise ConfigError(f"{where} of type {rtype!r} needs {k!r}")
+
+    kw: dict[str, Any] = {"theta": theta, "type": rtype}
+    if "factor" in got:
+        kw["factor"] = got["factor"]
+    if rtype in ("llama3", "yarn"):
+        # transformers fills the pre-scaling context length from max_position_embeddings
+        orig = got.get("original_max_position_embeddings", v["max_position_embeddings"])
+        kw["original_max_position_embeddings"] = orig
+    if rtype == "llama3":
+        lo, hi = got["low_freq_factor"], got["high_freq_factor"]
+        if hi <= lo:
+            raise ConfigError(f"{where}: high_freq_factor {hi} must exceed low_freq_factor {lo}")
+        kw |= {"low_freq_factor": lo, "high_freq_factor": hi}
+    if rtype == "yarn":
+        if "factor" not in got:  # as _compute_yarn_parameters does
+            kw["factor"] = v["max_position_embeddings"] / kw["original_max_position_embeddings"]
+        for k in ("beta_fast", "beta_slow", "truncate"):
+            if k in got:
+                kw[k] = got[k]
+        for k in ("mscale", "mscale_all_dim", "attention_factor"):
+            kw[k] = got.get(k)
+    return RopeConfig(**kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# The dict -> ModelConfig conversion.
+
+
+def _unknown(label: str, key: str, known: set[str] | frozenset[str]) -> ConfigError:
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return ConfigError(f"unknown field {label!r}{hint}")
+
+
+def _is_noop(value: Any, allowed: tuple[Any, ...]) -> bool:
+    def same(a: Any) -> bool:
+        # compare with types, so that `true` does not pass as 1 nor `1` as `true`
+        if a is None or value is None or isinstance(a, bool) or isinstance(value, bool):
+            return value is a
+        if isinstance(a, (int, float)) and isinstance(value, (int, float)):
+            return value == a
+        return type(value) is type(a) and value == a
+
+    return any(same(a) for a in allowed)
+
+
+def _model_type(d: dict) -> str:
+    if "model_type" not in d or d["model_type"] is None:
+        raise ConfigError(f"missing required field 'model_type'; supported: {', '.join(FAMILIES)}")
+    mt = d["model_type"]
+    if not isinstance(mt, str):
+        raise _bad("model_type", "a string", mt)
+    if mt in NOT_SUPPORTED:
+        raise ConfigError(f"model_type {mt!r}: {NOT_SUPPORTED[mt]}")
+    if mt not in FAMILY_TABLE:
+        close = difflib.get_close_matches(mt, FAMILIES, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(f"unknown model_type {mt!r}; {hint}supported: {', '.join(FAMILIES)}")
+    return mt
+
+
+def _collect(d: dict, fam: Family, mt: str) -> dict[str, Any]:
+    """Check every key of `d` against the family's table; return field values with defaults."""
+    given: dict[str, Any] = {}
+    spelt: dict[str, str] = {}  # field name -> the key it was given under (aliases differ)
+    for key, value in d.items():
+        if not isinstance(key, str):
+            raise ConfigError(f"field names must be strings, got {_describe(key)}")
+        if key == "model_type" or key in BOOKKEEPING:
+            continue
+        noop = fam.noop_only.get(key, NOOP_ONLY.get(key))
+        if noop is not None:
+            if not _is_noop(value, noop):
+                ok = " or ".join(_show(a) for a in noop)
+                raise ConfigError(f"{key}={_show(value)} is not modelled (only {ok})")
+            continue
+        name = fam.aliases.get(key, key)
+        if name not in fam.fields:
+            if key in _ALL_FIELDS:
+                raise ConfigError(f"field {key!r} is not used by model_type {mt!r}")
+            known = set(fam.fields) | set(fam.aliases) | set(NOOP_ONLY) | BOOKKEEPING
+            raise _unknown(key, key, known)
+        if given.get(name) is not None and value is not None:
+            # both spellings given (num_experts and num_local_experts): they must agree
+            check = fam.fields[name].check
+            if check(key, value) != check(spelt[name], given[name]):
+                raise ConfigError(f"{key}={value!r} disagrees with {spelt[name]}={given[name]!r}")
+        if value is not None or name not in given:
+            given[name], spelt[name] = value, key
+
+    v: dict[str, Any] = {}
+    for name, spec in fam.fields.items():
+        value = given.get(name)
+        if value is None and not (spec.nullable and name in given):
+            if spec.default is _REQUIRED:
+                if name in given:
+                    raise ConfigError(f"required field {name!r} is null")
+                raise ConfigError(f"missing required field {name!r} for model_type {mt!r}")
+            value = spec.default
+        v[name] = value if value is None else spec.check(name, value)
+    return v
+
+
+def _attention_shape(v: dict) -> tuple[int, int]:
+    """(num_key_value_heads, head_dim) checked against each other."""
+    heads, hidden = v["num_attention_heads"], v["hidden_size"]
+    kv = v["num_key_value_heads"] or heads
+    if heads % kv:
+        raise ConfigError(
+            f"num_attention_heads {heads} is not divisible by num_key_value_heads {kv}"
+        )
+    head_dim = v["head_dim"]
+    if head_dim is None:
+        if hidden % heads:
+            raise ConfigError(
+                f"hidden_size {hidden} is not divisible by num_attention_heads {heads} "
+                "(give head_dim explicitly if that is intended)"
+            )
+        head_dim = hidden // heads
+    if head_dim % 2:
+        raise ConfigError(f"head_dim {head_dim} must be even: RoPE rotates pairs of channels")
+    return kv, head_dim
+
+
+def _layer_types(v: dict, fam: Family, mt: str) -> tuple[tuple[str, ...], int | None]:
+    derived, window = fam.windows(v)
+    given, n = v["layer_types"], v["num_hidden_layers"]
+    if given is None:
+        types = derived
+    else:
+        bad = [t for t in given if t not in (FULL, SLIDING)]
+        if bad:
+            raise ConfigError(
+                f"layer_types has {bad[0]!r}; graphllm models {FULL!r} and {SLIDING!r}"
+            )
+        if len(given) != n:
+            raise ConfigError(f"layer_types has {len(given)} entries for {n} hidden layers")
+        types = tuple(given)
+        if not fam.reads_layer_types and types != derived:
+            raise ConfigError(
+                f"layer_types disagrees with the window fields, and transformers' {mt} "
+                "ignores layer_types; set sliding_window instead"
+            )
+        if SLIDING in types and window is None:
+            raise ConfigError(
+                "layer_types has sliding_attention layers but no sliding window is on "
+                "(use_sliding_window / sliding_window)"
+            )
+    return types, (window if SLIDING in types else None)
+
+
+def config_from_dict(d: dict, name: str) -> ModelConfig:
+    """Validate a config dict (HF config.json field names) and normalise it to a ModelConfig."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"a model config must be a mapping, got {_describe(d)}")
+    mt = _model_type(d)
+    fam = FAMILY_TABLE[mt]
+    v = _collect(d, fam, mt)
+
+    if fam.mla:
+        kv, head_dim = v["num_attention_heads"], v["qk_nope_head_dim"] + v["qk_rope_head_dim"]
+    else:
+        kv, head_dim = _attention_shape(v)
+    act = fam.acts.get(v["hidden_act"])
+    if act is None:
+        raise ConfigError(
+            f"hidden_act {v['hidden_act']!r} is not modelled for {mt} "
+            f"(modelled: {', '.join(fam.acts)})"
+        )
+    types, window = _layer_types(v, fam, mt)
+    n = v["num_hidden_layers"]
+    kw: dict[str, Any] = {
+        "intermediate_size": v["intermediate_size"],
+        "moe_layers": (False,) * n,
+    }
+    if fam.moe is not None:
+        kw |= fam.moe(v)
+        if kw["num_experts_per_tok"] > kw["num_experts"]:
+            raise ConfigError(
+                f"num_experts_per_tok {kw['num_experts_per_tok']} exceeds the "
+                f"{kw['num_experts']} experts"
+            )
+        if not any(kw["moe_layers"]):
+            # no layer routes (decoder_sparse_step beyond the depth): a dense model
+            kw = {"intermediate_size": kw["intermediate_size"], "moe_layers": kw["moe_layers"]}
+    kw |= fam.derive(v)
+
+    rope = _rope(v, fam, mt)
+    if fam.mla:
+        kw["attention_scale"] = mla_attention_scale(rope, head_dim)
+    return ModelConfig(
+        name=name,
+        model_type=mt,
+        vocab_size=v["vocab_size"],
+        hidden_size=v["hidden_size"],
+        num_hidden_layers=n,
+        num_attention_heads=v["num_attention_heads"],
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+        hidden_act=act,
+        rms_norm_eps=v["rms_norm_eps"],
+        rope=rope,
+        max_position_embeddings=v["max_position_embeddings"],
+        tie_word_embeddings=v["tie_word_embeddings"],
+        layer_types=types,
+        sliding_window=window,
+        **kw,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Files, presets and the workload section.
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """SafeLoader that reads `1e-5` as a float (YAML 1.1 wants `1.0e-5`) and rejects duplicate
+    keys, which PyYAML would otherwise resolve silently to the last one."""
+
+
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def _yaml_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict:
+    loader.flatten_mapping(node)
+    out: dict = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:
+            raise yaml.constructor.ConstructorError(
+                None, None, "a mapping key must be a plain value", key_node.start_mark
+            ) from None
+        if key in out:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        out[key] = loader.construct_object(value_node, deep=True)
+    return out
+
+
+_YamlLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _yaml_mapping)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+    out: dict = {}
+    for k, x in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = x
+    return out
+
+
+def _read(path: Path) -> dict:
+    """Parse a .json or .yaml file into a dict; every failure is one ConfigError line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read: {_one_line(e)}") from None
+    suffix = path.suffix.lower()
+    if suffix in (".yaml", ".yml"):
+        try:
+            data = yaml.load(text, Loader=_YamlLoader)  # a SafeLoader subclass
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+            what = getattr(e, "problem", None) or str(e)
+            raise ConfigError(f"{where}: malformed YAML: {_one_line(what)}") from None
+    elif suffix == ".json":
+        try:
+            data = json.loads(text, object_pairs_hook=_no_duplicates)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}:{e.lineno}:{e.colno}: malformed JSON: {e.msg}") from None
+        except ValueError as e:
+            raise ConfigError(f"{path}: malformed JSON: {_one_line(e)}") from None
+    else:
+        raise ConfigError(f"{path}: unsupported config file type (use .json, .yaml or .yml)")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of config fields, got {_describe(data)}")
+    return data
+
+
+def _preset_path(name: str) -> Path:
+    return PRESETS_DIR / f"{name}.json"
+
+
+def preset_names() -> list[str]:
+    """Names of the packaged presets, sorted."""
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.json"))
+
+
+def _load_preset(name: str) -> tuple[dict, str]:
+    """A preset's published config.json (without the `_` notes) and its HF repo id."""
+    path = _preset_path(name)
+    if not path.is_file():
+        names = preset_names()
+        close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        raise ConfigError(f"unknown preset {name!r}; {hint}presets: {', '.join(names)}")
+    d = _read(path)
+    source = str(d.pop("_source", ""))
+    d.pop("_note", None)
+    return d, source
+
+
+def _looks_like_path(s: str) -> bool:
+    return "/" in s or "\\" in s or s.lower().endswith((".json", ".yaml", ".yml"))
+
+
+def _file_name(path: Path) -> str:
+    # checkpoints keep config.json in a folder named after the model
+    if path.name == "config.json":
+        return path.resolve().parent.name or "config"
+    return path.stem
+
+
+def load_config(source: str | Path | dict) -> ModelConfig:
+    """Load a ModelConfig from a config.json / YAML path, a folder, a preset name or a dict."""
+    if isinstance(source, dict):
+        raw = source.get("_name_or_path")
+        name = raw.rstrip("/").split("/")[-1] if isinstance(raw, str) and raw.strip("/") else ""
+        return config_from_dict(source, name or str(source.get("model_type", "config")))
+    if isinstance(source, str) and not source.strip():
+        raise ConfigError("empty config source; give a path, a preset name or a dict")
+    if isinstance(source, str) and not _looks_like_path(source) and not Path(source).exists():
+        d, _ = _load_preset(source)
+        return config_from_dict(d, source)
+    if not isinstance(source, (str, Path)):
+        raise ConfigError(f"a config source must be a path, preset name or dict, got {source!r}")
+    path = Path(source)
+    if path.is_dir():
+        path = path / "config.json"
+        if not path.is_file():
+            raise ConfigError(f"{path.parent}: folder has no config.json")
+    d = _read(path)
+    if path.suffix.lower() in (".yaml", ".yml"):
+        d.pop("workload", None)
+    return config_from_dict(d, _file_name(path))
+
+
+WORKLOAD_KEYS = (
+    "batch",
+    "seq_len",
+    "past_len",
+    "dtype",
+    "weight_dtype",
+    "act_dtype",
+    "kv_dtype",
+    "logits",
+)
+
+
+def load_workload_section(path: str | Path) -> dict:
+    """The YAML file's `workload:` section, validated; {} when there is none or not a YAML file."""
+    path = Path(path)
+    if path.suffix.lower() not in (".yaml", ".yml") or not path.is_file():
+        return {}
+    section = _read(path).get("workload")
+    if section is None:
+        return {}
+    if not isinstance(section, dict):
+        raise ConfigError(f"{path}: workload must be a mapping, got {_describe(section)}")
+    for key, value in section.items():
+        if key not in WORKLOAD_KEYS:
+            raise _unknown(f"workload.{key}", str(key), set(WORKLOAD_KEYS))
+        if key.endswith("dtype") and value is not None and not isinstance(value, str):
+            raise _bad(f"workload.{key}", "a dtype name", value)
+    Workload.with_dtype(**section)  # raises ConfigError naming the bad value
+    return dict(section)
+
+
+def list_presets() -> list[tuple[str, str]]:
+    """(name, one-line description with the HF repo id) for every packaged preset."""
+    out = []
+    for name in preset_names():
+        d, source = _load_preset(name)
+        c = config_from_dict(d, name)
+        moe = f", {c.num_experts} experts top-{c.num_experts_per_tok}" if c.is_moe else ""
+        out.append(
+            (
+                name,
+                f"{source}: {c.model_type}, {c.num_hidden_layers} layers, d={c.hidden_size}, "
+                f"{c.num_attention_heads}/{c.num_key_value_heads} heads{moe}",
+            )
+        )
+    return out

@@ -1,0 +1,208 @@
+"""Device specs for roofline analysis: packaged presets, YAML/JSON files, and `local`.
+
+A `Hardware` holds peak dense FLOP/s per compute dtype, memory bandwidth and size, and the
+bandwidths between devices. `local` is this machine as measured by `graphllm calibrate`
+(graphllm/calibrate.py); a CPU has no device interconnect, so its `interconnect_bandwidth` and
+`network_bandwidth` are None, and partition analyses refuse to put more than one device on it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from graphllm.errors import ConfigError
+from graphllm.models.config import _read
+from graphllm.models.workload import DTYPE_ALIASES
+
+PRESETS_PATH = Path(__file__).with_name("hardware_presets.yaml")
+PEAK_KEYS = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8")
+# storage dtype of the activations -> peak_flops keys to try, best first. fp32 never falls back to
+# tf32: TF32 is a lower-precision mode that has to be asked for.
+COMPUTE_WITH = {
+    "fp32": ("fp32",),
+    "bf16": ("bf16", "fp16"),
+    "fp16": ("fp16", "bf16"),
+    "fp8": ("fp8", "bf16", "fp16"),
+    "int8": ("int8", "bf16", "fp16"),
+    "int4": ("fp16", "bf16"),  # weight-only: dequantised to 16-bit for the matmul
+}
+REQUIRED = (
+    "peak_flops",
+    "memory_bandwidth",
+    "memory_bytes",
+    "interconnect_bandwidth",
+    "network_bandwidth",
+    "devices_per_node",
+)
+NULLABLE = ("interconnect_bandwidth", "network_bandwidth")
+PRESET_ONLY = ("aliases", "description")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hardware:
+    """One device of a node: peaks, memory, and the links to its peers (bytes/s, one direction)."""
+
+    name: str
+    peak_flops: dict[str, float]  # dense FLOP/s per compute dtype (keys among PEAK_KEYS)
+    memory_bandwidth: float  # bytes/s
+    memory_bytes: float
+    interconnect_bandwidth: float | None  # within a node (NVLink, Infinity Fabric, PCIe)
+    network_bandwidth: float | None  # across nodes, per device
+    devices_per_node: int
+    source: str
+    compute_efficiency: float = 1.0  # achievable fraction of peak_flops
+    memory_efficiency: float = 1.0  # achievable fraction of memory_bandwidth
+    extra: dict[str, float] = field(default_factory=dict)  # further measurements (calibrate)
+
+    def peak(self, dtype: str) -> float:
+        """Achievable FLOP/s computing with activations stored in `dtype`."""
+        key = DTYPE_ALIASES.get(dtype, dtype)
+        if key not in COMPUTE_WITH:
+            raise ConfigError(f"unknown compute dtype {dtype!r}; known: {', '.join(COMPUTE_WITH)}")
+        for k in COMPUTE_WITH[key]:
+            if k in self.peak_flops:
+                return self.peak_flops[k] * self.compute_efficiency
+        raise ConfigError(
+            f"hardware {self.name!r} has no peak for {key} compute "
+            f"(peak_flops has: {', '.join(self.peak_flops)})"
+        )
+
+    def bandwidth(self) -> float:
+        """Achievable memory bandwidth, bytes/s."""
+        return self.memory_bandwidth * self.memory_efficiency
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain fields, loadable again by `hardware_from_dict`."""
+        return asdict(self)
+
+
+def _positive(label: str, value: Any, *, integer: bool = False) -> float:
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok:
+        want = "a positive integer" if integer else "a positive number"
+        raise ConfigError(f"{label} must be {want}, got {value!r}")
+    if not 0 < value < float("inf"):
+        raise ConfigError(f"{label} must be positive and finite, got {value!r}")
+    return value if integer else float(value)
+
+
+def _unknown(label: str, key: str, known: tuple[str, ...] | list[str]) -> ConfigError:
+    close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return ConfigError(f"{label}: unknown field {key!r}; {hint}known: {', '.join(known)}")
+
+
+def hardware_from_dict(d: dict, name: str, where: str = "hardware") -> Hardware:
+    """Validate a mapping of Hardware fields; `name` and `source` default to the given ones."""
+    fields = list(Hardware.__dataclass_fields__)
+    for key in d:
+        if key not in fields:
+            raise _unknown(where, key, fields)
+    for key in REQUIRED:
+        if key not in d:
+            raise ConfigError(f"{where}: missing required field {key!r}")
+    peaks = d["peak_flops"]
+    if not isinstance(peaks, dict) or not peaks:
+        raise ConfigError(
+            f"{where}: peak_flops must be a mapping of dtype to FLOP/s, got {peaks!r}"
+        )
+    for key in peaks:
+        if key not in PEAK_KEYS:
+            raise _unknown(f"{where}: peak_flops", key, PEAK_KEYS)
+    kw: dict[str, Any] = {
+        "name": str(d.get("name") or name),
+        "source": str(d.get("source") or where),
+        "peak_flops": {k: _positive(f"{where}: peak_flops.{k}", v) for k, v in peaks.items()},
+        "devices_per_node": _positive(
+            f"{where}: devices_per_node", d["devices_per_node"], integer=True
+        ),
+    }
+    for key in ("memory_bandwidth", "memory_bytes", *NULLABLE):
+        value = d[key]
+        kw[key] = None if value is None and key in NULLABLE else _positive(f"{where}: {key}", value)
+    for key in ("compute_efficiency", "memory_efficiency"):
+        value = _positive(f"{where}: {key}", d.get(key, 1.0))
+        if value > 1:
+            raise ConfigError(f"{where}: {key} must be in (0, 1], got {value!r}")
+        kw[key] = value
+    extra = d.get("extra") or {}
+    if not isinstance(extra, dict):
+        raise ConfigError(f"{where}: extra must be a mapping of name to number, got {extra!r}")
+    kw["extra"] = {str(k): _positive(f"{where}: extra.{k}", v) for k, v in extra.items()}
+    return Hardware(**kw)
+
+
+def local_path() -> Path:
+    """Where `graphllm calibrate` keeps this machine's figures."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "graphllm" / "hardware-local.yaml"
+
+
+def _presets() -> dict[str, dict]:
+    return _read(PRESETS_PATH)
+
+
+def _canon(name: str) -> str:
+    return name.strip().lower().replace("_", "-").replace(" ", "-")
+
+
+def _preset_key(name: str, presets: dict[str, dict]) -> str:
+    want = _canon(name)
+    for key, entry in presets.items():
+        if want == key or want in entry.get("aliases", ()):
+            return key
+    names = [*presets, "local"]
+    close = difflib.get_close_matches(want, names, n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ConfigError(f"unknown hardware {name!r}; {hint}known: {', '.join(names)} or a file path")
+
+
+def _looks_like_path(s: str) -> bool:
+    return "/" in s or "\\" in s or s.lower().endswith((".json", ".yaml", ".yml"))
+
+
+def load_hardware(name_or_path: str | Path) -> Hardware:
+    """A preset (case-insensitive, aliases allowed), `local`, or a YAML/JSON file of the fields."""
+    text = str(name_or_path)
+    if isinstance(name_or_path, str) and _canon(text) == "local":
+        path = local_path()
+        if not path.is_file():
+            raise ConfigError(
+                f"no calibration for this machine; run `graphllm calibrate` first (looked for {path})"
+            )
+        return hardware_from_dict(_read(path), "local", str(path))
+    if isinstance(name_or_path, Path) or _looks_like_path(text) or Path(text).is_file():
+        path = Path(text)
+        return hardware_from_dict(_read(path), path.stem, str(path))
+    presets = _presets()
+    key = _preset_key(text, presets)
+    d = {k: v for k, v in presets[key].items() if k not in PRESET_ONLY}
+    return hardware_from_dict(d, key, f"{PRESETS_PATH.name}: {key}")
+
+
+def _summary(hw: Hardware) -> str:
+    link = hw.interconnect_bandwidth
+    links = f", link {link / 1e9:g} GB/s/dir x{hw.devices_per_node}" if link else ""
+    return (
+        f"{hw.peak('bf16') / 1e12:g} TFLOP/s bf16, {hw.memory_bandwidth / 1e12:.3g} TB/s, "
+        f"{hw.memory_bytes / 1e9:g} GB{links}"
+    )
+
+
+def list_hardware() -> list[tuple[str, str]]:
+    """(name, one-line description) for every preset, then `local`."""
+    out = []
+    for key, entry in _presets().items():
+        hw = load_hardware(key)
+        out.append((key, f"{entry.get('description', key)}: {_summary(hw)}"))
+    if local_path().is_file():
+        out.append(
+            ("local", f"this machine (graphllm calibrate): {_summary(load_hardware('local'))}")
+        )
+    else:
+        out.append(("local", "this machine: not calibrated yet; run `graphllm calibrate`"))
+    return out

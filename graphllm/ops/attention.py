@@ -1,0 +1,144 @@
+"""Op rows of attention: RoPE, the KV-cache concat, GQA's repeat, scores, scale, mask, softmax and the weighted sum of values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from graphllm.ir import Dim, Node
+from graphllm.ir.opspec import (
+    CONTRACTION,
+    ELEMENTWISE,
+    MOVEMENT,
+    REDUCTION,
+    OpSpec,
+    register,
+)
+from graphllm.ops.common import f32, qk, weighted_values
+
+
+def _rope(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    x, pos = f32(xs[0]), xs[1]  # x: (B, heads, T, head_dim); pos: (B, T)
+    inv_freq = np.asarray(a["inv_freq"], dtype=np.float32)
+    freqs = pos[..., None].astype(np.float32) * inv_freq  # (B, T, head_dim/2)
+    emb = np.concatenate([freqs, freqs], axis=-1)[:, None]  # (B, 1, T, head_dim)
+    scale = np.float32(a.get("attention_scaling", 1.0))
+    cos, sin = np.cos(emb) * scale, np.sin(emb) * scale
+    half = x.shape[-1] // 2
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+def _mask(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    x = xs[0]  # (B, H, T, S); queries are the last T of the S key positions
+    t, s = x.shape[-2], x.shape[-1]
+    shard = a.get("shard", {})  # on a token shard: (first position held, whole axis) per axis
+    t0, t_all = shard.get("t", (0, t))
+    s0, s_all = shard.get("s", (0, s))
+    lo, hi = _mask_relation(a, np.arange(t0, t0 + t) + (s_all - t_all))
+    k = np.arange(s0, s0 + s)[None, :]
+    allowed = (k >= lo[:, None]) & (k <= hi[:, None])
+    return np.where(allowed, x, np.float32(-np.inf))
+
+
+def _mask_relation(a: dict[str, Any], t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Allowed key positions of query position t: causal s <= t; window W: s > t - W."""
+    hi = t.copy() if a.get("causal", True) else np.full_like(t, np.iinfo(np.int64).max // 2)
+    lo = t - a["window"] + 1 if a.get("window") else np.zeros_like(t)
+    return lo, hi
+
+
+def _softmax(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    x = f32(xs[0])
+    e = np.exp(x - np.max(x, axis=-1, keepdims=True))
+    return e / np.sum(e, axis=-1, keepdims=True)
+
+
+def _kv_concat(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    return np.concatenate([f32(xs[0]), f32(xs[1])], axis=2)  # (B, kv_heads, P+T, hd)
+
+
+def _repeat_check(node: Node, env: dict[str, Dim]) -> str | None:
+    g, h = env["g"].size, node.attrs["axes"]["h"].size
+    return None if g and h and h % g == 0 else f"{h} heads are not a multiple of {g} kv heads"
+
+
+register(
+    OpSpec(
+        "rope",
+        "b h t e, b t -> b h t e",
+        ELEMENTWISE,
+        _rope,
+        "Rotate pairs of features by the angle of the position's own index: x cos + rot(x) sin. "
+        "3 FLOPs/element (two multiplies, one add); the cos/sin tables are not counted.",
+        flops_per_elem=3,
+        linear=((0,),),
+    ),
+    OpSpec(
+        "kv_concat",
+        "b g p e, b g t e -> b g s e",
+        MOVEMENT,
+        _kv_concat,
+        "Append the new keys/values behind the cached ones; each key position comes from "
+        "exactly one source position (absolute positions are kept).",
+        same_position=(("s", "p", "t"),),
+        check=None,
+        in_place=(0,),
+    ),
+    OpSpec(
+        "repeat_kv",
+        "b g s e -> b h s e",
+        MOVEMENT,
+        lambda xs, a: np.repeat(xs[0], a["axes"]["h"].size // xs[0].shape[1], axis=1),
+        "Copy each KV head to the query heads of its group (GQA/MQA).",
+        check=_repeat_check,
+        carries=(("h", "g"),),
+        backward_redoes=True,
+    ),
+    OpSpec(
+        "scores",
+        "b h t e, b h s e -> b h t s",
+        CONTRACTION,
+        qk,
+        "Q K^T: every query position against every key position.",
+        matmul=True,
+    ),
+    OpSpec(
+        "mul_const",
+        "... -> ...",
+        ELEMENTWISE,
+        lambda xs, a: f32(xs[0]) * np.float32(a["value"]),
+        "Multiply by a constant (attention scale 1/sqrt(d_h), gemma's embedding scale).",
+        flops_per_elem=1,
+        linear=((0,),),
+    ),
+    OpSpec(
+        "mask",
+        "b h t s -> b h t s",
+        ELEMENTWISE,
+        _mask,
+        "Set disallowed (query, key) pairs to -inf: causal s <= t, window t - W < s. "
+        "1 FLOP/element (a select).",
+        flops_per_elem=1,
+        relation=_mask_relation,
+    ),
+    OpSpec(
+        "softmax",
+        "... s -> ... s",
+        REDUCTION,
+        _softmax,
+        "Softmax over the last axis, in fp32. 5 FLOPs/element: max, subtract, exp, sum, divide.",
+        reduce=("s",),
+        flops_per_elem=5,
+        backward_reads="output",
+    ),
+    OpSpec(
+        "pv",
+        "b h t s, b h s e -> b h t e",
+        CONTRACTION,
+        weighted_values,
+        "Attention probabilities times V: a weighted sum over key positions.",
+        matmul=True,
+    ),
+)

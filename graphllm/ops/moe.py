@@ -1,0 +1,93 @@
+"""Op rows of mixture-of-experts routing: top-k, weight normalisation, dispatch into expert slots and the weighted combine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from graphllm.ir.opspec import (
+    CONTRACTION,
+    MOVEMENT,
+    REDUCTION,
+    OpSpec,
+    register,
+)
+from graphllm.ops.common import f32
+
+
+def _topk(xs: list[np.ndarray], a: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    x, k = xs[0], a["k"]
+    idx = np.argsort(-x, axis=-1, kind="stable")[..., :k]
+    return np.take_along_axis(x, idx, axis=-1), idx.astype(np.int64)
+
+
+def _slots(idx: np.ndarray, n_experts: int) -> np.ndarray:
+    """Slot of each (token, choice) pair inside its expert: pairs in (b, t, k) order."""
+    flat = idx.reshape(-1)
+    onehot = flat[:, None] == np.arange(n_experts)[None, :]
+    return (np.cumsum(onehot, axis=0)[np.arange(flat.size), flat] - 1).reshape(idx.shape)
+
+
+def _dispatch(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    x, idx = xs  # x: (B, T, d); idx: (B, T, k)
+    n_exp = a["axes"]["x"].size
+    slot = _slots(idx, n_exp)
+    # every expert gets room for all B*T tokens (top-k picks distinct experts), so the padded
+    # shape never depends on the routing and each row computes the same bits whatever the others do
+    cap = idx.shape[0] * idx.shape[1]
+    out = np.zeros((n_exp, cap, x.shape[-1]), dtype=np.float32)  # (E, B*T, d), zero-padded
+    b, t, _ = np.indices(idx.shape)
+    out[idx, slot] = x[b, t]
+    return out
+
+
+def _combine(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    y, w, idx = xs  # y: (E, slots, d); w, idx: (B, T, k)
+    slot = _slots(idx, y.shape[0])
+    picked = y[idx, slot]  # (B, T, k, d)
+    return np.einsum("btk,btkd->btd", f32(w), picked, dtype=np.float32)
+
+
+register(
+    OpSpec(
+        "topk",
+        "... x -> ... k, ... k",
+        MOVEMENT,
+        _topk,
+        "The k largest router scores and their expert ids, largest first. Comparisons, 0 FLOPs.",
+        out_dtypes=("same", "int64"),
+        linear=(),
+    ),
+    OpSpec(
+        "normalize",
+        "... k -> ... k",
+        REDUCTION,
+        lambda xs, a: f32(xs[0]) / np.sum(f32(xs[0]), axis=-1, keepdims=True),
+        "Divide by the sum over the last axis (top-k weight renormalisation). 2 FLOPs/element.",
+        reduce=("k",),
+        flops_per_elem=2,
+        backward_reads="inputs",
+    ),
+    OpSpec(
+        "moe_dispatch",
+        "b t d, b t k -> x c d",
+        MOVEMENT,
+        _dispatch,
+        "Copy each token to the slots of the k experts it chose. A slot holds one token, so "
+        "the slot axis carries that token's position.",
+        same_position=(("c", "t"),),
+        carries=(("c", "t"), ("c", "b")),
+    ),
+    OpSpec(
+        "moe_combine",
+        "x c d, b t k, b t k -> b t d",
+        CONTRACTION,
+        _combine,
+        "Each token sums its k expert outputs weighted by the router: 2 FLOPs per "
+        "(token, choice, feature).",
+        same_position=(("c", "t"),),
+        carries=(("c", "t"), ("c", "b")),
+        flops_fn=lambda s: 2 * s["b"] * s["t"] * s["k"] * s["d"],
+    ),
+)

@@ -1,0 +1,1 @@
+"""Reports over analysed graphs: the trace document, tables for the terminal, plots."""

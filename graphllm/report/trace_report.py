@@ -1,0 +1,174 @@
+"""The `trace` document: one JSON-ready dict per run, with a stable schema that later passes extend."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections import Counter
+from dataclasses import asdict
+from typing import Any
+
+from graphllm.build.builder import build_graph
+from graphllm.ir import Graph
+from graphllm.models.hardware import Hardware
+from graphllm.models.model_config import ModelConfig
+from graphllm.models.workload import Workload
+from graphllm.passes import run
+from graphllm.passes.cost import ZERO, scopes_of
+from graphllm.report.mla import form_cost, form_costs, kv_per_token
+
+ANALYSES = ["verify", "params", "tokens", "cost", "memory", "roofline"]
+
+
+def trace_report(
+    config: ModelConfig,
+    workload: Workload,
+    hardware: Hardware | None = None,
+    attention: str = "flash",
+    training: bool = False,
+    mla: str = "naive",
+    mtp: bool = False,
+) -> tuple[dict[str, Any], Graph]:
+    """Build and verify the graph, run every analysis; returns the document and the graph."""
+    graph = build_graph(config, workload, mla=mla, mtp=mtp)
+    res = run(graph, ANALYSES, hardware=hardware, attention=attention, training=training)
+    cost, memory, roof = res["cost"], res["memory"], res["roofline"]
+    doc = {
+        "model": {"name": config.name, "model_type": config.model_type, "config": asdict(config)},
+        "workload": workload.to_dict()
+        | {"attention": attention, "training": training}
+        | ({"mla": mla, "mtp": mtp} if config.model_type.startswith("deepseek") else {}),
+        "graph": {
+            "nodes": len(graph),
+            "edges": graph.num_edges(),
+            "ops": dict(Counter(n.op for n in graph.nodes())),
+            "inputs": [n.name for n in graph.nodes("input")],
+            "outputs": list(graph.outputs),
+        },
+        "params": res["params"].to_dict(),
+        "token_mixing": res["tokens"].to_dict(),
+        "flops": cost.flops,
+        "bytes": cost.bytes,
+        "per_layer": cost.per_layer,
+        "memory": memory.to_dict(),
+        "roofline": roof.to_dict() if roof is not None else None,
+    }
+    if config.is_mla:
+        # this graph's cost is one form's, where the forms are compared alike (a forward, flash)
+        same = attention == "flash" and not training and not mtp
+        doc["mla"] = mla_section(config, workload, {mla: form_cost(cost)} if same else None)
+    return doc, graph
+
+
+def mla_section(
+    config: ModelConfig, workload: Workload, known: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """What latent attention saves: its KV cache per token against the same model's with
+    standard multi-head attention, and this workload's cost in the naive and absorbed forms
+    (`known`: forms already costed)."""
+
+    forms = form_costs(config, workload, known)
+    return {
+        "kv_cache_per_token": kv_per_token(config, workload.kv_dtype).to_dict(),
+        "forms": {form: asdict(c) for form, c in forms.items()},
+    }
+
+
+PER_OP_FIELDS = (
+    "name",
+    "op",
+    "scopes",
+    "outputs",
+    "flops",
+    "matmul",
+    "matmul_causal",
+    "bytes_read",
+    "bytes_written",
+    "weight_bytes",
+    "kv_bytes",
+    "intensity",
+    "seconds",
+    "bound",
+)
+
+
+def per_op_rows(graph: Graph) -> list[dict[str, Any]]:
+    """One row per computing node: its cost and, when timed, its roofline time."""
+    rows = []
+    for n in graph.nodes():
+        oc = n.meta.get("cost", ZERO)
+        if n.op in ("param", "input"):
+            continue
+        t = n.meta.get("time")
+        rows.append(
+            {
+                "name": n.name,
+                "op": n.op,
+                "scopes": ";".join(sorted({k for _, k in scopes_of(graph, n.name)})),
+                "outputs": " ".join(o.format(graph.bindings) for o in n.outputs),
+                "flops": oc.flops,
+                "matmul": oc.matmul,
+                "matmul_causal": oc.matmul_causal,
+                "bytes_read": oc.bytes_read,
+                "bytes_written": oc.bytes_written,
+                "weight_bytes": oc.weight_bytes,
+                "kv_bytes": oc.kv_bytes,
+                "intensity": oc.intensity if oc.bytes else None,
+                "seconds": t.seconds if t else None,
+                "bound": t.bound if t else None,
+            }
+        )
+    return rows
+
+
+def per_op_text(graph: Graph, fmt: str) -> str:
+    """The per-op table as CSV or JSON text."""
+    rows = per_op_rows(graph)
+    if fmt == "json":
+        return json.dumps(rows, indent=1)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=PER_OP_FIELDS)
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def sweep(
+    config: ModelConfig,
+    workloads: list[Workload],
+    hardware: Hardware | None,
+    attention: str = "flash",
+    training: bool = False,
+    mla: str = "naive",
+    mtp: bool = False,
+) -> list[dict[str, Any]]:
+    """FLOPs, bytes and predicted time for each workload (a sweep over T)."""
+    out = []
+    for wl in workloads:
+        graph = build_graph(config, wl, mla=mla, mtp=mtp)
+        res = run(graph, ["cost", "roofline"], hardware=hardware, attention=attention,
+                  training=training)  # fmt: skip
+        cost, roof = res["cost"], res["roofline"]
+        by_op: dict[str, dict[str, float]] = {}
+        for n in graph.nodes():
+            oc = n.meta.get("cost", ZERO)
+            if oc is ZERO:
+                continue
+            e = by_op.setdefault(n.op, {"flops": 0.0, "bytes": 0.0, "seconds": 0.0})
+            e["flops"] += oc.flops
+            e["bytes"] += oc.bytes
+            e["seconds"] += n.meta["time"].seconds if "time" in n.meta else 0.0
+        out.append(
+            {
+                "seq_len": wl.seq_len,
+                "past_len": wl.past_len,
+                "act_dtype": wl.act_dtype,
+                "flops": cost.flops["total"],
+                "matmul": cost.flops["matmul"],
+                "bytes": cost.bytes["total"],
+                "seconds": roof.seconds if roof else None,
+                "by_op": by_op,
+            }
+        )
+    return out

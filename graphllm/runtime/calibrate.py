@@ -1,0 +1,196 @@
+"""Measure this machine with numpy, for roofline analysis against `--hardware local`.
+
+Two figures: fp32 matmul throughput (numpy's BLAS, its default thread count) and memory read
+bandwidth (Python threads each summing their own slice of a buffer far larger than the last-level
+cache; numpy's reductions release the GIL, so the threads read in parallel). The result is a
+`Hardware` named `local`, saved by `save_local` where `load_hardware("local")` finds it.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from graphllm.files import write_text_atomic
+from graphllm.models.hardware import Hardware, hardware_from_dict, local_path
+
+GiB = 1 << 30
+
+
+def _meminfo(key: str) -> float | None:
+    """A /proc/meminfo figure in bytes (None off Linux)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return float(line.split()[1]) * 1024  # the file says kB, meaning KiB
+    except OSError:
+        pass
+    return None
+
+
+def _memory_total() -> float:
+    total = _meminfo("MemTotal")
+    if total is None:
+        total = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    return total
+
+
+def _memory_available() -> float:
+    return _meminfo("MemAvailable") or _memory_total() / 2
+
+
+def _llc_bytes() -> int:
+    """Size of cpu0's largest cache, from sysfs (0 when unknown)."""
+    sizes = [0]
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = f.read_text().strip().upper()
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": GiB}.get(text[-1:], 1)
+        try:
+            sizes.append(int(text.rstrip("KMG")) * unit)
+        except ValueError:
+            continue
+    return max(sizes)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _median_rate(run: Callable[[], object], work: float, repeats: int, step: Callable) -> float:
+    """Median of work / seconds over `repeats` timed calls, after one untimed warm-up."""
+    run()
+    step()
+    rates = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run()
+        rates.append(work / (time.perf_counter() - t0))
+        step()
+    return statistics.median(rates)
+
+
+def _matmul_flops(n: int, repeats: int, step: Callable) -> float:
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    out = np.empty((n, n), dtype=np.float32)
+    return _median_rate(lambda: np.matmul(a, b, out=out), 2.0 * n**3, repeats, step)
+
+
+def _read_bandwidth(nbytes: int, threads: int, repeats: int, step: Callable) -> float:
+    buf = np.ones(max(nbytes // 8, threads), dtype=np.float64)  # np.ones touches every page
+    slices = np.array_split(buf, threads)
+    with ThreadPoolExecutor(threads) as pool:
+        return _median_rate(lambda: list(pool.map(np.sum, slices)), buf.nbytes, repeats, step)
+
+
+def calibrate(
+    weights_bytes: float | None = None,
+    repeats: int = 5,
+    threads: int = 2,
+    progress: bool = True,
+    *,
+    matmul_size: int = 2048,
+    buffer_bytes: int | None = None,
+) -> Hardware:
+    """Measure matmul FLOP/s and memory read bandwidth of this machine.
+
+    Args:
+        weights_bytes: also read a buffer of this size (a model's weights; capped at half the
+            available RAM) and store the result as `extra["memory_bandwidth_model"]`.
+        repeats: timed runs per figure; the median is kept.
+        threads: Python threads reading memory in parallel.
+        progress: show rich progress bars on stderr.
+        matmul_size: n of the n x n fp32 matmuls.
+        buffer_bytes: bandwidth buffer; default max(1 GiB, 8 x last-level cache), capped at half
+            the available RAM.
+    """
+    cap = int(_memory_available() / 2)
+    llc = _llc_bytes()
+    if buffer_bytes is None:
+        buffer_bytes = max(GiB, 8 * llc)
+    buffer_bytes = min(int(buffer_bytes), cap)
+    model_bytes = min(int(weights_bytes), cap) if weights_bytes else 0
+
+    bars = _progress() if progress else None
+    with bars or nullcontext():
+        step = _stepper(bars, f"fp32 matmul {matmul_size}x{matmul_size}", repeats)
+        flops = _matmul_flops(matmul_size, repeats, step)
+        step = _stepper(bars, f"read {buffer_bytes / GiB:.3g} GiB, {threads} threads", repeats)
+        bandwidth = _read_bandwidth(buffer_bytes, threads, repeats, step)
+        extra = {
+            "matmul_size": float(matmul_size),
+            "buffer_bytes": float(buffer_bytes),
+            "threads": float(threads),
+        }
+        if model_bytes:
+            label = f"read model-sized {model_bytes / GiB:.3g} GiB"
+            step = _stepper(bars, label, repeats)
+            extra["memory_bandwidth_model"] = _read_bandwidth(model_bytes, threads, repeats, step)
+            extra["model_buffer_bytes"] = float(model_bytes)
+
+    model = (
+        f"; model-sized read of {model_bytes / GiB:.3g} GiB in extra.memory_bandwidth_model"
+        if model_bytes
+        else ""
+    )
+    source = (
+        f"graphllm calibrate {date.today().isoformat()} on {_cpu_model()} ({os.cpu_count()} CPUs), "
+        f"numpy {np.__version__}: peak_flops = median of {repeats} fp32 {matmul_size}^3 matmuls "
+        f"(BLAS default threads); bf16/fp16 are the same figure because numpy computes in fp32 on "
+        f"CPU; memory_bandwidth = median of {repeats} reads of {buffer_bytes / GiB:.3g} GiB by "
+        f"{threads} threads (LLC {llc / 2**20:g} MiB){model}; memory_bytes = MemTotal; no device "
+        f"links (one device per node)"
+    )
+    d = {
+        "name": "local",
+        "peak_flops": {"fp32": flops, "bf16": flops, "fp16": flops},
+        "memory_bandwidth": bandwidth,
+        "memory_bytes": _memory_total(),
+        "interconnect_bandwidth": None,
+        "network_bandwidth": None,
+        "devices_per_node": 1,
+        "source": source,
+        "extra": extra,
+    }
+    return hardware_from_dict(d, "local", "calibrate")
+
+
+def _progress():
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    return Progress(*cols, console=Console(stderr=True))
+
+
+def _stepper(bars, label: str, repeats: int) -> Callable[[], None]:
+    """A callback advancing a new bar of repeats + 1 steps (the warm-up counts)."""
+    if bars is None:
+        return lambda: None
+    task = bars.add_task(label, total=repeats + 1)
+    return lambda: bars.advance(task)
+
+
+def save_local(hw: Hardware, path: Path | None = None) -> Path:
+    """Write `hw` where `load_hardware("local")` reads it, atomically; return the path."""
+    path = path or local_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(hw.to_dict(), sort_keys=False, width=100)
+    return write_text_atomic(path, text)

@@ -1,0 +1,192 @@
+"""Token mixing observed by execution: perturb one input position at a time and watch which output
+positions change. The check of the tokens pass that does not trust the op table."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from graphllm.build.builder import build_export_graph, build_graph
+from graphllm.build.weights import random_weights
+from graphllm.exporters.onnx import export_onnx
+from graphllm.ir import Graph
+from graphllm.models.model_config import ModelConfig
+from graphllm.models.workload import Workload
+from graphllm.passes import run
+from graphllm.runtime.interpret import run_graph
+from graphllm.runtime.session import OnnxModel
+
+
+def small_instance(cfg: ModelConfig, seq_len: int = 12) -> ModelConfig:
+    """The same architecture at toy sizes: its family, features, GQA sharing, MoE routing and
+    per-layer attention kinds, with a sliding window shrunk below `seq_len` so it shows."""
+    ratio = cfg.num_attention_heads // cfg.num_key_value_heads
+    kv = 1 if ratio >= 4 else 2
+    heads = kv * min(ratio, 4)
+    layers = min(cfg.num_hidden_layers, 4)
+    window = cfg.sliding_window
+    if window is not None:
+        window = min(window, max(2, seq_len // 4))
+    experts = min(cfg.num_experts, 8)
+    small = replace(
+        cfg,
+        name=f"{cfg.name} (small instance)",
+        vocab_size=97,
+        hidden_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=8,
+        intermediate_size=48 if cfg.intermediate_size else 0,
+        layer_types=cfg.layer_types[:layers],
+        sliding_window=window,
+        num_experts=experts,
+        num_experts_per_tok=min(cfg.num_experts_per_tok, experts),
+        moe_intermediate_size=16 if cfg.moe_intermediate_size else 0,
+        shared_expert_intermediate_size=24 if cfg.shared_expert_intermediate_size else 0,
+        moe_layers=cfg.moe_layers[:layers],
+        embedding_multiplier=32**0.5 if cfg.embedding_multiplier != 1.0 else 1.0,
+    )
+    return replace(small, **_small_mla(cfg, experts)) if cfg.is_mla else small
+
+
+def _small_mla(cfg: ModelConfig, experts: int) -> dict:
+    """MLA at toy sizes (head_dim 8 = 6 without RoPE + 2 with), its router's groups kept."""
+    groups = min(cfg.n_group, 4)
+    while experts % groups:
+        groups -= 1
+    top_groups = max(1, min(cfg.topk_group, groups - 1))
+    k = min(cfg.num_experts_per_tok, experts)
+    if groups > 1:  # the chosen groups must hold k experts
+        k = min(k, top_groups * experts // groups)
+    return {
+        "num_experts_per_tok": k,
+        "qk_nope_head_dim": 6,
+        "qk_rope_head_dim": 2,
+        "v_head_dim": 4,
+        "kv_lora_rank": 12,
+        "q_lora_rank": 16 if cfg.q_lora_rank else 0,
+        "n_group": groups,
+        "topk_group": top_groups,
+        "attention_scale": 8**-0.5,
+    }
+
+
+@dataclass(frozen=True)
+class MixingCheck:
+    """Predicted and observed (T, T) matrices: output position x perturbed input position."""
+
+    config: ModelConfig
+    predicted: np.ndarray
+    observed: np.ndarray
+
+    @property
+    def agrees(self) -> bool:
+        return bool((self.predicted == self.observed).all())
+
+    def differences(self) -> list[tuple[int, int, bool, bool]]:
+        """(output t, input j, predicted, observed) for every cell that differs."""
+        cells = np.argwhere(self.predicted != self.observed)
+        return [
+            (int(t), int(j), bool(self.predicted[t, j]), bool(self.observed[t, j]))
+            for t, j in cells
+        ]
+
+
+@dataclass
+class MixingCase:
+    """A small instance of a config, its graph and the tokens pass's prediction, random token ids
+    and past K/V: what `check_token_mixing` runs, in numpy or through onnxruntime."""
+
+    small: ModelConfig
+    workload: Workload
+    graph: Graph
+    predicted: np.ndarray  # (outputs, new positions)
+    rng: np.random.Generator
+    ids: np.ndarray  # (B, T)
+    # every layer's past at the full length P; where a window layer's cache holds only the last
+    # W-1 positions the ones before are zeros, which its window masks out
+    past: dict[str, np.ndarray]
+
+    def observe(self, logits: Callable[[np.ndarray], np.ndarray]) -> MixingCheck:
+        """Perturb each new position in turn; `logits(ids)` is a run's (rows, vocab) logits of
+        the first sequence."""
+        t = self.workload.seq_len
+        rows = np.arange(t) if self.workload.logits == "all" else np.array([t - 1])
+
+        def full(x: np.ndarray) -> np.ndarray:
+            out = logits(x)
+            padded = np.zeros((t, out.shape[-1]), out.dtype)
+            padded[rows] = out  # with logits for the last position only, the others stay empty
+            return padded
+
+        base, vocab = full(self.ids), self.small.vocab_size
+        observed = np.zeros((t, t), dtype=bool)
+        for j in range(t):
+            changed = self.ids.copy()
+            changed[0, j] = (changed[0, j] + 1 + self.rng.integers(vocab - 1)) % vocab
+            # bit-exact comparison: a position that does not read input j computes the same bits
+            observed[:, j] = (full(changed) != base).any(axis=-1)
+        return MixingCheck(self.small, self.predicted, observed)
+
+
+def mixing_case(
+    cfg: ModelConfig,
+    seq_len: int = 12,
+    seed: int = 0,
+    shrink: bool = True,
+    workload: Workload | None = None,
+) -> MixingCase:
+    """The case `check_token_mixing` runs (fp32; the small instance unless `shrink` is off)."""
+    wl = workload or Workload(seq_len=seq_len)
+    wl = replace(wl, weight_dtype="fp32", act_dtype="fp32", kv_dtype="fp32")
+    small = small_instance(cfg, wl.seq_len) if shrink else cfg
+    graph = build_graph(small, wl)
+    predicted = run(graph, ["tokens"], exact_sets=True)["tokens"].dependence[:, wl.past_len :]
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, small.vocab_size, size=(wl.batch, wl.seq_len))
+    p, past = wl.past_len, {}
+    for n in graph.nodes("input"):
+        if n.name.startswith("past_key_values."):
+            b, h, held, e = (int(x) for x in n.out.shape(graph.bindings))
+            kv = np.zeros((b, h, p, e), np.float32)
+            kv[:, :, p - held :] = rng.standard_normal((b, h, held, e))
+            past[n.name] = kv
+    return MixingCase(small, wl, graph, predicted, rng, ids, past)
+
+
+def check_token_mixing(
+    cfg: ModelConfig,
+    seq_len: int = 12,
+    seed: int = 0,
+    shrink: bool = True,
+    workload: Workload | None = None,
+) -> MixingCheck:
+    """Run a small instance of `cfg`, perturb each new position in turn, compare with the tokens
+    pass. With a past (P > 0) the cache is random K/V and only the new positions are perturbed;
+    the matrices are then (outputs, new positions)."""
+    case = mixing_case(cfg, seq_len, seed, shrink, workload)
+    weights = random_weights(case.graph, seed=seed)
+    return case.observe(lambda x: run_graph(case.graph, weights, x, case.past or None)["logits"][0])
+
+
+def check_token_mixing_onnx(
+    cfg: ModelConfig,
+    seq_len: int = 12,
+    seed: int = 0,
+    shrink: bool = True,
+    workload: Workload | None = None,
+) -> MixingCheck:
+    """`observe.check_token_mixing` observed through onnxruntime: the same small instance, random
+    weights, token ids, past K/V and perturbations, run from an exported `.onnx` file."""
+    case = mixing_case(cfg, seq_len, seed, shrink, workload)
+    with tempfile.TemporaryDirectory(prefix="graphllm-tokens-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        graph = build_export_graph(case.small, "fp32", case.workload.logits)
+        export_onnx(graph, path, seed=seed, workload=case.workload, check=False, ops="decomposed")
+        model = OnnxModel(path, device="cpu")
+        return case.observe(lambda x: model.forward(x, past=case.past)["logits"][0])

@@ -1,0 +1,1 @@
+"""Parallelism: sharding specs, the SPMD transform, partitions with their collectives, plans."""

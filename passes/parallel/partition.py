@@ -1,0 +1,562 @@
+"""The `partition` pass: tensor, sequence, context, pipeline, expert and data parallelism.
+
+A `Strategy` becomes a device mesh (`dp`, `pp`, `cp`, `ep`, `tp`, outermost first, and `mb` for
+microbatches run one after another) and a few seed shardings on the graph's inputs and weights;
+`graphllm.passes.sharding` propagates them through the op table and inserts the collectives. The
+result is the program of one rank, itself a Graph (local dims such as `h/8`), that the cost,
+memory and roofline passes and the numpy SPMD interpreter (graphllm/spmd.py) take as they are.
+
+Seeds (nothing else is decided per layer):
+- tp: each weight that reads the residual stream is cut on its output axis (column-parallel Q/K/V,
+  gate/up, experts' gate/up, the LM head on vocab), each that writes it on its input axis
+  (row-parallel o_proj, down; experts' down); the embedding table on vocab. K/V projections with
+  fewer heads than ranks are cut per head and each head is held by tp/heads ranks. Routers stay
+  whole, and so do fused projections that a split cuts apart (phi3's qkv and gate_up).
+- sp: partial sums on the tp axis are reduce-scattered onto the tokens instead of all-reduced.
+- cp: the token ids and positions are cut on T.
+- ep: the stacked expert weights are cut on the expert axis, and the tokens on B (when ep divides
+  the batch each rank sees) or else on T.
+- dp, microbatches: the token ids, positions and past K/V are cut on B.
+- pp: contiguous layers per stage, balanced by the predicted time of each layer; a send/recv pair
+  carries each tensor a later stage reads.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from graphllm.errors import ConfigError
+from graphllm.ir import Graph, Node, Ref
+from graphllm.models.hardware import Hardware
+from graphllm.models.model_config import ModelConfig
+from graphllm.models.workload import Workload, nbytes
+from graphllm.models.workload import dtype as dtype_of
+from graphllm.ops import COMMUNICATION, OPS, SOURCE
+from graphllm.passes.cost import ZERO, layer_of, layer_scopes
+from graphllm.passes.memory import peak_activations
+from graphllm.passes.parallel.sharding import Mesh, Sharding, Split, copy_node, hoist_gathers, spmd
+from graphllm.passes.registry import register, run
+from graphllm.passes.training import TrainingOptions, training_memory
+
+MESH_ORDER = ("dp", "mb", "pp", "cp", "ep", "tp")  # outermost first: tp ranks share a node
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """Sizes of each kind of parallelism (1: none); `sp` adds sequence parallelism to tp."""
+
+    tp: int = 1
+    sp: bool = False
+    cp: int = 1
+    pp: int = 1
+    ep: int = 1
+    dp: int = 1
+    microbatches: int = 1
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.cp * self.pp * self.ep * self.dp
+
+    def describe(self) -> str:
+        parts = [f"{k}={getattr(self, k)}" for k in ("dp", "pp", "cp", "ep", "tp")]
+        parts = [p for p in parts if not p.endswith("=1")]
+        if self.sp:
+            parts.append("sp")
+        if self.microbatches > 1:
+            parts.append(f"microbatches={self.microbatches}")
+        return " ".join(parts) or "one device"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PartitionPlan:
+    """What the partitioned graph's meta['partition'] holds."""
+
+    strategy: Strategy
+    mesh: Mesh
+    stages: tuple[tuple[int, int], ...]  # first and last layer of each pipeline stage
+    token_split: dict[str, str]  # mesh axis -> the dim it cuts the tokens on ('B' or 'T')
+    notes: tuple[str, ...] = ()
+
+
+def _check(ok: bool, msg: str) -> None:
+    if not ok:
+        raise ConfigError(msg)
+
+
+def validate(cfg: ModelConfig, wl: Workload, s: Strategy) -> dict[str, str]:
+    """One clear line for a strategy the model or workload cannot take; where tokens are cut."""
+    for k in ("tp", "cp", "pp", "ep", "dp", "microbatches"):
+        v = getattr(s, k)
+        _check(isinstance(v, int) and v >= 1, f"--{k} must be a positive integer, got {v!r}")
+    _check(not s.sp or s.tp > 1, "--sp shards the tensor-parallel group: give --tp N with N > 1")
+    heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    _check(heads % s.tp == 0, f"--tp {s.tp} does not divide the {heads} attention heads")
+    _check(
+        kv % s.tp == 0 or s.tp % kv == 0,
+        f"--tp {s.tp} and the {kv} KV heads: one must divide the other",
+    )
+    widths = {
+        "ffn width (intermediate_size)": cfg.intermediate_size if not all(cfg.moe_layers) else 0,
+        "expert ffn width (moe_intermediate_size)": cfg.moe_intermediate_size,
+        "shared expert width": cfg.shared_expert_intermediate_size,
+    }
+    for what, w in widths.items():
+        _check(not w or w % s.tp == 0, f"--tp {s.tp} does not divide the {what} {w}")
+    if s.ep > 1:
+        _check(cfg.is_moe, f"--ep needs a mixture-of-experts model; {cfg.name} has no experts")
+        e = cfg.num_experts
+        _check(e % s.ep == 0, f"--ep {s.ep} does not divide the {e} experts")
+    t = wl.seq_len
+    _check(t % s.cp == 0, f"--cp {s.cp} does not divide the {t} new tokens (--seq-len)")
+    n = cfg.num_hidden_layers
+    _check(s.pp <= n, f"--pp {s.pp} is more than the {n} layers: a stage needs one at least")
+    b = wl.batch
+    _check(b % s.dp == 0, f"--dp {s.dp} does not divide the batch {b}")
+    m = s.microbatches
+    _check((b // s.dp) % m == 0, f"--microbatches {m} does not divide the batch {b // s.dp}")
+    split: dict[str, str] = {}
+    if s.ep > 1:
+        if (b // s.dp // m) % s.ep == 0:
+            split["ep"] = "B"
+        else:
+            _check(
+                (t // s.cp) % s.ep == 0,
+                f"--ep {s.ep} divides neither the batch {b // s.dp // m} nor the {t // s.cp} tokens "
+                "a rank holds: experts need the tokens cut over the ep ranks",
+            )
+            split["ep"] = "T"
+    if s.sp:
+        local = t // s.cp // (s.ep if split.get("ep") == "T" else 1)
+        _check(
+            local % s.tp == 0, f"--sp: --tp {s.tp} does not divide the {local} tokens a rank holds"
+        )
+    return split
+
+
+def make_mesh(s: Strategy) -> Mesh:
+    sizes = {"dp": s.dp, "mb": s.microbatches, "pp": s.pp, "cp": s.cp, "ep": s.ep, "tp": s.tp}
+    return Mesh(tuple((k, sizes[k]) for k in MESH_ORDER if sizes[k] > 1))
+
+
+# -- seeds ---------------------------------------------------------------------------------------
+def _heads_of(graph: Graph, n: Node) -> int | None:
+    """Heads a projection's output is viewed as (from the split_heads reading it)."""
+    for lin in graph.users(n):
+        for u in graph.users(lin):
+            h = u.attrs.get("axes", {}).get("h")
+            if u.op == "split_heads" and h is not None:
+                return int(h.size)
+    return None
+
+
+def _fused(graph: Graph, n: Node) -> bool:
+    """A projection whose output a multi-output split cuts apart (phi3's fused qkv, gate_up)."""
+    return any(
+        len(OPS[u.op].signature.outputs) > 1 for lin in graph.users(n) for u in graph.users(lin)
+    )
+
+
+def seeds(
+    graph: Graph, s: Strategy, token_split: dict[str, str]
+) -> tuple[dict[str, Sharding], list[str]]:
+    """Seed shardings of the graph's inputs and weights, and notes on what was left whole."""
+    out: dict[str, Sharding] = {}
+    notes: list[str] = []
+    table = next(graph.nodes("embedding")).inputs[1]
+    d = graph.type_of(table).dims[1]  # the residual stream's width
+    fused = False
+    for p in graph.params():
+        dims, kind = p.out.dims, p.attrs["kind"]
+        cuts: list[list[Split]] = [[] for _ in dims]
+        if s.ep > 1 and p.attrs.get("stacked") == "expert":
+            cuts[0].append(("ep", s.ep))
+        if s.tp > 1 and kind != "router" and len(dims) >= 2:
+            out_ax, in_ax = len(dims) - 2, len(dims) - 1
+            if kind in ("embedding", "lm_head"):
+                if dims[0].size % s.tp == 0:  # type: ignore[operator]
+                    cuts[0].append(("tp", s.tp))
+                else:
+                    notes.append(f"vocab {dims[0].size} is not a multiple of tp: {p.name} is whole")
+            elif dims[in_ax] == d and dims[out_ax] != d:
+                if _fused(graph, p):
+                    fused = True
+                else:
+                    heads = _heads_of(graph, p) or s.tp
+                    blocks = min(heads, s.tp)
+                    cuts[out_ax].append(("tp", blocks))
+                    if blocks < s.tp and f"{heads} KV heads" not in " ".join(notes):
+                        notes.append(
+                            f"tp={s.tp} > {heads} KV heads: each KV head is replicated on "
+                            f"{s.tp // heads} ranks"
+                        )
+            elif dims[out_ax] == d and dims[in_ax] != d:
+                cuts[in_ax].append(("tp", s.tp))
+        if any(cuts):
+            out[p.name] = Sharding(tuple(tuple(c) for c in cuts))
+    if fused:
+        notes.append("fused projections that a split cuts apart stay whole on every tp rank")
+    batch = [("dp", s.dp), ("mb", s.microbatches)] + [("ep", s.ep)] * (token_split.get("ep") == "B")
+    tokens = [("cp", s.cp)] + [("ep", s.ep)] * (token_split.get("ep") == "T")
+    for n in graph.nodes("input"):
+        cuts = []
+        for dim in n.out.dims:
+            along = batch if dim.role == "batch" else tokens if dim.role == "token" else []
+            cuts.append(tuple(c for c in along if c[1] > 1))
+        if any(cuts):
+            out[n.name] = Sharding(tuple(cuts))
+    return out, notes
+
+
+# -- pipeline stages -----------------------------------------------------------------------------
+def balance(weights: list[float], stages: int) -> list[tuple[int, int]]:
+    """Contiguous groups of `weights` (first, last index) whose largest sum is smallest."""
+    n = len(weights)
+    pre = [0.0]
+    for w in weights:
+        pre.append(pre[-1] + w)
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, stages + 1):
+        for i in range(k, n + 1):
+            for j in range(k - 1, i):
+                v = max(best[k - 1][j], pre[i] - pre[j])
+                if v < best[k][i]:
+                    best[k][i], cut[k][i] = v, j
+    out, i = [], n
+    for k in range(stages, 0, -1):
+        j = cut[k][i]
+        out.append((j, i - 1))
+        i = j
+    return out[::-1]
+
+
+def _node_seconds(graph: Graph, hw: Hardware | None) -> dict[str, float]:
+    """Predicted time of every node (roofline; collectives on the links), FLOPs without hardware."""
+    res = run(graph, ["cost", "roofline"], hardware=hw)
+    mesh = graph.meta["partition"].mesh
+    out = {}
+    for n in graph.nodes():
+        if OPS[n.op].category == COMMUNICATION and hw is not None:
+            out[n.name] = comm_seconds(graph, n, mesh, hw)
+        elif hw is not None and res["roofline"] is not None:
+            t = n.meta.get("time")
+            out[n.name] = t.seconds if t else 0.0
+        else:
+            out[n.name] = n.meta.get("cost", ZERO).flops
+    return out
+
+
+def pipeline(graph: Graph, stages: int, hw: Hardware | None) -> tuple[Graph, list[tuple[int, int]]]:
+    """Assign contiguous layers to stages by predicted time; send/recv what crosses a stage."""
+    order = layer_scopes(graph)
+    layers = {p: i for i, p in enumerate(order)}
+    secs = _node_seconds(graph, hw)
+    where: dict[str, int] = {}
+    seen_layer = False
+    for n in graph.nodes():
+        lay = layer_of(graph, n.name)
+        if lay:
+            seen_layer = True
+            where[n.name] = layers[lay]
+        elif OPS[n.op].category != SOURCE:
+            where[n.name] = 0 if not seen_layer else len(order) - 1
+    weights = [0.0] * len(order)
+    for name, i in where.items():
+        weights[i] += secs.get(name, 0.0)
+    groups = balance(weights, stages)
+    stage_of_layer = {i: s for s, (a, b) in enumerate(groups) for i in range(a, b + 1)}
+    stage = {name: stage_of_layer[i] for name, i in where.items()}
+    for n in graph.nodes():  # a source is held by every stage that reads it
+        for u in graph.users(n):
+            if OPS[n.op].category == SOURCE:
+                n.meta.setdefault("stages", set()).add(stage[u.name])
+
+    new = Graph(graph.name, graph.bindings)
+    new.meta = graph.meta
+    sent: dict[tuple[Ref, int], Ref] = {}
+    for n in graph.nodes():
+        inputs = []
+        for r in n.inputs:
+            src = graph[r.node]
+            if OPS[src.op].category == SOURCE or stage[r.node] >= stage[n.name]:
+                inputs.append(r)
+                continue
+            key = (r, stage[n.name])
+            if key not in sent:
+                a, b = stage[r.node], stage[n.name]
+                base = r.node if r.index == 0 else f"{r.node}.{r.index}"
+                attrs = {"mesh": "pp", "group": 2, "src": a, "dst": b}  # point to point
+                sh = src.meta["sharding"][r.index]
+                snd = new.add("send", f"{base}.send" + (f".{b}" if b != a + 1 else ""), [r], attrs)
+                rcv = new.add("recv", snd.name.replace(".send", ".recv"), [Ref(snd.name)], attrs)
+                snd.meta.update(sharding=(sh,), stage=a)
+                rcv.meta.update(sharding=(sh,), stage=b)
+                sent[key] = Ref(rcv.name)
+            inputs.append(sent[key])
+        c = copy_node(new, n, inputs)
+        if n.name in stage:
+            c.meta["stage"] = stage[n.name]
+    for k, r in graph.outputs.items():
+        new.set_output(k, r)
+    return new, groups
+
+
+# -- the transform ------------------------------------------------------------------------------
+def partition(graph: Graph, strategy: Strategy, hardware: Hardware | None = None) -> Graph:
+    """The program of one rank under `strategy`; its meta['partition'] holds the plan."""
+    cfg, wl = graph.meta["config"], graph.meta["workload"]
+    split = validate(cfg, wl, strategy)
+    if hardware is not None and strategy.devices > 1 and hardware.interconnect_bandwidth is None:
+        raise ConfigError(
+            f"hardware {hardware.name} has no interconnect: partition analyses need one device "
+            "there, or a device preset such as h100"
+        )
+    graph.verify()
+    mesh = make_mesh(strategy)
+    seeded, notes = seeds(graph, strategy, split)
+    if split.get("ep") == "T":
+        notes.append("ep cuts the tokens on T: core attention gathers K/V over the ep ranks")
+    if strategy.cp > 1 and wl.past_len:
+        notes.append("cp with a KV cache: each rank holds the whole past K/V")
+    scatter = frozenset({"tp"}) if strategy.sp else frozenset()
+    local = hoist_gathers(spmd(graph, mesh, seeded, scatter))
+    n_layers = cfg.num_hidden_layers
+    plan = PartitionPlan(strategy, mesh, ((0, n_layers - 1),), split, tuple(notes))
+    local.meta["partition"] = plan
+    if strategy.pp > 1:
+        local, groups = pipeline(local, strategy.pp, hardware)
+        plan = PartitionPlan(strategy, mesh, tuple(groups), split, tuple(notes))
+        local.meta["partition"] = plan
+    else:
+        for n in local.nodes():
+            n.meta["stage"] = 0
+            if OPS[n.op].category == SOURCE:
+                n.meta["stages"] = {0}
+    local.verify()
+    return local
+
+
+@register("partition", requires=("verify",), transforms=True)
+def partition_pass(
+    graph: Graph,
+    results: dict[str, Any] | None = None,
+    strategy: Strategy | None = None,
+    hardware: Hardware | None = None,
+    **_: Any,
+) -> Graph:
+    """Transform: the partitioned graph (the program of one rank) for `strategy`."""
+    return partition(graph, strategy or Strategy(), hardware)
+
+
+# -- communication -----------------------------------------------------------------------------
+def comm_bytes(graph: Graph, n: Node) -> tuple[float, float]:
+    """(payload, bytes one device sends) of a collective node.
+
+    The payload is the whole tensor reduced, gathered, scattered, exchanged or sent. With n
+    ranks, the ring all-reduce sends 2(n-1)/n of it per device, the ring all-gather and
+    reduce-scatter (n-1)/n; in an all-to-all each device holds payload/n and sends (n-1)/n of
+    that to the others (pairwise); a send sends the payload.
+    """
+    wire = OPS[n.op].wire
+    if wire is None:
+        return 0.0, 0.0  # recv: counted on its send
+    k = n.attrs.get("group", 1)
+    x, y = (nbytes(t.dtype, t.numel(graph.bindings)) for t in (graph.type_of(n.inputs[0]), n.out))
+    share = y if n.op == "all_gather" else x  # what one device holds of the payload
+    payload = k * x if n.op == "all_to_all" else share
+    return payload, wire(k) * share
+
+
+def link_bandwidth(mesh: Mesh, axis: str, hw: Hardware) -> float:
+    """The interconnect when a group of `axis` fits in one node (inner axes vary fastest), else the
+    network."""
+    span = mesh.stride(axis) * mesh.size(axis)
+    bw = hw.interconnect_bandwidth if span <= hw.devices_per_node else hw.network_bandwidth
+    if bw is None:
+        raise ConfigError(f"hardware {hw.name}: no bandwidth between devices")
+    return bw
+
+
+def gradient_seconds(c: dict[str, Any], mesh: Mesh, hw: Hardware) -> float:
+    """Seconds of a training step's gradient collective (`training.gradient_collectives`), over
+    the link of the outermost mesh axis it spans."""
+    axis = next(a for a in MESH_ORDER if a in c["mesh_axis"].split("+"))
+    return c["wire_bytes_per_device"] / link_bandwidth(mesh, axis, hw)
+
+
+def comm_seconds(graph: Graph, n: Node, mesh: Mesh, hw: Hardware) -> float:
+    _, wire = comm_bytes(graph, n)
+    return wire / link_bandwidth(mesh, n.attrs["mesh"], hw) if wire else 0.0
+
+
+# -- the report -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PartitionReport:
+    strategy: dict[str, Any]
+    mesh: dict[str, int]
+    devices: list[dict[str, Any]]
+    stages: list[dict[str, Any]]
+    collectives: list[dict[str, Any]]
+    pipeline: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    hardware: str | None = None
+    training: dict[str, Any] | None = None  # recompute and zero, for a training step
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _stage_memory(graph: Graph, names: set[str], attention: str) -> float:
+    sub = graph.subgraph(names)
+    for k, r in graph.outputs.items():
+        if r.node in names:
+            sub.set_output(k, r)
+    return peak_activations(graph, attention, sub)[0]
+
+
+def partition_report(
+    graph: Graph,
+    hardware: Hardware | None = None,
+    attention: str = "flash",
+    training: TrainingOptions | None = None,
+) -> PartitionReport:
+    """Per device: params, memory, FLOPs, bytes, communication and predicted time.
+
+    With `training`, a step is forward and backward (cost pass with training=True); each
+    collective runs again in the backward pass as its conjugate with the same volume (all-reduce
+    for all-reduce in Megatron's f/g pair, reduce-scatter for all-gather, all-to-all for
+    all-to-all, a send of the gradient for a send), so counts are 2 x microbatches; memory is the
+    training memory (passes/training.py, 1F1B: stage s holds min(pp - s, microbatches)
+    microbatches' activations), and the gradient reduction over the data-parallel group runs once
+    a step, after the last microbatch, not overlapped.
+    """
+    plan: PartitionPlan = graph.meta["partition"]
+    s, mesh = plan.strategy, plan.mesh
+    train = training is not None
+    run(graph, ["cost", "roofline"], hardware=hardware, attention=attention, training=train)
+    m = s.microbatches
+    passes = 2 if train else 1  # forward (and backward) runs of every collective a microbatch
+    b = graph.bindings
+    kv_dt = graph.meta.get("kv_dtype")
+    presents = {r.node for k, r in graph.outputs.items() if k.startswith("present.")}
+    collectives = []
+    per_stage: list[dict[str, Any]] = []
+    for st in range(s.pp):
+        per_stage.append(
+            {
+                "stage": st,
+                "layers": list(plan.stages[st]),
+                "params": 0,
+                "weight_bytes": 0.0,
+                "kv_cache_bytes": 0.0,
+                "flops": 0.0,
+                "bytes": 0.0,
+                "comm_bytes": defaultdict(float),
+                "compute_seconds": 0.0,
+                "comm_seconds": 0.0,
+                "names": set(),
+            }
+        )
+    for n in graph.nodes():
+        spec = OPS[n.op]
+        if spec.category == SOURCE:
+            for st in n.meta.get("stages", ()):
+                e = per_stage[st]
+                e["names"].add(n.name)
+                if n.op == "param":
+                    e["params"] += int(n.out.numel(b))
+                    e["weight_bytes"] += nbytes(n.out.dtype, n.out.numel(graph.bindings))
+            continue
+        e = per_stage[n.meta.get("stage", 0)]
+        e["names"].add(n.name)
+        oc = n.meta.get("cost", ZERO)
+        e["flops"] += m * oc.flops
+        e["bytes"] += m * oc.bytes
+        if n.name in presents:
+            e["kv_cache_bytes"] += dtype_of(kv_dt or n.out.dtype).nbytes(n.out.numel(b))
+        if spec.category == COMMUNICATION:
+            payload, wire = comm_bytes(graph, n)
+            if n.op == "recv":
+                continue
+            kind = "send/recv" if n.op == "send" else n.op
+            secs = comm_seconds(graph, n, mesh, hardware) if hardware else None
+            e["comm_bytes"][kind] += passes * m * wire
+            e["comm_seconds"] += passes * (secs or 0.0)
+            collectives.append(
+                {
+                    "name": n.name,
+                    "kind": kind,
+                    "bytes": payload,
+                    "group_size": n.attrs["group"],
+                    "wire_bytes_per_device": wire,
+                    "mesh_axis": n.attrs["mesh"],
+                    "stage": n.meta.get("stage", 0),
+                    "count": passes * m,  # once per microbatch (and pass)
+                    "seconds": secs,
+                }
+            )
+        else:
+            t = n.meta.get("time")
+            e["compute_seconds"] += t.seconds if t else 0.0
+    cap = hardware.memory_bytes if hardware else None
+    stages = []
+    for st, e in enumerate(per_stage):
+        names = e.pop("names")
+        e["comm_bytes"] = dict(e["comm_bytes"])
+        grad_seconds = 0.0
+        if training is not None:
+            tm = training_memory(graph, training, attention, names, min(s.pp - st, m))
+            e["activation_bytes"] = tm.activations + tm.activations_working
+            e["kv_cache_bytes"] = 0.0  # a training step keeps no cache
+            e["training"] = {k: v for k, v in tm.to_dict().items() if k != "collectives"}
+            e["memory_bytes"] = tm.total
+            for c in tm.collectives:
+                secs = gradient_seconds(c, mesh, hardware) if hardware else None
+                grad_seconds += secs or 0.0
+                e["comm_bytes"][c["kind"]] = (
+                    e["comm_bytes"].get(c["kind"], 0.0) + c["wire_bytes_per_device"]
+                )
+                collectives.append(c | {"stage": st, "seconds": secs, "gradient": True})
+        else:
+            act = _stage_memory(graph, names, attention)
+            e["activation_bytes"] = act
+            e["memory_bytes"] = e["weight_bytes"] + e["kv_cache_bytes"] + act
+        e["fits"] = e["memory_bytes"] <= cap if cap else None
+        e["seconds_per_microbatch"] = e["compute_seconds"] + e["comm_seconds"]
+        e["gradient_seconds"] = grad_seconds
+        e["compute_seconds"] *= m
+        e["comm_seconds"] = m * e["comm_seconds"] + grad_seconds
+        e["seconds"] = m * e["seconds_per_microbatch"] + grad_seconds
+        stages.append(e)
+    slowest = max(e["seconds_per_microbatch"] for e in stages)
+    grads = max(e["gradient_seconds"] for e in stages)
+    pipe = {
+        "stages": s.pp,
+        "microbatches": m,
+        "schedule": "1F1B" if train else "GPipe (forward only)",
+        "bubble": (s.pp - 1) / (m + s.pp - 1),
+        "step_seconds": (m + s.pp - 1) * slowest + grads if hardware else None,
+    }
+    devices = []
+    for rank, c in enumerate(c for c in mesh.coords() if c.get("mb", 0) == 0):
+        coords = {k: c.get(k, 0) for k in MESH_ORDER if k != "mb"}
+        e = stages[coords["pp"]]
+        devices.append({"rank": rank, "coords": coords, **e})
+    return PartitionReport(
+        strategy=s.to_dict(),
+        mesh={k: mesh.size(k) for k in MESH_ORDER if k != "mb"},
+        devices=devices,
+        stages=[dict(e) for e in stages],
+        collectives=collectives,
+        pipeline=pipe,
+        notes=list(plan.notes),
+        hardware=hardware.name if hardware else None,
+        training=asdict(training) if training is not None else None,
+    )

@@ -1,0 +1,579 @@
+"""Sharding as data, and the SPMD transform that propagates it through the op table's signatures.
+
+A `Mesh` names axes of devices (`tp`, `ep`, ...; `mb` numbers microbatches, which run one after
+another on the same devices). A tensor's `Sharding` says, for each tensor axis, which mesh axes cut
+it in blocks (outermost first), and over which mesh axes it holds partial sums still to be added.
+
+`spmd(graph, mesh, seeds)` rewrites a graph into the program of one rank: every split dim becomes a
+local dim (`h/8`), and where an op needs its inputs laid out otherwise than they arrive, collective
+nodes are inserted. The rules, per node and mesh axis, read only the op's signature letters and its
+row's `reduce`, `linear` and `carries` fields:
+- a letter an op reads whole for each output (`reduce`) that is split is gathered first;
+- the inputs' splits over a mesh axis name candidate letters; the target is the letter a weight is
+  split on (weights never move), else one the output keeps (in output order), else a contracted one;
+- an input split on another letter is exchanged onto the target by an all-to-all when it has the
+  target letter, else gathered; an input holding the target whole is cut locally (a weight or graph
+  input is simply loaded that way);
+- a target the output does not keep is contracted: the output holds partial sums (a contraction, or a
+  weight read by a gather such as a vocab-parallel embedding), and a summand input (a bias) is held
+  by one rank only; any other op gathers instead;
+- partial sums pass through an op's `linear` groups untouched; anywhere else they are reduced:
+  reduce-scattered onto the target's axis when the op splits over the same mesh axis, or onto the
+  token axis on a mesh axis with sequence parallelism, else all-reduced. A reduction is done once and
+  reused by every later consumer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from graphllm.errors import GraphError
+from graphllm.ir import TOKEN_ROLES, Dim, Graph, Node, Ref, TensorType
+from graphllm.ir.signature import ELLIPSIS
+from graphllm.ops import MOVEMENT, OPS, SOURCE, linear_groups
+
+Split = tuple[str, int]  # (mesh axis, blocks): a rank holds block coord // (size / blocks)
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """Named axes of ranks, outermost first. `mb` (microbatches) is not a device axis."""
+
+    axes: tuple[tuple[str, int], ...]
+
+    def size(self, name: str) -> int:
+        return dict(self.axes).get(name, 1)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.axes)
+
+    @property
+    def devices(self) -> int:
+        return math.prod(s for n, s in self.axes if n != "mb")
+
+    def coords(self) -> Iterator[dict[str, int]]:
+        """Every rank's coordinates (microbatches included), in row-major order."""
+        for c in itertools.product(*(range(s) for _, s in self.axes)):
+            yield dict(zip(self.names, c))
+
+    def stride(self, name: str) -> int:
+        """Distance in device ranks between neighbours along a mesh axis (inner axes vary fastest)."""
+        inner = self.names[self.names.index(name) + 1 :]
+        return math.prod(self.size(n) for n in inner if n != "mb")
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """Per tensor axis, its splits (outermost first); and the mesh axes holding partial sums."""
+
+    axes: tuple[tuple[Split, ...], ...]
+    partial: frozenset[str] = frozenset()
+
+    @classmethod
+    def whole(cls, rank: int) -> Sharding:
+        return cls(((),) * rank)
+
+    def axis_of(self, mesh: str) -> int | None:
+        """The tensor axis split over `mesh`, if any."""
+        for i, splits in enumerate(self.axes):
+            if any(m == mesh for m, _ in splits):
+                return i
+        return None
+
+    def blocks(self, i: int) -> int:
+        return math.prod(p for _, p in self.axes[i])
+
+    def split(self, i: int, s: Split) -> Sharding:
+        """Cut axis `i` further (the new split is innermost)."""
+        axes = list(self.axes)
+        axes[i] = (*axes[i], s)
+        return Sharding(tuple(axes), self.partial)
+
+    def unsplit(self, i: int, mesh: str, where: str) -> Sharding:
+        """Gather axis `i` over `mesh`; only the innermost split of an axis can be gathered."""
+        if not self.axes[i] or self.axes[i][-1][0] != mesh:
+            raise GraphError(
+                f"{where}: axis {i} is split {self.axes[i]}; cannot gather {mesh} first"
+            )
+        axes = list(self.axes)
+        axes[i] = axes[i][:-1]
+        return Sharding(tuple(axes), self.partial)
+
+    def with_partial(self, mesh: str, on: bool) -> Sharding:
+        p = self.partial | {mesh} if on else self.partial - {mesh}
+        return Sharding(self.axes, frozenset(p))
+
+
+def local_dim(d: Dim, blocks: int, bindings: dict[str, float], where: str) -> Dim:
+    """The block of `d` one rank holds; symbolic local dims get their bindings."""
+    if blocks == 1:
+        return d
+    name = f"{d.name}/{blocks}"
+    if d.size is not None:
+        if d.size % blocks:
+            raise GraphError(f"{where}: {blocks} blocks do not divide {d.name}={d.size}")
+        return Dim(name, d.role, d.size // blocks)
+    whole = bindings[d.name]
+    if float(whole).is_integer() and whole % blocks and d.role in ("batch", "token"):
+        raise GraphError(f"{where}: {blocks} blocks do not divide {d.name}={int(whole)}")
+    bindings[name] = whole / blocks
+    return Dim(name, d.role)
+
+
+def local_type(t: TensorType, sh: Sharding, bindings: dict[str, float], where: str) -> TensorType:
+    dims = tuple(local_dim(d, sh.blocks(i), bindings, where) for i, d in enumerate(t.dims))
+    return TensorType(dims, t.dtype)
+
+
+# -- the transform -----------------------------------------------------------------------------
+@dataclass
+class _Arg:
+    """One input of the node being laid out, as it stands in the rank's program so far."""
+
+    ref: Ref | None  # None: a graph input or weight not placed yet (it takes any layout)
+    sh: Sharding
+    gtype: TensorType  # the whole tensor's type
+    letters: list[str]  # the letter class of each axis
+    src: str  # the source graph's tensor (node name)
+    param: bool
+    integer: bool
+
+    def pos(self, x: str, rel: _Related) -> int | None:
+        """The first axis cut by the split that cuts letter `x`."""
+        return next((i for i, y in enumerate(self.letters) if rel(x, y)), None)
+
+
+class _Related:
+    """Letters one split cuts alike: equal, or paired in the op's row (`carries`)."""
+
+    def __init__(self, carries: tuple[tuple[str, str], ...]) -> None:
+        self.pairs = {frozenset(p) for p in carries}
+
+    def __call__(self, x: str, y: str) -> bool:
+        return x == y or frozenset((x, y)) in self.pairs
+
+
+def operand_letters(operand: tuple, rank: int) -> list[str]:
+    """The lead letter of each axis: a group `(h e)` is split as its first letter."""
+    out: list[str] = []
+    for ax in operand:
+        if ax == ELLIPSIS:
+            out += [f"...{k}" for k in range(rank - (len(operand) - 1))]
+        else:
+            out.append(ax[0] if isinstance(ax, tuple) else ax)
+    return out
+
+
+def _output_keys(operand: tuple, rank: int) -> list[str | None]:
+    """For each output axis the attrs['axes'] key that may define it (a letter or `(h e)`)."""
+    out: list[str | None] = []
+    for ax in operand:
+        if ax == ELLIPSIS:
+            out += [None] * (rank - (len(operand) - 1))
+        else:
+            out.append("(" + " ".join(ax) + ")" if isinstance(ax, tuple) else ax)
+    return out
+
+
+class _SPMD:
+    def __init__(
+        self,
+        graph: Graph,
+        mesh: Mesh,
+        seeds: dict[str, Sharding],
+        scatter: frozenset[str],
+        keep_split: frozenset[str],
+    ) -> None:
+        self.src, self.mesh, self.seeds = graph, mesh, seeds
+        self.scatter = scatter  # mesh axes with sequence parallelism: reduce-scatter on tokens
+        self.keep_split = keep_split  # roles whose splits graph outputs keep (tokens, batch)
+        self.g = Graph(graph.name, graph.bindings)
+        self.g.meta = {k: v for k, v in graph.meta.items() if not k.startswith("_")}
+        self.val: dict[Ref, tuple[Ref, Sharding]] = {}
+        self.memo: dict[tuple, tuple[Ref, Sharding]] = {}
+        self.reduced: dict[tuple[Ref, str], tuple[Ref, Sharding]] = {}
+        self.sliced: dict[Ref, tuple[tuple[str, int], tuple[Ref, Sharding]]] = {}
+
+    # -- values ------------------------------------------------------------------------------
+    def _arg(self, n: Node, i: int, letters: list[str]) -> _Arg:
+        r = n.inputs[i]
+        src = self.src[r.node]
+        gtype = self.src.type_of(r)
+        if r in self.val:
+            ref, sh = self.val[r]
+        else:  # a source: its seed, or whole; it may still take further splits
+            ref = None
+            sh = self.seeds.get(r.node) or Sharding.whole(gtype.rank)
+        return _Arg(ref, sh, gtype, letters, r.node, src.op == "param", gtype.dtype == "int64")
+
+    def _place(self, a: _Arg) -> None:
+        """Put a source into the rank's program with the layout decided so far."""
+        if a.ref is not None:
+            return
+        src = self.src[a.src]
+        t = local_type(a.gtype, a.sh, self.g.bindings, a.src)
+        node = self.g.add(src.op, src.name, (), {**src.attrs, "type": t})
+        node.meta["sharding"] = (a.sh,)
+        a.ref = Ref(node.name)
+        self.val[a.ref] = (a.ref, a.sh)
+
+    def _ltype(self, a: _Arg, sh: Sharding) -> TensorType:
+        return local_type(a.gtype, sh, self.g.bindings, a.src)
+
+    # -- collectives -------------------------------------------------------------------------
+    def _collective(self, op: str, a: _Arg, m: str, sh: Sharding, **attrs: Any) -> None:
+        self._place(a)
+        assert a.ref is not None
+        key = (a.ref, op, m, tuple(sorted(attrs.items())))
+        hit = self.memo.get(key)
+        if hit is None:
+            before, after = self._ltype(a, a.sh).dims, self._ltype(a, sh).dims
+            dims = tuple((i, d) for i, (b, d) in enumerate(zip(before, after)) if b != d)
+            base = a.ref.node if a.ref.index == 0 else f"{a.ref.node}.{a.ref.index}"
+            name = f"{base}.{op}"
+            k = 1
+            while name in self.g:
+                name = f"{base}.{op}.{m}" if k == 1 else f"{base}.{op}.{m}{k}"
+                k += 1
+            full = {"mesh": m, "group": self.mesh.size(m), **attrs}
+            if dims:
+                full["axes"] = {f"@{i}": d for i, d in dims}
+            node = self.g.add(op, name, (a.ref,), full)
+            node.meta["sharding"] = (sh,)
+            hit = self.memo[key] = (Ref(name), sh)
+        a.ref, a.sh = hit
+
+    def _gather(self, a: _Arg, j: int, m: str) -> None:
+        if a.ref is None:  # a source not yet placed: load it whole on this mesh axis
+            axes = list(a.sh.axes)
+            axes[j] = tuple(s for s in axes[j] if s[0] != m)
+            a.sh = Sharding(tuple(axes), a.sh.partial)
+            return
+        if a.ref in self.sliced and self.sliced[a.ref][0] == (m, j):  # undo a local cut
+            a.ref, a.sh = self.sliced[a.ref][1]
+            return
+        inner = self._innermost(a, j, m)
+        self._collective("all_gather", a, m, a.sh.unsplit(j, m, a.src), axis=j)
+        for q, blocks in reversed(inner):
+            self._cut(a, q, j, blocks)
+
+    def _innermost(self, a: _Arg, j: int, m: str) -> list[Split]:
+        """Gather the splits of axis `j` inside `m` (to cut again after), so that `m` is the
+        innermost: a collective over `m` then acts on contiguous blocks."""
+        inner = []
+        while a.sh.axes[j][-1][0] != m:
+            q = a.sh.axes[j][-1]
+            self._collective("all_gather", a, q[0], a.sh.unsplit(j, q[0], a.src), axis=j)
+            inner.append(q)
+        return inner
+
+    def _all_to_all(self, a: _Arg, m: str, j: int, t: int, blocks: int) -> None:
+        inner = self._innermost(a, j, m)
+        sh = a.sh.unsplit(j, m, a.src).split(t, (m, blocks))
+        self._collective("all_to_all", a, m, sh, split_axis=t, concat_axis=j)
+        for q, b in reversed(inner):
+            self._cut(a, q, j, b)
+
+    def _cut(self, a: _Arg, m: str, t: int, blocks: int) -> None:
+        """Hold block `t` of an axis every rank holds whole: free (a source loads it so)."""
+        if a.ref is None:
+            a.sh = a.sh.split(t, (m, blocks))
+            return
+        before = (a.ref, a.sh)
+        self._collective("shard_slice", a, m, a.sh.split(t, (m, blocks)), axis=t)
+        assert a.ref is not None
+        self.sliced[a.ref] = ((m, t), before)
+
+    def _reduce(self, a: _Arg, m: str, onto: int | None) -> None:
+        """Add up partial sums over `m`: scattered onto axis `onto`, or onto the tokens under
+        sequence parallelism, else all-reduced. Later consumers reuse the result."""
+        assert a.ref is not None
+        if onto is None and m in self.scatter:
+            n = self.mesh.size(m)
+            for i, d in enumerate(a.gtype.dims):
+                size = self._ltype(a, a.sh).dims[i]
+                whole = size.size if size.size is not None else self.g.bindings[size.name]
+                if d.role == "token" and a.sh.axis_of(m) is None and whole % n == 0:
+                    onto = i
+                    break
+        ref = a.ref
+        if onto is None:
+            self._collective("all_reduce", a, m, a.sh.with_partial(m, False))
+        else:
+            sh = a.sh.with_partial(m, False).split(onto, (m, self.mesh.size(m)))
+            self._collective("reduce_scatter", a, m, sh, axis=onto)
+        self.reduced[(ref, m)] = (a.ref, a.sh)
+
+    # -- one node ----------------------------------------------------------------------------
+    def node(self, n: Node) -> None:
+        spec = OPS[n.op]
+        if spec.category == SOURCE:
+            return
+        rel = _Related(spec.carries)
+        sig = spec.signature
+        ins = [operand_letters(op, t.rank) for op, t in zip(sig.inputs, self.src.input_types(n))]
+        outs = [operand_letters(op, t.rank) for op, t in zip(sig.outputs, n.outputs)]
+        args = [self._arg(n, i, ins[i]) for i in range(len(n.inputs))]
+        flat = [x for o in outs for x in o]
+        targets = {m: self._decide(n, spec, args, flat, rel, m) for m in self.mesh.names}
+        for a in args:
+            self._place(a)
+        partial = frozenset(m for m, (_, p) in targets.items() if p)
+        out_sh = []
+        for k, letters in enumerate(outs):
+            axes: list[tuple[Split, ...]] = []
+            for j, y in enumerate(letters):
+                splits: list[Split] = []  # each mesh axis whose target cuts this letter
+                for a in args:
+                    for i, x in enumerate(a.letters):
+                        for s in a.sh.axes[i]:
+                            t = targets[s[0]][0]
+                            if t is None or not (rel(x, t) and rel(y, t)):
+                                continue
+                            if s[0] not in [q for q, _ in splits]:
+                                splits.append(self._carry(s, n.outputs[k].dims[j], x != y))
+                if any(x != y for a in args for x in a.letters if rel(x, y)):
+                    # a carried axis (MoE slots) takes splits from several letters: name its
+                    # blocks in mesh order (their order within a rank is the op's own)
+                    splits.sort(key=lambda q: self.mesh.names.index(q[0]))
+                axes.append(tuple(splits))
+            out_sh.append(Sharding(tuple(axes), partial))
+        self._emit(n, args, out_sh)
+
+    def _carry(self, s: Split, d: Dim, carried: bool) -> Split:
+        """A split carried to another letter (KV heads -> query heads) cuts it as finely as the
+        mesh axis allows."""
+        m, blocks = s
+        n = self.mesh.size(m)
+        if carried and blocks < n and (d.size is None or d.size % n == 0):
+            return (m, n)
+        return s
+
+    def _decide(
+        self,
+        n: Node,
+        spec: Any,
+        args: list[_Arg],
+        out_letters: list[str],
+        rel: _Related,
+        m: str,
+    ) -> tuple[str | None, bool]:
+        """Lay the inputs out over mesh axis `m`: (the letter it cuts, whether partial)."""
+        for _ in range(8):
+            for a in args:  # a partial sum reduced for an earlier consumer is reused
+                if m in a.sh.partial and (a.ref, m) in self.reduced:
+                    a.ref, a.sh = self.reduced[(a.ref, m)]
+            splits = [(i, a.sh.axis_of(m)) for i, a in enumerate(args)]
+            splits = [(i, j) for i, j in splits if j is not None]
+            partial = [i for i, a in enumerate(args) if m in a.sh.partial]
+            if not splits and not partial:
+                return None, False
+            red = [(i, j) for i, j in splits if args[i].letters[j] in spec.reduce]
+            if red:
+                for i, j in red:
+                    self._gather(args[i], j, m)
+                continue
+            target, blocks = self._target(args, splits, out_letters, rel, m)
+            kept = target is not None and any(rel(y, target) for y in out_letters)
+            if partial:
+                if target is None:
+                    group = self._passes_partial(spec, args, partial)
+                    if group is not None:
+                        for i in group:
+                            if m not in args[i].sh.partial:  # a source: one rank holds it
+                                args[i].sh = args[i].sh.with_partial(m, True)
+                        return None, True
+                    for i in partial:
+                        self._reduce(args[i], m, None)
+                    continue
+                for i in partial:
+                    t = args[i].pos(target, rel) if kept else None
+                    self._reduce(args[i], m, t)
+                continue
+            assert target is not None
+            holds_param = any(args[i].param and rel(args[i].letters[j], target) for i, j in splits)
+            if not kept and not (spec.is_contraction or holds_param):
+                for i, j in splits:
+                    self._gather(args[i], j, m)
+                continue
+            for i, a in enumerate(args):
+                j = a.sh.axis_of(m)
+                t = a.pos(target, rel)
+                if j is not None and rel(a.letters[j], target):
+                    continue
+                if j is not None:
+                    if t is not None and a.ref is not None:
+                        self._all_to_all(a, m, j, t, blocks)
+                        continue
+                    self._gather(a, j, m)
+                if t is not None:
+                    self._cut(a, m, t, blocks)
+                elif not kept and self._summand(spec, i):
+                    if a.ref is not None:
+                        raise GraphError(f"{n.name} ({n.op}): input {i} would be added per rank")
+                    a.sh = a.sh.with_partial(m, True)
+            return target, not kept
+        raise GraphError(f"{n.name} ({n.op}): no layout of its inputs over mesh axis {m}")
+
+    def _target(
+        self,
+        args: list[_Arg],
+        splits: list[tuple[int, int]],
+        out_letters: list[str],
+        rel: _Related,
+        m: str,
+    ) -> tuple[str | None, int]:
+        """The letter mesh axis `m` cuts: a weight's, else one the output keeps, in its order."""
+        if not splits:
+            return None, 1
+        cands = [(i, j) for i, j in splits if args[i].param] or splits
+        classes = [args[i].letters[j] for i, j in cands]
+        kept = [c for y in out_letters for c in classes if y == c]  # the letter itself first
+        kept += [c for y in out_letters for c in classes if rel(y, c)]
+        target = kept[0] if kept else classes[0]
+        i, j = cands[classes.index(target)]
+        blocks = next(p for q, p in args[i].sh.axes[j] if q == m)
+        return target, blocks
+
+    @staticmethod
+    def _passes_partial(spec: Any, args: list[_Arg], partial: list[int]) -> tuple[int, ...] | None:
+        """A linear group holding every partial input whose other members are unplaced sources
+        (which then hold their value on one rank only)."""
+        for group in linear_groups(spec, [a.integer for a in args]):
+            if set(partial) <= set(group) and all(
+                i in partial or args[i].ref is None for i in group
+            ):
+                return group
+        return None
+
+    @staticmethod
+    def _summand(spec: Any, i: int) -> bool:
+        """An input of a contraction none of whose axes is contracted: added, not multiplied."""
+        sig = spec.signature
+        letters = {x for ax in sig.inputs[i] for x in (ax if isinstance(ax, tuple) else (ax,))}
+        return spec.is_contraction and letters <= sig.output_letters()
+
+    def _emit(self, n: Node, args: list[_Arg], out_sh: list[Sharding]) -> None:
+        spec = OPS[n.op]
+        b = self.g.bindings
+        attrs = dict(n.attrs)
+        local_outs = [local_type(t, sh, b, n.name) for t, sh in zip(n.outputs, out_sh)]
+        if "axes" in attrs:  # dims the signature takes from attrs: their local blocks
+            axes = dict(attrs["axes"])
+            for op, t, lt in zip(spec.signature.outputs, n.outputs, local_outs):
+                for key, d, ld in zip(_output_keys(op, t.rank), t.dims, lt.dims):
+                    if key in axes and axes[key] == d:
+                        axes[key] = ld
+            attrs["axes"] = axes
+        if "sizes" in attrs:
+            attrs["sizes"] = [int(lt.dims[-1].size) for lt in local_outs]  # type: ignore[arg-type]
+        refs = [a.ref for a in args]
+        node = self.g.add(n.op, n.name, refs, attrs)  # type: ignore[arg-type]
+        if node.outputs != tuple(local_outs):
+            got = ", ".join(str(t) for t in node.outputs)
+            want = ", ".join(str(t) for t in local_outs)
+            raise GraphError(f"{n.name} ({n.op}): local outputs {got}, the layout gives {want}")
+        node.meta["sharding"] = tuple(out_sh)
+        for k, sh in enumerate(out_sh):
+            self.val[Ref(n.name, k)] = (Ref(n.name, k), sh)
+
+    # -- graph outputs -----------------------------------------------------------------------
+    def finish(self) -> Graph:
+        for name, r in self.src.outputs.items():
+            ref, sh = self.val[r]
+            a = _Arg(ref, sh, self.src.type_of(r), [], r.node, False, False)
+            for m in sorted(sh.partial, key=self.mesh.names.index):
+                self._collective("all_reduce", a, m, a.sh.with_partial(m, False))
+            if not name.startswith("present."):
+                for j, d in enumerate(a.gtype.dims):
+                    if d.role in self.keep_split:
+                        continue
+                    for m, _ in reversed(a.sh.axes[j]):
+                        self._gather(a, j, m)
+            assert a.ref is not None
+            self.g.set_output(name, a.ref)
+        return self.g
+
+
+def spmd(
+    graph: Graph,
+    mesh: Mesh,
+    seeds: dict[str, Sharding],
+    scatter: frozenset[str] = frozenset(),
+    keep_split: frozenset[str] = frozenset({"batch", *TOKEN_ROLES}),
+) -> Graph:
+    """The program of one rank of `mesh` for `graph`, its sources laid out as `seeds` say."""
+    t = _SPMD(graph, mesh, seeds, scatter, keep_split)
+    for n in graph.nodes():
+        t.node(n)
+    return t.finish()
+
+
+def copy_node(new: Graph, n: Node, inputs: list[Ref], **attrs: Any) -> Node:
+    """Re-add `n` to `new` with other inputs (and attrs changed), keeping its meta."""
+    outs = n.outputs if OPS[n.op].category == SOURCE else None
+    c = new.add(n.op, n.name, inputs, {**n.attrs, **attrs}, outputs=outs)
+    c.meta = dict(n.meta)
+    return c
+
+
+def hoist_gathers(g: Graph) -> Graph:
+    """all_gather(copy(x)) -> copy(all_gather(x)) where a single-use copy expands x (the GQA head
+    repeat) and the gathered axis passes through it: the smaller tensor crosses the wire."""
+    swaps: dict[str, Node] = {}
+    for a in g.nodes("all_gather"):
+        r = g[a.inputs[0].node]
+        spec = OPS[r.op]
+        if (
+            spec.category != MOVEMENT
+            or spec.view
+            or len(r.inputs) != 1
+            or len(g.users(r)) != 1
+            or r.out.numel(g.bindings) <= g.type_of(r.inputs[0]).numel(g.bindings)
+        ):
+            continue
+        sig = spec.signature
+        ins = operand_letters(sig.inputs[0], g.type_of(r.inputs[0]).rank)
+        outs = operand_letters(sig.outputs[0], r.out.rank)
+        x = outs[a.attrs["axis"]]
+        if x in ins and x not in r.attrs.get("axes", {}):
+            swaps[r.name] = a
+    if not swaps:
+        return g
+    new = Graph(g.name, g.bindings)
+    new.meta = g.meta
+    alias: dict[str, str] = {}
+    moved = {a.name for a in swaps.values()}
+
+    def ref(r: Ref) -> Ref:
+        return Ref(alias.get(r.node, r.node), r.index)
+
+    for n in g.nodes():
+        if n.name in moved:
+            continue
+        inputs = [ref(r) for r in n.inputs]
+        a = swaps.get(n.name)
+        if a is None:
+            copy_node(new, n, inputs)
+            continue
+        sig = OPS[n.op].signature
+        j = a.attrs["axis"]
+        x = operand_letters(sig.outputs[0], n.out.rank)[j]
+        j_in = operand_letters(sig.inputs[0], g.type_of(n.inputs[0]).rank).index(x)
+        whole = a.attrs["axes"][f"@{j}"]
+        src = g[n.inputs[0].node].meta["sharding"][n.inputs[0].index]
+        name = f"{n.inputs[0].node}.all_gather"
+        name = name if name not in g else a.name
+        attrs = {**a.attrs, "axis": j_in, "axes": {f"@{j_in}": whole}}
+        gathered = new.add("all_gather", name, inputs, attrs)
+        gathered.meta["sharding"] = (src.unsplit(j_in, a.attrs["mesh"], a.name),)
+        copy_node(new, n, [Ref(name)]).meta["sharding"] = a.meta["sharding"]
+        alias[a.name] = n.name
+    for k, r in g.outputs.items():
+        new.set_output(k, ref(r))
+    return new
