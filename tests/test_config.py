@@ -24,7 +24,7 @@ from graphllm.models.config import (
     load_config,
     load_workload_section,
 )
-from graphllm.models.model_config import FAMILIES, ModelConfig
+from graphllm.models.model_config import FAMILIES, ModelConfig, MoENames
 from graphllm.models.workload import Workload
 from graphllm.runtime.interpret import run_graph
 
@@ -247,12 +247,11 @@ def test_phi3():
 
 def test_mixtral():
     c = config_from_dict(V4["mixtral"], "x")
-    assert (c.moe_naming, c.norm_topk_prob, c.num_experts, c.num_experts_per_tok) == (
-        "mixtral",
-        True,
-        4,
-        2,
+    # the checkpoint's names: block_sparse_moe with experts w1 (gate), w3 (up), w2 (down)
+    assert c.moe_names == MoENames(
+        block="block_sparse_moe", expert_gate="w1", expert_up="w3", expert_down="w2"
     )
+    assert (c.norm_topk_prob, c.num_experts, c.num_experts_per_tok) == (True, 4, 2)
     assert c.moe_intermediate_size == 128 and c.intermediate_size == 0
     assert all(c.moe_layers) and c.rope.theta == 1e6 and c.sliding_window is None
 

@@ -33,7 +33,7 @@ from graphllm.exporters.onnx.lowering import (
 )
 from graphllm.files import write_atomic
 from graphllm.ir import Graph
-from graphllm.models.model_config import ModelConfig, RopeConfig
+from graphllm.models.model_config import ModelConfig, config_from_fields
 from graphllm.models.workload import Workload
 
 
@@ -59,11 +59,6 @@ def _metadata(config: ModelConfig, wl: Workload, ops: str, weights: str) -> dict
     }
 
 
-def _config_from_json(d: dict[str, Any]) -> ModelConfig:
-    d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
-    return ModelConfig(**(d | {"rope": RopeConfig(**d["rope"])}))
-
-
 def read_metadata(path: str | Path) -> ExportedModel:
     """The config, workload defaults, lowering and weights note of a graphllm `.onnx` file."""
     try:
@@ -79,11 +74,11 @@ def metadata_from_props(props: dict[str, str], path: str | Path) -> ExportedMode
     if "graphllm.config" not in props:
         raise GraphllmError(f"{path}: no graphllm metadata (was it exported by graphllm?)")
     try:
-        config = _config_from_json(json.loads(props["graphllm.config"]))
+        config = config_from_fields(json.loads(props["graphllm.config"]))
         workload = Workload(**json.loads(props["graphllm.workload"]))
         build = json.loads(props.get("graphllm.graph", "{}"))
         lowering, weights = props["graphllm.lowering"], props["graphllm.weights"]
-    except (ValueError, TypeError, KeyError) as e:
+    except (ConfigError, ValueError, TypeError, KeyError) as e:
         raise GraphllmError(f"{path}: unreadable graphllm metadata ({e})") from None
     return ExportedModel(config, workload, lowering, weights, build)
 

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from graphllm.models import rope as rope_mod
-from graphllm.build.mla import MLA_FORMS, deepseek_router, mla_attention
+import graphllm.ops  # noqa: F401  (the op rows every node is checked against)
+from graphllm.build.dims import P_W, S_W, T_LAST, B, P, S, T
+from graphllm.build.mla import MLA_FORMS, mla_attention
+from graphllm.build.moe import moe_ffn
 from graphllm.build.mtp import check_mtp, mtp_modules
-from graphllm.build.dims import C, P_W, S_W, T_LAST, B, P, S, T
 from graphllm.errors import ConfigError
 from graphllm.ir import Dim, Graph, Node, Ref, TensorType
+from graphllm.models import rope as rope_mod
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import WEIGHT_ONLY, Workload
+
 
 def build_graph(
     config: ModelConfig, workload: Workload | None = None, mla: str = "naive", mtp: bool = False
@@ -98,15 +101,20 @@ class _Builder:
         dt = self.wl.weight_dtype if len(dims) > 1 else self.vector_dtype
         return self.g.add("param", name, (), {"type": TensorType(dims, dt), "kind": kind, **attrs})
 
-    def rope_attrs(self, width: int) -> dict[str, Any]:
-        """A rope node's attrs for heads `width` wide: the frequencies, computed once per width
-        rather than once per layer."""
+    def rope(self, name: str, x: Node | Ref, width: int) -> Node:
+        """x (B, heads, T, width) rotated by its positions, pairing channels as the config's
+        rope_layout says; the frequencies are computed once per width rather than per layer."""
+        c = self.cfg
         if width not in self._rope:
-            c = self.cfg
             inv = rope_mod.inv_freq(c.rope, width, c.max_position_embeddings)
             self._rope[width] = (inv, rope_mod.attention_scaling(c.rope))
         inv, scaling = self._rope[width]
-        return {"inv_freq": inv, "attention_scaling": scaling}
+        attrs: dict[str, Any] = {"inv_freq": inv, "attention_scaling": scaling}
+        if c.rope_layout == "half":
+            return self.g.add("rope", name, (x, self.positions), attrs)
+        return self.g.add(
+            "rope_pairs", name, (x, self.positions), attrs | {"layout": c.rope_layout}
+        )
 
     def linear(
         self,
@@ -161,16 +169,28 @@ class _Builder:
         return g
 
     def block(self, i: int, x: Node, kind: str = "layer", moe: bool | None = None) -> Node:
-        """h = x + attn(norm1(x)); out = h + ffn(norm2(h)). `kind` is the scope's kind (an MTP
-        module's block is not one of the main model's layers); `moe` overrides the layer's FFN."""
-        p = f"model.layers.{i}"
+        """h = x + attn(x); out = h + ffn(h), or out = x + attn(x) + ffn(x) for a parallel block;
+        each sub-layer inside the norms the config's BlockLayout names. `kind` is the scope's
+        kind (an MTP module's block is not one of the main model's layers); `moe` overrides the
+        layer's FFN."""
+        lay, p = self.cfg.block, f"model.layers.{i}"
         self.scopes[p] = kind
-        a = self.attention(f"{p}.self_attn", self.rmsnorm(f"{p}.input_layernorm", x, self.d), i)
+        a_in = self.norm(p, lay.attention_pre, x)
+        a = self.norm(p, lay.attention_post, self.attention(f"{p}.self_attn", a_in, i))
         h = self.g.add("add", f"{p}.attn_residual", (x, a))
-        n2 = self.rmsnorm(f"{p}.post_attention_layernorm", h, self.d)
+        if lay.parallel:
+            # beside the attention: the block's input, through its own pre-norm or the attention's
+            f_in = self.norm(p, lay.ffn_pre, x) if lay.ffn_pre else a_in
+        else:
+            f_in = self.norm(p, lay.ffn_pre, h)
         routed = self.cfg.moe_layers[i] if moe is None else moe
-        f = self.moe(p, n2) if routed else self.mlp(f"{p}.mlp", n2)
+        f = moe_ffn(self, p, f_in) if routed else self.mlp(f"{p}.mlp", f_in)
+        f = self.norm(p, lay.ffn_post, f)
         return self.g.add("add", f"{p}.mlp_residual", (h, f))
+
+    def norm(self, layer: str, name: str | None, x: Node) -> Node:
+        """x through the block's norm `name` (None: the block has no norm there, x itself)."""
+        return x if name is None else self.rmsnorm(f"{layer}.{name}", x, self.d)
 
     # -- attention -----------------------------------------------------------------------------
     def attention(self, p: str, x: Node, i: int) -> Node:
@@ -197,9 +217,9 @@ class _Builder:
         if c.qk_norm:
             q = self.rmsnorm(f"{p}.q_norm", q, self.d_h)
             k = self.rmsnorm(f"{p}.k_norm", k, self.d_h)
-        rope = self.rope_attrs(c.head_dim)
-        q = g.add("rope", f"{p}.q_rope", (q, self.positions), rope)
-        k = g.add("rope", f"{p}.k_rope", (k, self.positions), rope)
+        if c.rope_layers[i]:  # else a NoPE layer: positions enter through the mask alone
+            q = self.rope(f"{p}.q_rope", q, c.head_dim)
+            k = self.rope(f"{p}.k_rope", k, c.head_dim)
         window = c.sliding_window if c.layer_types[i] == "sliding_attention" else None
         if self.wl.past_len > 0:
             # a window layer's cache rolls: it holds the last W-1 positions, not all P
@@ -257,56 +277,3 @@ class _Builder:
             a = self.act(f"{p}.act_fn", gate)
         m = g.add("mul", f"{p}.mul", (a, up))
         return self.linear(f"{p}.down_proj", m, self.d, kind, bias=c.mlp_bias)
-
-    def moe(self, layer: str, x: Node) -> Node:
-        """Router -> top-k -> dispatch -> experts -> weighted combine (+ gated shared expert)."""
-        c, g = self.cfg, self.g
-        mixtral = c.moe_naming == "mixtral"
-        p = f"{layer}.block_sparse_moe" if mixtral else f"{layer}.mlp"
-        self.scopes.update(
-            {p: "moe", f"{p}.gate": "router", f"{p}.router": "router", f"{p}.experts": "experts"}
-        )
-        self.scopes[f"{p}.shared_expert_gate"] = "router"
-        n_exp = Dim("E", "expert", c.num_experts)
-        topk = Dim("k", "topk", c.num_experts_per_tok)
-        ffn = Dim("ffn_e", "ffn", c.moe_intermediate_size)
-        logits = self.linear(f"{p}.gate", x, n_exp, "router")  # (B, T, E)
-        if c.moe_naming == "deepseek":
-            weights, chosen = deepseek_router(self, p, logits)
-        else:
-            probs = g.add("softmax", f"{p}.router.softmax", (logits,))
-            attrs = {"k": c.num_experts_per_tok, "axes": {"k": topk}}
-            top = g.add("topk", f"{p}.router.topk", (probs,), attrs)
-            weights, chosen = Ref(top.name, 0), Ref(top.name, 1)
-            if c.norm_topk_prob:
-                weights = g.add("normalize", f"{p}.router.normalize", (weights,))
-        slots = g.add(
-            "moe_dispatch", f"{p}.experts.dispatch", (x, chosen), {"axes": {"x": n_exp, "c": C}}
-        )
-        names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
-
-        def expert_linear(role: str, inp: Node, out: Dim) -> Node:
-            w = self.param(
-                f"{p}.experts.*.{role}.weight",
-                (n_exp, out, inp.out.dims[-1]),
-                "moe_experts",
-                stacked="expert",
-            )
-            return g.add("expert_linear", f"{p}.experts.{role}", (inp, w))
-
-        gate = expert_linear(names[0], slots, ffn)  # (E, C, ffn_e)
-        up = expert_linear(names[1], slots, ffn)
-        m = g.add("mul", f"{p}.experts.mul", (self.act(f"{p}.experts.act_fn", gate), up))
-        y = expert_linear(names[2], m, self.d)  # (E, C, d)
-        out = g.add("moe_combine", f"{p}.experts.combine", (y, weights, chosen))  # (B, T, d)
-        if c.shared_expert_intermediate_size:
-            # DeepSeek: n_shared_experts experts fused into one MLP named `shared_experts`
-            name = "shared_experts" if c.moe_naming == "deepseek" else "shared_expert"
-            sh = self.mlp(f"{p}.{name}", x, c.shared_expert_intermediate_size, "shared_experts")
-            if c.shared_expert_gate:
-                one = Dim("1", "hidden", 1)
-                gl = self.linear(f"{p}.shared_expert_gate", x, one, "router")
-                gs = g.add("sigmoid", f"{p}.shared_expert_gate.sigmoid", (gl,))
-                sh = g.add("gate_mul", f"{p}.shared_expert.gated", (sh, gs))
-            out = g.add("add", f"{p}.add_shared", (out, sh))
-        return out

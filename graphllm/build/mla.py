@@ -1,4 +1,4 @@
-"""DeepSeek's multi-head latent attention (MLA) and router, as the builder adds them.
+"""DeepSeek's multi-head latent attention (MLA), as the builder adds it.
 
 MLA: the query comes from one projection or a low-rank pair (down, norm, up); the keys and values
 come from one shared latent of kv_lora_rank values per position (after its norm) plus one RoPE key
@@ -16,10 +16,9 @@ of qk_rope_head_dim values shared by all heads. The cache holds exactly these tw
 
 from __future__ import annotations
 
-from graphllm.build.dims import B, P, S
-
 from typing import TYPE_CHECKING
 
+from graphllm.build.dims import B, P, S
 from graphllm.ir import Dim, Node, Ref, TensorType
 
 if TYPE_CHECKING:
@@ -68,12 +67,8 @@ def mla_attention(b: _Builder, p: str, x: Node, i: int) -> Node:
     lat = g.add("split_heads", f"{p}.latent_head", (lat,), {"axes": {"h": one, "e": rank}})
     lat = b.rmsnorm(f"{p}.kv_a_layernorm", lat, rank)  # (B, 1, T, r)
     k_rope = g.add("split_heads", f"{p}.k_rope_head", (k_rope,), {"axes": {"h": one, "e": dr}})
-    rope = b.rope_attrs(c.qk_rope_head_dim)
-    op = "rope" if c.rope_layout == "half" else "rope_pairs"
-    if op == "rope_pairs":
-        rope["layout"] = c.rope_layout
-    q_rope = g.add(op, f"{p}.q_rope", (q_rope, b.positions), rope)  # (B, h, T, d_rope)
-    k_rope = g.add(op, f"{p}.k_rope", (k_rope, b.positions), rope)  # (B, 1, T, d_rope)
+    q_rope = b.rope(f"{p}.q_rope", q_rope, c.qk_rope_head_dim)  # (B, h, T, d_rope)
+    k_rope = b.rope(f"{p}.k_rope", k_rope, c.qk_rope_head_dim)  # (B, 1, T, d_rope)
     if b.wl.past_len > 0:
         cache = lambda width: TensorType((B, one, P, width), b.wl.kv_dtype)  # noqa: E731
         lat_t = g.add("input", f"past_key_values.{i}.key", (), {"type": cache(rank)})
@@ -108,47 +103,3 @@ def mla_attention(b: _Builder, p: str, x: Node, i: int) -> Node:
     d_o = Dim("d_o", "hidden", c.num_attention_heads * c.v_head_dim)
     o = g.add("merge_heads", f"{p}.merge_heads", (o,), {"axes": {"(h e)": d_o}})
     return b.linear(f"{p}.o_proj", o, b.d, "attention")
-
-
-def deepseek_router(b: _Builder, p: str, logits: Node) -> tuple[Node | Ref, Ref]:
-    """(routing weights, chosen expert ids), each (B, T, k), as transformers' DeepSeek routers.
-
-    V2: softmax scores; 'greedy' top-k, or 'group_limited_greedy' (top-k inside the topk_group
-    groups with the best single score). V3 ('noaux_tc'): sigmoid scores plus the stored
-    e_score_correction_bias choose (groups ranked by their two best), the unbiased scores of the
-    chosen experts weight them. Then optional renormalisation and routed_scaling_factor (V2 with
-    norm_topk_prob and k > 1: renormalisation alone, as DeepSeek's modeling_deepseek.py does).
-    """
-    c, g = b.cfg, b.g
-    n_exp = logits.out.dims[-1]
-    scoring = c.scoring_func
-    scores = g.add(scoring, f"{p}.router.{scoring}", (logits,))  # (B, T, E)
-    choose: Node = scores
-    if c.topk_method == "noaux_tc":
-        bias = b.param(f"{p}.gate.e_score_correction_bias", (n_exp,), "router")
-        choose = g.add("bias_add", f"{p}.router.bias", (scores, bias))
-    if c.topk_method != "greedy" and c.n_group > 1:
-        attrs = {
-            "n_group": c.n_group,
-            "topk_group": c.topk_group,
-            "score": "max" if c.topk_method == "group_limited_greedy" else "top2",
-            "fill": 0.0 if c.topk_method == "group_limited_greedy" else float("-inf"),
-        }
-        choose = g.add("group_limit", f"{p}.router.group_limit", (choose,), attrs)
-    topk = Dim("k", "topk", c.num_experts_per_tok)
-    top = g.add(
-        "topk", f"{p}.router.topk", (choose,), {"k": c.num_experts_per_tok, "axes": {"k": topk}}
-    )
-    weights: Node | Ref = Ref(top.name, 0)
-    chosen = Ref(top.name, 1)
-    if c.topk_method == "noaux_tc":
-        weights = g.add("gather_k", f"{p}.router.gather", (scores, chosen))
-    # DeepSeek-V2's own MoEGate renormalises top-k > 1 weights *instead of* scaling them;
-    # V3's (and transformers' V3) renormalises, then scales
-    v2_renorm = c.model_type == "deepseek_v2" and c.norm_topk_prob and c.num_experts_per_tok > 1
-    if c.norm_topk_prob and (v2_renorm or c.model_type != "deepseek_v2"):
-        weights = g.add("normalize", f"{p}.router.normalize", (weights,))
-    if c.routed_scaling_factor != 1.0 and not v2_renorm:
-        attrs = {"value": c.routed_scaling_factor}
-        weights = g.add("mul_const", f"{p}.router.scale", (weights,), attrs)
-    return weights, chosen

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from graphllm.errors import ConfigError
-from graphllm.models.model_config import FAMILIES, ModelConfig, RopeConfig
+from graphllm.models.model_config import FAMILIES, BlockLayout, ModelConfig, MoENames, RopeConfig
 from graphllm.models.rope import mscale
 from graphllm.models.workload import Workload
 
@@ -284,7 +284,9 @@ def _mixtral_moe(v: dict) -> dict:
         "intermediate_size": 0,
         "norm_topk_prob": True,
         "moe_layers": (True,) * n,
-        "moe_naming": "mixtral",
+        "moe_names": MoENames(
+            block="block_sparse_moe", expert_gate="w1", expert_up="w3", expert_down="w2"
+        ),
     }
 
 
@@ -423,16 +425,19 @@ def _deepseek_moe(v: dict) -> dict:
     # the multi-token-prediction layers n, n+1, ... follow it too (vLLM's DeepseekV2DecoderLayer)
     rule = [i >= first and i % freq == 0 for i in range(n + v.get("num_nextn_predict_layers", 0))]
     moe = tuple(rule[:n])
+    # DeepSeek-V2's own MoEGate renormalises only top-k > 1 weights, and then does not scale them
+    renorm = v.get("norm_topk_prob", False) and (version == 3 or k > 1)
     return {
         "num_experts": e,
         "num_experts_per_tok": k,
         "moe_intermediate_size": v["moe_intermediate_size"],
         "intermediate_size": v["intermediate_size"] if not all(moe) else 0,
-        "norm_topk_prob": v.get("norm_topk_prob", False),
+        "norm_topk_prob": renorm,
         "shared_expert_intermediate_size": v["n_shared_experts"] * v["moe_intermediate_size"],
         "moe_layers": moe,
         "mtp_moe_layers": tuple(rule[n:]),
-        "moe_naming": "deepseek",
+        "moe_names": MoENames(shared="shared_experts"),  # n_shared_experts fused into one MLP
+        "renorm_replaces_scaling": version == 2,
         "scoring_func": scoring,
         "topk_method": method,
         "n_group": groups if method != "greedy" else 1,
@@ -460,6 +465,8 @@ class Family:
     noop_only: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     # MLA families derive the attention shape themselves (head_dim = nope + rope widths)
     mla: bool = False
+    # the block's norms and residuals (every family here: Llama's two pre-norms, sequential)
+    block: BlockLayout = field(default_factory=BlockLayout)
 
 
 def _fields(**extra: Spec) -> dict[str, Spec]:
@@ -864,7 +871,9 @@ def config_from_dict(d: dict, name: str) -> ModelConfig:
         rope=rope,
         max_position_embeddings=v["max_position_embeddings"],
         tie_word_embeddings=v["tie_word_embeddings"],
+        block=fam.block,
         layer_types=types,
+        rope_layers=(True,) * n,  # RoPE in every layer of every family here
         sliding_window=window,
         **kw,
     )

@@ -1,13 +1,16 @@
 """The one flat, normalised model config the builder reads.
 
-`graphllm.config` turns HF config.json / YAML / presets into this; every derived field (head_dim, the
-per-layer attention and FFN kinds) is resolved there, so the builder never looks at family quirks
-except through these fields.
+`graphllm.models.config` turns HF config.json / YAML / presets into this; every derived field
+(head_dim, the block's layout, the per-layer attention, RoPE and FFN kinds, the checkpoint's module
+names) is resolved there, so the builder reads these fields and never a family's name.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from graphllm.errors import ConfigError
 
 FAMILIES = (
     "llama",
@@ -22,6 +25,9 @@ FAMILIES = (
     "deepseek_v2",
     "deepseek_v3",
 )
+
+# the attention a layer can have (ModelConfig.layer_types); the builder implements each
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,61 @@ class RopeConfig:
     mscale_all_dim: float | None = None
     attention_factor: float | None = None
     truncate: bool = True
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """How a decoder block wraps its two sub-layers (attention, then the FFN) in norms.
+
+    Each norm is named as the checkpoint names it; None: there is none in that place. A pre-norm
+    normalises the sub-layer's input, a post-norm its output before the residual add. Llama has
+    the two pre-norms (the defaults), OLMo 2 the two post-norms, Gemma 2/3 all four.
+    Sequential: h = x + attn(x); out = h + ffn(h). Parallel: both sub-layers read the block's
+    input, out = x + attn(x) + ffn(x), and an FFN without a pre-norm of its own reads the
+    attention's normalised input (Cohere's one input_layernorm).
+    """
+
+    attention_pre: str | None = "input_layernorm"
+    attention_post: str | None = None
+    ffn_pre: str | None = "post_attention_layernorm"
+    ffn_post: str | None = None
+    parallel: bool = False
+
+    def __post_init__(self) -> None:
+        names = [n for n in self.norms().values() if n is not None]
+        for name in names:
+            if not isinstance(name, str) or not name:
+                raise ConfigError(f"block: a norm's name must be a non-empty string, got {name!r}")
+        twice = next((n for n in names if names.count(n) > 1), None)
+        if twice is not None:
+            raise ConfigError(f"block: two norms are both named {twice!r}")
+
+    def norms(self) -> dict[str, str | None]:
+        """Each place ('attention_pre', ...) and the name of the norm there (None: none)."""
+        return {
+            "attention_pre": self.attention_pre,
+            "attention_post": self.attention_post,
+            "ffn_pre": self.ffn_pre,
+            "ffn_post": self.ffn_post,
+        }
+
+
+@dataclass(frozen=True)
+class MoENames:
+    """The checkpoint's module names of a layer's MoE block (Qwen2/3-MoE's by default).
+
+    Mixtral's block is `block_sparse_moe` with experts w1, w3, w2; DeepSeek's fused shared
+    experts are `shared_experts`.
+    """
+
+    block: str = "mlp"  # model.layers.{i}.<block>
+    router: str = "gate"  # <block>.<router>: the router's linear
+    # <block>.experts.{e}.<name>: each routed expert's gate, up and down projections
+    expert_gate: str = "gate_proj"
+    expert_up: str = "up_proj"
+    expert_down: str = "down_proj"
+    shared: str = "shared_expert"  # <block>.<shared>: the shared expert's MLP
+    shared_gate: str = "shared_expert_gate"  # <block>.<shared_gate>: its sigmoid gate's linear
 
 
 @dataclass(frozen=True)
@@ -71,31 +132,36 @@ class ModelConfig:
     embedding_multiplier: float = 1.0  # gemma: sqrt(hidden_size)
     fused_qkv: bool = False  # phi3: one qkv_proj weight
     fused_gate_up: bool = False  # phi3: one gate_up_proj weight
-    # 'full_attention' | 'sliding_attention', one per layer
+    # where each block's norms sit and whether its sub-layers run side by side
+    block: BlockLayout = field(default_factory=BlockLayout)
+    # one of LAYER_TYPES per layer (empty: every layer full attention)
     layer_types: tuple[str, ...] = ()
+    # per layer: whether its attention rotates q and k (False: a NoPE layer; empty: every layer)
+    rope_layers: tuple[bool, ...] = ()
     sliding_window: int | None = None
     # MoE; num_experts == 0 means dense everywhere
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
-    norm_topk_prob: bool = False
+    norm_topk_prob: bool = False  # the top-k weights are renormalised to sum to 1
     shared_expert_intermediate_size: int = 0
     shared_expert_gate: bool = False
-    # True where layer i has an MoE FFN, one per layer
+    # True where layer i has an MoE FFN, one per layer (empty: every layer dense)
     moe_layers: tuple[bool, ...] = ()
-    # the HF module layout of the MoE block: 'mixtral' (block_sparse_moe, w1/w2/w3) or 'qwen'
-    moe_naming: str = "qwen"
+    moe_names: MoENames = field(default_factory=MoENames)
     # DeepSeek routing: scores 'softmax' | 'sigmoid'; selection 'greedy' | 'group_limited_greedy'
     # (groups ranked by their best score) | 'noaux_tc' (sigmoid scores plus a stored
     # e_score_correction_bias pick the experts, groups ranked by their two best; the unbiased
-    # scores weight them); routed weights are multiplied by routed_scaling_factor. DeepSeek-V2
-    # with norm_topk_prob and top-k > 1 renormalises the weights *instead of* scaling them (its
-    # modeling_deepseek.py MoEGate; transformers' DeepseekV2 ignores the flag)
+    # scores weight them); routed weights are multiplied by routed_scaling_factor, unless
+    # renorm_replaces_scaling and they were renormalised: DeepSeek-V2 with norm_topk_prob and
+    # top-k > 1 renormalises the weights *instead of* scaling them (its modeling_deepseek.py
+    # MoEGate; transformers' DeepseekV2 ignores the flag)
     scoring_func: str = "softmax"
     topk_method: str = "greedy"
     n_group: int = 1
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
+    renorm_replaces_scaling: bool = False
     # MLA (DeepSeek-V2/V3 latent attention); kv_lora_rank == 0 means standard attention.
     # head_dim is then the query/key head width qk_nope_head_dim + qk_rope_head_dim
     q_lora_rank: int = 0  # 0: one q_proj
@@ -114,6 +180,27 @@ class ModelConfig:
     num_nextn_predict_layers: int = 0
     mtp_moe_layers: tuple[bool, ...] = ()
 
+    def __post_init__(self) -> None:
+        n = self.num_hidden_layers
+        every = {
+            "layer_types": (LAYER_TYPES[0],) * n,
+            "rope_layers": (True,) * n,
+            "moe_layers": (False,) * n,
+        }
+        for name, default in every.items():
+            value = getattr(self, name)
+            if not value:
+                object.__setattr__(self, name, default)  # frozen: filled once, at construction
+            elif len(value) != n:
+                raise ConfigError(f"{name} has {len(value)} entries for {n} hidden layers")
+        bad = [t for t in self.layer_types if t not in LAYER_TYPES]
+        if bad:
+            raise ConfigError(
+                f"layer_types has {bad[0]!r}; graphllm models {', '.join(LAYER_TYPES)}"
+            )
+        if self.is_mla and not all(self.rope_layers):
+            raise ConfigError("rope_layers: an MLA layer always rotates its RoPE part (no NoPE)")
+
     @property
     def n_rep(self) -> int:
         """Query heads per KV head (GQA group size)."""
@@ -126,3 +213,20 @@ class ModelConfig:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0 and any(self.moe_layers)
+
+
+_RECORDS = {"rope": RopeConfig, "block": BlockLayout, "moe_names": MoENames}
+
+
+def config_from_fields(d: dict[str, Any]) -> ModelConfig:
+    """A ModelConfig from `dataclasses.asdict`'s dict of it, read back from JSON (lists become
+    tuples again, the nested records are rebuilt); an unknown field is a ConfigError."""
+    known = {f.name for f in fields(ModelConfig)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ConfigError(f"unknown config field {unknown[0]!r} (written by another graphllm?)")
+    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+    for name, record in _RECORDS.items():
+        if isinstance(kw.get(name), dict):
+            kw[name] = record(**kw[name])
+    return ModelConfig(**kw)

@@ -43,6 +43,7 @@ def small_instance(cfg: ModelConfig, seq_len: int = 12) -> ModelConfig:
         head_dim=8,
         intermediate_size=48 if cfg.intermediate_size else 0,
         layer_types=cfg.layer_types[:layers],
+        rope_layers=cfg.rope_layers[:layers],
         sliding_window=window,
         num_experts=experts,
         num_experts_per_tok=min(cfg.num_experts_per_tok, experts),

@@ -1,0 +1,102 @@
+"""The MoE feed-forward as the builder adds it: router, top-k, dispatch, experts, combine, shared
+expert. Every family's routing and checkpoint names come from the config's fields (scoring,
+top-k method, renormalisation and scaling; MoENames), so nothing here knows a family.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from graphllm.build.dims import C
+from graphllm.ir import Dim, Node, Ref
+
+if TYPE_CHECKING:
+    from graphllm.build.builder import _Builder
+
+
+def moe_ffn(b: _Builder, layer: str, x: Node) -> Node:
+    """Router -> top-k -> dispatch -> experts -> weighted combine (+ a shared expert, gated or not)."""
+    c, g, names = b.cfg, b.g, b.cfg.moe_names
+    p = f"{layer}.{names.block}"
+    b.scopes.update(
+        {
+            p: "moe",
+            f"{p}.{names.router}": "router",
+            f"{p}.router": "router",
+            f"{p}.experts": "experts",
+            f"{p}.{names.shared_gate}": "router",
+        }
+    )
+    n_exp = Dim("E", "expert", c.num_experts)
+    ffn = Dim("ffn_e", "ffn", c.moe_intermediate_size)
+    logits = b.linear(f"{p}.{names.router}", x, n_exp, "router")  # (B, T, E)
+    weights, chosen = router(b, p, logits)
+    slots = g.add(
+        "moe_dispatch", f"{p}.experts.dispatch", (x, chosen), {"axes": {"x": n_exp, "c": C}}
+    )
+
+    def expert_linear(role: str, inp: Node, out: Dim) -> Node:
+        w = b.param(
+            f"{p}.experts.*.{role}.weight",
+            (n_exp, out, inp.out.dims[-1]),
+            "moe_experts",
+            stacked="expert",
+        )
+        return g.add("expert_linear", f"{p}.experts.{role}", (inp, w))
+
+    gate = expert_linear(names.expert_gate, slots, ffn)  # (E, C, ffn_e)
+    up = expert_linear(names.expert_up, slots, ffn)
+    m = g.add("mul", f"{p}.experts.mul", (b.act(f"{p}.experts.act_fn", gate), up))
+    y = expert_linear(names.expert_down, m, b.d)  # (E, C, d)
+    out = g.add("moe_combine", f"{p}.experts.combine", (y, weights, chosen))  # (B, T, d)
+    if c.shared_expert_intermediate_size:
+        s = f"{p}.{names.shared}"
+        sh = b.mlp(s, x, c.shared_expert_intermediate_size, "shared_experts")
+        if c.shared_expert_gate:
+            one = Dim("1", "hidden", 1)
+            gl = b.linear(f"{p}.{names.shared_gate}", x, one, "router")
+            gs = g.add("sigmoid", f"{p}.{names.shared_gate}.sigmoid", (gl,))
+            sh = g.add("gate_mul", f"{s}.gated", (sh, gs))
+        out = g.add("add", f"{p}.add_shared", (out, sh))
+    return out
+
+
+def router(b: _Builder, p: str, logits: Node) -> tuple[Node | Ref, Ref]:
+    """(routing weights, chosen expert ids), each (B, T, k), as transformers' routers compute them.
+
+    Scores: softmax or sigmoid. Selection: 'greedy' top-k; 'group_limited_greedy' (top-k inside
+    the topk_group groups with the best single score: DeepSeek-V2); 'noaux_tc' (DeepSeek-V3: the
+    scores plus the stored e_score_correction_bias choose, groups ranked by their two best, and
+    the unbiased scores of the chosen experts weight them). Then optional renormalisation and
+    routed_scaling_factor (not both where renorm_replaces_scaling).
+    """
+    c, g = b.cfg, b.g
+    n_exp = logits.out.dims[-1]
+    scoring = c.scoring_func
+    scores = g.add(scoring, f"{p}.router.{scoring}", (logits,))  # (B, T, E)
+    choose: Node = scores
+    if c.topk_method == "noaux_tc":
+        bias = b.param(f"{logits.name}.e_score_correction_bias", (n_exp,), "router")
+        choose = g.add("bias_add", f"{p}.router.bias", (scores, bias))
+    if c.topk_method != "greedy" and c.n_group > 1:
+        attrs = {
+            "n_group": c.n_group,
+            "topk_group": c.topk_group,
+            "score": "max" if c.topk_method == "group_limited_greedy" else "top2",
+            "fill": 0.0 if c.topk_method == "group_limited_greedy" else float("-inf"),
+        }
+        choose = g.add("group_limit", f"{p}.router.group_limit", (choose,), attrs)
+    topk = Dim("k", "topk", c.num_experts_per_tok)
+    top = g.add(
+        "topk", f"{p}.router.topk", (choose,), {"k": c.num_experts_per_tok, "axes": {"k": topk}}
+    )
+    weights: Node | Ref = Ref(top.name, 0)
+    chosen = Ref(top.name, 1)
+    if c.topk_method == "noaux_tc":
+        weights = g.add("gather_k", f"{p}.router.gather", (scores, chosen))
+    if c.norm_topk_prob:
+        weights = g.add("normalize", f"{p}.router.normalize", (weights,))
+    if c.routed_scaling_factor != 1.0 and not (c.norm_topk_prob and c.renorm_replaces_scaling):
+        attrs = {"value": c.routed_scaling_factor}
+        weights = g.add("mul_const", f"{p}.router.scale", (weights,), attrs)
+    return weights, chosen
