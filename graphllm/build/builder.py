@@ -217,7 +217,7 @@ class _Builder:
         if c.qk_norm:
             q = self.rmsnorm(f"{p}.q_norm", q, self.d_h)
             k = self.rmsnorm(f"{p}.k_norm", k, self.d_h)
-        if c.rope_layers[i]:  # else a NoPE layer: positions enter through the mask alone
+        if c.rotates(i):  # else a NoPE layer: positions enter through the mask alone
             q = self.rope(f"{p}.q_rope", q, c.head_dim)
             k = self.rope(f"{p}.k_rope", k, c.head_dim)
         window = c.sliding_window if c.layer_types[i] == "sliding_attention" else None

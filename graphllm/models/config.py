@@ -873,7 +873,7 @@ def config_from_dict(d: dict, name: str) -> ModelConfig:
         tie_word_embeddings=v["tie_word_embeddings"],
         block=fam.block,
         layer_types=types,
-        rope_layers=(True,) * n,  # RoPE in every layer of every family here
+        rope_layers=(),  # RoPE in every layer of every family here
         sliding_window=window,
         **kw,
     )

@@ -136,7 +136,8 @@ class ModelConfig:
     block: BlockLayout = field(default_factory=BlockLayout)
     # one of LAYER_TYPES per layer (empty: every layer full attention)
     layer_types: tuple[str, ...] = ()
-    # per layer: whether its attention rotates q and k (False: a NoPE layer; empty: every layer)
+    # per layer: whether its attention rotates q and k (False: a NoPE layer); empty: every layer
+    # does, so a config cut to fewer layers (replace(num_hidden_layers=...)) stays valid
     rope_layers: tuple[bool, ...] = ()
     sliding_window: int | None = None
     # MoE; num_experts == 0 means dense everywhere
@@ -149,13 +150,13 @@ class ModelConfig:
     # True where layer i has an MoE FFN, one per layer (empty: every layer dense)
     moe_layers: tuple[bool, ...] = ()
     moe_names: MoENames = field(default_factory=MoENames)
-    # DeepSeek routing: scores 'softmax' | 'sigmoid'; selection 'greedy' | 'group_limited_greedy'
-    # (groups ranked by their best score) | 'noaux_tc' (sigmoid scores plus a stored
+    # routing: scores 'softmax' | 'sigmoid'; selection 'greedy' | 'group_limited_greedy' (groups
+    # ranked by their best score) | 'noaux_tc' (sigmoid scores plus a stored
     # e_score_correction_bias pick the experts, groups ranked by their two best; the unbiased
-    # scores weight them); routed weights are multiplied by routed_scaling_factor, unless
-    # renorm_replaces_scaling and they were renormalised: DeepSeek-V2 with norm_topk_prob and
-    # top-k > 1 renormalises the weights *instead of* scaling them (its modeling_deepseek.py
-    # MoEGate; transformers' DeepseekV2 ignores the flag)
+    # scores weight them); Mixtral and Qwen: softmax, greedy. Routed weights are multiplied by
+    # routed_scaling_factor, unless renorm_replaces_scaling and they were renormalised:
+    # DeepSeek-V2 with norm_topk_prob and top-k > 1 renormalises the weights *instead of*
+    # scaling them (its modeling_deepseek.py MoEGate; transformers' DeepseekV2 ignores the flag)
     scoring_func: str = "softmax"
     topk_method: str = "greedy"
     n_group: int = 1
@@ -182,16 +183,12 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         n = self.num_hidden_layers
-        every = {
-            "layer_types": (LAYER_TYPES[0],) * n,
-            "rope_layers": (True,) * n,
-            "moe_layers": (False,) * n,
-        }
-        for name, default in every.items():
+        for name, default in {"layer_types": LAYER_TYPES[0], "moe_layers": False}.items():
+            if not getattr(self, name):  # frozen: filled once, at construction
+                object.__setattr__(self, name, (default,) * n)
+        for name in ("layer_types", "moe_layers", "rope_layers"):
             value = getattr(self, name)
-            if not value:
-                object.__setattr__(self, name, default)  # frozen: filled once, at construction
-            elif len(value) != n:
+            if value and len(value) != n:
                 raise ConfigError(f"{name} has {len(value)} entries for {n} hidden layers")
         bad = [t for t in self.layer_types if t not in LAYER_TYPES]
         if bad:
@@ -200,6 +197,10 @@ class ModelConfig:
             )
         if self.is_mla and not all(self.rope_layers):
             raise ConfigError("rope_layers: an MLA layer always rotates its RoPE part (no NoPE)")
+
+    def rotates(self, i: int) -> bool:
+        """Whether layer i's attention applies RoPE to q and k (False: a NoPE layer)."""
+        return not self.rope_layers or self.rope_layers[i]
 
     @property
     def n_rep(self) -> int:
