@@ -106,6 +106,10 @@ class MoENames:
     shared_gate: str = "shared_expert_gate"  # <block>.<shared_gate>: its sigmoid gate's linear
 
 
+# ModelConfig's fields that are records of their own
+_RECORDS = {"rope": RopeConfig, "block": BlockLayout, "moe_names": MoENames}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """A decoder-only LLM, normalised across families. Sizes are exact integers."""
@@ -182,6 +186,10 @@ class ModelConfig:
     mtp_moe_layers: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
+        for name, record in _RECORDS.items():
+            value = getattr(self, name)
+            if not isinstance(value, record):
+                raise ConfigError(f"{name} must be a {record.__name__}, got {type(value).__name__}")
         n = self.num_hidden_layers
         for name, default in {"layer_types": LAYER_TYPES[0], "moe_layers": False}.items():
             if not getattr(self, name):  # frozen: filled once, at construction
@@ -214,9 +222,6 @@ class ModelConfig:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0 and any(self.moe_layers)
-
-
-_RECORDS = {"rope": RopeConfig, "block": BlockLayout, "moe_names": MoENames}
 
 
 def config_from_fields(d: dict[str, Any]) -> ModelConfig:
