@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from graphllm.build.dims import T_LAST, B, T
 from graphllm.errors import ConfigError
 from graphllm.ir import Dim, Node, TensorType
+from graphllm.models.config import FAMILY_TABLE
 from graphllm.models.model_config import ModelConfig
 
 if TYPE_CHECKING:
@@ -36,9 +37,11 @@ if TYPE_CHECKING:
 def check_mtp(cfg: ModelConfig) -> None:
     """One line when `cfg` has no multi-token-prediction layers to include."""
     if cfg.num_nextn_predict_layers == 0:
+        family = FAMILY_TABLE.get(cfg.model_type)
+        has_them = family is not None and "num_nextn_predict_layers" in family.fields
         why = (
             "num_nextn_predict_layers is 0"
-            if cfg.model_type == "deepseek_v3"
+            if has_them
             else f"{cfg.model_type} has none, DeepSeek-V3 has"
         )
         raise ConfigError(f"--mtp: {cfg.name} has no multi-token-prediction layers ({why})")

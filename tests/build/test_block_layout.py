@@ -347,3 +347,29 @@ def test_the_decomposed_export_runs_every_layout_like_the_interpreter(case, tmp_
     g = graph(cfg, seq_len=5)
     want = run_graph(g, random_weights(g, seed=3), ids)["logits"]
     np.testing.assert_allclose(model.forward(ids)["logits"], want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("case", EXPORTED)
+@pytest.mark.parametrize(
+    "strategy",
+    [{"tp": 2}, {"tp": 2, "sp": True}, {"pp": 2, "microbatches": 2}, {"cp": 2}],
+    ids=["tp", "tp-sp", "pp", "cp"],
+)
+def test_every_layout_partitions_to_the_single_device_result(case, strategy):
+    from graphllm.passes.parallel.partition import Strategy, partition
+    from graphllm.runtime.spmd import check_partition
+
+    g = build_graph(EXPORTED[case], Workload(batch=4, seq_len=8, dtype="fp32"))
+    check = check_partition(g, partition(g, Strategy(**strategy)), seed=1)
+    assert check.max_diff <= 1e-5, check.differences(3)
+    assert all(v <= 1e-5 for v in check.others.values()), check.others
+
+
+def test_a_nope_layer_is_a_layer_kind_of_its_own():
+    from graphllm.passes.parallel.plan import layer_kinds, reduced_config
+
+    cfg = tiny(num_hidden_layers=4, rope_layers=(True, True, True, False))
+    assert len(set(layer_kinds(cfg))) == 2
+    small, where = reduced_config(cfg)
+    assert small.num_hidden_layers == 2 and small.rope_layers == (True, False)
+    assert where == [0, 0, 0, 1]
