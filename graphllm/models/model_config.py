@@ -26,7 +26,9 @@ FAMILIES = (
     "deepseek_v3",
 )
 
-# the attention a layer can have (ModelConfig.layer_types); the builder implements each
+# the attention a layer can have (ModelConfig.layer_types), each one the builder implements; a
+# new kind (chunked, linear attention, a state-space layer) joins here and in the builder together,
+# while NoPE is not a kind but a layer without RoPE (rope_layers)
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
