@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from graphllm.models import rope as rope_mod
+from graphllm.build.dims import P_W, S_W, T_LAST, B, C, P, S, T
 from graphllm.build.mla import MLA_FORMS, deepseek_router, mla_attention
 from graphllm.build.mtp import check_mtp, mtp_modules
-from graphllm.build.dims import C, P_W, S_W, T_LAST, B, P, S, T
 from graphllm.errors import ConfigError
 from graphllm.ir import Dim, Graph, Node, Ref, TensorType
+from graphllm.models import rope as rope_mod
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import WEIGHT_ONLY, Workload
+
 
 def build_graph(
     config: ModelConfig, workload: Workload | None = None, mla: str = "naive", mtp: bool = False

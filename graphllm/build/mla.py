@@ -16,10 +16,9 @@ of qk_rope_head_dim values shared by all heads. The cache holds exactly these tw
 
 from __future__ import annotations
 
-from graphllm.build.dims import B, P, S
-
 from typing import TYPE_CHECKING
 
+from graphllm.build.dims import B, P, S
 from graphllm.ir import Dim, Node, Ref, TensorType
 
 if TYPE_CHECKING:
