@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import graphllm.ops  # noqa: F401  (the rows of the ops this builder emits)
 from graphllm.build.dims import P_W, S_W, T_LAST, B, C, P, S, T
 from graphllm.build.mla import MLA_FORMS, deepseek_router, mla_attention
 from graphllm.build.mtp import check_mtp, mtp_modules
