@@ -102,9 +102,7 @@ class _Costing:
             n.inputs[i].node for n in appends for i in OPS[n.op].in_place
         }
         # prefill: present K/V enter the cache where they are produced
-        self.cache_writes = {
-            r.node for k, r in graph.outputs.items() if k.startswith("present.")
-        } - self.kv_tensors
+        self.cache_writes = {r.node for r in graph.cache_outputs().values()} - self.kv_tensors
         self.region = core_attention_region(graph)
         self.pairs = self.region.pairs
         self.fused = self.region.copies if self.flash else frozenset()
@@ -143,14 +141,15 @@ class _Costing:
             if n.name in self.pairs
             else next(self.g.type_of(r) for r in n.inputs if r.node in self.pairs)
         )
-        p, s = int(self.b.get("P", 0)), int(self.b["P"] + self.b["T"])
-        key_dim = [d for d in pair_t.dims if d.role in TOKEN_ROLES][-1]
-        n_keys = int(key_dim.size or self.b[key_dim.name])
+        query_dim, *_, key_dim = [d for d in pair_t.dims if d.role in TOKEN_ROLES]
         if rel is None:
             return 1.0, 1.0
-        first_key = s - n_keys  # a rolling cache holds the last positions only
+        p, s = query_dim.position_range(self.b)
+        n_keys = int(key_dim.size or self.b[key_dim.name])
+        last_key = key_dim.position_range(self.b)[1] - 1
+        first_key = last_key + 1 - n_keys  # a rolling cache holds the last positions only
         lo, hi = OPS[rel.op].relation(rel.attrs, np.arange(p, s))
-        lo, hi = np.maximum(lo, first_key), np.minimum(hi, s - 1)
+        lo, hi = np.maximum(lo, first_key), np.minimum(hi, last_key)
         pairs = float(np.clip(hi - lo + 1, 0, None).sum()) / ((s - p) * n_keys)
         keys = max(int(hi.max()) - int(lo.min()) + 1, 0) / n_keys
         return pairs, keys

@@ -22,10 +22,9 @@ of kind `mtp`, so reports, diagrams and the pipeline (which puts it on the last 
 
 from __future__ import annotations
 
-from graphllm.build.dims import T_LAST, B, T
-
 from typing import TYPE_CHECKING
 
+from graphllm.build.dims import T_LAST, B, T
 from graphllm.errors import ConfigError
 from graphllm.ir import Dim, Node, TensorType
 from graphllm.models.model_config import ModelConfig
