@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from graphllm.build.kinds import LAYER, SCOPE_KINDS
 from graphllm.ir import TOKEN_ROLES, Graph, Node, TensorType
 from graphllm.models.workload import dtype as dtype_of
 from graphllm.models.workload import nbytes
@@ -35,20 +36,6 @@ from graphllm.ops import MOVEMENT, OPS, SOURCE, node_flops
 from graphllm.passes.attention_region import core_attention_region
 from graphllm.passes.registry import register
 from graphllm.passes.tokens import position_letters
-
-SCOPE_KINDS = (
-    "embedding",
-    "attention",
-    "core_attention",
-    "mlp",
-    "moe",
-    "router",
-    "experts",
-    "shared_expert",
-    "norms",
-    "lm_head",
-    "mtp",  # DeepSeek-V3's multi-token-prediction modules, when built
-)
 
 
 @dataclass(frozen=True)
@@ -258,12 +245,12 @@ def scopes_of(graph: Graph, name: str) -> list[tuple[str, str]]:
 def layer_of(graph: Graph, name: str) -> str:
     """The layer scope holding node `name`; '' outside every layer (embedding, final norm, LM
     head)."""
-    return next((p for p, k in scopes_of(graph, name) if k == "layer"), "")
+    return next((p for p, k in scopes_of(graph, name) if k == LAYER), "")
 
 
 def layer_scopes(graph: Graph) -> list[str]:
     """The layer scopes, in order."""
-    return [p for p, k in graph.meta.get("scopes", {}).items() if k == "layer"]
+    return [p for p, k in graph.meta.get("scopes", {}).items() if k == LAYER]
 
 
 @register("cost", requires=("verify",))
@@ -296,7 +283,7 @@ def cost_pass(
         by_op[n.op] += oc.flops
         kinds = set()
         for prefix, kind in scopes_of(graph, n.name):
-            if kind == "layer":
+            if kind == LAYER:
                 lay = layers.setdefault(prefix, {"flops": 0.0, "bytes": 0.0})
                 lay["flops"] += oc.flops
                 lay["bytes"] += oc.bytes

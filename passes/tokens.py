@@ -243,7 +243,6 @@ class _Two:
 
 
 _NONE = None  # a tensor without position axes (weights)
-_COMPUTE = frozenset(name for name, spec in OPS.items() if spec.category != SOURCE)
 
 
 @dataclass(frozen=True)
@@ -286,7 +285,9 @@ class TokenReport:
 @register("tokens", requires=("verify",))
 def token_pass(graph: Graph, results: dict[str, Any] | None = None, **opts: Any) -> TokenReport:
     """Mixing verdicts for every node and dependence sets through all layers."""
-    letters = {n.name: position_letters(graph, n) for n in graph.nodes() if n.op in _COMPUTE}
+    letters = {
+        n.name: position_letters(graph, n) for n in graph.nodes() if OPS[n.op].category != SOURCE
+    }
     verdicts = {n.name: mixing_verdict(graph, n, letters.get(n.name)) for n in graph.nodes()}
     mixing = [(n.name, n.op) for n in graph.nodes() if verdicts[n.name].mixes]
     p_len, s_len = sequence(graph)

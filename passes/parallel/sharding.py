@@ -572,7 +572,7 @@ def hoist_gathers(g: Graph) -> Graph:
         name = f"{n.inputs[0].node}.all_gather"
         name = name if name not in g else a.name
         attrs = {**a.attrs, "axis": j_in, "axes": {f"@{j_in}": whole}}
-        gathered = new.add("all_gather", name, inputs, attrs)
+        gathered = new.add(a.op, name, inputs, attrs)
         gathered.meta["sharding"] = (src.unsplit(j_in, a.attrs["mesh"], a.name),)
         copy_node(new, n, [Ref(name)]).meta["sharding"] = a.meta["sharding"]
         alias[a.name] = n.name
