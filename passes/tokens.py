@@ -11,11 +11,11 @@ Mixing rule, for one op: an output value at some positions reads input values at
 Letters that a row declares `same_position` (KV concat, MoE slots) index one absolute position.
 
 Dependence sets: every position axis is placed on the absolute positions its dim declares
-(`Dim.positions`: past 0..P-1, new tokens P..S-1). A tensor with one position axis carries, per position, the set of input
-positions it depends on; one with two (scores, t x s) carries a row set per t, a column set per s
-and the interval of s each t is allowed to see (narrowed by a row's `relation`, e.g. the mask).
-Sets are exact bit matrices for short sequences, and intervals (their hull, exact for causal and
-window masks, whose sets are contiguous) for long ones.
+(`Dim.positions`: past 0..P-1, new tokens P..S-1). A tensor with one position axis carries, per
+position, the set of input positions it depends on; one with two (scores, t x s) carries a row
+set per t, a column set per s and the interval of s each t is allowed to see (narrowed by a row's
+`relation`, e.g. the mask). Sets are exact bit matrices for short sequences, and intervals (their
+hull, exact for causal and window masks, whose sets are contiguous) for long ones.
 """
 
 from __future__ import annotations
