@@ -33,11 +33,12 @@ CHILD = r"""
 import sys
 from pathlib import Path
 import graphllm
+from graphllm.build.builder import build_export_graph
 from graphllm.exporters.onnx import export_onnx
 model, dtype, out, dry = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4] == "1"
 cfg = graphllm.load_config(model)
 if not dry:
-    r = export_onnx(cfg, out / "model.onnx", dtype=dtype, seed=0)
+    r = export_onnx(build_export_graph(cfg, dtype), out / "model.onnx", seed=0)
     print(r.params, r.weight_bytes, int(r.data_path is not None))
 """
 

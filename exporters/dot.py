@@ -37,7 +37,7 @@ from graphllm.passes import run
 from graphllm.passes.attention_region import core_attention_region
 from graphllm.passes.cost import layer_of, layer_scopes, scopes_of
 from graphllm.passes.parallel.partition import comm_bytes
-from graphllm.passes.tokens import position_letters
+from graphllm.passes.tokens import position_letters, sequence
 
 VIEWS = ("model", "block", "attention", "ffn", "tokens")
 COLORS = ("flops", "bytes", "time")
@@ -823,8 +823,8 @@ def allowed_keys(graph: Graph, node: Node, n: int) -> tuple[np.ndarray, np.ndarr
 def tokens_view(ctx: _Ctx, layer: int) -> Drawing:
     """One column per token position; edges between columns only where mixing ops gather."""
     g = ctx.g
-    n = int(g.bindings["T"])
-    if g.bindings.get("P", 0):
+    past, n = sequence(g)
+    if past:
         raise GraphllmError("the tokens view draws a prefill: leave --past-len at 0")
     if not 1 <= n <= MAX_TOKENS:
         raise GraphllmError(f"the tokens view draws 1 to {MAX_TOKENS} tokens, not {n}")

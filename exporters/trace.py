@@ -47,7 +47,7 @@ def _segments(graph: Graph, hw: Hardware, attention: str, training: bool) -> lis
     out: list[list[Any]] = [[[], []] for _ in range(pp)]
     for n in graph.nodes():
         spec = OPS[n.op]
-        if spec.category == SOURCE or n.op == "recv":  # a recv is timed on its send
+        if spec.category == SOURCE or spec.timed_on_peer:  # a recv is timed on its send
             continue
         st = n.meta.get("stage", 0)
         if spec.category == COMMUNICATION:

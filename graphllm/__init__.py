@@ -1,5 +1,7 @@
 """graphllm: decoder-only LLMs as explicit op graphs, analysed like a compiler would."""
 
+# the op rows register themselves on import: whatever a program imports first, the table is full
+import graphllm.ops  # noqa: F401
 from graphllm.build.builder import build_graph
 from graphllm.errors import ConfigError, GraphError, GraphllmError, PassError
 from graphllm.ir import Dim, Graph, Node, Ref, TensorType

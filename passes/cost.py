@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from graphllm.build.kinds import LAYER, SCOPE_KINDS
 from graphllm.ir import TOKEN_ROLES, Graph, Node, TensorType
 from graphllm.models.workload import dtype as dtype_of
 from graphllm.models.workload import nbytes
@@ -35,20 +36,6 @@ from graphllm.ops import MOVEMENT, OPS, SOURCE, node_flops
 from graphllm.passes.attention_region import core_attention_region
 from graphllm.passes.registry import register
 from graphllm.passes.tokens import position_letters
-
-SCOPE_KINDS = (
-    "embedding",
-    "attention",
-    "core_attention",
-    "mlp",
-    "moe",
-    "router",
-    "experts",
-    "shared_expert",
-    "norms",
-    "lm_head",
-    "mtp",  # DeepSeek-V3's multi-token-prediction modules, when built
-)
 
 
 @dataclass(frozen=True)
@@ -102,9 +89,7 @@ class _Costing:
             n.inputs[i].node for n in appends for i in OPS[n.op].in_place
         }
         # prefill: present K/V enter the cache where they are produced
-        self.cache_writes = {
-            r.node for k, r in graph.outputs.items() if k.startswith("present.")
-        } - self.kv_tensors
+        self.cache_writes = {r.node for r in graph.cache_outputs().values()} - self.kv_tensors
         self.region = core_attention_region(graph)
         self.pairs = self.region.pairs
         self.fused = self.region.copies if self.flash else frozenset()
@@ -143,14 +128,15 @@ class _Costing:
             if n.name in self.pairs
             else next(self.g.type_of(r) for r in n.inputs if r.node in self.pairs)
         )
-        p, s = int(self.b.get("P", 0)), int(self.b["P"] + self.b["T"])
-        key_dim = [d for d in pair_t.dims if d.role in TOKEN_ROLES][-1]
-        n_keys = int(key_dim.size or self.b[key_dim.name])
+        query_dim, *_, key_dim = [d for d in pair_t.dims if d.role in TOKEN_ROLES]
         if rel is None:
             return 1.0, 1.0
-        first_key = s - n_keys  # a rolling cache holds the last positions only
+        p, s = query_dim.position_range(self.b)
+        n_keys = int(key_dim.size or self.b[key_dim.name])
+        last_key = key_dim.position_range(self.b)[1] - 1
+        first_key = last_key + 1 - n_keys  # a rolling cache holds the last positions only
         lo, hi = OPS[rel.op].relation(rel.attrs, np.arange(p, s))
-        lo, hi = np.maximum(lo, first_key), np.minimum(hi, s - 1)
+        lo, hi = np.maximum(lo, first_key), np.minimum(hi, last_key)
         pairs = float(np.clip(hi - lo + 1, 0, None).sum()) / ((s - p) * n_keys)
         keys = max(int(hi.max()) - int(lo.min()) + 1, 0) / n_keys
         return pairs, keys
@@ -259,12 +245,12 @@ def scopes_of(graph: Graph, name: str) -> list[tuple[str, str]]:
 def layer_of(graph: Graph, name: str) -> str:
     """The layer scope holding node `name`; '' outside every layer (embedding, final norm, LM
     head)."""
-    return next((p for p, k in scopes_of(graph, name) if k == "layer"), "")
+    return next((p for p, k in scopes_of(graph, name) if k == LAYER), "")
 
 
 def layer_scopes(graph: Graph) -> list[str]:
     """The layer scopes, in order."""
-    return [p for p, k in graph.meta.get("scopes", {}).items() if k == "layer"]
+    return [p for p, k in graph.meta.get("scopes", {}).items() if k == LAYER]
 
 
 @register("cost", requires=("verify",))
@@ -297,7 +283,7 @@ def cost_pass(
         by_op[n.op] += oc.flops
         kinds = set()
         for prefix, kind in scopes_of(graph, n.name):
-            if kind == "layer":
+            if kind == LAYER:
                 lay = layers.setdefault(prefix, {"flops": 0.0, "bytes": 0.0})
                 lay["flops"] += oc.flops
                 lay["bytes"] += oc.bytes

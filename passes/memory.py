@@ -52,7 +52,7 @@ def memory_pass(
         experts = n.attrs.get("stacked") == "expert"  # routed experts, one slice each
         active += nb * cfg.num_experts_per_tok / cfg.num_experts if experts and cfg else nb
     kv_dt = graph.meta.get("kv_dtype")
-    presents = {r for k, r in graph.outputs.items() if k.startswith("present.")}
+    presents = set(graph.cache_outputs().values())
     kv = sum(nbytes(kv_dt or graph.type_of(r).dtype, graph.type_of(r).numel(b)) for r in presents)
     peak, at = peak_activations(graph, attention)
     return MemoryReport(weights, active, by_dtype, kv, peak, at)
@@ -64,7 +64,7 @@ def peak_activations(
     """Peak live activation bytes of `within` (a part of `graph`; default the whole), and where:
     not the KV cache (counted as the cache) nor, under flash attention, what the fused kernel
     keeps on chip."""
-    held = {r.node for k, r in graph.outputs.items() if k.startswith("present.")}
+    held = {r.node for r in graph.cache_outputs().values()}
     if attention == "flash":
         region = core_attention_region(graph)
         held |= region.pairs | region.copies

@@ -6,21 +6,12 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from graphllm.build.kinds import WEIGHT_KINDS
 from graphllm.ir import Graph
 from graphllm.passes.cost import scopes_of
 from graphllm.passes.registry import register
 
-KINDS = (
-    "embedding",
-    "attention",
-    "mlp",
-    "moe_experts",
-    "shared_experts",
-    "router",
-    "norms",
-    "lm_head",
-    "mtp_proj",  # an MTP module's eh_proj; its other weights count under their own kinds
-)
+KINDS = WEIGHT_KINDS  # the keys of `by_kind`, in order
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,11 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from graphllm.build.kinds import LAYER, SCOPE_KINDS
 from graphllm.errors import PassError
 from graphllm.ir import Graph
 from graphllm.models.hardware import Hardware
-from graphllm.passes.cost import SCOPE_KINDS, ZERO, scopes_of
+from graphllm.passes.cost import ZERO, scopes_of
 from graphllm.passes.registry import register
 
 
@@ -91,7 +92,7 @@ def roofline_pass(
         else:
             mem += t
         by_op[n.op] += t
-        for kind in {k for _, k in scopes_of(graph, n.name) if k != "layer"}:
+        for kind in {k for _, k in scopes_of(graph, n.name) if k != LAYER}:
             by_scope[kind] += t
     wl = graph.meta["workload"]
     return RooflineReport(

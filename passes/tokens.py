@@ -10,12 +10,12 @@ Mixing rule, for one op: an output value at some positions reads input values at
   3. an output has two position axes that no single input has together (Q K^T pairs t with s).
 Letters that a row declares `same_position` (KV concat, MoE slots) index one absolute position.
 
-Dependence sets: every position axis is placed on absolute positions 0..S-1 (past 0..P-1, new
-tokens P..S-1). A tensor with one position axis carries, per position, the set of input
-positions it depends on; one with two (scores, t x s) carries a row set per t, a column set per s
-and the interval of s each t is allowed to see (narrowed by a row's `relation`, e.g. the mask).
-Sets are exact bit matrices for short sequences, and intervals (their hull, exact for causal and
-window masks, whose sets are contiguous) for long ones.
+Dependence sets: every position axis is placed on the absolute positions its dim declares
+(`Dim.positions`: past 0..P-1, new tokens P..S-1). A tensor with one position axis carries, per
+position, the set of input positions it depends on; one with two (scores, t x s) carries a row
+set per t, a column set per s and the interval of s each t is allowed to see (narrowed by a row's
+`relation`, e.g. the mask). Sets are exact bit matrices for short sequences, and intervals (their
+hull, exact for causal and window masks, whose sets are contiguous) for long ones.
 """
 
 from __future__ import annotations
@@ -243,7 +243,6 @@ class _Two:
 
 
 _NONE = None  # a tensor without position axes (weights)
-_COMPUTE = frozenset(name for name, spec in OPS.items() if spec.category != SOURCE)
 
 
 @dataclass(frozen=True)
@@ -286,15 +285,16 @@ class TokenReport:
 @register("tokens", requires=("verify",))
 def token_pass(graph: Graph, results: dict[str, Any] | None = None, **opts: Any) -> TokenReport:
     """Mixing verdicts for every node and dependence sets through all layers."""
-    letters = {n.name: position_letters(graph, n) for n in graph.nodes() if n.op in _COMPUTE}
+    letters = {
+        n.name: position_letters(graph, n) for n in graph.nodes() if OPS[n.op].category != SOURCE
+    }
     verdicts = {n.name: mixing_verdict(graph, n, letters.get(n.name)) for n in graph.nodes()}
     mixing = [(n.name, n.op) for n in graph.nodes() if verdicts[n.name].mixes]
-    b = graph.bindings
-    p_len, s_len = int(b.get("P", 0)), int(b.get("P", 0) + b["T"])
+    p_len, s_len = sequence(graph)
     exact = opts.get("exact_sets")
     if exact is None:
         exact = s_len <= EXACT_LIMIT
-    info = _propagate(graph, s_len, p_len, bool(exact), letters)
+    info = _propagate(graph, s_len, bool(exact), letters)
     logits = info[graph.outputs["logits"].node]
     if not isinstance(logits, _One):
         raise PassError("tokens: the logits have no single position axis")
@@ -307,24 +307,25 @@ def token_pass(graph: Graph, results: dict[str, Any] | None = None, **opts: Any)
     return TokenReport(verdicts, mixing, bool(exact), s_len, p_len, logits.deps, per_layer)
 
 
-def _propagate(
-    graph: Graph, n: int, p_len: int, exact: bool, letters: dict[str, tuple]
-) -> dict[str, Any]:
+def sequence(graph: Graph) -> tuple[int, int]:
+    """(where the new tokens start, how many absolute positions there are): the first position
+    a query axis indexes, and the end of the furthest range any position axis indexes."""
+    b = graph.bindings
+    dims = {d for n in graph.nodes() for t in n.outputs for d in t.dims if d.role in TOKEN_ROLES}
+    ranges = [(d.role, *d.position_range(b)) for d in dims]
+    if not ranges:
+        raise PassError("tokens: the graph has no position axis")
+    first = min((lo for role, lo, _ in ranges if role == "token"), default=0)
+    return first, max(hi for _, _, hi in ranges)
+
+
+def _propagate(graph: Graph, n: int, exact: bool, letters: dict[str, tuple]) -> dict[str, Any]:
     """Abstract execution over positions: a _One/_Two/None per node (its output 0; the outputs of
     a multi-output op share their positions). Returns the infos of block outputs and logits."""
     keep = set(graph.meta.get("blocks", ())) | {r.node for r in graph.outputs.values()}
     uses = {n.name: len(graph.users(n)) for n in graph.nodes()}
     info: dict[str, Any] = {}
-    p_w = int(graph.bindings.get("P_w", p_len))
-    ranges = {
-        "T": (p_len, n),
-        "P": (0, p_len),
-        "S": (0, n),
-        "C": (p_len, n),
-        "T_last": (n - 1, n),
-        "P_w": (p_len - p_w, p_len),  # a rolling window cache: the last positions only
-        "S_w": (p_len - p_w, n),
-    }
+    b = graph.bindings
     narrower: dict[Any, Any] = {}  # output type -> the positions it holds, or False: all
     for node in graph.nodes():
         spec = OPS[node.op]
@@ -333,7 +334,7 @@ def _propagate(
             if not pos:
                 info[node.name] = _NONE
                 continue
-            lo, hi = ranges.get(pos[0].name, (0, n))
+            lo, hi = pos[0].position_range(b)
             sup = np.zeros(n, bool)
             sup[lo:hi] = True
             info[node.name] = _One(sup, Deps.identity(n, exact, sup))
@@ -345,8 +346,8 @@ def _propagate(
         if held is None:
             pos = [d for d in node.out.dims if d.role in TOKEN_ROLES]
             held = False
-            if len(pos) == 1 and pos[0].name in ranges:
-                lo, hi = ranges[pos[0].name]
+            if len(pos) == 1:
+                lo, hi = pos[0].position_range(b)
                 if lo > 0 or hi < n:  # an output that holds fewer positions than its input
                     held = np.zeros(n, bool)
                     held[lo:hi] = True

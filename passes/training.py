@@ -42,7 +42,7 @@ from graphllm.errors import ConfigError
 from graphllm.ir import Graph, Node, Ref
 from graphllm.models.workload import dtype as dtype_of
 from graphllm.models.workload import nbytes
-from graphllm.ops import COMMUNICATION, CONTRACTION, ELEMENTWISE, OPS, SOURCE
+from graphllm.ops import COMMUNICATION, CONTRACTION, ELEMENTWISE, OPS, SOURCE, letter_sizes
 from graphllm.passes.attention_region import core_attention_region
 from graphllm.passes.cost import layer_of
 
@@ -122,11 +122,13 @@ def saved_activations(
                 continue
             kept.setdefault(r, layer_of(graph, n.name))
     extra: dict[str, float] = defaultdict(float)
-    if attention == "flash":  # the softmax's log-sum-exp per query row (fp32)
-        for n in graph.nodes("softmax"):
-            if n.name in region.pairs and (names is None or n.name in names):
-                t = n.out
-                extra[layer_of(graph, n.name)] += 4 * t.numel(b) / t.shape(b)[-1]
+    if attention == "flash":  # what the fused kernel keeps per row instead (softmax's LSE)
+        for n in graph.nodes():
+            stats = OPS[n.op].backward_stats
+            if stats and n.name in pairs and (names is None or n.name in names):
+                sizes = letter_sizes(graph, n)
+                row = math.prod(sizes[x] for x in OPS[n.op].reduce)
+                extra[layer_of(graph, n.name)] += 4 * stats * n.out.numel(b) / row
     for k, r in graph.outputs.items():
         if k == "logits" and (names is None or r.node in names):
             kept.setdefault(root(r), "")

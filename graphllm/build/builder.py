@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import graphllm.ops  # noqa: F401  (the op rows every node is checked against)
+import graphllm.ops  # noqa: F401  (the rows of the ops this builder emits)
 from graphllm.build.dims import P_W, S_W, T_LAST, B, P, S, T
 from graphllm.build.mla import MLA_FORMS, mla_attention
 from graphllm.build.moe import moe_ffn
 from graphllm.build.mtp import check_mtp, mtp_modules
 from graphllm.errors import ConfigError
-from graphllm.ir import Dim, Graph, Node, Ref, TensorType
+from graphllm.ir import CACHE, Dim, Graph, Node, Ref, TensorType
 from graphllm.models import rope as rope_mod
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import WEIGHT_ONLY, Workload
@@ -230,8 +230,8 @@ class _Builder:
             past_v = g.add("input", f"past_key_values.{i}.value", (), {"type": kv_t})
             k = g.add("kv_concat", f"{p}.k_cache", (past_k, k), {"axes": {"s": keys}})
             v = g.add("kv_concat", f"{p}.v_cache", (past_v, v), {"axes": {"s": keys}})
-        g.set_output(f"present.{i}.key", k)
-        g.set_output(f"present.{i}.value", v)
+        g.set_output(f"present.{i}.key", k, CACHE)
+        g.set_output(f"present.{i}.value", v, CACHE)
         if c.n_rep > 1:
             k = g.add("repeat_kv", f"{p}.k_repeat", (k,), {"axes": {"h": self.h}})  # (B, h, S, d_h)
             v = g.add("repeat_kv", f"{p}.v_repeat", (v,), {"axes": {"h": self.h}})

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from graphllm.build.dims import B, P, S
-from graphllm.ir import Dim, Node, Ref, TensorType
+from graphllm.ir import CACHE, Dim, Node, Ref, TensorType
 
 if TYPE_CHECKING:
     from graphllm.build.builder import _Builder
@@ -75,8 +75,8 @@ def mla_attention(b: _Builder, p: str, x: Node, i: int) -> Node:
         rope_t = g.add("input", f"past_key_values.{i}.value", (), {"type": cache(dr)})
         lat = g.add("kv_concat", f"{p}.latent_cache", (lat_t, lat), {"axes": {"s": S}})
         k_rope = g.add("kv_concat", f"{p}.k_rope_cache", (rope_t, k_rope), {"axes": {"s": S}})
-    g.set_output(f"present.{i}.key", lat)  # (B, 1, S, r)
-    g.set_output(f"present.{i}.value", k_rope)  # (B, 1, S, d_rope)
+    g.set_output(f"present.{i}.key", lat, CACHE)  # (B, 1, S, r)
+    g.set_output(f"present.{i}.value", k_rope, CACHE)  # (B, 1, S, d_rope)
     d_kv = Dim("d_kv_h", "head_dim", c.qk_nope_head_dim + c.v_head_dim)
     d_kvb = Dim("d_kv_b", "hidden", c.num_attention_heads * d_kv.size)  # type: ignore[operator]
     if b.mla == "absorbed":

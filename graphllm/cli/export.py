@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -176,8 +178,6 @@ def bench(
     median over --repeats after --warmup runs, beside the roofline prediction on --hardware and
     the ratio measured/predicted. A graphllm .onnx is analysed from its metadata; `local`
     calibrates this machine first when it has not been."""
-    import json
-    import tempfile
 
     if (model_path is None) == (config_path is None and preset is None):
         raise ConfigError("give MODEL.onnx, or one of --config PATH / --model NAME")

@@ -6,12 +6,14 @@ from pathlib import Path
 
 import click
 
-from graphllm import Workload, build_graph, load_config
+from graphllm.build.builder import build_graph
 from graphllm.cli.common import (
     DTYPE_NAMES,
     user_errors,
 )
+from graphllm.models.config import load_config
 from graphllm.models.hardware import list_hardware
+from graphllm.models.workload import Workload
 from graphllm.passes import run
 from graphllm.runtime.calibrate import calibrate as measure
 from graphllm.runtime.calibrate import save_local

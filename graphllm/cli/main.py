@@ -45,7 +45,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "plan": (
         "graphllm.cli.plan",
         "plan",
-        "Enumerate TP x CP x PP x EP x DP layouts of --devices, rank those that fit.",
+        "Enumerate TP x CP x PP x EP x DP layouts of --devices, drop those that do not fit.",
     ),
     "presets": ("graphllm.cli.presets", "presets", "List the model presets (`--model NAME`)."),
     "render": (

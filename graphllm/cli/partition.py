@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.console import Console
+from rich.table import Table
 
 from graphllm.build.builder import build_graph
 from graphllm.cli.common import (
@@ -152,8 +154,6 @@ def partition(
 
 def print_partition(doc: dict[str, Any]) -> None:
     """Per-stage devices, communication by kind, pipeline bubble."""
-    from rich.console import Console
-    from rich.table import Table
 
     con = Console()
     p, w, hw = doc["partition"], doc["workload"], doc["hardware"]

@@ -6,6 +6,8 @@ import json
 from typing import Any
 
 import click
+from rich.console import Console
+from rich.table import Table
 
 from graphllm.cli.common import (
     attention_option,
@@ -68,8 +70,6 @@ def describe(s: dict[str, Any]) -> str:
 
 
 def print_plan(doc: dict[str, Any], top: int) -> None:
-    from rich.console import Console
-    from rich.table import Table
 
     con = Console()
     p, w, hw = doc["plan"], doc["workload"], doc["hardware"]

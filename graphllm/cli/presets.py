@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import click
+from rich.console import Console
+from rich.table import Table
 
 from graphllm.cli.common import (
     user_errors,
@@ -22,8 +24,6 @@ def presets(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([{"name": n, "description": d} for n, d in rows], indent=2))
         return
-    from rich.console import Console
-    from rich.table import Table
 
     table = Table("preset", "model")
     for name, desc in rows:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +86,6 @@ def render(
     **options: Any,
 ) -> None:
     """Draw the model the way it is usually explained: model, block, attention, ffn or tokens."""
-    from dataclasses import replace
 
     fmt = output_format(output)
     name = find_renderer(fmt, renderer)[0] if fmt != "dot" else "none"  # fail before building

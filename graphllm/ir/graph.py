@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 from graphllm.ir.dims import TensorType
 from graphllm.ir.opspec import OPS, infer
 
+CACHE = "cache"  # a graph output that the next step takes back as an input (the KV cache)
+OUTPUT_ROLES = frozenset({CACHE})
+
 
 class Ref(NamedTuple):
     """One output of a node: the tensor on an edge."""
@@ -58,6 +61,7 @@ class Graph:
         self._nodes: dict[str, Node] = {}
         self._users: dict[str, list[str]] = {}
         self.outputs: dict[str, Ref] = {}
+        self.output_roles: dict[str, str] = {}  # output name -> its role (OUTPUT_ROLES)
         self.meta: dict[str, Any] = {}
         self._nx: nx.DiGraph | None = None
 
@@ -86,8 +90,15 @@ class Graph:
         self._nx = None
         return node
 
-    def set_output(self, name: str, ref: Ref | Node) -> None:
+    def set_output(self, name: str, ref: Ref | Node, role: str | None = None) -> None:
+        """Make `ref` the graph output `name`; `role` says what it is for (OUTPUT_ROLES)."""
+        if role is not None and role not in OUTPUT_ROLES:
+            raise GraphError(f"graph output {name}: unknown role {role!r}")
         self.outputs[name] = ref if isinstance(ref, Ref) else Ref(ref.name)
+        if role is None:
+            self.output_roles.pop(name, None)
+        else:
+            self.output_roles[name] = role
 
     # -- queries -------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -125,6 +136,13 @@ class Graph:
         """Nodes whose name is `prefix` or lies under it (`model.layers.3` -> that block)."""
         dotted = prefix + "."
         return [n for n in self._nodes.values() if n.name == prefix or n.name.startswith(dotted)]
+
+    def output_role(self, name: str) -> str | None:
+        return self.output_roles.get(name)
+
+    def cache_outputs(self) -> dict[str, Ref]:
+        """The outputs a next step reads back as its past (keys and values, a latent, a state)."""
+        return {k: r for k, r in self.outputs.items() if self.output_roles.get(k) == CACHE}
 
     def params(self) -> list[Node]:
         return [n for n in self._nodes.values() if n.op == "param"]

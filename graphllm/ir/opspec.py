@@ -92,10 +92,25 @@ class OpSpec:
     backward_reads: str | None = None
     # a copy the backward pass redoes from its input rather than keeps (GQA's repeat, a gather)
     backward_redoes: bool = False
-    # a collective's bytes one device sends, as a fraction of its per-device share of the
-    # payload, for a group of n (ring all-reduce 2(n-1)/n; ring gather/scatter and pairwise
-    # all-to-all (n-1)/n; a send the whole)
+    # fp32 values per row of the reduced axes that the backward pass keeps when a fused kernel
+    # never writes the output (softmax's log-sum-exp: 1); 0: nothing beyond `backward_reads`
+    backward_stats: int = 0
+    # a collective's payload, the whole tensor it moves, from one device's tensors: "input"
+    # (all-reduce, reduce-scatter, send), "output" (an all-gather's gathered tensor) or "group"
+    # (every rank's input together: the blocks an all-to-all exchanges)
+    payload: str = "input"
+    # a collective's bytes one device sends, as a fraction of what it holds of the payload (the
+    # payload itself; one rank's input for "group"), for a group of n (ring all-reduce
+    # 2(n-1)/n; ring gather/scatter and pairwise all-to-all (n-1)/n; a send the whole)
     wire: Callable[[int], float] | None = None
+    # the output joins every rank's block of axis attrs['axis'] (an all-gather), so it commutes
+    # with a copy that passes that axis through
+    gathers: bool = False
+    # one half of a point-to-point transfer whose time and bytes are counted on the other half
+    # (a recv, on its send)
+    timed_on_peer: bool = False
+    # the kind reports file the op's traffic under; None: its own name (a send: "send/recv")
+    comm_kind: str | None = None
 
     @property
     def signature(self) -> Signature:
@@ -109,10 +124,15 @@ class OpSpec:
 OPS: dict[str, OpSpec] = {}
 
 
+PAYLOADS = ("input", "output", "group")
+
+
 def register(*specs: OpSpec) -> None:
     """Add rows to the table; a malformed signature or a second row of one name fails at import."""
     for spec in specs:
         parse(spec.sig)
+        if spec.payload not in PAYLOADS:
+            raise GraphError(f"op {spec.name!r}: payload must be one of {PAYLOADS}")
         if spec.name in OPS:
             raise GraphError(f"op {spec.name!r} is declared twice")
         OPS[spec.name] = spec

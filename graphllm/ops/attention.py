@@ -132,6 +132,7 @@ register(
         reduce=("s",),
         flops_per_elem=5,
         backward_reads="output",
+        backward_stats=1,  # the log-sum-exp of each row
     ),
     OpSpec(
         "pv",

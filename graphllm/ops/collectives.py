@@ -79,7 +79,9 @@ register(
         collective=True,
         retype=_retype,
         backward_redoes=True,
+        payload="output",
         wire=lambda n: (n - 1) / n,
+        gathers=True,
     ),
     OpSpec(
         "reduce_scatter",
@@ -100,6 +102,7 @@ register(
         "along `concat_axis` (MoE dispatch to the experts' ranks, and back).",
         collective=True,
         retype=_retype,
+        payload="group",
         wire=lambda n: (n - 1) / n,
     ),
     OpSpec(
@@ -109,6 +112,7 @@ register(
         lambda xs, a: xs[0],
         "Hand an activation to the next pipeline stage (the stage that runs this node).",
         wire=lambda n: 1.0,
+        comm_kind="send/recv",
     ),
     OpSpec(
         "recv",
@@ -117,6 +121,7 @@ register(
         _recv,
         "Take the activation that stage `src` sent (the input is its send).",
         collective=True,
+        timed_on_peer=True,
     ),
     OpSpec(
         "shard_slice",

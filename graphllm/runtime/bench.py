@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from graphllm.build.builder import build_graph
 from graphllm.errors import GraphllmError
@@ -271,8 +273,6 @@ def _bar(show: bool, total: int) -> Iterator[Callable[[str], None] | None]:
     if not show:
         yield None
         return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     cols = (TextColumn("bench {task.fields[phase]}"), BarColumn(), MofNCompleteColumn())
     # a slow refresh: rich renders from its own thread, beside the runs being timed

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from graphllm.files import write_text_atomic
 from graphllm.models.hardware import Hardware, hardware_from_dict, local_path
@@ -173,8 +175,6 @@ def calibrate(
 
 
 def _progress():
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
     return Progress(*cols, console=Console(stderr=True))

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from graphllm.errors import ConfigError
-from graphllm.ir import Graph, Node, Ref
+from graphllm.ir import HEAD_ROLES, Graph, Node, Ref
 from graphllm.models.hardware import Hardware
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload, nbytes
@@ -79,7 +79,7 @@ class PartitionPlan:
     strategy: Strategy
     mesh: Mesh
     stages: tuple[tuple[int, int], ...]  # first and last layer of each pipeline stage
-    token_split: dict[str, str]  # mesh axis -> the dim it cuts the tokens on ('B' or 'T')
+    token_split: dict[str, str]  # mesh axis -> the role of the axis it cuts the tokens on
     notes: tuple[str, ...] = ()
 
 
@@ -122,16 +122,16 @@ def validate(cfg: ModelConfig, wl: Workload, s: Strategy) -> dict[str, str]:
     split: dict[str, str] = {}
     if s.ep > 1:
         if (b // s.dp // m) % s.ep == 0:
-            split["ep"] = "B"
+            split["ep"] = "batch"
         else:
             _check(
                 (t // s.cp) % s.ep == 0,
                 f"--ep {s.ep} divides neither the batch {b // s.dp // m} nor the {t // s.cp} tokens "
                 "a rank holds: experts need the tokens cut over the ep ranks",
             )
-            split["ep"] = "T"
+            split["ep"] = "token"
     if s.sp:
-        local = t // s.cp // (s.ep if split.get("ep") == "T" else 1)
+        local = t // s.cp // (s.ep if split.get("ep") == "token" else 1)
         _check(
             local % s.tp == 0, f"--sp: --tp {s.tp} does not divide the {local} tokens a rank holds"
         )
@@ -145,12 +145,12 @@ def make_mesh(s: Strategy) -> Mesh:
 
 # -- seeds ---------------------------------------------------------------------------------------
 def _heads_of(graph: Graph, n: Node) -> int | None:
-    """Heads a projection's output is viewed as (from the split_heads reading it)."""
+    """Heads a projection's output is viewed as (the head axis of the view reading it)."""
     for lin in graph.users(n):
         for u in graph.users(lin):
-            h = u.attrs.get("axes", {}).get("h")
-            if u.op == "split_heads" and h is not None:
-                return int(h.size)
+            h = next((d for d in u.out.dims if d.role in HEAD_ROLES), None)
+            if h is not None:
+                return int(h.size)  # type: ignore[arg-type]
     return None
 
 
@@ -167,8 +167,8 @@ def seeds(
     """Seed shardings of the graph's inputs and weights, and notes on what was left whole."""
     out: dict[str, Sharding] = {}
     notes: list[str] = []
-    table = next(graph.nodes("embedding")).inputs[1]
-    d = graph.type_of(table).dims[1]  # the residual stream's width
+    table = next(p for p in graph.params() if p.attrs["kind"] == "embedding")
+    d = table.out.dims[1]  # the residual stream's width
     fused = False
     for p in graph.params():
         dims, kind = p.out.dims, p.attrs["kind"]
@@ -200,13 +200,14 @@ def seeds(
             out[p.name] = Sharding(tuple(tuple(c) for c in cuts))
     if fused:
         notes.append("fused projections that a split cuts apart stay whole on every tp rank")
-    batch = [("dp", s.dp), ("mb", s.microbatches)] + [("ep", s.ep)] * (token_split.get("ep") == "B")
-    tokens = [("cp", s.cp)] + [("ep", s.ep)] * (token_split.get("ep") == "T")
+    # mesh axes that cut the graph inputs, by the role of the axis they cut
+    along = {"batch": [("dp", s.dp), ("mb", s.microbatches)], "token": [("cp", s.cp)]}
+    if "ep" in token_split:  # the experts' ranks see different tokens too
+        along[token_split["ep"]].append(("ep", s.ep))
     for n in graph.nodes("input"):
         cuts = []
         for dim in n.out.dims:
-            along = batch if dim.role == "batch" else tokens if dim.role == "token" else []
-            cuts.append(tuple(c for c in along if c[1] > 1))
+            cuts.append(tuple(c for c in along.get(dim.role, ()) if c[1] > 1))
         if any(cuts):
             out[n.name] = Sharding(tuple(cuts))
     return out, notes
@@ -304,7 +305,7 @@ def pipeline(graph: Graph, stages: int, hw: Hardware | None) -> tuple[Graph, lis
         if n.name in stage:
             c.meta["stage"] = stage[n.name]
     for k, r in graph.outputs.items():
-        new.set_output(k, r)
+        new.set_output(k, r, graph.output_role(k))
     return new, groups
 
 
@@ -321,7 +322,7 @@ def partition(graph: Graph, strategy: Strategy, hardware: Hardware | None = None
     graph.verify()
     mesh = make_mesh(strategy)
     seeded, notes = seeds(graph, strategy, split)
-    if split.get("ep") == "T":
+    if split.get("ep") == "token":
         notes.append("ep cuts the tokens on T: core attention gathers K/V over the ep ranks")
     if strategy.cp > 1 and wl.past_len:
         notes.append("cp with a KV cache: each rank holds the whole past K/V")
@@ -369,8 +370,9 @@ def comm_bytes(graph: Graph, n: Node) -> tuple[float, float]:
         return 0.0, 0.0  # recv: counted on its send
     k = n.attrs.get("group", 1)
     x, y = (nbytes(t.dtype, t.numel(graph.bindings)) for t in (graph.type_of(n.inputs[0]), n.out))
-    share = y if n.op == "all_gather" else x  # what one device holds of the payload
-    payload = k * x if n.op == "all_to_all" else share
+    rule = OPS[n.op].payload
+    share = y if rule == "output" else x  # what one device holds of the payload
+    payload = k * x if rule == "group" else share
     return payload, wire(k) * share
 
 
@@ -417,7 +419,7 @@ def _stage_memory(graph: Graph, names: set[str], attention: str) -> float:
     sub = graph.subgraph(names)
     for k, r in graph.outputs.items():
         if r.node in names:
-            sub.set_output(k, r)
+            sub.set_output(k, r, graph.output_role(k))
     return peak_activations(graph, attention, sub)[0]
 
 
@@ -445,7 +447,7 @@ def partition_report(
     passes = 2 if train else 1  # forward (and backward) runs of every collective a microbatch
     b = graph.bindings
     kv_dt = graph.meta.get("kv_dtype")
-    presents = {r.node for k, r in graph.outputs.items() if k.startswith("present.")}
+    presents = {r.node for r in graph.cache_outputs().values()}
     collectives = []
     per_stage: list[dict[str, Any]] = []
     for st in range(s.pp):
@@ -482,10 +484,10 @@ def partition_report(
         if n.name in presents:
             e["kv_cache_bytes"] += dtype_of(kv_dt or n.out.dtype).nbytes(n.out.numel(b))
         if spec.category == COMMUNICATION:
-            payload, wire = comm_bytes(graph, n)
-            if n.op == "recv":
+            if spec.timed_on_peer:
                 continue
-            kind = "send/recv" if n.op == "send" else n.op
+            payload, wire = comm_bytes(graph, n)
+            kind = spec.comm_kind or n.op
             secs = comm_seconds(graph, n, mesh, hardware) if hardware else None
             e["comm_bytes"][kind] += passes * m * wire
             e["comm_seconds"] += passes * (secs or 0.0)

@@ -159,7 +159,7 @@ def analyse(
         return layers[index[lay]] if lay else post if seen_layer else pre
 
     seen_layer = False
-    presents = {r.node for k, r in graph.outputs.items() if k.startswith("present.")}
+    presents = {r.node for r in graph.cache_outputs().values()}
     kv_dt = graph.meta.get("kv_dtype")
     for n in graph.nodes():
         spec = OPS[n.op]
@@ -181,7 +181,7 @@ def analyse(
         if n.name in presents:
             p.kv_bytes += dtype_of(kv_dt or n.out.dtype).nbytes(n.out.numel(b))
         if spec.category == COMMUNICATION:
-            if n.op == "recv":
+            if spec.timed_on_peer:
                 continue
             _, wire = comm_bytes(graph, n)
             secs = wire / link_bandwidth(mesh, n.attrs["mesh"], hw) if wire else 0.0

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphllm.errors import GraphError
-from graphllm.ir import TOKEN_ROLES, Dim, Graph, Node, Ref, TensorType
+from graphllm.ir import CACHE, TOKEN_ROLES, Dim, Graph, Node, Ref, TensorType
 from graphllm.ir.signature import ELLIPSIS
 from graphllm.ops import MOVEMENT, OPS, SOURCE, linear_groups
 
@@ -117,12 +117,12 @@ def local_dim(d: Dim, blocks: int, bindings: dict[str, float], where: str) -> Di
     if d.size is not None:
         if d.size % blocks:
             raise GraphError(f"{where}: {blocks} blocks do not divide {d.name}={d.size}")
-        return Dim(name, d.role, d.size // blocks)
+        return Dim(name, d.role, d.size // blocks, d.positions)
     whole = bindings[d.name]
     if float(whole).is_integer() and whole % blocks and d.role in ("batch", "token"):
         raise GraphError(f"{where}: {blocks} blocks do not divide {d.name}={int(whole)}")
     bindings[name] = whole / blocks
-    return Dim(name, d.role)
+    return Dim(name, d.role, positions=d.positions)  # a block of the whole axis's range
 
 
 def local_type(t: TensorType, sh: Sharding, bindings: dict[str, float], where: str) -> TensorType:
@@ -489,14 +489,14 @@ class _SPMD:
             a = _Arg(ref, sh, self.src.type_of(r), [], r.node, False, False)
             for m in sorted(sh.partial, key=self.mesh.names.index):
                 self._collective("all_reduce", a, m, a.sh.with_partial(m, False))
-            if not name.startswith("present."):
+            if self.src.output_role(name) != CACHE:  # a rank keeps its own block of the cache
                 for j, d in enumerate(a.gtype.dims):
                     if d.role in self.keep_split:
                         continue
                     for m, _ in reversed(a.sh.axes[j]):
                         self._gather(a, j, m)
             assert a.ref is not None
-            self.g.set_output(name, a.ref)
+            self.g.set_output(name, a.ref, self.src.output_role(name))
         return self.g
 
 
@@ -526,7 +526,9 @@ def hoist_gathers(g: Graph) -> Graph:
     """all_gather(copy(x)) -> copy(all_gather(x)) where a single-use copy expands x (the GQA head
     repeat) and the gathered axis passes through it: the smaller tensor crosses the wire."""
     swaps: dict[str, Node] = {}
-    for a in g.nodes("all_gather"):
+    for a in g.nodes():
+        if not OPS[a.op].gathers:
+            continue
         r = g[a.inputs[0].node]
         spec = OPS[r.op]
         if (
@@ -570,10 +572,10 @@ def hoist_gathers(g: Graph) -> Graph:
         name = f"{n.inputs[0].node}.all_gather"
         name = name if name not in g else a.name
         attrs = {**a.attrs, "axis": j_in, "axes": {f"@{j_in}": whole}}
-        gathered = new.add("all_gather", name, inputs, attrs)
+        gathered = new.add(a.op, name, inputs, attrs)
         gathered.meta["sharding"] = (src.unsplit(j_in, a.attrs["mesh"], a.name),)
         copy_node(new, n, [Ref(name)]).meta["sharding"] = a.meta["sharding"]
         alias[a.name] = n.name
     for k, r in g.outputs.items():
-        new.set_output(k, ref(r))
+        new.set_output(k, ref(r), g.output_role(k))
     return new

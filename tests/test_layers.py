@@ -1,0 +1,159 @@
+"""The package's layers, read from the syntax tree: imports point down only, with no cycles, and
+only heavy optional packages are imported inside functions.
+
+cli -> report | runtime -> exporters -> passes -> build -> ops -> ir -> models -> base
+(base: graphllm.errors and graphllm.files). report and runtime share a rank: a report may embed
+what a runtime measured and the other way round is not needed, but neither is a layer above
+the other. `graphllm/__init__.py` is the public facade and may import any layer.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# source folder -> the package it installs as (pyproject's package-dir)
+SOURCES = {"graphllm": "graphllm", "passes": "graphllm.passes", "exporters": "graphllm.exporters"}
+RANKS = {
+    "graphllm.errors": 0,
+    "graphllm.files": 0,
+    "graphllm.models": 1,
+    "graphllm.ir": 2,
+    "graphllm.ops": 3,
+    "graphllm.build": 4,
+    "graphllm.passes": 5,
+    "graphllm.exporters": 6,
+    "graphllm.runtime": 7,
+    "graphllm.report": 7,
+    "graphllm.cli": 8,
+}
+# imported inside functions so that `graphllm --help` and building a graph stay fast:
+# onnxruntime, torch and matplotlib are optional extras; networkx costs 0.2 s to import and
+# only `Graph.to_networkx()` needs it
+LAZY = {"onnxruntime", "torch", "matplotlib", "networkx"}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for folder, package in SOURCES.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join([package, *parts])] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _layer(module: str) -> str | None:
+    best = None
+    for prefix in RANKS:
+        if (module == prefix or module.startswith(prefix + ".")) and (
+            best is None or len(prefix) > len(best)
+        ):
+            best = prefix
+    return best
+
+
+def _imports(path: Path) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    """(module-level imports, imports inside functions) of a file, as (line, module)."""
+    tree = ast.parse(path.read_text())
+    top, inner = [], []
+    nested = {
+        id(sub)
+        for fn in ast.walk(tree)
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for sub in ast.walk(fn)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            # `from graphllm.x import y` may name the submodule graphllm.x.y
+            names = [
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module
+                for a in node.names
+            ]
+        else:
+            continue
+        (inner if id(node) in nested else top).extend((node.lineno, n) for n in names)
+    return top, inner
+
+
+def _in_type_checking(path: Path) -> set[int]:
+    """Lines under `if TYPE_CHECKING:` (annotations only: no import at run time)."""
+    lines: set[int] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            for sub in node.body:
+                lines.update(range(sub.lineno, (sub.end_lineno or sub.lineno) + 1))
+    return lines
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in MODULES if m != "graphllm" and _layer(m) is None] == []
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m != "graphllm"))
+def test_imports_point_down(module):
+    path, mine = MODULES[module], RANKS[_layer(module)]
+    skip = _in_type_checking(path)
+    up = [
+        f"line {line}: {target}"
+        for line, target in _imports(path)[0]
+        if line not in skip
+        and target.startswith("graphllm")
+        and target != "graphllm"
+        and RANKS[_layer(target)] > mine
+    ]
+    assert up == [], f"{module} imports a higher layer"
+    assert not any(t == "graphllm" for line, t in _imports(path)[0] if line not in skip), (
+        f"{module} imports the package facade; import the module that defines the name"
+    )
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_function_level_imports_are_heavy_optional_packages(module):
+    inner = _imports(MODULES[module])[1]
+    assert [f"line {n}: {t}" for n, t in inner if t.split(".")[0] not in LAZY] == []
+
+
+def test_no_import_cycles():
+    graph = {}
+    for module, path in MODULES.items():
+        skip = _in_type_checking(path)
+        graph[module] = {
+            t for line, t in _imports(path)[0] if line not in skip and t in MODULES and t != module
+        }
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        for t in sorted(graph[m]):
+            # a package's __init__ importing its own submodules is how it registers them
+            if m != "graphllm" and t.startswith(m + "."):
+                continue
+            if state.get(t) == 1:
+                cycles.append(" -> ".join([*stack[stack.index(t) :], t]))
+            elif t not in state:
+                visit(t, [*stack, t])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert cycles == []
+
+
+def test_the_checker_sees_an_upward_import(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from graphllm.cli.main import main\n\ndef f():\n    import graphllm.ops\n")
+    top, inner = _imports(bad)
+    assert top == [(1, "graphllm.cli.main")] and inner == [(4, "graphllm.ops")]
+    assert RANKS[_layer("graphllm.cli.main")] > RANKS[_layer("graphllm.ir.graph")]
