@@ -118,6 +118,7 @@ def _proj_bias(proj: Node) -> str | None:
     return proj.inputs[2].node if len(proj.inputs) > 2 else None
 
 
+# -- finding the regions (their pattern tables: graphllm.exporters.onnx.regions) -------------
 def _every(g: Graph, pattern: Pattern) -> list[Match]:
     """Every match of a region the lowering needs, or LoweringError saying why one differs."""
     out = []
@@ -174,7 +175,7 @@ class Attn:
             kv_heads=axis_size(m["k_heads"], "h"),
             head_dim=axis_size(m["q_heads"], "e"),
             scale=float(m["scale"].attrs["value"]),
-            window=m["mask"].attrs.get("window"),
+            window=m["key_mask"].attrs.get("window"),
             past=(m.ref("past_k"), m.ref("past_v")),
             present=(m.ref("k_cache"), m.ref("v_cache")),
             out=m.ref("merge"),
@@ -215,11 +216,11 @@ def _head_norm(c: Lowering, x: str, norm: Node, heads: int, e: int) -> str:
 def _gated_mlps(g: Graph, rows: dict[str, Lower]) -> list[Region]:
     """Gated MLPs `down(act(gate(x)) * up(x))` whose gate and up are two projections of x: one
     MatMul of both, stored (d, 2 ffn), split in two."""
-    return [_region(m, (m.ref("mul"),), _gated(m, rows)) for m in _each(g, GATED_MLP_PATTERN)]
+    return [_region(m, (m.ref("gated"),), _gated(m, rows)) for m in _each(g, GATED_MLP_PATTERN)]
 
 
 def _gated(m: Match, rows: dict[str, Lower]) -> Callable:
-    gate, up, act, mul = m["gate"], m["up"], m["act"], m["mul"]
+    gate, up, act, mul = m["gate"], m["up"], m["act"], m["gated"]
 
     def emit(c: Lowering, names: dict[Ref, str]) -> None:
         scope = mul.name.rsplit(".", 1)[0]
@@ -228,10 +229,10 @@ def _gated(m: Match, rows: dict[str, Lower]) -> Callable:
         pack = lambda a, b: np.concatenate([a, b], axis=0).T  # noqa: E731
         w = c.initializer(f"{scope}.gate_up_proj.weight.T", ws, (d, 2 * f), pack)
         y = c.op("MatMul", [names[m.ref("x")], w], f"{scope}.gate_up_proj")  # (B, T, 2 ffn)
-        biases = (_proj_bias(gate), _proj_bias(up))
-        if biases[0] is not None:
+        biases = tuple(b for b in (_proj_bias(gate), _proj_bias(up)) if b is not None)
+        if biases:  # both, the pattern checks
             cat = lambda a, b: np.concatenate([a, b])  # noqa: E731
-            b = c.initializer(f"{scope}.gate_up_proj.bias", biases, (2 * f,), cat)  # type: ignore[arg-type]
+            b = c.initializer(f"{scope}.gate_up_proj.bias", biases, (2 * f,), cat)
             y = c.op("Add", [y, b], scope)
         g_out, u_out = c.op(
             "Split", [y, c.const([f, f])], f"{scope}.gate_up_split", n_out=2, axis=-1
@@ -403,8 +404,8 @@ class Moe:
             gate=m["gate"].inputs[1].node,
             up=m["up"].inputs[1].node,
             down=m["down"].inputs[1].node,
-            k=int(m["topk"].attrs["k"]),
-            normalize="normalize" in m,
+            k=int(m["top_k"].attrs["k"]),
+            normalize="renormalised" in m,
             out=m.ref("combine"),
         )
 
@@ -439,7 +440,7 @@ def _ort_moe(m: Moe) -> Callable[[Lowering, dict[Ref, str]], None]:
 
 
 def _skip_norm(m: Match) -> Callable[[Lowering, dict[Ref, str]], None]:
-    norm, add = m["norm"], m["add"]
+    norm, add = m["norm"], m["residual_add"]
 
     def emit(c: Lowering, names: dict[Ref, str]) -> None:
         outs = [names[Ref(norm.name)], "", "", names[Ref(add.name)]]
@@ -466,13 +467,13 @@ def _ort_regions(g: Graph) -> list[Region]:
     out += [_region(m, (m.ref("combine"),), _ort_moe(Moe.of(m))) for m in _every(g, MOE_PATTERN)]
     out += _gated_mlps(g, ORT.rows)
     for m in _each(g, SKIP_NORM_PATTERN):
-        out.append(_region(m, (m.ref("add"), m.ref("norm")), _skip_norm(m)))
+        out.append(_region(m, (m.ref("residual_add"), m.ref("norm")), _skip_norm(m)))
     return out
 
 
 STANDARD = OpSet(
     "standard",
-    {
+    rows={
         **DECOMPOSED,
         "linear": _linear,
         "linear_bias": _linear_bias,
@@ -480,13 +481,13 @@ STANDARD = OpSet(
         "embedding": _embedding,
         "rmsnorm": _rmsnorm,
     },
-    _standard_regions,
+    regions=_standard_regions,
 )
 ORT = OpSet(
     "ort",
-    {**STANDARD.rows, "silu": _quick_gelu},
-    _ort_regions,
-    (("", OPSET), (MS, 1)),
+    rows={**STANDARD.rows, "silu": _quick_gelu},
+    regions=_ort_regions,
+    domains=(("", OPSET), (MS, 1)),
 )
 LOWERINGS.update(standard=STANDARD, ort=ORT)
 

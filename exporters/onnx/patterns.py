@@ -1,7 +1,7 @@
 """Declared graph patterns, and the matcher that finds them or says why a candidate differs.
 
 A pattern is a tree of the values a region reads, from its root (the region's output) to its
-inputs, as the fused lowerings declare their regions (graphllm.exporters.onnx.fused):
+inputs, as the fused lowerings declare their regions (graphllm.exporters.onnx.regions):
 - `Op("pv", probs, v, name="pv")`: a node of that op (or of one of a tuple of ops) whose first
   inputs match the sub-patterns (further inputs are not looked at), read at output `out`;
 - `Var("x")`: any value;

@@ -71,7 +71,7 @@ ATTENTION_PATTERN = Pattern(
                 Op(
                     "mask",
                     Op("mul_const", Op("scores", Q_PATTERN, K_PATTERN), name="scale"),
-                    name="mask",
+                    name="key_mask",
                 ),
             ),
             V_PATTERN,
@@ -80,7 +80,8 @@ ATTENTION_PATTERN = Pattern(
     ),
     checks=(
         Check(
-            lambda m: m["mask"].attrs.get("causal", True), "{mask}: attention that is not causal"
+            lambda m: m["key_mask"].attrs.get("causal", True),
+            "{key_mask}: attention that is not causal",
         ),
         Check(
             lambda m: np.array_equal(m["k_rope"].attrs["inv_freq"], m["q_rope"].attrs["inv_freq"]),
@@ -107,7 +108,7 @@ GATED_MLP_PATTERN = Pattern(
             name="act",
         ),
         Op(("linear", "linear_bias"), Var("x"), name="up"),
-        name="mul",
+        name="gated",
     ),
     checks=(
         Check(
@@ -126,7 +127,7 @@ ROUTER_PATTERN = Op(
         why="{anchor}: routing the MoE op cannot do (top-k of {op} scores; the op takes the top"
         " k of the router's softmax)",
     ),
-    name="topk",
+    name="top_k",
 )
 DISPATCH_PATTERN = Op("moe_dispatch", Var("x"), name="dispatch")
 MOE_PATTERN = Pattern(
@@ -148,17 +149,17 @@ MOE_PATTERN = Pattern(
             name="down",
         ),
         Alt(
-            Op("normalize", ROUTER_PATTERN, name="normalize"),
+            Op("normalize", ROUTER_PATTERN, name="renormalised"),
             ROUTER_PATTERN,
             why="{anchor}: routing the MoE op cannot do ({op} weights)",
         ),
-        Op("topk", name="topk", out=1),  # the weights' top-k, matched with them
+        Op("topk", name="top_k", out=1),  # the weights' top-k, matched with them
         name="combine",
     )
 )
 # a residual add and the RMSNorm of its sum
 SKIP_NORM_PATTERN = Pattern(
-    Op("rmsnorm", Op("add", Var("residual"), Var("branch"), name="add"), name="norm")
+    Op("rmsnorm", Op("add", Var("residual"), Var("branch"), name="residual_add"), name="norm")
 )
 
 
