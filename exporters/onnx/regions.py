@@ -89,7 +89,7 @@ ATTENTION_PATTERN = Pattern(
         ),
         Check(
             lambda m: ("qkv_split" in m) == all(p not in m for p in SEPARATE_QKV),
-            "{q_heads}: q, k and v are neither one projection split in three nor three",
+            "{q_heads}: q, k and v mix a projection split in three with separate ones",
         ),
         Check(
             lambda m: len({len(p.inputs) for p in qkv_projections(m)}) == 1,
