@@ -59,6 +59,7 @@ class Graph:
     `add` appends in O(1)); the mutation verbs (`inserting_before`/`inserting_after`,
     `replace_input`, `replace_all_uses_with`, `erase`, `rename`) keep the order topological and
     every node's types consistent with its inputs, and bump `version`, which caches are keyed by.
+    An insert or erase leaves a walk over `nodes()` in progress on the order it started with.
     `to_networkx()` gives the same graph as a networkx DiGraph for graph algorithms.
     """
 
@@ -79,10 +80,10 @@ class Graph:
         """Changes with every change to the nodes, edges or outputs; unique across graphs."""
         return self._version
 
-    def derive(self, name: str | None = None) -> Graph:
+    def derive(self) -> Graph:
         """An empty graph with this one's bindings and its own copy of its meta (containers
         copied, caches left out): what a transform builds its output in."""
-        g = Graph(self.name if name is None else name, self.bindings)
+        g = Graph(self.name, self.bindings)
         g.meta = {
             k: copy.copy(v) if isinstance(v, (dict, list, set)) else v
             for k, v in self.meta.items()
