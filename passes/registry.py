@@ -91,7 +91,7 @@ def run(graph: Graph, names: Iterable[str], **options: Any) -> Results:
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise PassError(
             f"option {', '.join(map(repr, unknown))}: none of the passes run "
-            f"({', '.join(p.name for p in order)}) takes it; they take "
+            f"({', '.join(p.name for p in order) or 'none'}) takes it; they take "
             f"{', '.join(taken) or 'no options'}{hint}"
         )
     results = Results()

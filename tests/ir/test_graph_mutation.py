@@ -1,6 +1,8 @@
 """The Graph's mutation verbs: insert, replace uses, erase, rename; versions; derived graphs."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import graphllm.ops  # noqa: F401 (fills the op table the graph infers types from)
 from graphllm.errors import GraphError
@@ -295,3 +297,42 @@ def test_subgraph_holds_copies_that_share_no_meta():
     assert sub["proj"] is not g["proj"] and sub["proj"].meta == {}
     sub["act"].meta["cost"] = 2
     assert "cost" not in g["act"].meta
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("iar e"), st.integers(0, 50)), max_size=30))
+def test_any_sequence_of_verbs_keeps_the_graph_valid(steps):
+    """Insert a silu after a node and give it the node's readers (i), insert one before a node
+    (a), replace a node by a new reader of its input (r), erase what is dead (e): the order stays
+    topological, the users agree with the inputs and verify() passes."""
+    g = chain()
+    k = 0
+    for verb, pick in steps:
+        nodes = [n for n in g.nodes() if n.out == X or n.op == "silu"]
+        if verb == " " or not nodes:
+            continue
+        n = nodes[pick % len(nodes)]
+        k += 1
+        if verb == "i":
+            with g.inserting_after(n):
+                y = g.add("silu", f"n{k}", (n,))
+            g.replace_all_uses_with(n, y)
+        elif verb == "a" and n.inputs:
+            with g.inserting_before(n):
+                g.add("silu", f"n{k}", (n.inputs[0],))
+        elif verb == "r" and n.op == "silu":
+            with g.inserting_after(n):
+                y = g.add("silu", f"n{k}", n.inputs)
+            g.replace_all_uses_with(n, y)
+            g.erase(n)
+        elif verb == "e":
+            for dead in [m for m in g.topo() if m.op == "silu" and not g.users(m)]:
+                if dead.name not in {r.node for r in g.outputs.values()}:
+                    g.erase(dead)
+    g.verify()
+    pos = {n.name: i for i, n in enumerate(g.nodes())}
+    for n in g.nodes():
+        assert all(pos[r.node] < pos[n.name] for r in n.inputs)
+        readers = sorted(u.name for u in g.users(n))
+        assert readers == sorted(m.name for m in g.nodes() for r in m.inputs if r.node == n.name)
+    assert all(r.node in g for r in g.outputs.values())
