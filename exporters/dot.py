@@ -33,7 +33,7 @@ import numpy as np
 from graphllm.errors import GraphllmError
 from graphllm.ir import Dim, Graph, Node, TensorType
 from graphllm.ops import COMMUNICATION, CONTRACTION, OPS, SOURCE
-from graphllm.passes import run
+from graphllm.passes import meta_result, run
 from graphllm.passes.attention_region import core_attention_region
 from graphllm.passes.cost import layer_of, layer_scopes, scopes_of
 from graphllm.passes.parallel.partition import comm_bytes
@@ -884,11 +884,8 @@ def tokens_view(ctx: _Ctx, layer: int) -> Drawing:
 # -- colour: mixing from the tokens pass, cost from the cost/roofline passes -------------------
 def _metric(n: Node, color: str) -> float:
     if color == "time":
-        t = n.meta.get("time")
-        return t.seconds if t is not None else 0.0
-    c = n.meta.get("cost")
-    if c is None:
-        return 0.0
+        return meta_result(n, "time").seconds
+    c = meta_result(n, "cost")
     return c.flops if color == "flops" else c.bytes
 
 

@@ -25,7 +25,7 @@ from graphllm.files import write_text_atomic
 from graphllm.ir import Graph
 from graphllm.models.hardware import Hardware
 from graphllm.ops import COMMUNICATION, OPS, SOURCE
-from graphllm.passes import run
+from graphllm.passes import meta_result, run
 from graphllm.passes.cost import layer_of
 from graphllm.passes.parallel.partition import comm_seconds
 
@@ -39,17 +39,17 @@ def _segments(graph: Graph, hw: Hardware, attention: str, training: bool) -> lis
     plan = graph.meta["partition"]
     mesh, pp = plan.mesh, plan.strategy.pp
     run(graph, ["cost", "roofline"], hardware=hw, attention=attention, training=False)
-    fwd = {n.name: n.meta["time"].seconds for n in graph.nodes() if "time" in n.meta}
+    fwd = {n.name: meta_result(n, "time").seconds for n in graph.nodes()}
     total = fwd
     if training:
         run(graph, ["cost", "roofline"], hardware=hw, attention=attention, training=True)
-        total = {n.name: n.meta["time"].seconds for n in graph.nodes() if "time" in n.meta}
+        total = {n.name: meta_result(n, "time").seconds for n in graph.nodes()}
     out: list[list[Any]] = [[[], []] for _ in range(pp)]
     for n in graph.nodes():
         spec = OPS[n.op]
         if spec.category == SOURCE or spec.timed_on_peer:  # a recv is timed on its send
             continue
-        st = n.meta.get("stage", 0)
+        st = meta_result(n, "stage")
         if spec.category == COMMUNICATION:
             t = comm_seconds(graph, n, mesh, hw)
             out[st][0].append((n.name, COMM, t))

@@ -5,6 +5,14 @@ Importing this package registers every built-in pass (graphllm.passes.registry h
 
 from graphllm.passes import cost, memory, params, roofline, tokens, verify  # noqa: F401
 from graphllm.passes.parallel import partition  # noqa: F401
-from graphllm.passes.registry import PASSES, PassInfo, register, run
+from graphllm.passes.registry import (
+    PASSES,
+    PassInfo,
+    Results,
+    forget,
+    meta_result,
+    register,
+    run,
+)
 
-__all__ = ["PASSES", "PassInfo", "register", "run"]
+__all__ = ["PASSES", "PassInfo", "Results", "forget", "meta_result", "register", "run"]

@@ -36,12 +36,12 @@ class Region:
 
 
 def core_attention_region(graph: Graph) -> Region:
-    """The region of `graph` (cached on the graph until it gains nodes)."""
+    """The region of `graph` (cached on the graph until it changes)."""
     cached = graph.meta.get("_attention_region")
-    if cached is not None and cached[0] == len(graph):
+    if cached is not None and cached[0] == graph.version:
         return cached[1]
     region = _find(graph)
-    graph.meta["_attention_region"] = (len(graph), region)
+    graph.meta["_attention_region"] = (graph.version, region)
     return region
 
 

@@ -227,7 +227,10 @@ class _Costing:
 
 def scopes_of(graph: Graph, name: str) -> list[tuple[str, str]]:
     """(prefix, kind) of every declared scope that contains node `name`."""
-    cache = graph.meta.setdefault("_scopes_of", {})
+    cached = graph.meta.get("_scopes_of")
+    if cached is None or cached[0] != graph.version:
+        cached = graph.meta["_scopes_of"] = (graph.version, {})
+    cache = cached[1]
     hit = cache.get(name)
     if hit is None:
         scopes = graph.meta.get("scopes", {})
@@ -253,13 +256,12 @@ def layer_scopes(graph: Graph) -> list[str]:
     return [p for p, k in graph.meta.get("scopes", {}).items() if k == LAYER]
 
 
-@register("cost", requires=("verify",))
+@register("cost", requires=("verify",), options=("attention", "training"), writes=("cost",))
 def cost_pass(
     graph: Graph,
     results: dict[str, Any] | None = None,
     attention: str = "flash",
     training: bool = False,
-    **_: Any,
 ) -> CostReport:
     """Cost every node (into node.meta['cost']) and roll the totals up."""
     c = _Costing(graph, attention, training)

@@ -37,9 +37,9 @@ class MemoryReport:
         return asdict(self) | {"total": self.total}
 
 
-@register("memory", requires=("verify",))
+@register("memory", requires=("verify",), options=("attention",))
 def memory_pass(
-    graph: Graph, results: dict[str, Any] | None = None, attention: str = "flash", **_: Any
+    graph: Graph, results: dict[str, Any] | None = None, attention: str = "flash"
 ) -> MemoryReport:
     b = graph.bindings
     cfg = graph.meta.get("config")

@@ -31,7 +31,7 @@ class ParamReport:
 
 
 @register("params")
-def count_params(graph: Graph, results: dict[str, Any] | None = None, **_: Any) -> ParamReport:
+def count_params(graph: Graph, results: dict[str, Any] | None = None) -> ParamReport:
     by_kind = dict.fromkeys(KINDS, 0)
     active = mtp = 0
     for n in graph.params():

@@ -17,8 +17,8 @@ from graphllm.build.kinds import LAYER, SCOPE_KINDS
 from graphllm.errors import PassError
 from graphllm.ir import Graph
 from graphllm.models.hardware import Hardware
-from graphllm.passes.cost import ZERO, scopes_of
-from graphllm.passes.registry import register
+from graphllm.passes.cost import scopes_of
+from graphllm.passes.registry import meta_result, register
 
 
 @dataclass(frozen=True)
@@ -60,25 +60,25 @@ class RooflineReport:
         return d
 
 
-@register("roofline", requires=("cost",))
+@register("roofline", requires=("cost",), options=("hardware",), writes=("time",))
 def roofline_pass(
-    graph: Graph, results: dict[str, Any], hardware: Hardware | None = None, **_: Any
+    graph: Graph, results: dict[str, Any], hardware: Hardware | None = None
 ) -> RooflineReport | None:
     """Time every node (into node.meta['time']); None when no hardware is given."""
     if hardware is None:
         return None
     peak = hardware.peak(graph.meta.get("act_dtype", "bf16"))
     bw = hardware.bandwidth()
-    cost = results.get("cost")
-    skip_masked = cost is not None and cost.attention == "flash"
-    byte_factor = 3.0 if cost is not None and cost.training else 1.0
+    cost = results["cost"]
+    skip_masked = cost.attention == "flash"
+    byte_factor = 3.0 if cost.training else 1.0
     if peak <= 0 or bw <= 0:
         raise PassError(f"hardware {hardware.name}: peak and bandwidth must be positive")
     total = comp = mem = 0.0
     by_scope: dict[str, float] = defaultdict(float)
     by_op: dict[str, float] = defaultdict(float)
     for n in graph.nodes():
-        oc = n.meta.get("cost", ZERO)
+        oc = meta_result(n, "cost")
         flops = oc.flops - (oc.matmul - oc.matmul_causal) if skip_masked else oc.flops
         tc, tm = flops / peak, byte_factor * oc.bytes / bw
         t = max(tc, tm)

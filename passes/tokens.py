@@ -282,16 +282,19 @@ class TokenReport:
         }
 
 
-@register("tokens", requires=("verify",))
-def token_pass(graph: Graph, results: dict[str, Any] | None = None, **opts: Any) -> TokenReport:
-    """Mixing verdicts for every node and dependence sets through all layers."""
+@register("tokens", requires=("verify",), options=("exact_sets",))
+def token_pass(
+    graph: Graph, results: dict[str, Any] | None = None, exact_sets: bool | None = None
+) -> TokenReport:
+    """Mixing verdicts for every node and dependence sets through all layers; `exact_sets`:
+    bit sets of positions rather than intervals (default: when the sequence is short)."""
     letters = {
         n.name: position_letters(graph, n) for n in graph.nodes() if OPS[n.op].category != SOURCE
     }
     verdicts = {n.name: mixing_verdict(graph, n, letters.get(n.name)) for n in graph.nodes()}
     mixing = [(n.name, n.op) for n in graph.nodes() if verdicts[n.name].mixes]
     p_len, s_len = sequence(graph)
-    exact = opts.get("exact_sets")
+    exact = exact_sets
     if exact is None:
         exact = s_len <= EXACT_LIMIT
     info = _propagate(graph, s_len, bool(exact), letters)

@@ -45,6 +45,7 @@ from graphllm.models.workload import nbytes
 from graphllm.ops import COMMUNICATION, CONTRACTION, ELEMENTWISE, OPS, SOURCE, letter_sizes
 from graphllm.passes.attention_region import core_attention_region
 from graphllm.passes.cost import layer_of
+from graphllm.passes.registry import meta_result
 
 RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -189,8 +190,8 @@ def dp_group(node: Node, mesh: Any) -> tuple[tuple[str, ...], int]:
     """The mesh axes over which `node` (a weight) is replicated while the tokens differ."""
     if mesh is None:
         return (), 1
-    sh = node.meta.get("sharding", (None,))[0]
-    cut = {m for axis in sh.axes for m, _ in axis} if sh is not None else set()
+    sh = meta_result(node, "sharding")[0]
+    cut = {m for axis in sh.axes for m, _ in axis}
     axes = tuple(a for a in DP_AXES if a not in cut and mesh.size(a) > 1)
     return axes, math.prod(mesh.size(a) for a in axes)
 

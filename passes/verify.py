@@ -9,6 +9,6 @@ from graphllm.passes.registry import register
 
 
 @register("verify")
-def verify(graph: Graph, results: dict[str, Any], **_: Any) -> dict[str, int]:
+def verify(graph: Graph, results: dict[str, Any]) -> dict[str, int]:
     graph.verify()
     return {"nodes": len(graph), "edges": graph.num_edges()}

@@ -53,12 +53,15 @@ def _embedding(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("Gather", [i[1], i[0]], n, o, axis=0)  # (B, T, d): row of each token id
 
 
-@lowers("linear", "linear_bias")
+@lowers("linear")
 def _linear(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     wt = c.op("Transpose", [i[1]], n.name, perm=[1, 0])  # (in, out)
-    if n.op == "linear":
-        c.final("MatMul", [i[0], wt], n, o)
-        return
+    c.final("MatMul", [i[0], wt], n, o)
+
+
+@lowers("linear_bias")
+def _linear_bias(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    wt = c.op("Transpose", [i[1]], n.name, perm=[1, 0])  # (in, out)
     c.final("Add", [c.op("MatMul", [i[0], wt], n.name), i[2]], n, o)
 
 

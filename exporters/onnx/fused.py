@@ -28,8 +28,12 @@ positions. Padding queries (no key allowed) attend with the lowest finite bias, 
 finite, as in the decomposed lowering. GroupQueryAttention takes several new tokens after a
 past for a batch of 1 only (chunked prefill); prefill and decode run at any batch size.
 
-A model a lowering cannot express raises LoweringError in one line: latent attention (MLA) has
-no fused form, and `ort` needs SwiGLU experts routed by the top k of a softmax.
+Each fused region is a declared pattern table (graphllm.exporters.onnx.regions), matched at
+each node its root can be, and its emitter reads the match's captures; the analysed graph
+stays unfused. A
+model a lowering cannot express raises LoweringError in one line, the reason the pattern's
+mismatch gives: latent attention (MLA) has no fused form, and `ort` needs SwiGLU experts routed
+by the top k of a softmax.
 """
 
 from __future__ import annotations
@@ -54,6 +58,14 @@ from graphllm.exporters.onnx.lowering import (
     axis_size,
     placed,
 )
+from graphllm.exporters.onnx.patterns import Match, Mismatch, Pattern, find
+from graphllm.exporters.onnx.regions import (
+    ATTENTION_PATTERN,
+    GATED_MLP_PATTERN,
+    MOE_PATTERN,
+    SKIP_NORM_PATTERN,
+    qkv_projections,
+)
 from graphllm.ir import Graph, Node, Ref
 from graphllm.models.model_config import FAMILIES
 
@@ -62,11 +74,11 @@ MS = "com.microsoft"
 
 # -- rows: weights stored (in, out), norms as one op ------------------------------------------
 def _linear(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
-    w = c.transposed(n.inputs[1].node)  # (in, out)
-    if n.op == "linear":
-        c.final("MatMul", [i[0], w], n, o)
-        return
-    c.final("Add", [c.op("MatMul", [i[0], w], n.name), i[2]], n, o)
+    c.final("MatMul", [i[0], c.transposed(n.inputs[1].node)], n, o)  # weight (in, out)
+
+
+def _linear_bias(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    c.final("Add", [c.op("MatMul", [i[0], c.transposed(n.inputs[1].node)], n.name), i[2]], n, o)
 
 
 def _expert_linear(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
@@ -75,7 +87,7 @@ def _expert_linear(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
 
 def _embedding(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     table = n.inputs[1].node
-    if all(u.op == "embedding" for u in c.graph.users(table)):
+    if all(u.op == n.op for u in c.graph.users(table)):  # only lookups read the table
         c.final("Gather", [i[1], i[0]], n, o, axis=0)
         return
     # tied: the LM head reads the table as (d, vocab); the embedding gathers its columns
@@ -101,33 +113,36 @@ def _quick_gelu(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("QuickGelu", [i[0]], n, o, domain=MS, alpha=1.0)  # x * sigmoid(x): SiLU
 
 
-FUSED_ROWS: dict[str, Lower] = {
-    "linear": _linear,
-    "linear_bias": _linear,
-    "expert_linear": _expert_linear,
-    "embedding": _embedding,
-    "rmsnorm": _rmsnorm,
-}
+def _proj_bias(proj: Node) -> str | None:
+    """A projection's bias param (its third input), or None."""
+    return proj.inputs[2].node if len(proj.inputs) > 2 else None
 
 
-# -- matching regions -----------------------------------------------------------------------
-def _from(g: Graph, ref: Ref, *ops: str) -> Node:
-    node = g[ref.node]
-    if node.op not in ops:
-        raise LoweringError(f"{node.name} is {node.op}, where {' or '.join(ops)} was expected")
-    return node
+# -- finding the regions (their pattern tables: graphllm.exporters.onnx.regions) -------------
+def _every(g: Graph, pattern: Pattern) -> list[Match]:
+    """Every match of a region the lowering needs, or LoweringError saying why one differs."""
+    out = []
+    for _, m in find(g, pattern):
+        if isinstance(m, Mismatch):
+            raise LoweringError(m.reason)
+        out.append(m)
+    return out
 
 
-def _region(nodes: list[Node], outputs: tuple[Ref, ...], emit: Callable) -> Region:
-    return Region(tuple(dict.fromkeys(n.name for n in nodes)), outputs, emit)
+def _each(g: Graph, pattern: Pattern) -> list[Match]:
+    """The matches of a region the lowering fuses where it can."""
+    return [m for _, m in find(g, pattern) if isinstance(m, Match)]
+
+
+def _region(m: Match, outputs: tuple[Ref, ...], emit: Callable) -> Region:
+    return Region(tuple(dict.fromkeys(n.name for n in m.nodes)), outputs, emit)
 
 
 @dataclass(frozen=True)
 class Attn:
-    """One attention block from its input x to its merged heads, as matched in the graph."""
+    """One attention block from its input x to its merged heads, read from its match."""
 
     scope: str
-    nodes: tuple[Node, ...]
     x: Ref
     weights: tuple[str, ...]  # q, k, v (out, in), or Phi-3's one qkv_proj
     biases: tuple[str, ...]
@@ -144,87 +159,27 @@ class Attn:
     present: tuple[Ref, Ref]
     out: Ref
 
-
-def _heads_of(g: Graph, ref: Ref, nodes: list[Node]) -> tuple[Node | None, Node]:
-    """(rmsnorm or None, split_heads) feeding a rope or the cache."""
-    node = g[ref.node]
-    norm = None
-    if node.op == "rmsnorm":
-        norm, node = node, g[node.inputs[0].node]
-        nodes.append(norm)
-    if node.op != "split_heads":
-        raise LoweringError(f"{node.name} is {node.op}, where split_heads was expected")
-    nodes.append(node)
-    return norm, node
-
-
-def match_attention(g: Graph, pv: Node) -> Attn:
-    """The attention block around core attention's `pv`, or LoweringError saying what differs."""
-    merge = [u for u in g.users(pv)]
-    if len(merge) != 1 or merge[0].op != "merge_heads":
-        raise LoweringError(f"{pv.name}: its heads are not merged by one merge_heads")
-    sm = _from(g, pv.inputs[0], "softmax")
-    mask = _from(g, sm.inputs[0], "mask")
-    scale = _from(g, mask.inputs[0], "mul_const")
-    scores = _from(g, scale.inputs[0], "scores")
-    if not mask.attrs.get("causal", True):
-        raise LoweringError(f"{mask.name}: attention that is not causal")
-    nodes = [scores, scale, mask, sm, pv, merge[0]]
-    q_rope = _from(g, scores.inputs[0], "rope")
-    nodes.append(q_rope)
-    q_norm, q_heads = _heads_of(g, q_rope.inputs[0], nodes)
-    caches, heads = [], {}
-    for role, ref in (("k", scores.inputs[1]), ("v", pv.inputs[1])):
-        node = g[ref.node]
-        if node.op == "repeat_kv":
-            nodes.append(node)
-            node = g[node.inputs[0].node]
-        if node.op != "kv_concat":
-            raise LoweringError(f"{node.name}: no past {role} input (export the graph with one)")
-        nodes.append(node)
-        caches.append(node)
-        if role == "k":
-            k_rope = _from(g, node.inputs[1], "rope")
-            nodes.append(k_rope)
-            k_norm, heads["k"] = _heads_of(g, k_rope.inputs[0], nodes)
-        else:
-            heads["v"] = _from(g, node.inputs[1], "split_heads")
-            nodes.append(heads["v"])
-    if k_rope.inputs[1] != q_rope.inputs[1] or not np.array_equal(
-        k_rope.attrs["inv_freq"], q_rope.attrs["inv_freq"]
-    ):
-        raise LoweringError(f"{k_rope.name}: rotates otherwise than {q_rope.name}")
-    sources = (q_heads.inputs[0], heads["k"].inputs[0], heads["v"].inputs[0])
-    first = g[sources[0].node]
-    if first.op == "split3" and all(r.node == first.name for r in sources):
-        if [r.index for r in sources] != [0, 1, 2]:
-            raise LoweringError(f"{first.name}: not split as q, k, v")
-        projs = [_from(g, first.inputs[0], "linear", "linear_bias")]
-        nodes += [first, projs[0]]
-    else:
-        projs = [_from(g, r, "linear", "linear_bias") for r in sources]
-        if len({p.op for p in projs}) > 1 or len({p.inputs[0] for p in projs}) > 1:
-            raise LoweringError(f"{projs[0].name}: q, k and v are not projections of one input")
-        nodes += projs
-    return Attn(
-        scope=merge[0].name.rsplit(".", 1)[0],
-        nodes=tuple(nodes),
-        x=projs[0].inputs[0],
-        weights=tuple(p.inputs[1].node for p in projs),
-        biases=tuple(p.inputs[2].node for p in projs if p.op == "linear_bias"),
-        positions=q_rope.inputs[1],
-        rope=q_rope,
-        q_norm=q_norm,
-        k_norm=k_norm,
-        heads=axis_size(q_heads, "h"),
-        kv_heads=axis_size(heads["k"], "h"),
-        head_dim=axis_size(q_heads, "e"),
-        scale=float(scale.attrs["value"]),
-        window=mask.attrs.get("window"),
-        past=(caches[0].inputs[0], caches[1].inputs[0]),
-        present=(Ref(caches[0].name), Ref(caches[1].name)),
-        out=Ref(merge[0].name),
-    )
+    @classmethod
+    def of(cls, m: Match) -> Attn:
+        projs = qkv_projections(m)
+        return cls(
+            scope=m["merge"].name.rsplit(".", 1)[0],
+            x=m.ref("x"),
+            weights=tuple(p.inputs[1].node for p in projs),
+            biases=tuple(b for b in map(_proj_bias, projs) if b is not None),
+            positions=m.ref("positions"),
+            rope=m["q_rope"],
+            q_norm=m.get("q_norm"),
+            k_norm=m.get("k_norm"),
+            heads=axis_size(m["q_heads"], "h"),
+            kv_heads=axis_size(m["k_heads"], "h"),
+            head_dim=axis_size(m["q_heads"], "e"),
+            scale=float(m["scale"].attrs["value"]),
+            window=m["key_mask"].attrs.get("window"),
+            past=(m.ref("past_k"), m.ref("past_v")),
+            present=(m.ref("k_cache"), m.ref("v_cache")),
+            out=m.ref("merge"),
+        )
 
 
 def _qkv(c: Lowering, a: Attn, x: str) -> str:
@@ -261,34 +216,24 @@ def _head_norm(c: Lowering, x: str, norm: Node, heads: int, e: int) -> str:
 def _gated_mlps(g: Graph, rows: dict[str, Lower]) -> list[Region]:
     """Gated MLPs `down(act(gate(x)) * up(x))` whose gate and up are two projections of x: one
     MatMul of both, stored (d, 2 ffn), split in two."""
-    out = []
-    for mul in g.nodes("mul"):
-        act, up = g[mul.inputs[0].node], g[mul.inputs[1].node]
-        if act.op not in ("silu", "gelu_tanh") or up.op not in ("linear", "linear_bias"):
-            continue
-        gate = g[act.inputs[0].node]
-        if gate.op != up.op or gate.inputs[0] != up.inputs[0]:
-            continue
-        out.append(
-            _region([gate, up, act, mul], (Ref(mul.name),), _gated(gate, up, act, mul, rows))
-        )
-    return out
+    return [_region(m, (m.ref("gated"),), _gated(m, rows)) for m in _each(g, GATED_MLP_PATTERN)]
 
 
-def _gated(gate: Node, up: Node, act: Node, mul: Node, rows: dict[str, Lower]) -> Callable:
+def _gated(m: Match, rows: dict[str, Lower]) -> Callable:
+    gate, up, act, mul = m["gate"], m["up"], m["act"], m["gated"]
+
     def emit(c: Lowering, names: dict[Ref, str]) -> None:
         scope = mul.name.rsplit(".", 1)[0]
         ws = (gate.inputs[1].node, up.inputs[1].node)
         f, d = c.param_shape(ws[0])
         pack = lambda a, b: np.concatenate([a, b], axis=0).T  # noqa: E731
         w = c.initializer(f"{scope}.gate_up_proj.weight.T", ws, (d, 2 * f), pack)
-        y = c.op("MatMul", [names[gate.inputs[0]], w], f"{scope}.gate_up_proj")  # (B, T, 2 ffn)
-        if gate.op == "linear_bias":
-            bs = (gate.inputs[2].node, up.inputs[2].node)
+        y = c.op("MatMul", [names[m.ref("x")], w], f"{scope}.gate_up_proj")  # (B, T, 2 ffn)
+        biases = tuple(b for b in (_proj_bias(gate), _proj_bias(up)) if b is not None)
+        if biases:  # both, the pattern checks
             cat = lambda a, b: np.concatenate([a, b])  # noqa: E731
-            y = c.op(
-                "Add", [y, c.initializer(f"{scope}.gate_up_proj.bias", bs, (2 * f,), cat)], scope
-            )
+            b = c.initializer(f"{scope}.gate_up_proj.bias", biases, (2 * f,), cat)
+            y = c.op("Add", [y, b], scope)
         g_out, u_out = c.op(
             "Split", [y, c.const([f, f])], f"{scope}.gate_up_split", n_out=2, axis=-1
         )
@@ -333,9 +278,9 @@ def _attention_regions(g: Graph, emitter: Callable[[Attn], Callable]) -> list[Re
     """One region per attention block, from its input x to its merged heads and present K/V."""
     _no_mla(g)
     out = []
-    for pv in g.nodes("pv"):
-        a = match_attention(g, pv)
-        out.append(_region(list(a.nodes), (a.out, *a.present), emitter(a)))
+    for m in _every(g, ATTENTION_PATTERN):
+        a = Attn.of(m)
+        out.append(_region(m, (a.out, *a.present), emitter(a)))
     return out
 
 
@@ -363,10 +308,6 @@ def _no_mla(g: Graph) -> None:
         raise LoweringError(
             "latent attention (MLA) has no fused form (the decomposed lowering has it)"
         )
-
-
-def _standard_regions(g: Graph) -> list[Region]:
-    return _attention_regions(g, _standard_attention) + _gated_mlps(g, LOWERINGS["standard"].rows)
 
 
 # -- ort: GroupQueryAttention, SkipSimplifiedLayerNormalization, MoE -------------------------
@@ -441,10 +382,10 @@ def _ort_attention(a: Attn) -> Callable[[Lowering, dict[Ref, str]], None]:
 
 @dataclass(frozen=True)
 class Moe:
-    """A routed-expert block, from its input x to the weighted sum of its experts."""
+    """A routed-expert block, from its input x to the weighted sum of its experts, read from
+    its match."""
 
     scope: str
-    nodes: tuple[Node, ...]
     x: Ref
     router: str
     gate: str
@@ -454,47 +395,19 @@ class Moe:
     normalize: bool
     out: Ref
 
-
-def match_moe(g: Graph, combine: Node) -> Moe:
-    """The MoE block around `moe_combine`, or LoweringError saying what the MoE op cannot do."""
-    y, weights, chosen = combine.inputs
-    down = _from(g, y, "expert_linear")
-    mul = _from(g, down.inputs[0], "mul")
-    act, up = g[mul.inputs[0].node], _from(g, mul.inputs[1], "expert_linear")
-    if act.op != "silu":
-        raise LoweringError(
-            f"{combine.name}: onnxruntime's MoE op runs SwiGLU experts only on the CPU provider, "
-            f"and these experts use {act.op}"
+    @classmethod
+    def of(cls, m: Match) -> Moe:
+        return cls(
+            scope=m["combine"].name.rsplit(".", 2)[0],
+            x=m.ref("x"),
+            router=m["router"].inputs[1].node,
+            gate=m["gate"].inputs[1].node,
+            up=m["up"].inputs[1].node,
+            down=m["down"].inputs[1].node,
+            k=int(m["top_k"].attrs["k"]),
+            normalize="renormalised" in m,
+            out=m.ref("combine"),
         )
-    gate = _from(g, act.inputs[0], "expert_linear")
-    dispatch = _from(g, gate.inputs[0], "moe_dispatch")
-    topk = _from(g, chosen, "topk")
-    w = g[weights.node]
-    normalize = w.op == "normalize"
-    if (normalize and w.inputs[0] != Ref(topk.name, 0)) or (not normalize and w is not topk):
-        raise LoweringError(f"{combine.name}: routing the MoE op cannot do ({w.op} weights)")
-    scores = g[topk.inputs[0].node]
-    if scores.op != "softmax":
-        raise LoweringError(
-            f"{combine.name}: routing the MoE op cannot do (top-k of {scores.op} scores; "
-            "the op takes the top k of the router's softmax)"
-        )
-    router = _from(g, scores.inputs[0], "linear")
-    if up.inputs[0] != gate.inputs[0] or dispatch.inputs[0] != router.inputs[0]:
-        raise LoweringError(f"{combine.name}: experts and router read different inputs")
-    nodes = [router, scores, topk, dispatch, gate, up, act, mul, down, combine]
-    return Moe(
-        scope=combine.name.rsplit(".", 2)[0],
-        nodes=tuple(nodes + ([w] if normalize else [])),
-        x=router.inputs[0],
-        router=router.inputs[1].node,
-        gate=gate.inputs[1].node,
-        up=up.inputs[1].node,
-        down=down.inputs[1].node,
-        k=int(topk.attrs["k"]),
-        normalize=normalize,
-        out=Ref(combine.name),
-    )
 
 
 def _interleave(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -526,47 +439,57 @@ def _ort_moe(m: Moe) -> Callable[[Lowering, dict[Ref, str]], None]:
     return emit
 
 
-def _skip_norm(add: Node, norm: Node) -> Callable[[Lowering, dict[Ref, str]], None]:
+def _skip_norm(m: Match) -> Callable[[Lowering, dict[Ref, str]], None]:
+    norm, add = m["norm"], m["residual_add"]
+
     def emit(c: Lowering, names: dict[Ref, str]) -> None:
-        a, b = (names[r] for r in add.inputs)
         outs = [names[Ref(norm.name)], "", "", names[Ref(add.name)]]
         eps = float(norm.attrs["eps"])
-        ins = [a, b, _gamma(c, norm)]
+        ins = [names[m.ref("residual")], names[m.ref("branch")], _gamma(c, norm)]
         c.named("SkipSimplifiedLayerNormalization", ins, outs, norm.name, domain=MS, epsilon=eps)
 
     return emit
+
+
+def _standard_regions(g: Graph) -> list[Region]:
+    return _attention_regions(g, _standard_attention) + _gated_mlps(g, STANDARD.rows)
 
 
 def _ort_regions(g: Graph) -> list[Region]:
     try:
         _no_mla(g)
     except LoweringError as e:  # DeepSeek: say what else the ort ops cannot do, its routing
-        for combine in g.nodes("moe_combine"):
-            try:
-                match_moe(g, combine)
-            except LoweringError as routing:
-                raise LoweringError(f"{e}; and {routing}") from None
+        for _, routing in find(g, MOE_PATTERN):
+            if isinstance(routing, Mismatch):
+                raise LoweringError(f"{e}; and {routing.reason}") from None
         raise
     out = _attention_regions(g, _ort_attention)
-    for combine in g.nodes("moe_combine"):
-        m = match_moe(g, combine)
-        out.append(_region(list(m.nodes), (m.out,), _ort_moe(m)))
-    out += _gated_mlps(g, LOWERINGS["ort"].rows)
-    for norm in g.nodes("rmsnorm"):
-        add = g[norm.inputs[0].node]
-        if add.op == "add":  # a residual add and the norm of its sum
-            outs = (Ref(add.name), Ref(norm.name))
-            out.append(_region([add, norm], outs, _skip_norm(add, norm)))
+    out += [_region(m, (m.ref("combine"),), _ort_moe(Moe.of(m))) for m in _every(g, MOE_PATTERN)]
+    out += _gated_mlps(g, ORT.rows)
+    for m in _each(g, SKIP_NORM_PATTERN):
+        out.append(_region(m, (m.ref("residual_add"), m.ref("norm")), _skip_norm(m)))
     return out
 
 
-LOWERINGS["standard"] = OpSet("standard", {**DECOMPOSED, **FUSED_ROWS}, _standard_regions)
-LOWERINGS["ort"] = OpSet(
-    "ort",
-    {**DECOMPOSED, **FUSED_ROWS, "silu": _quick_gelu},
-    _ort_regions,
-    (("", OPSET), (MS, 1)),
+STANDARD = OpSet(
+    "standard",
+    rows={
+        **DECOMPOSED,
+        "linear": _linear,
+        "linear_bias": _linear_bias,
+        "expert_linear": _expert_linear,
+        "embedding": _embedding,
+        "rmsnorm": _rmsnorm,
+    },
+    regions=_standard_regions,
 )
+ORT = OpSet(
+    "ort",
+    rows={**STANDARD.rows, "silu": _quick_gelu},
+    regions=_ort_regions,
+    domains=(("", OPSET), (MS, 1)),
+)
+LOWERINGS.update(standard=STANDARD, ort=ORT)
 
 
 # -- the default lowering -------------------------------------------------------------------

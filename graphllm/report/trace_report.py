@@ -14,7 +14,7 @@ from graphllm.ir import Graph
 from graphllm.models.hardware import Hardware
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload
-from graphllm.passes import run
+from graphllm.passes import meta_result, run
 from graphllm.passes.cost import ZERO, scopes_of
 from graphllm.report.mla import form_cost, form_costs, kv_per_token
 
@@ -97,10 +97,10 @@ def per_op_rows(graph: Graph) -> list[dict[str, Any]]:
     """One row per computing node: its cost and, when timed, its roofline time."""
     rows = []
     for n in graph.nodes():
-        oc = n.meta.get("cost", ZERO)
         if n.op in ("param", "input"):
             continue
-        t = n.meta.get("time")
+        oc = meta_result(n, "cost")
+        t = n.meta.get("time")  # absent: no hardware given, the op is not timed
         rows.append(
             {
                 "name": n.name,
@@ -152,13 +152,13 @@ def sweep(
         cost, roof = res["cost"], res["roofline"]
         by_op: dict[str, dict[str, float]] = {}
         for n in graph.nodes():
-            oc = n.meta.get("cost", ZERO)
+            oc = meta_result(n, "cost")
             if oc is ZERO:
                 continue
             e = by_op.setdefault(n.op, {"flops": 0.0, "bytes": 0.0, "seconds": 0.0})
             e["flops"] += oc.flops
             e["bytes"] += oc.bytes
-            e["seconds"] += n.meta["time"].seconds if "time" in n.meta else 0.0
+            e["seconds"] += meta_result(n, "time").seconds if roof else 0.0
         out.append(
             {
                 "seq_len": wl.seq_len,

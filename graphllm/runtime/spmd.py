@@ -18,6 +18,7 @@ from graphllm.errors import GraphError, GraphllmError
 from graphllm.ir import Graph, Node
 from graphllm.ops import OPS, bind_node
 from graphllm.passes.parallel.sharding import Mesh, Sharding, operand_letters
+from graphllm.passes.registry import meta_result
 from graphllm.runtime.interpret import Interpreter
 
 Coords = tuple[int, ...]
@@ -72,7 +73,7 @@ class SPMDInterpreter:
     def __init__(self, graph: Graph, weights: dict[str, np.ndarray]) -> None:
         self.graph = graph
         self.weights = weights
-        self.mesh: Mesh = graph.meta["partition"].mesh
+        self.mesh: Mesh = meta_result(graph, "partition").mesh
         self.ranks = [tuple(c.values()) for c in self.mesh.coords()] or [()]
         self.coords = {r: dict(zip(self.mesh.names, r)) for r in self.ranks}
         self._letters: dict[str, dict[str, tuple[int, int]]] = {}
@@ -81,7 +82,7 @@ class SPMDInterpreter:
         """The ranks that run `node`: those of its pipeline stage (sources: every stage reading it)."""
         if "pp" not in self.mesh.names:
             return self.ranks
-        stages = node.meta.get("stages") or {node.meta.get("stage", 0)}
+        stages = meta_result(node, "stages")
         return [r for r in self.ranks if self.coords[r]["pp"] in stages]
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -227,5 +228,5 @@ def check_partition(graph: Graph, partitioned: Graph, seed: int = 0) -> Partitio
     ref = Interpreter(graph, weights).run(feeds)
     out = SPMDInterpreter(partitioned, weights).run(feeds)
     others = {k: float(np.max(np.abs(ref[k] - out[k]))) for k in ref if k != "logits"}
-    devices = partitioned.meta["partition"].mesh.devices
+    devices = meta_result(partitioned, "partition").mesh.devices
     return PartitionCheck(ref["logits"], out["logits"], devices, others)

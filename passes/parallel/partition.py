@@ -34,10 +34,10 @@ from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload, nbytes
 from graphllm.models.workload import dtype as dtype_of
 from graphllm.ops import COMMUNICATION, OPS, SOURCE
-from graphllm.passes.cost import ZERO, layer_of, layer_scopes
+from graphllm.passes.cost import layer_of, layer_scopes
 from graphllm.passes.memory import peak_activations
-from graphllm.passes.parallel.sharding import Mesh, Sharding, Split, copy_node, hoist_gathers, spmd
-from graphllm.passes.registry import register, run
+from graphllm.passes.parallel.sharding import Mesh, Sharding, Split, hoist_gathers, spmd
+from graphllm.passes.registry import forget, meta_result, register, run
 from graphllm.passes.training import TrainingOptions, training_memory
 
 MESH_ORDER = ("dp", "mb", "pp", "cp", "ep", "tp")  # outermost first: tp ranks share a node
@@ -241,21 +241,21 @@ def balance(weights: list[float], stages: int) -> list[tuple[int, int]]:
 def _node_seconds(graph: Graph, hw: Hardware | None) -> dict[str, float]:
     """Predicted time of every node (roofline; collectives on the links), FLOPs without hardware."""
     res = run(graph, ["cost", "roofline"], hardware=hw)
-    mesh = graph.meta["partition"].mesh
+    mesh = meta_result(graph, "partition").mesh
     out = {}
     for n in graph.nodes():
         if OPS[n.op].category == COMMUNICATION and hw is not None:
             out[n.name] = comm_seconds(graph, n, mesh, hw)
         elif hw is not None and res["roofline"] is not None:
-            t = n.meta.get("time")
-            out[n.name] = t.seconds if t else 0.0
+            out[n.name] = meta_result(n, "time").seconds
         else:
-            out[n.name] = n.meta.get("cost", ZERO).flops
+            out[n.name] = meta_result(n, "cost").flops
     return out
 
 
 def pipeline(graph: Graph, stages: int, hw: Hardware | None) -> tuple[Graph, list[tuple[int, int]]]:
-    """Assign contiguous layers to stages by predicted time; send/recv what crosses a stage."""
+    """Assign contiguous layers to stages by predicted time; send/recv what crosses a stage. In
+    place, on the rank's program that `partition` built."""
     order = layer_scopes(graph)
     layers = {p: i for i, p in enumerate(order)}
     secs = _node_seconds(graph, hw)
@@ -275,19 +275,16 @@ def pipeline(graph: Graph, stages: int, hw: Hardware | None) -> tuple[Graph, lis
     stage_of_layer = {i: s for s, (a, b) in enumerate(groups) for i in range(a, b + 1)}
     stage = {name: stage_of_layer[i] for name, i in where.items()}
     for n in graph.nodes():  # a source is held by every stage that reads it
-        for u in graph.users(n):
-            if OPS[n.op].category == SOURCE:
-                n.meta.setdefault("stages", set()).add(stage[u.name])
-
-    new = Graph(graph.name, graph.bindings)
-    new.meta = graph.meta
+        if OPS[n.op].category == SOURCE:
+            held = {stage[u.name] for u in graph.users(n)}
+            n.meta.update(stage=min(held, default=0), stages=held)
+        else:
+            n.meta.update(stage=stage[n.name], stages={stage[n.name]})
     sent: dict[tuple[Ref, int], Ref] = {}
-    for n in graph.nodes():
-        inputs = []
-        for r in n.inputs:
+    for n in graph.topo():
+        for r in dict.fromkeys(n.inputs):
             src = graph[r.node]
             if OPS[src.op].category == SOURCE or stage[r.node] >= stage[n.name]:
-                inputs.append(r)
                 continue
             key = (r, stage[n.name])
             if key not in sent:
@@ -295,23 +292,23 @@ def pipeline(graph: Graph, stages: int, hw: Hardware | None) -> tuple[Graph, lis
                 base = r.node if r.index == 0 else f"{r.node}.{r.index}"
                 attrs = {"mesh": "pp", "group": 2, "src": a, "dst": b}  # point to point
                 sh = src.meta["sharding"][r.index]
-                snd = new.add("send", f"{base}.send" + (f".{b}" if b != a + 1 else ""), [r], attrs)
-                rcv = new.add("recv", snd.name.replace(".send", ".recv"), [Ref(snd.name)], attrs)
-                snd.meta.update(sharding=(sh,), stage=a)
-                rcv.meta.update(sharding=(sh,), stage=b)
+                with graph.inserting_before(n):
+                    name = f"{base}.send" + (f".{b}" if b != a + 1 else "")
+                    snd = graph.add("send", name, [r], attrs)
+                    rcv = graph.add("recv", snd.name.replace(".send", ".recv"), [snd], attrs)
+                snd.meta.update(sharding=(sh,), stage=a, stages={a})
+                rcv.meta.update(sharding=(sh,), stage=b, stages={b})
                 sent[key] = Ref(rcv.name)
-            inputs.append(sent[key])
-        c = copy_node(new, n, inputs)
-        if n.name in stage:
-            c.meta["stage"] = stage[n.name]
-    for k, r in graph.outputs.items():
-        new.set_output(k, r, graph.output_role(k))
-    return new, groups
+            graph.replace_input(n, r, sent[key])
+    forget(graph, ["cost", "roofline"])  # timed before the sends and recvs were there
+    return graph, groups
 
 
 # -- the transform ------------------------------------------------------------------------------
 def partition(graph: Graph, strategy: Strategy, hardware: Hardware | None = None) -> Graph:
-    """The program of one rank under `strategy`; its meta['partition'] holds the plan."""
+    """The program of one rank under `strategy`, a new graph: its meta['partition'] holds the
+    plan, and each node's meta its `sharding` (per output), `stage` (the pipeline stage that runs
+    it; a weight or input: the first that reads it) and `stages` (every stage that holds it)."""
     cfg, wl = graph.meta["config"], graph.meta["workload"]
     split = validate(cfg, wl, strategy)
     if hardware is not None and strategy.devices > 1 and hardware.interconnect_bandwidth is None:
@@ -337,20 +334,24 @@ def partition(graph: Graph, strategy: Strategy, hardware: Hardware | None = None
         local.meta["partition"] = plan
     else:
         for n in local.nodes():
-            n.meta["stage"] = 0
-            if OPS[n.op].category == SOURCE:
-                n.meta["stages"] = {0}
+            n.meta.update(stage=0, stages={0})
     local.verify()
     return local
 
 
-@register("partition", requires=("verify",), transforms=True)
+@register(
+    "partition",
+    requires=("verify",),
+    transforms=True,
+    options=("strategy", "hardware"),
+    writes=("sharding", "stage", "stages"),
+    graph_writes=("partition",),
+)
 def partition_pass(
     graph: Graph,
     results: dict[str, Any] | None = None,
     strategy: Strategy | None = None,
     hardware: Hardware | None = None,
-    **_: Any,
 ) -> Graph:
     """Transform: the partitioned graph (the program of one rank) for `strategy`."""
     return partition(graph, strategy or Strategy(), hardware)
@@ -439,7 +440,7 @@ def partition_report(
     microbatches' activations), and the gradient reduction over the data-parallel group runs once
     a step, after the last microbatch, not overlapped.
     """
-    plan: PartitionPlan = graph.meta["partition"]
+    plan: PartitionPlan = meta_result(graph, "partition")
     s, mesh = plan.strategy, plan.mesh
     train = training is not None
     run(graph, ["cost", "roofline"], hardware=hardware, attention=attention, training=train)
@@ -469,16 +470,16 @@ def partition_report(
     for n in graph.nodes():
         spec = OPS[n.op]
         if spec.category == SOURCE:
-            for st in n.meta.get("stages", ()):
+            for st in meta_result(n, "stages"):
                 e = per_stage[st]
                 e["names"].add(n.name)
                 if n.op == "param":
                     e["params"] += int(n.out.numel(b))
                     e["weight_bytes"] += nbytes(n.out.dtype, n.out.numel(graph.bindings))
             continue
-        e = per_stage[n.meta.get("stage", 0)]
+        e = per_stage[meta_result(n, "stage")]
         e["names"].add(n.name)
-        oc = n.meta.get("cost", ZERO)
+        oc = meta_result(n, "cost")
         e["flops"] += m * oc.flops
         e["bytes"] += m * oc.bytes
         if n.name in presents:
@@ -499,14 +500,13 @@ def partition_report(
                     "group_size": n.attrs["group"],
                     "wire_bytes_per_device": wire,
                     "mesh_axis": n.attrs["mesh"],
-                    "stage": n.meta.get("stage", 0),
+                    "stage": meta_result(n, "stage"),
                     "count": passes * m,  # once per microbatch (and pass)
                     "seconds": secs,
                 }
             )
-        else:
-            t = n.meta.get("time")
-            e["compute_seconds"] += t.seconds if t else 0.0
+        elif hardware is not None:
+            e["compute_seconds"] += meta_result(n, "time").seconds
     cap = hardware.memory_bytes if hardware else None
     stages = []
     for st, e in enumerate(per_stage):

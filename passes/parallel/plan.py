@@ -44,7 +44,7 @@ from graphllm.passes.parallel.partition import (
     partition,
     validate,
 )
-from graphllm.passes.registry import run
+from graphllm.passes.registry import meta_result, run
 from graphllm.passes.training import (
     MASTER_BYTES,
     MOMENTS_BYTES,
@@ -147,7 +147,7 @@ def analyse(
     """Per-layer figures of a partitioned graph (one rank's program)."""
     train = training is not None
     run(graph, ["cost", "roofline"], hardware=hw, attention=attention, training=train)
-    mesh = graph.meta["partition"].mesh
+    mesh = meta_result(graph, "partition").mesh
     order = layer_scopes(graph)
     index = {p: i for i, p in enumerate(order)}
     layers = [Part() for _ in order]
@@ -170,8 +170,8 @@ def analyse(
                 nb = dtype_of(n.out.dtype).nbytes(n.out.numel(b))
                 p.params += n.out.numel(b)
                 p.weight_bytes += nb
-                sh = n.meta.get("sharding", (None,))[0]
-                if sh is not None and any(m == "ep" for axis in sh.axes for m, _ in axis):
+                sh = meta_result(n, "sharding")[0]
+                if any(m == "ep" for axis in sh.axes for m, _ in axis):
                     p.ep_weight_bytes += nb
                 p.master |= dtype_of(n.out.dtype).nbytes(1) < 4
             continue
@@ -190,8 +190,7 @@ def analyse(
             c[0] += secs
             c[1] += wire
         else:
-            t = n.meta.get("time")
-            p.seconds += t.seconds if t else 0.0
+            p.seconds += meta_result(n, "time").seconds
     peak = 0.0
     if train:
         rc = training.recompute  # type: ignore[union-attr]

@@ -192,8 +192,7 @@ class _SPMD:
         self.src, self.mesh, self.seeds = graph, mesh, seeds
         self.scatter = scatter  # mesh axes with sequence parallelism: reduce-scatter on tokens
         self.keep_split = keep_split  # roles whose splits graph outputs keep (tokens, batch)
-        self.g = Graph(graph.name, graph.bindings)
-        self.g.meta = {k: v for k, v in graph.meta.items() if not k.startswith("_")}
+        self.g = graph.derive()
         self.val: dict[Ref, tuple[Ref, Sharding]] = {}
         self.memo: dict[tuple, tuple[Ref, Sharding]] = {}
         self.reduced: dict[tuple[Ref, str], tuple[Ref, Sharding]] = {}
@@ -514,18 +513,11 @@ def spmd(
     return t.finish()
 
 
-def copy_node(new: Graph, n: Node, inputs: list[Ref], **attrs: Any) -> Node:
-    """Re-add `n` to `new` with other inputs (and attrs changed), keeping its meta."""
-    outs = n.outputs if OPS[n.op].category == SOURCE else None
-    c = new.add(n.op, n.name, inputs, {**n.attrs, **attrs}, outputs=outs)
-    c.meta = dict(n.meta)
-    return c
-
-
 def hoist_gathers(g: Graph) -> Graph:
     """all_gather(copy(x)) -> copy(all_gather(x)) where a single-use copy expands x (the GQA head
-    repeat) and the gathered axis passes through it: the smaller tensor crosses the wire."""
-    swaps: dict[str, Node] = {}
+    repeat) and the gathered axis passes through it: the smaller tensor crosses the wire. In place;
+    returns `g`."""
+    swaps: list[tuple[Node, Node]] = []  # (the copy, the all_gather reading it)
     for a in g.nodes():
         if not OPS[a.op].gathers:
             continue
@@ -544,38 +536,25 @@ def hoist_gathers(g: Graph) -> Graph:
         outs = operand_letters(sig.outputs[0], r.out.rank)
         x = outs[a.attrs["axis"]]
         if x in ins and x not in r.attrs.get("axes", {}):
-            swaps[r.name] = a
-    if not swaps:
-        return g
-    new = Graph(g.name, g.bindings)
-    new.meta = g.meta
-    alias: dict[str, str] = {}
-    moved = {a.name for a in swaps.values()}
-
-    def ref(r: Ref) -> Ref:
-        return Ref(alias.get(r.node, r.node), r.index)
-
-    for n in g.nodes():
-        if n.name in moved:
-            continue
-        inputs = [ref(r) for r in n.inputs]
-        a = swaps.get(n.name)
-        if a is None:
-            copy_node(new, n, inputs)
-            continue
-        sig = OPS[n.op].signature
+            swaps.append((r, a))
+    for r, a in swaps:
+        src = r.inputs[0]
+        sig = OPS[r.op].signature
         j = a.attrs["axis"]
-        x = operand_letters(sig.outputs[0], n.out.rank)[j]
-        j_in = operand_letters(sig.inputs[0], g.type_of(n.inputs[0]).rank).index(x)
-        whole = a.attrs["axes"][f"@{j}"]
-        src = g[n.inputs[0].node].meta["sharding"][n.inputs[0].index]
-        name = f"{n.inputs[0].node}.all_gather"
-        name = name if name not in g else a.name
-        attrs = {**a.attrs, "axis": j_in, "axes": {f"@{j_in}": whole}}
-        gathered = new.add(a.op, name, inputs, attrs)
-        gathered.meta["sharding"] = (src.unsplit(j_in, a.attrs["mesh"], a.name),)
-        copy_node(new, n, [Ref(name)]).meta["sharding"] = a.meta["sharding"]
-        alias[a.name] = n.name
-    for k, r in g.outputs.items():
-        new.set_output(k, ref(r), g.output_role(k))
-    return new
+        x = operand_letters(sig.outputs[0], r.out.rank)[j]
+        j_in = operand_letters(sig.inputs[0], g.type_of(src).rank).index(x)
+        attrs = {**a.attrs, "axis": j_in, "axes": {f"@{j_in}": a.attrs["axes"][f"@{j}"]}}
+        name = f"{src.node}.all_gather"
+        with g.inserting_before(r):
+            gathered = g.add(a.op, f"{a.name}.hoisted" if name in g else name, [src], attrs)
+            moved = g.add(r.op, f"{r.name}.hoisted", [gathered], r.attrs)
+        sh = g[src.node].meta["sharding"][src.index]
+        gathered.meta["sharding"] = (sh.unsplit(j_in, a.attrs["mesh"], a.name),)
+        moved.meta["sharding"] = a.meta["sharding"]
+        g.replace_all_uses_with(a, moved)
+        g.erase(a)
+        g.erase(r)
+        g.rename(moved, r.name)  # the copy keeps its name, and the gather its own when it can
+        if gathered.name != name:
+            g.rename(gathered, a.name)
+    return g

@@ -1,0 +1,168 @@
+"""The fused lowerings' regions, as declared pattern tables (graphllm.exporters.onnx.patterns).
+
+Each table is a region's tree from its output back to its inputs, with the checks over its
+captures; graphllm.exporters.onnx.fused finds them and its emitters read the captures. These
+tables are the only place the fused lowerings spell op names, outside the rows they register.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphllm.exporters.onnx.patterns import Alt, Check, Match, Op, Optional, Pattern, Var
+from graphllm.ir import Node
+
+NO_PAST = "{node}: no past %s input (export the graph with one)"
+# attention. Q, K and V: three projections of one input x, or Phi-3's one split in three
+QKV_PATTERN = Op(("linear", "linear_bias"), Var("x"), name="qkv_proj")
+Q_HEADS_PATTERN = Op(
+    "split_heads",
+    Op("split3", QKV_PATTERN, name="qkv_split", out=0)
+    | Op(("linear", "linear_bias"), Var("x"), name="q_proj"),
+    name="q_heads",
+)
+K_HEADS_PATTERN = Op(
+    "split_heads",
+    Op("split3", QKV_PATTERN, name="qkv_split", out=1)
+    | Op(("linear", "linear_bias"), Var("x"), name="k_proj"),
+    name="k_heads",
+)
+V_HEADS_PATTERN = Op(
+    "split_heads",
+    Op("split3", QKV_PATTERN, name="qkv_split", out=2)
+    | Op(("linear", "linear_bias"), Var("x"), name="v_proj"),
+    name="v_heads",
+)
+# Q and K: a per-head RMSNorm where there is one (Qwen3), rotated by one set of positions
+Q_PATTERN = Op(
+    "rope",
+    Optional(Op("rmsnorm", Q_HEADS_PATTERN, name="q_norm")),
+    Var("positions"),
+    name="q_rope",
+)
+K_NEW_PATTERN = Op(
+    "rope",
+    Optional(Op("rmsnorm", K_HEADS_PATTERN, name="k_norm")),
+    Var("positions"),
+    name="k_rope",
+)
+# K and V behind the past ones, copied to the query heads (GQA) where they are fewer
+K_PATTERN = Optional(
+    Op(
+        "repeat_kv",
+        Op("kv_concat", Var("past_k"), K_NEW_PATTERN, name="k_cache", why=NO_PAST % "k"),
+    )
+)
+V_PATTERN = Optional(
+    Op(
+        "repeat_kv",
+        Op("kv_concat", Var("past_v"), V_HEADS_PATTERN, name="v_cache", why=NO_PAST % "v"),
+    )
+)
+# softmax(mask(scale * Q K^T)) V, the heads merged
+SEPARATE_QKV = ("q_proj", "k_proj", "v_proj")
+ATTENTION_PATTERN = Pattern(
+    Op(
+        "merge_heads",
+        Op(
+            "pv",
+            Op(
+                "softmax",
+                Op(
+                    "mask",
+                    Op("mul_const", Op("scores", Q_PATTERN, K_PATTERN), name="scale"),
+                    name="key_mask",
+                ),
+            ),
+            V_PATTERN,
+        ),
+        name="merge",
+    ),
+    checks=(
+        Check(
+            lambda m: m["key_mask"].attrs.get("causal", True),
+            "{key_mask}: attention that is not causal",
+        ),
+        Check(
+            lambda m: np.array_equal(m["k_rope"].attrs["inv_freq"], m["q_rope"].attrs["inv_freq"]),
+            "{k_rope}: rotates otherwise than {q_rope}",
+        ),
+        Check(
+            lambda m: ("qkv_split" in m) == all(p not in m for p in SEPARATE_QKV),
+            "{q_heads}: q, k and v mix a projection split in three with separate ones",
+        ),
+        Check(
+            lambda m: len({len(p.inputs) for p in qkv_projections(m)}) == 1,
+            "{q_proj}: q, k and v are not projections of one input",
+        ),
+    ),
+)
+# a gated MLP down(act(gate(x)) * up(x)) whose gate and up are projections of x, both with a
+# bias or neither
+GATED_MLP_PATTERN = Pattern(
+    Op(
+        "mul",
+        Op(
+            ("silu", "gelu_tanh"),
+            Op(("linear", "linear_bias"), Var("x"), name="gate"),
+            name="act",
+        ),
+        Op(("linear", "linear_bias"), Var("x"), name="up"),
+        name="gated",
+    ),
+    checks=(
+        Check(
+            lambda m: len(m["gate"].inputs) == len(m["up"].inputs),
+            "{up}: a bias on one of gate and up only",
+        ),
+    ),
+)
+# routed experts as onnxruntime's MoE op runs them: SwiGLU experts, routed by the top k of the
+# router's softmax, renormalised or not
+ROUTER_PATTERN = Op(
+    "topk",
+    Op(
+        "softmax",
+        Op("linear", Var("x"), name="router"),
+        why="{anchor}: routing the MoE op cannot do (top-k of {op} scores; the op takes the top"
+        " k of the router's softmax)",
+    ),
+    name="top_k",
+)
+DISPATCH_PATTERN = Op("moe_dispatch", Var("x"), name="dispatch")
+MOE_PATTERN = Pattern(
+    Op(
+        "moe_combine",
+        Op(
+            "expert_linear",
+            Op(
+                "mul",
+                Op(
+                    "silu",
+                    Op("expert_linear", DISPATCH_PATTERN, name="gate"),
+                    name="act",
+                    why="{anchor}: onnxruntime's MoE op runs SwiGLU experts only on the CPU"
+                    " provider, and these experts use {op}",
+                ),
+                Op("expert_linear", DISPATCH_PATTERN, name="up"),
+            ),
+            name="down",
+        ),
+        Alt(
+            Op("normalize", ROUTER_PATTERN, name="renormalised"),
+            ROUTER_PATTERN,
+            why="{anchor}: routing the MoE op cannot do ({op} weights)",
+        ),
+        Op("topk", name="top_k", out=1),  # the weights' top-k, matched with them
+        name="combine",
+    )
+)
+# a residual add and the RMSNorm of its sum
+SKIP_NORM_PATTERN = Pattern(
+    Op("rmsnorm", Op("add", Var("residual"), Var("branch"), name="residual_add"), name="norm")
+)
+
+
+def qkv_projections(m: Match) -> list[Node]:
+    """Q, K and V's projections in an attention match: Phi-3's one, or three."""
+    return [m["qkv_proj"]] if "qkv_split" in m else [m[p] for p in SEPARATE_QKV]
