@@ -24,8 +24,8 @@ from graphllm.exporters.dot import MIX_FILL, MIX_LINE, VIEWS, view_dot
 from graphllm.exporters.render import render
 from graphllm.models.hardware import load_hardware
 from graphllm.passes import run
+from tests.support.paths import EXAMPLES
 
-EXAMPLES = Path(__file__).parent.parent.parent / "examples"
 SMALL = dict(
     vocab_size=32,
     hidden_size=16,

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any
 
 import pytest
 
@@ -29,6 +28,7 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 from graphllm import Workload, build_graph  # noqa: E402
 from graphllm.models.config import PRESETS_DIR, config_from_dict  # noqa: E402
 from graphllm.passes import run  # noqa: E402
+from tests.support.flop_counter import count_forward  # noqa: E402
 
 LAYERS = 2
 
@@ -96,20 +96,6 @@ def graphllm_matmul(model_id: str, workload: dict) -> int:
 def counted_flops(model_id: str, workload: dict) -> FlopCounterMode:
     """FlopCounterMode over one forward of the new tokens (a cache of P tokens filled first)."""
     return count_forward(_models(model_id)[1], workload)
-
-
-def count_forward(model: Any, workload: dict) -> FlopCounterMode:
-    """FlopCounterMode over one forward of a meta-device model's new tokens, after P cached."""
-    b, t, p = workload["batch"], workload["seq_len"], workload.get("past_len", 0)
-    kwargs = {"logits_to_keep": 1} if workload.get("logits") == "last" else {}
-    with torch.device("meta"), torch.no_grad():
-        if p:
-            prefill = model(input_ids=torch.zeros((b, p), dtype=torch.long), use_cache=True)
-            kwargs |= {"cache": prefill.cache, "use_cache": True}
-        counter = FlopCounterMode(display=False)
-        with counter:
-            model(input_ids=torch.zeros((b, t), dtype=torch.long), **kwargs)
-    return counter
 
 
 def _check(model_id: str, workload: dict) -> None:

@@ -1,11 +1,11 @@
 """Parameter counts: exact against published totals and against transformers' own models."""
 
 import json
-from pathlib import Path
 
 import pytest
 
 from graphllm import Workload, build_graph, load_config
+from graphllm.models.config import PRESETS_DIR
 from graphllm.passes import run
 
 # totals as published on the models' cards / by their authors (every stored tensor, a tied head once)
@@ -71,7 +71,7 @@ def test_shared_expert_gate_counts_as_router():
 def test_total_matches_transformers_meta_model(preset):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    path = Path(__file__).parents[2] / "graphllm" / "models" / "presets" / f"{preset}.json"
+    path = PRESETS_DIR / f"{preset}.json"
     d = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
     hf = transformers.AutoConfig.for_model(**d)
     with torch.device("meta"):

@@ -4,7 +4,6 @@ gradient reduction's volume, and the partition report's training step."""
 import json
 
 import pytest
-import tiny_configs
 from click.testing import CliRunner
 
 from graphllm import Workload, build_graph, load_config
@@ -15,6 +14,7 @@ from graphllm.models.hardware import load_hardware
 from graphllm.passes import run
 from graphllm.passes.parallel.partition import Strategy, partition, partition_report
 from graphllm.passes.training import TrainingOptions, saved_activations, training_memory
+from tests.support import tiny_configs
 
 TINY = tiny_configs.LLAMA
 

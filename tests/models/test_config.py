@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tiny_configs
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -27,6 +26,8 @@ from graphllm.models.config import (
 from graphllm.models.model_config import FAMILIES, ModelConfig, MoENames
 from graphllm.models.workload import Workload
 from graphllm.runtime.interpret import run_graph
+from tests.support import tiny_configs
+from tests.support.paths import EXAMPLES
 
 PRESETS = {
     "llama2-7b": "meta-llama/Llama-2-7b-hf",
@@ -44,8 +45,6 @@ PRESETS = {
     "gemma-2b": "google/gemma-2b",
     "phi3-mini": "microsoft/Phi-3-mini-4k-instruct",
 }
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-
 TINY = tiny_configs.LLAMA
 
 
@@ -524,7 +523,7 @@ ROPES = ("default", "linear", "llama3", "yarn")
 
 @st.composite
 def valid_configs(draw) -> dict:
-    # MLA families have their own shape fields: test_deepseek_* and tests/test_parity_deepseek.py
+    # MLA families have their own shape fields: test_deepseek_* and tests/runtime/test_interpret_deepseek.py
     mt = draw(st.sampled_from([f for f in FAMILIES if not f.startswith("deepseek")]))
     kv, rep = draw(st.integers(1, 4)), draw(st.integers(1, 4))
     heads, head_dim, n = kv * rep, 2 * draw(st.integers(1, 12)), draw(st.integers(1, 6))

@@ -1,14 +1,11 @@
-"""MLA's cache per token against MHA's, and the naive against the absorbed form."""
+"""The MLA report (report/mla.py): the cache per token against MHA's, what each form costs, and
+what `trace` prints of both."""
 
-import numpy as np
 import pytest
 
 from graphllm import Workload, build_graph, load_config
-from graphllm.build.weights import random_weights
 from graphllm.passes import run
 from graphllm.report.mla import form_costs, kv_per_token
-from graphllm.runtime.interpret import run_graph
-from graphllm.runtime.observe import small_instance
 
 
 def test_kv_per_token_v3_and_v2_lite():
@@ -42,49 +39,6 @@ def test_absorbed_decode_is_far_cheaper_and_prefill_is_not():
     assert naive.flops > 50 * absorbed.flops and naive.bytes > 2 * absorbed.bytes
     prefill = form_costs(cfg, Workload(seq_len=2048))
     assert prefill["absorbed"].matmul_flops > prefill["naive"].matmul_flops
-
-
-@pytest.mark.parametrize("preset", ["deepseek-v2-lite", "deepseek-v2", "deepseek-v3"])
-def test_absorbed_logits_equal_naive(preset):
-    cfg = small_instance(load_config(preset), 6)
-    wl = Workload(batch=2, seq_len=6, dtype="fp32")
-    naive = build_graph(cfg, wl)
-    w = random_weights(naive, seed=1, scale=0.2)
-    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 6))
-    a = run_graph(naive, w, ids)
-    b = run_graph(build_graph(cfg, wl, mla="absorbed"), w, ids)
-    np.testing.assert_allclose(a["logits"], b["logits"], atol=1e-5, rtol=0)
-    step = Workload(batch=2, seq_len=1, past_len=6, dtype="fp32")
-    nxt = ids[:, :1]
-    past = {k: v for k, v in a.items() if k.startswith("present.")}
-    a2 = run_graph(build_graph(cfg, step), w, nxt, past)["logits"]
-    b2 = run_graph(build_graph(cfg, step, mla="absorbed"), w, nxt, past)["logits"]
-    np.testing.assert_allclose(a2, b2, atol=1e-5, rtol=0)
-
-
-@pytest.mark.parametrize("mla", ["naive", "absorbed"])
-@pytest.mark.parametrize("preset", ["deepseek-v2-lite", "deepseek-v2", "deepseek-v3"])
-def test_only_core_attention_mixes(preset, mla):
-    cfg = load_config(preset)
-    report = run(build_graph(cfg, Workload(seq_len=4, past_len=5), mla=mla), ["tokens"])["tokens"]
-    names = {name for name, _ in report.mixing_nodes}
-    assert len(names) == 3 * cfg.num_hidden_layers
-    assert all(".self_attn.core." in name for name in names)
-
-
-@pytest.mark.parametrize("preset", ["deepseek-v2-lite", "deepseek-v2", "deepseek-v3"])
-def test_token_mixing_prediction_matches_perturbation(preset):
-    from graphllm.runtime.observe import check_token_mixing
-
-    assert check_token_mixing(load_config(preset), seq_len=8).agrees
-    assert check_token_mixing(load_config(preset), workload=Workload(seq_len=3, past_len=4)).agrees
-
-
-def test_unknown_mla_form_is_one_line():
-    from graphllm import ConfigError
-
-    with pytest.raises(ConfigError, match="mla must be one of naive, absorbed"):
-        build_graph(load_config("deepseek-v3"), mla="fast")
 
 
 def test_trace_reports_the_cache_against_mha_and_both_forms():

@@ -4,10 +4,8 @@ strategy checked by execution against the single-device graph."""
 import itertools
 import json
 from collections import Counter
-from pathlib import Path
 
 import pytest
-import tiny_configs
 from click.testing import CliRunner
 
 from graphllm import Workload, build_graph, load_config
@@ -19,8 +17,9 @@ from graphllm.ops import COMMUNICATION, OPS
 from graphllm.passes import run
 from graphllm.passes.parallel.partition import Strategy, balance, partition, partition_report
 from graphllm.runtime.spmd import check_partition
+from tests.support import tiny_configs
+from tests.support.paths import EXAMPLES
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TINY = tiny_configs.LLAMA
 CONFIGS = {
     "llama": TINY,

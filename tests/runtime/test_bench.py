@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -22,16 +21,10 @@ from graphllm.cli import main  # noqa: E402
 from graphllm.exporters.onnx import export_onnx  # noqa: E402
 from graphllm.runtime.bench import bench, time_generation  # noqa: E402
 from graphllm.runtime.session import BoundCache, OnnxModel  # noqa: E402
+from tests.support.paths import EXAMPLES  # noqa: E402
 
-TINY = Path(__file__).parent.parent / "examples" / "tiny.yaml"
+TINY = EXAMPLES / "tiny.yaml"
 SHORT = ["--prompt-len", "6", "--new-tokens", "3", "--repeats", "2", "--warmup", "1"]
-
-
-@pytest.fixture(scope="module")
-def tiny_onnx(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("bench") / "tiny.onnx"
-    export_onnx(build_export_graph(graphllm.load_config(TINY)), path, seed=1)
-    return path
 
 
 def test_bound_steps_are_plain_runs(tiny_onnx):

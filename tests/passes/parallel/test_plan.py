@@ -4,7 +4,6 @@ import json
 import time
 
 import pytest
-import tiny_configs
 from click.testing import CliRunner
 
 from graphllm import Workload, build_graph, load_config
@@ -15,6 +14,7 @@ from graphllm.models.hardware import load_hardware
 from graphllm.passes.parallel.partition import Strategy, partition, partition_report
 from graphllm.passes.parallel.plan import factorisations, plan, reduced_config
 from graphllm.passes.training import TrainingOptions
+from tests.support import tiny_configs
 
 H100 = load_hardware("h100")
 TINY = tiny_configs.LLAMA

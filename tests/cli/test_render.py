@@ -1,14 +1,14 @@
 """`graphllm render`: files written whole, one-line errors with exit code 2."""
 
 import shutil
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from graphllm.cli import main
+from tests.support.paths import EXAMPLES
 
-ARTICLE = str(Path(__file__).parent.parent / "examples" / "article.yaml")
+ARTICLE = str(EXAMPLES / "article.yaml")
 
 
 def invoke(*args: str, env: dict | None = None):

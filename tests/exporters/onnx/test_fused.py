@@ -1,6 +1,6 @@
 """The fused lowerings' refusals, the default table, and the limits of onnxruntime's CPU kernels
 that the `ort` lowering works around. Their exactness is tested with every other lowering's, per
-family, in test_onnx.py."""
+family, in test_export.py."""
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ from graphllm.exporters.onnx.fused import DEFAULT_LOWERINGS, can_express  # noqa
 from graphllm.models.config import list_presets  # noqa: E402
 from graphllm.models.model_config import FAMILIES  # noqa: E402
 from graphllm.runtime.observe import small_instance  # noqa: E402
+from tests.support.paths import EXAMPLES  # noqa: E402
 
-TINY = Path(__file__).parents[2] / "examples" / "tiny.yaml"
+TINY = EXAMPLES / "tiny.yaml"
 
 
 def _small(preset: str):

@@ -1,7 +1,7 @@
 """The ONNX export == transformers == the numpy interpreter, per family; I/O, metadata, weights.
 
-Each case is one of test_parity's tiny transformers models (random weights moved off their
-defaults, saved with `save_pretrained`), exported by graphllm from that folder and run on
+Each case is one of the `tiny_model` fixture's tiny transformers models (random weights moved off
+their defaults, saved with `save_pretrained`), exported by graphllm from that folder and run on
 onnxruntime: a prefill, 16 decode steps through the KV cache fed with transformers' own greedy
 tokens, and a left-padded batch of 2, against transformers and the interpreter (fp32, 1e-4).
 """
@@ -12,7 +12,6 @@ import copy
 import json
 import re
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import onnx
@@ -24,7 +23,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
 
-import test_parity as parity  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
 import graphllm  # noqa: E402
@@ -40,9 +38,11 @@ from graphllm.exporters.onnx.lowering import DECOMPOSED  # noqa: E402
 from graphllm.ops import OPS, SOURCE  # noqa: E402
 from graphllm.runtime.interpret import run_graph  # noqa: E402
 from graphllm.runtime.session import BoundCache, OnnxModel, positions  # noqa: E402
+from tests.support.paths import EXAMPLES  # noqa: E402
+from tests.support.tiny_models import SMALL  # noqa: E402
 
 ATOL, BATCH, SEQ, STEPS, PAD = 1e-4, 2, 8, 16, 3
-VOCAB = parity.SMALL["vocab_size"]
+VOCAB = SMALL["vocab_size"]
 # every family and feature: llama3 rope, tied embeddings, a window shorter than the prompt, QKV
 # bias, q/k norm with an explicit head_dim, gemma, phi3, mixtral, qwen2_moe (shared expert,
 # decoder_sparse_step 2), qwen3_moe with and without norm_topk_prob
@@ -79,14 +79,10 @@ LOWERED = [
 ]
 
 
-def _tiny(case: str, folder: Path):
-    """test_parity's tiny model of `case`; `<case>-hd16` is that case at hidden size 64."""
+def _tiny(tiny_model, case: str):
+    """The tiny model of `case`; `<case>-hd16` is that case at hidden size 64."""
     base = case.removesuffix("-hd16")
-    if base == case:
-        return parity.Tiny(case, folder)
-    model_type, overrides = parity.CASES[base]
-    with mock.patch.dict(parity.CASES, {case: (model_type, {**overrides, "hidden_size": 64})}):
-        return parity.Tiny(case, folder)
+    return tiny_model(case) if base == case else tiny_model(base, hidden_size=64)
 
 
 class Case:
@@ -94,10 +90,10 @@ class Case:
     interpreter, and the reference runs (transformers, the interpreter) that every lowering's
     export is compared with, computed once."""
 
-    def __init__(self, case: str, folder: Path) -> None:
-        self.tiny = _tiny(case, folder)
+    def __init__(self, tiny) -> None:
+        self.tiny = tiny
         self.graph = build_export_graph(self.tiny.cfg)
-        self.weights = load_weights(self.graph, folder)
+        self.weights = load_weights(self.graph, tiny.folder)
         self._decode: dict | None = None
         self._padded: dict | None = None
 
@@ -175,13 +171,13 @@ class Exported:
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
+def exported(tiny_model, tmp_path_factory):
     cases: dict[str, Case] = {}
     cache: dict[tuple[str, str], Exported] = {}
 
     def get(case: str, ops: str = "decomposed") -> Exported:
         if case not in cases:
-            cases[case] = Case(case, tmp_path_factory.mktemp(case))
+            cases[case] = Case(_tiny(tiny_model, case))
         if (case, ops) not in cache:
             out = tmp_path_factory.mktemp(f"{case}-{ops}")
             cache[case, ops] = Exported(cases[case], ops, out)
@@ -416,7 +412,7 @@ def _last() -> graphllm.Workload:
 
 # -- weights -------------------------------------------------------------------------------
 def test_random_weights_are_the_interpreters(tmp_path):
-    cfg = graphllm.load_config(Path(__file__).parents[2] / "examples" / "tiny.yaml")
+    cfg = graphllm.load_config(EXAMPLES / "tiny.yaml")
     graph = build_export_graph(cfg)
     want = random_weights(graph, seed=3)
     for node, arr in random_tensors(graph, 3, "fp32"):
@@ -492,7 +488,7 @@ def test_sharded_half_precision_checkpoint(exported, tmp_path, dtype):
 
 
 def test_pickled_checkpoints_are_not_read(tmp_path):
-    cfg = graphllm.load_config(Path(__file__).parents[2] / "examples" / "tiny.yaml")
+    cfg = graphllm.load_config(EXAMPLES / "tiny.yaml")
     (tmp_path / "pytorch_model.bin").write_bytes(b"not unpickled")
     with pytest.raises(WeightsError, match=r"no \.safetensors files"):
         export_onnx(build_export_graph(cfg), tmp_path / "m.onnx", weights=tmp_path)
@@ -575,9 +571,6 @@ def test_cli_export_no_weights_and_errors(tmp_path):
     onnx.checker.check_model(str(out), full_check=True)
     r = CliRunner().invoke(main, ["export", "--model", "nope", "-o", str(out)])
     assert r.exit_code == 2 and r.stderr.startswith("error: unknown preset")
-
-
-EXAMPLES = Path(__file__).parents[2] / "examples"
 
 
 @pytest.mark.parametrize(

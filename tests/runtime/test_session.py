@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,15 +17,6 @@ import graphllm  # noqa: E402
 from graphllm.errors import GraphllmError  # noqa: E402
 from graphllm.exporters.onnx import export_onnx  # noqa: E402
 from graphllm.runtime.session import OnnxModel, positions, providers, session  # noqa: E402
-
-TINY = Path(__file__).parent.parent / "examples" / "tiny.yaml"
-
-
-@pytest.fixture(scope="module")
-def tiny_onnx(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("rt") / "tiny.onnx"
-    export_onnx(build_export_graph(graphllm.load_config(TINY)), path, seed=1)
-    return path
 
 
 def test_providers():

@@ -2,7 +2,6 @@
 execution against the single-device graph, in both MLA forms, and `verify partition` on it."""
 
 import pytest
-import tiny_configs
 import yaml
 from click.testing import CliRunner
 
@@ -11,6 +10,7 @@ from graphllm.cli import main
 from graphllm.models.config import config_from_dict
 from graphllm.passes.parallel.partition import Strategy, partition
 from graphllm.runtime.spmd import check_partition
+from tests.support import tiny_configs
 
 V3 = tiny_configs.DEEPSEEK_V3
 V2 = {

@@ -3,15 +3,13 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from graphllm.cli import main
 from graphllm.passes.params import KINDS
-
-EXAMPLES = Path(__file__).parent.parent / "examples"
+from tests.support.paths import EXAMPLES
 
 
 def invoke(*args: str):

@@ -1,4 +1,4 @@
-"""Hardware presets, spec files, `local`, and calibrate (tiny sizes)."""
+"""Hardware presets, spec files, and `local` before any calibration."""
 
 import json
 
@@ -7,14 +7,9 @@ import yaml
 
 from graphllm.errors import ConfigError
 from graphllm.models.hardware import Hardware, _presets, list_hardware, load_hardware
-from graphllm.runtime.calibrate import calibrate, save_local
 
-
-@pytest.fixture(autouse=True)
-def cache_dir(tmp_path, monkeypatch):
-    """Every test gets its own cache dir, so a real calibration never leaks in or out."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    return tmp_path / "cache"
+# every test gets its own cache dir, so a real calibration never leaks in or out
+pytestmark = pytest.mark.usefixtures("cache_dir")
 
 
 def spec(**over):
@@ -141,19 +136,3 @@ def test_local_without_calibration():
         ConfigError, match="no calibration for this machine; run `graphllm calibrate`"
     ):
         load_hardware("local")
-
-
-def test_calibrate_round_trip(cache_dir):
-    hw = calibrate(
-        weights_bytes=2 << 20, repeats=2, progress=False, matmul_size=64, buffer_bytes=1 << 20
-    )
-    assert hw.name == "local" and hw.devices_per_node == 1
-    assert hw.peak("fp32") > 0 and hw.peak("bf16") == hw.peak("fp32")
-    assert hw.memory_bandwidth > 0 and hw.memory_bytes > 0
-    assert hw.extra["memory_bandwidth_model"] > 0 and hw.extra["model_buffer_bytes"] == 2 << 20
-    assert hw.interconnect_bandwidth is None and hw.network_bandwidth is None
-    path = save_local(hw)
-    assert path == cache_dir / "graphllm" / "hardware-local.yaml"
-    assert load_hardware("local") == hw
-    assert "local" in dict(list_hardware())
-    assert list(path.parent.iterdir()) == [path]  # no temp file left behind

@@ -1,12 +1,12 @@
 """The decomposed ONNX export of DeepSeek-V2/V3 == transformers == the numpy interpreter.
 
-test_parity_deepseek's tiny checkpoints (V2-Lite greedy, V2 group-limited with yarn, V3 noaux with
+The `tiny_deepseek` fixture's checkpoints (V2-Lite greedy, V2 group-limited with yarn, V3 noaux with
 correction bias, V3 without rope_interleave), exported by graphllm from the saved folder and run on
 onnxruntime: a prefill and cached decode steps fed present -> past, the cache holding the normed
 latent as `.key` and the RoPE key as `.value` ([B, 1, S, r]). Both MLA forms (`export_onnx(...,
 mla=...)`, `graphllm export --mla`), and V3 with its multi-token-prediction module (`mtp=True`:
 inputs `mtp.1.input_ids`, outputs `mtp.1.logits` and the MTP block's cache) against the
-interpreter on test_parity_mtp's checkpoint.
+interpreter on the `tiny_mtp` fixture's checkpoint.
 """
 
 from __future__ import annotations
@@ -24,17 +24,16 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
 
-import test_parity_deepseek as parity  # noqa: E402
-
 from graphllm.cli import main  # noqa: E402
 from graphllm.errors import GraphllmError  # noqa: E402
 from graphllm.exporters.onnx import export_onnx  # noqa: E402
 from graphllm.exporters.onnx import mla as onnx_mla  # noqa: E402
 from graphllm.exporters.onnx.lowering import DECOMPOSED  # noqa: E402
 from graphllm.runtime.session import OnnxModel, positions  # noqa: E402
+from tests.support.tiny_configs import DEEPSEEK_V3 as V3  # noqa: E402
+from tests.support.tiny_deepseek import BATCH, CASES, SEQ, SMALL  # noqa: E402
 
-ATOL, BATCH, SEQ, STEPS = 1e-4, parity.BATCH, parity.SEQ, 16
-SMALL = parity.SMALL
+ATOL, STEPS = 1e-4, 16
 MLA_OPS = {
     "naive": {"concat", "latent_heads"},
     "absorbed": {"concat", "split_heads_weight", "absorb_q", "absorb_o", "scores_mqa", "pv_mqa"},
@@ -56,16 +55,13 @@ class Exported:
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    tinies: dict[str, object] = {}
+def exported(tiny_deepseek, tmp_path_factory):
     cache: dict[tuple[str, str], Exported] = {}
 
     def get(case: str, mla: str) -> Exported:
-        if case not in tinies:
-            tinies[case] = parity.Tiny(case, tmp_path_factory.mktemp(case))
         if (case, mla) not in cache:
             out = tmp_path_factory.mktemp(f"{case}-{mla}")
-            cache[case, mla] = Exported(tinies[case], mla, out)
+            cache[case, mla] = Exported(tiny_deepseek(case), mla, out)
         return cache[case, mla]
 
     return get
@@ -84,7 +80,7 @@ def _close(a: np.ndarray, b: np.ndarray, what: str) -> None:
 
 
 @pytest.mark.parametrize("mla", ["naive", "absorbed"])
-@pytest.mark.parametrize("case", parity.CASES)
+@pytest.mark.parametrize("case", CASES)
 def test_prefill_and_cached_decode_steps(exported, case, mla):
     e = exported(case, mla)
     onnx.checker.check_model(str(e.path), full_check=True)
@@ -133,7 +129,7 @@ def test_left_padded_batch(exported, case, mla):
 
 def test_the_cases_cover_every_deepseek_row_and_rope_layout(exported):
     seen, layouts = set(), set()
-    for case in parity.CASES:
+    for case in CASES:
         for mla in MLA_OPS:
             for n in build_export_graph(exported(case, mla).tiny.cfg, mla=mla).nodes():
                 seen.add(n.op)
@@ -181,10 +177,8 @@ def test_export_command_takes_mla_absorbed(exported, tmp_path):
 
 
 @pytest.mark.parametrize("mla", ["naive", "absorbed"])
-def test_mtp_export_equals_the_interpreter(tmp_path, mla):
-    import test_parity_mtp as mtp
-
-    m = mtp.TinyMTP(parity.Tiny("v3-noaux", tmp_path / "ckpt"))
+def test_mtp_export_equals_the_interpreter(tiny_mtp, tmp_path, mla):
+    m = tiny_mtp
     path = tmp_path / "mtp.onnx"
     export_onnx(
         build_export_graph(m.base.cfg, mla=mla, mtp=True),
@@ -211,11 +205,11 @@ def test_mtp_export_equals_the_interpreter(tmp_path, mla):
         interp = m.run(nxt, mnxt, ipast, mla=mla)
 
 
-def test_bench_runs_an_mtp_export_and_predicts_the_graph_it_was_built_as(tmp_path):
+def test_bench_runs_an_mtp_export_and_predicts_the_graph_it_was_built_as(tiny_deepseek, tmp_path):
     from graphllm.models.hardware import load_hardware
     from graphllm.runtime.bench import bench, predict
 
-    cfg = parity.Tiny("v3-noaux", tmp_path / "ckpt").cfg
+    cfg = tiny_deepseek("v3-noaux").cfg
     path = tmp_path / "absorbed-mtp.onnx"
     export_onnx(build_export_graph(cfg, mla="absorbed", mtp=True), path, ops="decomposed")
     r = bench(path, prompt_len=6, new_tokens=3, repeats=1, threads=1, hardware="h100")
@@ -231,8 +225,6 @@ def test_bench_runs_an_mtp_export_and_predicts_the_graph_it_was_built_as(tmp_pat
 
 def test_cli_bench_exports_a_deepseek_config_as_asked(tmp_path):
     import json
-
-    from tiny_configs import DEEPSEEK_V3 as V3
 
     (tmp_path / "config.json").write_text(json.dumps({**V3, "num_nextn_predict_layers": 1}))
     args = ["bench", "--config", str(tmp_path / "config.json"), "--mla", "absorbed", "--mtp"]

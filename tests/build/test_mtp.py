@@ -1,0 +1,148 @@
+"""DeepSeek-V3's multi-token-prediction module (build_graph(..., mtp=True)) against a reference
+assembled in tests/support/mtp.py from transformers' own DeepseekV3 modules (DeepseekV3DecoderLayer,
+DeepseekV3RMSNorm, nn.Embedding, nn.Linear) wired as vLLM's deepseek_mtp.py and SGLang's
+deepseek_nextn.py run the published weights: logits of the numpy interpreter on a tiny random
+checkpoint (prefill and cached decode steps), and the cost pass's matmul FLOPs under
+FlopCounterMode on the meta device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+import graphllm  # noqa: E402
+from graphllm.models.config import config_from_dict  # noqa: E402
+from graphllm.passes import run  # noqa: E402
+from graphllm.passes.cost import scopes_of  # noqa: E402
+from tests.support.flop_counter import (  # noqa: E402
+    DEEPSEEK_WORKLOADS,
+    deepseek_config_dict,
+    deepseek_models,
+)
+from tests.support.mtp import MTPReference  # noqa: E402
+from tests.support.tiny_deepseek import BATCH, SEQ, SMALL  # noqa: E402
+
+ATOL, STEPS = 1e-4, 3
+
+
+def _ids(seed: int, seq: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, SMALL["vocab_size"], (BATCH, seq))
+
+
+@pytest.mark.parametrize("mla", ["naive", "absorbed"])
+def test_mtp_logits_equal_the_reference_prefill_and_cached_steps(tiny_mtp, mla):
+    ids, mids = _ids(1, SEQ), _ids(2, SEQ)
+    ours = tiny_mtp.run(ids, mids, mla=mla)
+    np.testing.assert_allclose(ours["mtp.1.logits"], tiny_mtp.hf(ids, mids), atol=ATOL, rtol=0)
+    np.testing.assert_allclose(
+        ours["logits"], tiny_mtp.base.hf(ids).logits.numpy(), atol=ATOL, rtol=0
+    )  # the main model is untouched
+    for step in range(STEPS):
+        past = {k: v for k, v in ours.items() if k.startswith("present.")}
+        assert f"present.{tiny_mtp.layer}.key" in past  # the MTP block's own latent cache
+        nxt, mnxt = _ids(100 + step, 1), _ids(200 + step, 1)
+        ids, mids = np.concatenate([ids, nxt], 1), np.concatenate([mids, mnxt], 1)
+        ours = tiny_mtp.run(nxt, mnxt, past=past, mla=mla)
+        want = tiny_mtp.hf(ids, mids)[:, -1:]
+        np.testing.assert_allclose(
+            ours["mtp.1.logits"], want, atol=ATOL, rtol=0, err_msg=f"step {step}"
+        )
+
+
+def test_mtp_tokens_move_only_their_own_and_later_positions(tiny_mtp):
+    """Perturbing one position of either token input changes the MTP logits at that position
+    and after it only (causal attention is the only mixing, also in the MTP block)."""
+    ids, mids = _ids(3, SEQ), _ids(4, SEQ)
+    base = tiny_mtp.run(ids, mids)["mtp.1.logits"]
+    for which in ("main", "mtp"):
+        for j in (0, 3, SEQ - 1):
+            a, b = ids.copy(), mids.copy()
+            x = a if which == "main" else b
+            x[:, j] = (x[:, j] + 1) % SMALL["vocab_size"]
+            moved = np.abs(tiny_mtp.run(a, b)["mtp.1.logits"] - base).max(axis=(0, 2)) > 1e-6
+            assert list(moved) == [t >= j for t in range(SEQ)], (which, j)
+    g = graphllm.build_graph(tiny_mtp.base.cfg, graphllm.Workload(seq_len=SEQ), mtp=True)
+    verdicts = run(g, ["tokens"])["tokens"].verdicts
+    mixing = {n for n, v in verdicts.items() if v.mixes}
+    assert {g[n].op for n in mixing} == {"scores", "softmax", "pv"}
+    assert any(n.startswith(f"model.layers.{tiny_mtp.layer}.self_attn.core") for n in mixing)
+
+
+# -- FLOPs: the MTP part of the cost pass == FlopCounterMode on the reference, meta device ----
+# (the main model's DeepSeek FLOP parity workloads: prefill, last-position logits, decode, extend)
+
+
+def _mtp_matmul(workload: dict) -> int:
+    cfg, _ = deepseek_models("deepseek-v3")  # cut to 2 layers; the MTP layer is layer 2
+    g = graphllm.build_graph(cfg, graphllm.Workload(**workload), mtp=True)
+    run(g, ["cost"])
+    mtp_nodes = [n for n in g.nodes() if any(k == "mtp" for _, k in scopes_of(g, n.name))]
+    return round(sum(n.meta["cost"].matmul for n in mtp_nodes if "cost" in n.meta))
+
+
+def _counted(workload: dict) -> int:
+    _, model = deepseek_models("deepseek-v3")
+    b, t, p = workload["batch"], workload["seq_len"], workload.get("past_len", 0)
+    d = model.config.hidden_size
+
+    def step(ref, start: int, n: int, cache, last: bool = False):
+        hidden = torch.zeros((b, n, d))
+        pe = model.model.rotary_emb(hidden, torch.arange(start, start + n)[None].expand(b, -1))
+        mask = torch.zeros((1, 1, n, start + n))
+        return ref(torch.zeros((b, n), dtype=torch.long), hidden, pe, mask, last, cache)
+
+    with torch.device("meta"), torch.no_grad():
+        ref = MTPReference(model.config, model.config.num_hidden_layers).eval()
+        cache = transformers.DynamicCache()  # the MTP layer's own, filled by a prefill of P
+        if p:
+            step(ref, 0, p, cache)
+        counter = FlopCounterMode(display=False)
+        with counter:
+            step(ref, p, t, cache, last=workload.get("logits") == "last")
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("workload", DEEPSEEK_WORKLOADS.values(), ids=DEEPSEEK_WORKLOADS.keys())
+def test_mtp_matmul_flops_equal_flop_counter(workload):
+    assert _mtp_matmul(workload) == _counted(workload) > 0
+
+
+def test_a_checkpoint_without_the_mtp_tensors_is_one_line(tiny_deepseek, tmp_path):
+    from click.testing import CliRunner
+
+    from graphllm.cli import main
+
+    base = tiny_deepseek("v3-noaux")  # transformers saves no MTP layer
+    out = tmp_path / "m.onnx"
+    r = CliRunner().invoke(main, ["export", "--weights", str(base.folder), "--mtp", "-o", str(out)])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.output
+    assert "has no tensor model.layers.3." in r.stderr and not out.exists()
+
+
+def test_two_mtp_depths_chain_each_on_the_block_output_before_it():
+    d = {**deepseek_config_dict("deepseek-v3"), "num_nextn_predict_layers": 2}  # main layers 0-1
+    g = graphllm.build_graph(config_from_dict(d, "v3-mtp2"), graphllm.Workload(seq_len=4), mtp=True)
+    assert [m["depth"] for m in g.meta["mtp"]] == [1, 2]
+    assert g["model.layers.2.hnorm"].inputs[0].node == "model.norm"  # depth 1: the main model's
+    assert g["model.layers.3.hnorm"].inputs[0].node == "model.layers.2.mlp_residual"  # depth 2
+    assert {"mtp.1.logits", "mtp.2.logits"} <= set(g.outputs)
+    p = run(g, ["params"])["params"]
+    one = p.mtp // 2
+    assert (
+        p.mtp == 2 * one
+        and one
+        == run(
+            graphllm.build_graph(
+                config_from_dict({**d, "num_nextn_predict_layers": 1}, "v3-mtp1"),
+                graphllm.Workload(seq_len=4),
+                mtp=True,
+            ),
+            ["params"],
+        )["params"].mtp
+    )

@@ -1,0 +1,76 @@
+"""graphllm's numpy interpreter == HF transformers, per family, on tiny random checkpoints.
+
+Each case is one of the `tiny_model` fixture's tiny transformers models with random weights (every
+parameter moved off its initial value, so norm weights are not 1 and biases not 0), saved as a
+safetensors checkpoint and loaded with `graphllm.load_config` + `load_weights`; the tests compare
+logits (prefill and one cached decode step), the KV cache and causality.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from tests.support.tiny_models import BATCH, CASES, SEQ, SMALL, presents
+
+ATOL = 1e-4
+
+
+def _ids(seed: int, seq: int = SEQ) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, SMALL["vocab_size"], (BATCH, seq))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_prefill_logits(tiny_model, case):
+    m = tiny_model(case)
+    ids = _ids(1)
+    ours = m.run(ids)["logits"]
+    theirs = m.hf(ids).logits.numpy()
+    assert ours.shape == theirs.shape == (BATCH, SEQ, SMALL["vocab_size"])
+    np.testing.assert_allclose(ours, theirs, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_cached_decode_step(tiny_model, case):
+    m = tiny_model(case)
+    ids, nxt = _ids(2), _ids(3, seq=1)
+    prefill = m.run(ids)
+    step = m.run(nxt, past=presents(prefill))
+    hf_prefill = m.hf(ids)
+    hf_step = m.hf(nxt, past=hf_prefill.cache)
+    np.testing.assert_allclose(step["logits"], hf_step.logits.numpy(), atol=ATOL, rtol=0)
+    # a window layer's cache rolls like transformers': the last W-1 past keys plus the new one
+    w = m.cfg.sliding_window if m.cfg.layer_types[0] == "sliding_attention" else None
+    held = min(SEQ, w - 1) if w else SEQ
+    assert step["present.0.key"].shape[2] == held + 1
+
+
+@pytest.mark.parametrize("case", ["llama", "llama-mha", "gemma", "qwen3"])
+def test_present_kv_matches_hf_cache(tiny_model, case):
+    m = tiny_model(case)
+    ids = _ids(4)
+    ours = m.run(ids)
+    cache = m.hf(ids).cache
+    assert len(cache.layers) == m.cfg.num_hidden_layers
+    for i, layer in enumerate(cache.layers):
+        # both are (B, kv_heads, T, head_dim), keys after RoPE
+        np.testing.assert_allclose(ours[f"present.{i}.key"], layer.keys.numpy(), atol=ATOL, rtol=0)
+        np.testing.assert_allclose(
+            ours[f"present.{i}.value"], layer.values.numpy(), atol=ATOL, rtol=0
+        )
+
+
+@pytest.mark.parametrize("case", ["llama", "mistral-window", "qwen2_moe", "mixtral"])
+def test_causal(tiny_model, case):
+    m = tiny_model(case)
+    ids = _ids(5)
+    base = m.run(ids)["logits"]
+    for t in (0, 3, SEQ - 2):
+        changed = ids.copy()
+        changed[:, t + 1 :] = (changed[:, t + 1 :] + 7) % SMALL["vocab_size"]
+        out = m.run(changed)["logits"]
+        np.testing.assert_allclose(out[:, : t + 1], base[:, : t + 1], atol=1e-6, rtol=0)
+        assert not np.allclose(out[:, t + 1 :], base[:, t + 1 :], atol=1e-3)

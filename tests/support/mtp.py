@@ -1,0 +1,94 @@
+"""DeepSeek-V3's multi-token-prediction module assembled from transformers' own DeepseekV3
+modules (DeepseekV3DecoderLayer, DeepseekV3RMSNorm, nn.Embedding, nn.Linear) wired as vLLM's
+deepseek_mtp.py and SGLang's deepseek_nextn.py run the published weights, and a tiny V3
+checkpoint with such an MTP layer written beside it (the `tiny_mtp` fixture)."""
+
+from __future__ import annotations
+
+import numpy as np
+import safetensors.torch as safetensors_torch
+import torch
+from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf_v3
+
+import graphllm
+from graphllm.build.weights import load_weights
+from graphllm.runtime.interpret import run_graph
+from tests.support.tiny_models import BATCH
+
+
+class MTPReference(torch.nn.Module):
+    """One MTP depth: head(norm(block(eh_proj([enorm(embed(ids)), hnorm(hidden)]))))."""
+
+    def __init__(self, config, layer: int) -> None:
+        super().__init__()
+        d, eps = config.hidden_size, config.rms_norm_eps
+        self.embed_tokens = torch.nn.Embedding(config.vocab_size, d)
+        self.enorm = hf_v3.DeepseekV3RMSNorm(d, eps)
+        self.hnorm = hf_v3.DeepseekV3RMSNorm(d, eps)
+        self.eh_proj = torch.nn.Linear(2 * d, d, bias=False)
+        self.block = hf_v3.DeepseekV3DecoderLayer(config, layer)
+        self.shared_head = torch.nn.ModuleDict(
+            {
+                "norm": hf_v3.DeepseekV3RMSNorm(d, eps),
+                "head": torch.nn.Linear(d, config.vocab_size, bias=False),
+            }
+        )
+
+    def forward(self, ids, hidden, position_embeddings, mask=None, last=False, cache=None):
+        e = self.enorm(self.embed_tokens(ids))
+        x = self.eh_proj(torch.cat([e, self.hnorm(hidden)], dim=-1))
+        x = self.block(x, attention_mask=mask, position_embeddings=position_embeddings, cache=cache)
+        x = x[:, -1:] if last else x
+        return self.shared_head["head"](self.shared_head["norm"](x))
+
+    def checkpoint(self, layer: int) -> dict[str, torch.Tensor]:
+        """The weights under DeepSeek-V3's checkpoint names (experts one tensor each)."""
+        out = {}
+        for name, t in self.state_dict().items():
+            name = name.removeprefix("block.")
+            if name == "mlp.experts.gate_up_proj":  # (E, 2F, d): gate rows, then up rows
+                f = t.shape[1] // 2
+                for e in range(t.shape[0]):
+                    out[f"mlp.experts.{e}.gate_proj.weight"] = t[e, :f]
+                    out[f"mlp.experts.{e}.up_proj.weight"] = t[e, f:]
+            elif name == "mlp.experts.down_proj":
+                for e in range(t.shape[0]):
+                    out[f"mlp.experts.{e}.down_proj.weight"] = t[e]
+            else:
+                out[name] = t
+        return {f"model.layers.{layer}.{k}": v.contiguous() for k, v in out.items()}
+
+
+class TinyMTP:
+    """A tiny V3 checkpoint (tiny_deepseek's v3-noaux) plus an MTP layer written beside it."""
+
+    def __init__(self, base) -> None:
+        self.base, model = base, base.model
+        self.layer = model.config.num_hidden_layers
+        torch.manual_seed(1)
+        ref = MTPReference(model.config, self.layer)
+        with torch.no_grad():
+            for p in ref.parameters():  # fused experts start uninitialised (torch.empty)
+                p.copy_((p.ndim == 1) + 0.1 * torch.randn_like(p))  # norms near 1
+            ref.block.mlp.gate.e_score_correction_bias.copy_(0.05 * torch.randn(8))
+        self.ref = ref.eval()
+        safetensors_torch.save_file(ref.checkpoint(self.layer), base.folder / "mtp.safetensors")
+        self.weights: dict | None = None
+
+    def run(self, ids, mtp_ids, past=None, mla: str = "naive") -> dict:
+        p = 0 if past is None else next(iter(past.values())).shape[2]
+        wl = graphllm.Workload(batch=BATCH, seq_len=ids.shape[1], past_len=p, dtype="fp32")
+        g = graphllm.build_graph(self.base.cfg, wl, mla=mla, mtp=True)
+        if self.weights is None:
+            self.weights = load_weights(g, self.base.folder)
+        return run_graph(g, self.weights, ids, past, extra={"mtp.1.input_ids": mtp_ids})
+
+    @torch.no_grad()
+    def hf(self, ids: np.ndarray, mtp_ids: np.ndarray) -> np.ndarray:
+        """The whole sequence through the main model and the reference (no cache)."""
+        t = torch.from_numpy(ids)
+        hidden = self.base.model.model(input_ids=t).last_hidden_state  # after model.norm
+        pos = torch.arange(t.shape[1])[None].expand(t.shape[0], -1)
+        pe = self.base.model.model.rotary_emb(hidden, pos)
+        mask = torch.full((t.shape[1],) * 2, float("-inf")).triu(1)[None, None]
+        return self.ref(torch.from_numpy(mtp_ids), hidden, pe, mask).numpy()

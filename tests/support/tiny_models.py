@@ -1,0 +1,139 @@
+"""Tiny transformers models with random weights, per family, saved with `save_pretrained`, and
+graphllm's config and weights for each: the checkpoints behind the `tiny_model` fixture
+(tests/conftest.py) that the interpreter and ONNX parity tests compare against.
+
+Each case builds a tiny transformers model with random weights (every parameter moved off its
+initial value, so norm weights are not 1 and biases not 0), saves it as a safetensors
+checkpoint, and loads that folder with `graphllm.load_config` + `load_weights`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import transformers
+
+import graphllm
+from graphllm.build.weights import load_weights
+from graphllm.runtime.interpret import run_graph
+
+BATCH, SEQ = 2, 8
+SMALL = {
+    "vocab_size": 128,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    # token ids inside the tiny vocabulary (some families default to 32000)
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    # small, so that the 16-dim head has frequencies in all three llama3 bands
+    "original_max_position_embeddings": 64,
+}
+YARN_ROPE = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48}
+
+# id -> (model_type, config overrides on top of SMALL)
+CASES: dict[str, tuple[str, dict]] = {
+    "llama": ("llama", {}),
+    "llama-llama3-rope": ("llama", {"rope_parameters": LLAMA3_ROPE}),
+    "llama-tied-llama3.2": (
+        "llama",
+        {"rope_parameters": LLAMA3_ROPE, "tie_word_embeddings": True, "num_hidden_layers": 3},
+    ),
+    "llama-bias": ("llama", {"attention_bias": True, "mlp_bias": True}),
+    "llama-mha": ("llama", {"num_key_value_heads": 4}),  # Llama 2: no repeat_kv
+    "mistral-window": ("mistral", {"sliding_window": 4, "num_hidden_layers": 3}),
+    "mixtral": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    "qwen2": ("qwen2", {}),
+    "qwen2-window": (  # layers from max_window_layers on slide
+        "qwen2",
+        {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1},
+    ),
+    "qwen2_moe": (
+        "qwen2_moe",
+        {
+            **MOE,
+            "num_hidden_layers": 4,
+            "shared_expert_intermediate_size": 40,
+            "decoder_sparse_step": 2,  # layers 1 and 3 route ...
+            "mlp_only_layers": [3],  # ... but layer 3 is dense: only layer 1 is MoE
+        },
+    ),
+    "qwen3": ("qwen3", {"head_dim": 16}),
+    "qwen3-yarn": ("qwen3", {"head_dim": 16, "rope_parameters": YARN_ROPE}),
+    "qwen3_moe-norm_topk": ("qwen3_moe", {**MOE, "head_dim": 16, "norm_topk_prob": True}),
+    "qwen3_moe-no_norm_topk": ("qwen3_moe", {**MOE, "head_dim": 16, "norm_topk_prob": False}),
+    "gemma": (
+        "gemma",
+        {"num_key_value_heads": 1, "head_dim": 16, "tie_word_embeddings": True},
+    ),
+    "phi3-window": ("phi3", {"sliding_window": 4}),
+    "phi3-mha-window": ("phi3", {"num_key_value_heads": 4, "sliding_window": 4}),  # Phi-3-mini
+}
+
+
+class TinyModel:
+    """One tiny HF model, its checkpoint folder and graphllm's config and weights for it.
+    Subclasses (tiny_deepseek.TinyDeepSeek) bring their own `cases`, `small` and `settle`;
+    `overrides` go on top of the case's (e.g. `hidden_size=64` for head_dim 16)."""
+
+    cases: dict[str, tuple[str, dict]] = CASES
+    small: dict = SMALL
+
+    def __init__(self, case: str, folder, **overrides) -> None:
+        model_type, case_overrides = self.cases[case]
+        torch.manual_seed(0)
+        hf_cfg = transformers.AutoConfig.for_model(
+            model_type, **{**self.small, **case_overrides, **overrides}
+        )
+        model = transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.float32)
+        with torch.no_grad():
+            for p in model.parameters():  # norm weights off 1 (gemma: off 0), biases off 0
+                p.add_(0.1 * torch.randn_like(p))
+            self.settle(model)
+        self.model = model.eval()
+        self.folder = folder
+        model.save_pretrained(folder)
+        self.cfg = graphllm.load_config(folder)
+        self.weights: dict | None = None
+
+    def settle(self, model) -> None:
+        """Move what else the family keeps (buffers) off its initial value."""
+
+    def graph(self, seq_len: int = SEQ, past_len: int = 0, **build):
+        wl = graphllm.Workload.with_dtype(
+            batch=BATCH, seq_len=seq_len, past_len=past_len, dtype="fp32"
+        )
+        return graphllm.build_graph(self.cfg, wl, **build)
+
+    def run(self, ids: np.ndarray, past: dict | None = None, **build) -> dict[str, np.ndarray]:
+        p = 0 if past is None else next(iter(past.values())).shape[2]
+        g = self.graph(ids.shape[1], p, **build)
+        if self.weights is None:
+            self.weights = load_weights(g, self.folder)
+        return run_graph(g, self.weights, ids, past)
+
+    @torch.no_grad()
+    def hf(self, ids: np.ndarray, past=None):
+        return self.model(torch.from_numpy(ids), cache=past, use_cache=True)
+
+
+def presents(out: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A step's KV cache outputs, to feed the next step as its past."""
+    return {k: v for k, v in out.items() if k.startswith("present.")}
