@@ -157,3 +157,23 @@ def test_the_checker_sees_an_upward_import(tmp_path):
     top, inner = _imports(bad)
     assert top == [(1, "graphllm.cli.main")] and inner == [(4, "graphllm.ops")]
     assert RANKS[_layer("graphllm.cli.main")] > RANKS[_layer("graphllm.ir.graph")]
+
+
+def test_test_modules_do_not_import_each_other():
+    """Shared fixtures live in conftest.py and shared code in tests/support; a test module is
+    never imported by another."""
+    tests = ROOT / "tests"
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            for name in names:
+                last = name.split(".")[-1]
+                if last.startswith("test_") or last == "conftest":
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}")
+    assert found == []

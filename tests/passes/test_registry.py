@@ -1,7 +1,6 @@
 """Pass contracts: declared options, declared meta writes, loud reads of results not there."""
 
 import pytest
-import tiny_configs
 
 from graphllm import Workload, build_graph, load_config
 from graphllm.errors import PassError
@@ -11,6 +10,7 @@ from graphllm.passes import PASSES, Results, meta_result, register, run
 from graphllm.passes.attention_region import core_attention_region
 from graphllm.passes.parallel.partition import Strategy, partition, partition_report
 from graphllm.passes.roofline import roofline_pass
+from tests.support import tiny_configs
 
 H100 = load_hardware("h100")
 

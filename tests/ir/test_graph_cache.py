@@ -2,7 +2,6 @@
 keys and values, or MLA's latent and RoPE key."""
 
 import pytest
-import tiny_configs
 
 from graphllm import Workload, build_graph
 from graphllm.errors import GraphError
@@ -10,6 +9,7 @@ from graphllm.ir import CACHE, Dim, Graph, Ref, TensorType
 from graphllm.models.config import config_from_dict
 from graphllm.passes import run
 from graphllm.passes.parallel.partition import Strategy, partition, partition_report
+from tests.support import tiny_configs
 
 
 def _build(cfg, **wl):

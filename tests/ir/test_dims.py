@@ -4,7 +4,6 @@ not the builder's dim names."""
 from dataclasses import replace
 
 import pytest
-import tiny_configs
 
 from graphllm import Workload, build_graph
 from graphllm.errors import GraphError
@@ -13,6 +12,7 @@ from graphllm.models.config import config_from_dict
 from graphllm.passes import run
 from graphllm.passes.parallel.partition import Strategy, partition
 from graphllm.passes.tokens import sequence
+from tests.support import tiny_configs
 
 
 def _llama(**cfg):

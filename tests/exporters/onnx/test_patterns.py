@@ -8,7 +8,6 @@ import ast
 from pathlib import Path
 
 import pytest
-import tiny_configs
 
 import graphllm
 from graphllm.build.builder import build_export_graph, build_graph
@@ -34,6 +33,7 @@ from graphllm.exporters.onnx.regions import (
 from graphllm.ir import Dim, Graph, Ref, TensorType
 from graphllm.ops import OPS
 from graphllm.runtime.observe import small_instance
+from tests.support import tiny_configs
 
 B, T = Dim("B", "batch"), Dim("T", "token")
 D, F = Dim("d", "hidden", 8), Dim("f", "ffn", 16)

@@ -4,7 +4,6 @@ treatment without any pass knowing its name, and changing the field changes the 
 from dataclasses import replace
 
 import pytest
-import tiny_configs
 
 from graphllm import Workload, build_graph
 from graphllm.models.config import config_from_dict
@@ -20,6 +19,7 @@ from graphllm.passes.parallel.partition import (
 )
 from graphllm.passes.parallel.sharding import hoist_gathers, spmd
 from graphllm.passes.training import saved_activations
+from tests.support import tiny_configs
 
 
 def tiny(**wl):
