@@ -13,7 +13,7 @@ same, so each such key is partitioned once, on a model with one layer of each ki
 pp, dp and ZeRO choice is assembled from its per-layer figures: stages balanced by layer time as
 `partition.pipeline` does, a send of the residual stream between stages, memory per stage
 (training: passes/training.py), step = (M + pp - 1) x the slowest stage's microbatch + the
-gradient reduction. `tests/test_plan.py` checks candidates against the full partition report.
+gradient reduction. `tests/passes/parallel/test_plan.py` checks candidates against the full partition report.
 """
 
 from __future__ import annotations

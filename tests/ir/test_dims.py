@@ -68,7 +68,7 @@ def test_the_tokens_pass_does_not_know_the_builders_names():
     # the same positions under other names: 3 past positions, 2 new ones
     new = Dim("new", "token", positions=("past", "past+new"))
     g = Graph("x", {"b": 1, "new": 2, "past": 3})
-    g.add("input", "ids", (), {"type": TensorType((Dim("b", "batch"), new), "int64")})
+    g.input("ids", TensorType((Dim("b", "batch"), new), "int64"))
     assert sequence(g) == (3, 5)
 
 

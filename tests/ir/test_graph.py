@@ -9,8 +9,8 @@ D8, F16 = Dim("d", "hidden", 8), Dim("f", "ffn", 16)
 
 def tiny() -> Graph:
     g = Graph("tiny", {"B": 1, "T": 3})
-    x = g.add("input", "x", (), {"type": TensorType((B, T, D8), "fp32")})
-    w = g.add("param", "w.weight", (), {"type": TensorType((F16, D8), "fp32"), "kind": "mlp"})
+    x = g.input("x", TensorType((B, T, D8), "fp32"))
+    w = g.param("w.weight", TensorType((F16, D8), "fp32"), kind="mlp")
     y = g.add("linear", "proj", (x, w))
     g.add("silu", "act", (y,))
     g.set_output("out", Ref("act"))
@@ -40,7 +40,7 @@ def test_graph_queries():
 def test_scope_matches_whole_name_components():
     g = Graph("s")
     for name in ("model.layers.1", "model.layers.1.mlp", "model.layers.10.mlp"):
-        g.add("input", name, (), {"type": TensorType((B,), "fp32")})
+        g.input(name, TensorType((B,), "fp32"))
     assert [n.name for n in g.scope("model.layers.1")] == ["model.layers.1", "model.layers.1.mlp"]
 
 

@@ -66,7 +66,7 @@ def test_the_role_survives_partitioning():
 def test_set_output_without_a_role_clears_it_and_an_unknown_role_fails():
     t = TensorType((Dim("n", "hidden", 2),), "fp32")
     g = Graph("g")
-    g.add("input", "x", (), {"type": t})
+    g.input("x", t)
     g.set_output("y", Ref("x"), CACHE)
     assert g.output_role("y") == CACHE
     g.set_output("y", Ref("x"))

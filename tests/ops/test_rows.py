@@ -31,7 +31,7 @@ def _graph(**b) -> Graph:
 
 
 def _inp(g, name, *dims, dtype="fp32"):
-    return g.add("input", name, (), {"type": TensorType(tuple(dims), dtype)})
+    return g.input(name, TensorType(tuple(dims), dtype))
 
 
 def test_linear_shape_and_flops():

@@ -202,5 +202,5 @@ def test_caches_are_keyed_by_the_graph_version():
     # a cache a copy of meta carries never matches the graph it is carried into
     other = Graph("other")
     other.meta["_attention_region"] = g.meta["_attention_region"]
-    other.add("input", "x", (), {"type": TensorType((Dim("B", "batch"),), "fp32")})
+    other.input("x", TensorType((Dim("B", "batch"),), "fp32"))
     assert core_attention_region(other).pairs == frozenset()

@@ -41,13 +41,13 @@ ONNX_DIR = Path(graphllm.exporters.onnx.__file__).parent
 
 
 def _param(g: Graph, name: str, *dims: Dim):
-    return g.add("param", name, (), {"type": TensorType(dims, "fp32")})
+    return g.param(name, TensorType(dims, "fp32"))
 
 
 def _mlp(act: str = "silu", bias: tuple[bool, bool] = (False, False), norm: bool = False) -> Graph:
     """mul(act(gate(x)), up(x)), x an input (or its RMSNorm), gate and up with a bias or not."""
     g = Graph("mlp", {"B": 1, "T": 3})
-    x = g.add("input", "x", (), {"type": TensorType((B, T, D), "fp32")})
+    x = g.input("x", TensorType((B, T, D), "fp32"))
     if norm:
         x = g.add("rmsnorm", "norm", (x, _param(g, "norm.weight", D)), {"eps": 1e-6})
     projs = []
@@ -96,7 +96,7 @@ def test_a_mismatch_says_which_node_differs_and_how():
 
 def test_a_name_met_again_binds_the_same_value_and_node():
     g = _mlp()
-    other = g.add("input", "y", (), {"type": TensorType((B, T, D), "fp32")})
+    other = g.input("y", TensorType((B, T, D), "fp32"))
     g.add("mul", "mul2", (g["act"], g.add("linear", "up2", (other, g["up.weight"]))))
     assert match(g, GATED, g["mul2"]).reason == "y is read as inp, which is x elsewhere"
     # an Op met again is the node matched the first time, its inputs not matched twice
@@ -150,7 +150,7 @@ def test_an_alternative_that_fails_says_why_the_furthest_did():
 
 def test_an_op_is_read_at_its_declared_output():
     g = Graph("split", {"B": 1, "T": 3})
-    x = g.add("input", "x", (), {"type": TensorType((B, T, D), "fp32")})
+    x = g.input("x", TensorType((B, T, D), "fp32"))
     halves = {"f1": Dim("f1", "hidden", 4), "f2": Dim("f2", "hidden", 4)}
     g.add("split", "split", (x,), {"axes": halves, "sizes": [4, 4]})
     g.add("silu", "act", (Ref("split", 1),))

@@ -30,9 +30,9 @@ def test_local_dims_are_named_and_bound():
 def mlp() -> Graph:
     """x -> up (f, d) -> silu -> down (d, f): the Megatron pair by hand."""
     g = Graph("mlp", {"B": 2, "T": 4})
-    x = g.add("input", "x", (), {"type": TensorType((B, T, D), "fp32")})
-    w1 = g.add("param", "up.weight", (), {"type": TensorType((F, D), "fp32"), "kind": "mlp"})
-    w2 = g.add("param", "down.weight", (), {"type": TensorType((D, F), "fp32"), "kind": "mlp"})
+    x = g.input("x", TensorType((B, T, D), "fp32"))
+    w1 = g.param("up.weight", TensorType((F, D), "fp32"), kind="mlp")
+    w2 = g.param("down.weight", TensorType((D, F), "fp32"), kind="mlp")
     h = g.add("silu", "act", (g.add("linear", "up", (x, w1)),))
     g.set_output("y", g.add("linear", "down", (h, w2)))
     return g
@@ -64,8 +64,8 @@ def test_column_then_row_parallel_needs_one_all_reduce():
 
 def test_a_reduced_axis_that_is_split_is_gathered_first():
     g = Graph("norm", {"B": 2, "T": 3})
-    x = g.add("input", "x", (), {"type": TensorType((B, T, D), "fp32")})
-    w = g.add("param", "w", (), {"type": TensorType((D,), "fp32"), "kind": "norms"})
+    x = g.input("x", TensorType((B, T, D), "fp32"))
+    w = g.param("w", TensorType((D,), "fp32"), kind="norms")
     x2 = g.add("silu", "act", (x,))
     g.set_output("y", g.add("rmsnorm", "norm", (x2, w), {"eps": 1e-6}))
     pg = spmd(g, TP, {"x": Sharding(((), (), (("tp", 2),)))})
