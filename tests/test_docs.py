@@ -7,7 +7,8 @@ What counts as a command:
   the lines that start with `$ `, and the lines after one are output it must print (each a whole
   line of its stdout; a `...` line stands for lines left out);
 - each inline code span that starts with `graphllm ` in a row of a Markdown table (the README's
-  table of what graphllm does).
+  table of what graphllm does);
+- a whole ```python block: one program, fed to the venv's python on its standard input.
 
 A marker, an HTML comment just before a block or a table (blank lines between are allowed), says
 how the test runs it; a block without one runs exactly as shown:
@@ -49,11 +50,13 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL = {"sh", "bash", "shell"}
 CONSOLE = {"console"}
+PYTHON = {"python", "py"}  # a whole block is one program, run with the venv's python
 PROGRAMS = ("graphllm", "python")  # what the test may run; other commands must be marked skip
 CHECKPOINT = "tiny-checkpoint"  # the folder name a marker may put in place of a real checkpoint
 TIMEOUT_S = 180
 
 FENCE = re.compile(r"^\s*(`{3,}|~{3,})\s*([\w+-]*)")
+PY_END = "GRAPHLLM_DOCS_PY"  # the here-document's end line for a python block
 MARKER = re.compile(r"<!--\s*test:(.*?)-->", re.S)
 TABLE_CODE = re.compile(r"`(graphllm [^`]+)`")
 
@@ -75,6 +78,7 @@ class Unit:
     line: int
     commands: list[Command] = field(default_factory=list)
     skip: str | None = None  # the marker's reason
+    python: bool = False  # a python block: its one command is the program's source
 
 
 def strip_comment(line: str) -> str:
@@ -142,6 +146,8 @@ def parse_page(page: str, source: str) -> tuple[list[Unit], list[str]]:
             text = c.shown
             for old, new in subs:
                 text = text.replace(old, new)
+            if unit.python:  # the program on python's standard input, as the page shows it
+                text = f"python - <<'{PY_END}'\n{text}\n{PY_END}"
             c.text = text
             words = [w for w in text.split() if not re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", w)]
             if unit.skip is None and (not words or words[0] not in PROGRAMS):
@@ -191,6 +197,13 @@ def parse_page(page: str, source: str) -> tuple[list[Unit], list[str]]:
                     "(sh for commands the test runs, text for anything else)"
                 )
             lang = lang.lower()
+            if lang in PYTHON:
+                skip, subs = take_marker()
+                unit = Unit(page, start + 1, skip=skip, python=True)
+                source = "\n".join(raw for _, raw in body_lines)
+                unit.commands.append(Command(page, start + 2, source, source))
+                finish(unit, subs)
+                continue
             if lang not in SHELL | CONSOLE:
                 if pending is not None:
                     problems.append(f"{page}:{pending[0]}: a test marker before a {lang} block")
