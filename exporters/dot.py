@@ -23,7 +23,8 @@ by the cost pass (FLOPs, bytes) or the roofline pass (seconds), with a legend.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -37,6 +38,7 @@ from graphllm.passes import meta_result, run
 from graphllm.passes.attention_region import core_attention_region
 from graphllm.passes.cost import layer_of, layer_scopes, scopes_of
 from graphllm.passes.parallel.partition import comm_bytes
+from graphllm.passes.parallel.sharding import Mesh, Split
 from graphllm.passes.tokens import position_letters, sequence
 
 VIEWS = ("model", "block", "attention", "ffn", "tokens")
@@ -700,59 +702,107 @@ COMM_FILL, COMM_LINE = "#c7e9c0", "#238b45"
 
 def _shards(d: Drawing, ctx: _Ctx, plan: Any) -> None:
     """Collectives as green hexagons with their group and payload; shard notes on side paths."""
-
-    s, cfg = plan.strategy, ctx.g.meta["config"]
     for b in d.boxes.values():
         if b.role == "op" and b.members and OPS[b.members[0].op].category == COMMUNICATION:
-            n = b.members[0]
-            payload = comm_bytes(ctx.g, n)[0]
-            b.lines = [
-                ctx.short(n.name),
-                f"{n.op} over {n.attrs['mesh']} ({n.attrs['group']} ranks)",
-                f"payload {si(payload, 'B')}",
-            ]
-            b.attrs.update(shape="hexagon", fillcolor=COMM_FILL, color=COMM_LINE, penwidth="1.5")
+            _collective_box(b, ctx)
         elif b.role == "scope":
-            kind = ctx.scopes.get(b.id, "")
-            b.lines += _shard_lines(kind, s, cfg)
-            inside: dict[str, int] = {}
-            for m in b.members:
-                if OPS[m.op].category == COMMUNICATION:
-                    key = f"{m.op} over {m.attrs['mesh']}"
-                    inside[key] = inside.get(key, 0) + 1
+            b.lines += _shard_lines(_held_axes(b.members), plan.mesh)
+            inside = Counter(
+                f"{m.op} over {m.attrs['mesh']}"
+                for m in b.members
+                if OPS[m.op].category == COMMUNICATION
+            )
             b.lines += [f"inside: {k} x {v}" for k, v in inside.items()]
     d.legend.append(_cell("collective (partition pass)", bgcolor=COMM_FILL, color=COMM_LINE))
 
 
-def _shard_lines(kind: str, s: Any, cfg: Any) -> list[str]:
-    """Which shard of a side path rank r holds (r: its index on the mesh axis)."""
+def _collective_box(b: Box, ctx: _Ctx) -> None:
+    n = b.members[0]
+    payload = comm_bytes(ctx.g, n)[0]
+    b.lines = [
+        ctx.short(n.name),
+        f"{n.op} over {n.attrs['mesh']} ({n.attrs['group']} ranks)",
+        f"payload {si(payload, 'B')}",
+    ]
+    b.attrs.update(shape="hexagon", fillcolor=COMM_FILL, color=COMM_LINE, penwidth="1.5")
+
+
+@dataclass(frozen=True)
+class _HeldAxis:
+    """A tensor axis as one rank holds it: its local dim (`h/8`), the splits that cut it (from
+    the node's `meta["sharding"]`), and the roles of the tensor's axes."""
+
+    local: Dim
+    splits: tuple[Split, ...]
+    roles: frozenset[str]
+
+    @property
+    def meshes(self) -> tuple[str, ...]:
+        return tuple(m for m, _ in self.splits)
+
+    def blocks(self, meshes: tuple[str, ...]) -> int:
+        return math.prod(b for m, b in self.splits if m in meshes)
+
+
+SHARD_ROLES = ("head", "kv_head", "expert", "ffn", "token")
+
+
+def _held_axes(members: Iterable[Node]) -> dict[str, _HeldAxis]:
+    """Per role of SHARD_ROLES, the first axis of that role the scope's ops hold split (in graph
+    order), else the first they hold whole."""
+    found: dict[str, _HeldAxis] = {}
+    for axis in _computed_axes(members):
+        old = found.get(axis.local.role)
+        if axis.local.role in SHARD_ROLES and (old is None or (axis.splits and not old.splits)):
+            found[axis.local.role] = axis
+    return found
+
+
+def _computed_axes(members: Iterable[Node]) -> Iterator[_HeldAxis]:
+    """Every axis of every tensor the rank computes (collectives only move them)."""
+    for n in members:
+        if OPS[n.op].category == COMMUNICATION:
+            continue
+        for t, sh in zip(n.outputs, n.meta.get("sharding", ())):
+            roles = frozenset(d.role for d in t.dims)
+            yield from (_HeldAxis(d, splits, roles) for d, splits in zip(t.dims, sh.axes))
+
+
+def _shard_lines(axes: dict[str, _HeldAxis], mesh: Mesh) -> list[str]:
+    """Which shard of a side path rank r holds (r: its index on the mesh axes that split it)."""
     out = []
-    if kind == "attention" and s.tp > 1:
-        h, kv = cfg.num_attention_heads, cfg.num_key_value_heads
-        out.append(f"h/{s.tp} per rank: rank r holds {_span('head', h // s.tp)}")
-        if kv >= s.tp:
-            k = kv // s.tp
-            out.append(f"and kv heads {k}r..{k}r+{k - 1}" if k > 1 else "and kv head r")
+    head = axes.get("head")
+    if head is not None and head.splits:
+        out.append(f"{head.local.name} per rank: rank r holds {_held('head', head, mesh)}")
+        kv = axes.get("kv_head", head)  # MHA: the keys and values have the query heads' axis
+        held = _held("kv head", kv, mesh, head.meshes)
+        out.append(held if "each on" in held else f"and {held}")
+    expert = axes.get("expert")
+    if expert is not None and expert.splits:
+        out.append(f"{expert.local.name} per rank: rank r holds {_held('expert', expert, mesh)}")
+    ffn = axes.get("ffn")
+    if ffn is not None and ffn.splits:
+        if "expert" in ffn.roles:
+            per = " x ".join(ffn.meshes)
+            out.append(f"each expert's ffn/{ffn.blocks(ffn.meshes)} per {per} rank")
         else:
-            out.append(f"kv head r//{s.tp // kv} (each on {s.tp // kv} ranks)")
-    if kind == "mlp" and s.tp > 1 and cfg.intermediate_size:
-        f = cfg.intermediate_size // s.tp
-        out.append(f"ffn/{s.tp} per rank: rank r holds columns {f}r..{f}r+{f - 1}")
-    if kind == "moe":
-        if s.ep > 1:
-            out.append(
-                f"E/{s.ep} per rank: rank r holds {_span('expert', cfg.num_experts // s.ep)}"
-            )
-        if s.tp > 1:
-            out.append(f"each expert's ffn/{s.tp} per tp rank")
-    if kind in ("attention", "mlp", "moe") and s.cp > 1:
-        out.append(f"tokens T/{s.cp} per cp rank")
+            out.append(f"{ffn.local.name} per rank: rank r holds {_held('column', ffn, mesh)}")
+    token = axes.get("token")
+    if token is not None and token.splits:
+        out.append(f"tokens {token.local.name} per {' x '.join(token.meshes)} rank")
     return out
 
 
-def _span(noun: str, per: int) -> str:
-    """`heads 8r..8r+7` for rank r's block of `per`, `head r` for one."""
-    return f"{noun} r" if per == 1 else f"{noun}s {per}r..{per}r+{per - 1}"
+def _held(noun: str, axis: _HeldAxis, mesh: Mesh, over: tuple[str, ...] = ()) -> str:
+    """Rank r's block of `axis` over the mesh axes `over` (by default those that split it):
+    `heads 8r..8r+7`, `head r`, or `kv head r//2 (each on 2 ranks)` where ranks share a block."""
+    over = over or axis.meshes
+    share = math.prod(mesh.size(m) for m in over) // axis.blocks(over)
+    r = "r" if share == 1 else f"r//{share}"
+    per = axis.local.size
+    at = r if share == 1 else f"({r})"
+    held = f"{noun} {r}" if per == 1 else f"{noun}s {per}{at}..{per}{at}+{per - 1}"  # type: ignore[operator]
+    return held if share == 1 else f"{held} (each on {share} ranks)"
 
 
 def _side_scope(ctx: _Ctx, layer: int, kinds: tuple[str, ...], what: str) -> str:
@@ -822,63 +872,81 @@ def allowed_keys(graph: Graph, node: Node, n: int) -> tuple[np.ndarray, np.ndarr
 
 def tokens_view(ctx: _Ctx, layer: int) -> Drawing:
     """One column per token position; edges between columns only where mixing ops gather."""
-    g = ctx.g
-    past, n = sequence(g)
+    past, n = sequence(ctx.g)
     if past:
         raise GraphllmError("the tokens view draws a prefill: leave --past-len at 0")
     if not 1 <= n <= MAX_TOKENS:
         raise GraphllmError(f"the tokens view draws 1 to {MAX_TOKENS} tokens, not {n}")
-    p = ctx.layer(layer)
-    keep = ctx.computing(p)
-    names = {x.name for x in keep}
-    d = Drawing(f"{g.name}: tokens through block {layer}")
+    columns = _Columns(ctx, layer, n)
+    for x in columns.keep:
+        columns.inputs_of(x)
+    columns.outputs()
+    return columns.d
 
+
+class _Columns:
+    """The tokens view's drawing: every op of a block once per token column."""
+
+    def __init__(self, ctx: _Ctx, layer: int, n: int) -> None:
+        self.ctx, self.g, self.n = ctx, ctx.g, n
+        self.keep = ctx.computing(ctx.layer(layer))
+        self.names = {x.name for x in self.keep}
+        self.d = Drawing(f"{self.g.name}: tokens through block {layer}")
+        outside = [r.node for x in self.keep for r in x.inputs if r.node not in self.names]
+        outside = [x for x in dict.fromkeys(outside) if OPS[self.g[x].op].category != SOURCE]
+        for t in range(n):
+            self.d.cluster(f"col{t}", f"token {t + 1}", style="rounded", color="#888888")
+            for x in outside:
+                self.io(t, f"from:{x}", f"token {t + 1} in, from {ctx.short(x)}")
+            for x in self.keep:
+                self.d.box(Box(self.at(t, x.name), ctx.lines(x), (f"col{t}",), (x,), 1 / n))
+        if n > 1 and outside:
+            self.d.orders.append([self.at(t, f"from:{outside[0]}") for t in range(n)])
+
+    @staticmethod
     def at(t: int, name: str) -> str:
         return f"t{t + 1}:{name}"
 
-    def io(t: int, name: str, text: str) -> str:
-        b = d.box(Box(at(t, name), [text], (f"col{t}",), role="io"))
+    def io(self, t: int, name: str, text: str) -> str:
+        b = self.d.box(Box(self.at(t, name), [text], (f"col{t}",), role="io"))
         b.attrs.update(style="dashed,rounded")
         return b.id
 
-    outside = [r.node for x in keep for r in x.inputs if r.node not in names]
-    outside = [x for x in dict.fromkeys(outside) if OPS[g[x].op].category != SOURCE]
-    for t in range(n):
-        d.cluster(f"col{t}", f"token {t + 1}", style="rounded", color="#888888")
-        for x in outside:
-            io(t, f"from:{x}", f"token {t + 1} in, from {ctx.short(x)}")
-        for x in keep:
-            d.box(Box(at(t, x.name), ctx.lines(x), (f"col{t}",), (x,), 1 / n))
-    if n > 1 and outside:
-        d.orders.append([at(t, f"from:{outside[0]}") for t in range(n)])
-    for x in keep:
-        ins, outs = position_letters(g, x)
+    def inputs_of(self, x: Node) -> None:
+        """Edges into op `x`: within each column, or across them for an input read along the
+        key axis of a mixing op."""
+        ins, outs = position_letters(self.g, x)
         row = outs[0][0] if outs and outs[0] else None
-        lo, hi = allowed_keys(g, x, n) if ctx.mixes(x.name) else (None, None)
+        keys = allowed_keys(self.g, x, self.n) if self.ctx.mixes(x.name) else None
         for i, r in enumerate(x.inputs):
-            src = g[r.node]
+            src = self.g[r.node]
             if OPS[src.op].category == SOURCE:
                 continue  # weights, and position ids (each position reads its own)
-            name = r.node if r.node in names else f"from:{r.node}"
-            label = ctx.fmt_row(src.outputs[r.index])
-            if lo is not None and hi is not None and len(ins[i]) == 1 and ins[i][0] != row:
-                # an input read along the key axis: query t gathers the keys it may see
-                for t in range(n):
-                    for k in range(max(int(lo[t]), 0), min(int(hi[t]), n - 1) + 1):
-                        attrs = {"color": MIX_LINE, "class": "gather"}
-                        if k != t:
-                            attrs.update(constraint="false", penwidth="1.5")
-                        d.edge(at(k, name), at(t, x.name), label if k == t else "", **attrs)
-            else:
-                for t in range(n):
-                    d.edge(at(t, name), at(t, x.name), label)
-    for x in keep:
-        if any(u.name not in names for u in g.users(x)):
-            for t in range(n):
-                d.edge(
-                    at(t, x.name), io(t, f"to:{x.name}", f"token {t + 1} out"), ctx.fmt_row(x.out)
-                )
-    return d
+            name = r.node if r.node in self.names else f"from:{r.node}"
+            label = self.ctx.fmt_row(src.outputs[r.index])
+            if keys is not None and len(ins[i]) == 1 and ins[i][0] != row:
+                self.gather(name, x, label, *keys)
+                continue
+            for t in range(self.n):
+                self.d.edge(self.at(t, name), self.at(t, x.name), label)
+
+    def gather(self, name: str, x: Node, label: str, lo: np.ndarray, hi: np.ndarray) -> None:
+        """Query t of `x` gathers the keys it may see, from the columns that hold them."""
+        for t in range(self.n):
+            for k in range(max(int(lo[t]), 0), min(int(hi[t]), self.n - 1) + 1):
+                attrs = {"color": MIX_LINE, "class": "gather"}
+                if k != t:
+                    attrs.update(constraint="false", penwidth="1.5")
+                self.d.edge(self.at(k, name), self.at(t, x.name), label if k == t else "", **attrs)
+
+    def outputs(self) -> None:
+        """Each op read outside the block leaves every column."""
+        for x in self.keep:
+            if all(u.name in self.names for u in self.g.users(x)):
+                continue
+            for t in range(self.n):
+                out = self.io(t, f"to:{x.name}", f"token {t + 1} out")
+                self.d.edge(self.at(t, x.name), out, self.ctx.fmt_row(x.out))
 
 
 # -- colour: mixing from the tokens pass, cost from the cost/roofline passes -------------------
@@ -911,53 +979,65 @@ def _style(d: Drawing, ctx: _Ctx, color: str | None) -> None:
     """Fill mixing boxes (or frame them, when cost fills), shade by cost, write the legend."""
     values: dict[str, float] = {}
     for b in d.boxes.values():
+        if b.role == "note":
+            b.attrs.update(fillcolor="#fffff0", style="filled")
         if b.role not in ("op", "scope"):
-            if b.role == "note":
-                b.attrs.update(fillcolor="#fffff0", style="filled")
             continue
         if color:
             values[b.id] = sum(_metric(m, color) for m in b.members) * b.share
-        mixing = [m for m in b.members if ctx.mixes(m.name)]
-        if mixing:
-            b.attrs.update({"class": "mixing", "tooltip": ctx.verdicts[mixing[0].name].reason})
-            if b.role == "scope":
-                b.lines.append("mixes tokens: " + ", ".join(dict.fromkeys(m.op for m in mixing)))
-        if color is None:
-            if mixing:
-                b.attrs.update(fillcolor=MIX_FILL, color=MIX_LINE, penwidth="1.5")
-            elif b.role == "scope":
-                b.attrs.setdefault("fillcolor", SCOPE_FILL)
-            elif b.members:
-                b.attrs.setdefault("fillcolor", FILL.get(OPS[b.members[0].op].category, PLAIN))
-        elif mixing:
-            b.attrs.update(color=MIX_LINE, penwidth="3")
+        _mark_mixing(b, ctx, filled=color is None)
     mix = {"bgcolor": MIX_FILL} if color is None else {"color": MIX_LINE, "border": "3"}
     cells = [_cell("mixes tokens (tokens pass)", **mix)]
     if color:
-        positive = [v for v in values.values() if v > 0]
-        lo, hi = (min(positive), max(positive)) if positive else (1.0, 1.0)
-        unit, steps = UNITS[color], len(RAMP)
-
-        def level(v: float) -> int:
-            if v <= 0:
-                return -1
-            if hi <= lo:
-                return steps - 1
-            x = (math.log(v) - math.log(lo)) / (math.log(hi) - math.log(lo))
-            return min(int(x * steps), steps - 1)
-
-        for box_id, v in values.items():
-            b, k = d.boxes[box_id], level(v)
-            b.attrs["fillcolor"] = RAMP[k] if k >= 0 else "white"
-            if k >= steps - 2:
-                b.attrs["fontcolor"] = "white"
-            b.lines.append(si(v, unit))
-        cells.append(_cell(f"{COLOR_TITLE[color]}:"))
-        cells.append(_cell(f"0 {unit}", bgcolor="white"))
-        for k, c in enumerate(RAMP):
-            edge = lo * (hi / lo) ** (k / steps)
-            cells.append(_cell(f"from {si(edge, unit)}", bgcolor=c, white=k >= steps - 2))
+        cells += _shade(d, values, color)
     d.legend = cells + d.legend  # a view's own cells (collectives) after the shared ones
+
+
+def _mark_mixing(b: Box, ctx: _Ctx, filled: bool) -> None:
+    """A box holding mixing ops: filled (or, when cost fills the boxes, framed) in the mixing
+    colour, with the tokens pass's reason as its tooltip; other boxes get their plain fill."""
+    mixing = [m for m in b.members if ctx.mixes(m.name)]
+    if mixing:
+        b.attrs.update({"class": "mixing", "tooltip": ctx.verdicts[mixing[0].name].reason})
+        if b.role == "scope":
+            b.lines.append("mixes tokens: " + ", ".join(dict.fromkeys(m.op for m in mixing)))
+    if not filled:
+        if mixing:
+            b.attrs.update(color=MIX_LINE, penwidth="3")
+    elif mixing:
+        b.attrs.update(fillcolor=MIX_FILL, color=MIX_LINE, penwidth="1.5")
+    elif b.role == "scope":
+        b.attrs.setdefault("fillcolor", SCOPE_FILL)
+    elif b.members:
+        b.attrs.setdefault("fillcolor", FILL.get(OPS[b.members[0].op].category, PLAIN))
+
+
+def _shade(d: Drawing, values: dict[str, float], color: str) -> list[str]:
+    """Boxes filled on a log ramp of their cost, the figure under their label; the ramp's
+    legend cells."""
+    positive = [v for v in values.values() if v > 0]
+    lo, hi = (min(positive), max(positive)) if positive else (1.0, 1.0)
+    unit, steps = UNITS[color], len(RAMP)
+
+    def level(v: float) -> int:
+        if v <= 0:
+            return -1
+        if hi <= lo:
+            return steps - 1
+        x = (math.log(v) - math.log(lo)) / (math.log(hi) - math.log(lo))
+        return min(int(x * steps), steps - 1)
+
+    for box_id, v in values.items():
+        b, k = d.boxes[box_id], level(v)
+        b.attrs["fillcolor"] = RAMP[k] if k >= 0 else "white"
+        if k >= steps - 2:
+            b.attrs["fontcolor"] = "white"
+        b.lines.append(si(v, unit))
+    cells = [_cell(f"{COLOR_TITLE[color]}:"), _cell(f"0 {unit}", bgcolor="white")]
+    for k, c in enumerate(RAMP):
+        edge = lo * (hi / lo) ** (k / steps)
+        cells.append(_cell(f"from {si(edge, unit)}", bgcolor=c, white=k >= steps - 2))
+    return cells
 
 
 COLOR_TITLE = {"flops": "FLOPs", "bytes": "bytes moved", "time": "roofline time"}
