@@ -16,6 +16,7 @@ from graphllm.models.config import load_config, load_workload_section
 from graphllm.models.workload import Workload
 
 DTYPE_NAMES = ["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
+PRESET_HELP = "A preset name (see `graphllm presets`)."
 
 
 class IntList(click.ParamType):
@@ -79,13 +80,6 @@ def user_errors(fn: Callable) -> Callable:
 def model_options(fn: Callable) -> Callable:
     """--config / --model and the workload flags, shared by every command that builds a graph."""
     opts = [
-        click.option(
-            "--config",
-            "config_path",
-            type=click.Path(path_type=Path),
-            help="HF config.json, a checkpoint folder, or a YAML file (with optional workload:).",
-        ),
-        click.option("--model", "preset", help="A preset name (see `graphllm presets`)."),
         click.option("--batch", "-b", type=click.IntRange(min=1), help="Batch size B."),
         click.option(
             "--seq-len", "-t", type=IntList(), help="New tokens T (a list sweeps: 128,1024)."
@@ -107,7 +101,20 @@ def model_options(fn: Callable) -> Callable:
     ]
     for opt in reversed(opts):
         fn = opt(fn)
-    return fn
+    config_help = "HF config.json, a checkpoint folder, or a YAML file (with optional workload:)."
+    return source_options(config_help)(fn)
+
+
+def source_options(config_help: str, model_help: str = PRESET_HELP) -> Callable:
+    """--config PATH / --model NAME: where the model comes from (one of them)."""
+
+    def deco(fn: Callable) -> Callable:
+        fn = click.option("--model", "preset", help=model_help)(fn)
+        return click.option(
+            "--config", "config_path", type=click.Path(path_type=Path), help=config_help
+        )(fn)
+
+    return deco
 
 
 def resolve(options: dict[str, Any]) -> tuple[Any, Any]:

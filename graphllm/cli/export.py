@@ -13,9 +13,19 @@ from typing import Any
 import click
 
 from graphllm.build.builder import build_export_graph
-from graphllm.cli.common import deepseek_options, hardware_option, resolve, user_errors
+from graphllm.cli.common import (
+    deepseek_options,
+    hardware_option,
+    resolve,
+    source_options,
+    user_errors,
+)
 from graphllm.errors import ConfigError
 from graphllm.exporters.onnx import export_onnx
+from graphllm.ir import Graph
+from graphllm.models.model_config import ModelConfig
+from graphllm.models.workload import Workload
+from graphllm.runtime.bench import BenchReport
 from graphllm.runtime.bench import bench as run_bench
 from graphllm.runtime.session import PROVIDERS, providers
 
@@ -54,13 +64,9 @@ def provider_kind(device: str) -> str:
 
 
 @click.command()
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(path_type=Path),
-    help="HF config.json, a checkpoint folder, or a YAML file (default: the --weights folder).",
+@source_options(
+    "HF config.json, a checkpoint folder, or a YAML file (default: the --weights folder)."
 )
-@click.option("--model", "preset", help="A preset name (see `graphllm presets`).")
 @click.option(
     "--weights",
     type=click.Path(path_type=Path, file_okay=False),
@@ -102,11 +108,9 @@ def export(
         raise ConfigError("give --weights DIR or --no-weights, not both")
     if weights is not None and config_path is None and preset is None:
         config_path = weights  # a checkpoint folder holds its config.json
-    options = _model_only(config_path, preset, dtype, logits)
-    config, workload = resolve(options)
     # a `kill` ends the export like Ctrl-C does: the partial files are removed on the way out
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    graph = build_export_graph(config, dtype, workload.logits, mla, mtp)
+    config, workload, graph = _export_graph(config_path, preset, dtype, logits, mla, mtp)
     r = export_onnx(
         graph,
         output,
@@ -127,13 +131,10 @@ def export(
 
 @click.command()
 @click.argument("model_path", required=False, type=click.Path(path_type=Path, dir_okay=False))
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(path_type=Path),
-    help="Export this config (random weights) to a temporary file and bench that.",
+@source_options(
+    "Export this config (random weights) to a temporary file and bench that.",
+    "Export this preset and bench it.",
 )
-@click.option("--model", "preset", help="Export this preset and bench it.")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True)
 @ops_options
 @deepseek_options
@@ -181,23 +182,21 @@ def bench(
 
     if (model_path is None) == (config_path is None and preset is None):
         raise ConfigError("give MODEL.onnx, or one of --config PATH / --model NAME")
+    if model_path is not None and (ops != "auto" or mla != "naive" or mtp):
+        raise ConfigError(
+            "--ops, --mla and --mtp choose how a config is exported: give --config or "
+            "--model (a .onnx file is benched as it was exported)"
+        )
     say = lambda msg: click.echo(msg, err=True)  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="graphllm-bench-") as tmp:
         if model_path is None:
-            options = _model_only(config_path, preset, dtype, None)
-            config, workload = resolve(options)
             model_path = Path(tmp) / "model.onnx"
-            graph = build_export_graph(config, dtype, workload.logits, mla, mtp)
+            config, workload, graph = _export_graph(config_path, preset, dtype, None, mla, mtp)
             r = export_onnx(
                 graph, model_path, workload=workload, ops=ops, device=provider_kind(device),
                 check=False,
             )  # fmt: skip
             say(f"exported {config.name} ({r.lowering} lowering, random weights) to bench it")
-        elif ops != "auto" or mla != "naive" or mtp:
-            raise ConfigError(
-                "--ops, --mla and --mtp choose how a config is exported: give --config or "
-                "--model (a .onnx file is benched as it was exported)"
-            )
         report = run_bench(
             model_path,
             prompt_len=prompt_len,
@@ -214,7 +213,12 @@ def bench(
         )
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
-        return
+    else:
+        print_bench(report)
+
+
+def print_bench(report: BenchReport) -> None:
+    """The measured figures beside the predicted ones, and their ratio."""
     huge = report.huge_page_bytes
     click.echo(
         f"{report.model} ({report.lowering} lowering) on {report.provider}, {report.threads} "
@@ -241,6 +245,19 @@ def _num(x: float) -> str:
     if x >= 1e6 or x < 1e-3:
         return f"{x:.3e}"
     return f"{x:,.0f}" if x >= 1000 else f"{x:.4g}"
+
+
+def _export_graph(
+    config_path: Path | None,
+    preset: str | None,
+    dtype: str,
+    logits: str | None,
+    mla: str,
+    mtp: bool,
+) -> tuple[ModelConfig, Workload, Graph]:
+    """The config, its workload defaults and the graph `export_onnx` writes (prefill and decode)."""
+    config, workload = resolve(_model_only(config_path, preset, dtype, logits))
+    return config, workload, build_export_graph(config, dtype, workload.logits, mla, mtp)
 
 
 def _model_only(

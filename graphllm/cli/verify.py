@@ -7,14 +7,10 @@ from typing import Any
 
 import click
 
-from graphllm.cli.common import (
-    model_options,
-    resolve,
-    user_errors,
-)
+from graphllm.cli.common import model_options, resolve, user_errors
 from graphllm.cli.partition import verify_partition
 from graphllm.errors import ConfigError
-from graphllm.runtime.observe import check_token_mixing, check_token_mixing_onnx
+from graphllm.runtime.observe import check_token_mixing
 
 
 @click.group()
@@ -43,8 +39,10 @@ def verify_tokens(seed: int, full_size: bool, use_onnx: bool, **options: Any) ->
         raise ConfigError(
             f"verify tokens runs T+1 forward passes: T={workload.seq_len} is over 256"
         )
-    observe = check_token_mixing_onnx if use_onnx else check_token_mixing
-    check = observe(config, seed=seed, shrink=not full_size, workload=workload)
+    runtime = "onnxruntime" if use_onnx else "numpy"
+    check = check_token_mixing(
+        config, seed=seed, shrink=not full_size, workload=workload, runtime=runtime
+    )
     seq_len = workload.seq_len
     cells = check.predicted.size
     what = check.config.name

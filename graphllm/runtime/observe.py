@@ -12,6 +12,7 @@ import numpy as np
 
 from graphllm.build.builder import build_export_graph, build_graph
 from graphllm.build.weights import random_weights
+from graphllm.errors import GraphllmError
 from graphllm.exporters.onnx import export_onnx
 from graphllm.ir import Graph
 from graphllm.models.model_config import ModelConfig
@@ -160,31 +161,30 @@ def mixing_case(
     return MixingCase(small, wl, graph, predicted, rng, ids, past)
 
 
+RUNTIMES = ("numpy", "onnxruntime")
+
+
 def check_token_mixing(
     cfg: ModelConfig,
     seq_len: int = 12,
     seed: int = 0,
     shrink: bool = True,
     workload: Workload | None = None,
+    runtime: str = "numpy",
 ) -> MixingCheck:
     """Run a small instance of `cfg`, perturb each new position in turn, compare with the tokens
     pass. With a past (P > 0) the cache is random K/V and only the new positions are perturbed;
-    the matrices are then (outputs, new positions)."""
+    the matrices are then (outputs, new positions). `runtime` runs it in the numpy interpreter,
+    or exported to an `.onnx` file (decomposed ops) on onnxruntime: the same small instance,
+    random weights, token ids, past K/V and perturbations either way."""
+    if runtime not in RUNTIMES:
+        raise GraphllmError(f"runtime {runtime!r}: use one of {', '.join(RUNTIMES)}")
     case = mixing_case(cfg, seq_len, seed, shrink, workload)
-    weights = random_weights(case.graph, seed=seed)
-    return case.observe(lambda x: run_graph(case.graph, weights, x, case.past or None)["logits"][0])
-
-
-def check_token_mixing_onnx(
-    cfg: ModelConfig,
-    seq_len: int = 12,
-    seed: int = 0,
-    shrink: bool = True,
-    workload: Workload | None = None,
-) -> MixingCheck:
-    """`observe.check_token_mixing` observed through onnxruntime: the same small instance, random
-    weights, token ids, past K/V and perturbations, run from an exported `.onnx` file."""
-    case = mixing_case(cfg, seq_len, seed, shrink, workload)
+    if runtime == "numpy":
+        weights = random_weights(case.graph, seed=seed)
+        return case.observe(
+            lambda x: run_graph(case.graph, weights, x, case.past or None)["logits"][0]
+        )
     with tempfile.TemporaryDirectory(prefix="graphllm-tokens-") as tmp:
         path = Path(tmp) / "model.onnx"
         graph = build_export_graph(case.small, "fp32", case.workload.logits)
