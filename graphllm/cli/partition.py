@@ -156,82 +156,13 @@ def print_partition(doc: dict[str, Any]) -> None:
     """Per-stage devices, communication by kind, pipeline bubble."""
 
     con = Console()
-    p, w, hw = doc["partition"], doc["workload"], doc["hardware"]
-    mesh = " x ".join(f"{k}={v}" for k, v in p["mesh"].items() if v > 1) or "one device"
-    n_dev = len(p["devices"])
-    where = f" {hw['name']}" if hw else ""
-    con.print(
-        f"[bold]{doc['model']['name']}[/bold], {w['phase']} B={w['batch']} T={w['seq_len']} "
-        f"P={w['past_len']}: {n_dev}{where} devices ({mesh}"
-        + (", sequence parallel" if p["strategy"]["sp"] else "")
-        + ")"
-    )
+    p, hw = doc["partition"], doc["hardware"]
+    con.print(_headline(doc))
     for note in p["notes"]:
         con.print(f"note: {note}")
-    timed = hw is not None
-    per_stage = n_dev // len(p["stages"])
-    table = Table("per device", *(f"stage {s['stage']}" for s in p["stages"]))
-    cap = f" of {_b(hw['memory_bytes'])}" if hw else ""
-
-    def row(label: str, fmt: Callable[[dict[str, Any]], str]) -> None:
-        table.add_row(label, *(fmt(s) for s in p["stages"]))
-
-    row("layers", lambda s: f"{s['layers'][0]}-{s['layers'][1]}" if s["layers"] else "")
-    row("devices", lambda s: str(per_stage))
-    row("params", lambda s: _n(s["params"]))
-    tr = p.get("training")
-    if tr:
-        row(
-            "weights" + (" (ZeRO-3 shard)" if tr["zero"] == 3 else ""),
-            lambda s: _b(s["training"]["weights"]),
-        )
-        row("gradients", lambda s: _b(s["training"]["gradients"]))
-        row("optimizer (Adam, fp32)", lambda s: _b(s["training"]["optimizer"]))
-        row(
-            f"activations ({tr['recompute']} recompute)",
-            lambda s: f"{_b(s['activation_bytes'])} ({s['training']['microbatches_in_flight']} mb)",
-        )
-    else:
-        row("weights", lambda s: _b(s["weight_bytes"]))
-        row("KV cache", lambda s: _b(s["kv_cache_bytes"]))
-        row("activations (peak)", lambda s: _b(s["activation_bytes"]))
-    row(
-        "memory" + cap,
-        lambda s: (
-            _b(s["memory_bytes"])
-            + ("" if s["fits"] is None else (" fits" if s["fits"] else " [red]too big[/red]"))
-        ),
-    )
-    row("FLOPs", lambda s: _n(s["flops"]))
-    row("bytes moved", lambda s: _b(s["bytes"]))
-    row("bytes sent", lambda s: _b(sum(s["comm_bytes"].values())))
-    if timed:
-        row("compute time", lambda s: _t(s["compute_seconds"]))
-        row("communication time", lambda s: _t(s["comm_seconds"]))
-        row("time (no overlap)", lambda s: _t(s["seconds"]))
-    con.print(table)
-    comm = Table("collective", "axis", "group", "count", "payload", "sent/device", "time")
-    rows: dict[tuple[str, str], dict[str, Any]] = {}
-    for c in p["collectives"]:
-        r = rows.setdefault((c["kind"], c["mesh_axis"]), {"n": 0, "pay": set(), "wire": 0.0})
-        r["n"] += c["count"]
-        r["pay"].add(c["bytes"])
-        r["wire"] += c["count"] * c["wire_bytes_per_device"]
-        r["group"] = c["group_size"]
-        r["t"] = r.get("t", 0.0) + c["count"] * (c["seconds"] or 0.0)
-    for (kind, axis), r in rows.items():
-        pay = sorted(r["pay"])
-        each = _b(pay[0]) if len(pay) == 1 else f"{_b(pay[0])} - {_b(pay[-1])}"
-        comm.add_row(
-            kind,
-            axis,
-            str(r["group"]),
-            str(r["n"]),
-            each,
-            _b(r["wire"]),
-            _t(r["t"]) if timed else "",
-        )
-    if rows:
+    con.print(_stage_table(p, hw))
+    comm = _collective_table(p["collectives"], timed=hw is not None)
+    if comm.row_count:
         con.print(comm)
     pipe = p["pipeline"]
     if pipe["stages"] > 1:
@@ -241,10 +172,100 @@ def print_partition(doc: dict[str, Any]) -> None:
             f"{100 * pipe['bubble']:.1f}%"
             + (f", step {_t(pipe['step_seconds'])}" if pipe["step_seconds"] else "")
         )
-    elif timed:
+    elif hw is not None:
         con.print(
             f"step: {_t(p['stages'][0]['seconds'])} per device (communication not overlapped)"
         )
+
+
+def _headline(doc: dict[str, Any]) -> str:
+    """Model, workload, and the devices with their mesh."""
+    p, w, hw = doc["partition"], doc["workload"], doc["hardware"]
+    mesh = " x ".join(f"{k}={v}" for k, v in p["mesh"].items() if v > 1) or "one device"
+    where = f" {hw['name']}" if hw else ""
+    return (
+        f"[bold]{doc['model']['name']}[/bold], {w['phase']} B={w['batch']} T={w['seq_len']} "
+        f"P={w['past_len']}: {len(p['devices'])}{where} devices ({mesh}"
+        + (", sequence parallel" if p["strategy"]["sp"] else "")
+        + ")"
+    )
+
+
+# rows of the stage table: (label, the cell of a stage)
+Row = tuple[str, Callable[[dict[str, Any]], str]]
+
+
+def _stage_table(p: dict[str, Any], hw: dict[str, Any] | None) -> Table:
+    """One column per pipeline stage: what one of its devices holds, computes and sends."""
+    per_stage = len(p["devices"]) // len(p["stages"])
+    rows: list[Row] = [
+        ("layers", lambda s: f"{s['layers'][0]}-{s['layers'][1]}" if s["layers"] else ""),
+        ("devices", lambda s: str(per_stage)),
+        ("params", lambda s: _n(s["params"])),
+        *_memory_rows(p.get("training")),
+        (
+            "memory" + (f" of {_b(hw['memory_bytes'])}" if hw else ""),
+            lambda s: (
+                _b(s["memory_bytes"])
+                + ("" if s["fits"] is None else (" fits" if s["fits"] else " [red]too big[/red]"))
+            ),
+        ),
+        ("FLOPs", lambda s: _n(s["flops"])),
+        ("bytes moved", lambda s: _b(s["bytes"])),
+        ("bytes sent", lambda s: _b(sum(s["comm_bytes"].values()))),
+    ]
+    if hw is not None:
+        rows += [
+            ("compute time", lambda s: _t(s["compute_seconds"])),
+            ("communication time", lambda s: _t(s["comm_seconds"])),
+            ("time (no overlap)", lambda s: _t(s["seconds"])),
+        ]
+    table = Table("per device", *(f"stage {s['stage']}" for s in p["stages"]))
+    for label, cell in rows:
+        table.add_row(label, *(cell(s) for s in p["stages"]))
+    return table
+
+
+def _memory_rows(tr: dict[str, Any] | None) -> list[Row]:
+    """What a device keeps in memory: weights, KV cache, activations; in training, also the
+    gradients and optimizer state."""
+    if not tr:
+        return [
+            ("weights", lambda s: _b(s["weight_bytes"])),
+            ("KV cache", lambda s: _b(s["kv_cache_bytes"])),
+            ("activations (peak)", lambda s: _b(s["activation_bytes"])),
+        ]
+    return [
+        (
+            "weights" + (" (ZeRO-3 shard)" if tr["zero"] == 3 else ""),
+            lambda s: _b(s["training"]["weights"]),
+        ),
+        ("gradients", lambda s: _b(s["training"]["gradients"])),
+        ("optimizer (Adam, fp32)", lambda s: _b(s["training"]["optimizer"])),
+        (
+            f"activations ({tr['recompute']} recompute)",
+            lambda s: f"{_b(s['activation_bytes'])} ({s['training']['microbatches_in_flight']} mb)",
+        ),
+    ]
+
+
+def _collective_table(collectives: list[dict[str, Any]], timed: bool) -> Table:
+    """The collectives by kind and mesh axis: how many, their payloads, bytes sent, time."""
+    comm = Table("collective", "axis", "group", "count", "payload", "sent/device", "time")
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for c in collectives:
+        r = rows.setdefault((c["kind"], c["mesh_axis"]), {"n": 0, "pay": set(), "wire": 0.0})
+        r["n"] += c["count"]
+        r["pay"].add(c["bytes"])
+        r["wire"] += c["count"] * c["wire_bytes_per_device"]
+        r["group"] = c["group_size"]
+        r["t"] = r.get("t", 0.0) + c["count"] * (c["seconds"] or 0.0)
+    for (kind, axis), r in rows.items():
+        pay = sorted(r["pay"])
+        each = _b(pay[0]) if len(pay) == 1 else f"{_b(pay[0])} - {_b(pay[-1])}"
+        time = _t(r["t"]) if timed else ""
+        comm.add_row(kind, axis, str(r["group"]), str(r["n"]), each, _b(r["wire"]), time)
+    return comm
 
 
 @click.command("partition")
