@@ -18,6 +18,7 @@ per op; the times are the same.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from graphllm.passes.cost import layer_of
 from graphllm.passes.parallel.partition import comm_seconds
 
 MAX_EVENTS = 200_000
+US = 1e6  # trace times are in µs
 COMPUTE, COMM = 0, 1
 Segment = tuple[str, int, float]  # name, lane, seconds
 
@@ -139,62 +141,13 @@ def chrome_trace(
         segs = [[_coarse(graph, f), _coarse(graph, b)] for f, b in segs]
     f = max(sum(t for _, _, t in st[0]) for st in segs)
     b = max(sum(t for _, _, t in st[1]) for st in segs) if training else 0.0
-    start = timeline(pp, m, f, b, training)
-    pipe_end = (m + pp - 1) * (f + b)
-    us = 1e6
+    slots = _Slots(timeline(pp, m, f, b, training), f, b, (m + pp - 1) * (f + b))
     events: list[dict[str, Any]] = []
     for dev in report["devices"]:
         pid, st = dev["rank"], dev["coords"]["pp"]
-        where = [f"{k} {v}" for k, v in dev["coords"].items() if report["mesh"][k] > 1]
-        label = f"device {pid}: stage {st}" + "".join(f", {w}" for w in where if w[:2] != "pp")
-        events.append(_meta(pid, "process_name", label))
-        events.append(_meta(pid, "process_sort_index", pid, key="sort_index"))
-        events.append(_meta(pid, "thread_name", "compute", tid=COMPUTE))
-        events.append(_meta(pid, "thread_name", "communication", tid=COMM))
-        busy = []
-        for (kind, j, s), t0 in sorted(start.items(), key=lambda kv: kv[1]):
-            if s != st:
-                continue
-            busy.append((t0, t0 + (f if kind == "F" else b)))
-            cursor = t0
-            pass_ = "forward" if kind == "F" else "backward"
-            for name, lane, t in segs[st][0 if kind == "F" else 1]:
-                if t <= 0:
-                    continue
-                events.append(
-                    {
-                        "name": name,
-                        "cat": "communication" if lane == COMM else "compute",
-                        "ph": "X",
-                        "ts": cursor * us,
-                        "dur": t * us,
-                        "pid": pid,
-                        "tid": lane,
-                        "args": {"microbatch": j, "pass": pass_, "stage": st},
-                    }
-                )
-                cursor += t
-        t = 0.0
-        for a, z in busy + [(pipe_end, pipe_end)]:
-            if a > t + 1e-15:
-                events.append(_bubble(pid, st, t, a - t))
-            t = max(t, z)
-        cursor = pipe_end
-        for c in report["collectives"]:
-            if c.get("gradient") and c["stage"] == st and c["seconds"]:
-                events.append(
-                    {
-                        "name": c["name"],
-                        "cat": "gradient reduction",
-                        "ph": "X",
-                        "ts": cursor * us,
-                        "dur": c["seconds"] * us,
-                        "pid": pid,
-                        "tid": COMM,
-                        "args": {"bytes": c["bytes"], "group_size": c["group_size"]},
-                    }
-                )
-                cursor += c["seconds"]
+        events += _process(pid, st, dev["coords"], report["mesh"])
+        events += slots.events(pid, st, segs[st])
+        events += _gradients(pid, st, report["collectives"], slots.end)
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",
@@ -202,28 +155,88 @@ def chrome_trace(
             "schedule": "1F1B" if training else "GPipe (forward only)",
             "stages": pp,
             "microbatches": m,
-            "slot_forward_us": f * us,
-            "slot_backward_us": b * us,
-            "pipeline_us": pipe_end * us,
+            "slot_forward_us": f * US,
+            "slot_backward_us": b * US,
+            "pipeline_us": slots.end * US,
             "bubble": (pp - 1) / (m + pp - 1),
         },
     }
+
+
+@dataclass(frozen=True)
+class _Slots:
+    """The pipeline schedule: when each (pass, microbatch, stage) slot starts, how long a forward
+    and a backward slot last, and when the pipeline's part of the step ends."""
+
+    start: dict[tuple, float]
+    forward: float
+    backward: float
+    end: float
+
+    def events(self, pid: int, stage: int, segs: list[list[Segment]]) -> list[dict[str, Any]]:
+        """Device `pid`'s ops in each of its stage's slots, and the bubbles between them."""
+        events, busy = [], []
+        for (kind, j, s), t0 in sorted(self.start.items(), key=lambda kv: kv[1]):
+            if s != stage:
+                continue
+            fwd = kind == "F"
+            busy.append((t0, t0 + (self.forward if fwd else self.backward)))
+            args = {"microbatch": j, "pass": "forward" if fwd else "backward", "stage": stage}
+            cursor = t0
+            for name, lane, t in segs[0 if fwd else 1]:
+                if t <= 0:
+                    continue
+                cat = "communication" if lane == COMM else "compute"
+                events.append(_span(name, cat, cursor, t, pid, lane, args))
+                cursor += t
+        t = 0.0
+        for a, z in busy + [(self.end, self.end)]:
+            if a > t + 1e-15:
+                events.append(_span("bubble", "bubble", t, a - t, pid, COMPUTE, {"stage": stage}))
+            t = max(t, z)
+        return events
+
+
+def _process(pid: int, stage: int, coords: dict[str, int], mesh: dict[str, int]) -> list:
+    """The device's process and thread names: its stage and its other mesh coordinates."""
+    where = [f"{k} {v}" for k, v in coords.items() if mesh[k] > 1]
+    label = f"device {pid}: stage {stage}" + "".join(f", {w}" for w in where if w[:2] != "pp")
+    return [
+        _meta(pid, "process_name", label),
+        _meta(pid, "process_sort_index", pid, key="sort_index"),
+        _meta(pid, "thread_name", "compute", tid=COMPUTE),
+        _meta(pid, "thread_name", "communication", tid=COMM),
+    ]
+
+
+def _gradients(pid: int, stage: int, collectives: list[dict[str, Any]], t0: float) -> list:
+    """A training step's gradient reductions of the stage, one after another from `t0`."""
+    events = []
+    for c in collectives:
+        if c.get("gradient") and c["stage"] == stage and c["seconds"]:
+            args = {"bytes": c["bytes"], "group_size": c["group_size"]}
+            events.append(_span(c["name"], "gradient reduction", t0, c["seconds"], pid, COMM, args))
+            t0 += c["seconds"]
+    return events
 
 
 def _meta(pid: int, name: str, value: Any, tid: int = 0, key: str = "name") -> dict[str, Any]:
     return {"name": name, "ph": "M", "pid": pid, "tid": tid, "args": {key: value}}
 
 
-def _bubble(pid: int, stage: int, t0: float, dur: float) -> dict[str, Any]:
+def _span(
+    name: str, cat: str, t0: float, dur: float, pid: int, tid: int, args: dict[str, Any]
+) -> dict[str, Any]:
+    """A complete event (`ph: "X"`) from `t0` seconds for `dur` seconds."""
     return {
-        "name": "bubble",
-        "cat": "bubble",
+        "name": name,
+        "cat": cat,
         "ph": "X",
-        "ts": t0 * 1e6,
-        "dur": dur * 1e6,
+        "ts": t0 * US,
+        "dur": dur * US,
         "pid": pid,
-        "tid": COMPUTE,
-        "args": {"stage": stage},
+        "tid": tid,
+        "args": dict(args),  # an event of its own, not one shared by a slot's ops
     }
 
 
