@@ -49,14 +49,19 @@ class ExportedModel:
     build: dict[str, Any] = field(default_factory=dict)  # build_graph's mla= and mtp=
 
 
-def _metadata(config: ModelConfig, wl: Workload, ops: str, weights: str) -> dict[str, str]:
-    return {
+def _metadata(
+    config: ModelConfig, wl: Workload, ops: str, weights: str, build: dict[str, Any]
+) -> dict[str, str]:
+    out = {
         "graphllm.version": producer_version(),
         "graphllm.lowering": ops,
         "graphllm.config": json.dumps(asdict(config)),
         "graphllm.workload": json.dumps(asdict(wl)),
         "graphllm.weights": weights,
     }
+    if config.is_mla:  # how the graph was built, beside the config it was built from
+        out["graphllm.graph"] = json.dumps(build)
+    return out
 
 
 def read_metadata(path: str | Path) -> ExportedModel:
@@ -122,22 +127,8 @@ def export_onnx(
     written whole or not at all; with `check`, `onnx.checker.check_model(full_check=True)` runs
     on it before it is moved into place.
     """
-    config, built = graph.meta.get("config"), graph.meta.get("workload")
-    if config is None or built is None:
-        raise ConfigError(f"graph {graph.name} was not built from a config (build_export_graph)")
-    dtype = built.act_dtype
-    if dtype not in EXPORT_DTYPES:
-        raise ConfigError(f"ONNX export runs in {' or '.join(EXPORT_DTYPES)}, not {dtype}")
-    if built.past_len == 0:
-        raise ConfigError("the graph has no past K/V inputs: build it with past_len > 0")
-    wl = Workload.with_dtype(workload or built, dtype=dtype, logits=built.logits)
-    mla, mtp = graph.meta.get("mla") or "naive", bool(graph.meta.get("mtp"))
-    if no_weights and weights is not None:
-        raise ConfigError("give a weights folder or no_weights, not both")
-    if ops == "auto":
-        ops = default_lowering(graph, device)
-    elif ops not in LOWERINGS:
-        raise ConfigError(f"unknown ONNX op set {ops!r}; known: auto, {', '.join(LOWERINGS)}")
+    config, wl, ops = _checked(graph, workload, weights, no_weights, ops, device)
+    dtype = wl.act_dtype
     model, plan = lower(graph, ops, weights_as_inputs=no_weights)
     if no_weights:
         source = "none: the weights are graph inputs"
@@ -145,10 +136,9 @@ def export_onnx(
         source = f"checkpoint {Path(weights).resolve().name}"
     else:
         source = f"random, seed {seed}"
-    for k, v in _metadata(config, wl, ops, source).items():
+    build = {"mla": graph.meta.get("mla") or "naive", "mtp": bool(graph.meta.get("mtp"))}
+    for k, v in _metadata(config, wl, ops, source, build).items():
         model.metadata_props.add(key=k, value=v)
-    if config.is_mla:  # how the graph was built, beside the config it was built from
-        model.metadata_props.add(key="graphllm.graph", value=json.dumps({"mla": mla, "mtp": mtp}))
     numel = sum(int(np.prod(static_shape(n))) for n in graph.params())
     written = [] if no_weights else plan
     itemsize = np.dtype(NP_TYPES[dtype]).itemsize
@@ -163,20 +153,56 @@ def export_onnx(
     external = nbytes > PROTO_LIMIT if external_data is None else external_data
     path = Path(path)
     data_path = path.with_name(path.name + ".data") if external and written else None
-
-    def write(tmp: Path) -> None:
-        if data_path is None:
-            for name, arr in tensors:
-                model.graph.initializer.append(numpy_helper.from_array(arr, name))
-            onnx.save_model(model, tmp)
-            model.graph.ClearField("initializer")  # free the weights before the check reads them
-            if check:
-                _check(tmp)
-            return
-        _write_external(model, tmp, data_path, tensors, nbytes, check)
-
-    write_atomic(path, write)
+    write_atomic(path, lambda tmp: _write(model, tmp, data_path, tensors, nbytes, check))
     return ExportResult(path, data_path, len(model.graph.node), numel, nbytes, source, ops)
+
+
+def _checked(
+    graph: Graph,
+    workload: Workload | None,
+    weights: str | Path | None,
+    no_weights: bool,
+    ops: str,
+    device: str,
+) -> tuple[ModelConfig, Workload, str]:
+    """What the export records and lowers by: the graph's config, the workload (in the graph's
+    activation dtype), the op set (`auto`: the default for the device); or a ConfigError."""
+    config, built = graph.meta.get("config"), graph.meta.get("workload")
+    if config is None or built is None:
+        raise ConfigError(f"graph {graph.name} was not built from a config (build_export_graph)")
+    dtype = built.act_dtype
+    if dtype not in EXPORT_DTYPES:
+        raise ConfigError(f"ONNX export runs in {' or '.join(EXPORT_DTYPES)}, not {dtype}")
+    if built.past_len == 0:
+        raise ConfigError("the graph has no past K/V inputs: build it with past_len > 0")
+    wl = Workload.with_dtype(workload or built, dtype=dtype, logits=built.logits)
+    if no_weights and weights is not None:
+        raise ConfigError("give a weights folder or no_weights, not both")
+    if ops == "auto":
+        return config, wl, default_lowering(graph, device)
+    if ops not in LOWERINGS:
+        raise ConfigError(f"unknown ONNX op set {ops!r}; known: auto, {', '.join(LOWERINGS)}")
+    return config, wl, ops
+
+
+def _write(
+    model: onnx.ModelProto,
+    tmp: Path,
+    data_path: Path | None,
+    tensors: Iterator[tuple],
+    nbytes: int,
+    check: bool,
+) -> None:
+    """The model to `tmp`: its weights inside it, or in `data_path` beside it."""
+    if data_path is not None:
+        _write_external(model, tmp, data_path, tensors, nbytes, check)
+        return
+    for name, arr in tensors:
+        model.graph.initializer.append(numpy_helper.from_array(arr, name))
+    onnx.save_model(model, tmp)
+    model.graph.ClearField("initializer")  # free the weights before the check reads them
+    if check:
+        _check(tmp)
 
 
 def planned(plan: list[Initializer], params: Iterator[tuple], dtype: str) -> Iterator[tuple]:
