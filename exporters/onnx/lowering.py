@@ -217,12 +217,7 @@ def lower(
     dtype = graph.meta.get("act_dtype", "fp32")
     if dtype not in EXPORT_DTYPES:
         raise ConfigError(f"ONNX export runs in {' or '.join(EXPORT_DTYPES)}, not {dtype}")
-    out_of: dict[Ref, str] = {ref: name for name, ref in graph.outputs.items()}
-    names: dict[Ref, str] = {}
-    for n in graph.nodes():
-        for k in range(len(n.outputs)):
-            ref = Ref(n.name, k)
-            names[ref] = out_of.get(ref, n.name if k == 0 else f"{n.name}:{k}")
+    names = _tensor_names(graph)
     try:
         regions = placed(graph, opset.regions(graph))
     except LoweringError as e:
@@ -231,29 +226,16 @@ def lower(
     inputs, value_info = [], []
     for n in graph.nodes():
         if n.op == "input":
-            odd = [d.name for d in n.out.dims if d.size is None and d.name not in DIM_NAMES]
-            if odd:  # e.g. a rolled window cache (P_w): build the graph with export_graph
-                raise GraphllmError(f"{n.name}: dims {', '.join(odd)} are not ONNX I/O dims")
-            inputs.append(_value_info(n.name, n.out))
-            if n.name == "input_ids":
-                mask = TensorType((n.out.dims[0], Dim("S", "key_token")), "int64")
-                inputs.append(_value_info("attention_mask", mask))
+            inputs += _input_infos(n)
             continue
         if n.op == "param":
             continue
-        if n.name in regions:
-            region = regions[n.name]
-            if region is not None:  # the region's last node: emit it here
-                region.emit(c, names)
+        if n.name not in regions:
+            value_info += _lower_node(c, opset, n, names)
             continue
-        lower_fn = opset.row(n.op)
-        if lower_fn is None:
-            raise GraphllmError(f"{n.name}: op {n.op!r} has no {ops} ONNX lowering")
-        outs = [names[Ref(n.name, k)] for k in range(len(n.outputs))]
-        lower_fn(c, n, [names[r] for r in n.inputs], outs)
-        value_info += [
-            _value_info(name, t) for name, t in zip(outs, n.outputs) if name not in graph.outputs
-        ]
+        region = regions[n.name]
+        if region is not None:  # the region's last node: emit it here
+            region.emit(c, names)
     plan = _plan(graph, c)
     if weights_as_inputs:
         for init in plan:
@@ -273,6 +255,43 @@ def lower(
     )
     model.ir_version = helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
     return model, plan
+
+
+def _tensor_names(graph: Graph) -> dict[Ref, str]:
+    """The ONNX name of every IR value: a graph output's name, else the node's (`:k` for its
+    k-th output)."""
+    out_of: dict[Ref, str] = {ref: name for name, ref in graph.outputs.items()}
+    names: dict[Ref, str] = {}
+    for n in graph.nodes():
+        for k in range(len(n.outputs)):
+            ref = Ref(n.name, k)
+            names[ref] = out_of.get(ref, n.name if k == 0 else f"{n.name}:{k}")
+    return names
+
+
+def _input_infos(n: Node) -> list[onnx.ValueInfoProto]:
+    """A graph input; `input_ids` brings the attention mask with it."""
+    odd = [d.name for d in n.out.dims if d.size is None and d.name not in DIM_NAMES]
+    if odd:  # e.g. a rolled window cache (P_w): build the graph with export_graph
+        raise GraphllmError(f"{n.name}: dims {', '.join(odd)} are not ONNX I/O dims")
+    out = [_value_info(n.name, n.out)]
+    if n.name == "input_ids":
+        mask = TensorType((n.out.dims[0], Dim("S", "key_token")), "int64")
+        out.append(_value_info("attention_mask", mask))
+    return out
+
+
+def _lower_node(
+    c: Lowering, opset: OpSet, n: Node, names: dict[Ref, str]
+) -> list[onnx.ValueInfoProto]:
+    """One IR node through its op set's row; the types of its outputs that are not graph
+    outputs."""
+    lower_fn = opset.row(n.op)
+    if lower_fn is None:
+        raise GraphllmError(f"{n.name}: op {n.op!r} has no {opset.name} ONNX lowering")
+    outs = [names[Ref(n.name, k)] for k in range(len(n.outputs))]
+    lower_fn(c, n, [names[r] for r in n.inputs], outs)
+    return [_value_info(name, t) for name, t in zip(outs, n.outputs) if name not in c.graph.outputs]
 
 
 def placed(graph: Graph, regions: list[Region]) -> dict[str, Region | None]:
