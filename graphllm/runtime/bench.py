@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from graphllm.build.builder import build_graph
 from graphllm.errors import GraphllmError
-from graphllm.exporters.onnx import metadata_from_props, read_metadata
+from graphllm.exporters.onnx import ExportedModel, metadata_from_props, read_metadata
 from graphllm.models.hardware import load_hardware, local_path
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload
@@ -194,13 +194,7 @@ def bench(
     """
 
     threads = threads or os.cpu_count() or 1
-    try:
-        model = OnnxModel(path, device, threads)
-    except GraphllmError:
-        if Path(path).is_file():
-            read_metadata(path)  # a file graphllm did not write says so, before onnxruntime
-        raise
-    meta = metadata_from_props(model.session.get_modelmeta().custom_metadata_map, path)
+    model, meta = _open(path, device, threads)
     provider = model.session.get_providers()[0]
     if huge_pages and provider == PROVIDERS["cpu"]:
         hugepages.collapse()
@@ -210,20 +204,7 @@ def bench(
     total = (warmup + repeats) * (1 + new_tokens)
     with _bar(progress, total) as tick:
         t = time_generation(model, prompt_len, new_tokens, batch, repeats, warmup, tick=tick)
-    pre = dec = None
-    if hw is not None:
-        wl = meta.workload
-        pre, dec = predict(
-            meta.config,
-            meta.lowering,
-            wl.act_dtype,
-            wl.logits,
-            batch,
-            prompt_len,
-            new_tokens,
-            hw,
-            meta.build,
-        )
+    pre, dec = (None, None) if hw is None else _predicted(meta, hw, batch, prompt_len, new_tokens)
     return BenchReport(
         model=meta.config.name,
         lowering=meta.lowering,
@@ -242,6 +223,37 @@ def bench(
         calibrated=calibrated,
         huge_page_bytes=hugepages.huge_bytes(),
     )
+
+
+def _predicted(
+    meta: ExportedModel, hw: Any, batch: int, prompt_len: int, new_tokens: int
+) -> tuple[float, float]:
+    """`predict` for the model as it was exported (its config, lowering, dtype and build)."""
+    wl = meta.workload
+    return predict(
+        meta.config,
+        meta.lowering,
+        wl.act_dtype,
+        wl.logits,
+        batch,
+        prompt_len,
+        new_tokens,
+        hw,
+        meta.build,
+    )
+
+
+def _open(path: str | Path, device: str, threads: int) -> tuple[OnnxModel, ExportedModel]:
+    """The model's session and what its metadata says it is (a file graphllm did not write
+    says so, before onnxruntime's own error)."""
+    try:
+        model = OnnxModel(path, device, threads)
+    except GraphllmError:
+        if Path(path).is_file():
+            read_metadata(path)
+        raise
+    meta = metadata_from_props(model.session.get_modelmeta().custom_metadata_map, path)
+    return model, meta
 
 
 def _hardware(name: str, meta: Any, threads: int, say: Callable[[str], None] | None) -> tuple:
