@@ -130,6 +130,32 @@ def calibrate(
     buffer_bytes = min(int(buffer_bytes), cap)
     model_bytes = min(int(weights_bytes), cap) if weights_bytes else 0
 
+    flops, bandwidth, extra = _measure(
+        matmul_size, buffer_bytes, model_bytes, threads, repeats, progress
+    )
+    d = {
+        "name": "local",
+        "peak_flops": {"fp32": flops, "bf16": flops, "fp16": flops},
+        "memory_bandwidth": bandwidth,
+        "memory_bytes": _memory_total(),
+        "interconnect_bandwidth": None,
+        "network_bandwidth": None,
+        "devices_per_node": 1,
+        "source": _source(repeats, matmul_size, buffer_bytes, model_bytes, threads, llc),
+        "extra": extra,
+    }
+    return hardware_from_dict(d, "local", "calibrate")
+
+
+def _measure(
+    matmul_size: int,
+    buffer_bytes: int,
+    model_bytes: int,
+    threads: int,
+    repeats: int,
+    progress: bool,
+) -> tuple[float, float, dict[str, float]]:
+    """Matmul FLOP/s, read bandwidth, and the extra figures (the model-sized read among them)."""
     bars = _progress() if progress else None
     with bars or nullcontext():
         step = _stepper(bars, f"fp32 matmul {matmul_size}x{matmul_size}", repeats)
@@ -146,13 +172,19 @@ def calibrate(
             step = _stepper(bars, label, repeats)
             extra["memory_bandwidth_model"] = _read_bandwidth(model_bytes, threads, repeats, step)
             extra["model_buffer_bytes"] = float(model_bytes)
+    return flops, bandwidth, extra
 
+
+def _source(
+    repeats: int, matmul_size: int, buffer_bytes: int, model_bytes: int, threads: int, llc: int
+) -> str:
+    """How the figures were measured, for the hardware spec's `source`."""
     model = (
         f"; model-sized read of {model_bytes / GiB:.3g} GiB in extra.memory_bandwidth_model"
         if model_bytes
         else ""
     )
-    source = (
+    return (
         f"graphllm calibrate {date.today().isoformat()} on {_cpu_model()} ({os.cpu_count()} CPUs), "
         f"numpy {np.__version__}: peak_flops = median of {repeats} fp32 {matmul_size}^3 matmuls "
         f"(BLAS default threads); bf16/fp16 are the same figure because numpy computes in fp32 on "
@@ -160,18 +192,6 @@ def calibrate(
         f"{threads} threads (LLC {llc / 2**20:g} MiB){model}; memory_bytes = MemTotal; no device "
         f"links (one device per node)"
     )
-    d = {
-        "name": "local",
-        "peak_flops": {"fp32": flops, "bf16": flops, "fp16": flops},
-        "memory_bandwidth": bandwidth,
-        "memory_bytes": _memory_total(),
-        "interconnect_bandwidth": None,
-        "network_bandwidth": None,
-        "devices_per_node": 1,
-        "source": source,
-        "extra": extra,
-    }
-    return hardware_from_dict(d, "local", "calibrate")
 
 
 def _progress():
