@@ -642,19 +642,30 @@ def _rope(v: dict, fam: Family, model_type: str) -> RopeConfig:
         raise ConfigError(
             f"{where}: rope type {rtype!r} is not modelled for {model_type} (modelled: {known})"
         )
-
-    theta, top = raw.pop("rope_theta", None), v["rope_theta"]
-    if theta is not None:
-        theta = _pos_float(f"{where}.rope_theta", theta)
-        if top is not None and theta != top:
-            raise ConfigError(f"rope_theta {top} disagrees with {where}.rope_theta {theta}")
-    theta = theta if theta is not None else (top if top is not None else fam.default_theta)
+    theta = _rope_theta(raw.pop("rope_theta", None), v["rope_theta"], fam, where)
     prf = raw.pop("partial_rotary_factor", None)
     if prf is not None and (not isinstance(prf, (int, float)) or isinstance(prf, bool) or prf != 1):
         raise ConfigError(
             f"{where}.partial_rotary_factor={prf!r} is not modelled (RoPE on the whole head only)"
         )
+    got = _rope_fields(raw, rtype, where)
+    return RopeConfig(**_rope_scaling(got, rtype, where, v["max_position_embeddings"]), theta=theta)
 
+
+def _rope_theta(inner: Any, top: Any, fam: Family, where: str) -> float:
+    """rope_theta from the rope section, the config's top level (they must agree), or the
+    family's default."""
+    if inner is None:
+        return top if top is not None else fam.default_theta
+    theta = _pos_float(f"{where}.rope_theta", inner)
+    if top is not None and theta != top:
+        raise ConfigError(f"rope_theta {top} disagrees with {where}.rope_theta {theta}")
+    return theta
+
+
+def _rope_fields(raw: dict, rtype: str, where: str) -> dict[str, Any]:
+    """The rope section's fields for `rtype`, each checked by its reader; a field of another type,
+    an unknown one or a missing required one is a ConfigError."""
     keys = _ROPE_KEYS[rtype]
     got: dict[str, Any] = {}
     for k, x in raw.items():
@@ -664,17 +675,22 @@ def _rope(v: dict, fam: Family, model_type: str) -> RopeConfig:
             raise _unknown(f"{where}.{k}", k, set(keys) | {"rope_type", "rope_theta"})
         if x is not None:
             got[k] = keys[k][0](f"{where}.{k}", x)
-    for k, (_, default) in keys.items():
-        if default is _REQUIRED and k not in got:
-            raise ConfigError(f"{where} of type {rtype!r} needs {k!r}")
+    missing = [k for k, (_, default) in keys.items() if default is _REQUIRED and k not in got]
+    if missing:
+        raise ConfigError(f"{where} of type {rtype!r} needs {missing[0]!r}")
+    return got
 
-    kw: dict[str, Any] = {"theta": theta, "type": rtype}
+
+def _rope_scaling(got: dict[str, Any], rtype: str, where: str, max_pos: int) -> dict[str, Any]:
+    """RopeConfig's scaling fields for `rtype`, with transformers' defaults."""
+    kw: dict[str, Any] = {"type": rtype}
     if "factor" in got:
         kw["factor"] = got["factor"]
     if rtype in ("llama3", "yarn"):
         # transformers fills the pre-scaling context length from max_position_embeddings
-        orig = got.get("original_max_position_embeddings", v["max_position_embeddings"])
-        kw["original_max_position_embeddings"] = orig
+        kw["original_max_position_embeddings"] = got.get(
+            "original_max_position_embeddings", max_pos
+        )
     if rtype == "llama3":
         lo, hi = got["low_freq_factor"], got["high_freq_factor"]
         if hi <= lo:
@@ -682,13 +698,10 @@ def _rope(v: dict, fam: Family, model_type: str) -> RopeConfig:
         kw |= {"low_freq_factor": lo, "high_freq_factor": hi}
     if rtype == "yarn":
         if "factor" not in got:  # as _compute_yarn_parameters does
-            kw["factor"] = v["max_position_embeddings"] / kw["original_max_position_embeddings"]
-        for k in ("beta_fast", "beta_slow", "truncate"):
-            if k in got:
-                kw[k] = got[k]
-        for k in ("mscale", "mscale_all_dim", "attention_factor"):
-            kw[k] = got.get(k)
-    return RopeConfig(**kw)
+            kw["factor"] = max_pos / kw["original_max_position_embeddings"]
+        kw |= {k: got[k] for k in ("beta_fast", "beta_slow", "truncate") if k in got}
+        kw |= {k: got.get(k) for k in ("mscale", "mscale_all_dim", "attention_factor")}
+    return kw
 
 
 # ---------------------------------------------------------------------------------------------
