@@ -140,26 +140,36 @@ def output_dims(
             if ax == ELLIPSIS:
                 dims.extend(ell)
             elif isinstance(ax, tuple):
-                key = "(" + " ".join(ax) + ")"
-                d = axes.get(key)
-                if d is None:
-                    raise GraphError(f"{where}: output axis {key} needs a dim in attrs['axes']")
-                size = 1
-                for letter in ax:
-                    part = env.get(letter) or axes.get(letter)
-                    size = size * part.size if part is not None and part.size else 0
-                if d.size != size:
-                    raise GraphError(f"{where}: output axis {key} is {_dim(d)}, expected {size}")
-                dims.append(d)
+                dims.append(_group_dim(ax, env, axes, where))
             else:
-                d = env.get(ax) or axes.get(ax)
-                if d is None:
-                    raise GraphError(
-                        f"{where}: output axis {ax} is neither an input axis nor given"
-                    )
-                dims.append(d)
+                dims.append(_letter_dim(ax, env, axes, where))
         outs.append(tuple(dims))
     return outs
+
+
+def _letter_dim(letter: str, env: dict[str, Dim], axes: dict[str, Dim], where: str) -> Dim:
+    """An output letter's dim: an input's axis, else the one `axes` gives."""
+    d = env.get(letter) or axes.get(letter)
+    if d is None:
+        raise GraphError(f"{where}: output axis {letter} is neither an input axis nor given")
+    return d
+
+
+def _group_dim(
+    group: tuple[str, ...], env: dict[str, Dim], axes: dict[str, Dim], where: str
+) -> Dim:
+    """The dim `axes` gives an output group `(h e)`: as large as its letters together."""
+    key = "(" + " ".join(group) + ")"
+    d = axes.get(key)
+    if d is None:
+        raise GraphError(f"{where}: output axis {key} needs a dim in attrs['axes']")
+    size = 1
+    for letter in group:
+        part = env.get(letter) or axes.get(letter)
+        size = size * part.size if part is not None and part.size else 0
+    if d.size != size:
+        raise GraphError(f"{where}: output axis {key} is {_dim(d)}, expected {size}")
+    return d
 
 
 def _dim(d: Dim) -> str:
