@@ -15,23 +15,16 @@ from graphllm.ir import Node
 NO_PAST = "{node}: no past %s input (export the graph with one)"
 # attention. Q, K and V: three projections of one input x, or Phi-3's one split in three
 QKV_PATTERN = Op(("linear", "linear_bias"), Var("x"), name="qkv_proj")
-Q_HEADS_PATTERN = Op(
-    "split_heads",
-    Op("split3", QKV_PATTERN, name="qkv_split", out=0)
-    | Op(("linear", "linear_bias"), Var("x"), name="q_proj"),
-    name="q_heads",
-)
-K_HEADS_PATTERN = Op(
-    "split_heads",
-    Op("split3", QKV_PATTERN, name="qkv_split", out=1)
-    | Op(("linear", "linear_bias"), Var("x"), name="k_proj"),
-    name="k_heads",
-)
-V_HEADS_PATTERN = Op(
-    "split_heads",
-    Op("split3", QKV_PATTERN, name="qkv_split", out=2)
-    | Op(("linear", "linear_bias"), Var("x"), name="v_proj"),
-    name="v_heads",
+
+# Q, K and V split into heads: each its part of Phi-3's one projection, or its own projection
+Q_HEADS_PATTERN, K_HEADS_PATTERN, V_HEADS_PATTERN = (
+    Op(
+        "split_heads",
+        Op("split3", QKV_PATTERN, name="qkv_split", out=part)
+        | Op(("linear", "linear_bias"), Var("x"), name=f"{x}_proj"),
+        name=f"{x}_heads",
+    )
+    for part, x in enumerate("qkv")
 )
 # Q and K: a per-head RMSNorm where there is one (Qwen3), rotated by one set of positions
 Q_PATTERN = Op(
