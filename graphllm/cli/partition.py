@@ -22,76 +22,17 @@ from graphllm.cli.common import (
     resolve,
     user_errors,
 )
+from graphllm.cli.layout import strategy_from, strategy_options, training_from, training_options
 from graphllm.errors import ConfigError
 from graphllm.exporters.trace import chrome_trace, write_trace
 from graphllm.models.hardware import load_hardware
 from graphllm.models.workload import Workload
-from graphllm.passes.parallel.partition import Strategy, partition_report
 from graphllm.passes.parallel.partition import partition as partition_graph
-from graphllm.passes.training import TrainingOptions
+from graphllm.passes.parallel.partition import partition_report
 from graphllm.report.summary import _b, _n, _t
 from graphllm.runtime.spmd import check_partition
 
 MAX_VERIFY_PARAMS = 200_000_000  # numpy runs every rank on one CPU: keep verification small
-
-
-def strategy_options(fn: Callable) -> Callable:
-    """--tp --sp --cp --pp --ep --dp --microbatches, shared by both commands."""
-    size = click.IntRange(min=1)
-    opts = [
-        click.option("--tp", type=size, default=1, help="Tensor parallel ranks (Megatron)."),
-        click.option("--sp", is_flag=True, help="Sequence parallel with --tp: norms on T/tp."),
-        click.option("--cp", type=size, default=1, help="Context parallel ranks: tokens split."),
-        click.option("--pp", type=size, default=1, help="Pipeline stages (contiguous layers)."),
-        click.option("--ep", type=size, default=1, help="Expert parallel ranks (MoE)."),
-        click.option("--dp", type=size, default=1, help="Data parallel replicas: batch split."),
-        click.option(
-            "--microbatches", type=size, default=1, help="Microbatches per step (pipelining)."
-        ),
-    ]
-    for opt in reversed(opts):
-        fn = opt(fn)
-    return fn
-
-
-def training_options(fn: Callable) -> Callable:
-    """--training --recompute --zero, shared by `partition` and `plan`."""
-    opts = [
-        click.option(
-            "--training", is_flag=True, help="A training step: forward + backward, Adam state."
-        ),
-        click.option(
-            "--recompute",
-            type=click.Choice(["none", "selective", "full"]),
-            help="Activation recomputation (with --training) [default: none].",
-        ),
-        click.option(
-            "--zero",
-            type=click.IntRange(0, 3),
-            help="ZeRO stage over the data parallel group (with --training): 1 optimizer state, "
-            "2 + gradients, 3 (FSDP) + weights [default: 0].",
-        ),
-    ]
-    for opt in reversed(opts):
-        fn = opt(fn)
-    return fn
-
-
-def _training(options: dict[str, Any]) -> Any:
-    """TrainingOptions from the flags, or None for inference; --recompute/--zero need --training."""
-
-    training, recompute, zero = (options.pop(k) for k in ("training", "recompute", "zero"))
-    if not training:
-        if recompute is not None or zero is not None:
-            raise ConfigError("--recompute and --zero describe a training step: add --training")
-        return None
-    return TrainingOptions(recompute=recompute or "none", zero=zero or 0)
-
-
-def _strategy(options: dict[str, Any]) -> Any:
-
-    keys = ("tp", "sp", "cp", "pp", "ep", "dp", "microbatches")
-    return Strategy(**{k: options.pop(k) for k in keys})
 
 
 @click.command()
@@ -122,8 +63,8 @@ def partition(
 ) -> None:
     """Partition the graph over devices: per-device memory, FLOPs, communication and time."""
 
-    strategy = _strategy(options)
-    training = _training(options)
+    strategy = strategy_from(options)
+    training = training_from(options)
     config, wl = resolve(options)
     if training is not None and training.zero and strategy.dp == 1:
         raise ConfigError("--zero shards over the data parallel group: give --dp N with N > 1")
@@ -280,7 +221,7 @@ def verify_partition(seed: int, mla: str, mtp: bool, **options: Any) -> None:
     Exit 0 when they agree within 1e-5 (fp32), 1 with the largest differences otherwise.
     """
 
-    strategy = _strategy(options)
+    strategy = strategy_from(options)
     config, wl = resolve(options)
     wl = Workload.with_dtype(wl, dtype="fp32")
     graph = build_graph(config, wl, mla=mla, mtp=mtp)

@@ -16,7 +16,7 @@ from graphllm.cli.common import (
     resolve,
     user_errors,
 )
-from graphllm.cli.partition import _training, training_options
+from graphllm.cli.layout import training_from, training_options
 from graphllm.models.hardware import load_hardware
 from graphllm.passes.parallel.plan import plan as make_plan
 from graphllm.report.summary import _b, _t
@@ -43,7 +43,7 @@ def plan(
     rest by predicted time (a decoded token, a prefill, or a training step)."""
 
     pinned = {k: options.pop(k) for k in ("tp", "cp", "pp", "ep", "dp")}
-    training = _training(options)
+    training = training_from(options)
     config, wl = resolve(options)
     hw = load_hardware(hardware)
     report = make_plan(config, wl, devices, hw, training, attention, pinned)

@@ -17,7 +17,7 @@ from graphllm.cli.common import (
     resolve,
     user_errors,
 )
-from graphllm.cli.partition import _strategy, strategy_options
+from graphllm.cli.layout import strategy_from, strategy_options
 from graphllm.errors import ConfigError
 from graphllm.exporters.dot import view_dot
 from graphllm.exporters.render import find_renderer, output_format
@@ -89,7 +89,7 @@ def render(
 
     fmt = output_format(output)
     name = find_renderer(fmt, renderer)[0] if fmt != "dot" else "none"  # fail before building
-    strategy = _strategy(options)
+    strategy = strategy_from(options)
     split = strategy.devices > 1 or strategy.microbatches > 1
     if split and view != "block":
         raise ConfigError("strategies (--tp, --cp, ...) are drawn in the block view: --view block")
