@@ -230,19 +230,30 @@ def _fmt_int(n: int | None) -> str:
     return "-" if n is None else f"{n:,}"
 
 
+def _table(title: str, key: str, *figures: str) -> Any:
+    """A rich table: its key column left-aligned, the figures right-aligned."""
+    from rich.table import Table
+
+    t = Table(title=title)
+    t.add_column(key, justify="left")
+    for col in figures:
+        t.add_column(col, justify="right")
+    return t
+
+
 def print_report(models: list[dict], startup: list[dict]) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
     if not console.is_terminal:
         console = Console(width=120)  # no wrapping of the FLOP counts in a pipe or log
     ok = {True: "[green]pass[/]", False: "[red]FAIL[/]"}
 
-    t = Table(title=f"trace speed: batch {BATCH}, T={SEQ_LEN} prefill (median)")
-    cols = ("model", "graphllm ms", "peer ms", "(build + forward)", "ratio (peer/graphllm)")
-    for col in (*cols, "goal", "result"):
-        t.add_column(col, justify="left" if col == "model" else "right")
+    t = _table(
+        f"trace speed: batch {BATCH}, T={SEQ_LEN} prefill (median)",
+        "model",
+        *("graphllm ms", "peer ms", "(build + forward)", "ratio (peer/graphllm)", "goal", "result"),
+    )
     for m in models:
         t.add_row(
             m["model"],
@@ -255,10 +266,11 @@ def print_report(models: list[dict], startup: list[dict]) -> None:
         )
     console.print(t)
 
-    t = Table(title="FLOPs (FlopCounterMode) and parameters")
-    cols = ("model", "peer FLOPs", "TFLOP", "graphllm params", "meta model params", "match")
-    for col in cols:
-        t.add_column(col, justify="left" if col == "model" else "right")
+    t = _table(
+        "FLOPs (FlopCounterMode) and parameters",
+        "model",
+        *("peer FLOPs", "TFLOP", "graphllm params", "meta model params", "match"),
+    )
     for m in models:
         t.add_row(
             m["model"],
@@ -270,9 +282,7 @@ def print_report(models: list[dict], startup: list[dict]) -> None:
         )
     console.print(t)
 
-    t = Table(title="start-up (subprocess wall time, median)")
-    for col in ("command", "median s", "goal", "result"):
-        t.add_column(col, justify="left" if col == "command" else "right")
+    t = _table("start-up (subprocess wall time, median)", "command", "median s", "goal", "result")
     for s in startup:
         t.add_row(s["command"], f"{s['median_s']:.3f}", f"< {STARTUP_GOAL_S:g} s", ok[s["pass"]])
     if startup:
