@@ -29,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -94,76 +95,113 @@ def main() -> int:
     import transformers
 
     import graphllm
-    from graphllm.exporters.onnx import default_lowering, export_onnx
-    from graphllm.passes import run
     from graphllm.runtime import hugepages
-    from graphllm.runtime.bench import predict, time_generation
-    from graphllm.runtime.calibrate import calibrate
-    from graphllm.runtime.session import OnnxModel
 
     torch.set_num_threads(THREADS)
     torch.manual_seed(0)
     hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)).eval()
-    attn = hf.config._attn_implementation
     ids = np.random.default_rng(0).integers(0, LLAMA["vocab_size"], (1, PROMPT), dtype=np.int64)
     with tempfile.TemporaryDirectory(prefix="graphllm-bench-") as tmp:
         ckpt = Path(tmp) / "ckpt"
         hf.save_pretrained(ckpt)
         cfg = graphllm.load_config(ckpt)
-        default = default_lowering(build_export_graph(cfg), "cpu")
-        wl = graphllm.Workload.with_dtype(seq_len=1, past_len=PROMPT + NEW // 2, dtype="fp32")
-        streamed = run(graphllm.build_graph(cfg, wl), ["cost"])["cost"].bytes["weights"]
-        hw = calibrate(
-            weights_bytes=streamed,
-            repeats=5,
-            threads=THREADS,
-            progress=False,
-            matmul_size=1024,
-            buffer_bytes=512 << 20,
-        )
-        reads: list[float] = []  # model-sized reads, around each model's run in each round
-
-        with torch.no_grad():
-            ref = hf(torch.from_numpy(ids)).logits.numpy()
-        models, predicted = {}, {}
-        for ops in args.lowerings.split(","):
-            path = Path(tmp) / f"{ops}.onnx"
-            export_onnx(build_export_graph(cfg), path, weights=ckpt, ops=ops)
-            label = f"graphllm {ops}" + (" (default)" if ops == default else "")
-            models[label] = OnnxModel(path, device="cpu", threads=THREADS)
-            diff = float(np.abs(models[label].forward(ids)["logits"] - ref).max())
-            print(f"{label}: prefill logits max |diff| vs transformers {diff:.1e}", file=sys.stderr)
-            predicted[label] = predict(cfg, ops, "fp32", "all", 1, PROMPT, NEW, hw)
+        streamed, hw = weights_streamed(cfg)
+        models, predicted = onnx_models(hf, cfg, ckpt, ids, args.lowerings.split(","), hw)
         huge = 0 if args.no_huge_pages else hugepages.collapse()
-        # one run of each in turn, a warm-up round first: a load that comes and goes on the
-        # machine then weighs on all of them alike
-        runs: dict[str, list[tuple[float, float]]] = {f"transformers {attn}": []}
-        runs |= {label: [] for label in models}
-        # each model's decode over the floor read just before and just after its run: the
-        # machine's bandwidth moves from one second to the next, a ratio within a round less
-        ratios: dict[str, list[float]] = {label: [] for label in models}
-        for r in range(1 + args.repeats):
-            time.sleep(PAUSE)
-            got = [transformers_run(hf, ids)]
-            for label, m in models.items():
-                time.sleep(PAUSE)  # torch's OpenMP workers spin a while after its last op
-                before = read_bandwidth(calibrate, streamed)
-                t = time_generation(m, PROMPT, NEW, repeats=1, warmup=0)
-                read = (before + read_bandwidth(calibrate, streamed)) / 2  # reads around the run
-                got.append((t.prefill[0], t.decode[0]))
-                if r:
-                    reads.append(read)
-                    ratios[label].append(t.decode[0] * read / streamed)
-            if r:
-                for label, one in zip(runs, got):
-                    runs[label].append(one)
-        rows = [
-            (label, statistics.median(p for p, _ in v), statistics.median(d for _, d in v))
-            for label, v in runs.items()
-        ]
-        read_bw = statistics.median(reads)
-        floor = streamed / read_bw
+        label = f"transformers {hf.config._attn_implementation}"
+        rounds = run_rounds(hf, label, ids, models, args.repeats, streamed)
+    print_results(args, huge, streamed, rounds, predicted)
+    return 0
 
+
+def weights_streamed(cfg) -> tuple[float, object]:
+    """The weight bytes a decode step streams (half way through the decode), and this machine's
+    calibration with a read of that size."""
+    import graphllm
+    from graphllm.passes import run
+    from graphllm.runtime.calibrate import calibrate
+
+    wl = graphllm.Workload.with_dtype(seq_len=1, past_len=PROMPT + NEW // 2, dtype="fp32")
+    streamed = run(graphllm.build_graph(cfg, wl), ["cost"])["cost"].bytes["weights"]
+    hw = calibrate(
+        weights_bytes=streamed,
+        repeats=5,
+        threads=THREADS,
+        progress=False,
+        matmul_size=1024,
+        buffer_bytes=512 << 20,
+    )
+    return streamed, hw
+
+
+def onnx_models(hf, cfg, ckpt: Path, ids: np.ndarray, lowerings: list[str], hw) -> tuple:
+    """Per lowering, the checkpoint exported and loaded (its prefill logits checked against
+    transformers'), and the roofline prediction of its prefill and decode step."""
+    import torch
+
+    from graphllm.exporters.onnx import default_lowering, export_onnx
+    from graphllm.runtime.bench import predict
+    from graphllm.runtime.session import OnnxModel
+
+    default = default_lowering(build_export_graph(cfg), "cpu")
+    with torch.no_grad():
+        ref = hf(torch.from_numpy(ids)).logits.numpy()
+    models, predicted = {}, {}
+    for ops in lowerings:
+        path = ckpt.parent / f"{ops}.onnx"
+        export_onnx(build_export_graph(cfg), path, weights=ckpt, ops=ops)
+        label = f"graphllm {ops}" + (" (default)" if ops == default else "")
+        models[label] = OnnxModel(path, device="cpu", threads=THREADS)
+        diff = float(np.abs(models[label].forward(ids)["logits"] - ref).max())
+        print(f"{label}: prefill logits max |diff| vs transformers {diff:.1e}", file=sys.stderr)
+        predicted[label] = predict(cfg, ops, "fp32", "all", 1, PROMPT, NEW, hw)
+    return models, predicted
+
+
+@dataclass
+class Rounds:
+    """What the timed rounds measured (the warm-up round left out)."""
+
+    runs: dict[str, list[tuple[float, float]]]  # per model: (prefill s, decode s) of each round
+    ratios: dict[str, list[float]]  # per ONNX model: decode time over its floor, each round
+    reads: list[float]  # model-sized reads, around each model's run in each round
+
+
+def run_rounds(hf, hf_label: str, ids: np.ndarray, models: dict, repeats: int, streamed) -> Rounds:
+    """One run of each model in turn, a warm-up round first: a load that comes and goes on the
+    machine then weighs on all of them alike. Each ONNX model's decode is set over the floor
+    read just before and just after its run: the machine's bandwidth moves from one second to
+    the next, a ratio within a round less."""
+    from graphllm.runtime.bench import time_generation
+    from graphllm.runtime.calibrate import calibrate
+
+    out = Rounds({hf_label: [], **{label: [] for label in models}}, {m: [] for m in models}, [])
+    for r in range(1 + repeats):
+        time.sleep(PAUSE)
+        got = [transformers_run(hf, ids)]
+        for label, m in models.items():
+            time.sleep(PAUSE)  # torch's OpenMP workers spin a while after its last op
+            before = read_bandwidth(calibrate, streamed)
+            t = time_generation(m, PROMPT, NEW, repeats=1, warmup=0)
+            read = (before + read_bandwidth(calibrate, streamed)) / 2  # reads around the run
+            got.append((t.prefill[0], t.decode[0]))
+            if r:
+                out.reads.append(read)
+                out.ratios[label].append(t.decode[0] * read / streamed)
+        if r:
+            for label, one in zip(out.runs, got):
+                out.runs[label].append(one)
+    return out
+
+
+def print_results(args, huge: int, streamed: float, rounds: Rounds, predicted: dict) -> None:
+    reads, ratios = rounds.reads, rounds.ratios
+    rows = [
+        (label, statistics.median(p for p, _ in v), statistics.median(d for _, d in v))
+        for label, v in rounds.runs.items()
+    ]
+    read_bw = statistics.median(reads)
+    floor = streamed / read_bw
     print(
         f"Llama hidden 512, 8 layers, 8/4 heads, ffn 1408, vocab 32000; batch 1, fp32, "
         f"{THREADS} threads; prefill {PROMPT} tokens, then {NEW} decode steps; median of "
@@ -199,7 +237,6 @@ def main() -> int:
         "(goal: <= 1.2), rounds: its least and greatest; meas/pred: measured over "
         "the roofline prediction on this machine's calibration, prefill / decode"
     )
-    return 0
 
 
 if __name__ == "__main__":
