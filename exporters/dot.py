@@ -776,7 +776,7 @@ def _shard_lines(axes: dict[str, _HeldAxis], mesh: Mesh) -> list[str]:
         out.append(f"{head.local.name} per rank: rank r holds {_held('head', head, mesh)}")
         kv = axes.get("kv_head", head)  # MHA: the keys and values have the query heads' axis
         held = _held("kv head", kv, mesh, head.meshes)
-        out.append(held if "each on" in held else f"and {held}")
+        out.append(f"and {held}" if _share(kv, mesh, head.meshes) == 1 else held)
     expert = axes.get("expert")
     if expert is not None and expert.splits:
         out.append(f"{expert.local.name} per rank: rank r holds {_held('expert', expert, mesh)}")
@@ -796,13 +796,19 @@ def _shard_lines(axes: dict[str, _HeldAxis], mesh: Mesh) -> list[str]:
 def _held(noun: str, axis: _HeldAxis, mesh: Mesh, over: tuple[str, ...] = ()) -> str:
     """Rank r's block of `axis` over the mesh axes `over` (by default those that split it):
     `heads 8r..8r+7`, `head r`, or `kv head r//2 (each on 2 ranks)` where ranks share a block."""
-    over = over or axis.meshes
-    share = math.prod(mesh.size(m) for m in over) // axis.blocks(over)
+    share = _share(axis, mesh, over)
     r = "r" if share == 1 else f"r//{share}"
-    per = axis.local.size
-    at = r if share == 1 else f"({r})"
-    held = f"{noun} {r}" if per == 1 else f"{noun}s {per}{at}..{per}{at}+{per - 1}"  # type: ignore[operator]
-    return held if share == 1 else f"{held} (each on {share} ranks)"
+    per = int(axis.local.size)  # type: ignore[arg-type]
+    if per > 1:
+        at = r if share == 1 else f"({r})"
+        noun, r = f"{noun}s", f"{per}{at}..{per}{at}+{per - 1}"
+    return f"{noun} {r}" if share == 1 else f"{noun} {r} (each on {share} ranks)"
+
+
+def _share(axis: _HeldAxis, mesh: Mesh, over: tuple[str, ...] = ()) -> int:
+    """How many ranks along the mesh axes `over` hold each block of `axis` (1: each its own)."""
+    over = over or axis.meshes
+    return math.prod(mesh.size(m) for m in over) // axis.blocks(over)
 
 
 def _side_scope(ctx: _Ctx, layer: int, kinds: tuple[str, ...], what: str) -> str:

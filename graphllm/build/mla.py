@@ -130,7 +130,8 @@ def _cached(
 def _kv_b_dims(c: ModelConfig) -> tuple[Dim, Dim]:
     """kv_b_proj's per-head output (no-RoPE key and value) and its whole output width."""
     d_kv = Dim("d_kv_h", "head_dim", c.qk_nope_head_dim + c.v_head_dim)
-    return d_kv, Dim("d_kv_b", "hidden", c.num_attention_heads * d_kv.size)  # type: ignore[operator]
+    width = c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim)
+    return d_kv, Dim("d_kv_b", "hidden", width)
 
 
 def _absorbed(
