@@ -34,7 +34,14 @@ from pathlib import Path
 
 import numpy as np
 
+import graphllm
 from graphllm.build.builder import build_export_graph
+from graphllm.exporters.onnx import default_lowering, export_onnx
+from graphllm.passes import run
+from graphllm.runtime import hugepages
+from graphllm.runtime.bench import predict, time_generation
+from graphllm.runtime.calibrate import calibrate
+from graphllm.runtime.session import OnnxModel
 
 THREADS, PROMPT, NEW = 2, 128, 64
 PAUSE = 0.5  # seconds between runs: idle threads of the one before stop spinning
@@ -68,7 +75,7 @@ def transformers_run(model, ids: np.ndarray) -> tuple[float, float]:
     return t1 - t0, spent / NEW
 
 
-def read_bandwidth(calibrate, nbytes: float) -> float:
+def read_bandwidth(nbytes: float) -> float:
     """Read bandwidth over a buffer of `nbytes`, THREADS threads, as `graphllm calibrate` measures
     it (its other figures taken as small as they go)."""
     hw = calibrate(
@@ -94,9 +101,6 @@ def main() -> int:
     import torch
     import transformers
 
-    import graphllm
-    from graphllm.runtime import hugepages
-
     torch.set_num_threads(THREADS)
     torch.manual_seed(0)
     hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)).eval()
@@ -117,9 +121,6 @@ def main() -> int:
 def weights_streamed(cfg) -> tuple[float, object]:
     """The weight bytes a decode step streams (half way through the decode), and this machine's
     calibration with a read of that size."""
-    import graphllm
-    from graphllm.passes import run
-    from graphllm.runtime.calibrate import calibrate
 
     wl = graphllm.Workload.with_dtype(seq_len=1, past_len=PROMPT + NEW // 2, dtype="fp32")
     streamed = run(graphllm.build_graph(cfg, wl), ["cost"])["cost"].bytes["weights"]
@@ -138,10 +139,6 @@ def onnx_models(hf, cfg, ckpt: Path, ids: np.ndarray, lowerings: list[str], hw) 
     """Per lowering, the checkpoint exported and loaded (its prefill logits checked against
     transformers'), and the roofline prediction of its prefill and decode step."""
     import torch
-
-    from graphllm.exporters.onnx import default_lowering, export_onnx
-    from graphllm.runtime.bench import predict
-    from graphllm.runtime.session import OnnxModel
 
     default = default_lowering(build_export_graph(cfg), "cpu")
     with torch.no_grad():
@@ -172,8 +169,6 @@ def run_rounds(hf, hf_label: str, ids: np.ndarray, models: dict, repeats: int, s
     machine then weighs on all of them alike. Each ONNX model's decode is set over the floor
     read just before and just after its run: the machine's bandwidth moves from one second to
     the next, a ratio within a round less."""
-    from graphllm.runtime.bench import time_generation
-    from graphllm.runtime.calibrate import calibrate
 
     out = Rounds({hf_label: [], **{label: [] for label in models}}, {m: [] for m in models}, [])
     for r in range(1 + repeats):
@@ -181,9 +176,9 @@ def run_rounds(hf, hf_label: str, ids: np.ndarray, models: dict, repeats: int, s
         got = [transformers_run(hf, ids)]
         for label, m in models.items():
             time.sleep(PAUSE)  # torch's OpenMP workers spin a while after its last op
-            before = read_bandwidth(calibrate, streamed)
+            before = read_bandwidth(streamed)
             t = time_generation(m, PROMPT, NEW, repeats=1, warmup=0)
-            read = (before + read_bandwidth(calibrate, streamed)) / 2  # reads around the run
+            read = (before + read_bandwidth(streamed)) / 2  # reads around the run
             got.append((t.prefill[0], t.decode[0]))
             if r:
                 out.reads.append(read)
