@@ -256,6 +256,23 @@ def layer_scopes(graph: Graph) -> list[str]:
     return [p for p, k in graph.meta.get("scopes", {}).items() if k == LAYER]
 
 
+def layer_slots(graph: Graph) -> dict[str, int]:
+    """Where each node that is not a source runs among the layers: slot i + 1 in layer i (of
+    `layer_scopes`), 0 before the first layer's nodes (the embedding), len(layers) + 1 after
+    (final norm, LM head)."""
+    index = {p: i + 1 for i, p in enumerate(layer_scopes(graph))}
+    after = len(index) + 1
+    out: dict[str, int] = {}
+    seen_layer = False
+    for n in graph.nodes():
+        if OPS[n.op].category == SOURCE:
+            continue
+        lay = layer_of(graph, n.name)
+        seen_layer |= bool(lay)
+        out[n.name] = index[lay] if lay else after if seen_layer else 0
+    return out
+
+
 @register("cost", requires=("verify",), options=("attention", "training"), writes=("cost",))
 def cost_pass(
     graph: Graph,

@@ -144,7 +144,7 @@ def saved_activations(
     if recompute == "full":
         full = dict(per_layer)
         per_layer = defaultdict(float, {"": full.get("", 0.0)})
-        for lay, x in _layer_inputs(graph, names).items():
+        for lay, x in layer_inputs(graph, names).items():
             per_layer[lay] += x
         working = max((v for k, v in full.items() if k), default=0.0)
     return Activations(sum(per_layer.values()), working, dict(per_layer))
@@ -164,7 +164,7 @@ def _remade(graph: Graph, kept: set[Ref], root: Any) -> set[Ref]:
     return out
 
 
-def _layer_inputs(graph: Graph, names: set[str] | None) -> dict[str, float]:
+def layer_inputs(graph: Graph, names: set[str] | None) -> dict[str, float]:
     """Bytes of the tensors that enter each layer from outside it (the residual stream)."""
     b = graph.bindings
     out: dict[str, float] = defaultdict(float)
