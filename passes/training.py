@@ -89,19 +89,47 @@ def saved_activations(
 ) -> Activations:
     """The tensors the backward pass reads, over the nodes in `names` (all by default)."""
     b = graph.bindings
-    region = core_attention_region(graph)
-    pairs = region.pairs  # the T x S tensors of core attention
+    pairs = core_attention_region(graph).pairs  # the T x S tensors of core attention
     drop_pairs = attention == "flash" or recompute == "selective"
+    kept = _read_by_backward(graph, names, pairs if drop_pairs else frozenset())
+    for k, r in graph.outputs.items():
+        if k == "logits" and (names is None or r.node in names):
+            kept.setdefault(_kept_as(graph, r), "")
+    if recompute == "selective":
+        remade = _remade(graph, set(kept))
+        kept = {r: lay for r, lay in kept.items() if r not in remade}
+    # what the fused kernel keeps per row instead of the pairs (softmax's LSE)
+    extra = _attention_stats(graph, names, pairs) if attention == "flash" else {}
+    per_layer: dict[str, float] = defaultdict(float, extra)
+    for r, lay in kept.items():
+        t = graph.type_of(r)
+        per_layer[lay] += nbytes(t.dtype, t.numel(b))
+    if recompute != "full":
+        return Activations(sum(per_layer.values()), 0.0, dict(per_layer))
+    # full: each layer keeps its input and remakes the rest, one layer at a time
+    inputs = defaultdict(float, {"": per_layer.get("", 0.0)})
+    for lay, x in layer_inputs(graph, names).items():
+        inputs[lay] += x
+    working = max((v for k, v in per_layer.items() if k), default=0.0)
+    return Activations(sum(inputs.values()), working, dict(inputs))
 
-    def root(r: Ref) -> Ref:
-        while True:
-            n = graph[r.node]
-            if OPS[n.op].backward_redoes or (OPS[n.op].view and n.inputs):
-                r = n.inputs[0]
-            else:
-                return r
 
-    kept: dict[Ref, str] = {}  # tensor -> the layer whose backward reads it
+def _kept_as(graph: Graph, r: Ref) -> Ref:
+    """The tensor kept for `r`: a copy or a collective's output is remade from its source (and a
+    view is its input)."""
+    while True:
+        n = graph[r.node]
+        if not (OPS[n.op].backward_redoes or (OPS[n.op].view and n.inputs)):
+            return r
+        r = n.inputs[0]
+
+
+def _read_by_backward(
+    graph: Graph, names: set[str] | None, dropped: frozenset[str]
+) -> dict[Ref, str]:
+    """Each tensor the backward pass of the nodes in `names` reads (graph inputs, weights and the
+    nodes `dropped` aside), and the layer whose backward reads it first."""
+    kept: dict[Ref, str] = {}
     for n in graph.nodes():
         if names is not None and n.name not in names:
             continue
@@ -116,41 +144,27 @@ def saved_activations(
         else:
             continue
         for r in refs:
-            r = root(r)
-            if OPS[graph[r.node].op].category == SOURCE:
-                continue  # weights and graph inputs are held anyway
-            if drop_pairs and r.node in pairs:
-                continue
-            kept.setdefault(r, layer_of(graph, n.name))
-    extra: dict[str, float] = defaultdict(float)
-    if attention == "flash":  # what the fused kernel keeps per row instead (softmax's LSE)
-        for n in graph.nodes():
-            stats = OPS[n.op].backward_stats
-            if stats and n.name in pairs and (names is None or n.name in names):
-                sizes = letter_sizes(graph, n)
-                row = math.prod(sizes[x] for x in OPS[n.op].reduce)
-                extra[layer_of(graph, n.name)] += 4 * stats * n.out.numel(b) / row
-    for k, r in graph.outputs.items():
-        if k == "logits" and (names is None or r.node in names):
-            kept.setdefault(root(r), "")
-    if recompute == "selective":
-        remade = _remade(graph, set(kept), root)
-        kept = {r: lay for r, lay in kept.items() if r not in remade}
-    per_layer: dict[str, float] = defaultdict(float, extra)
-    for r, lay in kept.items():
-        t = graph.type_of(r)
-        per_layer[lay] += nbytes(t.dtype, t.numel(b))
-    working = 0.0
-    if recompute == "full":
-        full = dict(per_layer)
-        per_layer = defaultdict(float, {"": full.get("", 0.0)})
-        for lay, x in layer_inputs(graph, names).items():
-            per_layer[lay] += x
-        working = max((v for k, v in full.items() if k), default=0.0)
-    return Activations(sum(per_layer.values()), working, dict(per_layer))
+            r = _kept_as(graph, r)
+            if OPS[graph[r.node].op].category != SOURCE and r.node not in dropped:
+                kept.setdefault(r, layer_of(graph, n.name))
+    return kept
 
 
-def _remade(graph: Graph, kept: set[Ref], root: Any) -> set[Ref]:
+def _attention_stats(
+    graph: Graph, names: set[str] | None, pairs: frozenset[str]
+) -> dict[str, float]:
+    """Bytes a fused attention kernel keeps per query row (fp32 statistics), by layer."""
+    out: dict[str, float] = defaultdict(float)
+    for n in graph.nodes():
+        stats = OPS[n.op].backward_stats
+        if stats and n.name in pairs and (names is None or n.name in names):
+            sizes = letter_sizes(graph, n)
+            row = math.prod(sizes[x] for x in OPS[n.op].reduce)
+            out[layer_of(graph, n.name)] += 4 * stats * n.out.numel(graph.bindings) / row
+    return out
+
+
+def _remade(graph: Graph, kept: set[Ref]) -> set[Ref]:
     """Elementwise outputs that elementwise ops remake from kept tensors (or remade ones)."""
     avail: set[Ref] = set(kept)
     out: set[Ref] = set()
@@ -158,7 +172,7 @@ def _remade(graph: Graph, kept: set[Ref], root: Any) -> set[Ref]:
         spec = OPS[n.op]
         if spec.category == SOURCE:
             avail.add(Ref(n.name))
-        elif spec.category == ELEMENTWISE and all(root(x) in avail for x in n.inputs):
+        elif spec.category == ELEMENTWISE and all(_kept_as(graph, x) in avail for x in n.inputs):
             avail.add(Ref(n.name))
             out.add(Ref(n.name))
     return out

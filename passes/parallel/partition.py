@@ -186,14 +186,13 @@ def seeds(
         cuts: list[list[Split]] = [[] for _ in p.out.dims]
         if s.ep > 1 and p.attrs.get("stacked") == "expert":
             cuts[0].append(("ep", s.ep))
-        if s.tp > 1 and p.attrs["kind"] != "router" and p.out.rank >= 2:
-            how = _tp_role(p, width)
-            if how == "column" and _fused(graph, p):
-                fused = True
-            elif how is not None:
-                axis, blocks = _tp_cut(graph, p, how, s.tp, notes)
-                if blocks:
-                    cuts[axis].append(("tp", blocks))
+        how = _tp_role(p, width) if s.tp > 1 else None
+        if how == "column" and _fused(graph, p):
+            fused = True
+        elif how is not None:
+            axis, blocks = _tp_cut(graph, p, how, s.tp, notes)
+            if blocks:
+                cuts[axis].append(("tp", blocks))
         if any(cuts):
             out[p.name] = Sharding(tuple(tuple(c) for c in cuts))
     if fused:
@@ -203,14 +202,16 @@ def seeds(
 
 def _tp_role(p: Node, width: Dim) -> str | None:
     """How tp cuts weight `p`: `vocab` (embedding, LM head), `column` (it reads the residual
-    stream of `width`), `row` (it writes it), or None (whole)."""
+    stream of `width`), `row` (it writes it), or None (whole: routers, vectors)."""
     dims = p.out.dims
-    out_ax, in_ax = dims[-2], dims[-1]
+    if p.attrs["kind"] == "router" or len(dims) < 2:
+        return None
+    d_out, d_in = dims[-2], dims[-1]
     if p.attrs["kind"] in ("embedding", "lm_head"):
         return "vocab"
-    if in_ax == width and out_ax != width:
+    if d_in == width and d_out != width:
         return "column"
-    if out_ax == width and in_ax != width:
+    if d_out == width and d_in != width:
         return "row"
     return None
 
