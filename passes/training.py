@@ -238,6 +238,22 @@ class TrainingMemory:
         return asdict(self) | {"total": self.total}
 
 
+def keeps_master(weight_dtype: str) -> bool:
+    """Whether Adam keeps fp32 master weights: the weights are narrower than fp32."""
+    return dtype_of(weight_dtype).nbytes(1) < 4
+
+
+def adam_state_bytes(master: bool) -> int:
+    """Optimizer state bytes a parameter: the moments, and a master weight when one is kept."""
+    return MASTER_BYTES * master + MOMENTS_BYTES
+
+
+def zero_shards(zero: int, n: int) -> tuple[int, int, int]:
+    """Over how many of the `n` ranks replicating a weight ZeRO stage `zero` spreads its
+    (weights, gradients, optimizer state)."""
+    return (n if zero >= 3 else 1, n if zero >= 2 else 1, n if zero >= 1 else 1)
+
+
 def _comm(name: str, kind: str, payload: float, n: int, axes: tuple[str, ...]) -> dict[str, Any]:
     wire = OPS[kind].wire(n) * payload  # type: ignore[misc]
     return {
@@ -295,12 +311,11 @@ def training_memory(
             continue
         numel = p.out.numel(b)
         wb = nbytes(p.out.dtype, numel)
-        master = MASTER_BYTES if dtype_of(p.out.dtype).nbytes(1) < 4 else 0
         axes, n = dp_group(p, mesh)
-        z = {k: n if opts.zero >= k else 1 for k in (1, 2, 3)}
-        weights += wb / z[3]
-        grads += wb / z[2]
-        optim += (master + MOMENTS_BYTES) * numel / z[1]
+        on_weights, on_grads, on_optim = zero_shards(opts.zero, n)
+        weights += wb / on_weights
+        grads += wb / on_grads
+        optim += adam_state_bytes(keeps_master(p.out.dtype)) * numel / on_optim
         g = groups.setdefault(axes, [0.0, 0.0, n])
         g[0] += wb
         g[1] += wb

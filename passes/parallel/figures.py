@@ -15,11 +15,12 @@ from typing import Any
 from graphllm.errors import ConfigError
 from graphllm.ir import Graph, Node
 from graphllm.models.hardware import Hardware
-from graphllm.models.workload import dtype as dtype_of
 from graphllm.models.workload import nbytes
 from graphllm.ops import COMMUNICATION, OPS, SOURCE
+from graphllm.passes.memory import cache_bytes
 from graphllm.passes.parallel.sharding import Mesh
 from graphllm.passes.registry import meta_result, run
+from graphllm.passes.training import keeps_master
 
 
 # -- one collective ----------------------------------------------------------------------------
@@ -110,7 +111,6 @@ def tally(
     run(graph, ["cost", "roofline"], hardware=hardware, attention=attention, training=training)
     mesh = meta_result(graph, "partition").mesh
     presents = {r.node for r in graph.cache_outputs().values()}
-    kv_dtype = graph.meta.get("kv_dtype")
     timed: list[Collective] = []
     for n in graph.nodes():
         groups = list(groups_of(n))
@@ -122,7 +122,7 @@ def tally(
                 _add_weight(graph, n, groups)
             continue
         cost = meta_result(n, "cost")
-        kv = _cache_bytes(graph, n, kv_dtype) if n.name in presents else 0.0
+        kv = cache_bytes(graph, n.out) if n.name in presents else 0.0
         c = _collective(graph, n, mesh, hardware) if spec.category == COMMUNICATION else None
         for f in groups:
             f.flops += cost.flops
@@ -149,12 +149,7 @@ def _add_weight(graph: Graph, n: Node, groups: list[Figures]) -> None:
         f.weight_bytes += size
         if on_ep:
             f.ep_weight_bytes += size
-        f.master |= dtype_of(n.out.dtype).nbytes(1) < 4
-
-
-def _cache_bytes(graph: Graph, n: Node, kv_dtype: str | None) -> float:
-    """Bytes of a present K/V (a cache output), at the KV cache's dtype when one is set."""
-    return dtype_of(kv_dtype or n.out.dtype).nbytes(n.out.numel(graph.bindings))
+        f.master |= keeps_master(n.out.dtype)
 
 
 def _collective(graph: Graph, n: Node, mesh: Mesh, hw: Hardware | None) -> Collective | None:

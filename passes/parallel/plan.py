@@ -43,12 +43,13 @@ from graphllm.passes.parallel.figures import (
 )
 from graphllm.passes.parallel.partition import Strategy, balance, make_mesh, partition, validate
 from graphllm.passes.training import (
-    MASTER_BYTES,
-    MOMENTS_BYTES,
+    DP_AXES,
     TrainingOptions,
+    adam_state_bytes,
     gradient_collectives,
     layer_inputs,
     saved_activations,
+    zero_shards,
 )
 
 AXES = ("tp", "cp", "pp", "ep", "dp")
@@ -295,15 +296,15 @@ def _training_memory(
     ep_params = params * ep_wb / wb if wb else 0.0
     n_all = s.dp * s.cp * s.ep  # replicas of a weight that ep does not cut
     n_ep = s.dp * s.cp
-    axes_all = tuple(a for a in ("dp", "cp", "ep") if getattr(s, a) > 1)
-    axes_ep = tuple(a for a in ("dp", "cp") if getattr(s, a) > 1)
+    axes_all = tuple(a for a in DP_AXES if getattr(s, a) > 1)
+    axes_ep = tuple(a for a in DP_AXES if a != "ep" and getattr(s, a) > 1)
     z = opts.zero
     out = {"weights": 0.0, "gradients": 0.0, "optimizer": 0.0}
     for byts, numel, n in ((wb - ep_wb, params - ep_params, n_all), (ep_wb, ep_params, n_ep)):
-        out["weights"] += byts / (n if z >= 3 else 1)
-        out["gradients"] += byts / (n if z >= 2 else 1)
-        state = (MASTER_BYTES * master + MOMENTS_BYTES) * numel
-        out["optimizer"] += state / (n if z >= 1 else 1)
+        on_weights, on_grads, on_optim = zero_shards(z, n)
+        out["weights"] += byts / on_weights
+        out["gradients"] += byts / on_grads
+        out["optimizer"] += adam_state_bytes(master) * numel / on_optim
     saved = sum(p.saved for p in parts)
     working = max((p.full_saved for p in parts), default=0.0) if opts.recompute == "full" else 0.0
     out["activations"] = in_flight * saved
