@@ -116,30 +116,30 @@ def tally(
         groups = list(groups_of(n))
         for f in groups:
             f.names.add(n.name)
-        spec = OPS[n.op]
-        if spec.category == SOURCE:
+        if OPS[n.op].category == SOURCE:
             if n.op == "param":
                 _add_weight(graph, n, groups)
             continue
+        c = _collective(graph, n, mesh, hardware)
+        if c is not None:
+            timed.append(c)
+        computes = OPS[n.op].category != COMMUNICATION and hardware is not None
+        compute = meta_result(n, "time").seconds if computes else 0.0
         cost = meta_result(n, "cost")
         kv = cache_bytes(graph, n.out) if n.name in presents else 0.0
-        c = _collective(graph, n, mesh, hardware) if spec.category == COMMUNICATION else None
         for f in groups:
             f.flops += cost.flops
             f.bytes += cost.bytes
-            if n.name in presents:
-                f.kv_cache_bytes += kv
+            f.kv_cache_bytes += kv
+            f.compute_seconds += compute
             if c is not None:
                 f.comm_seconds += c.seconds or 0.0
                 f.collectives.append(c)
-            elif spec.category != COMMUNICATION and hardware is not None:
-                f.compute_seconds += meta_result(n, "time").seconds
-        if c is not None:
-            timed.append(c)
     return timed
 
 
 def _add_weight(graph: Graph, n: Node, groups: list[Figures]) -> None:
+    """A weight's params and bytes into each group that holds it."""
     numel = n.out.numel(graph.bindings)
     size = nbytes(n.out.dtype, numel)
     sh = meta_result(n, "sharding")[0]
@@ -153,9 +153,10 @@ def _add_weight(graph: Graph, n: Node, groups: list[Figures]) -> None:
 
 
 def _collective(graph: Graph, n: Node, mesh: Mesh, hw: Hardware | None) -> Collective | None:
-    """The traffic of a collective node; None for one timed on its peer (a recv)."""
+    """The traffic of a collective node; None for any other node, and for a collective timed on
+    its peer (a recv)."""
     spec = OPS[n.op]
-    if spec.timed_on_peer:
+    if spec.category != COMMUNICATION or spec.timed_on_peer:
         return None
     payload, wire = comm_bytes(graph, n)
     secs = comm_seconds(graph, n, mesh, hw) if hw else None

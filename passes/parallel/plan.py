@@ -126,6 +126,8 @@ class Part(Figures):
 
 @dataclass
 class Program:
+    """The figures of one rank's program on the reduced config (one layer of each kind)."""
+
     layers: list[Part]  # per reduced layer
     pre: Part
     post: Part
