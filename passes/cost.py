@@ -30,10 +30,10 @@ import numpy as np
 
 from graphllm.build.kinds import LAYER, SCOPE_KINDS
 from graphllm.ir import TOKEN_ROLES, Graph, Node, TensorType
-from graphllm.models.workload import dtype as dtype_of
 from graphllm.models.workload import nbytes
 from graphllm.ops import MOVEMENT, OPS, SOURCE, node_flops
 from graphllm.passes.attention_region import core_attention_region
+from graphllm.passes.memory import cache_bytes
 from graphllm.passes.registry import register
 from graphllm.passes.tokens import position_letters
 
@@ -205,7 +205,7 @@ class _Costing:
         # prefill: present K/V enter the cache where they are produced (a view included)
         cache = 0.0
         if n.name in self.cache_writes:
-            cache = dtype_of(self.g.meta.get("kv_dtype", n.out.dtype)).nbytes(n.out.numel(self.b))
+            cache = cache_bytes(self.g, n.out)
         if spec.view or n.name in self.fused:
             return OpCost(flops, matmul, causal, 0.0, cache, 0.0, cache)
         rd = wt = kv = 0.0
@@ -254,6 +254,23 @@ def layer_of(graph: Graph, name: str) -> str:
 def layer_scopes(graph: Graph) -> list[str]:
     """The layer scopes, in order."""
     return [p for p, k in graph.meta.get("scopes", {}).items() if k == LAYER]
+
+
+def layer_slots(graph: Graph) -> dict[str, int]:
+    """Where each node that is not a source runs among the layers: slot i + 1 in layer i (of
+    `layer_scopes`), 0 before the first layer's nodes (the embedding), len(layers) + 1 after
+    (final norm, LM head)."""
+    index = {p: i + 1 for i, p in enumerate(layer_scopes(graph))}
+    after = len(index) + 1
+    out: dict[str, int] = {}
+    seen_layer = False
+    for n in graph.nodes():
+        if OPS[n.op].category == SOURCE:
+            continue
+        lay = layer_of(graph, n.name)
+        seen_layer |= bool(lay)
+        out[n.name] = index[lay] if lay else after if seen_layer else 0
+    return out
 
 
 @register("cost", requires=("verify",), options=("attention", "training"), writes=("cost",))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from graphllm.ir import Graph
+from graphllm.ir import Graph, TensorType
 from graphllm.models.workload import nbytes
 from graphllm.ops import OPS, SOURCE
 from graphllm.passes.attention_region import core_attention_region
@@ -51,11 +51,15 @@ def memory_pass(
         by_dtype[n.out.dtype] = by_dtype.get(n.out.dtype, 0.0) + nb
         experts = n.attrs.get("stacked") == "expert"  # routed experts, one slice each
         active += nb * cfg.num_experts_per_tok / cfg.num_experts if experts and cfg else nb
-    kv_dt = graph.meta.get("kv_dtype")
     presents = set(graph.cache_outputs().values())
-    kv = sum(nbytes(kv_dt or graph.type_of(r).dtype, graph.type_of(r).numel(b)) for r in presents)
+    kv = sum(cache_bytes(graph, graph.type_of(r)) for r in presents)
     peak, at = peak_activations(graph, attention)
     return MemoryReport(weights, active, by_dtype, kv, peak, at)
+
+
+def cache_bytes(graph: Graph, t: TensorType) -> float:
+    """Bytes of a KV cache tensor `t`, at the cache's own dtype (the workload's kv_dtype)."""
+    return nbytes(graph.meta.get("kv_dtype") or t.dtype, t.numel(graph.bindings))
 
 
 def peak_activations(

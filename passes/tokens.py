@@ -66,15 +66,17 @@ def _position_letters(graph: Graph, node: Node) -> tuple[list[list[str]], list[l
     canon = {x: grp[0] for grp in spec.same_position for x in grp}
     axes = node.attrs.get("axes", {})
 
+    in_ellipsis = ["..." + d.name for d in ell if d.role in TOKEN_ROLES]
+
     def letters(operand: tuple) -> list[str]:
         out = []
         for ax in operand:
             if ax == "...":
-                out += ["..." + d.name for d in ell if d.role in TOKEN_ROLES]
-            elif isinstance(ax, str):
-                d: Dim | None = env.get(ax) or axes.get(ax)
-                if d is not None and d.role in TOKEN_ROLES:
-                    out.append(canon.get(ax, ax))
+                out += in_ellipsis
+                continue
+            d: Dim | None = (env.get(ax) or axes.get(ax)) if isinstance(ax, str) else None
+            if d is not None and d.role in TOKEN_ROLES:
+                out.append(canon.get(ax, ax))
         return out
 
     sig = spec.signature
@@ -369,67 +371,91 @@ def _apply(node: Node, ins: list[list[str]], out: list[str], vals: list[Any], n:
     """One op's effect on positions, by the shape of its position letters."""
     if not out:
         return _NONE
-    if len(out) == 1:
-        (t,) = out
-        first = None
-        for x, v in zip(ins, vals):
-            if v is _NONE:
-                continue
-            if x != out or (first is not None and v is not first):
-                break
-            first = v
-        else:
-            if first is not None:
-                return first  # positions pass through unchanged (sets are never mutated)
-    spec = OPS[node.op]
+    same = _passed_through(ins, out, vals) if len(out) == 1 else None
+    if same is not None:
+        return same
     exact = next((_exact(v) for v in vals if v is not _NONE), True)
     if len(out) == 1:
-        sup, deps = np.zeros(n, bool), Deps(n, exact)
-        paired = {x[1] for x, v in zip(ins, vals) if isinstance(v, _Two) and x[0] == t}
-        for letters, v in zip(ins, vals):
-            if v is _NONE:
-                continue
-            if letters == [t]:
-                sup, deps = sup | v.support, deps.union(v.deps)
-            elif isinstance(v, _Two) and letters[0] == t:
-                # contract the column axis s: t reads row(t) and, for each allowed s, col(s) and
-                # every other input's set at s (V in P @ V)
-                col = v.col
-                for x2, v2 in zip(ins, vals):
-                    if x2 == [letters[1]] and isinstance(v2, _One):
-                        col = col.union(v2.deps)
-                seen = v.support & (v.hi >= v.lo)
-                sup = sup | seen
-                deps = deps.union(v.row.keep(seen)).union(col.range_union(v.lo, v.hi))
-            elif len(letters) == 1 and letters[0] in paired:
-                continue  # taken with its pair input above
-            elif len(letters) == 1 and isinstance(v, _One):
-                # a whole position axis reduced away: every output position reads all of it
-                everything = v.deps.range_union(np.zeros(n, np.int64), np.full(n, n - 1))
-                deps = deps.union(everything)
-            else:
-                raise PassError(f"tokens: {node.name}: no rule for positions {letters} -> {out}")
-        return _One(sup, deps.keep(sup))
-    if len(out) == 2:
-        t, s = out
-        for letters, v in zip(ins, vals):
-            if isinstance(v, _Two) and letters == out:
-                row, col, lo, hi = v.row, v.col, v.lo.copy(), v.hi.copy()
-                if _reduces(node, s):
-                    row, col = row.union(col.range_union(lo, hi)).keep(v.support), Deps(n, exact)
-                if spec.relation is not None:
-                    rlo, rhi = spec.relation(node.attrs, np.arange(n))
-                    lo, hi = np.maximum(lo, rlo), np.minimum(hi, rhi)
-                return _Two(v.support, row, col, lo, hi)
-        rows = [v for letters, v in zip(ins, vals) if letters == [t] and isinstance(v, _One)]
-        cols = [v for letters, v in zip(ins, vals) if letters == [s] and isinstance(v, _One)]
-        if rows and cols:
-            r, c = rows[0], cols[0]
-            idx = np.nonzero(c.support)[0]
-            lo = np.where(r.support, idx.min() if idx.size else _BIG, _BIG)
-            hi = np.where(r.support, idx.max() if idx.size else -_BIG, -_BIG)
-            return _Two(r.support.copy(), r.deps, c.deps, lo, hi)
+        return _to_one(node, ins, out[0], vals, n, exact)
+    two = _to_two(node, ins, out, vals, n, exact) if len(out) == 2 else None
+    if two is not None:
+        return two
     raise PassError(f"tokens: {node.name}: no rule for positions {ins} -> {out}")
+
+
+def _passed_through(ins: list[list[str]], out: list[str], vals: list[Any]) -> Any:
+    """The input's positions when every input with positions is one and the same tensor value on
+    the output's letters (sets are never mutated, so it is returned as it is); else None."""
+    first = None
+    for x, v in zip(ins, vals):
+        if v is _NONE:
+            continue
+        if x != out or (first is not None and v is not first):
+            return None
+        first = v
+    return first
+
+
+def _to_one(node: Node, ins: list[list[str]], t: str, vals: list[Any], n: int, exact: bool) -> _One:
+    """An output with one position axis `t`: the union of what its inputs give each t."""
+    sup, deps = np.zeros(n, bool), Deps(n, exact)
+    paired = {x[1] for x, v in zip(ins, vals) if isinstance(v, _Two) and x[0] == t}
+    for letters, v in zip(ins, vals):
+        if v is _NONE or (len(letters) == 1 and letters[0] in paired and letters != [t]):
+            continue  # no positions, or taken with its pair input
+        if letters == [t]:
+            sup, deps = sup | v.support, deps.union(v.deps)
+            continue
+        if isinstance(v, _Two) and letters[0] == t:
+            seen, read = _contract_columns(ins, vals, letters[1], v)
+            sup, deps = sup | seen, deps.union(read)
+            continue
+        if len(letters) != 1 or not isinstance(v, _One):
+            raise PassError(f"tokens: {node.name}: no rule for positions {letters} -> {[t]}")
+        # a whole position axis reduced away: every output position reads all of it
+        deps = deps.union(v.deps.range_union(np.zeros(n, np.int64), np.full(n, n - 1)))
+    return _One(sup, deps.keep(sup))
+
+
+def _contract_columns(
+    ins: list[list[str]], vals: list[Any], s: str, v: _Two
+) -> tuple[np.ndarray, Deps]:
+    """Contract the column axis `s` of `v`: each row t reads row(t) and, for each allowed s,
+    col(s) and every other input's set at s (V in P @ V). (The rows present, their sets.)"""
+    col = v.col
+    for x2, v2 in zip(ins, vals):
+        if x2 == [s] and isinstance(v2, _One):
+            col = col.union(v2.deps)
+    seen = v.support & (v.hi >= v.lo)
+    return seen, v.row.keep(seen).union(col.range_union(v.lo, v.hi))
+
+
+def _to_two(
+    node: Node, ins: list[list[str]], out: list[str], vals: list[Any], n: int, exact: bool
+) -> _Two | None:
+    """An output with two position axes (t, s): carried from an input that has both (a reduction
+    over s folds the columns into the rows; a row's `relation` narrows the allowed columns), or
+    paired from an input on t and one on s. None when no input gives them."""
+    t, s = out
+    for letters, v in zip(ins, vals):
+        if isinstance(v, _Two) and letters == out:
+            row, col, lo, hi = v.row, v.col, v.lo.copy(), v.hi.copy()
+            if _reduces(node, s):
+                row, col = row.union(col.range_union(lo, hi)).keep(v.support), Deps(n, exact)
+            relation = OPS[node.op].relation
+            if relation is not None:
+                rlo, rhi = relation(node.attrs, np.arange(n))
+                lo, hi = np.maximum(lo, rlo), np.minimum(hi, rhi)
+            return _Two(v.support, row, col, lo, hi)
+    rows = [v for letters, v in zip(ins, vals) if letters == [t] and isinstance(v, _One)]
+    cols = [v for letters, v in zip(ins, vals) if letters == [s] and isinstance(v, _One)]
+    if not (rows and cols):
+        return None
+    r, c = rows[0], cols[0]
+    idx = np.nonzero(c.support)[0]
+    lo = np.where(r.support, idx.min() if idx.size else _BIG, _BIG)
+    hi = np.where(r.support, idx.max() if idx.size else -_BIG, -_BIG)
+    return _Two(r.support.copy(), r.deps, c.deps, lo, hi)
 
 
 def _exact(v: Any) -> bool:

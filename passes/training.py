@@ -89,19 +89,47 @@ def saved_activations(
 ) -> Activations:
     """The tensors the backward pass reads, over the nodes in `names` (all by default)."""
     b = graph.bindings
-    region = core_attention_region(graph)
-    pairs = region.pairs  # the T x S tensors of core attention
+    pairs = core_attention_region(graph).pairs  # the T x S tensors of core attention
     drop_pairs = attention == "flash" or recompute == "selective"
+    kept = _read_by_backward(graph, names, pairs if drop_pairs else frozenset())
+    for k, r in graph.outputs.items():
+        if k == "logits" and (names is None or r.node in names):
+            kept.setdefault(_kept_as(graph, r), "")
+    if recompute == "selective":
+        remade = _remade(graph, set(kept))
+        kept = {r: lay for r, lay in kept.items() if r not in remade}
+    # what the fused kernel keeps per row instead of the pairs (softmax's LSE)
+    extra = _attention_stats(graph, names, pairs) if attention == "flash" else {}
+    per_layer: dict[str, float] = defaultdict(float, extra)
+    for r, lay in kept.items():
+        t = graph.type_of(r)
+        per_layer[lay] += nbytes(t.dtype, t.numel(b))
+    if recompute != "full":
+        return Activations(sum(per_layer.values()), 0.0, dict(per_layer))
+    # full: each layer keeps its input and remakes the rest, one layer at a time
+    inputs = defaultdict(float, {"": per_layer.get("", 0.0)})
+    for lay, x in layer_inputs(graph, names).items():
+        inputs[lay] += x
+    working = max((v for k, v in per_layer.items() if k), default=0.0)
+    return Activations(sum(inputs.values()), working, dict(inputs))
 
-    def root(r: Ref) -> Ref:
-        while True:
-            n = graph[r.node]
-            if OPS[n.op].backward_redoes or (OPS[n.op].view and n.inputs):
-                r = n.inputs[0]
-            else:
-                return r
 
-    kept: dict[Ref, str] = {}  # tensor -> the layer whose backward reads it
+def _kept_as(graph: Graph, r: Ref) -> Ref:
+    """The tensor kept for `r`: a copy or a collective's output is remade from its source (and a
+    view is its input)."""
+    while True:
+        n = graph[r.node]
+        if not (OPS[n.op].backward_redoes or (OPS[n.op].view and n.inputs)):
+            return r
+        r = n.inputs[0]
+
+
+def _read_by_backward(
+    graph: Graph, names: set[str] | None, dropped: frozenset[str]
+) -> dict[Ref, str]:
+    """Each tensor the backward pass of the nodes in `names` reads (graph inputs, weights and the
+    nodes `dropped` aside), and the layer whose backward reads it first."""
+    kept: dict[Ref, str] = {}
     for n in graph.nodes():
         if names is not None and n.name not in names:
             continue
@@ -116,41 +144,27 @@ def saved_activations(
         else:
             continue
         for r in refs:
-            r = root(r)
-            if OPS[graph[r.node].op].category == SOURCE:
-                continue  # weights and graph inputs are held anyway
-            if drop_pairs and r.node in pairs:
-                continue
-            kept.setdefault(r, layer_of(graph, n.name))
-    extra: dict[str, float] = defaultdict(float)
-    if attention == "flash":  # what the fused kernel keeps per row instead (softmax's LSE)
-        for n in graph.nodes():
-            stats = OPS[n.op].backward_stats
-            if stats and n.name in pairs and (names is None or n.name in names):
-                sizes = letter_sizes(graph, n)
-                row = math.prod(sizes[x] for x in OPS[n.op].reduce)
-                extra[layer_of(graph, n.name)] += 4 * stats * n.out.numel(b) / row
-    for k, r in graph.outputs.items():
-        if k == "logits" and (names is None or r.node in names):
-            kept.setdefault(root(r), "")
-    if recompute == "selective":
-        remade = _remade(graph, set(kept), root)
-        kept = {r: lay for r, lay in kept.items() if r not in remade}
-    per_layer: dict[str, float] = defaultdict(float, extra)
-    for r, lay in kept.items():
-        t = graph.type_of(r)
-        per_layer[lay] += nbytes(t.dtype, t.numel(b))
-    working = 0.0
-    if recompute == "full":
-        full = dict(per_layer)
-        per_layer = defaultdict(float, {"": full.get("", 0.0)})
-        for lay, x in _layer_inputs(graph, names).items():
-            per_layer[lay] += x
-        working = max((v for k, v in full.items() if k), default=0.0)
-    return Activations(sum(per_layer.values()), working, dict(per_layer))
+            r = _kept_as(graph, r)
+            if OPS[graph[r.node].op].category != SOURCE and r.node not in dropped:
+                kept.setdefault(r, layer_of(graph, n.name))
+    return kept
 
 
-def _remade(graph: Graph, kept: set[Ref], root: Any) -> set[Ref]:
+def _attention_stats(
+    graph: Graph, names: set[str] | None, pairs: frozenset[str]
+) -> dict[str, float]:
+    """Bytes a fused attention kernel keeps per query row (fp32 statistics), by layer."""
+    out: dict[str, float] = defaultdict(float)
+    for n in graph.nodes():
+        stats = OPS[n.op].backward_stats
+        if stats and n.name in pairs and (names is None or n.name in names):
+            sizes = letter_sizes(graph, n)
+            row = math.prod(sizes[x] for x in OPS[n.op].reduce)
+            out[layer_of(graph, n.name)] += 4 * stats * n.out.numel(graph.bindings) / row
+    return out
+
+
+def _remade(graph: Graph, kept: set[Ref]) -> set[Ref]:
     """Elementwise outputs that elementwise ops remake from kept tensors (or remade ones)."""
     avail: set[Ref] = set(kept)
     out: set[Ref] = set()
@@ -158,13 +172,13 @@ def _remade(graph: Graph, kept: set[Ref], root: Any) -> set[Ref]:
         spec = OPS[n.op]
         if spec.category == SOURCE:
             avail.add(Ref(n.name))
-        elif spec.category == ELEMENTWISE and all(root(x) in avail for x in n.inputs):
+        elif spec.category == ELEMENTWISE and all(_kept_as(graph, x) in avail for x in n.inputs):
             avail.add(Ref(n.name))
             out.add(Ref(n.name))
     return out
 
 
-def _layer_inputs(graph: Graph, names: set[str] | None) -> dict[str, float]:
+def layer_inputs(graph: Graph, names: set[str] | None) -> dict[str, float]:
     """Bytes of the tensors that enter each layer from outside it (the residual stream)."""
     b = graph.bindings
     out: dict[str, float] = defaultdict(float)
@@ -224,6 +238,22 @@ class TrainingMemory:
         return asdict(self) | {"total": self.total}
 
 
+def keeps_master(weight_dtype: str) -> bool:
+    """Whether Adam keeps fp32 master weights: the weights are narrower than fp32."""
+    return dtype_of(weight_dtype).nbytes(1) < 4
+
+
+def adam_state_bytes(master: bool) -> int:
+    """Optimizer state bytes a parameter: the moments, and a master weight when one is kept."""
+    return MASTER_BYTES * master + MOMENTS_BYTES
+
+
+def zero_shards(zero: int, n: int) -> tuple[int, int, int]:
+    """Over how many of the `n` ranks replicating a weight ZeRO stage `zero` spreads its
+    (weights, gradients, optimizer state)."""
+    return (n if zero >= 3 else 1, n if zero >= 2 else 1, n if zero >= 1 else 1)
+
+
 def _comm(name: str, kind: str, payload: float, n: int, axes: tuple[str, ...]) -> dict[str, Any]:
     wire = OPS[kind].wire(n) * payload  # type: ignore[misc]
     return {
@@ -281,12 +311,11 @@ def training_memory(
             continue
         numel = p.out.numel(b)
         wb = nbytes(p.out.dtype, numel)
-        master = MASTER_BYTES if dtype_of(p.out.dtype).nbytes(1) < 4 else 0
         axes, n = dp_group(p, mesh)
-        z = {k: n if opts.zero >= k else 1 for k in (1, 2, 3)}
-        weights += wb / z[3]
-        grads += wb / z[2]
-        optim += (master + MOMENTS_BYTES) * numel / z[1]
+        on_weights, on_grads, on_optim = zero_shards(opts.zero, n)
+        weights += wb / on_weights
+        grads += wb / on_grads
+        optim += adam_state_bytes(keeps_master(p.out.dtype)) * numel / on_optim
         g = groups.setdefault(axes, [0.0, 0.0, n])
         g[0] += wb
         g[1] += wb

@@ -28,14 +28,23 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from graphllm.errors import ConfigError
-from graphllm.ir import HEAD_ROLES, Graph, Node, Ref
+from graphllm.ir import HEAD_ROLES, Dim, Graph, Node, Ref
 from graphllm.models.hardware import Hardware
 from graphllm.models.model_config import ModelConfig
-from graphllm.models.workload import Workload, nbytes
-from graphllm.models.workload import dtype as dtype_of
+from graphllm.models.workload import Workload
 from graphllm.ops import COMMUNICATION, OPS, SOURCE
-from graphllm.passes.cost import layer_of, layer_scopes
+from graphllm.passes.cost import layer_scopes, layer_slots
 from graphllm.passes.memory import peak_activations
+from graphllm.passes.parallel.figures import (
+    Collective,
+    Figures,
+    bubble,
+    comm_bytes,  # noqa: F401  (the exporters import it here)
+    comm_seconds,
+    gradient_seconds,
+    step_seconds,
+    tally,
+)
 from graphllm.passes.parallel.sharding import Mesh, Sharding, Split, hoist_gathers, spmd
 from graphllm.passes.registry import forget, meta_result, register, run
 from graphllm.passes.training import TrainingOptions, training_memory
@@ -161,6 +170,9 @@ def _fused(graph: Graph, n: Node) -> bool:
     )
 
 
+FUSED_NOTE = "fused projections that a split cuts apart stay whole on every tp rank"
+
+
 def seeds(
     graph: Graph, s: Strategy, token_split: dict[str, str]
 ) -> tuple[dict[str, Sharding], list[str]]:
@@ -168,49 +180,72 @@ def seeds(
     out: dict[str, Sharding] = {}
     notes: list[str] = []
     table = next(p for p in graph.params() if p.attrs["kind"] == "embedding")
-    d = table.out.dims[1]  # the residual stream's width
+    width = table.out.dims[1]  # the residual stream's
     fused = False
     for p in graph.params():
-        dims, kind = p.out.dims, p.attrs["kind"]
-        cuts: list[list[Split]] = [[] for _ in dims]
+        cuts: list[list[Split]] = [[] for _ in p.out.dims]
         if s.ep > 1 and p.attrs.get("stacked") == "expert":
             cuts[0].append(("ep", s.ep))
-        if s.tp > 1 and kind != "router" and len(dims) >= 2:
-            out_ax, in_ax = len(dims) - 2, len(dims) - 1
-            if kind in ("embedding", "lm_head"):
-                if dims[0].size % s.tp == 0:  # type: ignore[operator]
-                    cuts[0].append(("tp", s.tp))
-                else:
-                    notes.append(f"vocab {dims[0].size} is not a multiple of tp: {p.name} is whole")
-            elif dims[in_ax] == d and dims[out_ax] != d:
-                if _fused(graph, p):
-                    fused = True
-                else:
-                    heads = _heads_of(graph, p) or s.tp
-                    blocks = min(heads, s.tp)
-                    cuts[out_ax].append(("tp", blocks))
-                    if blocks < s.tp and f"{heads} KV heads" not in " ".join(notes):
-                        notes.append(
-                            f"tp={s.tp} > {heads} KV heads: each KV head is replicated on "
-                            f"{s.tp // heads} ranks"
-                        )
-            elif dims[out_ax] == d and dims[in_ax] != d:
-                cuts[in_ax].append(("tp", s.tp))
+        how = _tp_role(p, width) if s.tp > 1 else None
+        if how == "column" and _fused(graph, p):
+            fused = True
+        elif how is not None:
+            axis, blocks = _tp_cut(graph, p, how, s.tp, notes)
+            if blocks:
+                cuts[axis].append(("tp", blocks))
         if any(cuts):
             out[p.name] = Sharding(tuple(tuple(c) for c in cuts))
     if fused:
-        notes.append("fused projections that a split cuts apart stay whole on every tp rank")
-    # mesh axes that cut the graph inputs, by the role of the axis they cut
+        notes.append(FUSED_NOTE)
+    return out | _input_seeds(graph, s, token_split), notes
+
+
+def _tp_role(p: Node, width: Dim) -> str | None:
+    """How tp cuts weight `p`: `vocab` (embedding, LM head), `column` (it reads the residual
+    stream of `width`), `row` (it writes it), or None (whole: routers, vectors)."""
+    dims = p.out.dims
+    if p.attrs["kind"] == "router" or len(dims) < 2:
+        return None
+    d_out, d_in = dims[-2], dims[-1]
+    if p.attrs["kind"] in ("embedding", "lm_head"):
+        return "vocab"
+    if d_in == width and d_out != width:
+        return "column"
+    if d_out == width and d_in != width:
+        return "row"
+    return None
+
+
+def _tp_cut(graph: Graph, p: Node, how: str, tp: int, notes: list[str]) -> tuple[int, int]:
+    """(axis, blocks) of weight `p` under tp (0 blocks: whole), noting what stays whole."""
+    dims = p.out.dims
+    if how == "row":
+        return len(dims) - 1, tp
+    if how == "vocab":
+        if dims[0].size % tp == 0:  # type: ignore[operator]
+            return 0, tp
+        notes.append(f"vocab {dims[0].size} is not a multiple of tp: {p.name} is whole")
+        return 0, 0
+    heads = _heads_of(graph, p) or tp
+    blocks = min(heads, tp)  # fewer KV heads than ranks: a head per tp/heads ranks
+    if blocks < tp and f"{heads} KV heads" not in " ".join(notes):
+        notes.append(
+            f"tp={tp} > {heads} KV heads: each KV head is replicated on {tp // heads} ranks"
+        )
+    return len(dims) - 2, blocks
+
+
+def _input_seeds(graph: Graph, s: Strategy, token_split: dict[str, str]) -> dict[str, Sharding]:
+    """The graph inputs' shardings: the mesh axes that cut them, by the role of the axis cut."""
     along = {"batch": [("dp", s.dp), ("mb", s.microbatches)], "token": [("cp", s.cp)]}
     if "ep" in token_split:  # the experts' ranks see different tokens too
         along[token_split["ep"]].append(("ep", s.ep))
+    out = {}
     for n in graph.nodes("input"):
-        cuts = []
-        for dim in n.out.dims:
-            cuts.append(tuple(c for c in along.get(dim.role, ()) if c[1] > 1))
+        cuts = tuple(tuple(c for c in along.get(d.role, ()) if c[1] > 1) for d in n.out.dims)
         if any(cuts):
-            out[n.name] = Sharding(tuple(cuts))
-    return out, notes
+            out[n.name] = Sharding(cuts)
+    return out
 
 
 # -- pipeline stages -----------------------------------------------------------------------------
@@ -256,19 +291,11 @@ def _node_seconds(graph: Graph, hw: Hardware | None) -> dict[str, float]:
 def pipeline(graph: Graph, stages: int, hw: Hardware | None) -> tuple[Graph, list[tuple[int, int]]]:
     """Assign contiguous layers to stages by predicted time; send/recv what crosses a stage. In
     place, on the rank's program that `partition` built."""
-    order = layer_scopes(graph)
-    layers = {p: i for i, p in enumerate(order)}
+    n_layers = len(layer_scopes(graph))
     secs = _node_seconds(graph, hw)
-    where: dict[str, int] = {}
-    seen_layer = False
-    for n in graph.nodes():
-        lay = layer_of(graph, n.name)
-        if lay:
-            seen_layer = True
-            where[n.name] = layers[lay]
-        elif OPS[n.op].category != SOURCE:
-            where[n.name] = 0 if not seen_layer else len(order) - 1
-    weights = [0.0] * len(order)
+    # what runs before the first layer goes with it, what runs after the last with that one
+    where = {name: min(max(slot - 1, 0), n_layers - 1) for name, slot in layer_slots(graph).items()}
+    weights = [0.0] * n_layers
     for name, i in where.items():
         weights[i] += secs.get(name, 0.0)
     groups = balance(weights, stages)
@@ -280,6 +307,13 @@ def pipeline(graph: Graph, stages: int, hw: Hardware | None) -> tuple[Graph, lis
             n.meta.update(stage=min(held, default=0), stages=held)
         else:
             n.meta.update(stage=stage[n.name], stages={stage[n.name]})
+    _send_across_stages(graph, stage)
+    forget(graph, ["cost", "roofline"])  # timed before the sends and recvs were there
+    return graph, groups
+
+
+def _send_across_stages(graph: Graph, stage: dict[str, int]) -> None:
+    """A send/recv pair for each tensor a later stage reads, once per reading stage."""
     sent: dict[tuple[Ref, int], Ref] = {}
     for n in graph.topo():
         for r in dict.fromkeys(n.inputs):
@@ -288,20 +322,22 @@ def pipeline(graph: Graph, stages: int, hw: Hardware | None) -> tuple[Graph, lis
                 continue
             key = (r, stage[n.name])
             if key not in sent:
-                a, b = stage[r.node], stage[n.name]
-                base = r.node if r.index == 0 else f"{r.node}.{r.index}"
-                attrs = {"mesh": "pp", "group": 2, "src": a, "dst": b}  # point to point
-                sh = src.meta["sharding"][r.index]
-                with graph.inserting_before(n):
-                    name = f"{base}.send" + (f".{b}" if b != a + 1 else "")
-                    snd = graph.add("send", name, [r], attrs)
-                    rcv = graph.add("recv", snd.name.replace(".send", ".recv"), [snd], attrs)
-                snd.meta.update(sharding=(sh,), stage=a, stages={a})
-                rcv.meta.update(sharding=(sh,), stage=b, stages={b})
-                sent[key] = Ref(rcv.name)
+                sent[key] = _send(graph, n, r, stage[r.node], stage[n.name])
             graph.replace_input(n, r, sent[key])
-    forget(graph, ["cost", "roofline"])  # timed before the sends and recvs were there
-    return graph, groups
+
+
+def _send(graph: Graph, before: Node, r: Ref, a: int, b: int) -> Ref:
+    """Send `r` from stage `a` to stage `b` just before node `before`; the received tensor."""
+    base = r.node if r.index == 0 else f"{r.node}.{r.index}"
+    attrs = {"mesh": "pp", "group": 2, "src": a, "dst": b}  # point to point
+    sh = graph[r.node].meta["sharding"][r.index]
+    with graph.inserting_before(before):
+        name = f"{base}.send" + (f".{b}" if b != a + 1 else "")
+        snd = graph.add("send", name, [r], attrs)
+        rcv = graph.add("recv", snd.name.replace(".send", ".recv"), [snd], attrs)
+    snd.meta.update(sharding=(sh,), stage=a, stages={a})
+    rcv.meta.update(sharding=(sh,), stage=b, stages={b})
+    return Ref(rcv.name)
 
 
 # -- the transform ------------------------------------------------------------------------------
@@ -357,48 +393,6 @@ def partition_pass(
     return partition(graph, strategy or Strategy(), hardware)
 
 
-# -- communication -----------------------------------------------------------------------------
-def comm_bytes(graph: Graph, n: Node) -> tuple[float, float]:
-    """(payload, bytes one device sends) of a collective node.
-
-    The payload is the whole tensor reduced, gathered, scattered, exchanged or sent. With n
-    ranks, the ring all-reduce sends 2(n-1)/n of it per device, the ring all-gather and
-    reduce-scatter (n-1)/n; in an all-to-all each device holds payload/n and sends (n-1)/n of
-    that to the others (pairwise); a send sends the payload.
-    """
-    wire = OPS[n.op].wire
-    if wire is None:
-        return 0.0, 0.0  # recv: counted on its send
-    k = n.attrs.get("group", 1)
-    x, y = (nbytes(t.dtype, t.numel(graph.bindings)) for t in (graph.type_of(n.inputs[0]), n.out))
-    rule = OPS[n.op].payload
-    share = y if rule == "output" else x  # what one device holds of the payload
-    payload = k * x if rule == "group" else share
-    return payload, wire(k) * share
-
-
-def link_bandwidth(mesh: Mesh, axis: str, hw: Hardware) -> float:
-    """The interconnect when a group of `axis` fits in one node (inner axes vary fastest), else the
-    network."""
-    span = mesh.stride(axis) * mesh.size(axis)
-    bw = hw.interconnect_bandwidth if span <= hw.devices_per_node else hw.network_bandwidth
-    if bw is None:
-        raise ConfigError(f"hardware {hw.name}: no bandwidth between devices")
-    return bw
-
-
-def gradient_seconds(c: dict[str, Any], mesh: Mesh, hw: Hardware) -> float:
-    """Seconds of a training step's gradient collective (`training.gradient_collectives`), over
-    the link of the outermost mesh axis it spans."""
-    axis = next(a for a in MESH_ORDER if a in c["mesh_axis"].split("+"))
-    return c["wire_bytes_per_device"] / link_bandwidth(mesh, axis, hw)
-
-
-def comm_seconds(graph: Graph, n: Node, mesh: Mesh, hw: Hardware) -> float:
-    _, wire = comm_bytes(graph, n)
-    return wire / link_bandwidth(mesh, n.attrs["mesh"], hw) if wire else 0.0
-
-
 # -- the report -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PartitionReport:
@@ -414,14 +408,6 @@ class PartitionReport:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _stage_memory(graph: Graph, names: set[str], attention: str) -> float:
-    sub = graph.subgraph(names)
-    for k, r in graph.outputs.items():
-        if r.node in names:
-            sub.set_output(k, r, graph.output_role(k))
-    return peak_activations(graph, attention, sub)[0]
 
 
 def partition_report(
@@ -441,120 +427,40 @@ def partition_report(
     a step, after the last microbatch, not overlapped.
     """
     plan: PartitionPlan = meta_result(graph, "partition")
-    s, mesh = plan.strategy, plan.mesh
-    train = training is not None
-    run(graph, ["cost", "roofline"], hardware=hardware, attention=attention, training=train)
-    m = s.microbatches
-    passes = 2 if train else 1  # forward (and backward) runs of every collective a microbatch
-    b = graph.bindings
-    kv_dt = graph.meta.get("kv_dtype")
-    presents = {r.node for r in graph.cache_outputs().values()}
-    collectives = []
-    per_stage: list[dict[str, Any]] = []
-    for st in range(s.pp):
-        per_stage.append(
-            {
-                "stage": st,
-                "layers": list(plan.stages[st]),
-                "params": 0,
-                "weight_bytes": 0.0,
-                "kv_cache_bytes": 0.0,
-                "flops": 0.0,
-                "bytes": 0.0,
-                "comm_bytes": defaultdict(float),
-                "compute_seconds": 0.0,
-                "comm_seconds": 0.0,
-                "names": set(),
-            }
-        )
-    for n in graph.nodes():
-        spec = OPS[n.op]
-        if spec.category == SOURCE:
-            for st in meta_result(n, "stages"):
-                e = per_stage[st]
-                e["names"].add(n.name)
-                if n.op == "param":
-                    e["params"] += int(n.out.numel(b))
-                    e["weight_bytes"] += nbytes(n.out.dtype, n.out.numel(graph.bindings))
-            continue
-        e = per_stage[meta_result(n, "stage")]
-        e["names"].add(n.name)
-        oc = meta_result(n, "cost")
-        e["flops"] += m * oc.flops
-        e["bytes"] += m * oc.bytes
-        if n.name in presents:
-            e["kv_cache_bytes"] += dtype_of(kv_dt or n.out.dtype).nbytes(n.out.numel(b))
-        if spec.category == COMMUNICATION:
-            if spec.timed_on_peer:
-                continue
-            payload, wire = comm_bytes(graph, n)
-            kind = spec.comm_kind or n.op
-            secs = comm_seconds(graph, n, mesh, hardware) if hardware else None
-            e["comm_bytes"][kind] += passes * m * wire
-            e["comm_seconds"] += passes * (secs or 0.0)
-            collectives.append(
-                {
-                    "name": n.name,
-                    "kind": kind,
-                    "bytes": payload,
-                    "group_size": n.attrs["group"],
-                    "wire_bytes_per_device": wire,
-                    "mesh_axis": n.attrs["mesh"],
-                    "stage": meta_result(n, "stage"),
-                    "count": passes * m,  # once per microbatch (and pass)
-                    "seconds": secs,
-                }
-            )
-        elif hardware is not None:
-            e["compute_seconds"] += meta_result(n, "time").seconds
-    cap = hardware.memory_bytes if hardware else None
+    s, mesh, m = plan.strategy, plan.mesh, plan.strategy.microbatches
+    passes = 2 if training is not None else 1  # forward (and backward) runs of a collective
+    per_stage = [Figures() for _ in range(s.pp)]
+    timed = tally(
+        graph,
+        hardware,
+        attention,
+        training is not None,
+        lambda n: [per_stage[st] for st in meta_result(n, "stages")],
+    )
+    collectives = [_collective_entry(graph, c, passes * m) for c in timed]
     stages = []
-    for st, e in enumerate(per_stage):
-        names = e.pop("names")
-        e["comm_bytes"] = dict(e["comm_bytes"])
-        grad_seconds = 0.0
+    for st, f in enumerate(per_stage):
+        e = _stage_entry(plan, st, f, passes)
         if training is not None:
-            tm = training_memory(graph, training, attention, names, min(s.pp - st, m))
-            e["activation_bytes"] = tm.activations + tm.activations_working
-            e["kv_cache_bytes"] = 0.0  # a training step keeps no cache
-            e["training"] = {k: v for k, v in tm.to_dict().items() if k != "collectives"}
-            e["memory_bytes"] = tm.total
-            for c in tm.collectives:
-                secs = gradient_seconds(c, mesh, hardware) if hardware else None
-                grad_seconds += secs or 0.0
-                e["comm_bytes"][c["kind"]] = (
-                    e["comm_bytes"].get(c["kind"], 0.0) + c["wire_bytes_per_device"]
-                )
-                collectives.append(c | {"stage": st, "seconds": secs, "gradient": True})
+            grads = _training_stage(graph, e, f.names, training, attention, hardware)
+            collectives += grads
         else:
-            act = _stage_memory(graph, names, attention)
-            e["activation_bytes"] = act
-            e["memory_bytes"] = e["weight_bytes"] + e["kv_cache_bytes"] + act
-        e["fits"] = e["memory_bytes"] <= cap if cap else None
-        e["seconds_per_microbatch"] = e["compute_seconds"] + e["comm_seconds"]
-        e["gradient_seconds"] = grad_seconds
-        e["compute_seconds"] *= m
-        e["comm_seconds"] = m * e["comm_seconds"] + grad_seconds
-        e["seconds"] = m * e["seconds_per_microbatch"] + grad_seconds
+            grads = []
+            e["activation_bytes"] = _stage_memory(graph, f.names, attention)
+            e["memory_bytes"] = e["weight_bytes"] + e["kv_cache_bytes"] + e["activation_bytes"]
+        _stage_seconds(e, m, sum((c["seconds"] or 0.0 for c in grads), 0.0), hardware)
         stages.append(e)
-    slowest = max(e["seconds_per_microbatch"] for e in stages)
-    grads = max(e["gradient_seconds"] for e in stages)
     pipe = {
         "stages": s.pp,
         "microbatches": m,
-        "schedule": "1F1B" if train else "GPipe (forward only)",
-        "bubble": (s.pp - 1) / (m + s.pp - 1),
-        "step_seconds": (m + s.pp - 1) * slowest + grads if hardware else None,
+        "schedule": "1F1B" if training is not None else "GPipe (forward only)",
+        "bubble": bubble(m, s.pp),
+        "step_seconds": step_seconds(stages, m) if hardware else None,
     }
-    devices = []
-    for rank, c in enumerate(c for c in mesh.coords() if c.get("mb", 0) == 0):
-        coords = {k: c.get(k, 0) for k in MESH_ORDER if k != "mb"}
-        e = stages[coords["pp"]]
-        devices.append({"rank": rank, "coords": coords, **e})
     return PartitionReport(
         strategy=s.to_dict(),
         mesh={k: mesh.size(k) for k in MESH_ORDER if k != "mb"},
-        devices=devices,
+        devices=_devices(mesh, stages),
         stages=[dict(e) for e in stages],
         collectives=collectives,
         pipeline=pipe,
@@ -562,3 +468,94 @@ def partition_report(
         hardware=hardware.name if hardware else None,
         training=asdict(training) if training is not None else None,
     )
+
+
+def _collective_entry(graph: Graph, c: Collective, runs: int) -> dict[str, Any]:
+    return {
+        "name": c.name,
+        "kind": c.kind,
+        "bytes": c.payload,
+        "group_size": c.group,
+        "wire_bytes_per_device": c.wire,
+        "mesh_axis": c.axis,
+        "stage": meta_result(graph[c.name], "stage"),
+        "count": runs,  # once per microbatch (and pass)
+        "seconds": c.seconds,
+    }
+
+
+def _stage_entry(plan: PartitionPlan, st: int, f: Figures, passes: int) -> dict[str, Any]:
+    """A stage's figures for a step; its time per microbatch (compute, `passes` x comm)."""
+    m = plan.strategy.microbatches
+    wire: dict[str, float] = defaultdict(float)
+    for c in f.collectives:
+        wire[c.kind] += passes * m * c.wire
+    return {
+        "stage": st,
+        "layers": list(plan.stages[st]),
+        "params": int(f.params),
+        "weight_bytes": f.weight_bytes,
+        "kv_cache_bytes": f.kv_cache_bytes,
+        "flops": m * f.flops,
+        "bytes": m * f.bytes,
+        "comm_bytes": dict(wire),
+        "compute_seconds": f.compute_seconds,
+        "comm_seconds": passes * f.comm_seconds,
+    }
+
+
+def _stage_memory(graph: Graph, names: set[str], attention: str) -> float:
+    """Peak activations of the stage holding the nodes `names` (inference)."""
+    sub = graph.subgraph(names)
+    for k, r in graph.outputs.items():
+        if r.node in names:
+            sub.set_output(k, r, graph.output_role(k))
+    return peak_activations(graph, attention, sub)[0]
+
+
+def _training_stage(
+    graph: Graph,
+    e: dict[str, Any],
+    names: set[str],
+    opts: TrainingOptions,
+    attention: str,
+    hw: Hardware | None,
+) -> list[dict[str, Any]]:
+    """A training step's memory of the stage `e` (holding the nodes `names`) into `e`, and its
+    gradient collectives, their bytes into its communication."""
+    plan: PartitionPlan = meta_result(graph, "partition")
+    s, st = plan.strategy, e["stage"]
+    tm = training_memory(graph, opts, attention, names, min(s.pp - st, s.microbatches))
+    e["activation_bytes"] = tm.activations + tm.activations_working
+    e["kv_cache_bytes"] = 0.0  # a training step keeps no cache
+    e["training"] = {k: v for k, v in tm.to_dict().items() if k != "collectives"}
+    e["memory_bytes"] = tm.total
+    out = []
+    for c in tm.collectives:
+        secs = gradient_seconds(c, plan.mesh, hw) if hw else None
+        e["comm_bytes"][c["kind"]] = (
+            e["comm_bytes"].get(c["kind"], 0.0) + c["wire_bytes_per_device"]
+        )
+        out.append(c | {"stage": st, "seconds": secs, "gradient": True})
+    return out
+
+
+def _stage_seconds(e: dict[str, Any], m: int, grad_seconds: float, hw: Hardware | None) -> None:
+    """Whether the stage `e` fits, and its times: per microbatch, and a step of `m` of them then
+    the gradient reduction."""
+    cap = hw.memory_bytes if hw else None
+    e["fits"] = e["memory_bytes"] <= cap if cap else None
+    e["seconds_per_microbatch"] = e["compute_seconds"] + e["comm_seconds"]
+    e["gradient_seconds"] = grad_seconds
+    e["compute_seconds"] *= m
+    e["comm_seconds"] = m * e["comm_seconds"] + grad_seconds
+    e["seconds"] = m * e["seconds_per_microbatch"] + grad_seconds
+
+
+def _devices(mesh: Mesh, stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every device (microbatches are not devices), with its coordinates and its stage's figures."""
+    out = []
+    for rank, c in enumerate(c for c in mesh.coords() if c.get("mb", 0) == 0):
+        coords = {k: c.get(k, 0) for k in MESH_ORDER if k != "mb"}
+        out.append({"rank": rank, "coords": coords, **stages[coords["pp"]]})
+    return out

@@ -26,32 +26,30 @@ from typing import Any
 
 from graphllm.build.builder import build_graph
 from graphllm.errors import ConfigError, GraphllmError
-from graphllm.ir import Graph
+from graphllm.ir import Graph, Node
 from graphllm.models.hardware import Hardware
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload
-from graphllm.models.workload import dtype as dtype_of
-from graphllm.ops import COMMUNICATION, OPS, SOURCE
-from graphllm.passes.cost import layer_of, layer_scopes
+from graphllm.ops import OPS, SOURCE
+from graphllm.passes.cost import layer_scopes, layer_slots
 from graphllm.passes.memory import peak_activations
-from graphllm.passes.parallel.partition import (
-    Strategy,
-    balance,
-    comm_bytes,
+from graphllm.passes.parallel.figures import (
+    Figures,
+    bubble,
     gradient_seconds,
     link_bandwidth,
-    make_mesh,
-    partition,
-    validate,
+    step_seconds,
+    tally,
 )
-from graphllm.passes.registry import meta_result, run
+from graphllm.passes.parallel.partition import Strategy, balance, make_mesh, partition, validate
 from graphllm.passes.training import (
-    MASTER_BYTES,
-    MOMENTS_BYTES,
+    DP_AXES,
     TrainingOptions,
-    _layer_inputs,
+    adam_state_bytes,
     gradient_collectives,
+    layer_inputs,
     saved_activations,
+    zero_shards,
 )
 
 AXES = ("tp", "cp", "pp", "ep", "dp")
@@ -117,17 +115,10 @@ def reduced_config(cfg: ModelConfig) -> tuple[ModelConfig, list[int]]:
 
 
 @dataclass
-class Part:
+class Part(Figures):
     """Figures of one layer (or of what comes before / after the layers), per microbatch."""
 
-    seconds: float = 0.0  # compute (forward, or forward + backward when training)
-    comm_seconds: float = 0.0  # per pass
-    comm: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # -> [seconds, wire]
-    params: float = 0.0
-    weight_bytes: float = 0.0
-    ep_weight_bytes: float = 0.0  # of weight_bytes: cut over ep (their gradients skip ep)
-    master: bool = False  # weights narrower than fp32: Adam keeps fp32 master weights
-    kv_bytes: float = 0.0
+    comm: dict[tuple[str, str], float] = field(default_factory=dict)  # (kind, axis) -> seconds
     saved: float = 0.0  # activations kept for backward (training)
     full_saved: float = 0.0  # ... under no recomputation (the working set of full recompute)
     stream_bytes: float = 0.0  # the residual stream entering the layer (a pipeline send)
@@ -135,6 +126,8 @@ class Part:
 
 @dataclass
 class Program:
+    """The figures of one rank's program on the reduced config (one layer of each kind)."""
+
     layers: list[Part]  # per reduced layer
     pre: Part
     post: Part
@@ -145,68 +138,46 @@ def analyse(
     graph: Graph, hw: Hardware, attention: str, training: TrainingOptions | None
 ) -> Program:
     """Per-layer figures of a partitioned graph (one rank's program)."""
-    train = training is not None
-    run(graph, ["cost", "roofline"], hardware=hw, attention=attention, training=train)
-    mesh = meta_result(graph, "partition").mesh
     order = layer_scopes(graph)
-    index = {p: i for i, p in enumerate(order)}
-    layers = [Part() for _ in order]
-    pre, post = Part(), Part()
-    b = graph.bindings
+    slots = [Part() for _ in range(len(order) + 2)]  # before the layers, each layer, after
+    at = layer_slots(graph)
 
-    def part(name: str) -> Part:
-        lay = layer_of(graph, name)
-        return layers[index[lay]] if lay else post if seen_layer else pre
+    def part_of(n: Node) -> tuple[Part, ...]:
+        if OPS[n.op].category != SOURCE:
+            return (slots[at[n.name]],)
+        if n.op != "param":
+            return ()
+        users = graph.users(n)  # a weight goes with the first node that reads it
+        return (slots[at[users[0].name]] if users else slots[0],)
 
-    seen_layer = False
-    presents = {r.node for r in graph.cache_outputs().values()}
-    kv_dt = graph.meta.get("kv_dtype")
-    for n in graph.nodes():
-        spec = OPS[n.op]
-        if spec.category == SOURCE:
-            if n.op == "param":
-                users = graph.users(n)
-                p = part(users[0].name) if users else pre
-                nb = dtype_of(n.out.dtype).nbytes(n.out.numel(b))
-                p.params += n.out.numel(b)
-                p.weight_bytes += nb
-                sh = meta_result(n, "sharding")[0]
-                if any(m == "ep" for axis in sh.axes for m, _ in axis):
-                    p.ep_weight_bytes += nb
-                p.master |= dtype_of(n.out.dtype).nbytes(1) < 4
-            continue
-        p = part(n.name)
-        if p is not pre and p is not post:
-            seen_layer = True
-        if n.name in presents:
-            p.kv_bytes += dtype_of(kv_dt or n.out.dtype).nbytes(n.out.numel(b))
-        if spec.category == COMMUNICATION:
-            if spec.timed_on_peer:
-                continue
-            _, wire = comm_bytes(graph, n)
-            secs = wire / link_bandwidth(mesh, n.attrs["mesh"], hw) if wire else 0.0
-            p.comm_seconds += secs
-            c = p.comm.setdefault((n.op, n.attrs["mesh"]), [0.0, 0.0])
-            c[0] += secs
-            c[1] += wire
-        else:
-            p.seconds += meta_result(n, "time").seconds
-    peak = 0.0
-    if train:
-        rc = training.recompute  # type: ignore[union-attr]
-        act = saved_activations(graph, rc, attention).per_layer
-        none = saved_activations(graph, "none", attention).per_layer if rc == "full" else act
-        for lay, x in act.items():
-            p = layers[index[lay]] if lay else post
-            p.saved += x
-        for lay, x in none.items():
-            if lay:
-                layers[index[lay]].full_saved += x
+    tally(graph, hw, attention, training is not None, part_of)
+    for p in slots:
+        for c in p.collectives:
+            p.comm[(c.kind, c.axis)] = p.comm.get((c.kind, c.axis), 0.0) + (c.seconds or 0.0)
+    prog = Program(slots[1:-1], slots[0], slots[-1], 0.0)
+    index = {lay: i for i, lay in enumerate(order)}
+    if training is not None:
+        _add_saved(graph, prog, index, training.recompute, attention)
     else:
-        peak = peak_activations(graph, attention)[0]
-    for lay, x in _layer_inputs(graph, None).items():
-        layers[index[lay]].stream_bytes = x
-    return Program(layers, pre, post, peak)
+        prog.peak_activations = peak_activations(graph, attention)[0]
+    for lay, x in layer_inputs(graph, None).items():
+        prog.layers[index[lay]].stream_bytes = x
+    return prog
+
+
+def _add_saved(
+    graph: Graph, prog: Program, index: dict[str, int], recompute: str, attention: str
+) -> None:
+    """The activations each layer keeps for backward; and what it would keep without
+    recomputation, the working set of a full recomputation."""
+    act = saved_activations(graph, recompute, attention).per_layer
+    none = saved_activations(graph, "none", attention).per_layer if recompute == "full" else act
+    for lay, x in act.items():
+        p = prog.layers[index[lay]] if lay else prog.post
+        p.saved += x
+    for lay, x in none.items():
+        if lay:
+            prog.layers[index[lay]].full_saved += x
 
 
 # -- assembling a candidate -----------------------------------------------------------------------
@@ -235,48 +206,51 @@ def assemble(
 ) -> Candidate:
     """A candidate's stages, memory and step time from its program's per-layer figures."""
     mesh = make_mesh(s)
-    m, pp, train = s.microbatches, s.pp, training is not None
-    passes = 2 if train else 1
+    m, pp = s.microbatches, s.pp
+    passes = 2 if training is not None else 1
     full = [prog.layers[k] for k in kinds]
-    weights = [p.seconds + passes * p.comm_seconds for p in full]
-    weights[0] += prog.pre.seconds + passes * prog.pre.comm_seconds
-    weights[-1] += prog.post.seconds + passes * prog.post.comm_seconds
+    weights = [p.compute_seconds + passes * p.comm_seconds for p in full]
+    weights[0] += prog.pre.compute_seconds + passes * prog.pre.comm_seconds
+    weights[-1] += prog.post.compute_seconds + passes * prog.post.comm_seconds
     groups = balance(weights, pp) if pp > 1 else [(0, len(full) - 1)]
     send_bw = link_bandwidth(mesh, "pp", hw) if pp > 1 else 0.0
-    stages, comm = [], defaultdict(float)
+    stages = []
+    comm: dict[tuple[str, str], float] = defaultdict(float)  # a step of the average stage
     for st, (a, z) in enumerate(groups):
         parts = full[a : z + 1] + [prog.pre] * (st == 0) + [prog.post] * (st == pp - 1)
         per_mb = sum(weights[a : z + 1])
-        compute = sum(p.seconds for p in parts)
         for p in parts:
-            for key, (secs, _) in p.comm.items():
-                comm[key] += passes * m * secs / pp  # the average stage, for the main cost
+            for key, secs in p.comm.items():
+                comm[key] += passes * m * secs / pp
         if st < pp - 1:  # send the residual stream to the next stage (and its gradient back)
             sent = full[z + 1].stream_bytes / send_bw
             per_mb += passes * sent
             comm[("send/recv", "pp")] += passes * m * sent / pp
-        wb = sum(p.weight_bytes for p in parts)
         entry: dict[str, Any] = {
             "stage": st,
             "layers": [a, z],
             "params": sum(p.params for p in parts),
             "seconds_per_microbatch": per_mb,
-            "compute_seconds": m * compute,
+            "compute_seconds": m * sum(p.compute_seconds for p in parts),
         }
-        if train:
-            mem, grad_s = _training_memory(parts, s, mesh, hw, training, min(pp - st, m))
-            entry |= mem
-            comm[("gradients", "dp")] = max(comm[("gradients", "dp")], grad_s)
-            entry["gradient_seconds"] = grad_s
+        if training is not None:
+            entry |= _training_memory(parts, s, mesh, hw, training, min(pp - st, m))
+            grads = comm[("gradients", "dp")]
+            comm[("gradients", "dp")] = max(grads, entry["gradient_seconds"])
         else:
-            kv = m * sum(p.kv_bytes for p in parts)
-            entry |= {"weight_bytes": wb, "kv_cache_bytes": kv}
-            entry["memory_bytes"] = wb + kv + prog.peak_activations
-            entry["gradient_seconds"] = 0.0
+            entry |= _inference_memory(prog, parts, m)
         stages.append(entry)
+    return _candidate(s, stages, comm, hw)
+
+
+def _candidate(
+    s: Strategy, stages: list[dict[str, Any]], comm: dict[tuple[str, str], float], hw: Hardware
+) -> Candidate:
+    """The candidate of strategy `s` from its stages; its main collective the costliest in
+    `comm`."""
+    m = s.microbatches
     slowest = max(e["seconds_per_microbatch"] for e in stages)
     grads = max(e["gradient_seconds"] for e in stages)
-    step = (m + pp - 1) * slowest + grads
     mem = max(e["memory_bytes"] for e in stages)
     slow = max(stages, key=lambda e: e["seconds_per_microbatch"])
     compute = slow["compute_seconds"]  # of the slowest stage, its microbatches, no bubble
@@ -286,13 +260,26 @@ def assemble(
         strategy=s.to_dict(),
         memory_bytes=mem,
         fits=mem <= hw.memory_bytes,
-        seconds=step,
+        seconds=step_seconds(stages, m),
         compute_seconds=compute,
         comm_seconds=m * slowest - compute + grads,
         main_comm=main,
         stages=stages,
-        bubble=(pp - 1) / (m + pp - 1),
+        bubble=bubble(m, s.pp),
     )
+
+
+def _inference_memory(prog: Program, parts: list[Part], m: int) -> dict[str, Any]:
+    """A stage's weights, the K/V cache of its `m` microbatches and the program's peak
+    activations."""
+    wb = sum(p.weight_bytes for p in parts)
+    kv = m * sum(p.kv_cache_bytes for p in parts)
+    return {
+        "weight_bytes": wb,
+        "kv_cache_bytes": kv,
+        "memory_bytes": wb + kv + prog.peak_activations,
+        "gradient_seconds": 0.0,
+    }
 
 
 def _training_memory(
@@ -302,7 +289,7 @@ def _training_memory(
     hw: Hardware,
     opts: TrainingOptions,
     in_flight: int,
-) -> tuple[dict[str, Any], float]:
+) -> dict[str, Any]:
     """Training memory of a stage (as passes/training.training_memory) and its gradient time."""
     wb = sum(p.weight_bytes for p in parts)
     ep_wb = sum(p.ep_weight_bytes for p in parts)
@@ -311,15 +298,15 @@ def _training_memory(
     ep_params = params * ep_wb / wb if wb else 0.0
     n_all = s.dp * s.cp * s.ep  # replicas of a weight that ep does not cut
     n_ep = s.dp * s.cp
-    axes_all = tuple(a for a in ("dp", "cp", "ep") if getattr(s, a) > 1)
-    axes_ep = tuple(a for a in ("dp", "cp") if getattr(s, a) > 1)
+    axes_all = tuple(a for a in DP_AXES if getattr(s, a) > 1)
+    axes_ep = tuple(a for a in DP_AXES if a != "ep" and getattr(s, a) > 1)
     z = opts.zero
     out = {"weights": 0.0, "gradients": 0.0, "optimizer": 0.0}
     for byts, numel, n in ((wb - ep_wb, params - ep_params, n_all), (ep_wb, ep_params, n_ep)):
-        out["weights"] += byts / (n if z >= 3 else 1)
-        out["gradients"] += byts / (n if z >= 2 else 1)
-        state = (MASTER_BYTES * master + MOMENTS_BYTES) * numel
-        out["optimizer"] += state / (n if z >= 1 else 1)
+        on_weights, on_grads, on_optim = zero_shards(z, n)
+        out["weights"] += byts / on_weights
+        out["gradients"] += byts / on_grads
+        out["optimizer"] += adam_state_bytes(master) * numel / on_optim
     saved = sum(p.saved for p in parts)
     working = max((p.full_saved for p in parts), default=0.0) if opts.recompute == "full" else 0.0
     out["activations"] = in_flight * saved
@@ -333,10 +320,10 @@ def _training_memory(
         groups[axes_all] = (wb - ep_wb, wb - ep_wb, n_all)
     if n_ep > 1 and ep_wb:
         groups[axes_ep] = (ep_wb, ep_wb, n_ep)
-    secs = 0.0
+    out["gradient_seconds"] = 0.0
     for c in gradient_collectives(groups, z):
-        secs += gradient_seconds(c, mesh, hw)
-    return out, secs
+        out["gradient_seconds"] += gradient_seconds(c, mesh, hw)
+    return out
 
 
 # -- the search ------------------------------------------------------------------------------------
@@ -369,6 +356,32 @@ def plan(
     pinned: dict[str, int] | None = None,
 ) -> PlanReport:
     """Every legal layout of `devices`, those that fit ranked by predicted step time."""
+    pinned = _pinned(devices, hw, training, pinned)
+    small, kinds = reduced_config(cfg)
+    programs: dict[tuple, Program | GraphllmError] = {}
+    ok, big, bad = [], [], []
+    for sizes in factorisations(devices, pinned, cfg.is_moe):
+        try:
+            s = _strategy(cfg, wl, sizes, training)
+            prog = _program(programs, small, wl, s, hw, attention, training)
+        except GraphllmError as e:
+            bad.append({"strategy": sizes, "reason": str(e)})
+            continue
+        c = assemble(prog, kinds, s, hw, training)
+        (ok if c.fits else big).append(c.to_dict())
+    if not ok and not big:
+        why = "; ".join(sorted({x["reason"] for x in bad})[:3])
+        raise ConfigError(f"no layout of {devices} devices is legal for {cfg.name}: {why}")
+    ok.sort(key=lambda c: c["seconds"])
+    big.sort(key=lambda c: c["memory_bytes"])
+    phase = "training" if training is not None else wl.phase
+    return PlanReport(devices, phase, ok, big, bad)
+
+
+def _pinned(
+    devices: int, hw: Hardware, training: TrainingOptions | None, pinned: dict[str, int] | None
+) -> dict[str, int]:
+    """The sizes the caller fixed, once the request is one a layout can meet."""
     if not isinstance(devices, int) or devices < 1:
         raise ConfigError(f"--devices must be a positive integer, got {devices!r}")
     if devices > 1 and hw.interconnect_bandwidth is None:
@@ -378,51 +391,52 @@ def plan(
     if devices % fixed:
         sizes = " x ".join(f"--{k} {v}" for k, v in pinned.items())
         raise ConfigError(f"{sizes} = {fixed} devices does not divide --devices {devices}")
-    train = training is not None
-    if train and training.zero and pinned.get("dp") == 1:  # type: ignore[union-attr]
+    if training is not None and training.zero and pinned.get("dp") == 1:
         raise ConfigError("--zero shards over the data parallel group: --dp 1 leaves none")
-    small, kinds = reduced_config(cfg)
-    programs: dict[tuple, Program | str] = {}
-    ok, big, bad = [], [], []
-    for sizes in factorisations(devices, pinned, cfg.is_moe):
-        if train and training.zero and sizes["dp"] == 1:  # type: ignore[union-attr]
-            bad.append({"strategy": sizes, "reason": "--zero needs dp > 1"})
-            continue
-        m = _microbatches(wl, sizes, train) if wl.batch % sizes["dp"] == 0 else 1
-        s = Strategy(**sizes, microbatches=max(m, 1))
+    return pinned
+
+
+def _strategy(
+    cfg: ModelConfig, wl: Workload, sizes: dict[str, int], training: TrainingOptions | None
+) -> Strategy:
+    """The strategy tried for `sizes`: its microbatches, and sequence parallelism where a
+    training step can take it. ConfigError (the reason) when the model or workload cannot."""
+    train = training is not None
+    if train and training.zero and sizes["dp"] == 1:  # type: ignore[union-attr]
+        raise ConfigError("--zero needs dp > 1")
+    m = _microbatches(wl, sizes, train) if wl.batch % sizes["dp"] == 0 else 1
+    s = Strategy(**sizes, microbatches=max(m, 1))
+    validate(cfg, wl, s)
+    if not train or s.tp == 1:
+        return s
+    try:
+        validate(cfg, wl, dataclasses.replace(s, sp=True))
+    except ConfigError:
+        return s
+    return dataclasses.replace(s, sp=True)
+
+
+def _program(
+    memo: dict[tuple, Program | GraphllmError],
+    small: ModelConfig,
+    wl: Workload,
+    s: Strategy,
+    hw: Hardware,
+    attention: str,
+    training: TrainingOptions | None,
+) -> Program:
+    """The per-layer figures of `s`'s rank program, partitioned on the reduced config `small`
+    once per (tp, sp, cp, ep, microbatch size); the error of one that fails, again."""
+    b_mb = wl.batch // s.dp // s.microbatches
+    key = (s.tp, s.sp, s.cp, s.ep, b_mb)
+    if key not in memo:
+        sub = Strategy(tp=s.tp, sp=s.sp, cp=s.cp, ep=s.ep)
         try:
-            validate(cfg, wl, s)
-        except ConfigError as e:
-            bad.append({"strategy": sizes, "reason": str(e)})
-            continue
-        sp = False
-        if train and s.tp > 1:
-            try:
-                validate(cfg, wl, dataclasses.replace(s, sp=True))
-                sp = True
-            except ConfigError:
-                pass
-        s = dataclasses.replace(s, sp=sp)
-        b_mb = wl.batch // s.dp // s.microbatches
-        key = (s.tp, s.sp, s.cp, s.ep, b_mb)
-        if key not in programs:
-            sub = Strategy(tp=s.tp, sp=s.sp, cp=s.cp, ep=s.ep)
-            w = dataclasses.replace(wl, batch=b_mb)
-            try:
-                g = partition(build_graph(small, w), sub, hw)
-                programs[key] = analyse(g, hw, attention, training)
-            except GraphllmError as e:
-                programs[key] = str(e)
-        prog = programs[key]
-        if isinstance(prog, str):
-            bad.append({"strategy": sizes, "reason": prog})
-            continue
-        c = assemble(prog, kinds, s, hw, training)
-        (ok if c.fits else big).append(c.to_dict())
-    if not ok and not big:
-        why = "; ".join(sorted({x["reason"] for x in bad})[:3])
-        raise ConfigError(f"no layout of {devices} devices is legal for {cfg.name}: {why}")
-    ok.sort(key=lambda c: c["seconds"])
-    big.sort(key=lambda c: c["memory_bytes"])
-    phase = "training" if train else wl.phase
-    return PlanReport(devices, phase, ok, big, bad)
+            g = partition(build_graph(small, dataclasses.replace(wl, batch=b_mb)), sub, hw)
+            memo[key] = analyse(g, hw, attention, training)
+        except GraphllmError as e:
+            memo[key] = e
+    hit = memo[key]
+    if isinstance(hit, GraphllmError):
+        raise hit
+    return hit

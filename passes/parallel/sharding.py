@@ -325,24 +325,37 @@ class _SPMD:
         partial = frozenset(m for m, (_, p) in targets.items() if p)
         out_sh = []
         for k, letters in enumerate(outs):
-            axes: list[tuple[Split, ...]] = []
-            for j, y in enumerate(letters):
-                splits: list[Split] = []  # each mesh axis whose target cuts this letter
-                for a in args:
-                    for i, x in enumerate(a.letters):
-                        for s in a.sh.axes[i]:
-                            t = targets[s[0]][0]
-                            if t is None or not (rel(x, t) and rel(y, t)):
-                                continue
-                            if s[0] not in [q for q, _ in splits]:
-                                splits.append(self._carry(s, n.outputs[k].dims[j], x != y))
-                if any(x != y for a in args for x in a.letters if rel(x, y)):
-                    # a carried axis (MoE slots) takes splits from several letters: name its
-                    # blocks in mesh order (their order within a rank is the op's own)
-                    splits.sort(key=lambda q: self.mesh.names.index(q[0]))
-                axes.append(tuple(splits))
-            out_sh.append(Sharding(tuple(axes), partial))
+            dims = n.outputs[k].dims
+            axes = tuple(
+                self._out_splits(args, targets, rel, y, dims[j]) for j, y in enumerate(letters)
+            )
+            out_sh.append(Sharding(axes, partial))
         self._emit(n, args, out_sh)
+
+    def _out_splits(
+        self,
+        args: list[_Arg],
+        targets: dict[str, tuple[str | None, bool]],
+        rel: _Related,
+        y: str,
+        d: Dim,
+    ) -> tuple[Split, ...]:
+        """The splits of the output axis of letter `y` (dim `d`): each mesh axis whose target
+        cuts `y`, as it cuts an input axis of a letter related to it."""
+        splits: list[Split] = []
+        for a in args:
+            for i, x in enumerate(a.letters):
+                for s in a.sh.axes[i]:
+                    t = targets[s[0]][0]
+                    if t is None or not (rel(x, t) and rel(y, t)):
+                        continue
+                    if s[0] not in [q for q, _ in splits]:
+                        splits.append(self._carry(s, d, x != y))
+        if any(x != y for a in args for x in a.letters if rel(x, y)):
+            # a carried axis (MoE slots) takes splits from several letters: name its blocks in
+            # mesh order (their order within a rank is the op's own)
+            splits.sort(key=lambda q: self.mesh.names.index(q[0]))
+        return tuple(splits)
 
     def _carry(self, s: Split, d: Dim, carried: bool) -> Split:
         """A split carried to another letter (KV heads -> query heads) cuts it as finely as the
@@ -362,7 +375,8 @@ class _SPMD:
         rel: _Related,
         m: str,
     ) -> tuple[str | None, bool]:
-        """Lay the inputs out over mesh axis `m`: (the letter it cuts, whether partial)."""
+        """Lay the inputs out over mesh axis `m`: (the letter it cuts, whether partial). Each
+        round settles one thing (a reduced letter gathered, partial sums reduced) and looks again."""
         for _ in range(8):
             for a in args:  # a partial sum reduced for an earlier consumer is reused
                 if m in a.sh.partial and (a.ref, m) in self.reduced:
@@ -380,19 +394,8 @@ class _SPMD:
             target, blocks = self._target(args, splits, out_letters, rel, m)
             kept = target is not None and any(rel(y, target) for y in out_letters)
             if partial:
-                if target is None:
-                    group = self._passes_partial(spec, args, partial)
-                    if group is not None:
-                        for i in group:
-                            if m not in args[i].sh.partial:  # a source: one rank holds it
-                                args[i].sh = args[i].sh.with_partial(m, True)
-                        return None, True
-                    for i in partial:
-                        self._reduce(args[i], m, None)
-                    continue
-                for i in partial:
-                    t = args[i].pos(target, rel) if kept else None
-                    self._reduce(args[i], m, t)
+                if self._settle_partial(spec, args, partial, target, kept, rel, m):
+                    return None, True
                 continue
             assert target is not None
             holds_param = any(args[i].param and rel(args[i].letters[j], target) for i, j in splits)
@@ -401,23 +404,65 @@ class _SPMD:
                     self._gather(args[i], j, m)
                 continue
             for i, a in enumerate(args):
-                j = a.sh.axis_of(m)
-                t = a.pos(target, rel)
-                if j is not None and rel(a.letters[j], target):
-                    continue
-                if j is not None:
-                    if t is not None and a.ref is not None:
-                        self._all_to_all(a, m, j, t, blocks)
-                        continue
-                    self._gather(a, j, m)
-                if t is not None:
-                    self._cut(a, m, t, blocks)
-                elif not kept and self._summand(spec, i):
-                    if a.ref is not None:
-                        raise GraphError(f"{n.name} ({n.op}): input {i} would be added per rank")
-                    a.sh = a.sh.with_partial(m, True)
+                self._onto(n, spec, i, a, target, blocks, kept, rel, m)
             return target, not kept
         raise GraphError(f"{n.name} ({n.op}): no layout of its inputs over mesh axis {m}")
+
+    def _settle_partial(
+        self,
+        spec: Any,
+        args: list[_Arg],
+        partial: list[int],
+        target: str | None,
+        kept: bool,
+        rel: _Related,
+        m: str,
+    ) -> bool:
+        """Inputs holding partial sums over `m`: True when they pass through one of the op's
+        linear groups as they are; else they are reduced (scattered onto the target's axis when
+        the output keeps it)."""
+        if target is None:
+            group = self._passes_partial(spec, args, partial)
+            if group is not None:
+                for i in group:
+                    if m not in args[i].sh.partial:  # a source: one rank holds it
+                        args[i].sh = args[i].sh.with_partial(m, True)
+                return True
+        for i in partial:
+            t = args[i].pos(target, rel) if kept else None
+            self._reduce(args[i], m, t)
+        return False
+
+    def _onto(
+        self,
+        n: Node,
+        spec: Any,
+        i: int,
+        a: _Arg,
+        target: str,
+        blocks: int,
+        kept: bool,
+        rel: _Related,
+        m: str,
+    ) -> None:
+        """Bring input `i` onto the split of letter `target` over `m`: exchanged (all-to-all) or
+        gathered off another letter, then cut locally; a summand of a contraction whose target
+        is contracted is held by one rank."""
+        j = a.sh.axis_of(m)
+        t = a.pos(target, rel)
+        if j is not None and rel(a.letters[j], target):
+            return  # already there
+        if j is not None and t is not None and a.ref is not None:
+            self._all_to_all(a, m, j, t, blocks)
+            return
+        if j is not None:
+            self._gather(a, j, m)
+        if t is not None:
+            self._cut(a, m, t, blocks)
+        elif not kept and self._summand(spec, i):
+            if a.ref is not None:
+                raise GraphError(f"{n.name} ({n.op}): input {i} would be added per rank")
+            a.sh = a.sh.with_partial(m, True)
 
     def _target(
         self,

@@ -1,0 +1,178 @@
+"""Figures of one rank's program: what a collective sends and how long it takes, and one tally of
+params, bytes, FLOPs, communication and time over groups of its nodes.
+
+The partition report groups the nodes by pipeline stage, the plan by layer; both tally them here,
+so a figure means the same in both. A group's figures are for one microbatch, and its
+collectives' for one pass (forward); the caller scales them to a step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphllm.errors import ConfigError
+from graphllm.ir import Graph, Node
+from graphllm.models.hardware import Hardware
+from graphllm.models.workload import nbytes
+from graphllm.ops import COMMUNICATION, OPS, SOURCE
+from graphllm.passes.memory import cache_bytes
+from graphllm.passes.parallel.sharding import Mesh
+from graphllm.passes.registry import meta_result, run
+from graphllm.passes.training import keeps_master
+
+
+# -- one collective ----------------------------------------------------------------------------
+def comm_bytes(graph: Graph, n: Node) -> tuple[float, float]:
+    """(payload, bytes one device sends) of a collective node.
+
+    The payload is the whole tensor reduced, gathered, scattered, exchanged or sent. With n
+    ranks, the ring all-reduce sends 2(n-1)/n of it per device, the ring all-gather and
+    reduce-scatter (n-1)/n; in an all-to-all each device holds payload/n and sends (n-1)/n of
+    that to the others (pairwise); a send sends the payload.
+    """
+    wire = OPS[n.op].wire
+    if wire is None:
+        return 0.0, 0.0  # recv: counted on its send
+    k = n.attrs.get("group", 1)
+    x, y = (nbytes(t.dtype, t.numel(graph.bindings)) for t in (graph.type_of(n.inputs[0]), n.out))
+    rule = OPS[n.op].payload
+    share = y if rule == "output" else x  # what one device holds of the payload
+    payload = k * x if rule == "group" else share
+    return payload, wire(k) * share
+
+
+def link_bandwidth(mesh: Mesh, axis: str, hw: Hardware) -> float:
+    """The interconnect when a group of `axis` fits in one node (inner axes vary fastest), else the
+    network."""
+    span = mesh.stride(axis) * mesh.size(axis)
+    bw = hw.interconnect_bandwidth if span <= hw.devices_per_node else hw.network_bandwidth
+    if bw is None:
+        raise ConfigError(f"hardware {hw.name}: no bandwidth between devices")
+    return bw
+
+
+def comm_seconds(graph: Graph, n: Node, mesh: Mesh, hw: Hardware) -> float:
+    """Seconds of a collective node on the link of its mesh axis."""
+    _, wire = comm_bytes(graph, n)
+    return wire / link_bandwidth(mesh, n.attrs["mesh"], hw) if wire else 0.0
+
+
+def gradient_seconds(c: dict[str, Any], mesh: Mesh, hw: Hardware) -> float:
+    """Seconds of a training step's gradient collective (`training.gradient_collectives`), over
+    the link of the outermost mesh axis it spans."""
+    spans = c["mesh_axis"].split("+")
+    axis = next(a for a in mesh.names if a in spans)
+    return c["wire_bytes_per_device"] / link_bandwidth(mesh, axis, hw)
+
+
+# -- groups of nodes ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Collective:
+    """A collective node's traffic, once a pass of a microbatch."""
+
+    name: str
+    kind: str  # the row's comm_kind (send/recv), else the op
+    axis: str  # the mesh axis it runs over
+    group: int  # ranks in its group
+    payload: float
+    wire: float  # bytes one device sends
+    seconds: float | None  # on the link; None without hardware
+
+
+@dataclass
+class Figures:
+    """What a group of one rank's nodes holds and costs, for one microbatch."""
+
+    names: set[str] = field(default_factory=set)  # its nodes, sources included
+    params: float = 0.0
+    weight_bytes: float = 0.0
+    ep_weight_bytes: float = 0.0  # of weight_bytes: cut over ep (their gradients skip ep)
+    master: bool = False  # weights narrower than fp32: Adam keeps fp32 master weights
+    kv_cache_bytes: float = 0.0
+    flops: float = 0.0
+    bytes: float = 0.0
+    compute_seconds: float = 0.0  # 0 without hardware
+    comm_seconds: float = 0.0  # one pass
+    collectives: list[Collective] = field(default_factory=list)  # in node order
+
+
+def tally(
+    graph: Graph,
+    hardware: Hardware | None,
+    attention: str,
+    training: bool,
+    groups_of: Callable[[Node], Iterable[Figures]],
+) -> list[Collective]:
+    """Add every node of a partitioned graph into the groups `groups_of` gives it (a weight may be
+    held by several); returns the timed collectives in node order. Runs cost and roofline first
+    (forward and backward when `training`)."""
+    run(graph, ["cost", "roofline"], hardware=hardware, attention=attention, training=training)
+    mesh = meta_result(graph, "partition").mesh
+    presents = {r.node for r in graph.cache_outputs().values()}
+    timed: list[Collective] = []
+    for n in graph.nodes():
+        groups = list(groups_of(n))
+        for f in groups:
+            f.names.add(n.name)
+        if OPS[n.op].category == SOURCE:
+            if n.op == "param":
+                _add_weight(graph, n, groups)
+            continue
+        c = _collective(graph, n, mesh, hardware)
+        if c is not None:
+            timed.append(c)
+        computes = OPS[n.op].category != COMMUNICATION and hardware is not None
+        compute = meta_result(n, "time").seconds if computes else 0.0
+        cost = meta_result(n, "cost")
+        kv = cache_bytes(graph, n.out) if n.name in presents else 0.0
+        for f in groups:
+            f.flops += cost.flops
+            f.bytes += cost.bytes
+            f.kv_cache_bytes += kv
+            f.compute_seconds += compute
+            if c is not None:
+                f.comm_seconds += c.seconds or 0.0
+                f.collectives.append(c)
+    return timed
+
+
+def _add_weight(graph: Graph, n: Node, groups: list[Figures]) -> None:
+    """A weight's params and bytes into each group that holds it."""
+    numel = n.out.numel(graph.bindings)
+    size = nbytes(n.out.dtype, numel)
+    sh = meta_result(n, "sharding")[0]
+    on_ep = any(m == "ep" for axis in sh.axes for m, _ in axis)
+    for f in groups:
+        f.params += numel
+        f.weight_bytes += size
+        if on_ep:
+            f.ep_weight_bytes += size
+        f.master |= keeps_master(n.out.dtype)
+
+
+def _collective(graph: Graph, n: Node, mesh: Mesh, hw: Hardware | None) -> Collective | None:
+    """The traffic of a collective node; None for any other node, and for a collective timed on
+    its peer (a recv)."""
+    spec = OPS[n.op]
+    if spec.category != COMMUNICATION or spec.timed_on_peer:
+        return None
+    payload, wire = comm_bytes(graph, n)
+    secs = comm_seconds(graph, n, mesh, hw) if hw else None
+    kind = spec.comm_kind or n.op
+    return Collective(n.name, kind, n.attrs["mesh"], n.attrs["group"], payload, wire, secs)
+
+
+# -- a pipeline of stages ----------------------------------------------------------------------
+def bubble(microbatches: int, stages: int) -> float:
+    """The idle share of a pipeline step (GPipe and 1F1B alike)."""
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+def step_seconds(stages: list[dict[str, Any]], microbatches: int) -> float:
+    """A pipeline step: (M + pp - 1) x the slowest stage's microbatch, then the gradient
+    reduction (not overlapped)."""
+    slowest = max(e["seconds_per_microbatch"] for e in stages)
+    grads = max(e["gradient_seconds"] for e in stages)
+    return (microbatches + len(stages) - 1) * slowest + grads
