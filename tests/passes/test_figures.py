@@ -2,7 +2,6 @@
 (by stage) and the plan (by layer) both read, and the layer slots they group by."""
 
 import pytest
-import tiny_configs
 
 from graphllm import Workload, build_graph
 from graphllm.models.config import config_from_dict
@@ -12,6 +11,7 @@ from graphllm.passes.cost import layer_of, layer_scopes, layer_slots
 from graphllm.passes.parallel.figures import Figures, bubble, step_seconds, tally
 from graphllm.passes.parallel.partition import Strategy, partition, partition_report
 from graphllm.passes.registry import meta_result
+from tests.support import tiny_configs
 
 H100 = load_hardware("h100")
 
