@@ -94,11 +94,22 @@ def run(graph: Graph, names: Iterable[str], **options: Any) -> Results:
             f"({', '.join(p.name for p in order) or 'none'}) takes it; they take "
             f"{', '.join(taken) or 'no options'}{hint}"
         )
+    after = next((p.name for p in order[:-1] if p.transforms), None)
+    if after is not None:
+        # every pass of one run reads the graph it was given, not a transform's output
+        later = [p.name for p in order[order.index(PASSES[after]) + 1 :]]
+        raise PassError(
+            f"pass {', '.join(later)} would run on the graph given, not on {after}'s output: "
+            f"run {after} first, then the others on the graph it returns"
+        )
     results = Results()
     for info in order:
         kwargs = {k: options[k] for k in info.options if k in options}
         if not info.transforms:
-            forget(graph, [info.name])  # results of an earlier run are stale once it reruns
+            # results of an earlier run are stale once it reruns, and so are those built on them
+            forget(
+                graph, [info.name, *(d for d in dependents(info.name) if not PASSES[d].transforms)]
+            )
         try:
             out = info.fn(graph, results, **kwargs)
         except GraphllmError as e:
@@ -142,6 +153,19 @@ def _ensure(info: PassInfo, graph: Graph) -> None:
                 f"pass {info.name}: declares node.meta[{key!r}] but did not write it on "
                 f"{missing.name}"
             )
+
+
+def dependents(name: str) -> list[str]:
+    """The registered passes that require `name`, directly or through others."""
+    out: list[str] = []
+    frontier = [name]
+    while frontier:
+        here = frontier.pop()
+        for info in PASSES.values():
+            if here in info.requires and info.name not in out:
+                out.append(info.name)
+                frontier.append(info.name)
+    return out
 
 
 def forget(graph: Graph, names: Iterable[str]) -> None:

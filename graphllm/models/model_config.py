@@ -7,7 +7,7 @@ names) is resolved there, so the builder reads these fields and never a family's
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from graphllm.errors import ConfigError
@@ -143,7 +143,7 @@ class ModelConfig:
     # one of LAYER_TYPES per layer (empty: every layer full attention)
     layer_types: tuple[str, ...] = ()
     # per layer: whether its attention rotates q and k (False: a NoPE layer); empty: every layer
-    # does, so a config cut to fewer layers (replace(num_hidden_layers=...)) stays valid
+    # does. A config cut to fewer layers: with_layers(n)
     rope_layers: tuple[bool, ...] = ()
     sliding_window: int | None = None
     # MoE; num_experts == 0 means dense everywhere
@@ -207,6 +207,34 @@ class ModelConfig:
             )
         if self.is_mla and not all(self.rope_layers):
             raise ConfigError("rope_layers: an MLA layer always rotates its RoPE part (no NoPE)")
+        self._check_combinations()
+
+    def _check_combinations(self) -> None:
+        """Fields each valid alone that together would build another model than they say."""
+        if "sliding_attention" in self.layer_types and self.sliding_window is None:
+            raise ConfigError(
+                "layer_types has sliding_attention layers but sliding_window is unset"
+            )
+        if any(self.moe_layers) and self.num_experts == 0:
+            raise ConfigError("moe_layers marks MoE layers but num_experts is 0")
+        h, kv = self.num_attention_heads, self.num_key_value_heads
+        if kv and h % kv:
+            raise ConfigError(f"{h} attention heads are not a multiple of {kv} key/value heads")
+        if self.mtp_moe_layers and len(self.mtp_moe_layers) != self.num_nextn_predict_layers:
+            raise ConfigError(
+                f"mtp_moe_layers has {len(self.mtp_moe_layers)} entries for "
+                f"{self.num_nextn_predict_layers} multi-token-prediction layers"
+            )
+
+    def with_layers(self, n: int) -> ModelConfig:
+        """The same model cut to its first n layers (its per-layer fields cut with it)."""
+        return replace(
+            self,
+            num_hidden_layers=n,
+            layer_types=self.layer_types[:n],
+            moe_layers=self.moe_layers[:n],
+            rope_layers=self.rope_layers[:n],
+        )
 
     def rotates(self, i: int) -> bool:
         """Whether layer i's attention applies RoPE to q and k (False: a NoPE layer)."""

@@ -1,7 +1,5 @@
 """The builder labels weights and scopes from the one declared vocabulary (graphllm.build.kinds)."""
 
-from dataclasses import replace
-
 import pytest
 
 from graphllm import build_graph, load_config
@@ -13,12 +11,7 @@ from graphllm.build.kinds import LAYER, SCOPE_KINDS, WEIGHT_KINDS
 )
 def test_every_label_is_declared(preset):
     cfg = load_config(preset)
-    cfg = replace(
-        cfg,
-        num_hidden_layers=2,
-        layer_types=cfg.layer_types[:2],
-        moe_layers=cfg.moe_layers[:2],
-    )
+    cfg = cfg.with_layers(2)
     g = build_graph(cfg, mtp=cfg.num_nextn_predict_layers > 0)
     assert {p.attrs["kind"] for p in g.params()} <= set(WEIGHT_KINDS)
     assert set(g.meta["scopes"].values()) <= {*SCOPE_KINDS, LAYER}

@@ -171,3 +171,27 @@ def test_the_json_round_trip_rebuilds_the_nested_records():
         assert config_from_fields(json.loads(text)) == c
     with pytest.raises(ConfigError, match="unknown config field 'moe_naming'"):
         config_from_fields(dataclasses.asdict(exotic) | {"moe_naming": "qwen"})
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (dict(layer_types=("sliding_attention",) * 32), "sliding_window is unset"),
+        (dict(moe_layers=(True,) * 32), "num_experts is 0"),
+        (
+            dict(num_attention_heads=30, num_key_value_heads=8),
+            "30 attention heads are not a multiple",
+        ),
+        (dict(num_nextn_predict_layers=1, mtp_moe_layers=(True, True)), "2 entries for 1"),
+    ],
+)
+def test_fields_that_would_build_another_model_are_refused(fields, message):
+    with pytest.raises(ConfigError, match=message):
+        dataclasses.replace(load_config("llama3-8b"), **fields)
+
+
+def test_with_layers_cuts_every_per_layer_field():
+    cfg = load_config("qwen2-7b").with_layers(3)
+    assert cfg.num_hidden_layers == 3 and len(cfg.layer_types) == len(cfg.moe_layers) == 3
+    v3 = load_config("deepseek-v3").with_layers(4)
+    assert v3.moe_layers == (False, False, False, True)  # first_k_dense_replace = 3

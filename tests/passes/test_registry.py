@@ -204,3 +204,22 @@ def test_caches_are_keyed_by_the_graph_version():
     other.meta["_attention_region"] = g.meta["_attention_region"]
     other.input("x", TensorType((Dim("B", "batch"),), "fp32"))
     assert core_attention_region(other).pairs == frozenset()
+
+
+def test_analyses_after_a_transform_in_one_run_are_refused():
+    with pytest.raises(
+        PassError, match=r"pass cost would run on the graph given, not on partition"
+    ):
+        run(tiny(), ["partition", "cost"], strategy=Strategy(tp=2))
+    pg = run(tiny(), ["partition"], strategy=Strategy(tp=2))["partition"]
+    assert run(pg, ["cost"])["cost"].flops["total"] < run(tiny(), ["cost"])["cost"].flops["total"]
+
+
+def test_rerunning_a_pass_drops_what_the_passes_built_on_it_left():
+    g = tiny()
+    run(g, ["roofline"], hardware=H100)
+    assert all("time" in n.meta for n in g.nodes())
+    run(g, ["cost"], training=True)  # the old times were computed from the old cost
+    assert not any("time" in n.meta for n in g.nodes())
+    with pytest.raises(PassError, match="pass roofline has not run"):
+        meta_result(g.nodes().__next__(), "time")
