@@ -37,7 +37,7 @@ from graphllm.ops import COMMUNICATION, CONTRACTION, OPS, SOURCE
 from graphllm.passes import meta_result, run
 from graphllm.passes.attention_region import core_attention_region
 from graphllm.passes.cost import layer_of, layer_scopes, scopes_of
-from graphllm.passes.parallel.partition import comm_bytes
+from graphllm.passes.parallel.figures import comm_bytes
 from graphllm.passes.parallel.sharding import Mesh, Split
 from graphllm.passes.tokens import position_letters, sequence
 

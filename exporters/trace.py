@@ -28,7 +28,7 @@ from graphllm.models.hardware import Hardware
 from graphllm.ops import COMMUNICATION, OPS, SOURCE
 from graphllm.passes import meta_result, run
 from graphllm.passes.cost import layer_of
-from graphllm.passes.parallel.partition import comm_seconds
+from graphllm.passes.parallel.figures import comm_seconds
 
 MAX_EVENTS = 200_000
 US = 1e6  # trace times are in µs

@@ -175,7 +175,13 @@ def _checked(
         raise ConfigError(f"ONNX export runs in {' or '.join(EXPORT_DTYPES)}, not {dtype}")
     if built.past_len == 0:
         raise ConfigError("the graph has no past K/V inputs: build it with past_len > 0")
-    wl = Workload.with_dtype(workload or built, dtype=dtype, logits=built.logits)
+    if "partition" in graph.meta:
+        raise ConfigError(
+            f"graph {graph.name} is one rank's program of a partition; export the whole model"
+        )
+    # the defaults recorded for later analysis: the caller's, else the usual workload (not the
+    # export graph's placeholder lengths)
+    wl = Workload.with_dtype(workload, dtype=dtype, logits=built.logits)
     if no_weights and weights is not None:
         raise ConfigError("give a weights folder or no_weights, not both")
     if ops == "auto":

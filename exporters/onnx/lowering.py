@@ -35,7 +35,6 @@ NP_TYPES = {"fp32": np.float32, "fp16": np.float16, "int64": np.int64}
 # protobuf cannot serialise a message of 2 GiB; leave room for the graph itself
 PROTO_LIMIT = 2**31 - 2**26
 ALIGN = 4096  # external tensors start on page boundaries, so onnxruntime can map them
-_CHUNK = 1 << 22  # random weights are drawn this many values at a time
 INT64_MAX = np.iinfo(np.int64).max
 
 
@@ -272,8 +271,11 @@ def _tensor_names(graph: Graph) -> dict[Ref, str]:
 def _input_infos(n: Node) -> list[onnx.ValueInfoProto]:
     """A graph input; `input_ids` brings the attention mask with it."""
     odd = [d.name for d in n.out.dims if d.size is None and d.name not in DIM_NAMES]
-    if odd:  # e.g. a rolled window cache (P_w): build the graph with export_graph
-        raise GraphllmError(f"{n.name}: dims {', '.join(odd)} are not ONNX I/O dims")
+    if odd:  # e.g. a rolled window cache (P_w) of a graph built for a long past
+        raise GraphllmError(
+            f"{n.name}: dims {', '.join(odd)} are not ONNX I/O dims; export a graph from "
+            "build_export_graph, whose lengths stay symbolic"
+        )
     out = [_value_info(n.name, n.out)]
     if n.name == "input_ids":
         mask = TensorType((n.out.dims[0], Dim("S", "key_token")), "int64")

@@ -138,18 +138,18 @@ def checkpoint_tensors(
             if name not in ckpt:
                 raise WeightsError(f"checkpoint {ckpt.folder} has no tensor {name}")
     for n in graph.params():
-        shape = _shape(n)
-        out = np.empty(shape, _DTYPES[dtype])
+        shape, names = _shape(n), _checkpoint_names(n)
         stacked = n.attrs.get("stacked") == "expert"
         want = shape[1:] if stacked else shape
-        for e, name in enumerate(_checkpoint_names(n)):
+        out = np.empty(shape, _DTYPES[dtype]) if stacked else None
+        for e, name in enumerate(names):
             arr = ckpt.read(name)
             if arr.shape != want:
                 raise WeightsError(f"{name}: checkpoint shape {arr.shape}, graph expects {want}")
             if stacked:
-                out[e] = arr
-            else:
-                out[...] = arr
+                out[e] = arr  # type: ignore[index]
+            else:  # read() made a fresh float32 array: no second copy in fp32
+                out = arr.astype(_DTYPES[dtype], copy=False)
             del arr
         yield n, out
 

@@ -233,7 +233,8 @@ class Graph:
         if outs:
             raise GraphError(f"{n.name}: cannot erase it, it is graph output {', '.join(outs)}")
         for r in n.inputs:
-            self._users[r.node].remove(n.name)
+            if r.node in self._users:  # a subgraph's inputs from outside have no entry
+                self._users[r.node].remove(n.name)
         self._order = [m for m in self._order if m is not n]
         del self._nodes[n.name], self._users[n.name]
         self._version = next(_VERSIONS)
@@ -251,7 +252,7 @@ class Graph:
             user = self._nodes[u]
             user.inputs = tuple(Ref(name, r.index) if r.node == old else r for r in user.inputs)
         for r in n.inputs:
-            ul = self._users[r.node]
+            ul = self._users.get(r.node, [])  # a subgraph's inputs from outside have no entry
             ul[:] = [name if x == old else x for x in ul]
         for k, r in self.outputs.items():
             if r.node == old:

@@ -14,6 +14,7 @@ from graphllm.ir import Graph
 from graphllm.models.hardware import Hardware
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload
+from graphllm.ops import OPS, SOURCE
 from graphllm.passes import meta_result, run
 from graphllm.passes.cost import ZERO, scopes_of
 from graphllm.report.mla import form_cost, form_costs, kv_per_token
@@ -97,7 +98,7 @@ def per_op_rows(graph: Graph) -> list[dict[str, Any]]:
     """One row per computing node: its cost and, when timed, its roofline time."""
     rows = []
     for n in graph.nodes():
-        if n.op in ("param", "input"):
+        if OPS[n.op].category == SOURCE:
             continue
         oc = meta_result(n, "cost")
         t = n.meta.get("time")  # absent: no hardware given, the op is not timed

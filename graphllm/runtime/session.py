@@ -1,5 +1,5 @@
 """onnxruntime sessions for models exported by graphllm: provider choice, a forward step with KV
-cache, greedy generation, and token mixing observed through onnxruntime.
+cache, and greedy generation with the cache kept in onnxruntime.
 
 onnxruntime is imported inside the functions, so importing this module costs nothing.
 """

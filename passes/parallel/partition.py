@@ -39,7 +39,6 @@ from graphllm.passes.parallel.figures import (
     Collective,
     Figures,
     bubble,
-    comm_bytes,  # noqa: F401  (the exporters import it here)
     comm_seconds,
     gradient_seconds,
     step_seconds,

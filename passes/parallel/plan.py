@@ -417,7 +417,7 @@ def _strategy(
 
 
 def _program(
-    memo: dict[tuple, Program | GraphllmError],
+    memo: dict[tuple, Program | GraphllmError | Graph],
     small: ModelConfig,
     wl: Workload,
     s: Strategy,
@@ -432,7 +432,10 @@ def _program(
     if key not in memo:
         sub = Strategy(tp=s.tp, sp=s.sp, cp=s.cp, ep=s.ep)
         try:
-            g = partition(build_graph(small, dataclasses.replace(wl, batch=b_mb)), sub, hw)
+            # one unpartitioned graph per microbatch size: partition leaves its input as it was
+            if ("graph", b_mb) not in memo:
+                memo["graph", b_mb] = build_graph(small, dataclasses.replace(wl, batch=b_mb))
+            g = partition(memo["graph", b_mb], sub, hw)  # type: ignore[arg-type]
             memo[key] = analyse(g, hw, attention, training)
         except GraphllmError as e:
             memo[key] = e

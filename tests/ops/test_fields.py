@@ -8,9 +8,9 @@ import pytest
 from graphllm import Workload, build_graph
 from graphllm.models.config import config_from_dict
 from graphllm.ops import COMMUNICATION, OPS
+from graphllm.passes.parallel.figures import comm_bytes
 from graphllm.passes.parallel.partition import (
     Strategy,
-    comm_bytes,
     make_mesh,
     partition,
     partition_report,

@@ -587,3 +587,29 @@ def test_verify_tokens_through_onnxruntime(args):
     r = CliRunner().invoke(main, ["verify", "tokens", *args, "--onnx"])
     assert r.exit_code == 0, r.output
     assert "predicted == observed" in r.stdout
+
+
+def test_export_refuses_graphs_it_cannot_serve(tmp_path):
+    from graphllm.passes.parallel.partition import Strategy, partition
+
+    cfg = graphllm.load_config(EXAMPLES / "tiny.yaml")
+    prefill_only = graphllm.build_graph(cfg, graphllm.Workload(seq_len=4, dtype="fp32"))
+    with pytest.raises(ConfigError, match="no past K/V inputs"):
+        export_onnx(prefill_only, tmp_path / "a.onnx")
+    rank = partition(build_export_graph(cfg), Strategy(tp=2))
+    with pytest.raises(ConfigError, match="one rank's program of a partition"):
+        export_onnx(rank, tmp_path / "b.onnx")
+    bare = graphllm.Graph("bare")
+    with pytest.raises(ConfigError, match="not built from a config"):
+        export_onnx(bare, tmp_path / "c.onnx")
+    assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_export_records_the_callers_workload_not_the_graphs_placeholder(tmp_path):
+    cfg = graphllm.load_config(EXAMPLES / "tiny.yaml")
+    export_onnx(build_export_graph(cfg), tmp_path / "m.onnx", no_weights=True, ops="decomposed")
+    recorded = read_metadata(tmp_path / "m.onnx").workload
+    assert (recorded.seq_len, recorded.past_len) == (
+        graphllm.Workload().seq_len,
+        graphllm.Workload().past_len,
+    )
