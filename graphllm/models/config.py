@@ -15,16 +15,23 @@ from __future__ import annotations
 import difflib
 import json
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from graphllm.errors import ConfigError
-from graphllm.models.model_config import FAMILIES, BlockLayout, ModelConfig, MoENames, RopeConfig
+from graphllm.models.echo import SHOWN_CHARS, cut, shown, shown_path
+from graphllm.models.model_config import (
+    FAMILIES,
+    BlockLayout,
+    ModelConfig,
+    MoENames,
+    RopeConfig,
+    check_number,
+    check_size,
+)
+from graphllm.models.parse import read_mapping
 from graphllm.models.rope import mscale
 from graphllm.models.workload import Workload
 
@@ -87,18 +94,18 @@ NOOP_ONLY: dict[str, tuple[Any, ...]] = {
 
 
 def _describe(v: Any) -> str:
-    text = repr(v)
-    if len(text) > 40:
-        text = text[:37] + "..."
-    return f"{text} ({type(v).__name__})"
+    return f"{shown(v, 40)} ({type(v).__name__})"
 
 
 def _show(v: Any) -> str:
-    """A value as the config file spells it (JSON), falling back to repr."""
-    try:
+    """A value as the config file spells it (JSON), falling back to repr; shortened."""
+    if isinstance(v, str):
+        return cut(json.dumps(v[:SHOWN_CHARS]), SHOWN_CHARS) + (
+            "..." if len(v) > SHOWN_CHARS else ""
+        )
+    if v is None or isinstance(v, (bool, float)) or (isinstance(v, int) and v.bit_length() < 64):
         return json.dumps(v)
-    except (TypeError, ValueError):
-        return repr(v)
+    return shown(v)
 
 
 def _bad(name: str, want: str, v: Any) -> ConfigError:
@@ -110,28 +117,29 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-# far above any real model's sizes (vocab 256K, hidden 16K, ffn 53K, 128K positions... 10M)
-MAX_SIZE = 1 << 27
-
-
 def _pos_int(name: str, v: Any) -> int:
-    if not _is_int(v) or v < 1:
-        raise _bad(name, "a positive integer", v)
-    if v > MAX_SIZE:
-        raise ConfigError(f"{name} is {v:,}, implausibly large (graphllm takes up to {MAX_SIZE:,})")
-    return v
+    return check_size(name, v)
 
 
 def _nonneg_int(name: str, v: Any) -> int:
-    if not _is_int(v) or v < 0:
-        raise _bad(name, "a non-negative integer", v)
-    return v
+    return check_size(name, v, least=0)
+
+
+# the sane range of a float field (by its last dotted part); others take _FLOAT_RANGE
+_FLOAT_RANGES = {
+    "rms_norm_eps": (1e-30, 1.0),  # a guard against 0 / 0: above 1 it outweighs the activations
+    "rope_theta": (1.0, 1e15),  # published bases are 1e4 to 1e8; below 1 no RoPE was trained
+}
+_FLOAT_RANGE = (1e-6, 1e6)  # RoPE scaling factors, routing scales: published ones are 0.1 to 40
 
 
 def _pos_float(name: str, v: Any) -> float:
-    if not (_is_int(v) or isinstance(v, float)) or not math.isfinite(v) or v <= 0:
+    if not (_is_int(v) or isinstance(v, float)) or (isinstance(v, float) and not math.isfinite(v)):
         raise _bad(name, "a positive number", v)
-    return float(v)
+    if v <= 0:
+        raise _bad(name, "a positive number", v)
+    low, high = _FLOAT_RANGES.get(name.rsplit(".", 1)[-1], _FLOAT_RANGE)
+    return check_number(name, v, low, high)
 
 
 def _bool(name: str, v: Any) -> bool:
@@ -230,7 +238,7 @@ def _gemma(v: dict) -> dict:
     act = v["hidden_activation"]
     if act is not None and _GEMMA_ACTS.get(act) != _GEMMA_ACTS.get(v["hidden_act"]):
         raise ConfigError(
-            f"hidden_activation {act!r} disagrees with hidden_act {v['hidden_act']!r}; "
+            f"hidden_activation {shown(act)} disagrees with hidden_act {shown(v['hidden_act'])}; "
             "give one gelu-tanh activation"
         )
     return _attention_bias(v) | {
@@ -296,6 +304,7 @@ def _qwen_moe(v: dict) -> dict:
         bad = next(i for i in only if i >= n)
         raise ConfigError(f"mlp_only_layers names layer {bad} but num_hidden_layers is {n}")
     # the rule in Qwen2MoeDecoderLayer / Qwen3MoeDecoderLayer
+    only = set(only)  # a long list scanned once per layer would take quadratic time
     moe = tuple(i not in only and (i + 1) % step == 0 for i in range(n))
     dense = [i for i, m in enumerate(moe) if not m]
     if dense and v["intermediate_size"] is None:
@@ -394,13 +403,13 @@ def _deepseek_moe(v: dict) -> dict:
     scoring, methods = _DEEPSEEK_ROUTING[version]
     if v["scoring_func"] != scoring:
         raise ConfigError(
-            f"scoring_func {v['scoring_func']!r} is not modelled for deepseek_v{version} "
+            f"scoring_func {shown(v['scoring_func'])} is not modelled for deepseek_v{version} "
             f"(transformers computes {scoring!r})"
         )
     method = v["topk_method"]
     if method not in methods:
         raise ConfigError(
-            f"topk_method {method!r} is not modelled for deepseek_v{version} "
+            f"topk_method {shown(method)} is not modelled for deepseek_v{version} "
             f"(modelled: {', '.join(methods)})"
         )
     e, k = v["n_routed_experts"], v["num_experts_per_tok"]
@@ -635,18 +644,18 @@ def _rope(v: dict, fam: Family, model_type: str) -> RopeConfig:
     raw = dict(v[where] or {})
     t4, t5 = raw.pop("type", None), raw.pop("rope_type", None)
     if t4 is not None and t5 is not None and t4 != t5:
-        raise ConfigError(f"{where} has type {t4!r} and rope_type {t5!r}; give one")
+        raise ConfigError(f"{where} has type {shown(t4)} and rope_type {shown(t5)}; give one")
     rtype = _str(f"{where}.rope_type", t5 if t5 is not None else (t4 or "default"))
     if rtype not in fam.rope_types:
         known = ", ".join(fam.rope_types)
         raise ConfigError(
-            f"{where}: rope type {rtype!r} is not modelled for {model_type} (modelled: {known})"
+            f"{where}: rope type {shown(rtype)} is not modelled for {model_type} (modelled: {known})"
         )
     theta = _rope_theta(raw.pop("rope_theta", None), v["rope_theta"], fam, where)
     prf = raw.pop("partial_rotary_factor", None)
     if prf is not None and (not isinstance(prf, (int, float)) or isinstance(prf, bool) or prf != 1):
         raise ConfigError(
-            f"{where}.partial_rotary_factor={prf!r} is not modelled (RoPE on the whole head only)"
+            f"{where}.partial_rotary_factor={shown(prf)} is not modelled (RoPE on the whole head only)"
         )
     got = _rope_fields(raw, rtype, where)
     return RopeConfig(**_rope_scaling(got, rtype, where, v["max_position_embeddings"]), theta=theta)
@@ -670,6 +679,7 @@ def _rope_fields(raw: dict, rtype: str, where: str) -> dict[str, Any]:
     got: dict[str, Any] = {}
     for k, x in raw.items():
         if k not in keys:
+            k = k if isinstance(k, str) and len(k) <= SHOWN_CHARS else shown(k)
             if k in _ROPE_ALL_KEYS:
                 raise ConfigError(f"{where}.{k} does not apply to rope type {rtype!r}")
             raise _unknown(f"{where}.{k}", k, set(keys) | {"rope_type", "rope_theta"})
@@ -709,9 +719,11 @@ def _rope_scaling(got: dict[str, Any], rtype: str, where: str, max_pos: int) -> 
 
 
 def _unknown(label: str, key: str, known: set[str] | frozenset[str]) -> ConfigError:
-    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
+    # a key far longer than any field is no misspelling of one (and difflib would take long)
+    short = len(key) <= 2 * max(map(len, known), default=0)
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75) if short else []
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    return ConfigError(f"unknown field {label!r}{hint}")
+    return ConfigError(f"unknown field {shown(label)}{hint}")
 
 
 def _is_noop(value: Any, allowed: tuple[Any, ...]) -> bool:
@@ -733,11 +745,11 @@ def _model_type(d: dict) -> str:
     if not isinstance(mt, str):
         raise _bad("model_type", "a string", mt)
     if mt in NOT_SUPPORTED:
-        raise ConfigError(f"model_type {mt!r}: {NOT_SUPPORTED[mt]}")
+        raise ConfigError(f"model_type {shown(mt)}: {NOT_SUPPORTED[mt]}")
     if mt not in FAMILY_TABLE:
-        close = difflib.get_close_matches(mt, FAMILIES, n=1, cutoff=0.6)
+        close = difflib.get_close_matches(mt, FAMILIES, n=1, cutoff=0.6) if len(mt) < 40 else []
         hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ConfigError(f"unknown model_type {mt!r}; {hint}supported: {', '.join(FAMILIES)}")
+        raise ConfigError(f"unknown model_type {shown(mt)}; {hint}supported: {', '.join(FAMILIES)}")
     return mt
 
 
@@ -766,7 +778,9 @@ def _collect(d: dict, fam: Family, mt: str) -> dict[str, Any]:
             # both spellings given (num_experts and num_local_experts): they must agree
             check = fam.fields[name].check
             if check(key, value) != check(spelt[name], given[name]):
-                raise ConfigError(f"{key}={value!r} disagrees with {spelt[name]}={given[name]!r}")
+                raise ConfigError(
+                    f"{key}={shown(value)} disagrees with {spelt[name]}={shown(given[name])}"
+                )
         if value is not None or name not in given:
             given[name], spelt[name] = value, key
 
@@ -813,7 +827,7 @@ def _layer_types(v: dict, fam: Family, mt: str) -> tuple[tuple[str, ...], int | 
         bad = [t for t in given if t not in (FULL, SLIDING)]
         if bad:
             raise ConfigError(
-                f"layer_types has {bad[0]!r}; graphllm models {FULL!r} and {SLIDING!r}"
+                f"layer_types has {shown(bad[0])}; graphllm models {FULL!r} and {SLIDING!r}"
             )
         if len(given) != n:
             raise ConfigError(f"layer_types has {len(given)} entries for {n} hidden layers")
@@ -846,7 +860,7 @@ def config_from_dict(d: dict, name: str) -> ModelConfig:
     act = fam.acts.get(v["hidden_act"])
     if act is None:
         raise ConfigError(
-            f"hidden_act {v['hidden_act']!r} is not modelled for {mt} "
+            f"hidden_act {shown(v['hidden_act'])} is not modelled for {mt} "
             f"(modelled: {', '.join(fam.acts)})"
         )
     types, window = _layer_types(v, fam, mt)
@@ -896,82 +910,9 @@ def config_from_dict(d: dict, name: str) -> ModelConfig:
 # Files, presets and the workload section.
 
 
-class _YamlLoader(yaml.SafeLoader):
-    """SafeLoader that reads `1e-5` as a float (YAML 1.1 wants `1.0e-5`) and rejects duplicate
-    keys, which PyYAML would otherwise resolve silently to the last one."""
-
-
-_YamlLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
-
-
-def _yaml_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict:
-    loader.flatten_mapping(node)
-    out: dict = {}
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        try:
-            hash(key)
-        except TypeError:
-            raise yaml.constructor.ConstructorError(
-                None, None, "a mapping key must be a plain value", key_node.start_mark
-            ) from None
-        if key in out:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        out[key] = loader.construct_object(value_node, deep=True)
-    return out
-
-
-_YamlLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _yaml_mapping)
-
-
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
-    out: dict = {}
-    for k, x in pairs:
-        if k in out:
-            raise ValueError(f"duplicate key {k!r}")
-        out[k] = x
-    return out
-
-
 def _read(path: Path) -> dict:
     """Parse a .json or .yaml file into a dict; every failure is one ConfigError line."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read: {_one_line(e)}") from None
-    suffix = path.suffix.lower()
-    if suffix in (".yaml", ".yml"):
-        try:
-            data = yaml.load(text, Loader=_YamlLoader)  # a SafeLoader subclass
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-            what = getattr(e, "problem", None) or str(e)
-            raise ConfigError(f"{where}: malformed YAML: {_one_line(what)}") from None
-    elif suffix == ".json":
-        try:
-            data = json.loads(text, object_pairs_hook=_no_duplicates)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}:{e.lineno}:{e.colno}: malformed JSON: {e.msg}") from None
-        except ValueError as e:
-            raise ConfigError(f"{path}: malformed JSON: {_one_line(e)}") from None
-    else:
-        raise ConfigError(f"{path}: unsupported config file type (use .json, .yaml or .yml)")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of config fields, got {_describe(data)}")
-    return data
+    return read_mapping(path)
 
 
 def _preset_path(name: str) -> Path:
@@ -990,7 +931,7 @@ def _load_preset(name: str) -> tuple[dict, str]:
         names = preset_names()
         close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
         hint = f"did you mean {', '.join(close)}? " if close else ""
-        raise ConfigError(f"unknown preset {name!r}; {hint}presets: {', '.join(names)}")
+        raise ConfigError(f"unknown preset {shown(name)}; {hint}presets: {', '.join(names)}")
     d = _read(path)
     source = str(d.pop("_source", ""))
     d.pop("_note", None)
@@ -1020,12 +961,14 @@ def load_config(source: str | Path | dict) -> ModelConfig:
         d, _ = _load_preset(source)
         return config_from_dict(d, source)
     if not isinstance(source, (str, Path)):
-        raise ConfigError(f"a config source must be a path, preset name or dict, got {source!r}")
+        raise ConfigError(
+            f"a config source must be a path, preset name or dict, got {_describe(source)}"
+        )
     path = Path(source)
     if path.is_dir():
         path = path / "config.json"
-        if not path.is_file():
-            raise ConfigError(f"{path.parent}: folder has no config.json")
+        if not (path.exists() or path.is_symlink()):  # one that is there but no file: read says
+            raise ConfigError(f"{shown_path(path.parent)}: folder has no config.json")
     d = _read(path)
     if path.suffix.lower() in (".yaml", ".yml"):
         d.pop("workload", None)
@@ -1053,10 +996,12 @@ def load_workload_section(path: str | Path) -> dict:
     if section is None:
         return {}
     if not isinstance(section, dict):
-        raise ConfigError(f"{path}: workload must be a mapping, got {_describe(section)}")
+        raise ConfigError(
+            f"{shown_path(path)}: workload must be a mapping, got {_describe(section)}"
+        )
     for key, value in section.items():
         if key not in WORKLOAD_KEYS:
-            raise _unknown(f"workload.{key}", str(key), set(WORKLOAD_KEYS))
+            raise _unknown(f"workload.{cut(str(key))}", str(key), set(WORKLOAD_KEYS))
         if key.endswith("dtype") and value is not None and not isinstance(value, str):
             raise _bad(f"workload.{key}", "a dtype name", value)
     Workload.with_dtype(**section)  # raises ConfigError naming the bad value

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from graphllm.errors import ConfigError
-from graphllm.models.config import _read
+from graphllm.models.echo import shown, shown_path
+from graphllm.models.parse import read_mapping
 from graphllm.models.workload import DTYPE_ALIASES
 
 PRESETS_PATH = Path(__file__).with_name("hardware_presets.yaml")
@@ -40,6 +41,18 @@ REQUIRED = (
 )
 NULLABLE = ("interconnect_bandwidth", "network_bandwidth")
 PRESET_ONLY = ("aliases", "description")
+# The sane range of each figure: far outside what any device has, so that a typo (a subnormal
+# 5e-324 for 5e14, which printed "inf s, nan%") is refused rather than divided by. A CPU core's
+# scalar FP32 is ~1e9 FLOP/s and the fastest accelerators' dense FP8 ~5e15.
+RANGES: dict[str, tuple[float, float]] = {
+    "peak_flops": (1e6, 1e18),  # FLOP/s
+    "memory_bandwidth": (1e6, 1e15),  # bytes/s: HBM3e is ~8e12
+    "memory_bytes": (1e6, 1e15),  # bytes: a 1 PB device is far beyond any
+    "interconnect_bandwidth": (1e6, 1e14),  # bytes/s per direction: NVLink 5 is 9e11
+    "network_bandwidth": (1e6, 1e14),
+    "extra": (1e-6, 1e18),  # calibrate's further figures (bandwidths, buffer sizes)
+}
+MAX_DEVICES_PER_NODE = 4096  # a node has 8 to 72 (NVL72)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,16 +97,28 @@ def _positive(label: str, value: Any, *, integer: bool = False) -> float:
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
     if isinstance(value, bool) or not ok:
         want = "a positive integer" if integer else "a positive number"
-        raise ConfigError(f"{label} must be {want}, got {value!r}")
+        raise ConfigError(f"{label} must be {want}, got {shown(value, 40)}")
     if not 0 < value < float("inf"):
-        raise ConfigError(f"{label} must be positive and finite, got {value!r}")
+        raise ConfigError(f"{label} must be positive and finite, got {shown(value, 40)}")
     return value if integer else float(value)
 
 
+def _figure(label: str, value: Any, kind: str) -> float:
+    """A positive finite figure within RANGES[kind], named by `label` when it is not."""
+    figure = _positive(label, value)
+    low, high = RANGES[kind]
+    if not low <= figure <= high:
+        raise ConfigError(
+            f"{label} is {figure:g}, outside the sane range [{low:g}, {high:g}] for a device"
+        )
+    return figure
+
+
 def _unknown(label: str, key: str, known: tuple[str, ...] | list[str]) -> ConfigError:
-    close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.6)
+    text = str(key)
+    close = difflib.get_close_matches(text, list(known), n=1, cutoff=0.6) if len(text) < 64 else []
     hint = f"did you mean {close[0]!r}? " if close else ""
-    return ConfigError(f"{label}: unknown field {key!r}; {hint}known: {', '.join(known)}")
+    return ConfigError(f"{label}: unknown field {shown(key)}; {hint}known: {', '.join(known)}")
 
 
 def hardware_from_dict(d: dict, name: str, where: str = "hardware") -> Hardware:
@@ -108,22 +133,24 @@ def hardware_from_dict(d: dict, name: str, where: str = "hardware") -> Hardware:
     peaks = d["peak_flops"]
     if not isinstance(peaks, dict) or not peaks:
         raise ConfigError(
-            f"{where}: peak_flops must be a mapping of dtype to FLOP/s, got {peaks!r}"
+            f"{where}: peak_flops must be a mapping of dtype to FLOP/s, got {shown(peaks)}"
         )
     for key in peaks:
         if key not in PEAK_KEYS:
             raise _unknown(f"{where}: peak_flops", key, PEAK_KEYS)
     kw: dict[str, Any] = {
-        "name": str(d.get("name") or name),
-        "source": str(d.get("source") or where),
-        "peak_flops": {k: _positive(f"{where}: peak_flops.{k}", v) for k, v in peaks.items()},
-        "devices_per_node": _positive(
-            f"{where}: devices_per_node", d["devices_per_node"], integer=True
-        ),
+        "name": _text(where, "name", d.get("name") or name),
+        "source": _text(where, "source", d.get("source") or where),
+        "peak_flops": {
+            k: _figure(f"{where}: peak_flops.{k}", v, "peak_flops") for k, v in peaks.items()
+        },
+        "devices_per_node": _devices(where, d["devices_per_node"]),
     }
     for key in ("memory_bandwidth", "memory_bytes", *NULLABLE):
         value = d[key]
-        kw[key] = None if value is None and key in NULLABLE else _positive(f"{where}: {key}", value)
+        kw[key] = (
+            None if value is None and key in NULLABLE else _figure(f"{where}: {key}", value, key)
+        )
     for key in ("compute_efficiency", "memory_efficiency"):
         value = _positive(f"{where}: {key}", d.get(key, 1.0))
         if value > 1:
@@ -131,9 +158,30 @@ def hardware_from_dict(d: dict, name: str, where: str = "hardware") -> Hardware:
         kw[key] = value
     extra = d.get("extra") or {}
     if not isinstance(extra, dict):
-        raise ConfigError(f"{where}: extra must be a mapping of name to number, got {extra!r}")
-    kw["extra"] = {str(k): _positive(f"{where}: extra.{k}", v) for k, v in extra.items()}
+        raise ConfigError(f"{where}: extra must be a mapping of name to number, got {shown(extra)}")
+    kw["extra"] = {
+        _text(where, "extra", k): _figure(f"{where}: extra.{shown(k)}", v, "extra")
+        for k, v in extra.items()
+    }
     return Hardware(**kw)
+
+
+def _devices(where: str, value: Any) -> int:
+    count = int(_positive(f"{where}: devices_per_node", value, integer=True))
+    if count > MAX_DEVICES_PER_NODE:
+        raise ConfigError(
+            f"{where}: devices_per_node is {shown(count, 40)}; graphllm takes at most "
+            f"{MAX_DEVICES_PER_NODE} (a node has 8 to 72)"
+        )
+    return count
+
+
+def _text(where: str, key: str, value: Any) -> str:
+    """A name or source: a string of printable text that a report can print on one line."""
+    text = str(value) if isinstance(value, (str, int, float)) else None
+    if text is None or len(text) > 4096 or not text.isprintable():
+        raise ConfigError(f"{where}: {key} must be a line of text, got {shown(value, 40)}")
+    return text
 
 
 def local_path() -> Path:
@@ -143,7 +191,7 @@ def local_path() -> Path:
 
 
 def _presets() -> dict[str, dict]:
-    return _read(PRESETS_PATH)
+    return read_mapping(PRESETS_PATH)
 
 
 def _canon(name: str) -> str:
@@ -172,12 +220,13 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
         path = local_path()
         if not path.is_file():
             raise ConfigError(
-                f"no calibration for this machine; run `graphllm calibrate` first (looked for {path})"
+                "no calibration for this machine; run `graphllm calibrate` first "
+                f"(looked for {shown_path(path)})"
             )
-        return hardware_from_dict(_read(path), "local", str(path))
+        return hardware_from_dict(read_mapping(path), "local", shown_path(path))
     if isinstance(name_or_path, Path) or _looks_like_path(text) or Path(text).is_file():
         path = Path(text)
-        return hardware_from_dict(_read(path), path.stem, str(path))
+        return hardware_from_dict(read_mapping(path), path.stem, shown_path(path))
     presets = _presets()
     key = _preset_key(text, presets)
     d = {k: v for k, v in presets[key].items() if k not in PRESET_ONLY}

@@ -7,10 +7,12 @@ names) is resolved there, so the builder reads these fields and never a family's
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from graphllm.errors import ConfigError
+from graphllm.models.echo import shown
 
 FAMILIES = (
     "llama",
@@ -30,6 +32,68 @@ FAMILIES = (
 # new kind (chunked, linear attention, a state-space layer) joins here and in the builder together,
 # while NoPE is not a kind but a layer without RoPE (rope_layers)
 LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+# Sanity limits on a model's sizes: a config past one is a mistake or an attack, refused in one
+# line before anything is built. Each is far above the largest published model's figure, given
+# with it. The layer limit is also the graph's price: a layer adds at most 66 nodes (DeepSeek-V3's
+# MLA and MoE), so 1024 layers build and analyse in a few seconds, where a million took hours.
+SIZE_LIMITS: dict[str, tuple[int, str]] = {
+    "num_hidden_layers": (
+        1024,
+        "the deepest published decoders have about 128 (Llama 3.1 405B: 126)",
+    ),
+    "num_nextn_predict_layers": (64, "DeepSeek-V3 predicts 1 token ahead"),
+    "num_attention_heads": (4096, "published models have at most 128"),
+    "num_key_value_heads": (4096, "published models have at most 128"),
+    "head_dim": (4096, "published heads are at most 256 wide"),
+    "hidden_size": (1 << 17, "the widest published models have 16384 to 18432"),
+    "intermediate_size": (1 << 20, "the widest published FFN has 73728 (PaLM)"),
+    "moe_intermediate_size": (1 << 20, "the widest published FFN has 73728 (PaLM)"),
+    "shared_expert_intermediate_size": (1 << 20, "the widest published FFN has 73728 (PaLM)"),
+    "vocab_size": (1 << 22, "the largest published vocabularies have 262144 tokens"),
+    "num_experts": (1 << 14, "published MoE models have at most 384 experts"),
+    "n_shared_experts": (256, "published MoE models have at most 2 shared experts"),
+    "max_position_embeddings": (1 << 27, "the longest published context is 10M tokens"),
+}
+# aliases of a field in HF configs share its limit
+SIZE_LIMITS |= {
+    "num_local_experts": SIZE_LIMITS["num_experts"],
+    "n_routed_experts": SIZE_LIMITS["num_experts"],
+    "num_mtp_layers": SIZE_LIMITS["num_nextn_predict_layers"],
+}
+MAX_SIZE = 1 << 27  # any other size or count: far above any model's
+
+
+def size_limit(name: str) -> tuple[int, str]:
+    """The most a size field `name` (its last dotted part) may be, and why."""
+    return SIZE_LIMITS.get(name.rsplit(".", 1)[-1], (MAX_SIZE, "far above any model's"))
+
+
+def check_size(name: str, value: Any, least: int = 1) -> int:
+    """`value` as an integer size field `name`: an int (not a bool) from `least` to its limit."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        want = {0: "a non-negative integer", 1: "a positive integer"}.get(
+            least, f"at least {least}"
+        )
+        raise ConfigError(f"{name} must be {want}, got {shown(value, 40)} ({type(value).__name__})")
+    limit, why = size_limit(name)
+    if value > limit:
+        raise ConfigError(f"{name} is {shown(value, 40)}; graphllm takes at most {limit:,} ({why})")
+    return value
+
+
+def check_number(name: str, value: Any, low: float, high: float) -> float:
+    """`value` as a finite number in [low, high] (an int or float, not a bool)."""
+    # an int is finite, though math.isfinite overflows on one past a float's range
+    finite = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
+    if isinstance(value, bool) or not finite:
+        raise ConfigError(
+            f"{name} must be a finite number, got {shown(value, 40)} ({type(value).__name__})"
+        )
+    if not low <= value <= high:
+        raise ConfigError(f"{name} must be in [{low:g}, {high:g}], got {shown(value, 40)}")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -192,6 +256,7 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, record):
                 raise ConfigError(f"{name} must be a {record.__name__}, got {type(value).__name__}")
+        self._check_sizes()  # before the per-layer tuples below are made num_hidden_layers long
         n = self.num_hidden_layers
         for name, default in {"layer_types": LAYER_TYPES[0], "moe_layers": False}.items():
             if not getattr(self, name):  # frozen: filled once, at construction
@@ -208,6 +273,22 @@ class ModelConfig:
         if self.is_mla and not all(self.rope_layers):
             raise ConfigError("rope_layers: an MLA layer always rotates its RoPE part (no NoPE)")
         self._check_combinations()
+
+    def _check_sizes(self) -> None:
+        """Each size a positive (or, where 0 means none, non-negative) int within its limit,
+        each float finite and in a sane range."""
+        for name in _POSITIVE:
+            check_size(name, getattr(self, name))
+        for name in _NON_NEGATIVE:
+            check_size(name, getattr(self, name), least=0)
+        if self.sliding_window is not None:
+            check_size("sliding_window", self.sliding_window)
+        check_number("rms_norm_eps", self.rms_norm_eps, 1e-30, 1.0)
+        check_number("rope.theta", self.rope.theta, 1.0, 1e15)
+        for name in ("norm_weight_offset", "embedding_multiplier", "routed_scaling_factor"):
+            check_number(name, getattr(self, name), -1e6, 1e6)
+        if self.attention_scale is not None:
+            check_number("attention_scale", self.attention_scale, 1e-6, 1e6)
 
     def _check_combinations(self) -> None:
         """Fields each valid alone that together would build another model than they say."""
@@ -252,6 +333,32 @@ class ModelConfig:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0 and any(self.moe_layers)
+
+
+_POSITIVE = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+    "n_group",
+    "topk_group",
+)
+_NON_NEGATIVE = (
+    "intermediate_size",
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+    "num_nextn_predict_layers",
+)
 
 
 def config_from_fields(d: dict[str, Any]) -> ModelConfig:
