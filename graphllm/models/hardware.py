@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from graphllm.errors import ConfigError
-from graphllm.models.echo import shown, shown_path
+from graphllm.models.echo import cut, shown, shown_path
 from graphllm.models.parse import read_mapping
 from graphllm.models.workload import DTYPE_ALIASES
 
@@ -53,6 +53,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "extra": (1e-6, 1e18),  # calibrate's further figures (bandwidths, buffer sizes)
 }
 MAX_DEVICES_PER_NODE = 4096  # a node has 8 to 72 (NVL72)
+MIN_EFFICIENCY = 1e-3  # of the peaks: below it, the figure is a typo, not a measurement
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,7 +110,7 @@ def _figure(label: str, value: Any, kind: str) -> float:
     low, high = RANGES[kind]
     if not low <= figure <= high:
         raise ConfigError(
-            f"{label} is {figure:g}, outside the sane range [{low:g}, {high:g}] for a device"
+            f"{label} is {shown(figure)}, outside the sane range [{low:g}, {high:g}] for a device"
         )
     return figure
 
@@ -153,14 +154,16 @@ def hardware_from_dict(d: dict, name: str, where: str = "hardware") -> Hardware:
         )
     for key in ("compute_efficiency", "memory_efficiency"):
         value = _positive(f"{where}: {key}", d.get(key, 1.0))
-        if value > 1:
-            raise ConfigError(f"{where}: {key} must be in (0, 1], got {value!r}")
+        if not MIN_EFFICIENCY <= value <= 1:
+            raise ConfigError(
+                f"{where}: {key} must be in [{MIN_EFFICIENCY:g}, 1], got {shown(value)}"
+            )
         kw[key] = value
     extra = d.get("extra") or {}
     if not isinstance(extra, dict):
         raise ConfigError(f"{where}: extra must be a mapping of name to number, got {shown(extra)}")
     kw["extra"] = {
-        _text(where, "extra", k): _figure(f"{where}: extra.{shown(k)}", v, "extra")
+        _text(where, "extra", k): _figure(f"{where}: extra.{cut(str(k))}", v, "extra")
         for k, v in extra.items()
     }
     return Hardware(**kw)
