@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,7 @@ from graphllm.models.model_config import (
     check_number,
     check_size,
 )
-from graphllm.models.parse import read_mapping
+from graphllm.models.parse import file_mode, read_mapping
 from graphllm.models.rope import mscale
 from graphllm.models.workload import Workload
 
@@ -927,9 +928,9 @@ def preset_names() -> list[str]:
 def _load_preset(name: str) -> tuple[dict, str]:
     """A preset's published config.json (without the `_` notes) and its HF repo id."""
     path = _preset_path(name)
-    if not path.is_file():
+    if name not in preset_names():  # not a stat of the name: it may be 5000 characters long
         names = preset_names()
-        close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+        close = difflib.get_close_matches(name, names, n=3, cutoff=0.5) if len(name) < 64 else []
         hint = f"did you mean {', '.join(close)}? " if close else ""
         raise ConfigError(f"unknown preset {shown(name)}; {hint}presets: {', '.join(names)}")
     d = _read(path)
@@ -957,7 +958,7 @@ def load_config(source: str | Path | dict) -> ModelConfig:
         return config_from_dict(source, name or str(source.get("model_type", "config")))
     if isinstance(source, str) and not source.strip():
         raise ConfigError("empty config source; give a path, a preset name or a dict")
-    if isinstance(source, str) and not _looks_like_path(source) and not Path(source).exists():
+    if isinstance(source, str) and not _looks_like_path(source) and file_mode(source) is None:
         d, _ = _load_preset(source)
         return config_from_dict(d, source)
     if not isinstance(source, (str, Path)):
@@ -965,9 +966,10 @@ def load_config(source: str | Path | dict) -> ModelConfig:
             f"a config source must be a path, preset name or dict, got {_describe(source)}"
         )
     path = Path(source)
-    if path.is_dir():
+    mode = file_mode(path)
+    if mode is not None and stat.S_ISDIR(mode):
         path = path / "config.json"
-        if not (path.exists() or path.is_symlink()):  # one that is there but no file: read says
+        if file_mode(path) is None and not path.is_symlink():  # one there but no file: read says
             raise ConfigError(f"{shown_path(path.parent)}: folder has no config.json")
     d = _read(path)
     if path.suffix.lower() in (".yaml", ".yml"):

@@ -55,7 +55,8 @@ def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
 def shown_path(path: str | Path, limit: int = PATH_CHARS) -> str:
     """A path for an error line: whole when short, else '...' and its last `limit` characters."""
     text = str(path)
-    if len(text) <= limit and "\n" not in text:
-        return text
-    text = text.replace("\n", "\\n")
-    return text if len(text) <= limit else "..." + text[-(limit - 3) :]
+    if len(text) > limit:
+        text = text[-limit:]
+    if not text.isprintable():  # a newline or NUL in a name would break the line or hide
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit and len(str(path)) <= limit else "..." + text[-(limit - 3) :]

@@ -16,7 +16,7 @@ from typing import Any
 
 from graphllm.errors import ConfigError
 from graphllm.models.echo import cut, shown, shown_path
-from graphllm.models.parse import read_mapping
+from graphllm.models.parse import file_mode, read_mapping
 from graphllm.models.workload import DTYPE_ALIASES
 
 PRESETS_PATH = Path(__file__).with_name("hardware_presets.yaml")
@@ -207,9 +207,11 @@ def _preset_key(name: str, presets: dict[str, dict]) -> str:
         if want == key or want in entry.get("aliases", ()):
             return key
     names = [*presets, "local"]
-    close = difflib.get_close_matches(want, names, n=1, cutoff=0.5)
+    close = difflib.get_close_matches(want, names, n=1, cutoff=0.5) if len(want) < 64 else []
     hint = f"did you mean {close[0]!r}? " if close else ""
-    raise ConfigError(f"unknown hardware {name!r}; {hint}known: {', '.join(names)} or a file path")
+    raise ConfigError(
+        f"unknown hardware {shown(name)}; {hint}known: {', '.join(names)} or a file path"
+    )
 
 
 def _looks_like_path(s: str) -> bool:
@@ -227,7 +229,7 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
                 f"(looked for {shown_path(path)})"
             )
         return hardware_from_dict(read_mapping(path), "local", shown_path(path))
-    if isinstance(name_or_path, Path) or _looks_like_path(text) or Path(text).is_file():
+    if isinstance(name_or_path, Path) or _looks_like_path(text) or file_mode(text) is not None:
         path = Path(text)
         return hardware_from_dict(read_mapping(path), path.stem, shown_path(path))
     presets = _presets()

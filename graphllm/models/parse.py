@@ -58,6 +58,15 @@ def _check_regular(where: str, st: os.stat_result, cap: int) -> None:
         )
 
 
+def file_mode(path: str | Path) -> int | None:
+    """`path`'s st_mode (links followed), or None where there is nothing to stat: missing, a
+    name too long or with a NUL byte (pathlib's is_dir raises on some of these)."""
+    try:
+        return os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+
+
 def _os_error(where: str, e: OSError) -> ConfigError:
     if e.errno == errno.ENOENT:
         return ConfigError(f"{where}: no such file")
@@ -75,6 +84,8 @@ def read_bytes(path: Path, cap: int) -> bytes:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as e:
         raise _os_error(where, e) from None
+    except ValueError:
+        raise ConfigError(f"{where}: a file name cannot hold a NUL byte") from None
     try:
         _check_regular(where, os.fstat(fd), cap)
         chunks, size = [], 0
@@ -263,6 +274,8 @@ def read_mapping(path: Path) -> dict:
         _check_regular(where, os.stat(path), cap)
     except OSError as e:
         raise _os_error(where, e) from None
+    except ValueError:
+        raise ConfigError(f"{where}: a file name cannot hold a NUL byte") from None
     if suffix not in (".json", ".yaml", ".yml"):
         raise ConfigError(f"{where}: unsupported config file type (use .json, .yaml or .yml)")
     raw = read_bytes(path, cap)

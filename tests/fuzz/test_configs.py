@@ -165,6 +165,14 @@ FILES = [
     Case("empty-json", trace("c.json"), make=text("c.json", ""), expect="malformed JSON"),
     Case("empty-yaml", trace("c.yaml"), make=text("c.yaml", ""), expect="expected a mapping"),
     Case("wrong-suffix", trace("c.txt"), make=text("c.txt", "{}"), expect="unsupported config"),
+    Case("name-too-long", trace("x" * 5000 + ".json"), expect="file name too long"),
+    Case("preset-name-5000", ["trace", "--model", "x" * 5000], expect="unknown preset"),
+    Case(
+        "link-loop",
+        trace("a.json"),
+        make=both(link("a.json", "b.json"), link("b.json", "a.json")),
+        expect="symbolic links",
+    ),
 ]
 
 YAML = [

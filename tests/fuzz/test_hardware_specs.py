@@ -92,6 +92,8 @@ CASES = [
         "fifo", trace("hw.yaml"), make=lambda root: os.mkfifo(root / "hw.yaml"), expect="is a FIFO"
     ),
     Case("dev-zero", trace("/dev/zero"), expect="character device"),
+    Case("name-5000", trace("h" * 5000), expect="unknown hardware"),
+    Case("file-name-too-long", trace("h" * 5000 + ".yaml"), expect="file name too long"),
     Case("folder", trace("./"), expect="is a folder"),
     Case("top-level-list", trace("hw.yaml"), make=raw("hw.yaml", "- 1\n"), expect="a mapping"),
 ]

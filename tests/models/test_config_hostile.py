@@ -205,3 +205,12 @@ def test_cut_and_shown_path():
     assert cut("a\nb") == "a b" and cut("x" * 100, 10) == "xxxxxxx..."
     long = Path("/" + "d" * 500) / "config.json"
     assert len(shown_path(long)) <= 160 and shown_path(long).endswith("config.json")
+    assert shown_path("two\nlines.json") == "two\\nlines.json"  # the error stays one line
+
+
+@pytest.mark.parametrize("source", ["a\x00b.json", "x" * 5000 + ".json", "x" * 5000])
+def test_names_no_file_can_have_are_one_line(source):
+    for load in (load_config, load_hardware):
+        with pytest.raises(ConfigError) as e:
+            load(source)
+        assert len(str(e.value)) < 400 and "\n" not in str(e.value)
