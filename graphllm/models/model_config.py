@@ -8,7 +8,7 @@ names) is resolved there, so the builder reads these fields and never a family's
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
 from graphllm.errors import ConfigError
@@ -256,6 +256,7 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, record):
                 raise ConfigError(f"{name} must be a {record.__name__}, got {type(value).__name__}")
+        self._check_kinds()
         self._check_sizes()  # before the per-layer tuples below are made num_hidden_layers long
         n = self.num_hidden_layers
         for name, default in {"layer_types": LAYER_TYPES[0], "moe_layers": False}.items():
@@ -273,6 +274,27 @@ class ModelConfig:
         if self.is_mla and not all(self.rope_layers):
             raise ConfigError("rope_layers: an MLA layer always rotates its RoPE part (no NoPE)")
         self._check_combinations()
+
+    def _check_kinds(self) -> None:
+        """Strings, flags and per-layer tuples of the types the builder reads (a config read back
+        from an ONNX file's metadata was written by anyone)."""
+        for name in ("name", "model_type"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"{name} must be a string, got {shown(getattr(self, name), 40)}")
+        for name, allowed in _CHOICES.items():
+            value = self.rope.type if name == "rope.type" else getattr(self, name)
+            if not isinstance(value, str) or value not in allowed:
+                raise ConfigError(
+                    f"{name} must be one of {', '.join(allowed)}, got {shown(value, 40)}"
+                )
+        for name in _FLAGS:
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(
+                    f"{name} must be true or false, got {shown(getattr(self, name), 40)}"
+                )
+        for name in ("layer_types", "moe_layers", "rope_layers", "mtp_moe_layers"):
+            if not isinstance(getattr(self, name), tuple):
+                raise ConfigError(f"{name} must be a list, got {shown(getattr(self, name), 40)}")
 
     def _check_sizes(self) -> None:
         """Each size a positive (or, where 0 means none, non-negative) int within its limit,
@@ -335,6 +357,25 @@ class ModelConfig:
         return self.num_experts > 0 and any(self.moe_layers)
 
 
+_CHOICES = {
+    "hidden_act": ("silu", "gelu_tanh"),
+    "scoring_func": ("softmax", "sigmoid"),
+    "topk_method": ("greedy", "group_limited_greedy", "noaux_tc"),
+    "rope_layout": ("half", "complex", "interleave"),
+    "rope.type": ("default", "linear", "llama3", "yarn"),
+}
+_FLAGS = (
+    "tie_word_embeddings",
+    "qkv_bias",
+    "o_bias",
+    "mlp_bias",
+    "qk_norm",
+    "fused_qkv",
+    "fused_gate_up",
+    "norm_topk_prob",
+    "shared_expert_gate",
+    "renorm_replaces_scaling",
+)
 _POSITIVE = (
     "vocab_size",
     "hidden_size",
@@ -363,13 +404,31 @@ _NON_NEGATIVE = (
 
 def config_from_fields(d: dict[str, Any]) -> ModelConfig:
     """A ModelConfig from `dataclasses.asdict`'s dict of it, read back from JSON (lists become
-    tuples again, the nested records are rebuilt); an unknown field is a ConfigError."""
+    tuples again, the nested records are rebuilt); an unknown, missing or mistyped field is a
+    ConfigError."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"config fields must be a mapping, got {shown(d, 40)}")
     known = {f.name for f in fields(ModelConfig)}
-    unknown = sorted(set(d) - known)
+    unknown = sorted((k for k in d if k not in known), key=str)
     if unknown:
-        raise ConfigError(f"unknown config field {unknown[0]!r} (written by another graphllm?)")
+        raise ConfigError(
+            f"unknown config field {shown(unknown[0])} (written by another graphllm?)"
+        )
+    required = [f.name for f in fields(ModelConfig) if f.default is f.default_factory is MISSING]
+    missing = [k for k in required if k not in d]
+    if missing:
+        raise ConfigError(f"config field {missing[0]!r} is missing")
     kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
     for name, record in _RECORDS.items():
         if isinstance(kw.get(name), dict):
-            kw[name] = record(**kw[name])
+            kw[name] = _record(name, record, kw[name])
     return ModelConfig(**kw)
+
+
+def _record(name: str, record: type, values: dict) -> Any:
+    """One nested record (rope, block, moe_names) from its fields."""
+    allowed = {f.name for f in fields(record)}
+    unknown = sorted((k for k in values if k not in allowed), key=str)
+    if unknown:
+        raise ConfigError(f"unknown config field {name}.{shown(unknown[0])}")
+    return record(**values)

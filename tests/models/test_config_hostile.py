@@ -4,6 +4,8 @@ reader's checks on the file it opens, and the shortening of values echoed in err
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import os
 import stat
@@ -214,3 +216,33 @@ def test_names_no_file_can_have_are_one_line(source):
         with pytest.raises(ConfigError) as e:
             load(source)
         assert len(str(e.value)) < 400 and "\n" not in str(e.value)
+
+
+FIELD_DICTS = [dataclasses.asdict(load_config(d)) for d in BASES]
+
+
+@st.composite
+def mutated_fields(draw) -> dict:
+    """A ModelConfig's fields as an ONNX file's metadata carries them, then tampered with."""
+    d = json.loads(json.dumps(draw(st.sampled_from(FIELD_DICTS))))
+    for _ in range(draw(st.integers(1, 3))):
+        key = draw(st.sampled_from(sorted(d)))
+        action = draw(st.sampled_from(["drop", "set", "set", "nested"]))
+        if action == "drop":
+            d.pop(key, None)
+        elif action == "nested" and isinstance(d.get(key), dict) and d[key]:
+            d[key][draw(st.sampled_from([*sorted(d[key]), "bogus"]))] = draw(values)
+        else:
+            d[key] = draw(values)
+    return d
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated_fields())
+def test_tampered_metadata_fields_build_a_config_or_are_refused(d):
+    start = time.monotonic()
+    try:
+        config_from_fields(d)
+    except ConfigError as e:
+        assert "\n" not in str(e) and len(str(e)) < 400
+    assert time.monotonic() - start < SECONDS
