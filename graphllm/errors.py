@@ -20,3 +20,15 @@ class PassError(GraphllmError):
 
 class WeightsError(GraphllmError):
     """A checkpoint that is missing a tensor, or holds one of the wrong shape."""
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGINT arrived: unwinds like KeyboardInterrupt (past `except Exception`), so
+    that temporaries are removed on the way out; the CLI exits with 128 + the signal number."""
+
+    def __init__(self, signum: int) -> None:
+        import signal
+
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+        super().__init__(f"interrupted ({self.name})")

@@ -3,15 +3,18 @@ ModelConfig and Workloads, and turning user errors into one line and exit code 2
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 
-from graphllm.errors import ConfigError, GraphllmError
+from graphllm.errors import ConfigError, GraphllmError, Interrupted
 from graphllm.models.config import load_config, load_workload_section
 from graphllm.models.workload import Workload
 
@@ -50,7 +53,10 @@ class OneLineErrors(click.Group):
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
         try:
-            code = super().main(*args, standalone_mode=False, **kwargs)
+            with signals_interrupt():
+                code = super().main(*args, standalone_mode=False, **kwargs)
+        except Interrupted as e:
+            _fail(str(e), 128 + e.signum)
         except click.ClickException as e:
             if type(e).__name__ == "NoArgsIsHelpError":  # a bare `graphllm`: the help, as is
                 e.show()
@@ -59,6 +65,32 @@ class OneLineErrors(click.Group):
         except click.exceptions.Abort:
             _fail("aborted", 1)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGINT raise Interrupted in the main thread (so that `finally` blocks remove
+    temporaries and the old output is left as it was); a second signal while that unwinds is
+    ignored, so the cleanup finishes. The previous handlers come back afterwards (CliRunner
+    runs the command inside pytest)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        for s in _SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    before = {s: signal.signal(s, interrupt) for s in _SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 def user_errors(fn: Callable) -> Callable:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from graphllm.errors import ConfigError
+from graphllm.files import folder_problem
 from graphllm.models.config import _read
 from graphllm.models.workload import DTYPE_ALIASES
 
@@ -170,6 +171,9 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
     text = str(name_or_path)
     if isinstance(name_or_path, str) and _canon(text) == "local":
         path = local_path()
+        problem = folder_problem(path.parent)
+        if problem is not None and not path.is_file():
+            raise ConfigError(f"--hardware local reads {path}, but {problem} (XDG_CACHE_HOME)")
         if not path.is_file():
             raise ConfigError(
                 f"no calibration for this machine; run `graphllm calibrate` first (looked for {path})"

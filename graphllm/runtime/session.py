@@ -43,8 +43,11 @@ def session(path: str | Path, device: str = "auto", threads: int | None = None) 
     this onnxruntime cannot load (an op its providers lack) is one line."""
     import onnxruntime as ort
 
+    from graphllm.exporters.onnx.export import check_data_file
+
     if not Path(path).is_file():
         raise GraphllmError(f"{path}: no such ONNX model")
+    check_data_file(path)  # a model beside another export's weights file is not run
     opts = ort.SessionOptions()
     opts.log_severity_level = 4  # its errors reach the user as our one line (_one_line), once
     if threads:
