@@ -60,16 +60,19 @@ def check_target(path: str | Path) -> Path:
     try:
         mode = path.stat().st_mode
     except FileNotFoundError:
-        return path  # nothing there, or a dangling symlink (which the rename replaces)
+        mode = None  # nothing there, or a dangling symlink (which the rename replaces)
     except OSError as e:
         raise GraphllmError(f"cannot write {_short(path)}: {e.strerror}") from None
-    if not stat.S_ISREG(mode):
+    if mode is not None and not stat.S_ISREG(mode):
         kind = next((k for test, k in _KINDS.items() if test(mode)), "not a regular file")
         link = " (through a symlink)" if path.is_symlink() else ""
         raise GraphllmError(
             f"cannot write {_short(path)}: it is {kind}{link}, not a regular file; "
             f"graphllm only replaces regular files"
         )
+    problem = _unwritable(folder)
+    if problem is not None:
+        raise GraphllmError(f"cannot write {_short(path)}: {problem}")
     return path
 
 
@@ -204,13 +207,19 @@ def folder_problem(folder: Path) -> str | None:
             continue
         if not existing.is_dir():
             return f"{_short(existing)} is not a folder"
-        try:
-            read_only = os.statvfs(existing).f_flag & os.ST_RDONLY
-        except OSError:
-            read_only = False
-        if read_only or not os.access(existing, os.W_OK | os.X_OK):
-            return f"{_short(existing)} is not writable"
-        return None
+        return _unwritable(existing)
+    return None
+
+
+def _unwritable(folder: Path) -> str | None:
+    """Why no file can be made in `folder` (tried: root passes every permission check, and
+    /proc or a read-only mount refuse only the attempt), or None."""
+    probe = temp_path(folder / "graphllm-probe")
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as e:
+        return f"{_short(folder)} is not writable ({e.strerror})"
+    os.unlink(probe)
     return None
 
 

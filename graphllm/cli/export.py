@@ -20,6 +20,7 @@ from graphllm.errors import ConfigError
 from graphllm.exporters.onnx import export_onnx
 from graphllm.files import check_target, json_text, temporary_folder
 from graphllm.ir import Graph
+from graphllm.models.hardware import load_hardware
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload
 from graphllm.runtime.bench import BenchReport
@@ -79,7 +80,7 @@ def provider_kind(device: str) -> str:
 )
 @ops_options
 @deepseek_options
-@click.option("--output", "-o", type=click.Path(path_type=Path, dir_okay=False), required=True)
+@click.option("--output", "-o", type=click.Path(path_type=Path), required=True)
 @user_errors
 def export(
     config_path: Path | None,
@@ -183,6 +184,8 @@ def bench(
             "--ops, --mla and --mtp choose how a config is exported: give --config or "
             "--model (a .onnx file is benched as it was exported)"
         )
+    if hardware is not None and not no_predict and hardware.strip().lower() != "local":
+        load_hardware(hardware)  # a bad spec is refused before the export, not after it
     say = lambda msg: click.echo(msg, err=True)  # noqa: E731
     # the export of --config/--model: removed on errors and signals; a killed run's by the next
     with temporary_folder("graphllm-bench") as tmp:
