@@ -47,6 +47,8 @@ def check_target(path: str | Path) -> Path:
     regular file (followed through symlinks)."""
     path = Path(path)
     folder = path.parent
+    if "\0" in str(path):
+        raise GraphllmError(f"cannot write {_short(repr(str(path)))}: the name holds a NUL byte")
     if not folder.exists():
         raise GraphllmError(f"cannot write {_short(path)}: folder {_short(folder)} does not exist")
     if not folder.is_dir():

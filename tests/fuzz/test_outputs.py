@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.support.hostile import Case, cases_params, check_case, run_cli
 from tests.support.paths import REPO
@@ -243,3 +245,24 @@ def test_json_text_maps_non_finite_to_null():
 
     doc = {"a": math.inf, "b": [math.nan, 1.5, -math.inf], "c": (2, "x")}
     assert _strict(json_text(doc)) == {"a": None, "b": [None, 1.5, None], "c": [2, "x"]}
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(name=st.text(st.characters(codec="utf-8"), min_size=0, max_size=300))
+def test_any_name_is_written_or_refused_in_one_line(tmp_path, name):
+    """Whatever the name (NUL, slashes, 300 characters, `..`), write_text_atomic writes a file
+    or raises GraphllmError, and leaves no temporary."""
+    from graphllm.errors import GraphllmError
+    from graphllm.files import write_text_atomic
+
+    folder = tmp_path / "w"
+    folder.mkdir(exist_ok=True)
+    try:
+        written = write_text_atomic(folder / name, "x")
+    except GraphllmError as e:
+        assert "\n" not in str(e) and len(str(e)) < 1000
+    else:
+        assert written.is_file()
+    assert not [p for p in tmp_path.rglob("*.tmp")]
