@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from graphllm.errors import GraphllmError
+from graphllm.exporters.onnx.export import check_data_file
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 DEVICES = ("auto", "cpu", "cuda")
@@ -42,8 +43,6 @@ def session(path: str | Path, device: str = "auto", threads: int | None = None) 
     """An onnxruntime InferenceSession on `path` (external data is found beside it); a model
     this onnxruntime cannot load (an op its providers lack) is one line."""
     import onnxruntime as ort
-
-    from graphllm.exporters.onnx.export import check_data_file
 
     if not Path(path).is_file():
         raise GraphllmError(f"{path}: no such ONNX model")
