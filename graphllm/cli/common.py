@@ -4,7 +4,9 @@ ModelConfig and Workloads, and turning user errors into one line and exit code 2
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
+import os
 import signal
 import sys
 import threading
@@ -55,8 +57,13 @@ class OneLineErrors(click.Group):
         try:
             with signals_interrupt():
                 code = super().main(*args, standalone_mode=False, **kwargs)
+                sys.stdout.flush()  # a full disk or a closed pipe shows here, not at exit
         except Interrupted as e:
             _fail(str(e), 128 + e.signum)
+        except OSError as e:
+            if e.errno not in _OUTPUT_ERRNOS:
+                raise
+            _output_failed(e)
         except click.ClickException as e:
             if type(e).__name__ == "NoArgsIsHelpError":  # a bare `graphllm`: the help, as is
                 e.show()
@@ -68,6 +75,21 @@ class OneLineErrors(click.Group):
 
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# what writing to stdout can fail with: a full disk or /dev/full, a closed pipe, a lost terminal
+_OUTPUT_ERRNOS = {errno.ENOSPC, errno.EPIPE, errno.EIO, errno.EFBIG, errno.EDQUOT, errno.EBADF}
+
+
+def _output_failed(e: OSError) -> None:
+    """Stdout could not be written: one line (silence for a reader that left, as `| head`),
+    and stdout pointed at /dev/null so that the exit's flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass  # not a real file (CliRunner's): nothing is flushed at exit
+    if e.errno == errno.EPIPE:
+        sys.exit(128 + signal.SIGPIPE)
+    _fail(f"cannot write the output: {e.strerror}")
 
 
 @contextlib.contextmanager

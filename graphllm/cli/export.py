@@ -20,11 +20,12 @@ from graphllm.errors import ConfigError
 from graphllm.exporters.onnx import export_onnx
 from graphllm.files import check_target, json_text, temporary_folder
 from graphllm.ir import Graph
-from graphllm.models.hardware import load_hardware
+from graphllm.models.hardware import load_hardware, local_path
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload
 from graphllm.runtime.bench import BenchReport
 from graphllm.runtime.bench import bench as run_bench
+from graphllm.runtime.calibrate import check_local_writable
 from graphllm.runtime.session import PROVIDERS, providers
 
 OP_SETS = ["auto", "decomposed", "standard", "ort"]  # exporters/onnx.py LOWERINGS, and auto
@@ -184,8 +185,12 @@ def bench(
             "--ops, --mla and --mtp choose how a config is exported: give --config or "
             "--model (a .onnx file is benched as it was exported)"
         )
-    if hardware is not None and not no_predict and hardware.strip().lower() != "local":
-        load_hardware(hardware)  # a bad spec is refused before the export, not after it
+    if hardware is not None and not no_predict:
+        # a bad spec, or a cache a calibration could not be saved in, before the export
+        if hardware.strip().lower() != "local":
+            load_hardware(hardware)
+        elif not local_path().is_file():
+            check_local_writable()
     say = lambda msg: click.echo(msg, err=True)  # noqa: E731
     # the export of --config/--model: removed on errors and signals; a killed run's by the next
     with temporary_folder("graphllm-bench") as tmp:

@@ -187,8 +187,15 @@ CACHE_CASES = [
     ),
 ]
 
-# a bench that fails after its export: the temporary folder it exported into is removed
+# refused before the export into its temporary folder, which is not left behind
 BENCH_CASES = [
+    Case(
+        "bench-local-cache-is-file",
+        ["bench", "--config", TINY, "--repeats", "1"],
+        _cache_file,
+        env={"XDG_CACHE_HOME": "cachefile"},
+        expect="is not a folder",
+    ),
     Case(
         "bench-error-removes-its-folder",
         ["bench", "--config", TINY, "--hardware", "no-such-device", "--repeats", "1"],
@@ -213,6 +220,30 @@ def test_a_device_target_is_left_a_device(tmp_path):
     check_case(Case("dev-null", _export("null"), _link("null", "/dev/null")), tmp_path)
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
     assert (tmp_path / "null").is_symlink() and os.readlink(tmp_path / "null") == "/dev/null"
+
+
+@pytest.mark.parametrize(
+    "args", [["presets", "--json"], ["trace", "--config", TINY, "--json"]], ids=["presets", "trace"]
+)
+def test_stdout_on_a_full_device_is_one_line(tmp_path, args):
+    """/dev/full as stdout (opened for writing, never replaced): one line, not a traceback."""
+    import subprocess
+    import sys
+
+    from tests.support.hostile import _ENTRY, sandbox_env
+
+    with open("/dev/full", "w") as full:
+        p = subprocess.run(
+            [sys.executable, "-c", _ENTRY, *args],
+            cwd=tmp_path,
+            env=sandbox_env(tmp_path),
+            stdout=full,
+            stderr=subprocess.PIPE,
+            timeout=60,
+        )
+    err = p.stderr.decode().strip()
+    assert p.returncode == 2 and err == "error: cannot write the output: No space left on device"
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
 
 
 def _strict(text: str) -> object:
