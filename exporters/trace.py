@@ -17,12 +17,11 @@ per op; the times are the same.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from graphllm.files import write_text_atomic
+from graphllm.files import json_text, write_text_atomic
 from graphllm.ir import Graph
 from graphllm.models.hardware import Hardware
 from graphllm.ops import COMMUNICATION, OPS, SOURCE
@@ -242,4 +241,4 @@ def _span(
 
 def write_trace(path: str | Path, doc: dict[str, Any]) -> Path:
     """Write the trace atomically (whole or not at all)."""
-    return write_text_atomic(path, json.dumps(doc))
+    return write_text_atomic(path, json_text(doc))

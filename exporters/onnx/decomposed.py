@@ -10,7 +10,7 @@ The lowering mirrors the IR node for node: each op-table row has one lowering he
 op's name, that emits standard ONNX ops. The ONNX node that produces an IR node's value carries the
 IR node's name (`model.layers.3.self_attn.q_proj`); helper nodes are named `<that name>/<OpType>`,
 so Netron shows the model's hierarchy. Weights are initializers named like the checkpoint tensors
-(stacked experts with `*`), in one `.onnx` file, or, past protobuf's 2 GB, in a `.onnx.data` file
+(stacked experts with `*`), in one `.onnx` file, or, past protobuf's 2 GB, in a `.onnx.<8 hex>.data` file
 beside it, written tensor by tensor.
 
 Where the lowering departs from the numpy reference, on purpose:

@@ -4,11 +4,14 @@ back (config, workload, lowering, how the graph was built). Written whole or not
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import re
+import secrets
 import shutil
-import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,10 +34,13 @@ from graphllm.exporters.onnx.lowering import (
     producer_version,
     static_shape,
 )
-from graphllm.files import write_atomic
+from graphllm.files import check_target, write_atomic
 from graphllm.ir import Graph
 from graphllm.models.model_config import ModelConfig, config_from_fields
 from graphllm.models.workload import Workload
+
+DATA_HEADER = b"graphllm external data "  # then the token its name and the model's metadata carry
+_LARGEST_GRAPH = 256 << 20  # an external-data model's graph alone is far smaller
 
 
 # -- metadata ---------------------------------------------------------------------------------
@@ -151,10 +157,45 @@ def export_onnx(
         params = random_tensors(graph, seed, dtype)
     tensors = planned(written, params, dtype)
     external = nbytes > PROTO_LIMIT if external_data is None else external_data
-    path = Path(path)
-    data_path = path.with_name(path.name + ".data") if external and written else None
-    write_atomic(path, lambda tmp: _write(model, tmp, data_path, tensors, nbytes, check))
+    path = check_target(path)
+    # a name no other export uses: a model is never paired with another export's data file
+    data_path = (
+        path.with_name(f"{path.name}.{secrets.token_hex(4)}.data") if external and written else None
+    )
+    with _exclusive(path.parent):  # one export at a time per folder: none deletes another's data
+        write_atomic(path, lambda tmp: _write(model, tmp, data_path, tensors, nbytes, check))
+        _remove_unreferenced(path, data_path)
     return ExportResult(path, data_path, len(model.graph.node), numel, nbytes, source, ops)
+
+
+@contextmanager
+def _exclusive(folder: Path) -> Iterator[None]:
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        raise GraphllmError(f"cannot write in {folder}: {e.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _data_files(path: Path) -> list[Path]:
+    """The weights files exports to `path` write (`NAME.<8 hex>.data`; before, `NAME.data`)."""
+    pattern = re.compile(re.escape(path.name) + r"(\.[0-9a-f]{8})?\.data")
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return []
+    return [path.parent / n for n in names if pattern.fullmatch(n)]
+
+
+def _remove_unreferenced(path: Path, keep: Path | None) -> None:
+    """After the model is in place: the data files of earlier (or killed) exports to `path`."""
+    for data in _data_files(path):
+        if data != keep:
+            data.unlink(missing_ok=True)
 
 
 def _checked(
@@ -256,11 +297,11 @@ def _write_external(
         raise GraphllmError(
             f"{data_path.parent} has {free / 1e9:.1f} GB free; the weights need {nbytes / 1e9:.1f} GB"
         )
-    fd, data_tmp = tempfile.mkstemp(prefix=f".{data_path.name}.", dir=data_path.parent)
-    _readable(Path(data_tmp))
-    placed = False
-    try:
-        with os.fdopen(fd, "wb") as f:
+    token = data_path.name.rsplit(".", 2)[-2]
+
+    def write_data(data_tmp: Path) -> None:
+        with open(data_tmp, "wb") as f:
+            f.write(DATA_HEADER + token.encode() + b"\n")  # which export this data file is
             for name, arr in tensors:
                 f.write(b"\0" * (-f.tell() % ALIGN))
                 offset = f.tell()
@@ -275,23 +316,65 @@ def _write_external(
                     t.external_data.add(key=k, value=str(v))
                 model.graph.initializer.append(t)
                 del arr
-        os.replace(data_tmp, data_path)
-        placed = True
+
+    write_atomic(data_path, write_data)  # whole and synced before the model that names it
+    try:
+        record = {"file": data_path.name, "bytes": data_path.stat().st_size, "token": token}
+        model.metadata_props.add(key="graphllm.data", value=json.dumps(record))
         onnx.save_model(model, tmp)
         if check:
             _check(tmp)
     except BaseException:
-        Path(data_tmp).unlink(missing_ok=True)
-        if placed:
-            data_path.unlink(missing_ok=True)
+        data_path.unlink(missing_ok=True)  # its name is this export's: no model names it
         raise
 
 
-def _readable(path: Path) -> None:
-    """The permissions of a new file (temporary files are created private)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    path.chmod(0o666 & ~umask)
+def check_data_file(path: str | Path) -> None:
+    """Refuse in one line a model whose external weights file is missing, or is not the one it
+    was exported with (another export's, a copy, a truncated one): onnxruntime would run it
+    with those weights, or fail on them with a long message."""
+    path = Path(path)
+    if path.stat().st_size > _LARGEST_GRAPH and not _data_files(path):
+        return  # its weights are inside it: nothing beside it to pair
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # not a model: the loader says so in its own words
+        return
+    locations = {
+        d.value for t in model.graph.initializer for d in t.external_data if d.key == "location"
+    }
+    if not locations:
+        return
+    props = {p.key: p.value for p in model.metadata_props}
+    if "graphllm.data" not in props:
+        for name in sorted(locations):
+            _inside(path, name)
+        return
+    try:
+        record = json.loads(props["graphllm.data"])
+        name, size, token = str(record["file"]), int(record["bytes"]), str(record["token"])
+    except (ValueError, TypeError, KeyError):
+        raise GraphllmError(f"{path}: unreadable graphllm.data metadata") from None
+    if locations != {name}:
+        raise GraphllmError(f"{path}: its weights are not all in {name}, as its metadata says")
+    data = _inside(path, name)
+    with open(data, "rb") as f:
+        head = f.read(len(DATA_HEADER) + len(token) + 1)
+    if data.stat().st_size != size or head != DATA_HEADER + token.encode() + b"\n":
+        raise GraphllmError(
+            f"{data} is not the weights file {path.name} was exported with (another export's, "
+            "or changed since); export again"
+        )
+
+
+def _inside(path: Path, name: str) -> Path:
+    """The data file `name` a model at `path` names: a regular file in the model's folder."""
+    data = path.parent / name
+    if Path(name).name != name or name in ("", ".", ".."):
+        raise GraphllmError(f"{path}: its weights file {name[:80]!r} is outside its folder")
+    if not data.is_file():
+        raise GraphllmError(f"{path}: its weights file {name} is missing (it is written beside it)")
+    return data
 
 
 def _dtype_of(arr: np.ndarray) -> int:

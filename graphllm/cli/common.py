@@ -3,15 +3,20 @@ ModelConfig and Workloads, and turning user errors into one line and exit code 2
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
+import os
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 
-from graphllm.errors import ConfigError, GraphllmError
+from graphllm.errors import ConfigError, GraphllmError, Interrupted
 from graphllm.models.config import load_config, load_workload_section
 from graphllm.models.workload import Workload
 
@@ -50,7 +55,15 @@ class OneLineErrors(click.Group):
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
         try:
-            code = super().main(*args, standalone_mode=False, **kwargs)
+            with signals_interrupt():
+                code = super().main(*args, standalone_mode=False, **kwargs)
+                sys.stdout.flush()  # a full disk or a closed pipe shows here, not at exit
+        except Interrupted as e:
+            _fail(str(e), 128 + e.signum)
+        except OSError as e:
+            if e.errno not in _OUTPUT_ERRNOS:
+                raise
+            _output_failed(e)
         except click.ClickException as e:
             if type(e).__name__ == "NoArgsIsHelpError":  # a bare `graphllm`: the help, as is
                 e.show()
@@ -59,6 +72,47 @@ class OneLineErrors(click.Group):
         except click.exceptions.Abort:
             _fail("aborted", 1)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# what writing to stdout can fail with: a full disk or /dev/full, a closed pipe, a lost terminal
+_OUTPUT_ERRNOS = {errno.ENOSPC, errno.EPIPE, errno.EIO, errno.EFBIG, errno.EDQUOT, errno.EBADF}
+
+
+def _output_failed(e: OSError) -> None:
+    """Stdout could not be written: one line (silence for a reader that left, as `| head`),
+    and stdout pointed at /dev/null so that the exit's flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass  # not a real file (CliRunner's): nothing is flushed at exit
+    if e.errno == errno.EPIPE:
+        sys.exit(128 + signal.SIGPIPE)
+    _fail(f"cannot write the output: {e.strerror}")
+
+
+@contextlib.contextmanager
+def signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGINT raise Interrupted in the main thread (so that `finally` blocks remove
+    temporaries and the old output is left as it was); a second signal while that unwinds is
+    ignored, so the cleanup finishes. The previous handlers come back afterwards (CliRunner
+    runs the command inside pytest)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        for s in _SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    before = {s: signal.signal(s, interrupt) for s in _SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 def user_errors(fn: Callable) -> Callable:

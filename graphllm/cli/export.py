@@ -3,10 +3,6 @@
 
 from __future__ import annotations
 
-import json
-import signal
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +18,14 @@ from graphllm.cli.common import (
 )
 from graphllm.errors import ConfigError
 from graphllm.exporters.onnx import export_onnx
+from graphllm.files import check_target, json_text, temporary_folder
 from graphllm.ir import Graph
+from graphllm.models.hardware import load_hardware, local_path
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload
 from graphllm.runtime.bench import BenchReport
 from graphllm.runtime.bench import bench as run_bench
+from graphllm.runtime.calibrate import check_local_writable
 from graphllm.runtime.session import PROVIDERS, providers
 
 OP_SETS = ["auto", "decomposed", "standard", "ort"]  # exporters/onnx.py LOWERINGS, and auto
@@ -82,7 +81,7 @@ def provider_kind(device: str) -> str:
 )
 @ops_options
 @deepseek_options
-@click.option("--output", "-o", type=click.Path(path_type=Path, dir_okay=False), required=True)
+@click.option("--output", "-o", type=click.Path(path_type=Path), required=True)
 @user_errors
 def export(
     config_path: Path | None,
@@ -101,15 +100,14 @@ def export(
     """Write the model as ONNX: dynamic batch and lengths, KV cache in and out, left padding.
 
     Weights are seeded random unless --weights names a checkpoint folder; past 2 GB they go to
-    OUTPUT.data beside the model. The config and workload ride along in the model's metadata.
+    OUTPUT.<hex>.data beside the model. The config and workload ride along in the model's metadata.
     """
 
     if weights is not None and no_weights:
         raise ConfigError("give --weights DIR or --no-weights, not both")
     if weights is not None and config_path is None and preset is None:
         config_path = weights  # a checkpoint folder holds its config.json
-    # a `kill` ends the export like Ctrl-C does: the partial files are removed on the way out
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    check_target(output)  # before the work: a device, a FIFO or a missing folder is refused now
     config, workload, graph = _export_graph(config_path, preset, dtype, logits, mla, mtp)
     r = export_onnx(
         graph,
@@ -187,10 +185,17 @@ def bench(
             "--ops, --mla and --mtp choose how a config is exported: give --config or "
             "--model (a .onnx file is benched as it was exported)"
         )
+    if hardware is not None and not no_predict:
+        # a bad spec, or a cache a calibration could not be saved in, before the export
+        if hardware.strip().lower() != "local":
+            load_hardware(hardware)
+        elif not local_path().is_file():
+            check_local_writable()
     say = lambda msg: click.echo(msg, err=True)  # noqa: E731
-    with tempfile.TemporaryDirectory(prefix="graphllm-bench-") as tmp:
+    # the export of --config/--model: removed on errors and signals; a killed run's by the next
+    with temporary_folder("graphllm-bench") as tmp:
         if model_path is None:
-            model_path = Path(tmp) / "model.onnx"
+            model_path = tmp / "model.onnx"
             config, workload, graph = _export_graph(config_path, preset, dtype, None, mla, mtp)
             r = export_onnx(
                 graph, model_path, workload=workload, ops=ops, device=provider_kind(device),
@@ -212,7 +217,7 @@ def bench(
             huge_pages=not no_huge_pages,
         )
     if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
+        click.echo(json_text(report.to_dict(), indent=2))
     else:
         print_bench(report)
 

@@ -16,7 +16,7 @@ from graphllm.models.hardware import list_hardware
 from graphllm.models.workload import Workload
 from graphllm.passes import run
 from graphllm.runtime.calibrate import calibrate as measure
-from graphllm.runtime.calibrate import save_local
+from graphllm.runtime.calibrate import check_local_writable, save_local
 
 
 @click.command()
@@ -31,6 +31,7 @@ def calibrate(
 ) -> None:
     """Measure this machine (matmul FLOP/s, read bandwidth) for `--hardware local`."""
 
+    check_local_writable()  # a cache that is a file: refused now, not after measuring
     weights = None
     if preset or config_path:
         cfg = load_config(config_path or preset)

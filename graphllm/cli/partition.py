@@ -3,7 +3,6 @@ execution that the partitioned graph computes what the single-device one does.""
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +24,7 @@ from graphllm.cli.common import (
 from graphllm.cli.layout import strategy_from, strategy_options, training_from, training_options
 from graphllm.errors import ConfigError
 from graphllm.exporters.trace import chrome_trace, write_trace
+from graphllm.files import check_target, json_text
 from graphllm.models.hardware import load_hardware
 from graphllm.models.workload import Workload
 from graphllm.passes.parallel.partition import partition as partition_graph
@@ -63,6 +63,8 @@ def partition(
 ) -> None:
     """Partition the graph over devices: per-device memory, FLOPs, communication and time."""
 
+    if trace_path is not None:
+        check_target(trace_path)  # before the work, not after it
     strategy = strategy_from(options)
     training = training_from(options)
     config, wl = resolve(options)
@@ -86,7 +88,7 @@ def partition(
         trace = chrome_trace(graph, doc["partition"], hw, attention, training is not None)
         write_trace(trace_path, trace)
     if as_json:
-        click.echo(json.dumps(doc, indent=2))
+        click.echo(json_text(doc, indent=2))
     else:
         print_partition(doc)
         if trace_path is not None:

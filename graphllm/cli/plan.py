@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
@@ -17,6 +16,7 @@ from graphllm.cli.common import (
     user_errors,
 )
 from graphllm.cli.layout import training_from, training_options
+from graphllm.files import json_text
 from graphllm.models.hardware import load_hardware
 from graphllm.passes.parallel.plan import plan as make_plan
 from graphllm.report.summary import _b, _t
@@ -55,7 +55,7 @@ def plan(
         "plan": report.to_dict(),
     }
     if as_json:
-        click.echo(json.dumps(doc, indent=2))
+        click.echo(json_text(doc, indent=2))
     else:
         print_plan(doc, top)
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 from rich.console import Console
 from rich.table import Table
@@ -11,6 +9,7 @@ from rich.table import Table
 from graphllm.cli.common import (
     user_errors,
 )
+from graphllm.files import json_text
 from graphllm.models.config import list_presets
 
 
@@ -22,7 +21,7 @@ def presets(as_json: bool) -> None:
 
     rows = list_presets()
     if as_json:
-        click.echo(json.dumps([{"name": n, "description": d} for n, d in rows], indent=2))
+        click.echo(json_text([{"name": n, "description": d} for n, d in rows], indent=2))
         return
 
     table = Table("preset", "model")

@@ -22,6 +22,7 @@ from graphllm.errors import ConfigError
 from graphllm.exporters.dot import view_dot
 from graphllm.exporters.render import find_renderer, output_format
 from graphllm.exporters.render import render as render_file
+from graphllm.files import check_target
 from graphllm.models.hardware import load_hardware
 from graphllm.passes.parallel.partition import partition
 
@@ -88,6 +89,7 @@ def render(
     """Draw the model the way it is usually explained: model, block, attention, ffn or tokens."""
 
     fmt = output_format(output)
+    check_target(output)  # before the work, not after it
     name = find_renderer(fmt, renderer)[0] if fmt != "dot" else "none"  # fail before building
     strategy = strategy_from(options)
     split = strategy.devices > 1 or strategy.microbatches > 1

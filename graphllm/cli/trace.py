@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from graphllm.cli.common import (
     user_errors,
 )
 from graphllm.errors import ConfigError
-from graphllm.files import write_text_atomic
+from graphllm.files import check_target, json_text, write_text_atomic
 from graphllm.models.hardware import load_hardware
 from graphllm.report.plot import plot_sweep
 from graphllm.report.summary import print_sweep, print_trace
@@ -56,6 +55,9 @@ def trace(
 ) -> None:
     """Build the model's op graph, verify and analyse it: params, token mixing, cost, memory."""
 
+    for target in (per_op[1] if per_op else None, plot):
+        if target is not None:
+            check_target(target)  # before the work, not after it
     config, workloads = resolve_sweep(options)
     hw = load_hardware(hardware) if hardware else None
     if len(workloads) > 1:
@@ -65,7 +67,7 @@ def trace(
         if plot:
             plot_sweep(rows, plot, f"{config.name} on {hw.name if hw else 'no hardware'}", hw)
         if as_json:
-            click.echo(json.dumps({"model": config.name, "sweep": rows}, indent=2))
+            click.echo(json_text({"model": config.name, "sweep": rows}, indent=2))
         else:
             print_sweep(rows)
         return
@@ -77,6 +79,6 @@ def trace(
     if print_graph:
         click.echo(graph.print())
     elif as_json:
-        click.echo(json.dumps(doc, indent=2))
+        click.echo(json_text(doc, indent=2))
     else:
         print_trace(doc)

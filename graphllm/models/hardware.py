@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from graphllm.errors import ConfigError
+from graphllm.files import folder_problem
 from graphllm.models.echo import cut, shown, shown_path
 from graphllm.models.parse import file_mode, read_mapping
 from graphllm.models.workload import DTYPE_ALIASES
@@ -223,6 +224,9 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
     text = str(name_or_path)
     if isinstance(name_or_path, str) and _canon(text) == "local":
         path = local_path()
+        problem = folder_problem(path.parent)
+        if problem is not None and not path.is_file():
+            raise ConfigError(f"--hardware local reads {path}, but {problem} (XDG_CACHE_HOME)")
         if not path.is_file():
             raise ConfigError(
                 "no calibration for this machine; run `graphllm calibrate` first "

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from collections import Counter
 from dataclasses import asdict
 from typing import Any
 
 from graphllm.build.builder import build_graph
+from graphllm.files import json_text
 from graphllm.ir import Graph
 from graphllm.models.hardware import Hardware
 from graphllm.models.model_config import ModelConfig
@@ -127,7 +127,7 @@ def per_op_text(graph: Graph, fmt: str) -> str:
     """The per-op table as CSV or JSON text."""
     rows = per_op_rows(graph)
     if fmt == "json":
-        return json.dumps(rows, indent=1)
+        return json_text(rows, indent=1)
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=PER_OP_FIELDS)
     w.writeheader()

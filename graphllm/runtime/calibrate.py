@@ -23,7 +23,8 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from graphllm.files import write_text_atomic
+from graphllm.errors import GraphllmError
+from graphllm.files import folder_problem, make_folder, write_text_atomic
 from graphllm.models.hardware import Hardware, hardware_from_dict, local_path
 
 GiB = 1 << 30
@@ -208,9 +209,17 @@ def _stepper(bars, label: str, repeats: int) -> Callable[[], None]:
     return lambda: bars.advance(task)
 
 
+def check_local_writable(path: Path | None = None) -> None:
+    """Refuse before measuring when `save_local` could not write (a cache that is a file)."""
+    path = path or local_path()
+    problem = folder_problem(path.parent)
+    if problem is not None:
+        raise GraphllmError(f"cannot write this machine's figures to {path}: {problem}")
+
+
 def save_local(hw: Hardware, path: Path | None = None) -> Path:
     """Write `hw` where `load_hardware("local")` reads it, atomically; return the path."""
     path = path or local_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent, "this machine's figures")
     text = yaml.safe_dump(hw.to_dict(), sort_keys=False, width=100)
     return write_text_atomic(path, text)

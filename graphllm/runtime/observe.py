@@ -3,10 +3,8 @@ positions change. The check of the tokens pass that does not trust the op table.
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 
@@ -14,6 +12,7 @@ from graphllm.build.builder import build_export_graph, build_graph
 from graphllm.build.weights import random_weights
 from graphllm.errors import GraphllmError
 from graphllm.exporters.onnx import export_onnx
+from graphllm.files import temporary_folder
 from graphllm.ir import Graph
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload
@@ -185,8 +184,8 @@ def check_token_mixing(
         return case.observe(
             lambda x: run_graph(case.graph, weights, x, case.past or None)["logits"][0]
         )
-    with tempfile.TemporaryDirectory(prefix="graphllm-tokens-") as tmp:
-        path = Path(tmp) / "model.onnx"
+    with temporary_folder("graphllm-tokens") as tmp:
+        path = tmp / "model.onnx"
         graph = build_export_graph(case.small, "fp32", case.workload.logits)
         export_onnx(graph, path, seed=seed, workload=case.workload, check=False, ops="decomposed")
         model = OnnxModel(path, device="cpu")

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from graphllm.errors import GraphllmError
+from graphllm.exporters.onnx.export import check_data_file
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 DEVICES = ("auto", "cpu", "cuda")
@@ -45,6 +46,7 @@ def session(path: str | Path, device: str = "auto", threads: int | None = None) 
 
     if not Path(path).is_file():
         raise GraphllmError(f"{path}: no such ONNX model")
+    check_data_file(path)  # a model beside another export's weights file is not run
     opts = ort.SessionOptions()
     opts.log_severity_level = 4  # its errors reach the user as our one line (_one_line), once
     if threads:
