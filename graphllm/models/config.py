@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from typing import Any
 import yaml
 
 from graphllm.errors import ConfigError
+from graphllm.models.folder import folder_member
 from graphllm.models.model_config import FAMILIES, BlockLayout, ModelConfig, MoENames, RopeConfig
 from graphllm.models.rope import mscale
 from graphllm.models.workload import Workload
@@ -1023,9 +1025,11 @@ def load_config(source: str | Path | dict) -> ModelConfig:
         raise ConfigError(f"a config source must be a path, preset name or dict, got {source!r}")
     path = Path(source)
     if path.is_dir():
-        path = path / "config.json"
-        if not path.is_file():
-            raise ConfigError(f"{path.parent}: folder has no config.json")
+        folder, path = path, path / "config.json"
+        if not os.path.lexists(path):
+            raise ConfigError(f"{folder}: folder has no config.json")
+        # a checkpoint's config.json may be a symlink: it must stay inside the folder
+        folder_member(folder, "config.json", str(folder), ConfigError)
     d = _read(path)
     if path.suffix.lower() in (".yaml", ".yml"):
         d.pop("workload", None)
