@@ -316,7 +316,7 @@ def _is_count(x: object) -> bool:
 
 
 def _check_dtype(where: str, dtype: object) -> None:
-    if dtype in _READ:
+    if isinstance(dtype, str) and dtype in _READ:
         return
     reads = ", ".join(_READ)
     if isinstance(dtype, str) and dtype in _NOT_READ:
