@@ -195,6 +195,8 @@ def _parse_json(raw: bytes, what: str) -> object:
         raise WeightsError(f"{what} is not UTF-8 text") from None
     except RecursionError:
         raise WeightsError(f"{what} is JSON nested too deeply") from None
+    except MemoryError:  # its size is capped, but the objects JSON makes of it may not fit
+        raise WeightsError(f"{what} ({len(raw):,} bytes) does not fit in memory as JSON") from None
     except ValueError as e:
         raise WeightsError(f"{what} is not valid JSON: {short(str(e), 120)}") from None
 
@@ -300,13 +302,16 @@ def _tensor(
     begin, end = offsets
     if not begin <= end <= data_size:
         raise WeightsError(
-            f"{where}: data_offsets [{begin}, {end}] are not inside the data section "
+            f"{where}: data_offsets {short(offsets)} are not inside the data section "
             f"({data_size:,} bytes; is the file truncated?)"
         )
     nbytes = math.prod(shape) * _READ[dtype].itemsize
     if end - begin != nbytes:
+        # a JSON int may have thousands of digits: a size past the data section is not printed
+        need = f"{nbytes:,} bytes" if nbytes <= data_size else "more than the data section"
         raise WeightsError(
-            f"{where}: data_offsets span {end - begin:,} bytes; {dtype} x {shape} is {nbytes:,}"
+            f"{where}: data_offsets span {end - begin:,} bytes; {dtype} x {short(shape)} "
+            f"needs {need}"
         )
     return _Tensor(path, rel, file_size, base + begin, nbytes, dtype, tuple(shape))
 

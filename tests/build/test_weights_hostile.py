@@ -46,10 +46,13 @@ json_values = st.recursive(
     max_leaves=6,
 )
 small_ints = st.integers(-4, 80)
+huge_ints = st.integers(0, 10**400)  # an error line must not print them whole
 field_values = {
     "dtype": st.sampled_from(DTYPES) | json_values,
-    "shape": st.lists(small_ints, max_size=3) | json_values,
-    "data_offsets": st.lists(st.integers(-8, 200), min_size=0, max_size=3) | json_values,
+    "shape": st.lists(small_ints, max_size=3) | st.lists(huge_ints, max_size=2) | json_values,
+    "data_offsets": st.lists(st.integers(-8, 200), max_size=3)
+    | st.lists(huge_ints, max_size=2)
+    | json_values,
 }
 header_edits = st.one_of(
     st.tuples(st.just("drop"), st.sampled_from(NAMES), st.sampled_from(FIELDS)),
