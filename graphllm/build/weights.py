@@ -80,7 +80,7 @@ class SafetensorsFolder:
         if not names:
             raise WeightsError(f"no .safetensors files in {self.folder}")
         for rel in names:
-            path = folder_member(self.folder, rel, f"checkpoint file {rel}", WeightsError)
+            path = folder_member(self.folder, rel, str(self.folder), WeightsError)
             for name, tensor in _read_header(path, rel).items():
                 if name in self._where:
                     other = self._where[name].rel
@@ -91,13 +91,14 @@ class SafetensorsFolder:
         """The shards the index names, each holding exactly the tensors the index maps to it."""
         wmap = _weight_map(folder_member(self.folder, INDEX, INDEX, WeightsError))
         shards: dict[Path, str] = {}  # resolved file -> its name in the index
-        where: dict[str, Path] = {}
+        where: dict[str, Path] = {}  # tensor -> its resolved file
+        checked: dict[str, Path] = {}  # the index's file name -> its resolved file
         for name, rel in wmap.items():
-            path = folder_member(
-                self.folder, rel, f"{INDEX}: weight_map[{short(name)}]", WeightsError
-            )
-            where[name] = path
-            shards.setdefault(path, rel)
+            if rel not in checked:  # a large index names a few shards many thousand times
+                what = f"{INDEX}: weight_map[{short(name)}]"
+                checked[rel] = folder_member(self.folder, rel, what, WeightsError)
+            where[name] = checked[rel]
+            shards.setdefault(checked[rel], rel)
         for path, rel in shards.items():
             for name, tensor in _read_header(path, rel).items():
                 if where.get(name) != path:
