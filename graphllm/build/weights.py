@@ -8,25 +8,20 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 import struct
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import ml_dtypes
 import numpy as np
 
 from graphllm.errors import WeightsError
 from graphllm.ir import Graph, Node
-
-_ST_DTYPES = {
-    "F32": np.dtype(np.float32),
-    "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F64": np.dtype(np.float64),
-    "I64": np.dtype(np.int64),
-    "I32": np.dtype(np.int32),
-}
-
+from graphllm.models.folder import folder_member, short
 
 _DTYPES = {"fp32": np.float32, "fp16": np.float16}
 _CHUNK = 1 << 22  # random weights are drawn this many values at a time
@@ -62,30 +57,60 @@ def random_weights(graph: Graph, seed: int = 0, scale: float = 0.02) -> dict[str
 
 
 class SafetensorsFolder:
-    """The tensors of a checkpoint folder (one file or sharded with an index), read lazily."""
+    """The tensors of a checkpoint folder (one file or sharded with an index), read lazily.
+
+    Nothing in the folder is trusted: every file it reads is a regular file inside the folder
+    (`graphllm.models.folder`), and every header is validated whole before any tensor is read
+    (`_read_header`), so a damaged or hostile checkpoint is one WeightsError line naming the file
+    and the tensor, never a read outside a file's data section or of another file.
+    """
 
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
         if not self.folder.is_dir():
             raise WeightsError(f"weights folder {self.folder} does not exist")
-        index = self.folder / "model.safetensors.index.json"
-        if index.exists():
-            try:
-                wmap = json.loads(index.read_text())["weight_map"]
-            except (ValueError, KeyError) as e:
-                raise WeightsError(f"{index}: not a safetensors index ({e})") from None
-            files = sorted(set(wmap.values()))
+        self._where: dict[str, _Tensor] = {}
+        if os.path.lexists(self.folder / INDEX):
+            self._read_sharded()
         else:
-            files = sorted(p.name for p in self.folder.glob("*.safetensors"))
-            if not files:
-                raise WeightsError(f"no .safetensors files in {self.folder}")
-        self._where: dict[str, tuple[Path, int, dict]] = {}  # name -> file, data start, info
-        for f in files:
-            path = self.folder / f
-            base = 8 + _header_len(path)
-            for name, info in _header(path).items():
-                if name != "__metadata__":
-                    self._where[name] = (path, base, info)
+            self._read_unsharded()
+
+    def _read_unsharded(self) -> None:
+        names = sorted(p.name for p in self.folder.glob("*.safetensors"))
+        if not names:
+            raise WeightsError(f"no .safetensors files in {self.folder}")
+        for rel in names:
+            path = folder_member(self.folder, rel, str(self.folder), WeightsError)
+            for name, tensor in _read_header(path, rel).items():
+                if name in self._where:
+                    other = self._where[name].rel
+                    raise WeightsError(f"tensor {short(name)} is in both {other} and {rel}")
+                self._where[name] = tensor
+
+    def _read_sharded(self) -> None:
+        """The shards the index names, each holding exactly the tensors the index maps to it."""
+        wmap = _weight_map(folder_member(self.folder, INDEX, INDEX, WeightsError))
+        shards: dict[Path, str] = {}  # resolved file -> its name in the index
+        where: dict[str, Path] = {}  # tensor -> its resolved file
+        checked: dict[str, Path] = {}  # the index's file name -> its resolved file
+        for name, rel in wmap.items():
+            if rel not in checked:  # a large index names a few shards many thousand times
+                what = f"{INDEX}: weight_map[{short(name)}]"
+                checked[rel] = folder_member(self.folder, rel, what, WeightsError)
+            where[name] = checked[rel]
+            shards.setdefault(checked[rel], rel)
+        for path, rel in shards.items():
+            for name, tensor in _read_header(path, rel).items():
+                if where.get(name) != path:
+                    mapped = shards[where[name]] if name in where else None
+                    says = f"maps it to {mapped}" if mapped else "does not list it"
+                    raise WeightsError(f"{rel}: holds tensor {short(name)}, but {INDEX} {says}")
+                self._where[name] = tensor
+        for name, path in where.items():
+            if name not in self._where:
+                raise WeightsError(
+                    f"{INDEX} maps tensor {short(name)} to {shards[path]}, which does not hold it"
+                )
 
     def __contains__(self, name: str) -> bool:
         return name in self._where
@@ -97,46 +122,258 @@ class SafetensorsFolder:
         """One tensor as float32."""
         if name not in self._where:
             raise WeightsError(f"checkpoint {self.folder} has no tensor {name}")
-        path, base, info = self._where[name]
-        dt = _ST_DTYPES.get(info["dtype"])
-        if dt is None:
-            raise WeightsError(f"{name}: safetensors dtype {info['dtype']} is not supported")
-        start, end = info["data_offsets"]
-        count = math.prod(info["shape"])
-        if end - start != count * dt.itemsize:
-            raise WeightsError(f"{name}: data size does not match its shape in {path.name}")
-        mm = np.memmap(path, dtype=np.uint8, mode="r", offset=base + start, shape=(end - start,))
-        return mm.view(dt).reshape(info["shape"]).astype(np.float32)
-
-
-def _header_len(path: Path) -> int:
-    with open(path, "rb") as f:
-        raw = f.read(8)
-    if len(raw) != 8:
-        raise WeightsError(f"{path}: not a safetensors file")
-    return struct.unpack("<Q", raw)[0]
-
-
-def _header(path: Path) -> dict:
-    n = _header_len(path)
-    with open(path, "rb") as f:
-        f.seek(8)
+        t = self._where[name]
         try:
-            return json.loads(f.read(n))
-        except ValueError:
-            raise WeightsError(f"{path}: corrupt safetensors header") from None
+            size = os.stat(t.path).st_size
+        except OSError as e:
+            raise WeightsError(f"{t.rel}: cannot be read: {e.strerror}") from None
+        if size != t.file_size:  # a mapping past the end of a file would kill the process
+            raise WeightsError(f"{t.rel}: changed size while it was being read")
+        dt = _READ[t.dtype]
+        if t.nbytes == 0:
+            return np.zeros(t.shape, np.float32)
+        mm = np.memmap(t.path, dtype=np.uint8, mode="r", offset=t.start, shape=(t.nbytes,))
+        return mm.view(dt).reshape(t.shape).astype(np.float32)
+
+
+INDEX = "model.safetensors.index.json"
+
+# The safetensors format's dtypes: the Dtype enum of huggingface/safetensors
+# (safetensors/src/tensor.rs). graphllm reads the plain floating-point and integer ones below as
+# values; the others hold quantized or packed data that only means something with scales beside
+# it (FP8, FP4, FP6, MX), or are not weights (BOOL, complex): refused by name, not misread.
+# Quantized checkpoints are issue 17.
+_READ = {
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F64": np.dtype("<f8"),
+    "I64": np.dtype("<i8"),
+    "I32": np.dtype("<i4"),
+}
+_NOT_READ = {
+    "BOOL", "U8", "I8", "I16", "U16", "U32", "U64", "C64",
+    "F8_E4M3", "F8_E5M2", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F4", "F6_E2M3", "F6_E3M2",
+}  # fmt: skip
+
+# The safetensors library's own cap on a header (MAX_HEADER_SIZE, 100 MB): a header takes about
+# 100 bytes a tensor, so the largest real checkpoints stay far below it, and parsing more JSON
+# than that is a memory and time sink, not a checkpoint.
+MAX_HEADER_BYTES = 100_000_000
+# numpy's limit on an array's dimensions (NPY_MAXDIMS in numpy 2)
+MAX_DIMS = 64
+_FIELDS = ("dtype", "shape", "data_offsets")
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    """Where a validated tensor lies: its file (resolved), the file's name in the folder, the
+    file's size when validated, the absolute offset of its bytes, and what they hold."""
+
+    path: Path
+    rel: str
+    file_size: int
+    start: int
+    nbytes: int
+    dtype: str
+    shape: tuple[int, ...]
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {short(key)}")  # the format disallows them
+        out[key] = value
+    return out
+
+
+def _parse_json(raw: bytes, what: str) -> object:
+    """UTF-8 JSON without duplicate keys; every failure, deep nesting included, one line."""
+    try:
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except UnicodeDecodeError:
+        raise WeightsError(f"{what} is not UTF-8 text") from None
+    except RecursionError:
+        raise WeightsError(f"{what} is JSON nested too deeply") from None
+    except MemoryError:  # its size is capped, but the objects JSON makes of it may not fit
+        raise WeightsError(f"{what} ({len(raw):,} bytes) does not fit in memory as JSON") from None
+    except ValueError as e:
+        raise WeightsError(f"{what} is not valid JSON: {short(str(e), 120)}") from None
+
+
+def _open_regular(path: Path, rel: str) -> BinaryIO:
+    """`path` opened for reading; refused when it is not (or no longer) a regular file. Opened
+    without blocking, so that a FIFO swapped in after the check cannot hang the run."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise WeightsError(f"{rel}: cannot be read: {e.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise WeightsError(f"{rel}: is not a regular file")
+    return os.fdopen(fd, "rb")
+
+
+def _weight_map(path: Path) -> dict[str, str]:
+    """The index's weight_map (tensor name -> shard file name), validated as such."""
+    with _open_regular(path, INDEX) as f:
+        raw = f.read(MAX_HEADER_BYTES + 1)
+    if len(raw) > MAX_HEADER_BYTES:
+        raise WeightsError(f"{INDEX} is larger than {MAX_HEADER_BYTES:,} bytes")
+    index = _parse_json(raw, INDEX)
+    if not isinstance(index, dict) or "weight_map" not in index:
+        raise WeightsError(f"{INDEX}: not a safetensors index (a mapping with a weight_map)")
+    wmap = index["weight_map"]
+    if not isinstance(wmap, dict) or not wmap:
+        raise WeightsError(f"{INDEX}: weight_map must be a non-empty mapping of tensor to file")
+    for name, rel in wmap.items():
+        if not isinstance(rel, str):
+            raise WeightsError(
+                f"{INDEX}: weight_map[{short(name)}] is {short(rel)}, not a file name"
+            )
+    return wmap
+
+
+def _read_header(path: Path, rel: str) -> dict[str, _Tensor]:
+    """Every tensor of one safetensors file, validated against the format before any is read:
+    an 8-byte little-endian header length, that many bytes of JSON, then the data section."""
+    with _open_regular(path, rel) as f:
+        file_size = os.fstat(f.fileno()).st_size
+        prefix = f.read(8)
+        if len(prefix) != 8:
+            raise WeightsError(
+                f"{rel}: not a safetensors file (shorter than its 8-byte header length)"
+            )
+        n = struct.unpack("<Q", prefix)[0]
+        if n > MAX_HEADER_BYTES:
+            raise WeightsError(
+                f"{rel}: header length {n:,} is past the format's cap of {MAX_HEADER_BYTES:,} bytes"
+            )
+        if 8 + n > file_size:
+            raise WeightsError(
+                f"{rel}: header length {n:,} is past the end of the file ({file_size:,} bytes)"
+            )
+        raw = f.read(n)
+    header = _parse_json(raw, f"{rel}: header")
+    if not isinstance(header, dict):
+        raise WeightsError(f"{rel}: header is a JSON {_kind(header)}, not a mapping of tensors")
+    _check_metadata(header.pop("__metadata__", {}), rel)
+    base, data_size = 8 + n, file_size - 8 - n
+    tensors = {
+        name: _tensor(path, rel, file_size, base, data_size, name, info)
+        for name, info in header.items()
+    }
+    _check_layout(rel, tensors, base, data_size)
+    return tensors
+
+
+def _kind(value: object) -> str:
+    names = {dict: "mapping", list: "list", str: "string", bool: "boolean", type(None): "null"}
+    return names.get(type(value), "number")
+
+
+def _check_metadata(meta: object, rel: str) -> None:
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise WeightsError(f"{rel}: __metadata__ must be a mapping of strings to strings")
+
+
+def _tensor(
+    path: Path, rel: str, file_size: int, base: int, data_size: int, name: str, info: object
+) -> _Tensor:
+    """One header entry, checked: exactly dtype, shape and data_offsets; a dtype graphllm reads;
+    a shape of non-negative ints; offsets inside the data section that size dtype x shape."""
+    where = f"{rel}: tensor {short(name)}"
+    if not isinstance(info, dict):
+        raise WeightsError(f"{where}: entry is a JSON {_kind(info)}, not a mapping")
+    for key in _FIELDS:
+        if key not in info:
+            raise WeightsError(f"{where}: entry has no {key}")
+    extra = [k for k in info if k not in _FIELDS]
+    if extra:
+        raise WeightsError(f"{where}: unexpected field {short(extra[0])} in its entry")
+    dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    _check_dtype(where, dtype)
+    if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(map(_is_count, shape)):
+        raise WeightsError(
+            f"{where}: shape {short(shape)} is not a list of at most {MAX_DIMS} non-negative ints"
+        )
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(map(_is_count, offsets)):
+        raise WeightsError(f"{where}: data_offsets {short(offsets)} are not two non-negative ints")
+    begin, end = offsets
+    if not begin <= end <= data_size:
+        raise WeightsError(
+            f"{where}: data_offsets {short(offsets)} are not inside the data section "
+            f"({data_size:,} bytes; is the file truncated?)"
+        )
+    nbytes = math.prod(shape) * _READ[dtype].itemsize
+    if end - begin != nbytes:
+        # a JSON int may have thousands of digits: a size past the data section is not printed
+        need = f"{nbytes:,} bytes" if nbytes <= data_size else "more than the data section"
+        raise WeightsError(
+            f"{where}: data_offsets span {end - begin:,} bytes; {dtype} x {short(shape)} "
+            f"needs {need}"
+        )
+    return _Tensor(path, rel, file_size, base + begin, nbytes, dtype, tuple(shape))
+
+
+def _is_count(x: object) -> bool:
+    return type(x) is int and x >= 0  # not bool, not float
+
+
+def _check_dtype(where: str, dtype: object) -> None:
+    if isinstance(dtype, str) and dtype in _READ:
+        return
+    reads = ", ".join(_READ)
+    if isinstance(dtype, str) and dtype in _NOT_READ:
+        raise WeightsError(
+            f"{where}: dtype {dtype} is not read by graphllm yet (it reads {reads}; quantized "
+            "checkpoints are issue 17)"
+        )
+    raise WeightsError(f"{where}: dtype {short(dtype)} is not a safetensors dtype ({reads})")
+
+
+def _check_layout(rel: str, tensors: dict[str, _Tensor], base: int, data_size: int) -> None:
+    """No two tensors share a byte, and the data section has no byte outside a tensor: the
+    format's rule "the byte buffer needs to be entirely indexed, and cannot contain holes"
+    (huggingface/safetensors README, Format notes), which the reference reader enforces."""
+    pos, last = 0, None
+    for name, t in sorted(tensors.items(), key=lambda kv: (kv[1].start, kv[1].nbytes)):
+        begin = t.start - base
+        if begin < pos:
+            raise WeightsError(
+                f"{rel}: tensor {short(name)} overlaps tensor {short(last)} (bytes {begin:,} "
+                f"to {pos:,} of the data section)"
+            )
+        if begin > pos:
+            raise WeightsError(
+                f"{rel}: bytes {pos:,} to {begin:,} of the data section belong to no tensor"
+            )
+        pos, last = begin + t.nbytes, name
+    if pos != data_size:
+        raise WeightsError(
+            f"{rel}: the data section has {data_size - pos:,} bytes past its last tensor"
+        )
 
 
 def checkpoint_tensors(
     graph: Graph, folder: str | Path, dtype: str = "fp32"
 ) -> Iterator[tuple[Node, np.ndarray]]:
     """(param node, array) one at a time, read from a safetensors folder by the graph's names;
-    stacked experts gathered per expert. Every name is looked up before any tensor is read."""
+    stacked experts gathered per expert. The folder is validated and every name looked up when
+    this is called, before the caller starts writing anything; the tensors are read as the
+    iterator is consumed."""
     ckpt = SafetensorsFolder(folder)
     for n in graph.params():
         for name in _checkpoint_names(n):
             if name not in ckpt:
                 raise WeightsError(f"checkpoint {ckpt.folder} has no tensor {name}")
+    return _read_params(graph, ckpt, dtype)
+
+
+def _read_params(
+    graph: Graph, ckpt: SafetensorsFolder, dtype: str
+) -> Iterator[tuple[Node, np.ndarray]]:
     for n in graph.params():
         shape, names = _shape(n), _checkpoint_names(n)
         stacked = n.attrs.get("stacked") == "expert"

@@ -23,6 +23,7 @@ from typing import Any
 
 from graphllm.errors import ConfigError
 from graphllm.models.echo import SHOWN_CHARS, cut, shown, shown_path
+from graphllm.models.folder import folder_member
 from graphllm.models.model_config import (
     FAMILIES,
     BlockLayout,
@@ -968,9 +969,11 @@ def load_config(source: str | Path | dict) -> ModelConfig:
     path = Path(source)
     mode = file_mode(path)
     if mode is not None and stat.S_ISDIR(mode):
-        path = path / "config.json"
+        folder, path = path, path / "config.json"
         if file_mode(path) is None and not path.is_symlink():  # one there but no file: read says
-            raise ConfigError(f"{shown_path(path.parent)}: folder has no config.json")
+            raise ConfigError(f"{shown_path(folder)}: folder has no config.json")
+        # a checkpoint's config.json may be a symlink: it must stay inside the folder
+        folder_member(folder, "config.json", shown_path(folder), ConfigError)
     d = _read(path)
     if path.suffix.lower() in (".yaml", ".yml"):
         d.pop("workload", None)
