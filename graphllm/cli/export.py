@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import tempfile
@@ -27,6 +28,7 @@ from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload
 from graphllm.runtime.bench import BenchReport
 from graphllm.runtime.bench import bench as run_bench
+from graphllm.runtime.budget import require_threads
 from graphllm.runtime.session import PROVIDERS, providers
 
 OP_SETS = ["auto", "decomposed", "standard", "ort"]  # exporters/onnx.py LOWERINGS, and auto
@@ -187,6 +189,8 @@ def bench(
             "--ops, --mla and --mtp choose how a config is exported: give --config or "
             "--model (a .onnx file is benched as it was exported)"
         )
+    # before the temporary folder and the export: a refusal leaves nothing behind
+    require_threads(threads or os.cpu_count() or 1, "bench")
     say = lambda msg: click.echo(msg, err=True)  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="graphllm-bench-") as tmp:
         if model_path is None:

@@ -7,8 +7,9 @@ names) is resolved there, so the builder reads these fields and never a family's
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
-from typing import Any
+import math
+from dataclasses import MISSING, dataclass, field, fields, replace
+from typing import Any, get_args, get_origin, get_type_hints
 
 from graphllm.errors import ConfigError
 
@@ -254,15 +255,93 @@ class ModelConfig:
         return self.num_experts > 0 and any(self.moe_layers)
 
 
-def config_from_fields(d: dict[str, Any]) -> ModelConfig:
+def config_from_fields(d: Any) -> ModelConfig:
     """A ModelConfig from `dataclasses.asdict`'s dict of it, read back from JSON (lists become
-    tuples again, the nested records are rebuilt); an unknown field is a ConfigError."""
-    known = {f.name for f in fields(ModelConfig)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-        raise ConfigError(f"unknown config field {unknown[0]!r} (written by another graphllm?)")
-    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
-    for name, record in _RECORDS.items():
-        if isinstance(kw.get(name), dict):
-            kw[name] = record(**kw[name])
+    tuples again, the nested records are rebuilt). Every field is checked against its type, and
+    sizes against their range, since the dict comes from a file graphllm did not necessarily
+    write: an unknown, missing or mistyped field is a ConfigError naming it."""
+    kw = _typed_fields(ModelConfig, d, "config")
+    for name in _POSITIVE:
+        if kw[name] < 1:
+            raise ConfigError(f"config {name} must be a positive integer, got {kw[name]}")
     return ModelConfig(**kw)
+
+
+# sizes a model cannot have zero of (num_key_value_heads 0 would divide by zero in the builder)
+_POSITIVE = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+)
+
+
+def _typed_fields(record: type, d: Any, where: str) -> dict[str, Any]:
+    """`record`'s constructor arguments from `d`, each checked against its annotation."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where} must be a mapping, got {_kind(d)}")
+    hints = get_type_hints(record)
+    known = {f.name: f for f in fields(record)}
+    unknown = sorted(set(d) - set(known), key=str)
+    if unknown:
+        raise ConfigError(
+            f"unknown {where} field {_short(unknown[0])} (written by another graphllm?)"
+        )
+    missing = [n for n, f in known.items() if n not in d and _required(f)]
+    if missing:
+        raise ConfigError(f"{where} has no field {missing[0]!r}")
+    return {k: _typed(f"{where} {k}", v, hints[k]) for k, v in d.items()}
+
+
+def _required(f: Any) -> bool:
+    return f.default is MISSING and f.default_factory is MISSING
+
+
+def _typed(where: str, v: Any, hint: Any) -> Any:
+    """`v` as a value of type `hint` (a JSON list for a tuple, a mapping for a record)."""
+    if hint in _RECORDS.values():
+        return hint(**_typed_fields(hint, v, where))
+    args = get_args(hint)
+    if type(None) in args:  # X | None
+        return None if v is None else _typed(where, v, next(a for a in args if a is not None))
+    if get_origin(hint) is tuple:
+        if not isinstance(v, (list, tuple)):
+            raise ConfigError(f"{where} must be a list, got {_kind(v)}")
+        return tuple(_typed(f"{where}[{i}]", x, args[0]) for i, x in enumerate(v))
+    if hint is str and isinstance(v, str) and len(v) > MAX_STRING:
+        raise ConfigError(f"{where} is a string of {len(v):,} characters (at most {MAX_STRING:,})")
+    if _is_a(v, hint):
+        return float(v) if hint is float else v
+    raise ConfigError(f"{where} must be {_NAMES.get(hint, str(hint))}, got {_kind(v)}")
+
+
+MAX_STRING = 1024  # a name or a norm's module name; far more is a hostile file, not a model
+_NAMES = {int: "a non-negative integer", float: "a finite number", bool: "true or false"}
+_NAMES[str] = "a string"
+
+
+def _is_a(v: Any, hint: Any) -> bool:
+    if hint is bool or isinstance(v, bool):  # bool is an int: `true` for a size is a mistake
+        return hint is bool and isinstance(v, bool)
+    if hint is int:
+        return isinstance(v, int) and v >= 0
+    if hint is float:
+        return isinstance(v, (int, float)) and math.isfinite(v)
+    return hint is str and isinstance(v, str)
+
+
+def _kind(v: Any) -> str:
+    return f"{_short(v)} ({type(v).__name__})"
+
+
+def _short(v: Any, limit: int = 40) -> str:
+    """repr(v) cut to `limit` characters: a hostile value is never echoed whole."""
+    if isinstance(v, (dict, list, tuple)):
+        text = f"a {type(v).__name__} of {len(v)}"
+    elif isinstance(v, int) and abs(v) > 10**30:
+        text = "an integer of {} digits".format(len(str(abs(v))) if abs(v) < 10**4000 else "4000+")
+    else:
+        text = repr(v)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
