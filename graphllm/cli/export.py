@@ -28,7 +28,7 @@ from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload
 from graphllm.runtime.bench import BenchReport
 from graphllm.runtime.bench import bench as run_bench
-from graphllm.runtime.budget import require_threads
+from graphllm.runtime.budget import require_bench_export, require_threads
 from graphllm.runtime.session import PROVIDERS, providers
 
 OP_SETS = ["auto", "decomposed", "standard", "ort"]  # exporters/onnx.py LOWERINGS, and auto
@@ -191,11 +191,14 @@ def bench(
         )
     # before the temporary folder and the export: a refusal leaves nothing behind
     require_threads(threads or os.cpu_count() or 1, "bench")
+    built = None if model_path else _export_graph(config_path, preset, dtype, None, mla, mtp)
+    if built is not None:
+        require_bench_export(built[2], built[0].vocab_size, batch, prompt_len, new_tokens)
     say = lambda msg: click.echo(msg, err=True)  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="graphllm-bench-") as tmp:
-        if model_path is None:
+        if built is not None:
             model_path = Path(tmp) / "model.onnx"
-            config, workload, graph = _export_graph(config_path, preset, dtype, None, mla, mtp)
+            config, workload, graph = built
             r = export_onnx(
                 graph, model_path, workload=workload, ops=ops, device=provider_kind(device),
                 check=False,

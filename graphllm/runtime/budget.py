@@ -80,13 +80,35 @@ def require_bench(model: Any, batch: int, prompt_len: int, new_tokens: int) -> N
         if i.name.startswith("past")
     ]
     vocab = _static(model.session.get_outputs()[0].shape[-1])
+    _require_bench(past, vocab, batch, prompt_len, new_tokens)
+
+
+def require_bench_export(
+    graph: Graph, vocab: int, batch: int, prompt_len: int, new_tokens: int
+) -> None:
+    """`require_bench` for the export graph of a config, before it is exported to be benched."""
+    past = [
+        (
+            _static(n.out.dims[1].size),
+            _static(n.out.dims[3].size),
+            2 if n.out.dtype == "fp16" else 4,
+        )
+        for n in graph.nodes("input")
+        if n.name.startswith("past")
+    ]
+    _require_bench(past, vocab, batch, prompt_len, new_tokens)
+
+
+def _require_bench(
+    past: list[tuple[int, int, int]], vocab: int, batch: int, prompt_len: int, new_tokens: int
+) -> None:
     require_memory(
         bench_bytes(past, vocab, batch, prompt_len, new_tokens),
         f"bench at batch {batch:,}, a prompt of {prompt_len:,} tokens and {new_tokens:,} new "
-        "(its KV cache, logits and masks, beside the loaded model)",
+        "(its KV cache, logits and masks, beside the model)",
     )
 
 
 def _static(dim: Any) -> int:
-    """A dim onnxruntime reports: a size, or a name (dynamic) counted as 1."""
+    """A dim onnxruntime or the IR reports: a size, or a name (dynamic) counted as 1."""
     return dim if isinstance(dim, int) and dim > 0 else 1
