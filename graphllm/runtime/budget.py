@@ -25,14 +25,14 @@ THREADS_PER_CPU = 4
 
 def interpreted_bytes(graph: Graph) -> float:
     """Bytes a numpy run of `graph` holds at its peak: the interpreter keeps every node's outputs
-    (weights and activations) until the run ends, and an op may allocate a temporary as large as
-    the largest output beside them."""
+    (weights and activations) until the run ends, and an op (or a weight's float64 draw) may
+    allocate temporaries of twice the largest output beside them."""
     sizes = [
         out.numel(graph.bindings) * _INTERPRETED.get(out.dtype, _FP32)
         for node in graph.nodes()
         for out in node.outputs
     ]
-    return sum(sizes) + max(sizes, default=0)
+    return sum(sizes) + 2 * max(sizes, default=0)
 
 
 def require_interpreted(graph: Graph, what: str, runs: int = 1) -> None:
