@@ -193,7 +193,9 @@ def bench(
     require_threads(threads or os.cpu_count() or 1, "bench")
     built = None if model_path else _export_graph(config_path, preset, dtype, None, mla, mtp)
     if built is not None:
-        require_bench_export(built[2], built[0].vocab_size, batch, prompt_len, new_tokens)
+        config = built[0]
+        vocab, heads = config.vocab_size, config.num_attention_heads
+        require_bench_export(built[2], vocab, heads, batch, prompt_len, new_tokens)
     say = lambda msg: click.echo(msg, err=True)  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="graphllm-bench-") as tmp:
         if built is not None:

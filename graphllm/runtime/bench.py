@@ -197,7 +197,7 @@ def bench(
     threads = threads or os.cpu_count() or 1
     require_threads(threads, "bench")
     model, meta = _open(path, device, threads)
-    require_bench(model, batch, prompt_len, new_tokens)
+    require_bench(model, meta.config.num_attention_heads, batch, prompt_len, new_tokens)
     provider = model.session.get_providers()[0]
     if huge_pages and provider == PROVIDERS["cpu"]:
         hugepages.collapse()

@@ -58,21 +58,28 @@ def require_threads(threads: int, what: str) -> None:
 
 
 def bench_bytes(
-    past: list[tuple[int, int, int]], vocab: int, batch: int, prompt_len: int, new_tokens: int
+    past: list[tuple[int, int, int]],
+    vocab: int,
+    heads: int,
+    batch: int,
+    prompt_len: int,
+    new_tokens: int,
 ) -> int:
     """Bytes `bench` allocates beyond the loaded model: the KV cache at its full length (past
     inputs as (heads, head_dim, itemsize); bound as past and present, or fed back, two copies at
-    most), the prefill's logits, and every step's attention mask made before the clock starts
-    (as numpy arrays and as OrtValues: two int64 copies)."""
+    most), the prefill's logits and one layer's attention scores (onnxruntime's CPU kernels
+    materialise them, fused or not), and every step's attention mask made before the clock
+    starts (as numpy arrays and as OrtValues: two int64 copies)."""
     capacity = prompt_len + new_tokens
-    cache = 2 * sum(batch * heads * capacity * dim * size for heads, dim, size in past)
+    cache = 2 * sum(batch * kv_heads * capacity * dim * size for kv_heads, dim, size in past)
     logits = batch * prompt_len * vocab * _FP32
+    scores = batch * heads * prompt_len * prompt_len * _FP32
     steps = new_tokens + 1
     masks = 2 * 8 * batch * (steps * prompt_len + steps * (steps - 1) // 2)
-    return cache + logits + masks
+    return cache + logits + scores + masks
 
 
-def require_bench(model: Any, batch: int, prompt_len: int, new_tokens: int) -> None:
+def require_bench(model: Any, heads: int, batch: int, prompt_len: int, new_tokens: int) -> None:
     """Refuse a bench whose cache, logits and masks would not fit beside the loaded model."""
     past = [
         (_static(i.shape[1]), _static(i.shape[3]), 2 if i.type == "tensor(float16)" else 4)
@@ -80,11 +87,11 @@ def require_bench(model: Any, batch: int, prompt_len: int, new_tokens: int) -> N
         if i.name.startswith("past")
     ]
     vocab = _static(model.session.get_outputs()[0].shape[-1])
-    _require_bench(past, vocab, batch, prompt_len, new_tokens)
+    _require_bench(past, vocab, heads, batch, prompt_len, new_tokens)
 
 
 def require_bench_export(
-    graph: Graph, vocab: int, batch: int, prompt_len: int, new_tokens: int
+    graph: Graph, vocab: int, heads: int, batch: int, prompt_len: int, new_tokens: int
 ) -> None:
     """`require_bench` for the export graph of a config, before it is exported to be benched."""
     past = [
@@ -96,16 +103,21 @@ def require_bench_export(
         for n in graph.nodes("input")
         if n.name.startswith("past")
     ]
-    _require_bench(past, vocab, batch, prompt_len, new_tokens)
+    _require_bench(past, vocab, heads, batch, prompt_len, new_tokens)
 
 
 def _require_bench(
-    past: list[tuple[int, int, int]], vocab: int, batch: int, prompt_len: int, new_tokens: int
+    past: list[tuple[int, int, int]],
+    vocab: int,
+    heads: int,
+    batch: int,
+    prompt_len: int,
+    new_tokens: int,
 ) -> None:
     require_memory(
-        bench_bytes(past, vocab, batch, prompt_len, new_tokens),
+        bench_bytes(past, vocab, heads, batch, prompt_len, new_tokens),
         f"bench at batch {batch:,}, a prompt of {prompt_len:,} tokens and {new_tokens:,} new "
-        "(its KV cache, logits and masks, beside the model)",
+        "(its KV cache, logits, attention scores and masks, beside the model)",
     )
 
 

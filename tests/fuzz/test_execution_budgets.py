@@ -39,6 +39,7 @@ BIG = str(10**9)
 BENCH = [
     _bench("prompt-1e9", "--prompt-len", BIG),
     _bench("prompt-1e18", "--prompt-len", str(10**18)),
+    _bench("prompt-1e5", "--prompt-len", str(10**5)),  # a small cache, but 160 GB of scores
     _bench("batch-1e9", "--batch", BIG),
     _bench("new-tokens-1e9", "--new-tokens", BIG),
     _bench("new-tokens-1e6", "--new-tokens", str(10**6)),  # its masks alone: quadratic

@@ -177,15 +177,16 @@ def test_an_interpreted_run_past_the_memory_left_is_refused(monkeypatch):
         run_graph(graph, {}, [[1, 2, 3, 4]] * 2)
 
 
-def test_bench_bytes_count_the_cache_logits_and_masks():
+def test_bench_bytes_count_the_cache_logits_scores_and_masks():
     # one layer of K and V, 2 heads of 16 fp32: the cache held twice at 10 + 5 positions
     need = budget.bench_bytes(
-        [(2, 16, 4), (2, 16, 4)], vocab=100, batch=3, prompt_len=10, new_tokens=5
+        [(2, 16, 4), (2, 16, 4)], vocab=100, heads=4, batch=3, prompt_len=10, new_tokens=5
     )
     cache = 2 * 2 * 3 * 2 * 15 * 16 * 4
     logits = 3 * 10 * 100 * 4
+    scores = 3 * 4 * 10 * 10 * 4
     masks = 2 * 8 * 3 * sum(10 + i for i in range(6))
-    assert need == cache + logits + masks
+    assert need == cache + logits + scores + masks
 
 
 def test_threads_are_bounded_per_cpu():
