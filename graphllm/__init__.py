@@ -1,5 +1,14 @@
 """graphllm: decoder-only LLMs as explicit op graphs, analysed like a compiler would."""
 
+import os
+
+# onnxruntime's telemetry writes a device id and an event store (~/.cache/Microsoft/...,
+# $TMPDIR/.ses) when it is imported, so it is turned off here, before any graphllm module can
+# import it; child processes inherit the setting through the environment
+os.environ["ORT_DISABLE_TELEMETRY"] = "1"
+
+# isort: split
+
 # the op rows register themselves on import: whatever a program imports first, the table is full
 import graphllm.ops  # noqa: F401
 from graphllm.build.builder import build_graph

@@ -7,6 +7,12 @@ so that a test run that never asks (`pytest tests/passes/test_cost.py`) does not
 
 from __future__ import annotations
 
+import os
+
+# before anything imports onnxruntime (a test module may import it before graphllm)
+os.environ["ORT_DISABLE_TELEMETRY"] = "1"
+
+# isort: split
 from collections.abc import Callable
 from pathlib import Path
 

@@ -10,6 +10,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -72,26 +73,110 @@ def _metadata(
 
 def read_metadata(path: str | Path) -> ExportedModel:
     """The config, workload defaults, lowering and weights note of a graphllm `.onnx` file."""
+    onnx_file(path)
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # protobuf's DecodeError, OSError, ...
-        raise GraphllmError(f"{path}: not a readable ONNX model ({e})") from None
+        raise GraphllmError(f"{path}: not a readable ONNX model ({_first_line(e)})") from None
     return metadata_from_props({p.key: p.value for p in model.metadata_props}, path)
+
+
+def onnx_file(path: str | Path) -> Path:
+    """`path` if it is a regular file (a symlink to one included): a FIFO would block the read,
+    a device would never end, a folder is no model."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise GraphllmError(f"{path}: no such ONNX model") from None
+    except OSError as e:
+        raise GraphllmError(f"{path}: cannot read it ({e.strerror})") from None
+    if not stat.S_ISREG(mode):
+        raise GraphllmError(f"{path}: not a regular file, so not an ONNX model")
+    return Path(path)
 
 
 def metadata_from_props(props: dict[str, str], path: str | Path) -> ExportedModel:
     """`read_metadata` from the properties themselves (as an onnxruntime session holds them,
-    without reading the file again)."""
+    without reading the file again). Nothing in them is trusted: each property is parsed and
+    validated as the config files are (ModelConfig's fields, Workload's), and what is wrong is
+    one GraphllmError naming the file and the property."""
     if "graphllm.config" not in props:
         raise GraphllmError(f"{path}: no graphllm metadata (was it exported by graphllm?)")
+    key = "graphllm.config"
     try:
-        config = config_from_fields(json.loads(props["graphllm.config"]))
-        workload = Workload(**json.loads(props["graphllm.workload"]))
-        build = json.loads(props.get("graphllm.graph", "{}"))
-        lowering, weights = props["graphllm.lowering"], props["graphllm.weights"]
-    except (ConfigError, ValueError, TypeError, KeyError) as e:
-        raise GraphllmError(f"{path}: unreadable graphllm metadata ({e})") from None
+        config = config_from_fields(_json(props, key))
+        key = "graphllm.workload"
+        workload = Workload(**_scalars(_mapping(_json(props, key), key)))
+        key = "graphllm.graph"
+        build = _build(_json(props, key, "{}"))
+        key = "graphllm.lowering"
+        lowering = _one_of(_prop(props, key), LOWERINGS)
+        key = "graphllm.weights"
+        weights = _prop(props, key)
+    except (GraphllmError, ValueError, TypeError) as e:
+        raise GraphllmError(
+            f"{path}: unreadable graphllm metadata {key}: {_first_line(e)}"
+        ) from None
     return ExportedModel(config, workload, lowering, weights, build)
+
+
+def _prop(props: dict[str, str], key: str, default: str | None = None) -> str:
+    value = props.get(key, default)
+    if value is None:
+        raise GraphllmError("missing")
+    if not isinstance(value, str):
+        raise GraphllmError(f"not a string but a {type(value).__name__}")
+    return value
+
+
+def _json(props: dict[str, str], key: str, default: str | None = None) -> Any:
+    try:
+        return json.loads(_prop(props, key, default))
+    except RecursionError:  # json's C parser counts its depth against the recursion limit
+        raise GraphllmError("JSON nested too deep") from None
+
+
+def _mapping(value: Any, key: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise GraphllmError(f"a mapping was expected, not a {type(value).__name__}")
+    return value
+
+
+def _scalars(fields: dict[str, Any]) -> dict[str, Any]:
+    """A workload's fields are numbers and names; Workload checks which ones."""
+    for name, value in fields.items():
+        if not isinstance(value, (int, str)):
+            raise GraphllmError(
+                f"{name[:40]} must be a number or a name, not a {type(value).__name__}"
+            )
+    return fields
+
+
+def _build(value: Any) -> dict[str, Any]:
+    """build_graph's keyword arguments as an export recorded them (mla=, mtp=)."""
+    build = _mapping(value, "graphllm.graph")
+    unknown = sorted(set(build) - {"mla", "mtp"})
+    if unknown:
+        raise GraphllmError(f"unknown key {unknown[0][:40]!r}")
+    if "mla" in build:
+        _one_of(build["mla"], ("naive", "absorbed"))
+    if not isinstance(build.get("mtp", False), bool):
+        raise GraphllmError("mtp must be true or false")
+    return build
+
+
+def _one_of(value: Any, choices: Any) -> str:
+    if not isinstance(value, str) or value not in choices:
+        shown = repr(value)[:40]
+        raise GraphllmError(f"{shown} is not one of {', '.join(choices)}")
+    return value
+
+
+def _first_line(e: BaseException) -> str:
+    """An exception's message on one line, cut short: a parser may quote the hostile input."""
+    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+    text = lines[0] if lines else type(e).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 # -- writing ----------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload
 from graphllm.runtime.bench import BenchReport
 from graphllm.runtime.bench import bench as run_bench
+from graphllm.runtime.budget import require_bench_export, require_threads
 from graphllm.runtime.calibrate import check_local_writable
 from graphllm.runtime.session import PROVIDERS, providers
 
@@ -191,12 +193,19 @@ def bench(
             load_hardware(hardware)
         elif not local_path().is_file():
             check_local_writable()
+    # before the temporary folder and the export: a refusal leaves nothing behind
+    require_threads(threads or os.cpu_count() or 1, "bench")
+    built = None if model_path else _export_graph(config_path, preset, dtype, None, mla, mtp)
+    if built is not None:
+        config = built[0]
+        vocab, heads = config.vocab_size, config.num_attention_heads
+        require_bench_export(built[2], vocab, heads, batch, prompt_len, new_tokens)
     say = lambda msg: click.echo(msg, err=True)  # noqa: E731
     # the export of --config/--model: removed on errors and signals; a killed run's by the next
     with temporary_folder("graphllm-bench") as tmp:
-        if model_path is None:
+        if built is not None:
             model_path = tmp / "model.onnx"
-            config, workload, graph = _export_graph(config_path, preset, dtype, None, mla, mtp)
+            config, workload, graph = built
             r = export_onnx(
                 graph, model_path, workload=workload, ops=ops, device=provider_kind(device),
                 check=False,

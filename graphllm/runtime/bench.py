@@ -27,6 +27,7 @@ from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload
 from graphllm.passes import run
 from graphllm.runtime import hugepages
+from graphllm.runtime.budget import require_bench, require_threads
 from graphllm.runtime.calibrate import calibrate, save_local
 from graphllm.runtime.session import PROVIDERS, BoundCache, OnnxModel
 
@@ -194,7 +195,9 @@ def bench(
     """
 
     threads = threads or os.cpu_count() or 1
+    require_threads(threads, "bench")
     model, meta = _open(path, device, threads)
+    require_bench(model, meta.config.num_attention_heads, batch, prompt_len, new_tokens)
     provider = model.session.get_providers()[0]
     if huge_pages and provider == PROVIDERS["cpu"]:
         hugepages.collapse()

@@ -25,9 +25,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from graphllm.errors import GraphllmError
 from graphllm.files import folder_problem, make_folder, write_text_atomic
+from graphllm.limits import human_bytes, memory_available, require_memory
 from graphllm.models.hardware import Hardware, hardware_from_dict, local_path
+from graphllm.runtime.budget import require_threads
 
 GiB = 1 << 30
+MIN_BUFFER = 64 << 20  # a read this small on a machine with a tiny cache still leaves it
 
 
 def _meminfo(key: str) -> float | None:
@@ -46,10 +49,6 @@ def _memory_total() -> float:
     if total is None:
         total = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     return total
-
-
-def _memory_available() -> float:
-    return _meminfo("MemAvailable") or _memory_total() / 2
 
 
 def _llc_bytes() -> int:
@@ -115,17 +114,19 @@ def calibrate(
     """Measure matmul FLOP/s and memory read bandwidth of this machine.
 
     Args:
-        weights_bytes: also read a buffer of this size (a model's weights; capped at half the
-            available RAM) and store the result as `extra["memory_bandwidth_model"]`.
+        weights_bytes: also read a buffer of this size (a model's weights; capped as the
+            bandwidth buffer is) and store the result as `extra["memory_bandwidth_model"]`.
         repeats: timed runs per figure; the median is kept.
         threads: Python threads reading memory in parallel.
         progress: show rich progress bars on stderr.
         matmul_size: n of the n x n fp32 matmuls.
         buffer_bytes: bandwidth buffer; default max(1 GiB, 8 x last-level cache), capped at half
-            the available RAM.
+            the memory this process may use (graphllm.limits.memory_available).
     """
-    cap = int(_memory_available() / 2)
+    require_threads(threads, "calibrate")
+    require_memory(3 * 4 * matmul_size**2, f"calibrate's fp32 {matmul_size}^3 matmul")
     llc = _llc_bytes()
+    cap = _buffer_cap(llc)
     if buffer_bytes is None:
         buffer_bytes = max(GiB, 8 * llc)
     buffer_bytes = min(int(buffer_bytes), cap)
@@ -146,6 +147,21 @@ def calibrate(
         "extra": extra,
     }
     return hardware_from_dict(d, "local", "calibrate")
+
+
+def _buffer_cap(llc: int) -> int:
+    """The largest read buffer: half of what this process may still allocate (RLIMIT_AS and the
+    cgroup included, not only the machine's free memory), one buffer alive at a time; refused
+    when that is too small to read past the last-level cache, which would measure the cache."""
+    have = memory_available()
+    least = max(MIN_BUFFER, 4 * llc)
+    if have // 2 < least:
+        raise GraphllmError(
+            f"calibrate needs a read buffer of at least {human_bytes(least)} (past the "
+            f"{human_bytes(llc)} last-level cache, twice that free); this process has "
+            f"{human_bytes(have)} available"
+        )
+    return have // 2
 
 
 def _measure(

@@ -13,6 +13,7 @@ import numpy as np
 from graphllm.errors import GraphError, GraphllmError
 from graphllm.ir import Graph, Node
 from graphllm.ops import OPS
+from graphllm.runtime.budget import require_interpreted
 
 
 class Interpreter:
@@ -82,5 +83,6 @@ def run_graph(
 ) -> dict[str, np.ndarray]:
     """Logits (B, T, vocab) and present K/V for token ids, optionally after a cached past;
     `extra` feeds other inputs by name (DeepSeek's `mtp.{k}.input_ids`)."""
+    require_interpreted(graph, f"a numpy run of {graph.name}")
     feeds = default_feeds(graph, input_ids, past) | (extra or {})
     return Interpreter(graph, weights).run(feeds)

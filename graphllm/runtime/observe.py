@@ -17,6 +17,7 @@ from graphllm.ir import Graph
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload
 from graphllm.passes import run
+from graphllm.runtime.budget import require_interpreted
 from graphllm.runtime.interpret import run_graph
 from graphllm.runtime.session import OnnxModel
 
@@ -147,6 +148,8 @@ def mixing_case(
     wl = replace(wl, weight_dtype="fp32", act_dtype="fp32", kv_dtype="fp32")
     small = small_instance(cfg, wl.seq_len) if shrink else cfg
     graph = build_graph(small, wl)
+    # a run's values, and a second run's beside the first one's logits it is compared with
+    require_interpreted(graph, f"the token-mixing check of {small.name} at B={wl.batch:,}", runs=2)
     predicted = run(graph, ["tokens"], exact_sets=True)["tokens"].dependence[:, wl.past_len :]
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, small.vocab_size, size=(wl.batch, wl.seq_len))

@@ -14,12 +14,29 @@ from typing import Any
 import numpy as np
 
 from graphllm.errors import GraphllmError
-from graphllm.exporters.onnx.export import check_data_file
+from graphllm.exporters.onnx.export import check_data_file, onnx_file
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 DEVICES = ("auto", "cpu", "cuda")
 _NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
-_ORT_ERRORS = ("Fail", "InvalidArgument", "InvalidGraph", "NotImplemented", "EPFail")
+# what onnxruntime 1.32's binding raises (onnxruntime.capi.onnxruntime_pybind11_state): a
+# damaged file is InvalidProtobuf, a missing external data file NoSuchFile, and so on
+_ORT_ERRORS = (
+    "Fail",
+    "InvalidArgument",
+    "NoSuchFile",
+    "NoModel",
+    "EngineError",
+    "RuntimeException",
+    "InvalidProtobuf",
+    "ModelLoaded",
+    "NotImplemented",
+    "InvalidGraph",
+    "EPFail",
+    "ModelLoadCanceled",
+    "ModelRequiresCompilation",
+    "NotFound",
+)
 
 
 def providers(device: str = "auto") -> list[str]:
@@ -44,8 +61,7 @@ def session(path: str | Path, device: str = "auto", threads: int | None = None) 
     this onnxruntime cannot load (an op its providers lack) is one line."""
     import onnxruntime as ort
 
-    if not Path(path).is_file():
-        raise GraphllmError(f"{path}: no such ONNX model")
+    onnx_file(path)
     check_data_file(path)  # a model beside another export's weights file is not run
     opts = ort.SessionOptions()
     opts.log_severity_level = 4  # its errors reach the user as our one line (_one_line), once
@@ -66,8 +82,9 @@ def _one_line(what: str) -> Iterator[None]:
     try:
         yield
     except errors as e:
-        lines = [x for x in str(e).strip().splitlines() if x.strip()]
-        raise GraphllmError(f"{what}: {lines[-1].strip() if lines else e}") from None
+        lines = [x.strip() for x in str(e).strip().splitlines() if x.strip()]
+        last = lines[-1] if lines else type(e).__name__
+        raise GraphllmError(f"{what}: {last[:300]}") from None
 
 
 def positions(attention_mask: np.ndarray, new: int) -> np.ndarray:

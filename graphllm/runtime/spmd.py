@@ -19,6 +19,7 @@ from graphllm.ir import Graph, Node
 from graphllm.ops import OPS, bind_node
 from graphllm.passes.parallel.sharding import Mesh, Sharding, operand_letters
 from graphllm.passes.registry import meta_result
+from graphllm.runtime.budget import require_interpreted
 from graphllm.runtime.interpret import Interpreter
 
 Coords = tuple[int, ...]
@@ -208,6 +209,10 @@ class PartitionCheck:
 def check_partition(graph: Graph, partitioned: Graph, seed: int = 0) -> PartitionCheck:
     """Run both graphs on the same random weights, token ids and past K/V; compare outputs."""
 
+    # the single-device run, and every rank's (a replicated tensor is held once per rank)
+    devices = meta_result(partitioned, "partition").mesh.devices
+    b, t = graph.bindings["B"], graph.bindings["T"]
+    require_interpreted(graph, f"verify partition at B={b:,} T={t:,}", runs=1 + devices)
     rng = np.random.default_rng(seed)
     weights = random_weights(graph, seed=seed)
     b, t = int(graph.bindings["B"]), int(graph.bindings["T"])
@@ -228,5 +233,4 @@ def check_partition(graph: Graph, partitioned: Graph, seed: int = 0) -> Partitio
     ref = Interpreter(graph, weights).run(feeds)
     out = SPMDInterpreter(partitioned, weights).run(feeds)
     others = {k: float(np.max(np.abs(ref[k] - out[k]))) for k in ref if k != "logits"}
-    devices = meta_result(partitioned, "partition").mesh.devices
     return PartitionCheck(ref["logits"], out["logits"], devices, others)
