@@ -279,8 +279,14 @@ class ModelConfig:
         """Strings, flags and per-layer tuples of the types the builder reads (a config read back
         from an ONNX file's metadata was written by anyone)."""
         for name in ("name", "model_type"):
-            if not isinstance(getattr(self, name), str):
-                raise ConfigError(f"{name} must be a string, got {shown(getattr(self, name), 40)}")
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise ConfigError(f"{name} must be a string, got {shown(value, 40)}")
+            if len(value) > MAX_NAME_CHARS:  # it titles every report and diagram
+                raise ConfigError(
+                    f"{name} is a string of {len(value):,} characters; graphllm takes at most "
+                    f"{MAX_NAME_CHARS}"
+                )
         for name, allowed in _CHOICES.items():
             value = self.rope.type if name == "rope.type" else getattr(self, name)
             if not isinstance(value, str) or value not in allowed:
@@ -357,6 +363,7 @@ class ModelConfig:
         return self.num_experts > 0 and any(self.moe_layers)
 
 
+MAX_NAME_CHARS = 256
 _CHOICES = {
     "hidden_act": ("silu", "gelu_tanh"),
     "scoring_func": ("softmax", "sigmoid"),

@@ -96,8 +96,8 @@ def _config(id: str, expect: str, **fields: object) -> Case:
 
 
 METADATA = [
-    _meta("config-a-list", {"graphllm.config": [1, 2]}, "graphllm.config: config must be a map"),
-    _meta("config-a-string", {"graphllm.config": '"llama"'}, "config must be a mapping"),
+    _meta("config-a-list", {"graphllm.config": [1, 2]}, "graphllm.config: config fields must be a mapping"),
+    _meta("config-a-string", {"graphllm.config": '"llama"'}, "config fields must be a mapping"),
     _meta("config-null", {"graphllm.config": "null"}, "graphllm.config"),
     _meta("config-not-json", {"graphllm.config": "{not json"}, "graphllm.config"),
     _meta("config-deep-json", {"graphllm.config": deep_json(100_000)}, "nested too deep"),
@@ -122,18 +122,18 @@ METADATA = [
     _config("hidden-size-string", "hidden_size must be", hidden_size="64"),
     _config("hidden-size-true", "hidden_size must be", hidden_size=True),
     _config("hidden-size-float", "hidden_size must be", hidden_size=64.5),
-    _config("vocab-missing", "no field 'vocab_size'", vocab_size=DROP),
-    _config("name-missing", "no field 'name'", name=DROP),
+    _config("vocab-missing", "config field 'vocab_size' is missing", vocab_size=DROP),
+    _config("name-missing", "config field 'name' is missing", name=DROP),
     _config("unknown-field", "unknown config field 'bogus'", bogus=1),
-    _config("rope-a-list", "rope must be a mapping", rope=[10000.0]),
-    _config("rope-theta-string", "rope theta", rope={"theta": "big"}),
-    _config("rope-unknown-field", "unknown config rope field", rope={"spin": 1}),
+    _config("rope-a-list", "rope must be a RopeConfig", rope=[10000.0]),
+    _config("rope-theta-string", "rope.theta must be a finite number", rope={"theta": "big"}),
+    _config("rope-unknown-field", "unknown config field rope.", rope={"spin": 1}),
     _config("layer-types-string", "layer_types must be a list", layer_types="full_attention"),
     _config("layer-types-bogus", "layer_types", layer_types=["full_attention", "mamba"]),
     _config("heads-not-multiple", "not a multiple", num_attention_heads=3),
     _config("eps-nan", "rms_norm_eps must be a finite number", rms_norm_eps=float("nan")),
-    _config("name-100k", "config name is a string of 100,000", name="x" * 100_000),
-    _config("block-a-number", "block must be a mapping", block=3),
+    _config("name-100k", "name is a string of 100,000 characters", name="x" * 100_000),
+    _config("block-a-number", "block must be a BlockLayout", block=3),
 ]
 
 
