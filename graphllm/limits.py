@@ -82,7 +82,8 @@ def count(value: int) -> str:
     it has too many to print (str() itself refuses past 4300 digits)."""
     if abs(value) < 10**30:
         return f"{value:,}"
-    digits = int(abs(value).bit_length() * 0.30103) + 1
+    digits = int((abs(value).bit_length() - 1) * 0.30102999566398) + 1  # at most one short
+    digits += abs(value) >= 10**digits
     return f"a {digits}-digit {'negative ' if value < 0 else ''}number"
 
 
