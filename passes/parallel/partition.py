@@ -563,7 +563,9 @@ def _stage_seconds(e: dict[str, Any], m: int, grad_seconds: float, hw: Hardware 
 def _devices(mesh: Mesh, stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every device (microbatches are not devices), with its coordinates and its stage's figures."""
     out = []
-    for rank, c in enumerate(c for c in mesh.coords() if c.get("mb", 0) == 0):
+    # the device axes alone: a walk of every (device, microbatch) pair would take M times longer
+    devices = Mesh(tuple((n, size) for n, size in mesh.axes if n != "mb"))
+    for rank, c in enumerate(devices.coords()):
         coords = {k: c.get(k, 0) for k in MESH_ORDER if k != "mb"}
         out.append({"rank": rank, "coords": coords, **stages[coords["pp"]]})
     return out

@@ -149,3 +149,15 @@ def test_a_large_mesh_is_planned_in_seconds(tmp_path):
     r = run_cli(["plan", *LLAMA, "-n", str(2**17), "-b", str(2**17), "--json"], tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.seconds < 30
+
+
+def test_many_microbatches_are_not_walked(tmp_path):
+    """The device list walks the device axes only: 16M microbatches of 4 stages took minutes when
+    every (device, microbatch) pair was visited."""
+    from tests.support.hostile import run_cli
+
+    args = ["partition", *LLAMA, "--training", "-b", str(2**24), "-t", "1", "--pp", "4"]
+    r = run_cli([*args, "--microbatches", str(2**24)], tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "16777216 microbatches" in r.stdout
+    assert r.seconds < 30
