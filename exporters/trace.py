@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from graphllm.errors import ConfigError
 from graphllm.files import json_text, write_text_atomic
 from graphllm.ir import Graph
 from graphllm.models.hardware import Hardware
@@ -30,6 +31,9 @@ from graphllm.passes.cost import layer_of
 from graphllm.passes.parallel.figures import comm_seconds
 
 MAX_EVENTS = 200_000
+# events a trace holds at most, even drawn per layer: some 120 bytes of JSON each, 250 MB in all,
+# about what Perfetto's UI and chrome://tracing still open
+MAX_TRACE_EVENTS = 2_000_000
 US = 1e6  # trace times are in µs
 COMPUTE, COMM = 0, 1
 Segment = tuple[str, int, float]  # name, lane, seconds
@@ -138,6 +142,7 @@ def chrome_trace(
     nodes = sum(len(f) + len(b) for f, b in segs)
     if nodes * m * len(report["devices"]) > MAX_EVENTS:
         segs = [[_coarse(graph, f), _coarse(graph, b)] for f, b in segs]
+    _require_drawable(segs, m, len(report["devices"]) // pp)
     f = max(sum(t for _, _, t in st[0]) for st in segs)
     b = max(sum(t for _, _, t in st[1]) for st in segs) if training else 0.0
     slots = _Slots(timeline(pp, m, f, b, training), f, b, (m + pp - 1) * (f + b))
@@ -160,6 +165,27 @@ def chrome_trace(
             "bubble": (pp - 1) / (m + pp - 1),
         },
     }
+
+
+def require_traceable(microbatches: int, devices: int) -> None:
+    """Refuse, before anything is built, a trace that would hold too many events even at one
+    event a microbatch and device (each runs at least one layer in each)."""
+    _require_events(microbatches * devices, microbatches, devices)
+
+
+def _require_drawable(segs: list[list[Any]], microbatches: int, per_stage: int) -> None:
+    """Refuse, before drawing, a trace of more than MAX_TRACE_EVENTS events (one a layer)."""
+    events = per_stage * microbatches * sum(len(f) + len(b) for f, b in segs)
+    _require_events(events, microbatches, per_stage * len(segs))
+
+
+def _require_events(events: int, microbatches: int, devices: int) -> None:
+    if events > MAX_TRACE_EVENTS:
+        raise ConfigError(
+            f"--trace would hold {events:,} events or more ({microbatches:,} microbatches on "
+            f"{devices:,} devices, one event a layer); graphllm writes at most "
+            f"{MAX_TRACE_EVENTS:,} (what trace viewers open): fewer --microbatches or devices"
+        )
 
 
 @dataclass(frozen=True)

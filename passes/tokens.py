@@ -27,6 +27,7 @@ import numpy as np
 
 from graphllm.errors import PassError
 from graphllm.ir import TOKEN_ROLES, Dim, Graph, Node
+from graphllm.limits import require_memory
 from graphllm.ops import OPS, SOURCE, bind_node
 from graphllm.passes.registry import register
 
@@ -299,17 +300,35 @@ def token_pass(
     exact = exact_sets
     if exact is None:
         exact = s_len <= EXACT_LIMIT
-    info = _propagate(graph, s_len, bool(exact), letters)
+    require_memory(
+        propagation_bytes(s_len, bool(exact)),
+        f"the tokens pass ({'bit sets' if exact else 'intervals'} over {s_len:,} positions)",
+    )
+    info, reach = _propagate(graph, s_len, bool(exact), letters)
     logits = info[graph.outputs["logits"].node]
     if not isinstance(logits, _One):
         raise PassError("tokens: the logits have no single position axis")
-    per_layer = []
-    for i, name in enumerate(graph.meta.get("blocks", [])):
-        blk = info.get(name)
-        if isinstance(blk, _One):
-            size, first = blk.deps.extent(s_len - 1)
-            per_layer.append({"layer": i, "reach": size, "first": first})
+    per_layer = [
+        {"layer": i, "reach": reach[name][0], "first": reach[name][1]}
+        for i, name in enumerate(graph.meta.get("blocks", []))
+        if name in reach
+    ]
     return TokenReport(verdicts, mixing, bool(exact), s_len, p_len, logits.deps, per_layer)
+
+
+# Arrays of positions alive at once while propagating, measured on llama3-8b and deepseek-v3 with
+# room to spare: the inputs of a node, its output and the residual stream, a few sets each.
+_LIVE_SETS = 12
+
+
+def propagation_bytes(n: int, exact: bool) -> float:
+    """Peak bytes of the dependence sets over `n` positions: per set an n x n bit matrix (and the
+    int32 prefix sums of a range union), or two int64 bounds per position (and the sparse table
+    of a range reduction, log2(n) levels of them)."""
+    if exact:
+        return _LIVE_SETS * n * n + 4.0 * n * n
+    levels = max(n, 2).bit_length()
+    return _LIVE_SETS * 17.0 * n + 8.0 * levels * n
 
 
 def sequence(graph: Graph) -> tuple[int, int]:
@@ -324,10 +343,17 @@ def sequence(graph: Graph) -> tuple[int, int]:
     return first, max(hi for _, _, hi in ranges)
 
 
-def _propagate(graph: Graph, n: int, exact: bool, letters: dict[str, tuple]) -> dict[str, Any]:
+def _propagate(
+    graph: Graph, n: int, exact: bool, letters: dict[str, tuple]
+) -> tuple[dict[str, Any], dict[str, tuple[int, int]]]:
     """Abstract execution over positions: a _One/_Two/None per node (its output 0; the outputs of
-    a multi-output op share their positions). Returns the infos of block outputs and logits."""
-    keep = set(graph.meta.get("blocks", ())) | {r.node for r in graph.outputs.values()}
+    a multi-output op share their positions). Returns the infos of the logits, and the extent of
+    the last position's set at each block output (taken as it is made, so that the blocks' sets
+    are freed like any other: they are n long each)."""
+    blocks = set(graph.meta.get("blocks", ()))
+    # the logits only: a cache output (two a layer) kept to the end would hold its sets all along
+    keep = {graph.outputs["logits"].node}
+    reach: dict[str, tuple[int, int]] = {}
     uses = {n.name: len(graph.users(n)) for n in graph.nodes()}
     info: dict[str, Any] = {}
     b = graph.bindings
@@ -359,12 +385,15 @@ def _propagate(graph: Graph, n: int, exact: bool, letters: dict[str, tuple]) -> 
             narrower[node.out] = held
         if held is not False and isinstance(out, _One):
             out = _One(out.support & held, out.deps.keep(held))
-        info[node.name] = out
+        if node.name in blocks and isinstance(out, _One):
+            reach[node.name] = out.deps.extent(n - 1)
+        if uses[node.name] or node.name in keep:
+            info[node.name] = out
         for r in node.inputs:  # free what no later node reads (bit matrices are N x N)
             uses[r.node] -= 1
             if uses[r.node] == 0 and r.node not in keep:
                 info.pop(r.node, None)
-    return info
+    return info, reach
 
 
 def _apply(node: Node, ins: list[list[str]], out: list[str], vals: list[Any], n: int) -> Any:

@@ -7,6 +7,7 @@ import contextlib
 import errno
 import functools
 import os
+import re
 import signal
 import sys
 import threading
@@ -22,6 +23,8 @@ from graphllm.models.workload import Workload
 
 DTYPE_NAMES = ["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
 PRESET_HELP = "A preset name (see `graphllm presets`)."
+# --seq-len sweeps at most this many points: each builds and analyses a graph (up to a second)
+MAX_SWEEP = 256
 
 
 class IntList(click.ParamType):
@@ -38,7 +41,21 @@ class IntList(click.ParamType):
             self.fail(f"{value!r} is not an integer or a comma-separated list of them", param, ctx)
         if not out or min(out) < 1:
             self.fail(f"{value!r}: sizes must be positive", param, ctx)
+        if len(out) > MAX_SWEEP:
+            self.fail(
+                f"a sweep of {len(out):,} points; graphllm takes at most {MAX_SWEEP}", param, ctx
+            )
         return out
+
+
+def _shorten_words(message: str, width: int = 60) -> str:
+    """A message with every word longer than `width` (a value echoed back: 5000 digits, a long
+    path) cut to its start and its length."""
+    return re.sub(
+        rf"\S{{{width + 1},}}",
+        lambda m: f"{m.group()[: width // 2]}... ({len(m.group()):,} characters)",
+        message,
+    )
 
 
 def _fail(msg: str, code: int = 2) -> None:
@@ -68,7 +85,8 @@ class OneLineErrors(click.Group):
             if type(e).__name__ == "NoArgsIsHelpError":  # a bare `graphllm`: the help, as is
                 e.show()
                 sys.exit(e.exit_code)
-            _fail(" ".join(e.format_message().split()), e.exit_code)  # click's lists: one line
+            # click's lists on one line, and the value it echoes shortened
+            _fail(_shorten_words(" ".join(e.format_message().split())), e.exit_code)
         except click.exceptions.Abort:
             _fail("aborted", 1)
         sys.exit(code if isinstance(code, int) else 0)

@@ -23,7 +23,7 @@ from graphllm.cli.common import (
 )
 from graphllm.cli.layout import strategy_from, strategy_options, training_from, training_options
 from graphllm.errors import ConfigError
-from graphllm.exporters.trace import chrome_trace, write_trace
+from graphllm.exporters.trace import chrome_trace, require_traceable, write_trace
 from graphllm.files import check_target, json_text
 from graphllm.models.hardware import load_hardware
 from graphllm.models.workload import Workload
@@ -73,6 +73,8 @@ def partition(
     hw = load_hardware(hardware) if hardware else None
     if trace_path is not None and hw is None:
         raise ConfigError("--trace times the schedule on a device: give --hardware NAME")
+    if trace_path is not None:
+        require_traceable(strategy.microbatches, strategy.devices)
     graph = partition_graph(build_graph(config, wl, mla=mla, mtp=mtp), strategy, hw)
     if print_graph:
         click.echo(graph.print())

@@ -5,6 +5,20 @@ from __future__ import annotations
 from dataclasses import InitVar, asdict, dataclass
 
 from graphllm.errors import ConfigError
+from graphllm.limits import require_at_most, show
+
+# Sanity limits of a workload, checked before any graph is built. Positions (S = P + T): 2**24,
+# past the longest published context window (10M tokens, Llama 4 Scout). Batch: 2**24 sequences.
+# Positions in flight (B x S, the rows of the KV cache and of every activation): 2**30, 16x the
+# largest published training batch (about 63M tokens a step, DeepSeek-V3). Query-key pairs
+# (B x T x S, the score matrices): 2**48, a 16M-token prefill at batch 1; times any published
+# model's heads x head_dim (<= 2**14) one layer's attention FLOPs stay within int64, where ONNX
+# shapes and numpy index arithmetic live.
+MAX_POSITIONS = 1 << 24
+MAX_BATCH = 1 << 24
+MAX_TOKENS = 1 << 30
+MAX_PAIRS = 1 << 48
+FLAGS = {"batch": "--batch", "seq_len": "--seq-len", "past_len": "--past-len"}
 
 
 @dataclass(frozen=True)
@@ -49,9 +63,9 @@ DTYPE_ALIASES = {
 
 def _dtype(name: str) -> DType:
     """Look up a dtype by graphllm or torch spelling."""
-    key = DTYPE_ALIASES.get(name, name)
+    key = DTYPE_ALIASES.get(name, name) if isinstance(name, str) else None
     if key not in DTYPES:
-        raise ConfigError(f"unknown dtype {name!r}; known: {', '.join(DTYPES)}")
+        raise ConfigError(f"unknown dtype {show(name)}; known: {', '.join(DTYPES)}")
     return DTYPES[key]
 
 
@@ -80,15 +94,12 @@ class Workload:
             object.__setattr__(self, "weight_dtype", canon)
             object.__setattr__(self, "act_dtype", other)
             object.__setattr__(self, "kv_dtype", other)
-        for name in ("batch", "seq_len"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(f"workload {name} must be a positive integer, got {v!r}")
+        _check_count(self, "batch", 1)
+        _check_count(self, "seq_len", 1)
+        _check_count(self, "past_len", 0)
+        _check_sizes(self)
         if self.logits not in ("all", "last"):
-            raise ConfigError(f"workload logits must be 'all' or 'last', got {self.logits!r}")
-        p = self.past_len
-        if not isinstance(p, int) or isinstance(p, bool) or p < 0:
-            raise ConfigError(f"workload past_len must be a non-negative integer, got {p!r}")
+            raise ConfigError(f"workload logits must be 'all' or 'last', got {show(self.logits)}")
         for name in ("weight_dtype", "act_dtype", "kv_dtype"):
             canon = _dtype(getattr(self, name)).name
             if canon in WEIGHT_ONLY and name != "weight_dtype":
@@ -122,6 +133,43 @@ class Workload:
             )
         d.update({k: v for k, v in kw.items() if v is not None})
         return Workload(**d)
+
+
+def _check_count(wl: Workload, name: str, least: int) -> None:
+    """An integer of at least `least` (not a bool, a float or a string that looks like one)."""
+    v = getattr(wl, name)
+    if not isinstance(v, int) or isinstance(v, bool) or v < least:
+        kind = "a positive integer" if least else "a non-negative integer"
+        raise ConfigError(f"workload {name} must be {kind}, got {show(v)}")
+
+
+def _check_sizes(wl: Workload) -> None:
+    """The sanity limits above, one field or product at a time, the first broken one named."""
+    why_positions = "past the longest published context window, 10M tokens"
+    for name in ("batch", "seq_len", "past_len"):
+        limit = MAX_BATCH if name == "batch" else MAX_POSITIONS
+        why = "sequences in one batch" if name == "batch" else why_positions
+        require_at_most(
+            getattr(wl, name), limit, f"workload {name} ({FLAGS[name]})", why, ConfigError
+        )
+    s = wl.past_len + wl.seq_len
+    require_at_most(
+        s, MAX_POSITIONS, "the key length past_len + seq_len", why_positions, ConfigError
+    )
+    require_at_most(
+        wl.batch * s,
+        MAX_TOKENS,
+        "batch x key length (positions the KV cache and activations hold)",
+        "16x the largest published training batch",
+        ConfigError,
+    )
+    require_at_most(
+        wl.batch * wl.seq_len * s,
+        MAX_PAIRS,
+        "batch x seq_len x key length (query-key pairs of the score matrices)",
+        "attention FLOP counts stay inside int64",
+        ConfigError,
+    )
 
 
 dtype = _dtype  # public name: look up a dtype by graphllm or torch spelling

@@ -29,6 +29,7 @@ from typing import Any
 
 from graphllm.errors import ConfigError
 from graphllm.ir import HEAD_ROLES, Dim, Graph, Node, Ref
+from graphllm.limits import require_at_most, show
 from graphllm.models.hardware import Hardware
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload
@@ -49,6 +50,10 @@ from graphllm.passes.registry import forget, meta_result, register, run
 from graphllm.passes.training import TrainingOptions, training_memory
 
 MESH_ORDER = ("dp", "mb", "pp", "cp", "ep", "tp")  # outermost first: tp ranks share a node
+# Devices of one mesh: the largest published training clusters hold about 100,000 GPUs; the
+# partition report lists every device (a second and some 100 bytes of JSON a thousand of them).
+MAX_DEVICES = 1 << 17
+WHY_DEVICES = "about the largest published training clusters, 100,000 GPUs"
 
 
 @dataclass(frozen=True)
@@ -100,7 +105,11 @@ def validate(cfg: ModelConfig, wl: Workload, s: Strategy) -> dict[str, str]:
     """One clear line for a strategy the model or workload cannot take; where tokens are cut."""
     for k in ("tp", "cp", "pp", "ep", "dp", "microbatches"):
         v = getattr(s, k)
-        _check(isinstance(v, int) and v >= 1, f"--{k} must be a positive integer, got {v!r}")
+        ok = isinstance(v, int) and not isinstance(v, bool) and v >= 1
+        _check(ok, f"--{k} must be a positive integer, got {show(v)}")
+    axes = [f"--{k} {show(getattr(s, k))}" for k in ("tp", "cp", "pp", "ep", "dp")]
+    mesh = " x ".join(a for a in axes if not a.endswith(" 1"))
+    require_at_most(s.devices, MAX_DEVICES, f"the mesh size of {mesh}", WHY_DEVICES, ConfigError)
     _check(not s.sp or s.tp > 1, "--sp shards the tensor-parallel group: give --tp N with N > 1")
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
     _check(heads % s.tp == 0, f"--tp {s.tp} does not divide the {heads} attention heads")
@@ -554,7 +563,9 @@ def _stage_seconds(e: dict[str, Any], m: int, grad_seconds: float, hw: Hardware 
 def _devices(mesh: Mesh, stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every device (microbatches are not devices), with its coordinates and its stage's figures."""
     out = []
-    for rank, c in enumerate(c for c in mesh.coords() if c.get("mb", 0) == 0):
+    # the device axes alone: a walk of every (device, microbatch) pair would take M times longer
+    devices = Mesh(tuple((n, size) for n, size in mesh.axes if n != "mb"))
+    for rank, c in enumerate(devices.coords()):
         coords = {k: c.get(k, 0) for k in MESH_ORDER if k != "mb"}
         out.append({"rank": rank, "coords": coords, **stages[coords["pp"]]})
     return out

@@ -27,6 +27,7 @@ from typing import Any
 from graphllm.build.builder import build_graph
 from graphllm.errors import ConfigError, GraphllmError
 from graphllm.ir import Graph, Node
+from graphllm.limits import require_at_most, show
 from graphllm.models.hardware import Hardware
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload
@@ -41,7 +42,15 @@ from graphllm.passes.parallel.figures import (
     step_seconds,
     tally,
 )
-from graphllm.passes.parallel.partition import Strategy, balance, make_mesh, partition, validate
+from graphllm.passes.parallel.partition import (
+    MAX_DEVICES,
+    WHY_DEVICES,
+    Strategy,
+    balance,
+    make_mesh,
+    partition,
+    validate,
+)
 from graphllm.passes.training import (
     DP_AXES,
     TrainingOptions,
@@ -55,8 +64,36 @@ from graphllm.passes.training import (
 AXES = ("tp", "cp", "pp", "ep", "dp")
 
 
+# Layouts a plan enumerates at most: each is checked and the legal ones costed (some 50 µs each),
+# so a plan stays within seconds; 720720 devices of a dense model are 89,600 of them.
+MAX_LAYOUTS = 100_000
+
+
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of n in increasing order, in O(sqrt(n)) steps."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
+def prime_exponents(n: int) -> list[int]:
+    """The exponents of n's prime factors (trial division: n is at most MAX_DEVICES)."""
+    out, p = [], 2
+    while p * p <= n:
+        e = 0
+        while n % p == 0:
+            n, e = n // p, e + 1
+        if e:
+            out.append(e)
+        p += 1
+    return out + ([1] if n > 1 else [])
+
+
+def count_layouts(n: int, free_axes: int) -> int:
+    """How many ordered ways `free_axes` sizes multiply to n: each prime's exponent spread over
+    the axes, C(e + k - 1, k - 1) ways, independently."""
+    if free_axes == 0:
+        return 1
+    return math.prod(math.comb(e + free_axes - 1, free_axes - 1) for e in prime_exponents(n))
 
 
 def factorisations(n: int, pinned: dict[str, int], moe: bool) -> list[dict[str, int]]:
@@ -357,6 +394,7 @@ def plan(
 ) -> PlanReport:
     """Every legal layout of `devices`, those that fit ranked by predicted step time."""
     pinned = _pinned(devices, hw, training, pinned)
+    _require_few_layouts(devices, pinned, cfg.is_moe)
     small, kinds = reduced_config(cfg)
     programs: dict[tuple, Program | GraphllmError] = {}
     ok, big, bad = [], [], []
@@ -382,18 +420,30 @@ def _pinned(
     devices: int, hw: Hardware, training: TrainingOptions | None, pinned: dict[str, int] | None
 ) -> dict[str, int]:
     """The sizes the caller fixed, once the request is one a layout can meet."""
-    if not isinstance(devices, int) or devices < 1:
-        raise ConfigError(f"--devices must be a positive integer, got {devices!r}")
+    if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
+        raise ConfigError(f"--devices must be a positive integer, got {show(devices)}")
+    require_at_most(devices, MAX_DEVICES, "--devices", WHY_DEVICES, ConfigError)
     if devices > 1 and hw.interconnect_bandwidth is None:
         raise ConfigError(f"hardware {hw.name} has no interconnect: plans need a device preset")
     pinned = {k: v for k, v in (pinned or {}).items() if v is not None}
     fixed = math.prod(pinned.values())
     if devices % fixed:
-        sizes = " x ".join(f"--{k} {v}" for k, v in pinned.items())
-        raise ConfigError(f"{sizes} = {fixed} devices does not divide --devices {devices}")
+        sizes = " x ".join(f"--{k} {show(v)}" for k, v in pinned.items())
+        raise ConfigError(f"{sizes} = {show(fixed)} devices does not divide --devices {devices:,}")
     if training is not None and training.zero and pinned.get("dp") == 1:
         raise ConfigError("--zero shards over the data parallel group: --dp 1 leaves none")
     return pinned
+
+
+def _require_few_layouts(devices: int, pinned: dict[str, int], moe: bool) -> None:
+    """Refuse, before enumerating, a plan of more than MAX_LAYOUTS layouts."""
+    free = [ax for ax in AXES if ax not in pinned and (moe or ax != "ep")]
+    n = count_layouts(devices // math.prod(pinned.values()), len(free))
+    if n > MAX_LAYOUTS:
+        raise ConfigError(
+            f"--devices {devices:,} has {n:,} layouts over {', '.join(free)}; graphllm plans at "
+            f"most {MAX_LAYOUTS:,} at once: pin some sizes (--tp, --pp, ...)"
+        )
 
 
 def _strategy(

@@ -96,7 +96,11 @@ def _config(id: str, expect: str, **fields: object) -> Case:
 
 
 METADATA = [
-    _meta("config-a-list", {"graphllm.config": [1, 2]}, "graphllm.config: config fields must be a mapping"),
+    _meta(
+        "config-a-list",
+        {"graphllm.config": [1, 2]},
+        "graphllm.config: config fields must be a mapping",
+    ),
     _meta("config-a-string", {"graphllm.config": '"llama"'}, "config fields must be a mapping"),
     _meta("config-null", {"graphllm.config": "null"}, "graphllm.config"),
     _meta("config-not-json", {"graphllm.config": "{not json"}, "graphllm.config"),
