@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from graphllm.echo import shown_path
 from graphllm.errors import GraphllmError
 
 _TMP = re.compile(r"\.(\d+)\.[0-9a-f]{8}\.tmp$")
@@ -48,15 +49,19 @@ def check_target(path: str | Path) -> Path:
     path = Path(path)
     folder = path.parent
     if "\0" in str(path):
-        raise GraphllmError(f"cannot write {_short(repr(str(path)))}: the name holds a NUL byte")
+        raise GraphllmError(f"cannot write {shown_path(path)}: the name holds a NUL byte")
     if not folder.exists():
-        raise GraphllmError(f"cannot write {_short(path)}: folder {_short(folder)} does not exist")
+        raise GraphllmError(
+            f"cannot write {shown_path(path)}: folder {shown_path(folder)} does not exist"
+        )
     if not folder.is_dir():
-        raise GraphllmError(f"cannot write {_short(path)}: {_short(folder)} is not a folder")
+        raise GraphllmError(
+            f"cannot write {shown_path(path)}: {shown_path(folder)} is not a folder"
+        )
     longest = _name_max(folder)
     if len(os.fsencode(path.name)) > longest:
         raise GraphllmError(
-            f"cannot write {_short(path)}: its name is {len(os.fsencode(path.name))} bytes; "
+            f"cannot write {shown_path(path)}: its name is {len(os.fsencode(path.name))} bytes; "
             f"the file system takes at most {longest}"
         )
     try:
@@ -64,23 +69,18 @@ def check_target(path: str | Path) -> Path:
     except FileNotFoundError:
         mode = None  # nothing there, or a dangling symlink (which the rename replaces)
     except OSError as e:
-        raise GraphllmError(f"cannot write {_short(path)}: {e.strerror}") from None
+        raise GraphllmError(f"cannot write {shown_path(path)}: {e.strerror}") from None
     if mode is not None and not stat.S_ISREG(mode):
         kind = next((k for test, k in _KINDS.items() if test(mode)), "not a regular file")
         link = " (through a symlink)" if path.is_symlink() else ""
         raise GraphllmError(
-            f"cannot write {_short(path)}: it is {kind}{link}, not a regular file; "
+            f"cannot write {shown_path(path)}: it is {kind}{link}, not a regular file; "
             f"graphllm only replaces regular files"
         )
     problem = _unwritable(folder)
     if problem is not None:
-        raise GraphllmError(f"cannot write {_short(path)}: {problem}")
+        raise GraphllmError(f"cannot write {shown_path(path)}: {problem}")
     return path
-
-
-def _short(path: Path | str, most: int = 120) -> str:
-    text = str(path)
-    return text if len(text) <= most else f"{text[: most // 2]}...{text[-most // 2 :]}"
 
 
 def temp_path(path: Path) -> Path:
@@ -168,7 +168,7 @@ def write_atomic(path: str | Path, write: Callable[[Path], None]) -> Path:
             check_target(path)  # a device put there while writing is not replaced either
             os.replace(tmp, path)
         except OSError as e:
-            raise GraphllmError(f"cannot write {_short(path)}: {e.strerror or e}") from None
+            raise GraphllmError(f"cannot write {shown_path(path)}: {e.strerror or e}") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -186,14 +186,14 @@ def temporary_folder(prefix: str) -> Iterator[Path]:
     signals included); those a killed run left are removed first."""
     root = Path(tempfile.gettempdir())
     if not root.is_dir():
-        raise GraphllmError(f"the temporary folder {_short(root)} does not exist (TMPDIR)")
+        raise GraphllmError(f"the temporary folder {shown_path(root)} does not exist (TMPDIR)")
     remove_stale_temporaries(root / prefix)
     folder = temp_path(root / prefix)
     try:
         folder.mkdir(mode=0o700)
     except OSError as e:
         raise GraphllmError(
-            f"cannot make a temporary folder in {_short(root)}: {e.strerror}"
+            f"cannot make a temporary folder in {shown_path(root)}: {e.strerror}"
         ) from None
     try:
         yield folder
@@ -208,7 +208,7 @@ def folder_problem(folder: Path) -> str | None:
         if not existing.exists():
             continue
         if not existing.is_dir():
-            return f"{_short(existing)} is not a folder"
+            return f"{shown_path(existing)} is not a folder"
         return _unwritable(existing)
     return None
 
@@ -220,7 +220,7 @@ def _unwritable(folder: Path) -> str | None:
     try:
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except OSError as e:
-        return f"{_short(folder)} is not writable ({e.strerror})"
+        return f"{shown_path(folder)} is not writable ({e.strerror})"
     os.unlink(probe)
     return None
 
@@ -234,7 +234,7 @@ def make_folder(folder: Path, what: str) -> Path:
             return folder
         except OSError as e:
             problem = e.strerror or str(e)
-    raise GraphllmError(f"cannot write {what} under {_short(folder)}: {problem}")
+    raise GraphllmError(f"cannot write {what} under {shown_path(folder)}: {problem}")
 
 
 def finite(doc: Any) -> Any:

@@ -12,6 +12,7 @@ import os
 import resource
 from pathlib import Path
 
+from graphllm.echo import count
 from graphllm.errors import GraphllmError
 
 _UNLIMITED = 1 << 62
@@ -75,30 +76,6 @@ def require_memory(nbytes: float, what: str, headroom: float = 0.9) -> None:
             f"{what} needs {human_bytes(nbytes)} of memory; this process has "
             f"{human_bytes(have)} available"
         )
-
-
-def count(value: int) -> str:
-    """An integer as a message shows it: with thousands separators, or its number of digits when
-    it has too many to print (str() itself refuses past 4300 digits)."""
-    if abs(value) < 10**30:
-        return f"{value:,}"
-    digits = int((abs(value).bit_length() - 1) * 0.30102999566398) + 1  # at most one short
-    digits += abs(value) >= 10**digits
-    return f"a {digits}-digit {'negative ' if value < 0 else ''}number"
-
-
-def show(value: object, width: int = 60) -> str:
-    """repr() of a value the user gave, shortened for a one-line message: a 100 MB string or a
-    5000-digit integer is named, not echoed."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return count(value)
-    if isinstance(value, (str, bytes)) and len(value) > width:
-        return repr(value[: width // 2]) + f"... ({len(value):,} characters)"
-    try:
-        text = repr(value)
-    except ValueError:  # a container holding an integer too long for str()
-        return f"a {type(value).__name__}"
-    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def require_at_most(

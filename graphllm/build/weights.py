@@ -19,9 +19,10 @@ from typing import BinaryIO
 import ml_dtypes
 import numpy as np
 
+from graphllm.echo import shown
 from graphllm.errors import WeightsError
 from graphllm.ir import Graph, Node
-from graphllm.models.folder import folder_member, short
+from graphllm.models.folder import folder_member
 
 _DTYPES = {"fp32": np.float32, "fp16": np.float16}
 _CHUNK = 1 << 22  # random weights are drawn this many values at a time
@@ -84,7 +85,7 @@ class SafetensorsFolder:
             for name, tensor in _read_header(path, rel).items():
                 if name in self._where:
                     other = self._where[name].rel
-                    raise WeightsError(f"tensor {short(name)} is in both {other} and {rel}")
+                    raise WeightsError(f"tensor {shown(name)} is in both {other} and {rel}")
                 self._where[name] = tensor
 
     def _read_sharded(self) -> None:
@@ -95,7 +96,7 @@ class SafetensorsFolder:
         checked: dict[str, Path] = {}  # the index's file name -> its resolved file
         for name, rel in wmap.items():
             if rel not in checked:  # a large index names a few shards many thousand times
-                what = f"{INDEX}: weight_map[{short(name)}]"
+                what = f"{INDEX}: weight_map[{shown(name)}]"
                 checked[rel] = folder_member(self.folder, rel, what, WeightsError)
             where[name] = checked[rel]
             shards.setdefault(checked[rel], rel)
@@ -104,12 +105,12 @@ class SafetensorsFolder:
                 if where.get(name) != path:
                     mapped = shards[where[name]] if name in where else None
                     says = f"maps it to {mapped}" if mapped else "does not list it"
-                    raise WeightsError(f"{rel}: holds tensor {short(name)}, but {INDEX} {says}")
+                    raise WeightsError(f"{rel}: holds tensor {shown(name)}, but {INDEX} {says}")
                 self._where[name] = tensor
         for name, path in where.items():
             if name not in self._where:
                 raise WeightsError(
-                    f"{INDEX} maps tensor {short(name)} to {shards[path]}, which does not hold it"
+                    f"{INDEX} maps tensor {shown(name)} to {shards[path]}, which does not hold it"
                 )
 
     def __contains__(self, name: str) -> bool:
@@ -183,7 +184,7 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
     out: dict = {}
     for key, value in pairs:
         if key in out:
-            raise ValueError(f"duplicate key {short(key)}")  # the format disallows them
+            raise ValueError(f"duplicate key {shown(key)}")  # the format disallows them
         out[key] = value
     return out
 
@@ -199,7 +200,7 @@ def _parse_json(raw: bytes, what: str) -> object:
     except MemoryError:  # its size is capped, but the objects JSON makes of it may not fit
         raise WeightsError(f"{what} ({len(raw):,} bytes) does not fit in memory as JSON") from None
     except ValueError as e:
-        raise WeightsError(f"{what} is not valid JSON: {short(str(e), 120)}") from None
+        raise WeightsError(f"{what} is not valid JSON: {shown(str(e), 120)}") from None
 
 
 def _open_regular(path: Path, rel: str) -> BinaryIO:
@@ -230,7 +231,7 @@ def _weight_map(path: Path) -> dict[str, str]:
     for name, rel in wmap.items():
         if not isinstance(rel, str):
             raise WeightsError(
-                f"{INDEX}: weight_map[{short(name)}] is {short(rel)}, not a file name"
+                f"{INDEX}: weight_map[{shown(name)}] is {shown(rel)}, not a file name"
             )
     return wmap
 
@@ -283,7 +284,7 @@ def _tensor(
 ) -> _Tensor:
     """One header entry, checked: exactly dtype, shape and data_offsets; a dtype graphllm reads;
     a shape of non-negative ints; offsets inside the data section that size dtype x shape."""
-    where = f"{rel}: tensor {short(name)}"
+    where = f"{rel}: tensor {shown(name)}"
     if not isinstance(info, dict):
         raise WeightsError(f"{where}: entry is a JSON {_kind(info)}, not a mapping")
     for key in _FIELDS:
@@ -291,19 +292,19 @@ def _tensor(
             raise WeightsError(f"{where}: entry has no {key}")
     extra = [k for k in info if k not in _FIELDS]
     if extra:
-        raise WeightsError(f"{where}: unexpected field {short(extra[0])} in its entry")
+        raise WeightsError(f"{where}: unexpected field {shown(extra[0])} in its entry")
     dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
     _check_dtype(where, dtype)
     if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(map(_is_count, shape)):
         raise WeightsError(
-            f"{where}: shape {short(shape)} is not a list of at most {MAX_DIMS} non-negative ints"
+            f"{where}: shape {shown(shape)} is not a list of at most {MAX_DIMS} non-negative ints"
         )
     if not isinstance(offsets, list) or len(offsets) != 2 or not all(map(_is_count, offsets)):
-        raise WeightsError(f"{where}: data_offsets {short(offsets)} are not two non-negative ints")
+        raise WeightsError(f"{where}: data_offsets {shown(offsets)} are not two non-negative ints")
     begin, end = offsets
     if not begin <= end <= data_size:
         raise WeightsError(
-            f"{where}: data_offsets {short(offsets)} are not inside the data section "
+            f"{where}: data_offsets {shown(offsets)} are not inside the data section "
             f"({data_size:,} bytes; is the file truncated?)"
         )
     nbytes = math.prod(shape) * _READ[dtype].itemsize
@@ -311,7 +312,7 @@ def _tensor(
         # a JSON int may have thousands of digits: a size past the data section is not printed
         need = f"{nbytes:,} bytes" if nbytes <= data_size else "more than the data section"
         raise WeightsError(
-            f"{where}: data_offsets span {end - begin:,} bytes; {dtype} x {short(shape)} "
+            f"{where}: data_offsets span {end - begin:,} bytes; {dtype} x {shown(shape)} "
             f"needs {need}"
         )
     return _Tensor(path, rel, file_size, base + begin, nbytes, dtype, tuple(shape))
@@ -330,7 +331,7 @@ def _check_dtype(where: str, dtype: object) -> None:
             f"{where}: dtype {dtype} is not read by graphllm yet (it reads {reads}; quantized "
             "checkpoints are issue 17)"
         )
-    raise WeightsError(f"{where}: dtype {short(dtype)} is not a safetensors dtype ({reads})")
+    raise WeightsError(f"{where}: dtype {shown(dtype)} is not a safetensors dtype ({reads})")
 
 
 def _check_layout(rel: str, tensors: dict[str, _Tensor], base: int, data_size: int) -> None:
@@ -342,7 +343,7 @@ def _check_layout(rel: str, tensors: dict[str, _Tensor], base: int, data_size: i
         begin = t.start - base
         if begin < pos:
             raise WeightsError(
-                f"{rel}: tensor {short(name)} overlaps tensor {short(last)} (bytes {begin:,} "
+                f"{rel}: tensor {shown(name)} overlaps tensor {shown(last)} (bytes {begin:,} "
                 f"to {pos:,} of the data section)"
             )
         if begin > pos:

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from graphllm.echo import SHOWN_CHARS, cut, shown, shown_path
 from graphllm.errors import ConfigError
-from graphllm.models.echo import SHOWN_CHARS, cut, shown, shown_path
 from graphllm.models.folder import folder_member
 from graphllm.models.model_config import (
     FAMILIES,
@@ -972,8 +972,8 @@ def load_config(source: str | Path | dict) -> ModelConfig:
         folder, path = path, path / "config.json"
         if file_mode(path) is None and not path.is_symlink():  # one there but no file: read says
             raise ConfigError(f"{shown_path(folder)}: folder has no config.json")
-        # a checkpoint's config.json may be a symlink: it must stay inside the folder
-        folder_member(folder, "config.json", shown_path(folder), ConfigError)
+        if path.is_symlink():  # a checkpoint's config.json may be one: it must stay inside
+            folder_member(folder, "config.json", shown_path(folder), ConfigError)
     d = _read(path)
     if path.suffix.lower() in (".yaml", ".yml"):
         d.pop("workload", None)

@@ -16,13 +16,9 @@ import os
 import stat
 from pathlib import Path, PurePosixPath
 
+from graphllm.echo import shown
 from graphllm.errors import GraphllmError
-
-
-def short(text: object, limit: int = 80) -> str:
-    """`text` as repr, cut to about `limit` characters: a hostile name can be megabytes long."""
-    s = repr(text)
-    return s if len(s) <= limit else s[: limit - 3] + "..."
+from graphllm.models.parse import file_kind
 
 
 def folder_roots(folder: Path) -> list[Path]:
@@ -43,24 +39,24 @@ def folder_member(
     """The resolved path of file `name` in checkpoint `folder`, or `error` in one line naming
     `what` (where the name came from) when it is not a regular file inside the folder."""
     if not isinstance(name, str):
-        raise error(f"{what}: a file name must be a string, got {short(name)}")
+        raise error(f"{what}: a file name must be a string, got {shown(name)}")
     pure = PurePosixPath(name)
     if not name or "\x00" in name or pure.is_absolute() or "\\" in name:
-        raise error(f"{what}: {short(name)} is not a file name relative to the folder")
+        raise error(f"{what}: {shown(name)} is not a file name relative to the folder")
     if ".." in pure.parts:
-        raise error(f"{what}: {short(name)} climbs out of the folder with '..'")
+        raise error(f"{what}: {shown(name)} climbs out of the folder with '..'")
     try:
         path = (folder / name).resolve()
     except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop on Python < 3.13
-        raise error(f"{what}: {short(name)} cannot be resolved: {e}") from None
+        raise error(f"{what}: {shown(name)} cannot be resolved: {e}") from None
     if not any(path.is_relative_to(root) for root in folder_roots(folder)):
-        raise error(f"{what}: {short(name)} points outside the folder (through a symlink)")
+        raise error(f"{what}: {shown(name)} points outside the folder (through a symlink)")
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
-        raise error(f"{what}: {short(name)} does not exist") from None
+        raise error(f"{what}: {shown(name)} does not exist") from None
     except OSError as e:
-        raise error(f"{what}: {short(name)} cannot be read: {e.strerror}") from None
+        raise error(f"{what}: {shown(name)} cannot be read: {e.strerror}") from None
     if not stat.S_ISREG(mode):
-        raise error(f"{what}: {short(name)} is not a regular file")
+        raise error(f"{what}: {shown(name)} is {file_kind(mode)}, not a regular file")
     return path

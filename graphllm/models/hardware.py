@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from graphllm.echo import cut, shown, shown_path
 from graphllm.errors import ConfigError
 from graphllm.files import folder_problem
-from graphllm.models.echo import cut, shown, shown_path
 from graphllm.models.parse import file_mode, read_mapping
 from graphllm.models.workload import DTYPE_ALIASES
 

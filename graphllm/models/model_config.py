@@ -11,8 +11,8 @@ import math
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
+from graphllm.echo import shown
 from graphllm.errors import ConfigError
-from graphllm.models.echo import shown
 
 FAMILIES = (
     "llama",

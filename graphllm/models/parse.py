@@ -21,8 +21,8 @@ from typing import Any
 
 import yaml
 
+from graphllm.echo import cut, shown, shown_path
 from graphllm.errors import ConfigError
-from graphllm.models.echo import cut, shown, shown_path
 
 # A config.json is a few KB (the largest published, with id2label tables, well under 1 MiB);
 # 16 MiB is far above any, and JSON parses that much in well under a second.
@@ -44,13 +44,14 @@ _KINDS = {
 }
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file of `mode` is, in words: "a FIFO", "a folder", ..."""
     return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
 
 
 def _check_regular(where: str, st: os.stat_result, cap: int) -> None:
     if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"{where}: is {_kind(st.st_mode)}, not a regular file")
+        raise ConfigError(f"{where}: is {file_kind(st.st_mode)}, not a regular file")
     if st.st_size > cap:
         raise ConfigError(
             f"{where}: {st.st_size:,} bytes is too large for a config file "

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import InitVar, asdict, dataclass
 
+from graphllm.echo import shown
 from graphllm.errors import ConfigError
-from graphllm.limits import require_at_most, show
+from graphllm.limits import require_at_most
 
 # Sanity limits of a workload, checked before any graph is built. Positions (S = P + T): 2**24,
 # past the longest published context window (10M tokens, Llama 4 Scout). Batch: 2**24 sequences.
@@ -65,7 +66,7 @@ def _dtype(name: str) -> DType:
     """Look up a dtype by graphllm or torch spelling."""
     key = DTYPE_ALIASES.get(name, name) if isinstance(name, str) else None
     if key not in DTYPES:
-        raise ConfigError(f"unknown dtype {show(name)}; known: {', '.join(DTYPES)}")
+        raise ConfigError(f"unknown dtype {shown(name)}; known: {', '.join(DTYPES)}")
     return DTYPES[key]
 
 
@@ -99,7 +100,7 @@ class Workload:
         _check_count(self, "past_len", 0)
         _check_sizes(self)
         if self.logits not in ("all", "last"):
-            raise ConfigError(f"workload logits must be 'all' or 'last', got {show(self.logits)}")
+            raise ConfigError(f"workload logits must be 'all' or 'last', got {shown(self.logits)}")
         for name in ("weight_dtype", "act_dtype", "kv_dtype"):
             canon = _dtype(getattr(self, name)).name
             if canon in WEIGHT_ONLY and name != "weight_dtype":
@@ -140,7 +141,7 @@ def _check_count(wl: Workload, name: str, least: int) -> None:
     v = getattr(wl, name)
     if not isinstance(v, int) or isinstance(v, bool) or v < least:
         kind = "a positive integer" if least else "a non-negative integer"
-        raise ConfigError(f"workload {name} must be {kind}, got {show(v)}")
+        raise ConfigError(f"workload {name} must be {kind}, got {shown(v)}")
 
 
 def _check_sizes(wl: Workload) -> None:

@@ -27,9 +27,10 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from graphllm.echo import shown
 from graphllm.errors import ConfigError
 from graphllm.ir import HEAD_ROLES, Dim, Graph, Node, Ref
-from graphllm.limits import require_at_most, show
+from graphllm.limits import require_at_most
 from graphllm.models.hardware import Hardware
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload
@@ -106,8 +107,8 @@ def validate(cfg: ModelConfig, wl: Workload, s: Strategy) -> dict[str, str]:
     for k in ("tp", "cp", "pp", "ep", "dp", "microbatches"):
         v = getattr(s, k)
         ok = isinstance(v, int) and not isinstance(v, bool) and v >= 1
-        _check(ok, f"--{k} must be a positive integer, got {show(v)}")
-    axes = [f"--{k} {show(getattr(s, k))}" for k in ("tp", "cp", "pp", "ep", "dp")]
+        _check(ok, f"--{k} must be a positive integer, got {shown(v)}")
+    axes = [f"--{k} {shown(getattr(s, k))}" for k in ("tp", "cp", "pp", "ep", "dp")]
     mesh = " x ".join(a for a in axes if not a.endswith(" 1"))
     require_at_most(s.devices, MAX_DEVICES, f"the mesh size of {mesh}", WHY_DEVICES, ConfigError)
     _check(not s.sp or s.tp > 1, "--sp shards the tensor-parallel group: give --tp N with N > 1")

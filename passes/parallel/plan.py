@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphllm.build.builder import build_graph
+from graphllm.echo import shown
 from graphllm.errors import ConfigError, GraphllmError
 from graphllm.ir import Graph, Node
-from graphllm.limits import require_at_most, show
+from graphllm.limits import require_at_most
 from graphllm.models.hardware import Hardware
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload
@@ -421,15 +422,15 @@ def _pinned(
 ) -> dict[str, int]:
     """The sizes the caller fixed, once the request is one a layout can meet."""
     if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
-        raise ConfigError(f"--devices must be a positive integer, got {show(devices)}")
+        raise ConfigError(f"--devices must be a positive integer, got {shown(devices)}")
     require_at_most(devices, MAX_DEVICES, "--devices", WHY_DEVICES, ConfigError)
     if devices > 1 and hw.interconnect_bandwidth is None:
         raise ConfigError(f"hardware {hw.name} has no interconnect: plans need a device preset")
     pinned = {k: v for k, v in (pinned or {}).items() if v is not None}
     fixed = math.prod(pinned.values())
     if devices % fixed:
-        sizes = " x ".join(f"--{k} {show(v)}" for k, v in pinned.items())
-        raise ConfigError(f"{sizes} = {show(fixed)} devices does not divide --devices {devices:,}")
+        sizes = " x ".join(f"--{k} {shown(v)}" for k, v in pinned.items())
+        raise ConfigError(f"{sizes} = {shown(fixed)} devices does not divide --devices {devices:,}")
     if training is not None and training.zero and pinned.get("dp") == 1:
         raise ConfigError("--zero shards over the data parallel group: --dp 1 leaves none")
     return pinned

@@ -35,6 +35,7 @@ def _verify(id: str, *args: str, expect: str = "needs") -> Case:
 
 
 BIG = str(10**9)
+AT_MOST = "graphllm takes at most"
 
 BENCH = [
     _bench("prompt-1e9", "--prompt-len", BIG),
@@ -70,15 +71,59 @@ BENCH = [
 ]
 
 VERIFY = [
-    _verify("tokens-batch-1e9", "tokens", "--config", TINY, "-b", BIG),
-    _verify("tokens-batch-1e9-onnx", "tokens", "--config", TINY, "-b", BIG, "--onnx"),
-    _verify("tokens-past-1e9", "tokens", "--config", TINY, "--past-len", BIG),
-    _verify("tokens-preset-batch-1e9", "tokens", "--model", "llama3-8b", "-b", BIG),
+    # the examples: past the workload's sanity limits, refused before any pricing
+    _verify("tokens-batch-1e9", "tokens", "--config", TINY, "-b", BIG, expect=AT_MOST),
+    _verify(
+        "tokens-batch-1e9-onnx", "tokens", "--config", TINY, "-b", BIG, "--onnx", expect=AT_MOST
+    ),
+    _verify("tokens-past-1e9", "tokens", "--config", TINY, "--past-len", BIG, expect=AT_MOST),
+    _verify("tokens-preset-batch-1e9", "tokens", "--model", "llama3-8b", "-b", BIG, expect=AT_MOST),
     _verify("tokens-full-size-405b", "tokens", "--model", "llama3.1-405b", "--full-size"),
-    _verify("tokens-full-size-batch", "tokens", "--config", TINY, "--full-size", "-b", BIG),
-    _verify("partition-b1e5-t1e5", "partition", "--config", TINY, "-b", "100000", "-t", "100000"),
-    _verify("partition-batch-1e9", "partition", "--config", TINY, "-b", BIG, "-t", "4"),
-    _verify("partition-past-1e9", "partition", "--config", TINY, "--past-len", BIG, "-t", "1"),
+    _verify(
+        "tokens-full-size-batch",
+        "tokens",
+        "--config",
+        TINY,
+        "--full-size",
+        "-b",
+        BIG,
+        expect=AT_MOST,
+    ),
+    _verify(
+        "partition-b1e5-t1e5",
+        "partition",
+        "--config",
+        TINY,
+        "-b",
+        "100000",
+        "-t",
+        "100000",
+        expect=AT_MOST,
+    ),
+    _verify(
+        "partition-batch-1e9", "partition", "--config", TINY, "-b", BIG, "-t", "4", expect=AT_MOST
+    ),
+    _verify(
+        "partition-past-1e9",
+        "partition",
+        "--config",
+        TINY,
+        "--past-len",
+        BIG,
+        "-t",
+        "1",
+        expect=AT_MOST,
+    ),
+    # inside those limits but past this process's memory: priced and refused
+    _verify("tokens-batch-1e7", "tokens", "--config", TINY, "-b", "10000000"),
+    _verify("tokens-batch-1e7-onnx", "tokens", "--config", TINY, "-b", "10000000", "--onnx"),
+    _verify("tokens-past-1e7", "tokens", "--config", TINY, "--past-len", "10000000"),
+    _verify("tokens-preset-batch-1e5", "tokens", "--model", "llama3-8b", "-b", "100000"),
+    _verify("partition-b1e4-t1e4", "partition", "--config", TINY, "-b", "10000", "-t", "10000"),
+    _verify("partition-batch-1e7", "partition", "--config", TINY, "-b", "10000000", "-t", "4"),
+    _verify(
+        "partition-past-1e7", "partition", "--config", TINY, "--past-len", "10000000", "-t", "1"
+    ),
     _verify("partition-tp2-b1e7", "partition", "--config", TINY, "--tp", "2", "-b", "10000000"),
     _verify("partition-seq-1e7", "partition", "--config", TINY, "-t", "10000000"),
 ]

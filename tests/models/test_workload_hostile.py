@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from graphllm.echo import count, shown
 from graphllm.errors import ConfigError
-from graphllm.limits import count, show
 from graphllm.models.workload import MAX_PAIRS, MAX_POSITIONS, MAX_TOKENS, Workload
 
 # what YAML (and a careless caller) can put in a field: ints of any size, floats, strings, bools,
@@ -131,8 +131,8 @@ def test_count_never_prints_a_huge_number(value, shown):
 
 
 def test_show_shortens():
-    assert show("abc") == "'abc'"
-    assert show("y" * 5000).endswith("... (5,000 characters)")
-    assert len(show(list(range(1000)))) <= 60
-    assert show([10**5000]) == "a list"  # repr() itself refuses an int of 5000 digits
-    assert show(True) == "True"
+    assert shown("abc") == "'abc'"
+    assert shown("y" * 5000).endswith("... (5,000 characters)")
+    assert len(shown(list(range(1000)))) <= 60
+    assert shown([10**5000]) == "[a 5001-digit number]"  # repr() refuses such an int
+    assert shown(True) == "True"

@@ -24,11 +24,16 @@ class _ShortRepr(reprlib.Repr):
         self.maxlist = self.maxtuple = self.maxdict = self.maxset = 6
 
     def repr_int(self, x: int, level: int) -> str:
-        # repr() of an int past sys.get_int_max_str_digits() raises; its size is what matters
-        if x.bit_length() > 200:
-            sign = "-" if x < 0 else ""
-            return f"{sign}<an integer of about {int(x.bit_length() * 0.30103) + 1:,} digits>"
+        # repr() of an int past sys.get_int_max_str_digits() raises: it is named by its digits
+        if abs(x) >= 10**30:
+            return count(x)
         return super().repr_int(x, level)
+
+    def repr_str(self, x: str, level: int) -> str:
+        if len(x) <= self.maxstring:
+            return super().repr_str(x, level)
+        # a long string is named by its start and its length, which is what the reader can use
+        return f"{cut(repr(x[: self.maxstring // 2]), self.maxstring)}... ({len(x):,} characters)"
 
     def repr_instance(self, x: Any, level: int) -> str:
         try:
@@ -45,7 +50,11 @@ def cut(text: str, limit: int = SHOWN_CHARS) -> str:
 
 
 def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
-    """`value`'s repr, shortened to at most `limit` characters."""
+    """`value`'s repr, shortened to about `limit` characters (a long string keeps its length)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return count(value)  # with separators: a size is read by its magnitude
+    if isinstance(value, str) and len(value) > limit:
+        return _ShortRepr(limit).repr_str(value, 0)
     try:
         return cut(_ShortRepr(limit).repr(value), limit)
     except RecursionError:
@@ -60,3 +69,13 @@ def shown_path(path: str | Path, limit: int = PATH_CHARS) -> str:
     if not text.isprintable():  # a newline or NUL in a name would break the line or hide
         text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
     return text if len(text) <= limit and len(str(path)) <= limit else "..." + text[-(limit - 3) :]
+
+
+def count(value: int) -> str:
+    """An integer as a message shows it: with thousands separators, or its number of digits when
+    it has too many to print (str() itself refuses past 4300 digits)."""
+    if abs(value) < 10**30:
+        return f"{value:,}"
+    digits = int((abs(value).bit_length() - 1) * 0.30102999566398) + 1  # at most one short
+    digits += abs(value) >= 10**digits
+    return f"a {digits}-digit {'negative ' if value < 0 else ''}number"
