@@ -22,6 +22,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from graphllm.build.weights import checkpoint_tensors, random_tensors
+from graphllm.echo import shown_path
 from graphllm.errors import ConfigError, GraphllmError
 from graphllm.exporters.onnx.fused import default_lowering
 from graphllm.exporters.onnx.lowering import (
@@ -38,6 +39,7 @@ from graphllm.exporters.onnx.lowering import (
 from graphllm.files import check_target, write_atomic
 from graphllm.ir import Graph
 from graphllm.models.model_config import ModelConfig, config_from_fields
+from graphllm.models.parse import file_kind
 from graphllm.models.workload import Workload
 
 DATA_HEADER = b"graphllm external data "  # then the token its name and the model's metadata carry
@@ -85,14 +87,21 @@ def onnx_file(path: str | Path) -> Path:
     """`path` if it is a regular file (a symlink to one included): a FIFO would block the read,
     a device would never end, a folder is no model."""
     try:
-        mode = os.stat(path).st_mode
+        st = os.stat(path)
     except FileNotFoundError:
-        raise GraphllmError(f"{path}: no such ONNX model") from None
-    except OSError as e:
-        raise GraphllmError(f"{path}: cannot read it ({e.strerror})") from None
-    if not stat.S_ISREG(mode):
-        raise GraphllmError(f"{path}: not a regular file, so not an ONNX model")
+        raise GraphllmError(f"{shown_path(path)}: no such ONNX model") from None
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the name
+        raise GraphllmError(f"{shown_path(path)}: cannot read it ({_reason(e)})") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = file_kind(st.st_mode)
+        raise GraphllmError(f"{shown_path(path)}: is {kind}, not an ONNX model")
+    if st.st_size == 0:
+        raise GraphllmError(f"{shown_path(path)}: is empty, not an ONNX model")
     return Path(path)
+
+
+def _reason(e: Exception) -> str:
+    return e.strerror if isinstance(e, OSError) and e.strerror else "an impossible file name"
 
 
 def metadata_from_props(props: dict[str, str], path: str | Path) -> ExportedModel:

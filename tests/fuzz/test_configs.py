@@ -364,7 +364,9 @@ VALUES = [
         make=json_config(num_hidden_layers=10**8),
         expect="at most 1,024",
     ),
-    Case("layers-1025", trace("c.json"), make=json_config(num_hidden_layers=1025), expect="is 1,025"),
+    Case(
+        "layers-1025", trace("c.json"), make=json_config(num_hidden_layers=1025), expect="is 1,025"
+    ),
     Case(
         "layers-yaml-1e6",
         trace("c.yaml"),

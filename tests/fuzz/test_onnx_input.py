@@ -56,18 +56,18 @@ def _folder_link(root: Path) -> None:
 
 
 NOT_FILES = [
-    Case("fifo", BENCH, make=_fifo, expect="m.onnx: not a regular file"),
-    Case("symlink-to-fifo", BENCH, make=_link_to_fifo, expect="not a regular file"),
+    Case("fifo", BENCH, make=_fifo, expect="m.onnx: is a FIFO, not an ONNX model"),
+    Case("symlink-to-fifo", BENCH, make=_link_to_fifo, expect="not an ONNX model"),
     Case("symlink-to-folder", BENCH, make=_folder_link, expect="is a directory"),
     Case("dangling-symlink", BENCH, make=_dangling, expect="no such ONNX model"),
     Case("missing", BENCH, expect="m.onnx"),
-    Case("dev-null", ["bench", "/dev/null", "--no-predict"], expect="/dev/null: not a regular"),
-    Case("dev-zero", ["bench", "/dev/zero", "--no-predict"], expect="/dev/zero: not a regular"),
+    Case("dev-null", ["bench", "/dev/null", "--no-predict"], expect="/dev/null: is a character device"),
+    Case("dev-zero", ["bench", "/dev/zero", "--no-predict"], expect="/dev/zero: is a character device"),
     Case("folder", ["bench", ".", "--no-predict"], expect="directory"),
 ]
 
 DAMAGED = [
-    _case("empty", lambda: b"", "m.onnx"),
+    _case("empty", lambda: b"", "m.onnx: is empty"),
     _case("one-byte", lambda: b"\x08", "m.onnx"),
     _case("random-bytes", lambda: os.urandom(4096), "m.onnx: not a readable ONNX model"),
     _case("random-megabyte", lambda: os.urandom(1 << 20), "not a readable ONNX model"),

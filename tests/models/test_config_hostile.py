@@ -193,7 +193,9 @@ def test_shown_values_are_short(value):
 
 def test_shown_keeps_short_values_as_repr():
     assert shown("silu") == "'silu'" and shown(3) == "3" and shown(None) == "None"
-    assert "5001-digit" in shown(10**5000)  # repr() itself refuses past sys.get_int_max_str_digits()
+    assert "5001-digit" in shown(
+        10**5000
+    )  # repr() itself refuses past sys.get_int_max_str_digits()
 
 
 def test_deep_nesting_is_shown_without_recursing():
