@@ -18,19 +18,9 @@ import pytest
 
 from tests.support.hostile import Case, cases_params, check_case
 from tests.support.paths import EXAMPLES
+from tests.support.tiny_configs import LLAMA
 
-TINY = {
-    "model_type": "llama",
-    "vocab_size": 256,
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 128,
-    "rms_norm_eps": 1e-5,
-    "max_position_embeddings": 128,
-    "rope_theta": 10000.0,
-}
+TINY = LLAMA | {"rms_norm_eps": 1e-5, "max_position_embeddings": 128, "rope_theta": 10000.0}
 TINY_YAML = (EXAMPLES / "tiny.yaml").read_text()
 BOMB_LEVELS = 9  # nine levels of nine aliases: 9**9 = 387M strings if expanded
 

@@ -13,17 +13,9 @@ import pytest
 
 from tests.support.hostile import Case, cases_params, check_case
 from tests.support.paths import EXAMPLES
+from tests.support.tiny_configs import HARDWARE_SPEC
 
-SPEC = {
-    "name": "mine",
-    "peak_flops": {"bf16": 100e12, "fp32": 10e12},
-    "memory_bandwidth": 1e12,
-    "memory_bytes": 24e9,
-    "interconnect_bandwidth": 32e9,
-    "network_bandwidth": None,
-    "devices_per_node": 4,
-    "source": "made up",
-}
+SPEC = HARDWARE_SPEC
 
 
 def trace(spec: str) -> list[str]:

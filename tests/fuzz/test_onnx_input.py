@@ -61,8 +61,16 @@ NOT_FILES = [
     Case("symlink-to-folder", BENCH, make=_folder_link, expect="is a directory"),
     Case("dangling-symlink", BENCH, make=_dangling, expect="no such ONNX model"),
     Case("missing", BENCH, expect="m.onnx"),
-    Case("dev-null", ["bench", "/dev/null", "--no-predict"], expect="/dev/null: is a character device"),
-    Case("dev-zero", ["bench", "/dev/zero", "--no-predict"], expect="/dev/zero: is a character device"),
+    Case(
+        "dev-null",
+        ["bench", "/dev/null", "--no-predict"],
+        expect="/dev/null: is a character device",
+    ),
+    Case(
+        "dev-zero",
+        ["bench", "/dev/zero", "--no-predict"],
+        expect="/dev/zero: is a character device",
+    ),
     Case("folder", ["bench", ".", "--no-predict"], expect="directory"),
 ]
 

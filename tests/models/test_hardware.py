@@ -7,22 +7,14 @@ import yaml
 
 from graphllm.errors import ConfigError
 from graphllm.models.hardware import Hardware, _presets, list_hardware, load_hardware
+from tests.support.tiny_configs import HARDWARE_SPEC
 
 # every test gets its own cache dir, so a real calibration never leaks in or out
 pytestmark = pytest.mark.usefixtures("cache_dir")
 
 
 def spec(**over):
-    d = {
-        "name": "mine",
-        "peak_flops": {"bf16": 100e12, "fp32": 10e12},
-        "memory_bandwidth": 1e12,
-        "memory_bytes": 24e9,
-        "interconnect_bandwidth": 32e9,
-        "network_bandwidth": None,
-        "devices_per_node": 4,
-        "source": "made up",
-    }
+    d = dict(HARDWARE_SPEC)
     d.update(over)
     return {k: v for k, v in d.items() if v != "DROP"}
 

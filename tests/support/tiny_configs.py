@@ -1,5 +1,17 @@
 """Tiny configs, as a config.json spells them, that several test modules build."""
 
+# a device spec file's fields, with made-up figures in the ranges real devices have
+HARDWARE_SPEC = {
+    "name": "mine",
+    "peak_flops": {"bf16": 100e12, "fp32": 10e12},
+    "memory_bandwidth": 1e12,
+    "memory_bytes": 24e9,
+    "interconnect_bandwidth": 32e9,
+    "network_bandwidth": None,
+    "devices_per_node": 4,
+    "source": "made up",
+}
+
 LLAMA = {
     "model_type": "llama",
     "vocab_size": 256,
