@@ -8,6 +8,7 @@ device, a FIFO, a symlink to one) is refused: renaming over it would replace the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -42,12 +43,47 @@ def _name_max(folder: Path) -> int:
         return 255
 
 
-def check_target(path: str | Path) -> Path:
+# the files and checkpoint folders this process read its inputs from: an output never replaces
+# one (`export --config t.yaml -o t.yaml` would lose the config, `-o ck/model.safetensors` the
+# checkpoint)
+_INPUTS: list[Path] = []
+
+
+def note_input(path: str | Path) -> None:
+    """Record `path` (a file, or a checkpoint folder: everything in it) as an input."""
+    with contextlib.suppress(OSError, RuntimeError, ValueError):  # unresolvable: not read
+        _INPUTS.append(Path(path).resolve())
+
+
+def forget_inputs() -> None:
+    _INPUTS.clear()
+
+
+def _input_replaced(path: Path, inputs: tuple) -> Path | None:
+    """The input (a file or a folder holding it) that writing `path` would replace, if any."""
+    if not path.exists():
+        return None
+    target = path.resolve()
+    for src in [*_INPUTS, *(Path(p).resolve() for p in inputs if p is not None)]:
+        try:
+            if target == src or (src.is_dir() and target.is_relative_to(src)):
+                return src
+            if src.is_file() and os.path.samefile(target, src):  # a hard link to it
+                return src
+        except OSError:
+            continue
+    return None
+
+
+def check_target(path: str | Path, inputs: tuple = ()) -> Path:
     """`path` as a place a new regular file can be moved to, or a GraphllmError naming why not:
-    its folder missing or not a folder, its name too long, or it being something other than a
-    regular file (followed through symlinks)."""
+    its folder missing or not a folder, its name too long, it being something other than a
+    regular file (followed through symlinks), or it being one of the command's inputs (those
+    noted with `note_input`, and `inputs`)."""
     path = Path(path)
     folder = path.parent
+    if str(path) == ".":  # what an empty name becomes
+        raise GraphllmError("cannot write '.': give a file name, not an empty one or a folder")
     if "\0" in str(path):
         raise GraphllmError(f"cannot write {shown_path(path)}: the name holds a NUL byte")
     if not folder.exists():
@@ -76,6 +112,12 @@ def check_target(path: str | Path) -> Path:
         raise GraphllmError(
             f"cannot write {shown_path(path)}: it is {kind}{link}, not a regular file; "
             f"graphllm only replaces regular files"
+        )
+    source = _input_replaced(path, inputs) if mode is not None else None
+    if source is not None:
+        inside = "" if source == path.resolve() else f", in {shown_path(source)}"
+        raise GraphllmError(
+            f"cannot write {shown_path(path)}: it is one of this command's inputs{inside}"
         )
     problem = _unwritable(folder)
     if problem is not None:

@@ -74,7 +74,7 @@ def require_memory(nbytes: float, what: str, headroom: float = 0.9) -> None:
     if nbytes > headroom * have:
         raise GraphllmError(
             f"{what} needs {human_bytes(nbytes)} of memory; this process has "
-            f"{human_bytes(have)} available"
+            f"{human_bytes(have)} available, and graphllm leaves {1 - headroom:.0%} of it free"
         )
 
 

@@ -36,7 +36,7 @@ from graphllm.exporters.onnx.lowering import (
     producer_version,
     static_shape,
 )
-from graphllm.files import check_target, write_atomic
+from graphllm.files import check_target, note_input, write_atomic
 from graphllm.ir import Graph
 from graphllm.models.model_config import ModelConfig, config_from_fields
 from graphllm.models.parse import file_kind
@@ -97,6 +97,7 @@ def onnx_file(path: str | Path) -> Path:
         raise GraphllmError(f"{shown_path(path)}: is {kind}, not an ONNX model")
     if st.st_size == 0:
         raise GraphllmError(f"{shown_path(path)}: is empty, not an ONNX model")
+    note_input(path)
     return Path(path)
 
 
@@ -445,10 +446,14 @@ def check_data_file(path: str | Path) -> None:
             _inside(path, name)
         return
     try:
-        record = json.loads(props["graphllm.data"])
-        name, size, token = str(record["file"]), int(record["bytes"]), str(record["token"])
-    except (ValueError, TypeError, KeyError):
-        raise GraphllmError(f"{path}: unreadable graphllm.data metadata") from None
+        record = _json(props, "graphllm.data")
+        name, size, token = record["file"], record["bytes"], record["token"]
+        if not (isinstance(name, str) and isinstance(token, str)):
+            raise TypeError
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise TypeError
+    except (GraphllmError, ValueError, TypeError, KeyError, OverflowError):
+        raise GraphllmError(f"{shown_path(path)}: unreadable graphllm.data metadata") from None
     if locations != {name}:
         raise GraphllmError(f"{path}: its weights are not all in {name}, as its metadata says")
     data = _inside(path, name)

@@ -21,6 +21,7 @@ import numpy as np
 
 from graphllm.echo import shown
 from graphllm.errors import WeightsError
+from graphllm.files import note_input
 from graphllm.ir import Graph, Node
 from graphllm.models.folder import folder_member
 
@@ -70,6 +71,7 @@ class SafetensorsFolder:
         self.folder = Path(folder)
         if not self.folder.is_dir():
             raise WeightsError(f"weights folder {self.folder} does not exist")
+        note_input(self.folder)  # no output of this run may replace a file in it
         self._where: dict[str, _Tensor] = {}
         if os.path.lexists(self.folder / INDEX):
             self._read_sharded()

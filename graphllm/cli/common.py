@@ -17,12 +17,19 @@ from typing import Any
 
 import click
 
+from graphllm.echo import shown
 from graphllm.errors import ConfigError, GraphllmError, Interrupted
+from graphllm.files import forget_inputs
 from graphllm.models.config import load_config, load_workload_section
 from graphllm.models.workload import Workload
 
 DTYPE_NAMES = ["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
 PRESET_HELP = "A preset name (see `graphllm presets`)."
+# numpy's generators take a non-negative seed
+SEED = click.IntRange(min=0, max=2**63 - 1)
+# timed repetitions: a median of more than this many says nothing more, and takes hours
+REPEATS = click.IntRange(min=1, max=10_000)
+WARMUPS = click.IntRange(min=0, max=1_000)
 # --seq-len sweeps at most this many points: each builds and analyses a graph (up to a second)
 MAX_SWEEP = 256
 
@@ -71,6 +78,13 @@ class OneLineErrors(click.Group):
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
+        forget_inputs()  # a CliRunner runs several commands in one process
+        if sys.stdout is None:  # started with stdout closed (`>&-`): nowhere to answer
+            _fail("stdout is closed; graphllm prints its results there")
+        argv = args[0] if args and args[0] is not None else sys.argv[1:]
+        unnamed = _undecodable(argv)
+        if unnamed is not None:
+            _fail(f"argument {unnamed} is not valid UTF-8 (graphllm takes UTF-8 file names)")
         try:
             with signals_interrupt():
                 code = super().main(*args, standalone_mode=False, **kwargs)
@@ -92,9 +106,22 @@ class OneLineErrors(click.Group):
         sys.exit(code if isinstance(code, int) else 0)
 
 
-_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# SIGHUP: the terminal closed under a long export
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # what writing to stdout can fail with: a full disk or /dev/full, a closed pipe, a lost terminal
 _OUTPUT_ERRNOS = {errno.ENOSPC, errno.EPIPE, errno.EIO, errno.EFBIG, errno.EDQUOT, errno.EBADF}
+
+
+def _undecodable(argv: Any) -> str | None:
+    """The first argument that is not valid UTF-8 (Python keeps its bytes as surrogates, which
+    no UTF-8 writer, onnx or onnxruntime can take), shown with its bytes escaped."""
+    for arg in argv or ():
+        if isinstance(arg, str):
+            try:
+                arg.encode("utf-8")
+            except UnicodeEncodeError:
+                return shown(os.fsencode(arg))
+    return None
 
 
 def _output_failed(e: OSError) -> None:
@@ -112,7 +139,7 @@ def _output_failed(e: OSError) -> None:
 
 @contextlib.contextmanager
 def signals_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGINT raise Interrupted in the main thread (so that `finally` blocks remove
+    """SIGTERM, SIGINT and SIGHUP raise Interrupted in the main thread (so that `finally` blocks remove
     temporaries and the old output is left as it was); a second signal while that unwinds is
     ignored, so the cleanup finishes. The previous handlers come back afterwards (CliRunner
     runs the command inside pytest)."""

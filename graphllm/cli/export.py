@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,9 @@ import click
 
 from graphllm.build.builder import build_export_graph
 from graphllm.cli.common import (
+    REPEATS,
+    SEED,
+    WARMUPS,
     deepseek_options,
     hardware_option,
     resolve,
@@ -75,7 +79,7 @@ def provider_kind(device: str) -> str:
 )
 @click.option("--no-weights", is_flag=True, help="No weights: they become graph inputs (Netron).")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of random weights.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of random weights.")
 @click.option(
     "--logits",
     type=click.Choice(["all", "last"]),
@@ -109,7 +113,8 @@ def export(
         raise ConfigError("give --weights DIR or --no-weights, not both")
     if weights is not None and config_path is None and preset is None:
         config_path = weights  # a checkpoint folder holds its config.json
-    check_target(output)  # before the work: a device, a FIFO or a missing folder is refused now
+    # before the work: a device, a FIFO, a missing folder or one of the inputs is refused now
+    check_target(output, inputs=(config_path, weights))
     config, workload, graph = _export_graph(config_path, preset, dtype, logits, mla, mtp)
     r = export_onnx(
         graph,
@@ -141,8 +146,8 @@ def export(
 @click.option("--prompt-len", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--batch", "-b", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True)
-@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True)
+@click.option("--repeats", type=REPEATS, default=5, show_default=True)
+@click.option("--warmup", type=WARMUPS, default=1, show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), help="intra-op threads [default: CPUs]")
 @hardware_option("local")
 @click.option("--no-predict", is_flag=True, help="Measure only: no roofline prediction.")
@@ -200,7 +205,10 @@ def bench(
         config = built[0]
         vocab, heads = config.vocab_size, config.num_attention_heads
         require_bench_export(built[2], vocab, heads, batch, prompt_len, new_tokens)
-    say = lambda msg: click.echo(msg, err=True)  # noqa: E731
+    # what it does on the way (the export, a calibration, progress) is for a terminal: in a log
+    # or a pipe, stderr holds nothing but an error line, if any
+    chatty = not as_json and sys.stderr is not None and sys.stderr.isatty()
+    say = (lambda msg: click.echo(msg, err=True)) if chatty else None
     # the export of --config/--model: removed on errors and signals; a killed run's by the next
     with temporary_folder("graphllm-bench") as tmp:
         if built is not None:
@@ -210,7 +218,8 @@ def bench(
                 graph, model_path, workload=workload, ops=ops, device=provider_kind(device),
                 check=False,
             )  # fmt: skip
-            say(f"exported {config.name} ({r.lowering} lowering, random weights) to bench it")
+            if say:
+                say(f"exported {config.name} ({r.lowering} lowering, random weights) to bench it")
         report = run_bench(
             model_path,
             prompt_len=prompt_len,
@@ -221,7 +230,7 @@ def bench(
             threads=threads,
             device=device,
             hardware=None if no_predict else hardware,
-            progress=not as_json,
+            progress=chatty,
             say=say,
             huge_pages=not no_huge_pages,
         )

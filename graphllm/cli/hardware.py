@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -9,6 +10,7 @@ import click
 from graphllm.build.builder import build_graph
 from graphllm.cli.common import (
     DTYPE_NAMES,
+    REPEATS,
     user_errors,
 )
 from graphllm.models.config import load_config
@@ -23,7 +25,7 @@ from graphllm.runtime.calibrate import check_local_writable, save_local
 @click.option("--model", "preset", help="Also read a buffer the size of this preset's weights.")
 @click.option("--config", "config_path", type=click.Path(path_type=Path))
 @click.option("--dtype", type=click.Choice(DTYPE_NAMES), default="bf16", show_default=True)
-@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--repeats", type=REPEATS, default=5, show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True)
 @user_errors
 def calibrate(
@@ -37,7 +39,9 @@ def calibrate(
         cfg = load_config(config_path or preset)
         graph = build_graph(cfg, Workload(dtype=dtype))
         weights = run(graph, ["memory"])["memory"].weights
-    hw = measure(weights_bytes=weights, repeats=repeats, threads=threads)
+    # progress bars for a terminal; in a log stderr holds nothing but an error line, if any
+    bars = sys.stderr is not None and sys.stderr.isatty()
+    hw = measure(weights_bytes=weights, repeats=repeats, threads=threads, progress=bars)
     path = save_local(hw)
     click.echo(
         f"matmul {hw.peak_flops['fp32'] / 1e9:.1f} GFLOP/s, read {hw.memory_bandwidth / 1e9:.1f} "

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from graphllm.build.builder import build_graph
 from graphllm.cli.common import (
+    SEED,
     attention_option,
     deepseek_options,
     hardware_option,
@@ -64,7 +65,7 @@ def partition(
     """Partition the graph over devices: per-device memory, FLOPs, communication and time."""
 
     if trace_path is not None:
-        check_target(trace_path)  # before the work, not after it
+        check_target(trace_path, inputs=(options["config_path"],))  # before the work
     strategy = strategy_from(options)
     training = training_from(options)
     config, wl = resolve(options)
@@ -217,7 +218,7 @@ def _collective_table(collectives: list[dict[str, Any]], timed: bool) -> Table:
 @model_options
 @strategy_options
 @deepseek_options
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @user_errors
 def verify_partition(seed: int, mla: str, mtp: bool, **options: Any) -> None:
     """Run the partitioned graph rank by rank in numpy and compare its logits with one device's.

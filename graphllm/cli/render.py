@@ -89,7 +89,7 @@ def render(
     """Draw the model the way it is usually explained: model, block, attention, ffn or tokens."""
 
     fmt = output_format(output)
-    check_target(output)  # before the work, not after it
+    check_target(output, inputs=(options["config_path"],))  # before the work, not after it
     name = find_renderer(fmt, renderer)[0] if fmt != "dot" else "none"  # fail before building
     strategy = strategy_from(options)
     split = strategy.devices > 1 or strategy.microbatches > 1

@@ -57,7 +57,7 @@ def trace(
 
     for target in (per_op[1] if per_op else None, plot):
         if target is not None:
-            check_target(target)  # before the work, not after it
+            check_target(target, inputs=(options["config_path"],))  # before the work
     config, workloads = resolve_sweep(options)
     hw = load_hardware(hardware) if hardware else None
     if len(workloads) > 1:

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from graphllm.cli.common import model_options, resolve, user_errors
+from graphllm.cli.common import SEED, model_options, resolve, user_errors
 from graphllm.cli.partition import verify_partition
 from graphllm.errors import ConfigError
 from graphllm.runtime.observe import check_token_mixing
@@ -20,7 +20,7 @@ def verify() -> None:
 
 @verify.command("tokens")
 @model_options
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--full-size", is_flag=True, help="Run the config as given, not a small instance.")
 @click.option("--onnx", "use_onnx", is_flag=True, help="Observe on onnxruntime, exported to ONNX.")
 @user_errors

@@ -23,6 +23,7 @@ from typing import Any
 
 from graphllm.echo import SHOWN_CHARS, cut, shown, shown_path
 from graphllm.errors import ConfigError
+from graphllm.files import note_input
 from graphllm.models.folder import folder_member
 from graphllm.models.model_config import (
     FAMILIES,
@@ -974,6 +975,7 @@ def load_config(source: str | Path | dict) -> ModelConfig:
             raise ConfigError(f"{shown_path(folder)}: folder has no config.json")
         if path.is_symlink():  # a checkpoint's config.json may be one: it must stay inside
             folder_member(folder, "config.json", shown_path(folder), ConfigError)
+        note_input(folder)  # a checkpoint: no output of this run may replace a file in it
     d = _read(path)
     if path.suffix.lower() in (".yaml", ".yml"):
         d.pop("workload", None)

@@ -190,7 +190,9 @@ def _text(where: str, key: str, value: Any) -> str:
 
 def local_path() -> Path:
     """Where `graphllm calibrate` keeps this machine's figures."""
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    cache = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(cache):  # the XDG spec: a relative path is invalid and ignored
+        cache = str(Path.home() / ".cache")
     return Path(cache) / "graphllm" / "hardware-local.yaml"
 
 
@@ -227,6 +229,8 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
         problem = folder_problem(path.parent)
         if problem is not None and not path.is_file():
             raise ConfigError(f"--hardware local reads {path}, but {problem} (XDG_CACHE_HOME)")
+        if file_mode(path) is not None and not path.is_file():  # read_mapping names what it is
+            read_mapping(path)
         if not path.is_file():
             raise ConfigError(
                 "no calibration for this machine; run `graphllm calibrate` first "

@@ -23,6 +23,7 @@ import yaml
 
 from graphllm.echo import cut, shown, shown_path
 from graphllm.errors import ConfigError
+from graphllm.files import note_input
 
 # A config.json is a few KB (the largest published, with id2label tables, well under 1 MiB);
 # 16 MiB is far above any, and JSON parses that much in well under a second.
@@ -102,6 +103,7 @@ def read_bytes(path: Path, cap: int) -> bytes:
         os.close(fd)
     if size > cap:  # it grew since the check
         raise ConfigError(f"{where}: larger than the {cap:,} bytes graphllm reads of a config")
+    note_input(path)
     return b"".join(chunks)
 
 

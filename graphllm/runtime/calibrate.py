@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from graphllm.errors import GraphllmError
-from graphllm.files import folder_problem, make_folder, write_text_atomic
+from graphllm.files import check_target, folder_problem, make_folder, write_text_atomic
 from graphllm.limits import human_bytes, memory_available, require_memory
 from graphllm.models.hardware import Hardware, hardware_from_dict, local_path
 from graphllm.runtime.budget import require_threads
@@ -226,11 +226,14 @@ def _stepper(bars, label: str, repeats: int) -> Callable[[], None]:
 
 
 def check_local_writable(path: Path | None = None) -> None:
-    """Refuse before measuring when `save_local` could not write (a cache that is a file)."""
+    """Refuse before measuring when `save_local` could not write: a cache that is a file, or a
+    folder, FIFO or device where the figures go."""
     path = path or local_path()
     problem = folder_problem(path.parent)
     if problem is not None:
         raise GraphllmError(f"cannot write this machine's figures to {path}: {problem}")
+    if path.parent.is_dir():
+        check_target(path)
 
 
 def save_local(hw: Hardware, path: Path | None = None) -> Path:

@@ -155,14 +155,14 @@ CACHE_CASES = [
         "calibrate-cache-is-file",
         ["calibrate", "--repeats", "1"],
         _cache_file,
-        env={"XDG_CACHE_HOME": "cachefile"},
+        env={"XDG_CACHE_HOME": "{root}/cachefile"},
         expect="is not a folder",
     ),
     Case(
         "calibrate-cache-under-file",
         ["calibrate", "--repeats", "1"],
         _cache_file,
-        env={"XDG_CACHE_HOME": "cachefile/deeper"},
+        env={"XDG_CACHE_HOME": "{root}/cachefile/deeper"},
         expect="is not a folder",
     ),
     Case(
@@ -175,14 +175,14 @@ CACHE_CASES = [
         "trace-local-cache-is-file",
         ["trace", "--config", TINY, "--hardware", "local"],
         _cache_file,
-        env={"XDG_CACHE_HOME": "cachefile"},
+        env={"XDG_CACHE_HOME": "{root}/cachefile"},
         expect="XDG_CACHE_HOME",
     ),
     Case(
         "hardware-local-cache-under-file",
         ["plan", "--config", TINY, "--devices", "2", "--hardware", "local"],
         _cache_file,
-        env={"XDG_CACHE_HOME": "cachefile/x"},
+        env={"XDG_CACHE_HOME": "{root}/cachefile/x"},
         expect="is not a folder",
     ),
 ]
@@ -193,7 +193,7 @@ BENCH_CASES = [
         "bench-local-cache-is-file",
         ["bench", "--config", TINY, "--repeats", "1"],
         _cache_file,
-        env={"XDG_CACHE_HOME": "cachefile"},
+        env={"XDG_CACHE_HOME": "{root}/cachefile"},
         expect="is not a folder",
     ),
     Case(
@@ -230,11 +230,11 @@ def test_stdout_on_a_full_device_is_one_line(tmp_path, args):
     import subprocess
     import sys
 
-    from tests.support.hostile import _ENTRY, sandbox_env
+    from tests.support.hostile import ENTRY, sandbox_env
 
     with open("/dev/full", "w") as full:
         p = subprocess.run(
-            [sys.executable, "-c", _ENTRY, *args],
+            [sys.executable, "-c", ENTRY, *args],
             cwd=tmp_path,
             env=sandbox_env(tmp_path),
             stdout=full,

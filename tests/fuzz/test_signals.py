@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.hostile import _ENTRY, _limits, sandbox_env, tree
+from tests.support.hostile import ENTRY, _limits, sandbox_env, tree
 from tests.support.paths import REPO
 
 TINY = str(REPO / "examples" / "tiny.yaml")
@@ -31,7 +31,7 @@ OLD = b"the old model, which an interrupted export must leave as it was"
 
 def _start(args: list[str], root: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-c", _ENTRY, *args],
+        [sys.executable, "-c", ENTRY, *args],
         cwd=root,
         # onnxruntime's telemetry store is another matter (checked elsewhere): kept out here
         env=sandbox_env(root, {"ORT_DISABLE_TELEMETRY": "1"}),
@@ -68,7 +68,9 @@ def sandbox(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["SIGTERM", "SIGINT", "SIGHUP"]
+)
 def test_a_signal_ends_an_export_cleanly(sandbox, sig):
     before = tree(sandbox)
     p = _start(["export", "--config", "big.yaml", "-o", "out.onnx"], sandbox)

@@ -38,7 +38,8 @@ class Result:
 @dataclass
 class Case:
     """One bad input: the command's arguments, the files it needs (made by `make` in the
-    sandbox), the environment it runs in, and a fragment the error line must contain."""
+    sandbox), the environment it runs in ("{root}" in a value: the sandbox's path), and a
+    fragment the error line must contain."""
 
     id: str
     args: list[str]
@@ -63,12 +64,13 @@ def sandbox_env(root: Path, extra: dict[str, str] | None = None) -> dict[str, st
     }
     for sub in ("home", "tmp"):
         (root / sub).mkdir(exist_ok=True)
-    env.update(extra or {})
+    # "{root}" in a case's value stands for the sandbox (whose path the case cannot know)
+    env.update({k: v.replace("{root}", str(root)) for k, v in (extra or {}).items()})
     return env
 
 
 # the console script's entry point, run by this interpreter (the venv's, whichever is active)
-_ENTRY = "import sys; from graphllm.cli import main; sys.argv[0] = 'graphllm'; main()"
+ENTRY = "import sys; from graphllm.cli import main; sys.argv[0] = 'graphllm'; main()"
 
 
 def _limits(memory: int) -> Callable[[], None]:
@@ -90,7 +92,7 @@ def run_cli(
     """`graphllm ARGS` in `cwd` under the limits; a run past `timeout` is killed and failed."""
     start = time.monotonic()
     p = subprocess.run(
-        [sys.executable, "-c", _ENTRY, *args],
+        [sys.executable, "-c", ENTRY, *args],
         cwd=cwd,
         env=sandbox_env(cwd, env),
         input=stdin if stdin is not None else b"",
