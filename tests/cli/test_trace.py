@@ -205,7 +205,7 @@ def test_hardware_local_without_calibration(monkeypatch, tmp_path):
     ("args", "message"),
     [
         (["-t", "4,8", "--plot", "p.txt"], "give a .png, .svg or .pdf"),
-        (["--per-op", "csv", "."], "it is a folder"),
+        (["--per-op", "csv", "."], "not an empty one or a folder"),
         (["--per-op", "csv", "/proc/nope/x.csv"], "does not exist"),
     ],
 )

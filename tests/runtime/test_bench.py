@@ -146,7 +146,7 @@ def test_cli_bench_exports_a_config_first():
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["lowering"] == "ort"
-    assert "exported tiny (ort lowering, random weights)" in r.stderr
+    assert r.stderr == ""  # what it did on the way is said to a terminal only
 
 
 def test_cli_bench_errors_are_one_line(tiny_onnx, tmp_path):

@@ -184,7 +184,7 @@ def test_bench_bytes_count_the_cache_logits_scores_and_masks():
     )
     cache = 2 * 2 * 3 * 2 * 15 * 16 * 4
     logits = 3 * 10 * 100 * 4
-    scores = 3 * 4 * 10 * 10 * 4
+    scores = 2 * 3 * 4 * 10 * 10 * 4  # with their softmax
     masks = 2 * 8 * 3 * sum(10 + i for i in range(6))
     assert need == cache + logits + scores + masks
 
