@@ -371,9 +371,7 @@ def _ort_attention(a: Attn) -> Callable[[Lowering, dict[Ref, str]], None]:
         # picks its table per call, and partial rotary are rotated before it instead
         whole = 2 * len(a.rope.attrs["inv_freq"]) == a.head_dim
         fused = (
-            a.head_dim % GQA_ROTARY_MULTIPLE == 0
-            and whole
-            and "long_inv_freq" not in a.rope.attrs
+            a.head_dim % GQA_ROTARY_MULTIPLE == 0 and whole and "long_inv_freq" not in a.rope.attrs
         )
         ins = list(_qkv_heads(c, a, names, rotate=not fused))  # unfused: rotated first
         seqlens, total = _gqa_lengths(c)

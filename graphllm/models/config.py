@@ -1016,8 +1016,26 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESETS_DIR.glob("*.json"))
 
 
+def preset_aliases() -> dict[str, str]:
+    """Other spellings of the presets (the Hub's: `phi-4-mini`, `Phi-4-mini-instruct`), lower
+    case, each to its preset's name; a preset lists its own under `_aliases`."""
+    out: dict[str, str] = {}
+    for name in preset_names():
+        for alias in _read(_preset_path(name)).get("_aliases", ()):
+            out[alias.lower()] = name
+    return out
+
+
+def preset_name(name: str) -> str:
+    """The preset `name` names: itself, or the preset it is an alias of (any case)."""
+    if name in preset_names():
+        return name
+    return preset_aliases().get(name.lower(), name) if len(name) < 256 else name
+
+
 def _load_preset(name: str) -> tuple[dict, str]:
     """A preset's published config.json (without the `_` notes) and its HF repo id."""
+    name = preset_name(name)
     path = _preset_path(name)
     if name not in preset_names():  # not a stat of the name: it may be 5000 characters long
         names = preset_names()
@@ -1027,6 +1045,7 @@ def _load_preset(name: str) -> tuple[dict, str]:
     d = _read(path)
     source = str(d.pop("_source", ""))
     d.pop("_note", None)
+    d.pop("_aliases", None)
     return d, source
 
 
@@ -1051,7 +1070,7 @@ def load_config(source: str | Path | dict) -> ModelConfig:
         raise ConfigError("empty config source; give a path, a preset name or a dict")
     if isinstance(source, str) and not _looks_like_path(source) and file_mode(source) is None:
         d, _ = _load_preset(source)
-        return config_from_dict(d, source)
+        return config_from_dict(d, preset_name(source))
     if not isinstance(source, (str, Path)):
         raise ConfigError(
             f"a config source must be a path, preset name or dict, got {_describe(source)}"
@@ -1110,11 +1129,13 @@ def list_presets() -> list[tuple[str, str]]:
         d, source = _load_preset(name)
         c = config_from_dict(d, name)
         moe = f", {c.num_experts} experts top-{c.num_experts_per_tok}" if c.is_moe else ""
+        also = _read(_preset_path(name)).get("_aliases", ())
+        aliases = f"; also {', '.join(also)}" if also else ""
         out.append(
             (
                 name,
                 f"{source}: {c.model_type}, {c.num_hidden_layers} layers, d={c.hidden_size}, "
-                f"{c.num_attention_heads}/{c.num_key_value_heads} heads{moe}",
+                f"{c.num_attention_heads}/{c.num_key_value_heads} heads{moe}{aliases}",
             )
         )
     return out

@@ -443,8 +443,12 @@ def test_every_unmodelled_field_is_named_in_one_line():
     d["attn_logit_softcapping"] = 50.0
     msg = error(d)
     assert "\n" not in msg
-    for part in ("lm_head_bias=true", "mlp_bias=true", "unknown field 'foo'",
-                 "attn_logit_softcapping=50.0"):
+    for part in (
+        "lm_head_bias=true",
+        "mlp_bias=true",
+        "unknown field 'foo'",
+        "attn_logit_softcapping=50.0",
+    ):
         assert part in msg
 
 
@@ -769,3 +773,15 @@ def test_deepseek_fields_map_onto_the_model_config():
 def test_deepseek_presets_load(preset):
     c = load_config(preset)
     assert c.is_mla and c.is_moe and c.kv_lora_rank == 512 and c.qk_rope_head_dim == 64
+
+
+@pytest.mark.parametrize(
+    ("alias", "preset"),
+    [("phi-4-mini", "phi4-mini"), ("Phi-4-mini-instruct", "phi4-mini"),
+     ("phi-3.5-mini", "phi3.5-mini"), ("Phi-3.5-mini-instruct", "phi3.5-mini")],
+)  # fmt: skip
+def test_hub_spellings_are_preset_aliases(alias, preset):
+    assert load_config(alias) == load_config(preset)
+    assert load_config(alias).name == preset
+    listed = dict(C.list_presets())[preset]
+    assert alias in listed

@@ -11,10 +11,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-import graphllm.ops  # noqa: E402, F401  (registers the rope row)
-from graphllm.ir.opspec import OPS  # noqa: E402
-from graphllm.runtime.interpret import run_graph  # noqa: E402
-from tests.support.tiny_models import BATCH, SEQ, SMALL, presents  # noqa: E402
+import graphllm.ops  # noqa: F401  (registers the rope row)
+from graphllm.ir.opspec import OPS
+from graphllm.runtime.interpret import run_graph
+from tests.support.tiny_models import BATCH, SEQ, SMALL, presents
 
 ATOL, STEPS, CASE = 1e-4, 16, "phi3-partial-longrope"
 
@@ -37,7 +37,7 @@ def test_decode_crosses_to_long_factors(tiny_model):
     ours, theirs = m.run(ids), m.hf(ids)
     np.testing.assert_allclose(ours["logits"], theirs.logits.numpy(), atol=ATOL, rtol=0)
     cache = theirs.cache
-    for step in range(STEPS):  # positions 8 .. 23: the long factors from position 15 on
+    for _ in range(STEPS):  # positions 8 .. 23: the long factors from position 16 on
         nxt = theirs.logits.numpy()[:, -1].argmax(-1)[:, None]
         ours = m.run(nxt, past=presents(ours))
         theirs = m.hf(nxt, past=cache)
