@@ -1101,6 +1101,21 @@ def view_dot(
     return d.to_dot()
 
 
+def _rope_caption(n: Node) -> str:
+    """RoPE, and where it differs from the whole-head rotation: partial rotary, longrope."""
+    parts = ["RoPE"]
+    rot, width = 2 * len(n.attrs["inv_freq"]), n.out.dims[-1].size
+    if rot != width:
+        parts.append(f"on {rot} of {width} channels")
+    if "long_inv_freq" in n.attrs:
+        parts.append(f"longrope: long factors from position {n.attrs['long_from']}")
+    return ", ".join(parts)
+
+
+# partial rotary and longrope (Phi-4-mini, Phi-3.5-mini): shown on the RoPE boxes
+CAPTIONS["rope"] = _rope_caption
+
+
 # DeepSeek-V2/V3 (MLA and its router): captions for their ops
 CAPTIONS.update(
     {

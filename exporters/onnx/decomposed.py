@@ -120,11 +120,21 @@ def rotary_tables(
     head axis, (B, 1, T, ·), to broadcast over the heads."""
     inv = np.asarray(n.attrs["inv_freq"], dtype=np.float32)
     scale = float(n.attrs.get("attention_scaling", 1.0))
+    long = n.attrs.get("long_inv_freq")
+    long_key = None if long is None else (np.asarray(long).tobytes(), n.attrs["long_from"])
 
     def make() -> tuple[str, str]:
         s = "model.rotary_emb"
         p = c.op("Unsqueeze", [c.op("Cast", [pos], s, to=TensorProto.FLOAT), c.const([-1])], s)
-        angles = c.op("Mul", [p, c.const(inv, "fp32", "inv_freq")], s)  # (B, T, hd/2)
+        freqs = c.const(inv, "fp32", "inv_freq")
+        if long is not None:
+            # longrope chooses per call, as transformers does: the long frequencies once the
+            # largest position id + 1 passes long_from, the short ones below
+            top = c.op("ReduceMax", [pos], s, keepdims=0)
+            past = c.op("Greater", [top, c.const(int(n.attrs["long_from"]) - 1)], s)
+            longs = c.const(np.asarray(long, dtype=np.float32), "fp32", "long_inv_freq")
+            freqs = c.op("Where", [past, longs, freqs], s)
+        angles = c.op("Mul", [p, freqs], s)  # (B, T, hd/2)
         if full:
             angles = c.op("Concat", [angles, angles], s, axis=-1)  # (B, T, hd)
         if head_axis:
@@ -137,16 +147,25 @@ def rotary_tables(
             out.append(c.cast(t, "fp32", c.dtype, s))
         return out[0], out[1]
 
-    return c.shared(("rope", pos, inv.tobytes(), scale, full, head_axis), make)
+    return c.shared(("rope", pos, inv.tobytes(), scale, full, head_axis, long_key), make)
 
 
 @lowers("rope")
 def _rope(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     cos, sin = rotary_tables(c, i[1], n)
     s = n.name
-    x1, x2 = c.op("Split", [i[0]], s, n_out=2, axis=-1, num_outputs=2)
+    rot = 2 * len(n.attrs["inv_freq"])
+    width = int(c.graph.type_of(n.inputs[0]).dims[-1].size)  # type: ignore[arg-type]
+    x = i[0]
+    if rot < width:  # partial rotary: turn the leading rot channels, pass the rest through
+        x, rest = c.op("Split", [x, c.const([rot, width - rot])], s, n_out=2, axis=-1)
+    x1, x2 = c.op("Split", [x], s, n_out=2, axis=-1, num_outputs=2)
     rotated = c.op("Concat", [c.op("Neg", [x2], s), x1], s, axis=-1)  # (-x2, x1)
-    c.final("Add", [c.op("Mul", [i[0], cos], s), c.op("Mul", [rotated, sin], s)], n, o)
+    turned = [c.op("Mul", [x, cos], s), c.op("Mul", [rotated, sin], s)]
+    if rot < width:
+        c.final("Concat", [c.op("Add", turned, s), rest], n, o, axis=-1)
+    else:
+        c.final("Add", turned, n, o)
 
 
 @lowers("kv_concat")

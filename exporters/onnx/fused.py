@@ -268,9 +268,16 @@ def _qkv_heads(c: Lowering, a: Attn, names: dict[Ref, str], rotate: bool) -> tup
         q = _head_norm(c, q, a.q_norm, a.heads, a.head_dim)
         k = _head_norm(c, k, a.k_norm, a.kv_heads, a.head_dim)
     if rotate:
+        # the tables come from this call's position_ids, so longrope's choice is made per call
         cos, sin = rotary_tables(c, names[a.positions], a.rope, full=False, head_axis=False)
-        q = c.op("RotaryEmbedding", [q, cos, sin], f"{a.scope}.q_rope", num_heads=a.heads)
-        k = c.op("RotaryEmbedding", [k, cos, sin], f"{a.scope}.k_rope", num_heads=a.kv_heads)
+        part: dict[str, Any] = {}
+        rot = 2 * len(a.rope.attrs["inv_freq"])
+        if rot < a.head_dim:  # partial rotary: the channels past rot pass through
+            part["rotary_embedding_dim"] = rot
+        q = c.op("RotaryEmbedding", [q, cos, sin], f"{a.scope}.q_rope", num_heads=a.heads, **part)
+        k = c.op(
+            "RotaryEmbedding", [k, cos, sin], f"{a.scope}.k_rope", num_heads=a.kv_heads, **part
+        )
     return q, k, v
 
 
@@ -360,7 +367,12 @@ def _rotary_caches(c: Lowering, rope: Node) -> tuple[str, str]:
 def _ort_attention(a: Attn) -> Callable[[Lowering, dict[Ref, str]], None]:
     def emit(c: Lowering, names: dict[Ref, str]) -> None:
         # Q, K and V apart: the CPU kernel is slower on a packed QKV input (measured at decode)
-        fused = a.head_dim % GQA_ROTARY_MULTIPLE == 0
+        # its caches are indexed by position 0 .. S-1, one table for the run: longrope, which
+        # picks its table per call, and partial rotary are rotated before it instead
+        whole = 2 * len(a.rope.attrs["inv_freq"]) == a.head_dim
+        fused = (
+            a.head_dim % GQA_ROTARY_MULTIPLE == 0 and whole and "long_inv_freq" not in a.rope.attrs
+        )
         ins = list(_qkv_heads(c, a, names, rotate=not fused))  # unfused: rotated first
         seqlens, total = _gqa_lengths(c)
         cos, sin = _rotary_caches(c, a.rope) if fused else ("", "")

@@ -62,7 +62,7 @@ class _Builder:
     ) -> None:
         self.cfg, self.wl = cfg, wl
         self.mla, self.mtp = mla, mtp
-        self._rope: dict[int, tuple[Any, float]] = {}
+        self._rope: dict[int, tuple[Any, float, Any]] = {}
         bindings: dict[str, float] = dict(wl.bindings())
         if cfg.is_moe:
             # balanced routing: T*k token-expert pairs spread over E experts (need not be whole)
@@ -106,12 +106,27 @@ class _Builder:
         rope_layout says; the frequencies are computed once per width rather than per layer."""
         c = self.cfg
         if width not in self._rope:
-            inv = rope_mod.inv_freq(c.rope, width, c.max_position_embeddings)
-            self._rope[width] = (inv, rope_mod.attention_scaling(c.rope))
-        inv, scaling = self._rope[width]
+            # partial rotary: the frequencies span the rotated channels, and the op rotates as
+            # many leading channels as it has frequencies for
+            rot = c.rotary_dim if c.rotary_dim and width == c.head_dim else width
+            inv = rope_mod.inv_freq(c.rope, rot, c.max_position_embeddings)
+            long = rope_mod.long_inv_freq(c.rope, rot)
+            self._rope[width] = (inv, rope_mod.attention_scaling(c.rope), long)
+        inv, scaling, long = self._rope[width]
         attrs: dict[str, Any] = {"inv_freq": inv, "attention_scaling": scaling}
+        if long is not None:
+            # longrope: the long frequencies for a call whose largest position reaches the
+            # pre-scaling context (transformers' longrope_frequency_update)
+            attrs |= {
+                "long_inv_freq": long,
+                "long_from": c.rope.original_max_position_embeddings,
+            }
         if c.rope_layout == "half":
             return self.g.add("rope", name, (x, self.positions), attrs)
+        if c.rotary_dim or long is not None:
+            raise ConfigError(
+                f"rope_layout {c.rope_layout!r} with partial rotary or longrope is not modelled"
+            )
         return self.g.add(
             "rope_pairs", name, (x, self.positions), attrs | {"layout": c.rope_layout}
         )

@@ -7,7 +7,7 @@ transformers-4 spelling (`rope_theta` + `rope_scaling`, `torch_dtype`) and the t
 
 Every problem raises ConfigError with one line naming the field. Nothing that changes the
 computation is silently ignored: an unknown key, or a known feature graphllm does not model
-(logit soft-capping, partial RoPE, longrope, ...), is an error.
+(logit soft-capping, ...), is an error; all of a config's such fields are named in one line.
 """
 
 from __future__ import annotations
@@ -167,6 +167,12 @@ def _int_list(name: str, v: Any) -> list[int]:
     if not isinstance(v, list) or not all(_is_int(x) and x >= 0 for x in v):
         raise _bad(name, "a list of non-negative integers", v)
     return v
+
+
+def _float_list(name: str, v: Any) -> tuple[float, ...]:
+    if not isinstance(v, list) or not v:
+        raise _bad(name, "a non-empty list of positive numbers", v)
+    return tuple(_pos_float(f"{name}[{i}]", x) for i, x in enumerate(v))
 
 
 def _str_list(name: str, v: Any) -> list[str]:
@@ -479,6 +485,9 @@ class Family:
     mla: bool = False
     # the block's norms and residuals (every family here: Llama's two pre-norms, sequential)
     block: BlockLayout = field(default_factory=BlockLayout)
+    # whether the transformers model rotates only partial_rotary_factor of each head (phi3;
+    # llama, qwen, mistral, gemma and deepseek ignore the field, so it is refused there)
+    partial_rotary: bool = False
 
 
 def _fields(**extra: Spec) -> dict[str, Spec]:
@@ -596,13 +605,24 @@ FAMILY_TABLE: dict[str, Family] = {
             max_position_embeddings=Spec(_pos_int, 4096),
             rms_norm_eps=Spec(_pos_float, 1e-5),
             sliding_window=Spec(_nonneg_int, None, nullable=True),
-            # only read by longrope, which is not modelled
+            # longrope's pre-scaling context (transformers prefers it to the rope section's)
             original_max_position_embeddings=Spec(_pos_int, 4096),
+            partial_rotary_factor=Spec(_pos_float, None),  # Phi-4-mini: 0.75
         ),
         derive=lambda v: {"fused_qkv": True, "fused_gate_up": True},
         windows=_every_layer_window,
-        rope_types=("default",),  # transformers' phi3 knows only default and longrope
-        noop_only={"attention_bias": (False,)},  # published 4.x configs carry it; never a bias
+        rope_types=("default", "longrope"),  # transformers' phi3 knows only these
+        partial_rotary=True,
+        noop_only={
+            "attention_bias": (False,),  # published 4.x configs carry it; never a bias
+            # Phi-4-mini's config carries these at the values transformers' Phi3 computes:
+            # no bias in the MLP or on the LM head, every layer full attention
+            # (full_attn_mod 1), no position interpolation (interpolate_factor 1)
+            "mlp_bias": (False,),
+            "lm_head_bias": (False,),
+            "full_attn_mod": (1,),
+            "interpolate_factor": (1,),
+        },
     ),
 }
 assert set(FAMILY_TABLE) == set(FAMILIES)
@@ -634,6 +654,13 @@ _ROPE_KEYS: dict[str, dict[str, tuple[Callable, Any]]] = {
         "mscale_all_dim": (_pos_float, None),
         "truncate": (_bool, None),
     },
+    "longrope": {
+        "short_factor": (_float_list, _REQUIRED),
+        "long_factor": (_float_list, _REQUIRED),
+        "factor": (_pos_float, None),
+        "attention_factor": (_pos_float, None),
+        "original_max_position_embeddings": (_pos_int, None),
+    },
 }
 _ROPE_ALL_KEYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor"} | {
     k for keys in _ROPE_KEYS.values() for k in keys
@@ -656,12 +683,66 @@ def _rope(v: dict, fam: Family, model_type: str) -> RopeConfig:
         )
     theta = _rope_theta(raw.pop("rope_theta", None), v["rope_theta"], fam, where)
     prf = raw.pop("partial_rotary_factor", None)
-    if prf is not None and (not isinstance(prf, (int, float)) or isinstance(prf, bool) or prf != 1):
-        raise ConfigError(
-            f"{where}.partial_rotary_factor={shown(prf)} is not modelled (RoPE on the whole head only)"
-        )
+    if not fam.partial_rotary:
+        if prf is not None and (
+            not isinstance(prf, (int, float)) or isinstance(prf, bool) or prf != 1
+        ):
+            raise ConfigError(
+                f"{where}.partial_rotary_factor={shown(prf)} is not modelled for {model_type} "
+                "(transformers rotates the whole head)"
+            )
+    elif prf is not None:
+        prf = _pos_float(f"{where}.partial_rotary_factor", prf)
+        top = v.get("partial_rotary_factor")
+        if top is not None and top != prf:
+            raise ConfigError(
+                f"partial_rotary_factor {top} disagrees with {where}.partial_rotary_factor {prf}"
+            )
+        v["partial_rotary_factor"] = prf
     got = _rope_fields(raw, rtype, where)
-    return RopeConfig(**_rope_scaling(got, rtype, where, v["max_position_embeddings"]), theta=theta)
+    max_pos = v["max_position_embeddings"]
+    if rtype == "longrope":
+        return RopeConfig(**_longrope(v, got, where), theta=theta)
+    return RopeConfig(**_rope_scaling(got, rtype, where, max_pos), theta=theta)
+
+
+def rotary_dim(v: dict, head_dim: int) -> int:
+    """The channels of each head RoPE rotates (0: all): int(head_dim * partial_rotary_factor),
+    as transformers' phi3 computes it."""
+    prf = v.get("partial_rotary_factor")
+    if prf is None or prf == 1:
+        return 0
+    if prf > 1:
+        raise _bad("partial_rotary_factor", "at most 1", prf)
+    rot = int(head_dim * prf)
+    if rot < 2 or rot % 2:
+        raise ConfigError(
+            f"partial_rotary_factor {prf} rotates {rot} of {head_dim} channels; RoPE needs a "
+            "positive even number"
+        )
+    return rot
+
+
+def _longrope(v: dict, got: dict[str, Any], where: str) -> dict[str, Any]:
+    """longrope's fields as transformers' _compute_longrope_parameters reads them: the
+    config's top-level original_max_position_embeddings wins over the rope section's, factor
+    defaults to the context's growth and the attention factor to sqrt(1 + ln f / ln L)."""
+    inner = got.get("original_max_position_embeddings")
+    orig = v.get("original_max_position_embeddings") or inner
+    if orig is None:
+        raise ConfigError(f"{where} of type 'longrope' needs original_max_position_embeddings")
+    factor = got.get("factor", v["max_position_embeddings"] / orig)
+    attention = got.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(orig))
+    return {
+        "type": "longrope",
+        "factor": factor,
+        "original_max_position_embeddings": orig,
+        "attention_factor": attention,
+        "short_factor": got["short_factor"],
+        "long_factor": got["long_factor"],
+    }
 
 
 def _rope_theta(inner: Any, top: Any, fam: Family, where: str) -> float:
@@ -760,23 +841,28 @@ def _collect(d: dict, fam: Family, mt: str) -> dict[str, Any]:
     """Check every key of `d` against the family's table; return field values with defaults."""
     given: dict[str, Any] = {}
     spelt: dict[str, str] = {}  # field name -> the key it was given under (aliases differ)
+    # every field graphllm does not model, named together: fixing a config one refusal at a
+    # time is what a user should not have to do
+    unmodelled: list[str] = []
     for key, value in d.items():
         if not isinstance(key, str):
             raise ConfigError(f"field names must be strings, got {_describe(key)}")
         if key == "model_type" or key in BOOKKEEPING:
             continue
-        noop = fam.noop_only.get(key, NOOP_ONLY.get(key))
+        noop = None if key in fam.fields else fam.noop_only.get(key, NOOP_ONLY.get(key))
         if noop is not None:
             if not _is_noop(value, noop):
                 ok = " or ".join(_show(a) for a in noop)
-                raise ConfigError(f"{key}={_show(value)} is not modelled (only {ok})")
+                unmodelled.append(f"{key}={_show(value)} is not modelled (only {ok})")
             continue
         name = fam.aliases.get(key, key)
         if name not in fam.fields:
             if key in _ALL_FIELDS:
-                raise ConfigError(f"field {key!r} is not used by model_type {mt!r}")
+                unmodelled.append(f"field {key!r} is not used by model_type {mt!r}")
+                continue
             known = set(fam.fields) | set(fam.aliases) | set(NOOP_ONLY) | BOOKKEEPING
-            raise _unknown(key, key, known)
+            unmodelled.append(str(_unknown(key, key, known)))
+            continue
         if given.get(name) is not None and value is not None:
             # both spellings given (num_experts and num_local_experts): they must agree
             check = fam.fields[name].check
@@ -787,6 +873,8 @@ def _collect(d: dict, fam: Family, mt: str) -> dict[str, Any]:
         if value is not None or name not in given:
             given[name], spelt[name] = value, key
 
+    if unmodelled:
+        raise ConfigError("; ".join(unmodelled))
     v: dict[str, Any] = {}
     for name, spec in fam.fields.items():
         value = given.get(name)
@@ -885,6 +973,8 @@ def config_from_dict(d: dict, name: str) -> ModelConfig:
     kw |= fam.derive(v)
 
     rope = _rope(v, fam, mt)
+    if fam.partial_rotary:
+        kw["rotary_dim"] = rotary_dim(v, head_dim)
     if fam.mla:
         kw["attention_scale"] = mla_attention_scale(rope, head_dim)
     return ModelConfig(
@@ -927,8 +1017,26 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESETS_DIR.glob("*.json"))
 
 
+def preset_aliases() -> dict[str, str]:
+    """Other spellings of the presets (the Hub's: `phi-4-mini`, `Phi-4-mini-instruct`), lower
+    case, each to its preset's name; a preset lists its own under `_aliases`."""
+    out: dict[str, str] = {}
+    for name in preset_names():
+        for alias in _read(_preset_path(name)).get("_aliases", ()):
+            out[alias.lower()] = name
+    return out
+
+
+def preset_name(name: str) -> str:
+    """The preset `name` names: itself, or the preset it is an alias of (any case)."""
+    if name in preset_names():
+        return name
+    return preset_aliases().get(name.lower(), name) if len(name) < 256 else name
+
+
 def _load_preset(name: str) -> tuple[dict, str]:
     """A preset's published config.json (without the `_` notes) and its HF repo id."""
+    name = preset_name(name)
     path = _preset_path(name)
     if name not in preset_names():  # not a stat of the name: it may be 5000 characters long
         names = preset_names()
@@ -938,6 +1046,7 @@ def _load_preset(name: str) -> tuple[dict, str]:
     d = _read(path)
     source = str(d.pop("_source", ""))
     d.pop("_note", None)
+    d.pop("_aliases", None)
     return d, source
 
 
@@ -962,7 +1071,7 @@ def load_config(source: str | Path | dict) -> ModelConfig:
         raise ConfigError("empty config source; give a path, a preset name or a dict")
     if isinstance(source, str) and not _looks_like_path(source) and file_mode(source) is None:
         d, _ = _load_preset(source)
-        return config_from_dict(d, source)
+        return config_from_dict(d, preset_name(source))
     if not isinstance(source, (str, Path)):
         raise ConfigError(
             f"a config source must be a path, preset name or dict, got {_describe(source)}"
@@ -1022,11 +1131,13 @@ def list_presets() -> list[tuple[str, str]]:
         d, source = _load_preset(name)
         c = config_from_dict(d, name)
         moe = f", {c.num_experts} experts top-{c.num_experts_per_tok}" if c.is_moe else ""
+        also = _read(_preset_path(name)).get("_aliases", ())
+        aliases = f"; also {', '.join(also)}" if also else ""
         out.append(
             (
                 name,
                 f"{source}: {c.model_type}, {c.num_hidden_layers} layers, d={c.hidden_size}, "
-                f"{c.num_attention_heads}/{c.num_key_value_heads} heads{moe}",
+                f"{c.num_attention_heads}/{c.num_key_value_heads} heads{moe}{aliases}",
             )
         )
     return out

@@ -115,6 +115,11 @@ class RopeConfig:
     mscale_all_dim: float | None = None
     attention_factor: float | None = None
     truncate: bool = True
+    # longrope (Phi-3.5, Phi-4-mini): per rotated pair, the divisor of its frequency when the
+    # largest position of a forward call is below original_max_position_embeddings (short) or
+    # not (long); attention_factor then scales cos and sin
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -244,6 +249,9 @@ class ModelConfig:
     # written back interleaved: DeepSeek-V2); 'interleave' (same pairs, written back as all
     # first-of-pair then all second-of-pair: DeepSeek-V3's rope_interleave)
     rope_layout: str = "half"
+    # the leading channels of each query/key head that RoPE rotates, the rest passed through
+    # (partial_rotary_factor: Phi-4-mini rotates 96 of 128); 0: the whole head
+    rotary_dim: int = 0
     # the softmax scale; None: head_dim ** -0.5 (MLA with yarn multiplies in mscale^2)
     attention_scale: float | None = None
     # DeepSeek-V3's multi-token-prediction layers, kept out of the main model unless the builder
@@ -329,6 +337,18 @@ class ModelConfig:
         h, kv = self.num_attention_heads, self.num_key_value_heads
         if kv and h % kv:
             raise ConfigError(f"{h} attention heads are not a multiple of {kv} key/value heads")
+        rot = self.rotary_dim or self.head_dim
+        if self.rotary_dim and (self.rotary_dim % 2 or self.rotary_dim > self.head_dim):
+            raise ConfigError(
+                f"rotary_dim {self.rotary_dim} must be even and at most head_dim {self.head_dim}"
+            )
+        if self.rope.type == "longrope":
+            for name in ("short_factor", "long_factor"):
+                got = len(getattr(self.rope, name))
+                if got != rot // 2:
+                    raise ConfigError(
+                        f"rope.{name} has {got} entries; the {rot} rotated channels need {rot // 2}"
+                    )
         if self.mtp_moe_layers and len(self.mtp_moe_layers) != self.num_nextn_predict_layers:
             raise ConfigError(
                 f"mtp_moe_layers has {len(self.mtp_moe_layers)} entries for "
@@ -369,7 +389,7 @@ _CHOICES = {
     "scoring_func": ("softmax", "sigmoid"),
     "topk_method": ("greedy", "group_limited_greedy", "noaux_tc"),
     "rope_layout": ("half", "complex", "interleave"),
-    "rope.type": ("default", "linear", "llama3", "yarn"),
+    "rope.type": ("default", "linear", "llama3", "yarn", "longrope"),
 }
 _FLAGS = (
     "tie_word_embeddings",
@@ -406,6 +426,7 @@ _NON_NEGATIVE = (
     "qk_rope_head_dim",
     "v_head_dim",
     "num_nextn_predict_layers",
+    "rotary_dim",
 )
 
 
@@ -438,4 +459,5 @@ def _record(name: str, record: type, values: dict) -> Any:
     unknown = sorted((k for k in values if k not in allowed), key=str)
     if unknown:
         raise ConfigError(f"unknown config field {name}.{shown(unknown[0])}")
-    return record(**values)
+    # JSON gives lists where the record holds tuples (longrope's factors)
+    return record(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})

@@ -1,4 +1,5 @@
-"""Rotary-embedding frequencies for each scaling rule graphllm models (default, linear, llama3, yarn).
+"""Rotary-embedding frequencies for each scaling rule graphllm models (default, linear, llama3, yarn,
+longrope).
 
 The formulas follow the published methods (Llama 3.1's frequency-band rule; YaRN's ramp between
 interpolated and extrapolated frequencies with its attention temperature).
@@ -25,13 +26,27 @@ def inv_freq(rope: RopeConfig, head_dim: int, max_position_embeddings: int) -> n
         out = _llama3(base, rope, max_position_embeddings)
     elif rope.type == "yarn":
         out = _yarn(rope, dim, max_position_embeddings)
+    elif rope.type == "longrope":
+        out = base / np.asarray(rope.short_factor, dtype=np.float64)
     else:  # config.py rejects other types; this guards direct construction
         raise ValueError(f"rope type {rope.type!r} is not modelled")
     return out.astype(np.float32)
 
 
+def long_inv_freq(rope: RopeConfig, head_dim: int) -> np.ndarray | None:
+    """longrope's inverse frequencies past original_max_position_embeddings (None for the other
+    rules, whose frequencies do not depend on the positions of a call)."""
+    if rope.type != "longrope":
+        return None
+    base = 1.0 / (rope.theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    return (base / np.asarray(rope.long_factor, dtype=np.float64)).astype(np.float32)
+
+
 def attention_scaling(rope: RopeConfig) -> float:
-    """Factor applied to cos and sin (YaRN's temperature; 1 for the other rules)."""
+    """Factor applied to cos and sin (YaRN's temperature, longrope's attention factor; 1 for
+    the other rules)."""
+    if rope.type == "longrope":
+        return rope.attention_factor if rope.attention_factor is not None else 1.0
     if rope.type != "yarn":
         return 1.0
     if rope.attention_factor is not None:

@@ -21,13 +21,18 @@ from graphllm.ops.common import f32, qk, weighted_values
 def _rope(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     x, pos = f32(xs[0]), xs[1]  # x: (B, heads, T, head_dim); pos: (B, T)
     inv_freq = np.asarray(a["inv_freq"], dtype=np.float32)
-    freqs = pos[..., None].astype(np.float32) * inv_freq  # (B, T, head_dim/2)
-    emb = np.concatenate([freqs, freqs], axis=-1)[:, None]  # (B, 1, T, head_dim)
+    long = a.get("long_inv_freq")
+    if long is not None and pos.size and int(pos.max()) + 1 > a["long_from"]:
+        inv_freq = np.asarray(long, dtype=np.float32)
+    freqs = pos[..., None].astype(np.float32) * inv_freq  # (B, T, rot/2)
+    emb = np.concatenate([freqs, freqs], axis=-1)[:, None]  # (B, 1, T, rot)
     scale = np.float32(a.get("attention_scaling", 1.0))
     cos, sin = np.cos(emb) * scale, np.sin(emb) * scale
-    half = x.shape[-1] // 2
-    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return x * cos + rotated * sin
+    rot = 2 * inv_freq.shape[0]  # partial rotary: the channels past rot pass through
+    xr, rest = x[..., :rot], x[..., rot:]
+    half = rot // 2
+    rotated = np.concatenate([-xr[..., half:], xr[..., :half]], axis=-1)
+    return np.concatenate([xr * cos + rotated * sin, rest], axis=-1)
 
 
 def _mask(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
@@ -70,7 +75,10 @@ register(
         "b h t e, b t -> b h t e",
         ELEMENTWISE,
         _rope,
-        "Rotate pairs of features by the angle of the position's own index: x cos + rot(x) sin. "
+        "Rotate pairs of features by the angle of the position's own index: x cos + rot(x) sin; "
+        "with fewer frequencies than pairs (partial rotary) only the leading channels turn. "
+        "longrope picks its long frequencies when the call's largest position id reaches "
+        "long_from (a choice made from the position ids, never from token values). "
         "3 FLOPs/element (two multiplies, one add); the cos/sin tables are not counted.",
         flops_per_elem=3,
         linear=((0,),),

@@ -429,3 +429,10 @@ def test_405b_every_block_in_seconds(tmp_path):
     pic = read_svg(out)
     assert len(pic.find(r"blocks:\d+")) == 126
     assert time.perf_counter() - start < 15
+
+
+def test_attention_view_names_partial_rotary_and_longrope():
+    text = view_dot(build_graph(load_config("phi4-mini"), Workload(seq_len=4)), "attention")
+    assert "RoPE, on 96 of 128 channels, longrope: long factors from position 4096" in text
+    plain = view_dot(build_graph(load_config("phi3-mini"), Workload(seq_len=4)), "attention")
+    assert "on 96 of" not in plain and "longrope" not in plain

@@ -385,7 +385,7 @@ BAD = [
      "use_bidirectional_attention=true is not modelled"),
     (tiny(partial_rotary_factor=0.5), "partial_rotary_factor=0.5 is not modelled"),
     (tiny(rope_parameters={"rope_type": "default", "partial_rotary_factor": 0.25}),
-     "rope_parameters.partial_rotary_factor=0.25 is not modelled"),
+     "rope_parameters.partial_rotary_factor=0.25 is not modelled for llama"),
     (tiny(pretraining_tp=2), "pretraining_tp=2 is not modelled (only 1 or null)"),
     (tiny(pretraining_tp=True), "pretraining_tp=true is not modelled"),
     (tiny(hidden_act="gelu"), "hidden_act 'gelu' is not modelled for llama (modelled: silu"),
@@ -395,7 +395,19 @@ BAD = [
     (tiny(rope_scaling={"type": "dynamic", "factor": 2.0}),
      "rope_scaling: rope type 'dynamic' is not modelled for llama (modelled: default, linear"),
     (tiny(model_type="phi3", rope_scaling={"type": "longrope", "short_factor": [1.0]}),
-     "rope type 'longrope' is not modelled for phi3"),
+     "rope_scaling of type 'longrope' needs 'long_factor'"),
+    (tiny(model_type="phi3", rope_scaling={"type": "longrope", "short_factor": [1.0] * 4,
+                                           "long_factor": [2.0] * 4}),
+     "rope.short_factor has 4 entries; the 16 rotated channels need 8"),
+    (tiny(rope_scaling={"type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}),
+     "rope type 'longrope' is not modelled for llama"),
+    (tiny(model_type="phi3", partial_rotary_factor=0.1), "partial_rotary_factor 0.1 rotates 1 of"),
+    (tiny(model_type="phi3", partial_rotary_factor=0.5,
+          rope_parameters={"rope_type": "default", "partial_rotary_factor": 0.25}),
+     "partial_rotary_factor 0.5 disagrees with rope_parameters.partial_rotary_factor 0.25"),
+    (tiny(model_type="phi3", lm_head_bias=True), "lm_head_bias=true is not modelled (only false)"),
+    (tiny(model_type="phi3", mlp_bias=True), "mlp_bias=true is not modelled (only false)"),
+    (tiny(model_type="phi3", full_attn_mod=2), "full_attn_mod=2 is not modelled (only 1)"),
     (tiny(model_type="phi3", rope_scaling={"type": "su"}), "rope type 'su' is not modelled"),
     (tiny(rope_scaling={"type": "linear", "fator": 2.0}),
      "unknown field 'rope_scaling.fator'; did you mean 'factor'?"),
@@ -423,6 +435,32 @@ BAD = [
 @pytest.mark.parametrize("d, expected", BAD, ids=[m[:40] for _, m in BAD])
 def test_bad_config_is_one_line_naming_the_problem(d, expected):
     assert expected in error(d)
+
+
+def test_every_unmodelled_field_is_named_in_one_line():
+    # Phi-4-mini's published config with the no-op fields made real: one refusal names them all
+    d = {**C._load_preset("phi4-mini")[0], "lm_head_bias": True, "mlp_bias": True, "foo": 1}
+    d["attn_logit_softcapping"] = 50.0
+    msg = error(d)
+    assert "\n" not in msg
+    for part in (
+        "lm_head_bias=true",
+        "mlp_bias=true",
+        "unknown field 'foo'",
+        "attn_logit_softcapping=50.0",
+    ):
+        assert part in msg
+
+
+def test_phi4_mini_loads_as_published():
+    c = load_config("phi4-mini")
+    assert (c.head_dim, c.rotary_dim, c.rope.type) == (128, 96, "longrope")
+    assert c.rope.original_max_position_embeddings == 4096 and len(c.rope.long_factor) == 48
+    # transformers' default attention factor: sqrt(1 + ln(131072 / 4096) / ln 4096)
+    assert c.rope.attention_factor == pytest.approx((1 + math.log(32) / math.log(4096)) ** 0.5)
+    assert c.tie_word_embeddings and not c.mlp_bias
+    p35 = load_config("phi3.5-mini")
+    assert (p35.rotary_dim, p35.rope.type, p35.num_key_value_heads) == (0, "longrope", 32)
 
 
 def test_non_dict_and_non_string_keys():
@@ -735,3 +773,15 @@ def test_deepseek_fields_map_onto_the_model_config():
 def test_deepseek_presets_load(preset):
     c = load_config(preset)
     assert c.is_mla and c.is_moe and c.kv_lora_rank == 512 and c.qk_rope_head_dim == 64
+
+
+@pytest.mark.parametrize(
+    ("alias", "preset"),
+    [("phi-4-mini", "phi4-mini"), ("Phi-4-mini-instruct", "phi4-mini"),
+     ("phi-3.5-mini", "phi3.5-mini"), ("Phi-3.5-mini-instruct", "phi3.5-mini")],
+)  # fmt: skip
+def test_hub_spellings_are_preset_aliases(alias, preset):
+    assert load_config(alias) == load_config(preset)
+    assert load_config(alias).name == preset
+    listed = dict(C.list_presets())[preset]
+    assert alias in listed

@@ -43,6 +43,7 @@ MODELS: dict[str, tuple[str, dict]] = {
     "mixtral-8x7b": ("mixtral-8x7b", {}),  # 8 experts, top 2
     "qwen1.5-moe-a2.7b": ("qwen1.5-moe-a2.7b", {}),  # shared expert and its sigmoid gate
     "qwen3-30b-a3b": ("qwen3-30b-a3b", {}),  # q/k norm, 128 experts, top 8
+    "phi4-mini": ("phi4-mini", {}),  # partial rotary, longrope: no matmul of their own
 }
 # a window shorter than the sequence, so that the mask really slides
 WINDOWED: dict[str, tuple[str, dict]] = {

@@ -23,6 +23,9 @@ PUBLISHED = {
     "qwen3-30b-a3b": 30_532_122_624,
     "gemma-2b": 2_506_172_416,
     "phi3-mini": 3_821_079_552,
+    # the cards say 3.8B for both; these exact totals are transformers' meta models' (below)
+    "phi3.5-mini": 3_821_079_552,
+    "phi4-mini": 3_836_021_760,  # tied head, 200064-token vocabulary, 8 KV heads
 }
 # active per token, as the authors state them (rounded in their names: A2.7B, A3B, 12.9B)
 ACTIVE_ROUNDED = {"mixtral-8x7b": 12.9e9, "qwen1.5-moe-a2.7b": 2.7e9, "qwen3-30b-a3b": 3.3e9}

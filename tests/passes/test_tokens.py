@@ -21,6 +21,7 @@ PRESETS = [
     "qwen3-30b-a3b",
     "gemma-2b",
     "phi3-mini",
+    "phi4-mini",  # partial rotary and longrope: RoPE stays local
 ]
 CORE = {"scores", "softmax", "pv"}
 

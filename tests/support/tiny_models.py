@@ -85,6 +85,23 @@ CASES: dict[str, tuple[str, dict]] = {
     ),
     "phi3-window": ("phi3", {"sliding_window": 4}),
     "phi3-mha-window": ("phi3", {"num_key_value_heads": 4, "sliding_window": 4}),  # Phi-3-mini
+    # Phi-4-mini's attention in small: RoPE on half of each 16-wide head, longrope whose short
+    # factors serve the 8-token prefill and whose long ones take over once a decode step's
+    # position passes original_max_position_embeddings (16), the cached keys keeping theirs
+    "phi3-partial-longrope": (
+        "phi3",
+        {
+            "hidden_size": 64,
+            "partial_rotary_factor": 0.5,
+            "original_max_position_embeddings": 16,
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "short_factor": [1.0, 1.3, 1.7, 2.1],
+                "long_factor": [1.5, 3.0, 6.5, 11.0],
+            },
+        },
+    ),
 }
 
 

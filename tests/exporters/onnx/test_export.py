@@ -77,6 +77,9 @@ LOWERED = [
     *(("standard", c) for c in CASES),
     *(("ort", c) for c in CASES + HD16),
 ]
+# Phi-4-mini's attention: partial rotary and longrope, whose decode steps cross from the short
+# factors to the long ones (every lowering chooses per call, from position_ids)
+LOWERED += [(ops, "phi3-partial-longrope") for ops in ("decomposed", "standard", "ort")]
 
 
 def _tiny(tiny_model, case: str):

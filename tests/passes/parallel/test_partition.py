@@ -38,6 +38,19 @@ CONFIGS = {
     "phi3": {**TINY, "model_type": "phi3", "pad_token_id": 0},  # fused qkv and gate_up
     "mistral": {**TINY, "model_type": "mistral", "sliding_window": 5},
 }
+# Phi-4-mini's attention: RoPE on half of each head, and longrope switching to its long factors
+# inside the 8-token call (original context 6)
+CONFIGS["phi3-partial"] = {**CONFIGS["phi3"], "partial_rotary_factor": 0.5}
+_ROT_PAIRS = config_from_dict(CONFIGS["phi3"], "phi3").head_dim // 4
+CONFIGS["phi3-longrope"] = {
+    **CONFIGS["phi3-partial"],
+    "original_max_position_embeddings": 6,
+    "rope_scaling": {
+        "type": "longrope",
+        "short_factor": [1.0 + 0.1 * i for i in range(_ROT_PAIRS)],
+        "long_factor": [2.0 + 3.0 * i for i in range(_ROT_PAIRS)],
+    },
+}
 
 
 def tiny_graph(family="llama", **wl):
@@ -193,6 +206,10 @@ def test_balance_minimises_the_slowest_stage():
         ("qwen2", Strategy(tp=2, pp=2, sp=True), {}),  # biases, column-parallel
         ("phi3", Strategy(tp=2), {}),  # fused projections stay whole
         ("mistral", Strategy(cp=4, tp=2), {"past_len": 6, "seq_len": 4}),  # rolling window
+        ("phi3-partial", Strategy(tp=2, sp=True), {}),
+        ("phi3-partial", Strategy(cp=2, pp=2), {}),
+        ("phi3-longrope", Strategy(tp=2, pp=2), {}),
+        ("phi3-longrope", Strategy(dp=2, tp=2), {}),
         ("mixtral", Strategy(tp=2), {}),
         ("mixtral", Strategy(ep=2), {}),  # tokens cut on B
         ("mixtral", Strategy(ep=4), {"batch": 2}),  # tokens cut on T
@@ -210,6 +227,13 @@ def test_partitioned_run_equals_single_device(family, strategy, workload):
     assert check.max_diff <= 1e-5, check.differences(3)
     assert all(v <= 1e-5 for v in check.others.values()), check.others  # present K/V too
     assert check.ranks == strategy.devices
+
+
+@pytest.mark.parametrize("strategy", [Strategy(cp=2), Strategy(tp=2, sp=True)])
+def test_longrope_refuses_a_token_shard(strategy):
+    # a rank with a block of the tokens would pick its frequencies from its own positions alone
+    with pytest.raises(ConfigError, match="longrope picks its frequencies from all of the call"):
+        partition(tiny_graph("phi3-longrope"), strategy)
 
 
 # -- the command line ------------------------------------------------------------------------------
