@@ -457,6 +457,46 @@ def _deepseek_moe(v: dict) -> dict:
     }
 
 
+def _granite(v: dict) -> dict:
+    # muP (GraniteModel / GraniteForCausalLM): the embeddings times embedding_multiplier, scores
+    # times attention_multiplier (in place of 1/sqrt(d_h)), each sub-layer's output times
+    # residual_multiplier, the logits divided by logits_scaling
+    return _attention_bias(v) | {
+        "mlp_bias": v["mlp_bias"],
+        "embedding_multiplier": float(v["embedding_multiplier"]),
+        "attention_scale": float(v["attention_multiplier"]),
+        "residual_multiplier": float(v["residual_multiplier"]),
+        "logits_multiplier": 1.0 / v["logits_scaling"],
+    }
+
+
+def _smollm3_rope_layers(v: dict) -> tuple[bool, ...]:
+    """Per layer whether it rotates q and k, as SmolLM3Config says: no_rope_layers[i] is 1 for
+    a RoPE layer and 0 for a NoPE one (at least one entry a layer; transformers reads the first
+    num_hidden_layers), else every no_rope_layer_interval-th layer is NoPE."""
+    n, given = v["num_hidden_layers"], v["no_rope_layers"]
+    if given is None:
+        step = v["no_rope_layer_interval"]
+        return tuple((i + 1) % step != 0 for i in range(n))
+    if len(given) < n:
+        raise ConfigError(f"no_rope_layers has {len(given)} entries for {n} hidden layers")
+    bad = next((x for x in given if x not in (0, 1)), None)
+    if bad is not None:
+        raise _bad("no_rope_layers", "a list of 0 (NoPE) and 1 (RoPE) per layer", bad)
+    return tuple(x == 1 for x in given[:n])
+
+
+def _smollm3_window(v: dict) -> tuple[tuple[str, ...], int | None]:
+    # SmolLM3Config: with use_sliding_window, the NoPE layers slide and the RoPE ones attend fully
+    w = _active_window(v, v["use_sliding_window"])
+    rope = _smollm3_rope_layers(v)
+    return tuple(SLIDING if w and not r else FULL for r in rope), w
+
+
+def _smollm3(v: dict) -> dict:
+    return _attention_bias(v) | {"mlp_bias": v["mlp_bias"], "rope_layers": _smollm3_rope_layers(v)}
+
+
 @dataclass(frozen=True)
 class Family:
     """What one model_type accepts and how it maps onto ModelConfig."""
@@ -602,6 +642,40 @@ FAMILY_TABLE: dict[str, Family] = {
         windows=_every_layer_window,
         rope_types=("default",),  # transformers' phi3 knows only default and longrope
         noop_only={"attention_bias": (False,)},  # published 4.x configs carry it; never a bias
+    ),
+    "granite": Family(
+        _fields(
+            num_key_value_heads=_MHA,
+            attention_bias=Spec(_bool, False),
+            mlp_bias=Spec(_bool, False),
+            embedding_multiplier=Spec(_pos_float, 1.0),
+            attention_multiplier=Spec(_pos_float, 1.0),
+            residual_multiplier=Spec(_pos_float, 1.0),
+            logits_scaling=Spec(_pos_float, 1.0),
+        ),
+        derive=_granite,
+    ),
+    "smollm3": Family(
+        _fields(
+            # missing: SmolLM3Config's 4; null: one K/V head per query head
+            num_key_value_heads=Spec(_pos_int, 4, nullable=True),
+            max_position_embeddings=Spec(_pos_int, 32768),
+            tie_word_embeddings=Spec(_bool, True),
+            attention_bias=Spec(_bool, False),
+            mlp_bias=Spec(_bool, False),
+            use_sliding_window=Spec(_bool, False),
+            sliding_window=Spec(_nonneg_int, None, nullable=True),
+            no_rope_layers=Spec(_int_list, None),
+            no_rope_layer_interval=Spec(_pos_int, 4),
+            # the published SmolLM3-3B config.json carries both; SmolLM3Config defines neither
+            # and the model reads neither (pretraining_tp=2 there changes nothing)
+            max_window_layers=Spec(_nonneg_int, None),
+            pretraining_tp=Spec(_pos_int, None),
+        ),
+        derive=_smollm3,
+        windows=_smollm3_window,
+        reads_layer_types=True,
+        default_theta=2e6,
     ),
 }
 assert set(FAMILY_TABLE) == set(FAMILIES)
@@ -765,7 +839,7 @@ def _collect(d: dict, fam: Family, mt: str) -> dict[str, Any]:
         if key == "model_type" or key in BOOKKEEPING:
             continue
         noop = fam.noop_only.get(key, NOOP_ONLY.get(key))
-        if noop is not None:
+        if noop is not None and key not in fam.fields:  # a family's own field is read as one
             if not _is_noop(value, noop):
                 ok = " or ".join(_show(a) for a in noop)
                 raise ConfigError(f"{key}={_show(value)} is not modelled (only {ok})")
@@ -884,6 +958,7 @@ def config_from_dict(d: dict, name: str) -> ModelConfig:
     kw |= fam.derive(v)
 
     rope = _rope(v, fam, mt)
+    rope_layers = kw.pop("rope_layers", ())  # a family's NoPE layers; else RoPE in every layer
     if fam.mla:
         kw["attention_scale"] = mla_attention_scale(rope, head_dim)
     return ModelConfig(
@@ -902,7 +977,7 @@ def config_from_dict(d: dict, name: str) -> ModelConfig:
         tie_word_embeddings=v["tie_word_embeddings"],
         block=fam.block,
         layer_types=types,
-        rope_layers=(),  # RoPE in every layer of every family here
+        rope_layers=rope_layers,
         sliding_window=window,
         **kw,
     )
