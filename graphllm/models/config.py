@@ -1001,8 +1001,28 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESETS_DIR.glob("*.json"))
 
 
+def preset_aliases() -> dict[str, str]:
+    """The presets' other names (the Hub's spellings, each preset file's `_aliases`) -> the
+    preset each names."""
+    out: dict[str, str] = {}
+    for name in preset_names():
+        for alias in _read(_preset_path(name)).get("_aliases", []):
+            out[alias] = name
+    return out
+
+
+def _preset_name(name: str) -> str:
+    """The preset `name` names: itself, or the one it is an alias of (any letter case, as the
+    Hub's own names are case-insensitive)."""
+    if name in preset_names():
+        return name
+    folded = {alias.lower(): preset for alias, preset in preset_aliases().items()}
+    return folded.get(name.lower(), name)
+
+
 def _load_preset(name: str) -> tuple[dict, str]:
     """A preset's published config.json (without the `_` notes) and its HF repo id."""
+    name = _preset_name(name)
     path = _preset_path(name)
     if name not in preset_names():  # not a stat of the name: it may be 5000 characters long
         names = preset_names()
@@ -1012,6 +1032,7 @@ def _load_preset(name: str) -> tuple[dict, str]:
     d = _read(path)
     source = str(d.pop("_source", ""))
     d.pop("_note", None)
+    d.pop("_aliases", None)
     return d, source
 
 
@@ -1036,7 +1057,7 @@ def load_config(source: str | Path | dict) -> ModelConfig:
         raise ConfigError("empty config source; give a path, a preset name or a dict")
     if isinstance(source, str) and not _looks_like_path(source) and file_mode(source) is None:
         d, _ = _load_preset(source)
-        return config_from_dict(d, source)
+        return config_from_dict(d, _preset_name(source))
     if not isinstance(source, (str, Path)):
         raise ConfigError(
             f"a config source must be a path, preset name or dict, got {_describe(source)}"
@@ -1089,7 +1110,8 @@ def load_workload_section(path: str | Path) -> dict:
 
 
 def list_presets() -> list[tuple[str, str]]:
-    """(name, one-line description with the HF repo id) for every packaged preset."""
+    """(name, one-line description with the HF repo id) for every packaged preset, then
+    (alias, the preset it names) for each alias."""
     out = []
     for name in preset_names():
         d, source = _load_preset(name)
@@ -1102,4 +1124,6 @@ def list_presets() -> list[tuple[str, str]]:
                 f"{c.num_attention_heads}/{c.num_key_value_heads} heads{moe}",
             )
         )
+    for alias, name in sorted(preset_aliases().items()):
+        out.append((alias, f"alias of {name}"))
     return out
