@@ -21,6 +21,8 @@ PRESETS = [
     "qwen3-30b-a3b",
     "gemma-2b",
     "phi3-mini",
+    "granite-3.3-8b",
+    "smollm3-3b",
 ]
 CORE = {"scores", "softmax", "pv"}
 
