@@ -86,8 +86,10 @@ ATTENTION_PATTERN = Pattern(
             "{q_heads}: one of q and k rotated, the other not",
         ),
         Check(
-            lambda m: "q_rope" not in m
-            or np.array_equal(m["k_rope"].attrs["inv_freq"], m["q_rope"].attrs["inv_freq"]),
+            lambda m: (
+                "q_rope" not in m
+                or np.array_equal(m["k_rope"].attrs["inv_freq"], m["q_rope"].attrs["inv_freq"])
+            ),
             "{k_rope}: rotates otherwise than {q_rope}",
         ),
         Check(
