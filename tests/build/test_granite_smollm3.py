@@ -14,7 +14,7 @@ from graphllm import Workload, build_graph, load_config
 from graphllm.cli import main
 from graphllm.errors import ConfigError
 from graphllm.exporters.dot import view_dot
-from graphllm.models.config import list_presets
+from graphllm.models.config import list_presets, preset_aliases, preset_names
 from graphllm.passes import run
 from graphllm.passes.parallel.partition import Strategy, partition
 from graphllm.runtime.observe import check_token_mixing
@@ -65,6 +65,11 @@ def test_presets_and_their_hub_aliases():
     assert listed["smollm3-3b"].startswith("HuggingFaceTB/SmolLM3-3B:")
     assert listed["granite-3.3-8b-instruct"] == "alias of granite-3.3-8b"
     assert listed["SmolLM3-3B"] == "alias of smollm3-3b"
+    # an alias names one preset, whatever its letter case, and shadows no other
+    aliases = preset_aliases()
+    folded = [a.lower() for a in aliases]
+    assert len(set(folded)) == len(folded)
+    assert all(a.lower() == name or a.lower() not in preset_names() for a, name in aliases.items())
     r = CliRunner().invoke(main, ["presets", "--json"])
     assert {"granite-3.3-8b", "granite-3.3-8b-instruct", "smollm3-3b", "SmolLM3-3B"} <= {
         p["name"] for p in json.loads(r.stdout)
