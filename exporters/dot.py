@@ -647,7 +647,12 @@ def model_view(ctx: _Ctx, layer: int, all_layers: bool) -> Drawing:
         where = f"layers {r[0]}-{r[-1]}" if len(r) > 1 else layers[r[0]]
         body = " + ".join(KIND_TITLE.get(k, k) for k in kinds)
         per = [m for m in members if of_layer[m.name] == layers[r[0]]]
-        return [head, where, body, ctx.summary(per)]
+        summary = ctx.summary(per)
+        cfg = g.meta.get("config")
+        if cfg is not None and r[0] < cfg.num_hidden_layers and not cfg.rotates(r[0]):
+            # a run is of alike blocks, so of NoPE layers only or of RoPE ones only
+            summary = ", ".join(filter(None, (summary, "NoPE")))
+        return [head, where, body, summary]
 
     d = _View(ctx, f"{g.name}: model", keep, None, collapse, describe=lines).build()
     for key, r in runs_by_key.items():

@@ -146,8 +146,8 @@ class Attn:
     x: Ref
     weights: tuple[str, ...]  # q, k, v (out, in), or Phi-3's one qkv_proj
     biases: tuple[str, ...]
-    positions: Ref
-    rope: Node
+    positions: Ref | None  # None (and rope None): a NoPE layer
+    rope: Node | None
     q_norm: Node | None
     k_norm: Node | None
     heads: int
@@ -167,8 +167,8 @@ class Attn:
             x=m.ref("x"),
             weights=tuple(p.inputs[1].node for p in projs),
             biases=tuple(b for b in map(_proj_bias, projs) if b is not None),
-            positions=m.ref("positions"),
-            rope=m["q_rope"],
+            positions=m.ref("positions") if "q_rope" in m else None,
+            rope=m.get("q_rope"),
             q_norm=m.get("q_norm"),
             k_norm=m.get("k_norm"),
             heads=axis_size(m["q_heads"], "h"),
@@ -267,7 +267,7 @@ def _qkv_heads(c: Lowering, a: Attn, names: dict[Ref, str], rotate: bool) -> tup
     if a.q_norm is not None and a.k_norm is not None:
         q = _head_norm(c, q, a.q_norm, a.heads, a.head_dim)
         k = _head_norm(c, k, a.k_norm, a.kv_heads, a.head_dim)
-    if rotate:
+    if rotate and a.rope is not None and a.positions is not None:
         # the tables come from this call's position_ids, so longrope's choice is made per call
         cos, sin = rotary_tables(c, names[a.positions], a.rope, full=False, head_axis=False)
         part: dict[str, Any] = {}
@@ -369,13 +369,15 @@ def _ort_attention(a: Attn) -> Callable[[Lowering, dict[Ref, str]], None]:
         # Q, K and V apart: the CPU kernel is slower on a packed QKV input (measured at decode)
         # its caches are indexed by position 0 .. S-1, one table for the run: longrope, which
         # picks its table per call, and partial rotary are rotated before it instead
-        whole = 2 * len(a.rope.attrs["inv_freq"]) == a.head_dim
         fused = (
-            a.head_dim % GQA_ROTARY_MULTIPLE == 0 and whole and "long_inv_freq" not in a.rope.attrs
+            a.rope is not None
+            and a.head_dim % GQA_ROTARY_MULTIPLE == 0
+            and 2 * len(a.rope.attrs["inv_freq"]) == a.head_dim
+            and "long_inv_freq" not in a.rope.attrs
         )
         ins = list(_qkv_heads(c, a, names, rotate=not fused))  # unfused: rotated first
         seqlens, total = _gqa_lengths(c)
-        cos, sin = _rotary_caches(c, a.rope) if fused else ("", "")
+        cos, sin = _rotary_caches(c, a.rope) if fused and a.rope is not None else ("", "")
         ins += [names[a.past[0]], names[a.past[1]], seqlens, total, cos, sin, "", _bias(c)]
         while not ins[-1]:
             ins.pop()

@@ -27,17 +27,22 @@ Q_HEADS_PATTERN, K_HEADS_PATTERN, V_HEADS_PATTERN = (
     for part, x in enumerate("qkv")
 )
 # Q and K: a per-head RMSNorm where there is one (Qwen3), rotated by one set of positions
-Q_PATTERN = Op(
-    "rope",
-    Optional(Op("rmsnorm", Q_HEADS_PATTERN, name="q_norm")),
-    Var("positions"),
-    name="q_rope",
+# except in a NoPE layer (SmolLM3's), whose Q and K are not rotated
+Q_PATTERN = Optional(
+    Op(
+        "rope",
+        Optional(Op("rmsnorm", Q_HEADS_PATTERN, name="q_norm")),
+        Var("positions"),
+        name="q_rope",
+    )
 )
-K_NEW_PATTERN = Op(
-    "rope",
-    Optional(Op("rmsnorm", K_HEADS_PATTERN, name="k_norm")),
-    Var("positions"),
-    name="k_rope",
+K_NEW_PATTERN = Optional(
+    Op(
+        "rope",
+        Optional(Op("rmsnorm", K_HEADS_PATTERN, name="k_norm")),
+        Var("positions"),
+        name="k_rope",
+    )
 )
 # K and V behind the past ones, copied to the query heads (GQA) where they are fewer
 K_PATTERN = Optional(
@@ -77,7 +82,14 @@ ATTENTION_PATTERN = Pattern(
             "{key_mask}: attention that is not causal",
         ),
         Check(
-            lambda m: np.array_equal(m["k_rope"].attrs["inv_freq"], m["q_rope"].attrs["inv_freq"]),
+            lambda m: ("q_rope" in m) == ("k_rope" in m),
+            "{q_heads}: one of q and k rotated, the other not",
+        ),
+        Check(
+            lambda m: (
+                "q_rope" not in m
+                or np.array_equal(m["k_rope"].attrs["inv_freq"], m["q_rope"].attrs["inv_freq"])
+            ),
             "{k_rope}: rotates otherwise than {q_rope}",
         ),
         Check(

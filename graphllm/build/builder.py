@@ -178,6 +178,9 @@ class _Builder:
             logits = g.add("linear", "lm_head", (x, table))
         else:
             logits = self.linear("lm_head", x, self.vocab, "lm_head")
+        if c.logits_multiplier != 1.0:
+            attrs = {"value": c.logits_multiplier}
+            logits = g.add("mul_const", "lm_head.logits_scale", (logits,), attrs)
         g.set_output("logits", logits)
         if self.mtp:
             mtp_modules(self, hidden)
@@ -192,6 +195,7 @@ class _Builder:
         self.scopes[p] = kind
         a_in = self.norm(p, lay.attention_pre, x)
         a = self.norm(p, lay.attention_post, self.attention(f"{p}.self_attn", a_in, i))
+        a = self.residual_scale(f"{p}.attn_residual_scale", a)
         h = self.g.add("add", f"{p}.attn_residual", (x, a))
         if lay.parallel:
             # beside the attention: the block's input, through its own pre-norm or the attention's
@@ -201,7 +205,14 @@ class _Builder:
         routed = self.cfg.moe_layers[i] if moe is None else moe
         f = moe_ffn(self, p, f_in) if routed else self.mlp(f"{p}.mlp", f_in)
         f = self.norm(p, lay.ffn_post, f)
+        f = self.residual_scale(f"{p}.mlp_residual_scale", f)
         return self.g.add("add", f"{p}.mlp_residual", (h, f))
+
+    def residual_scale(self, name: str, x: Node) -> Node:
+        """A sub-layer's output scaled before its residual add (granite's residual_multiplier;
+        x itself where the multiplier is 1, so other families' graphs stay as they were)."""
+        m = self.cfg.residual_multiplier
+        return x if m == 1.0 else self.g.add("mul_const", name, (x,), {"value": m})
 
     def norm(self, layer: str, name: str | None, x: Node) -> Node:
         """x through the block's norm `name` (None: the block has no norm there, x itself)."""

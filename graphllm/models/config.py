@@ -464,6 +464,46 @@ def _deepseek_moe(v: dict) -> dict:
     }
 
 
+def _granite(v: dict) -> dict:
+    # muP (GraniteModel / GraniteForCausalLM): the embeddings times embedding_multiplier, scores
+    # times attention_multiplier (in place of 1/sqrt(d_h)), each sub-layer's output times
+    # residual_multiplier, the logits divided by logits_scaling
+    return _attention_bias(v) | {
+        "mlp_bias": v["mlp_bias"],
+        "embedding_multiplier": float(v["embedding_multiplier"]),
+        "attention_scale": float(v["attention_multiplier"]),
+        "residual_multiplier": float(v["residual_multiplier"]),
+        "logits_multiplier": 1.0 / v["logits_scaling"],
+    }
+
+
+def _smollm3_rope_layers(v: dict) -> tuple[bool, ...]:
+    """Per layer whether it rotates q and k, as SmolLM3Config says: no_rope_layers[i] is 1 for
+    a RoPE layer and 0 for a NoPE one (at least one entry a layer; transformers reads the first
+    num_hidden_layers), else every no_rope_layer_interval-th layer is NoPE."""
+    n, given = v["num_hidden_layers"], v["no_rope_layers"]
+    if given is None:
+        step = v["no_rope_layer_interval"]
+        return tuple((i + 1) % step != 0 for i in range(n))
+    if len(given) < n:
+        raise ConfigError(f"no_rope_layers has {len(given)} entries for {n} hidden layers")
+    bad = next((x for x in given if x not in (0, 1)), None)
+    if bad is not None:
+        raise _bad("no_rope_layers", "a list of 0 (NoPE) and 1 (RoPE) per layer", bad)
+    return tuple(x == 1 for x in given[:n])
+
+
+def _smollm3_window(v: dict) -> tuple[tuple[str, ...], int | None]:
+    # SmolLM3Config: with use_sliding_window, the NoPE layers slide and the RoPE ones attend fully
+    w = _active_window(v, v["use_sliding_window"])
+    rope = _smollm3_rope_layers(v)
+    return tuple(SLIDING if w and not r else FULL for r in rope), w
+
+
+def _smollm3(v: dict) -> dict:
+    return _attention_bias(v) | {"mlp_bias": v["mlp_bias"], "rope_layers": _smollm3_rope_layers(v)}
+
+
 @dataclass(frozen=True)
 class Family:
     """What one model_type accepts and how it maps onto ModelConfig."""
@@ -623,6 +663,40 @@ FAMILY_TABLE: dict[str, Family] = {
             "full_attn_mod": (1,),
             "interpolate_factor": (1,),
         },
+    ),
+    "granite": Family(
+        _fields(
+            num_key_value_heads=_MHA,
+            attention_bias=Spec(_bool, False),
+            mlp_bias=Spec(_bool, False),
+            embedding_multiplier=Spec(_pos_float, 1.0),
+            attention_multiplier=Spec(_pos_float, 1.0),
+            residual_multiplier=Spec(_pos_float, 1.0),
+            logits_scaling=Spec(_pos_float, 1.0),
+        ),
+        derive=_granite,
+    ),
+    "smollm3": Family(
+        _fields(
+            # missing: SmolLM3Config's 4; null: one K/V head per query head
+            num_key_value_heads=Spec(_pos_int, 4, nullable=True),
+            max_position_embeddings=Spec(_pos_int, 32768),
+            tie_word_embeddings=Spec(_bool, True),
+            attention_bias=Spec(_bool, False),
+            mlp_bias=Spec(_bool, False),
+            use_sliding_window=Spec(_bool, False),
+            sliding_window=Spec(_nonneg_int, None, nullable=True),
+            no_rope_layers=Spec(_int_list, None),
+            no_rope_layer_interval=Spec(_pos_int, 4),
+            # the published SmolLM3-3B config.json carries both; SmolLM3Config defines neither
+            # and the model reads neither (pretraining_tp=2 there changes nothing)
+            max_window_layers=Spec(_nonneg_int, None),
+            pretraining_tp=Spec(_pos_int, None),
+        ),
+        derive=_smollm3,
+        windows=_smollm3_window,
+        reads_layer_types=True,
+        default_theta=2e6,
     ),
 }
 assert set(FAMILY_TABLE) == set(FAMILIES)
@@ -849,8 +923,8 @@ def _collect(d: dict, fam: Family, mt: str) -> dict[str, Any]:
             raise ConfigError(f"field names must be strings, got {_describe(key)}")
         if key == "model_type" or key in BOOKKEEPING:
             continue
-        noop = None if key in fam.fields else fam.noop_only.get(key, NOOP_ONLY.get(key))
-        if noop is not None:
+        noop = fam.noop_only.get(key, NOOP_ONLY.get(key))
+        if noop is not None and key not in fam.fields:  # a family's own field is read as one
             if not _is_noop(value, noop):
                 ok = " or ".join(_show(a) for a in noop)
                 unmodelled.append(f"{key}={_show(value)} is not modelled (only {ok})")
@@ -975,6 +1049,7 @@ def config_from_dict(d: dict, name: str) -> ModelConfig:
     rope = _rope(v, fam, mt)
     if fam.partial_rotary:
         kw["rotary_dim"] = rotary_dim(v, head_dim)
+    rope_layers = kw.pop("rope_layers", ())  # a family's NoPE layers; else RoPE in every layer
     if fam.mla:
         kw["attention_scale"] = mla_attention_scale(rope, head_dim)
     return ModelConfig(
@@ -993,7 +1068,7 @@ def config_from_dict(d: dict, name: str) -> ModelConfig:
         tie_word_embeddings=v["tie_word_embeddings"],
         block=fam.block,
         layer_types=types,
-        rope_layers=(),  # RoPE in every layer of every family here
+        rope_layers=rope_layers,
         sliding_window=window,
         **kw,
     )
@@ -1018,20 +1093,22 @@ def preset_names() -> list[str]:
 
 
 def preset_aliases() -> dict[str, str]:
-    """Other spellings of the presets (the Hub's: `phi-4-mini`, `Phi-4-mini-instruct`), lower
-    case, each to its preset's name; a preset lists its own under `_aliases`."""
+    """The presets' other names (the Hub's spellings, each preset file's `_aliases`) -> the
+    preset each names."""
     out: dict[str, str] = {}
     for name in preset_names():
-        for alias in _read(_preset_path(name)).get("_aliases", ()):
-            out[alias.lower()] = name
+        for alias in _read(_preset_path(name)).get("_aliases", []):
+            out[alias] = name
     return out
 
 
 def preset_name(name: str) -> str:
-    """The preset `name` names: itself, or the preset it is an alias of (any case)."""
-    if name in preset_names():
+    """The preset `name` names: itself, or the one it is an alias of (any letter case, as the
+    Hub's own names are case-insensitive)."""
+    if name in preset_names() or len(name) >= 256:
         return name
-    return preset_aliases().get(name.lower(), name) if len(name) < 256 else name
+    folded = {alias.lower(): preset for alias, preset in preset_aliases().items()}
+    return folded.get(name.lower(), name)
 
 
 def _load_preset(name: str) -> tuple[dict, str]:
@@ -1125,7 +1202,8 @@ def load_workload_section(path: str | Path) -> dict:
 
 
 def list_presets() -> list[tuple[str, str]]:
-    """(name, one-line description with the HF repo id) for every packaged preset."""
+    """(name, one-line description with the HF repo id) for every packaged preset, then
+    (alias, the preset it names) for each alias."""
     out = []
     for name in preset_names():
         d, source = _load_preset(name)
@@ -1140,4 +1218,6 @@ def list_presets() -> list[tuple[str, str]]:
                 f"{c.num_attention_heads}/{c.num_key_value_heads} heads{moe}{aliases}",
             )
         )
+    for alias, name in sorted(preset_aliases().items()):
+        out.append((alias, f"alias of {name}"))
     return out

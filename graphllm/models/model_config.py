@@ -26,6 +26,8 @@ FAMILIES = (
     "phi3",
     "deepseek_v2",
     "deepseek_v3",
+    "granite",
+    "smollm3",
 )
 
 # the attention a layer can have (ModelConfig.layer_types), each one the builder implements; a
@@ -258,6 +260,11 @@ class ModelConfig:
     # is asked for them (build_graph(..., mtp=True)); True where MTP depth k's block is MoE
     num_nextn_predict_layers: int = 0
     mtp_moe_layers: tuple[bool, ...] = ()
+    # granite's muP: each sub-layer's output times residual_multiplier before its residual add;
+    # the LM head's output times logits_multiplier (granite: 1 / logits_scaling; Cohere's
+    # logit_scale). Visible as mul_const nodes where they are not 1
+    residual_multiplier: float = 1.0
+    logits_multiplier: float = 1.0
 
     def __post_init__(self) -> None:
         for name, record in _RECORDS.items():
@@ -322,6 +329,8 @@ class ModelConfig:
         check_number("rms_norm_eps", self.rms_norm_eps, 1e-30, 1.0)
         check_number("rope.theta", self.rope.theta, 1.0, 1e15)
         for name in ("norm_weight_offset", "embedding_multiplier", "routed_scaling_factor"):
+            check_number(name, getattr(self, name), -1e6, 1e6)
+        for name in ("residual_multiplier", "logits_multiplier"):
             check_number(name, getattr(self, name), -1e6, 1e6)
         if self.attention_scale is not None:
             check_number("attention_scale", self.attention_scale, 1e-6, 1e6)

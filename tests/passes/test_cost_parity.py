@@ -44,11 +44,26 @@ MODELS: dict[str, tuple[str, dict]] = {
     "qwen1.5-moe-a2.7b": ("qwen1.5-moe-a2.7b", {}),  # shared expert and its sigmoid gate
     "qwen3-30b-a3b": ("qwen3-30b-a3b", {}),  # q/k norm, 128 experts, top 8
     "phi4-mini": ("phi4-mini", {}),  # partial rotary, longrope: no matmul of their own
+    "granite-3.3-8b": ("granite-3.3-8b", {}),  # muP multipliers: no matmul of their own
+    # a NoPE layer among the two; with a cache, as the published use_cache=false leaves the
+    # prefill without one and transformers' packed-sequence check cannot run on meta tensors
+    "smollm3-3b": ("smollm3-3b", {"no_rope_layers": [1, 0], "use_cache": True}),
 }
 # a window shorter than the sequence, so that the mask really slides
 WINDOWED: dict[str, tuple[str, dict]] = {
     "mistral-7b-window32": ("mistral-7b", {"sliding_window": 32}),
     "phi3-mini-window32": ("phi3-mini", {"sliding_window": 32}),
+    # SmolLM3's NoPE layer slides, its RoPE layer attends fully: one cache rolls, one does not
+    "smollm3-3b-window32": (
+        "smollm3-3b",
+        {
+            "no_rope_layers": [1, 0],
+            "use_sliding_window": True,
+            "sliding_window": 32,
+            "layer_types": ["full_attention", "sliding_attention"],
+            "use_cache": True,
+        },
+    ),
 }
 
 # id -> Workload fields

@@ -22,6 +22,8 @@ PRESETS = [
     "gemma-2b",
     "phi3-mini",
     "phi4-mini",  # partial rotary and longrope: RoPE stays local
+    "granite-3.3-8b",
+    "smollm3-3b",
 ]
 CORE = {"scores", "softmax", "pv"}
 

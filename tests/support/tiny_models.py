@@ -102,6 +102,30 @@ CASES: dict[str, tuple[str, dict]] = {
             },
         },
     ),
+    # granite's muP multipliers, each off its default and off any other (a tied head, as
+    # Granite 3.3 has)
+    "granite": (
+        "granite",
+        {
+            "embedding_multiplier": 3.0,
+            "attention_multiplier": 0.2,
+            "residual_multiplier": 0.7,
+            "logits_scaling": 3.0,
+            "tie_word_embeddings": True,
+        },
+    ),
+    # SmolLM3: every no_rope_layer_interval-th layer NoPE (layers 1 and 3 here) ...
+    "smollm3": ("smollm3", {"num_hidden_layers": 4, "no_rope_layer_interval": 2}),
+    # ... or as no_rope_layers lists them; with use_sliding_window the NoPE layers slide
+    "smollm3-window": (
+        "smollm3",
+        {
+            "num_hidden_layers": 3,
+            "no_rope_layers": [1, 0, 0],
+            "use_sliding_window": True,
+            "sliding_window": 4,
+        },
+    ),
 }
 
 

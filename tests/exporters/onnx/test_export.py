@@ -60,6 +60,10 @@ CASES = [
     "qwen2_moe",
     "qwen3_moe-norm_topk",
     "qwen3_moe-no_norm_topk",
+    # granite's muP multipliers; SmolLM3's NoPE layers, sliding ones among them
+    "granite",
+    "smollm3",
+    "smollm3-window",
 ]
 
 
@@ -71,6 +75,8 @@ HD16 = [
     "mistral-window-hd16",
     "phi3-window-hd16",
     "qwen2_moe-hd16",
+    "granite-hd16",
+    "smollm3-hd16",  # RoPE layers rotated inside GroupQueryAttention, NoPE layers not at all
 ]
 LOWERED = [
     *(("decomposed", c) for c in CASES),
