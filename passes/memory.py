@@ -2,7 +2,9 @@
 
 - weights: every stored tensor at its dtype (int4 with its group scales); `active` is what one
   token touches (k of E routed experts).
-- kv_cache: the present K/V of every layer for B x (P + T) positions at the KV dtype.
+- kv_cache: the present K/V of every layer at the KV dtype: B x (P + T) positions for a full
+  attention layer, fewer for one that keeps a window; `kv_cache_full` is what the same cache
+  would hold with full attention on every layer (their difference: what the windows save).
 - activations: the peak of a liveness walk over the graph in its topological order: a tensor is
   held from the op that writes it until its last reader runs; views share their source's memory;
   with fused (flash) attention the (query, key) score tensors are never held.
@@ -28,6 +30,7 @@ class MemoryReport:
     kv_cache: float
     activations: float  # peak live activation bytes
     peak_at: str  # the node during which the peak occurs
+    kv_cache_full: float = 0.0  # the cache with every layer holding all P + T positions
 
     @property
     def total(self) -> float:
@@ -53,8 +56,22 @@ def memory_pass(
         active += nb * cfg.num_experts_per_tok / cfg.num_experts if experts and cfg else nb
     presents = set(graph.cache_outputs().values())
     kv = sum(cache_bytes(graph, graph.type_of(r)) for r in presents)
+    full = sum(_full_attention_bytes(graph, graph.type_of(r)) for r in presents)
     peak, at = peak_activations(graph, attention)
-    return MemoryReport(weights, active, by_dtype, kv, peak, at)
+    return MemoryReport(weights, active, by_dtype, kv, peak, at, full)
+
+
+def _full_attention_bytes(graph: Graph, t: TensorType) -> float:
+    """`cache_bytes` of `t` were its attended-position axis over all S = P + T positions: a
+    window's axis covers fewer; a shard of an axis keeps the whole axis's range, so a shard of
+    a full layer's cache scales by 1."""
+    b = graph.bindings
+    n = cache_bytes(graph, t)
+    for d in t.dims:
+        if d.role == "key_token":
+            start, stop = d.position_range(b)
+            n *= b["S"] / (stop - start) if stop > start else 1.0
+    return n
 
 
 def cache_bytes(graph: Graph, t: TensorType) -> float:

@@ -104,7 +104,8 @@ def print_costs(doc: dict[str, Any], con: Console) -> None:
     )
     con.print(
         f"memory: weights {_b(m['weights'])} (active {_b(m['weights_active'])}), "
-        f"KV cache {_b(m['kv_cache'])}, peak activations {_b(m['activations'])}"
+        f"KV cache {_b(m['kv_cache'])}{_window_saving(m)}, peak activations "
+        f"{_b(m['activations'])}"
     )
     table = Table("scope", "FLOPs", "bytes", "time" if r else "")
     times = r["by_scope"] if r else {}
@@ -148,3 +149,11 @@ def print_sweep(rows: list[dict[str, Any]], console: Console | None = None) -> N
             ratio("seconds") if sec is not None else "",
         )
     con.print(table)
+
+
+def _window_saving(m: dict) -> str:
+    """What the layers that keep a window save against full attention on every layer."""
+    full, kv = m.get("kv_cache_full", 0.0), m["kv_cache"]
+    if full <= kv * (1 + 1e-9):
+        return ""
+    return f" ({_b(full)} with full attention on every layer: windows save {1 - kv / full:.0%})"

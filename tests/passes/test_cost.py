@@ -104,6 +104,25 @@ def test_sliding_window_cache_rolls():
     _, r = analyse("mistral-7b", seq_len=1, past_len=20_000)
     kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
     assert r["memory"].kv_cache == (w - 1 + 1) * kv_per_token
+    # the same cache with full attention on every layer: all 20,001 positions
+    assert r["memory"].kv_cache_full == 20_001 * kv_per_token
+
+
+def test_full_attention_cache_is_its_own_full_size():
+    _, r = analyse("llama3-8b", seq_len=16, past_len=5_000)
+    assert r["memory"].kv_cache_full == r["memory"].kv_cache
+
+
+def test_trace_shows_what_the_windows_save():
+    from click.testing import CliRunner
+
+    from graphllm.cli import main
+
+    args = ["trace", "--model", "mistral-7b", "-t", "1", "--past-len", "20000"]
+    out = " ".join(CliRunner().invoke(main, args).stdout.split())
+    assert "with full attention on every layer: windows save 80%" in out
+    plain = CliRunner().invoke(main, ["trace", "--model", "llama3-8b"]).stdout
+    assert "windows save" not in plain
 
 
 def test_flash_skips_the_score_matrix():
