@@ -209,12 +209,16 @@ class _Builder:
             q = self.linear(f"{p}.q_proj", x, self.d_q, "attention", bias=c.qkv_bias)
             k = self.linear(f"{p}.k_proj", x, self.d_kv, "attention", bias=c.qkv_bias)
             v = self.linear(f"{p}.v_proj", x, self.d_kv, "attention", bias=c.qkv_bias)
+        if c.qk_norm and c.qk_norm_scope == "projection":
+            # one norm over all heads' channels (OLMo 2), so it reads the projection whole
+            q = self.rmsnorm(f"{p}.q_norm", q, self.d_q)
+            k = self.rmsnorm(f"{p}.k_norm", k, self.d_kv)
         qa = {"axes": {"h": self.h, "e": self.d_h}}
         kva = {"axes": {"h": self.h_kv, "e": self.d_h}}
         q = g.add("split_heads", f"{p}.q_heads", (q,), qa)  # (B, h, T, d_h)
         k = g.add("split_heads", f"{p}.k_heads", (k,), kva)  # (B, h_kv, T, d_h)
         v = g.add("split_heads", f"{p}.v_heads", (v,), kva)  # (B, h_kv, T, d_h)
-        if c.qk_norm:
+        if c.qk_norm and c.qk_norm_scope == "head":
             q = self.rmsnorm(f"{p}.q_norm", q, self.d_h)
             k = self.rmsnorm(f"{p}.k_norm", k, self.d_h)
         if c.rotates(i):  # else a NoPE layer: positions enter through the mask alone

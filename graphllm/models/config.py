@@ -604,6 +604,22 @@ FAMILY_TABLE: dict[str, Family] = {
         noop_only={"attention_bias": (False,)},  # published 4.x configs carry it; never a bias
     ),
 }
+# issue 16: OLMo 2 (transformers' olmo2: Olmo2Config, Olmo2Attention, Olmo2DecoderLayer)
+FAMILY_TABLE["olmo2"] = Family(
+    _fields(
+        num_key_value_heads=_MHA,
+        rms_norm_eps=Spec(_pos_float, 1e-5),
+        attention_bias=Spec(_bool, False),
+    ),
+    derive=lambda v: _attention_bias(v) | {"qk_norm": True, "qk_norm_scope": "projection"},
+    # each sub-layer's output normalised before its residual add; nothing normalises its input
+    block=BlockLayout(
+        attention_pre=None,
+        attention_post="post_attention_layernorm",
+        ffn_pre=None,
+        ffn_post="post_feedforward_layernorm",
+    ),
+)
 assert set(FAMILY_TABLE) == set(FAMILIES)
 
 # every key some family or rope dict understands: to tell "wrong family" from "misspelt"
@@ -926,8 +942,26 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESETS_DIR.glob("*.json"))
 
 
+def preset_aliases() -> dict[str, str]:
+    """Each preset's other spellings (its `_aliases`: the Hub's name of the model), lower-cased,
+    -> the preset's name."""
+    out: dict[str, str] = {}
+    for name in preset_names():
+        for alias in _read(_preset_path(name)).get("_aliases", []):
+            out.setdefault(str(alias).lower(), name)
+    return out
+
+
+def _preset_name(name: str) -> str:
+    """The preset `name` is, or is an alias of (the Hub's spelling); else `name` itself."""
+    if name in preset_names():
+        return name
+    return preset_aliases().get(name.lower(), name)
+
+
 def _load_preset(name: str) -> tuple[dict, str]:
     """A preset's published config.json (without the `_` notes) and its HF repo id."""
+    name = _preset_name(name)
     path = _preset_path(name)
     if name not in preset_names():  # not a stat of the name: it may be 5000 characters long
         names = preset_names()
@@ -937,6 +971,7 @@ def _load_preset(name: str) -> tuple[dict, str]:
     d = _read(path)
     source = str(d.pop("_source", ""))
     d.pop("_note", None)
+    d.pop("_aliases", None)
     return d, source
 
 
@@ -961,7 +996,7 @@ def load_config(source: str | Path | dict) -> ModelConfig:
         raise ConfigError("empty config source; give a path, a preset name or a dict")
     if isinstance(source, str) and not _looks_like_path(source) and file_mode(source) is None:
         d, _ = _load_preset(source)
-        return config_from_dict(d, source)
+        return config_from_dict(d, _preset_name(source))
     if not isinstance(source, (str, Path)):
         raise ConfigError(
             f"a config source must be a path, preset name or dict, got {_describe(source)}"
@@ -1014,17 +1049,20 @@ def load_workload_section(path: str | Path) -> dict:
 
 
 def list_presets() -> list[tuple[str, str]]:
-    """(name, one-line description with the HF repo id) for every packaged preset."""
+    """(name, one-line description with the HF repo id and any aliases) for every packaged
+    preset."""
     out = []
     for name in preset_names():
+        aliases = _read(_preset_path(name)).get("_aliases", [])
         d, source = _load_preset(name)
         c = config_from_dict(d, name)
         moe = f", {c.num_experts} experts top-{c.num_experts_per_tok}" if c.is_moe else ""
+        also = f"; alias {', '.join(map(str, aliases))}" if aliases else ""
         out.append(
             (
                 name,
                 f"{source}: {c.model_type}, {c.num_hidden_layers} layers, d={c.hidden_size}, "
-                f"{c.num_attention_heads}/{c.num_key_value_heads} heads{moe}",
+                f"{c.num_attention_heads}/{c.num_key_value_heads} heads{moe}{also}",
             )
         )
     return out

@@ -26,6 +26,8 @@ FAMILIES = (
     "phi3",
     "deepseek_v2",
     "deepseek_v3",
+    # issue 16: olmo2
+    "olmo2",
 )
 
 # the attention a layer can have (ModelConfig.layer_types), each one the builder implements; a
@@ -198,6 +200,9 @@ class ModelConfig:
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False  # per-head RMSNorm on q and k (qwen3)
+    # what qk_norm normalises over: 'head' (each head's head_dim channels: Qwen3) or
+    # 'projection' (the whole q / k projection, heads * head_dim, before the head split: OLMo 2)
+    qk_norm_scope: str = "head"
     norm_weight_offset: float = 0.0  # gemma: x * (1 + w)
     embedding_multiplier: float = 1.0  # gemma: sqrt(hidden_size)
     fused_qkv: bool = False  # phi3: one qkv_proj weight
@@ -369,6 +374,7 @@ _CHOICES = {
     "scoring_func": ("softmax", "sigmoid"),
     "topk_method": ("greedy", "group_limited_greedy", "noaux_tc"),
     "rope_layout": ("half", "complex", "interleave"),
+    "qk_norm_scope": ("head", "projection"),
     "rope.type": ("default", "linear", "llama3", "yarn"),
 }
 _FLAGS = (

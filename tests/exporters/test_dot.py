@@ -48,6 +48,8 @@ CONFIGS = {
         moe_intermediate_size=8,
         shared_expert_intermediate_size=24,
     ),
+    # issue 16: post-norms only, q/k norms over the whole projection
+    "olmo2": dict(SMALL, model_type="olmo2"),
 }
 SVG = "{http://www.w3.org/2000/svg}"
 L0 = "model.layers.0"
@@ -429,3 +431,19 @@ def test_405b_every_block_in_seconds(tmp_path):
     pic = read_svg(out)
     assert len(pic.find(r"blocks:\d+")) == 126
     assert time.perf_counter() - start < 15
+
+
+# -- issue 16: OLMo 2 ----------------------------------------------------------------------------
+def test_olmo2_block_draws_its_norms_after_each_sub_layer(tmp_path, renderer):
+    graph = graph_of("olmo2")
+    pic = draw(tmp_path, graph, "block", renderer)
+    assert f"{L0}.input_layernorm" not in pic.nodes
+    side = [ATT, f"{L0}.post_attention_layernorm", f"{L0}.attn_residual"]
+    side2 = [f"{L0}.mlp", f"{L0}.post_feedforward_layernorm", f"{L0}.mlp_residual"]
+    for path in (side, side2):
+        assert all(pic.label(a, b) == "3×16" for a, b in itertools.pairwise(path)), path
+    pic = draw(tmp_path, graph, "attention", renderer)
+    # one norm over all heads' channels, before the split into heads
+    assert pic.label(f"{ATT}.q_proj", f"{ATT}.q_norm") == "3×16"
+    assert pic.label(f"{ATT}.k_proj", f"{ATT}.k_norm") == "3×8"
+    assert (f"{ATT}.q_norm", f"{ATT}.q_heads#0") in pic.edges  # drawn once, then per head

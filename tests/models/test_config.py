@@ -23,7 +23,7 @@ from graphllm.models.config import (
     load_config,
     load_workload_section,
 )
-from graphllm.models.model_config import FAMILIES, ModelConfig, MoENames
+from graphllm.models.model_config import FAMILIES, BlockLayout, ModelConfig, MoENames
 from graphllm.models.workload import Workload
 from graphllm.runtime.interpret import run_graph
 from tests.support import tiny_configs
@@ -44,6 +44,8 @@ PRESETS = {
     "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
     "gemma-2b": "google/gemma-2b",
     "phi3-mini": "microsoft/Phi-3-mini-4k-instruct",
+    # issue 16
+    "olmo2-7b": "allenai/OLMo-2-1124-7B",
 }
 TINY = tiny_configs.LLAMA
 
@@ -242,6 +244,41 @@ def test_phi3():
     assert c.fused_qkv and c.fused_gate_up and not c.qkv_bias
     assert c.layer_types == ("sliding_attention",) * 2 and c.sliding_window == 15
     assert c.rms_norm_eps == 1e-5
+
+
+# issue 16: OLMo 2
+def test_olmo2():
+    c = load_config("olmo2-7b")
+    assert c.qk_norm and c.qk_norm_scope == "projection" and not (c.qkv_bias or c.o_bias)
+    assert c.block == BlockLayout(
+        attention_pre=None,
+        attention_post="post_attention_layernorm",
+        ffn_pre=None,
+        ffn_post="post_feedforward_layernorm",
+    )
+    assert (c.num_key_value_heads, c.head_dim, c.rope.theta, c.rms_norm_eps) == (
+        32,
+        128,
+        500000.0,
+        1e-6,
+    )
+    # transformers' Olmo2Config defaults: MHA, eps 1e-5; a head_dim given is read
+    d = config_from_dict(tiny(model_type="olmo2", num_key_value_heads=..., head_dim=8), "x")
+    assert (d.num_key_value_heads, d.head_dim, d.rms_norm_eps) == (4, 8, 1e-5)
+    assert config_from_dict(tiny(model_type="olmo2", attention_bias=True), "x").o_bias
+    # what olmo2 does not have is refused, naming it
+    assert "field 'sliding_window' is not used by model_type 'olmo2'" in error(
+        tiny(model_type="olmo2", sliding_window=8)
+    )
+    assert "field 'mlp_bias' is not used" in error(tiny(model_type="olmo2", mlp_bias=True))
+
+
+def test_a_preset_loads_by_the_hubs_spelling_and_presets_lists_it():
+    assert load_config("OLMo-2-1124-7B") == load_config("olmo2-7b")
+    assert load_config("olmo-2-1124-7b").name == "olmo2-7b"
+    assert dict(list_presets())["olmo2-7b"].endswith("; alias OLMo-2-1124-7B")
+    with pytest.raises(ConfigError, match="unknown preset 'OLMo-2-7B-nope'"):
+        load_config("OLMo-2-7B-nope")
 
 
 def test_mixtral():

@@ -31,7 +31,7 @@ def _bases() -> list[dict]:
     out = []
     for path in [*sorted(PRESETS_DIR.glob("*.json")), *sorted(EXAMPLES.glob("*.yaml"))]:
         d = read_mapping(path)
-        for key in ("_source", "_note", "workload"):
+        for key in ("_source", "_note", "_aliases", "workload"):
             d.pop(key, None)
         out.append(d)
     return out

@@ -87,10 +87,21 @@ def test_a_cut_config_stays_valid():
     ]
 
 
+# the families whose block is not Llama's (issue 16), as transformers' decoder layers have them
+BLOCKS = {
+    "olmo2": BlockLayout(
+        attention_pre=None,
+        attention_post="post_attention_layernorm",
+        ffn_pre=None,
+        ffn_post="post_feedforward_layernorm",
+    ),
+}
+
+
 @pytest.mark.parametrize("preset", preset_names())
 def test_every_family_here_is_llamas_block_with_rope_everywhere(preset):
     c = load_config(preset)
-    assert c.block == BlockLayout() and c.rope_layers == ()
+    assert c.block == BLOCKS.get(c.model_type, BlockLayout()) and c.rope_layers == ()
     assert c.rope_layout == ("half" if not c.is_mla else c.rope_layout)
 
 

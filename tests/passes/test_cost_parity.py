@@ -43,6 +43,8 @@ MODELS: dict[str, tuple[str, dict]] = {
     "mixtral-8x7b": ("mixtral-8x7b", {}),  # 8 experts, top 2
     "qwen1.5-moe-a2.7b": ("qwen1.5-moe-a2.7b", {}),  # shared expert and its sigmoid gate
     "qwen3-30b-a3b": ("qwen3-30b-a3b", {}),  # q/k norm, 128 experts, top 8
+    # issue 16
+    "olmo2-7b": ("olmo2-7b", {}),  # post-norms only, q/k norms over the whole projection
 }
 # a window shorter than the sequence, so that the mask really slides
 WINDOWED: dict[str, tuple[str, dict]] = {

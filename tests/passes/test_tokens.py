@@ -21,6 +21,7 @@ PRESETS = [
     "qwen3-30b-a3b",
     "gemma-2b",
     "phi3-mini",
+    "olmo2-7b",  # issue 16
 ]
 CORE = {"scores", "softmax", "pv"}
 

@@ -85,6 +85,8 @@ CASES: dict[str, tuple[str, dict]] = {
     ),
     "phi3-window": ("phi3", {"sliding_window": 4}),
     "phi3-mha-window": ("phi3", {"num_key_value_heads": 4, "sliding_window": 4}),  # Phi-3-mini
+    # issue 16: OLMo 2, post-norms only and q/k norms over the whole projection
+    "olmo2": ("olmo2", {}),
 }
 
 

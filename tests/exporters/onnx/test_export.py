@@ -60,6 +60,7 @@ CASES = [
     "qwen2_moe",
     "qwen3_moe-norm_topk",
     "qwen3_moe-no_norm_topk",
+    "olmo2",  # issue 16: post-norms, q/k norms over the whole projection
 ]
 
 
@@ -71,6 +72,7 @@ HD16 = [
     "mistral-window-hd16",
     "phi3-window-hd16",
     "qwen2_moe-hd16",
+    "olmo2-hd16",  # issue 16
 ]
 LOWERED = [
     *(("decomposed", c) for c in CASES),

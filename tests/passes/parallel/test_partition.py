@@ -37,6 +37,8 @@ CONFIGS = {
     "qwen2": {**TINY, "model_type": "qwen2", "num_hidden_layers": 4},  # q/k/v biases
     "phi3": {**TINY, "model_type": "phi3", "pad_token_id": 0},  # fused qkv and gate_up
     "mistral": {**TINY, "model_type": "mistral", "sliding_window": 5},
+    # issue 16: post-norms only, q/k norms over all heads (a TP split of heads must gather them)
+    "olmo2": {**TINY, "model_type": "olmo2"},
 }
 
 
@@ -200,6 +202,10 @@ def test_balance_minimises_the_slowest_stage():
         ("mixtral", Strategy(tp=2, pp=2, ep=2), {}),
         ("qwen2_moe", Strategy(tp=2, pp=3, ep=2, microbatches=2), {}),  # shared expert, dense layer
         ("qwen2_moe", Strategy(cp=2, ep=2, dp=2), {}),
+        # issue 16
+        ("olmo2", Strategy(tp=2), {}),
+        ("olmo2", Strategy(tp=2, sp=True, pp=2), {}),
+        ("olmo2", Strategy(tp=2, cp=2), {"past_len": 5, "seq_len": 4}),
     ],
     ids=lambda v: v.describe().replace(" ", ",") if isinstance(v, Strategy) else None,
 )
