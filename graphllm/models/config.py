@@ -620,6 +620,33 @@ FAMILY_TABLE["olmo2"] = Family(
         ffn_post="post_feedforward_layernorm",
     ),
 )
+# issue 16: Cohere (transformers' cohere: CohereConfig, CohereLayerNorm, CohereDecoderLayer)
+FAMILY_TABLE["cohere"] = Family(
+    {
+        **{k: s for k, s in _fields().items() if k != "rms_norm_eps"},  # it has layer_norm_eps
+        "num_key_value_heads": _MHA,
+        "max_position_embeddings": Spec(_pos_int, 8192),
+        "tie_word_embeddings": Spec(_bool, True),
+        "layer_norm_eps": Spec(_pos_float, 1e-5),
+        "logit_scale": Spec(_pos_float, 0.0625),
+        "attention_bias": Spec(_bool, False),
+        "use_qk_norm": Spec(_bool, False),
+    },
+    derive=lambda v: (
+        _attention_bias(v)
+        | {
+            "norm_type": "layernorm",
+            "rms_norm_eps": v["layer_norm_eps"],
+            "qk_norm": v["use_qk_norm"],
+            "qk_norm_scope": "each_head",
+            "logits_multiplier": v["logit_scale"],
+            # rotate_half pairs adjacent channels (x_2i, x_2i+1), written back interleaved
+            "rope_layout": "complex",
+        }
+    ),
+    # attention and MLP side by side, both reading the one input_layernorm
+    block=BlockLayout(ffn_pre=None, parallel=True),
+)
 assert set(FAMILY_TABLE) == set(FAMILIES)
 
 # every key some family or rope dict understands: to tell "wrong family" from "misspelt"
@@ -886,6 +913,7 @@ def config_from_dict(d: dict, name: str) -> ModelConfig:
     kw: dict[str, Any] = {
         "intermediate_size": v["intermediate_size"],
         "moe_layers": (False,) * n,
+        "rms_norm_eps": v.get("rms_norm_eps"),  # a family naming it otherwise derives it
     }
     if fam.moe is not None:
         kw |= fam.moe(v)
@@ -896,7 +924,7 @@ def config_from_dict(d: dict, name: str) -> ModelConfig:
             )
         if not any(kw["moe_layers"]):
             # no layer routes (decoder_sparse_step beyond the depth): a dense model
-            kw = {"intermediate_size": kw["intermediate_size"], "moe_layers": kw["moe_layers"]}
+            kw = {k: kw[k] for k in ("intermediate_size", "moe_layers", "rms_norm_eps")}
     kw |= fam.derive(v)
 
     rope = _rope(v, fam, mt)
@@ -912,7 +940,6 @@ def config_from_dict(d: dict, name: str) -> ModelConfig:
         num_key_value_heads=kv,
         head_dim=head_dim,
         hidden_act=act,
-        rms_norm_eps=v["rms_norm_eps"],
         rope=rope,
         max_position_embeddings=v["max_position_embeddings"],
         tie_word_embeddings=v["tie_word_embeddings"],

@@ -46,6 +46,7 @@ PRESETS = {
     "phi3-mini": "microsoft/Phi-3-mini-4k-instruct",
     # issue 16
     "olmo2-7b": "allenai/OLMo-2-1124-7B",
+    "command-r": "CohereForAI/c4ai-command-r-v01",
 }
 TINY = tiny_configs.LLAMA
 
@@ -273,6 +274,33 @@ def test_olmo2():
     assert "field 'mlp_bias' is not used" in error(tiny(model_type="olmo2", mlp_bias=True))
 
 
+# issue 16: Cohere
+def test_cohere():
+    c = load_config("command-r")
+    assert (c.norm_type, c.rms_norm_eps, c.logits_multiplier, c.rope_layout) == (
+        "layernorm",
+        1e-5,
+        0.0625,
+        "complex",
+    )
+    assert c.block == BlockLayout(ffn_pre=None, parallel=True) and c.tie_word_embeddings
+    assert not c.qk_norm and (c.num_key_value_heads, c.head_dim) == (64, 128)
+    assert c.rope.theta == 8e6
+    assert load_config("c4ai-command-r-v01") == c
+    q = config_from_dict(tiny(model_type="cohere", use_qk_norm=True, layer_norm_eps=1e-6), "x")
+    assert q.qk_norm and q.qk_norm_scope == "each_head" and q.rms_norm_eps == 1e-6
+    # transformers' CohereConfig defaults: a tied head, logit_scale 1/16, eps 1e-5
+    d = config_from_dict(tiny(model_type="cohere", tie_word_embeddings=...), "x")
+    assert d.tie_word_embeddings and d.logits_multiplier == 0.0625 and d.rms_norm_eps == 1e-5
+    # RMSNorm's eps is not Cohere's: a config giving it is refused, naming it
+    assert "field 'rms_norm_eps' is not used by model_type 'cohere'" in error(
+        tiny(model_type="cohere", rms_norm_eps=1e-6)
+    )
+    assert "logit_scale must be a positive number" in error(
+        tiny(model_type="cohere", logit_scale=0)
+    )
+
+
 def test_a_preset_loads_by_the_hubs_spelling_and_presets_lists_it():
     assert load_config("OLMo-2-1124-7B") == load_config("olmo2-7b")
     assert load_config("olmo-2-1124-7b").name == "olmo2-7b"
@@ -470,8 +498,9 @@ def test_non_dict_and_non_string_keys():
 def test_unknown_preset_lists_close_matches():
     with pytest.raises(ConfigError, match=r"unknown preset 'llama3-7b'; did you mean .*llama3-8b"):
         load_config("llama3-7b")
+    # every preset, sorted (new families' presets fall in between)
     with pytest.raises(
-        ConfigError, match="presets: deepseek-v2, deepseek-v2-lite, deepseek-v3, gemma-2b"
+        ConfigError, match="presets: .*deepseek-v2, deepseek-v2-lite, deepseek-v3, .*gemma-2b"
     ):
         load_config("gpt2-xl")
     with pytest.raises(ConfigError, match="empty config source"):

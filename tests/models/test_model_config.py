@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -95,6 +96,7 @@ BLOCKS = {
         ffn_pre=None,
         ffn_post="post_feedforward_layernorm",
     ),
+    "cohere": BlockLayout(ffn_pre=None, parallel=True),
 }
 
 
@@ -102,7 +104,8 @@ BLOCKS = {
 def test_every_family_here_is_llamas_block_with_rope_everywhere(preset):
     c = load_config(preset)
     assert c.block == BLOCKS.get(c.model_type, BlockLayout()) and c.rope_layers == ()
-    assert c.rope_layout == ("half" if not c.is_mla else c.rope_layout)
+    # RoPE on halves of each head, but for MLA's and Cohere's adjacent pairs (issue 16)
+    assert c.is_mla or c.rope_layout == ("complex" if c.model_type == "cohere" else "half")
 
 
 def test_the_family_table_names_each_moe_block():
@@ -206,3 +209,20 @@ def test_with_layers_cuts_every_per_layer_field():
     assert cfg.num_hidden_layers == 3 and len(cfg.layer_types) == len(cfg.moe_layers) == 3
     v3 = load_config("deepseek-v3").with_layers(4)
     assert v3.moe_layers == (False, False, False, True)  # first_k_dense_replace = 3
+
+
+# issue 16: the q/k norms are the model's own norm kind, and the kinds go together
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"qk_norm": True, "qk_norm_scope": "each_head"}, "'each_head' goes with 'layernorm'"),
+        ({"qk_norm": True, "norm_type": "layernorm"}, "qk_norm_scope 'head' is not modelled"),
+        ({"norm_type": "layernorm", "norm_weight_offset": 1.0}, "norm weight offset"),
+        ({"norm_type": "batchnorm"}, "norm_type must be one of rmsnorm, layernorm"),
+        ({"logits_multiplier": float("nan")}, "logits_multiplier must be a finite number"),
+    ],
+)
+def test_norm_kinds_that_do_not_go_together_are_refused(fields, message):
+    base = load_config("llama3-8b")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        dataclasses.replace(base, **fields)

@@ -45,6 +45,8 @@ MODELS: dict[str, tuple[str, dict]] = {
     "qwen3-30b-a3b": ("qwen3-30b-a3b", {}),  # q/k norm, 128 experts, top 8
     # issue 16
     "olmo2-7b": ("olmo2-7b", {}),  # post-norms only, q/k norms over the whole projection
+    "command-r": ("command-r", {}),  # parallel block, tied head, logit_scale after it
+    "command-r-qk-norm": ("command-r", {"use_qk_norm": True}),  # per-head q/k LayerNorms
 }
 # a window shorter than the sequence, so that the mask really slides
 WINDOWED: dict[str, tuple[str, dict]] = {

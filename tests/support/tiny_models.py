@@ -87,6 +87,10 @@ CASES: dict[str, tuple[str, dict]] = {
     "phi3-mha-window": ("phi3", {"num_key_value_heads": 4, "sliding_window": 4}),  # Phi-3-mini
     # issue 16: OLMo 2, post-norms only and q/k norms over the whole projection
     "olmo2": ("olmo2", {}),
+    # issue 16: Cohere, LayerNorms, attention beside the MLP, interleaved RoPE, logit_scale; and
+    # per-head q/k LayerNorms, each head its own weight
+    "cohere": ("cohere", {}),
+    "cohere-qk-norm": ("cohere", {"use_qk_norm": True, "logit_scale": 0.5, "head_dim": 16}),
 }
 
 

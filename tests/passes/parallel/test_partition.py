@@ -39,6 +39,8 @@ CONFIGS = {
     "mistral": {**TINY, "model_type": "mistral", "sliding_window": 5},
     # issue 16: post-norms only, q/k norms over all heads (a TP split of heads must gather them)
     "olmo2": {**TINY, "model_type": "olmo2"},
+    # LayerNorms, attention beside the MLP, per-head q/k norms with their own weights
+    "cohere": {**TINY, "model_type": "cohere", "use_qk_norm": True, "logit_scale": 0.5},
 }
 
 
@@ -206,6 +208,9 @@ def test_balance_minimises_the_slowest_stage():
         ("olmo2", Strategy(tp=2), {}),
         ("olmo2", Strategy(tp=2, sp=True, pp=2), {}),
         ("olmo2", Strategy(tp=2, cp=2), {"past_len": 5, "seq_len": 4}),
+        ("cohere", Strategy(tp=2), {}),
+        ("cohere", Strategy(tp=2, sp=True, pp=2), {}),
+        ("cohere", Strategy(tp=2, cp=2), {"past_len": 5, "seq_len": 4}),
     ],
     ids=lambda v: v.describe().replace(" ", ",") if isinstance(v, Strategy) else None,
 )
