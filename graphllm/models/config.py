@@ -478,6 +478,8 @@ class Family:
     mla: bool = False
     # the block's norms and residuals (every family here: Llama's two pre-norms, sequential)
     block: BlockLayout = field(default_factory=BlockLayout)
+    # RoPE on the sliding-window layers only, the full-attention ones NoPE (Cohere 2)
+    rope_on_sliding_only: bool = False
 
 
 def _fields(**extra: Spec) -> dict[str, Spec]:
@@ -646,6 +648,55 @@ FAMILY_TABLE["cohere"] = Family(
     ),
     # attention and MLP side by side, both reading the one input_layernorm
     block=BlockLayout(ffn_pre=None, parallel=True),
+)
+
+
+def _cohere2_window(v: dict) -> tuple[tuple[str, ...], int | None]:
+    # Cohere2Config: without layer_types, every sliding_window_pattern-th layer is global
+    if v["sliding_window"] is None:
+        raise ConfigError("sliding_window null is not modelled for cohere2 (no layer would rotate)")
+    w = _active_window(v, True)
+    n, every = v["num_hidden_layers"], v["sliding_window_pattern"]
+    return tuple(SLIDING if (i + 1) % every else FULL for i in range(n)), w
+
+
+def _cohere2(v: dict) -> dict:
+    # Cohere2Config sets head_dim to hidden_size // num_attention_heads whatever the file says
+    heads, hidden = v["num_attention_heads"], v["hidden_size"]
+    if v["head_dim"] is not None and v["head_dim"] * heads != hidden:
+        raise ConfigError(
+            f"head_dim {v['head_dim']} is not hidden_size // num_attention_heads "
+            f"({hidden // heads}), which transformers' cohere2 always uses"
+        )
+    return FAMILY_TABLE["cohere"].derive(v | {"use_qk_norm": False})
+
+
+# issue 16: Cohere 2 (transformers' cohere2): Cohere's block, sliding-window layers with a global
+# one every few, the global ones without RoPE
+FAMILY_TABLE["cohere2"] = Family(
+    {
+        **{k: s for k, s in FAMILY_TABLE["cohere"].fields.items() if k != "use_qk_norm"},
+        "sliding_window": Spec(_nonneg_int, 4096, nullable=True),
+        "sliding_window_pattern": Spec(_pos_int, 4),
+    },
+    derive=_cohere2,
+    windows=_cohere2_window,
+    reads_layer_types=True,
+    # the published files' own names for what transformers' cohere2 always builds: accepted at
+    # that value, refused at any other
+    noop_only={
+        "use_qk_norm": (False, None),
+        "use_parallel_block": (True,),
+        "use_gated_activation": (True,),
+        "use_embedding_sharing": (True,),
+        "use_parallel_embedding": (True, False),  # how a TP run shards the table: same values
+        "position_embedding_type": ("rope_gptj",),
+        "rotary_pct": (1.0,),
+        "order_of_interleaved_layers": ("local_attn_first",),
+        "cache_implementation": ("hybrid", None),
+    },
+    block=BlockLayout(ffn_pre=None, parallel=True),
+    rope_on_sliding_only=True,
 )
 assert set(FAMILY_TABLE) == set(FAMILIES)
 
@@ -945,7 +996,8 @@ def config_from_dict(d: dict, name: str) -> ModelConfig:
         tie_word_embeddings=v["tie_word_embeddings"],
         block=fam.block,
         layer_types=types,
-        rope_layers=(),  # RoPE in every layer of every family here
+        # RoPE in every layer, or (Cohere 2) in the sliding-window ones alone
+        rope_layers=tuple(t == SLIDING for t in types) if fam.rope_on_sliding_only else (),
         sliding_window=window,
         **kw,
     )

@@ -30,6 +30,7 @@ FAMILIES = (
     "olmo2",
     # issue 16: cohere
     "cohere",
+    "cohere2",
 )
 
 # the attention a layer can have (ModelConfig.layer_types), each one the builder implements; a

@@ -83,6 +83,7 @@ def test_presets_lists_the_required_models():
         "phi3-mini",
         "olmo2-7b",  # issue 16
         "command-r",  # issue 16
+        "command-r7b",  # issue 16
     } <= names
 
 

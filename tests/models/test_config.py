@@ -47,6 +47,7 @@ PRESETS = {
     # issue 16
     "olmo2-7b": "allenai/OLMo-2-1124-7B",
     "command-r": "CohereForAI/c4ai-command-r-v01",
+    "command-r7b": "CohereForAI/c4ai-command-r7b-12-2024",
 }
 TINY = tiny_configs.LLAMA
 
@@ -301,6 +302,39 @@ def test_cohere():
     )
 
 
+# issue 16: Cohere 2
+def test_cohere2():
+    c = load_config("command-r7b")
+    assert c == load_config("c4ai-command-r7b-12-2024")
+    assert c.layer_types == ("sliding_attention",) * 3 + ("full_attention",) + c.layer_types[4:]
+    assert c.layer_types.count("full_attention") == 8 and c.sliding_window == 4096
+    # RoPE on the window layers, none on the global ones
+    assert c.rope_layers == tuple(t == "sliding_attention" for t in c.layer_types)
+    assert (c.norm_type, c.logits_multiplier, c.rope_layout, c.block.parallel) == (
+        "layernorm",
+        0.25,
+        "complex",
+        True,
+    )
+    base = tiny(model_type="cohere2", num_hidden_layers=4)
+    assert config_from_dict({**base, "sliding_window_pattern": 2}, "x").rope_layers == (
+        True,
+        False,
+        True,
+        False,
+    )
+    given = {**base, "layer_types": ["full_attention", "sliding_attention"] * 2}
+    assert config_from_dict(given, "x").rope_layers == (False, True, False, True)
+    for bad, message in [
+        ({**base, "use_qk_norm": True}, "use_qk_norm=true is not modelled"),
+        ({**base, "rotary_pct": 0.5}, "rotary_pct=0.5 is not modelled"),
+        ({**base, "use_parallel_block": False}, "use_parallel_block=false is not modelled"),
+        ({**base, "head_dim": 4}, "head_dim 4 is not hidden_size // num_attention_heads"),
+        ({**base, "sliding_window": None}, "sliding_window null is not modelled for cohere2"),
+    ]:
+        assert message in error(bad)
+
+
 def test_a_preset_loads_by_the_hubs_spelling_and_presets_lists_it():
     assert load_config("OLMo-2-1124-7B") == load_config("olmo2-7b")
     assert load_config("olmo-2-1124-7b").name == "olmo2-7b"
@@ -500,7 +534,7 @@ def test_unknown_preset_lists_close_matches():
         load_config("llama3-7b")
     # every preset, sorted (new families' presets fall in between)
     with pytest.raises(
-        ConfigError, match="presets: .*deepseek-v2, deepseek-v2-lite, deepseek-v3, .*gemma-2b"
+        ConfigError, match=r"presets: .*deepseek-v2, deepseek-v2-lite, deepseek-v3, .*gemma-2b"
     ):
         load_config("gpt2-xl")
     with pytest.raises(ConfigError, match="empty config source"):

@@ -97,15 +97,19 @@ BLOCKS = {
         ffn_post="post_feedforward_layernorm",
     ),
     "cohere": BlockLayout(ffn_pre=None, parallel=True),
+    "cohere2": BlockLayout(ffn_pre=None, parallel=True),
 }
 
 
 @pytest.mark.parametrize("preset", preset_names())
 def test_every_family_here_is_llamas_block_with_rope_everywhere(preset):
     c = load_config(preset)
-    assert c.block == BLOCKS.get(c.model_type, BlockLayout()) and c.rope_layers == ()
+    assert c.block == BLOCKS.get(c.model_type, BlockLayout())
+    # Cohere 2's global layers have no RoPE (issue 16)
+    nope = tuple(t == "sliding_attention" for t in c.layer_types)
+    assert c.rope_layers == (nope if c.model_type == "cohere2" else ())
     # RoPE on halves of each head, but for MLA's and Cohere's adjacent pairs (issue 16)
-    assert c.is_mla or c.rope_layout == ("complex" if c.model_type == "cohere" else "half")
+    assert c.is_mla or c.rope_layout == ("complex" if "cohere" in c.model_type else "half")
 
 
 def test_the_family_table_names_each_moe_block():

@@ -47,11 +47,15 @@ MODELS: dict[str, tuple[str, dict]] = {
     "olmo2-7b": ("olmo2-7b", {}),  # post-norms only, q/k norms over the whole projection
     "command-r": ("command-r", {}),  # parallel block, tied head, logit_scale after it
     "command-r-qk-norm": ("command-r", {"use_qk_norm": True}),  # per-head q/k LayerNorms
+    # a sliding layer then a global NoPE one
+    "command-r7b": ("command-r7b", {"sliding_window_pattern": 2}),
 }
 # a window shorter than the sequence, so that the mask really slides
 WINDOWED: dict[str, tuple[str, dict]] = {
     "mistral-7b-window32": ("mistral-7b", {"sliding_window": 32}),
     "phi3-mini-window32": ("phi3-mini", {"sliding_window": 32}),
+    # issue 16: a window-32 layer and a global NoPE one
+    "command-r7b-window32": ("command-r7b", {"sliding_window": 32, "sliding_window_pattern": 2}),
 }
 
 # id -> Workload fields

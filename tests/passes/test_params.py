@@ -28,6 +28,8 @@ PUBLISHED = {
     "olmo2-7b": 7_298_617_344,
     # Command-R v01: the card gives 35B; the exact sum (a tied head) is transformers' meta model's
     "command-r": 34_980_831_232,
+    # Command R7B: the Hub's safetensors index 8.03B (a tied head)
+    "command-r7b": 8_028_033_024,
 }
 # active per token, as the authors state them (rounded in their names: A2.7B, A3B, 12.9B)
 ACTIVE_ROUNDED = {"mixtral-8x7b": 12.9e9, "qwen1.5-moe-a2.7b": 2.7e9, "qwen3-30b-a3b": 3.3e9}

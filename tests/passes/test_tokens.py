@@ -23,6 +23,7 @@ PRESETS = [
     "phi3-mini",
     "olmo2-7b",  # issue 16
     "command-r",  # issue 16
+    "command-r7b",  # issue 16
 ]
 CORE = {"scores", "softmax", "pv"}
 

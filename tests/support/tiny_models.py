@@ -91,6 +91,9 @@ CASES: dict[str, tuple[str, dict]] = {
     # per-head q/k LayerNorms, each head its own weight
     "cohere": ("cohere", {}),
     "cohere-qk-norm": ("cohere", {"use_qk_norm": True, "logit_scale": 0.5, "head_dim": 16}),
+    # issue 16: Cohere 2, a window of 4 on layers 0-2 and a global NoPE layer 3, the prompt
+    # longer than the window
+    "cohere2-window": ("cohere2", {"num_hidden_layers": 4, "sliding_window": 4}),
 }
 
 

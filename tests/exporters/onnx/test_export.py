@@ -79,6 +79,7 @@ HD16 = [
 DECOMPOSED_ONLY = {
     "cohere": "q_rope is rope_pairs, where rope was expected",  # interleaved RoPE, LayerNorm
     "cohere-qk-norm": "q_rope is rope_pairs, where rope was expected",
+    "cohere2-window": "q_rope is rope_pairs, where rope was expected",
 }
 LOWERED = [
     *(("decomposed", c) for c in CASES + list(DECOMPOSED_ONLY)),

@@ -41,6 +41,8 @@ CONFIGS = {
     "olmo2": {**TINY, "model_type": "olmo2"},
     # LayerNorms, attention beside the MLP, per-head q/k norms with their own weights
     "cohere": {**TINY, "model_type": "cohere", "use_qk_norm": True, "logit_scale": 0.5},
+    # a window on layers 0-2, a global NoPE layer 3
+    "cohere2": {**TINY, "model_type": "cohere2", "num_hidden_layers": 4, "sliding_window": 5},
 }
 
 
@@ -211,6 +213,8 @@ def test_balance_minimises_the_slowest_stage():
         ("cohere", Strategy(tp=2), {}),
         ("cohere", Strategy(tp=2, sp=True, pp=2), {}),
         ("cohere", Strategy(tp=2, cp=2), {"past_len": 5, "seq_len": 4}),
+        ("cohere2", Strategy(tp=2, pp=2), {}),
+        ("cohere2", Strategy(cp=4, tp=2), {"past_len": 6, "seq_len": 4}),  # rolling window
     ],
     ids=lambda v: v.describe().replace(" ", ",") if isinstance(v, Strategy) else None,
 )
