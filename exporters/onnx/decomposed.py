@@ -87,6 +87,33 @@ def _rmsnorm(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
         c.final("Cast", [c.op("Mul", [y, w], s)], n, o, to=ONNX_TYPES[c.dtype])
 
 
+# issue 16: Cohere's LayerNorm, over the hidden axis or each head's channels with its own weight
+def _centred_norm(c: Lowering, n: Node, x: str, w: str, o: list[str]) -> None:
+    s = n.name
+    x = c.cast(x, c.dtype, "fp32", s)
+    mean = c.op("ReduceMean", [x, c.const([-1])], s, keepdims=1)
+    centred = c.op("Sub", [x, mean], s)
+    var = c.op("ReduceMean", [c.op("Mul", [centred, centred], s), c.const([-1])], s, keepdims=1)
+    den = c.op("Sqrt", [c.op("Add", [var, c.const(n.attrs["eps"], "fp32", "eps")], s)], s)
+    y = c.op("Div", [centred, den], s)
+    if c.dtype == "fp32":
+        c.final("Mul", [y, w], n, o)
+    else:
+        c.final("Cast", [c.op("Mul", [y, w], s)], n, o, to=ONNX_TYPES[c.dtype])
+
+
+@lowers("layernorm")
+def _layernorm(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    _centred_norm(c, n, i[0], c.cast(i[1], c.dtype, "fp32", n.name), o)
+
+
+@lowers("head_layernorm")
+def _head_layernorm(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    w = c.cast(i[1], c.dtype, "fp32", n.name)
+    w = c.op("Unsqueeze", [w, c.const([1])], n.name)  # (h, 1, e) against (B, h, T, e)
+    _centred_norm(c, n, i[0], w, o)
+
+
 @lowers("split", "split3")
 def _split(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("Split", [i[0], c.const(list(n.attrs["sizes"]))], n, o, axis=-1)

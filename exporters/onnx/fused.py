@@ -150,6 +150,9 @@ class Attn:
     rope: Node | None
     q_norm: Node | None
     k_norm: Node | None
+    # OLMo 2's norms over the whole q / k projection, before the head split
+    q_wide_norm: Node | None
+    k_wide_norm: Node | None
     heads: int
     kv_heads: int
     head_dim: int
@@ -171,6 +174,8 @@ class Attn:
             rope=m.get("q_rope"),
             q_norm=m.get("q_norm"),
             k_norm=m.get("k_norm"),
+            q_wide_norm=m.get("q_wide_norm"),
+            k_wide_norm=m.get("k_wide_norm"),
             heads=axis_size(m["q_heads"], "h"),
             kv_heads=axis_size(m["k_heads"], "h"),
             head_dim=axis_size(m["q_heads"], "e"),
@@ -211,6 +216,12 @@ def _head_norm(c: Lowering, x: str, norm: Node, heads: int, e: int) -> str:
     attrs = {"epsilon": float(norm.attrs["eps"]), "axis": -1, "stash_type": 1}
     y = c.op("RMSNormalization", [y, _gamma(c, norm)], norm.name, **attrs)
     return c.op("Reshape", [y, c.const([0, 0, heads * e])], norm.name)
+
+
+def _wide_norm(c: Lowering, x: str, norm: Node) -> str:
+    """RMSNorm of (B, T, heads * e) over all its channels (OLMo 2's q_norm / k_norm)."""
+    attrs = {"epsilon": float(norm.attrs["eps"]), "axis": -1, "stash_type": 1}
+    return c.op("RMSNormalization", [x, _gamma(c, norm)], norm.name, **attrs)
 
 
 def _gated_mlps(g: Graph, rows: dict[str, Lower]) -> list[Region]:
@@ -264,6 +275,8 @@ def _qkv_heads(c: Lowering, a: Attn, names: dict[Ref, str], rotate: bool) -> tup
     """Q, K and V (B, T, heads x hd) from one MatMul, Qwen3's per-head norms applied, and with
     `rotate` Q and K rotated by position_ids (RotaryEmbedding)."""
     q, k, v = _split_qkv(c, a, _qkv(c, a, names[a.x]))
+    if a.q_wide_norm is not None and a.k_wide_norm is not None:
+        q, k = (_wide_norm(c, x, n) for x, n in ((q, a.q_wide_norm), (k, a.k_wide_norm)))
     if a.q_norm is not None and a.k_norm is not None:
         q = _head_norm(c, q, a.q_norm, a.heads, a.head_dim)
         k = _head_norm(c, k, a.k_norm, a.kv_heads, a.head_dim)

@@ -16,16 +16,20 @@ NO_PAST = "{node}: no past %s input (export the graph with one)"
 # attention. Q, K and V: three projections of one input x, or Phi-3's one split in three
 QKV_PATTERN = Op(("linear", "linear_bias"), Var("x"), name="qkv_proj")
 
-# Q, K and V split into heads: each its part of Phi-3's one projection, or its own projection
-Q_HEADS_PATTERN, K_HEADS_PATTERN, V_HEADS_PATTERN = (
-    Op(
-        "split_heads",
-        Op("split3", QKV_PATTERN, name="qkv_split", out=part)
-        | Op(("linear", "linear_bias"), Var("x"), name=f"{x}_proj"),
-        name=f"{x}_heads",
-    )
+
+# Q, K and V whole: each its part of Phi-3's one projection, or its own projection
+Q_PROJ_PATTERN, K_PROJ_PATTERN, V_PROJ_PATTERN = (
+    Op("split3", QKV_PATTERN, name="qkv_split", out=part)
+    | Op(("linear", "linear_bias"), Var("x"), name=f"{x}_proj")
     for part, x in enumerate("qkv")
 )
+# Q, K and V split into heads; Q and K normalised over the whole projection first where they
+# are (OLMo 2)
+Q_HEADS_PATTERN, K_HEADS_PATTERN = (
+    Op("split_heads", Optional(Op("rmsnorm", proj, name=f"{x}_wide_norm")), name=f"{x}_heads")
+    for proj, x in ((Q_PROJ_PATTERN, "q"), (K_PROJ_PATTERN, "k"))
+)
+V_HEADS_PATTERN = Op("split_heads", V_PROJ_PATTERN, name="v_heads")
 # Q and K: a per-head RMSNorm where there is one (Qwen3), rotated by one set of positions
 # except in a NoPE layer (SmolLM3's), whose Q and K are not rotated
 Q_PATTERN = Optional(

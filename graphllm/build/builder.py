@@ -98,7 +98,9 @@ class _Builder:
 
     # -- primitives ----------------------------------------------------------------------------
     def param(self, name: str, dims: tuple[Dim, ...], kind: str, **attrs: object) -> Node:
-        dt = self.wl.weight_dtype if len(dims) > 1 else self.vector_dtype
+        # a per-head norm's (heads, head_dim) weight is a vector per head, not a matrix
+        matrix = len(dims) > 1 and kind != "norms"
+        dt = self.wl.weight_dtype if matrix else self.vector_dtype
         return self.g.add("param", name, (), {"type": TensorType(dims, dt), "kind": kind, **attrs})
 
     def rope(self, name: str, x: Node | Ref, width: int) -> Node:
@@ -145,11 +147,26 @@ class _Builder:
             return self.g.add("linear_bias", name, (x, w, b))
         return self.g.add("linear", name, (x, w))
 
+    def layer_norm(self, name: str, x: Node, dim: Dim) -> Node:
+        """x through one of the model's own norms: RMSNorm, or the LayerNorm its norm_type
+        names (the latent and MTP norms are DeepSeek's RMSNorms)."""
+        if self.cfg.norm_type == "rmsnorm":
+            return self.rmsnorm(name, x, dim)
+        self.scopes[name] = "norms"
+        w = self.param(f"{name}.weight", (dim,), "norms")
+        return self.g.add("layernorm", name, (x, w), {"eps": self.cfg.rms_norm_eps})
+
     def rmsnorm(self, name: str, x: Node, dim: Dim, kind: str = "norms") -> Node:
         self.scopes[name] = "norms"
         w = self.param(f"{name}.weight", (dim,), kind)
         attrs = {"eps": self.cfg.rms_norm_eps, "weight_offset": self.cfg.norm_weight_offset}
         return self.g.add("rmsnorm", name, (x, w), attrs)
+
+    def head_norm(self, name: str, x: Node, heads: Dim) -> Node:
+        """x (B, heads, T, d_h) through a LayerNorm of each head with its own weight (Cohere)."""
+        self.scopes[name] = "norms"
+        w = self.param(f"{name}.weight", (heads, self.d_h), "norms")
+        return self.g.add("head_layernorm", name, (x, w), {"eps": self.cfg.rms_norm_eps})
 
     def act(self, name: str, x: Node) -> Node:
         return self.g.add(self.cfg.hidden_act, name, (x,))
@@ -170,7 +187,7 @@ class _Builder:
             x = self.block(i, x)
             blocks.append(x.name)
         g.meta["blocks"] = blocks  # each block's output, for per-layer reports
-        hidden = x = self.rmsnorm("model.norm", x, self.d)
+        hidden = x = self.layer_norm("model.norm", x, self.d)
         if self.wl.logits == "last":
             x = g.add("last_position", "model.last_position", (x,), {"axes": {"l": T_LAST}})
         self.scopes["lm_head"] = "lm_head"
@@ -180,7 +197,7 @@ class _Builder:
             logits = self.linear("lm_head", x, self.vocab, "lm_head")
         if c.logits_multiplier != 1.0:
             attrs = {"value": c.logits_multiplier}
-            logits = g.add("mul_const", "lm_head.logits_scale", (logits,), attrs)
+            logits = g.add("mul_const", "lm_head.logits_multiplier", (logits,), attrs)
         g.set_output("logits", logits)
         if self.mtp:
             mtp_modules(self, hidden)
@@ -216,7 +233,7 @@ class _Builder:
 
     def norm(self, layer: str, name: str | None, x: Node) -> Node:
         """x through the block's norm `name` (None: the block has no norm there, x itself)."""
-        return x if name is None else self.rmsnorm(f"{layer}.{name}", x, self.d)
+        return x if name is None else self.layer_norm(f"{layer}.{name}", x, self.d)
 
     # -- attention -----------------------------------------------------------------------------
     def attention(self, p: str, x: Node, i: int) -> Node:
@@ -235,14 +252,21 @@ class _Builder:
             q = self.linear(f"{p}.q_proj", x, self.d_q, "attention", bias=c.qkv_bias)
             k = self.linear(f"{p}.k_proj", x, self.d_kv, "attention", bias=c.qkv_bias)
             v = self.linear(f"{p}.v_proj", x, self.d_kv, "attention", bias=c.qkv_bias)
+        if c.qk_norm and c.qk_norm_scope == "projection":
+            # one norm over all heads' channels (OLMo 2), so it reads the projection whole
+            q = self.rmsnorm(f"{p}.q_norm", q, self.d_q)
+            k = self.rmsnorm(f"{p}.k_norm", k, self.d_kv)
         qa = {"axes": {"h": self.h, "e": self.d_h}}
         kva = {"axes": {"h": self.h_kv, "e": self.d_h}}
         q = g.add("split_heads", f"{p}.q_heads", (q,), qa)  # (B, h, T, d_h)
         k = g.add("split_heads", f"{p}.k_heads", (k,), kva)  # (B, h_kv, T, d_h)
         v = g.add("split_heads", f"{p}.v_heads", (v,), kva)  # (B, h_kv, T, d_h)
-        if c.qk_norm:
+        if c.qk_norm and c.qk_norm_scope == "head":
             q = self.rmsnorm(f"{p}.q_norm", q, self.d_h)
             k = self.rmsnorm(f"{p}.k_norm", k, self.d_h)
+        if c.qk_norm and c.qk_norm_scope == "each_head":
+            q = self.head_norm(f"{p}.q_norm", q, self.h)
+            k = self.head_norm(f"{p}.k_norm", k, self.h_kv)
         if c.rotates(i):  # else a NoPE layer: positions enter through the mask alone
             q = self.rope(f"{p}.q_rope", q, c.head_dim)
             k = self.rope(f"{p}.k_rope", k, c.head_dim)

@@ -528,6 +528,8 @@ class Family:
     # whether the transformers model rotates only partial_rotary_factor of each head (phi3;
     # llama, qwen, mistral, gemma and deepseek ignore the field, so it is refused there)
     partial_rotary: bool = False
+    # RoPE on the sliding-window layers only, the full-attention ones NoPE (Cohere 2)
+    rope_on_sliding_only: bool = False
 
 
 def _fields(**extra: Spec) -> dict[str, Spec]:
@@ -699,6 +701,98 @@ FAMILY_TABLE: dict[str, Family] = {
         default_theta=2e6,
     ),
 }
+# issue 16: OLMo 2 (transformers' olmo2: Olmo2Config, Olmo2Attention, Olmo2DecoderLayer)
+FAMILY_TABLE["olmo2"] = Family(
+    _fields(
+        num_key_value_heads=_MHA,
+        rms_norm_eps=Spec(_pos_float, 1e-5),
+        attention_bias=Spec(_bool, False),
+    ),
+    derive=lambda v: _attention_bias(v) | {"qk_norm": True, "qk_norm_scope": "projection"},
+    # each sub-layer's output normalised before its residual add; nothing normalises its input
+    block=BlockLayout(
+        attention_pre=None,
+        attention_post="post_attention_layernorm",
+        ffn_pre=None,
+        ffn_post="post_feedforward_layernorm",
+    ),
+)
+# issue 16: Cohere (transformers' cohere: CohereConfig, CohereLayerNorm, CohereDecoderLayer)
+FAMILY_TABLE["cohere"] = Family(
+    {
+        **{k: s for k, s in _fields().items() if k != "rms_norm_eps"},  # it has layer_norm_eps
+        "num_key_value_heads": _MHA,
+        "max_position_embeddings": Spec(_pos_int, 8192),
+        "tie_word_embeddings": Spec(_bool, True),
+        "layer_norm_eps": Spec(_pos_float, 1e-5),
+        "logit_scale": Spec(_pos_float, 0.0625),
+        "attention_bias": Spec(_bool, False),
+        "use_qk_norm": Spec(_bool, False),
+    },
+    derive=lambda v: (
+        _attention_bias(v)
+        | {
+            "norm_type": "layernorm",
+            "rms_norm_eps": v["layer_norm_eps"],
+            "qk_norm": v["use_qk_norm"],
+            "qk_norm_scope": "each_head",
+            "logits_multiplier": v["logit_scale"],
+            # rotate_half pairs adjacent channels (x_2i, x_2i+1), written back interleaved
+            "rope_layout": "complex",
+        }
+    ),
+    # attention and MLP side by side, both reading the one input_layernorm
+    block=BlockLayout(ffn_pre=None, parallel=True),
+)
+
+
+def _cohere2_window(v: dict) -> tuple[tuple[str, ...], int | None]:
+    # Cohere2Config: without layer_types, every sliding_window_pattern-th layer is global
+    if v["sliding_window"] is None:
+        raise ConfigError("sliding_window null is not modelled for cohere2 (no layer would rotate)")
+    w = _active_window(v, True)
+    n, every = v["num_hidden_layers"], v["sliding_window_pattern"]
+    return tuple(SLIDING if (i + 1) % every else FULL for i in range(n)), w
+
+
+def _cohere2(v: dict) -> dict:
+    # Cohere2Config sets head_dim to hidden_size // num_attention_heads whatever the file says
+    heads, hidden = v["num_attention_heads"], v["hidden_size"]
+    if v["head_dim"] is not None and v["head_dim"] * heads != hidden:
+        raise ConfigError(
+            f"head_dim {v['head_dim']} is not hidden_size // num_attention_heads "
+            f"({hidden // heads}), which transformers' cohere2 always uses"
+        )
+    return FAMILY_TABLE["cohere"].derive(v | {"use_qk_norm": False})
+
+
+# issue 16: Cohere 2 (transformers' cohere2): Cohere's block, sliding-window layers with a global
+# one every few, the global ones without RoPE
+FAMILY_TABLE["cohere2"] = Family(
+    {
+        **{k: s for k, s in FAMILY_TABLE["cohere"].fields.items() if k != "use_qk_norm"},
+        "sliding_window": Spec(_nonneg_int, 4096, nullable=True),
+        "sliding_window_pattern": Spec(_pos_int, 4),
+    },
+    derive=_cohere2,
+    windows=_cohere2_window,
+    reads_layer_types=True,
+    # the published files' own names for what transformers' cohere2 always builds: accepted at
+    # that value, refused at any other
+    noop_only={
+        "use_qk_norm": (False, None),
+        "use_parallel_block": (True,),
+        "use_gated_activation": (True,),
+        "use_embedding_sharing": (True,),
+        "use_parallel_embedding": (True, False),  # how a TP run shards the table: same values
+        "position_embedding_type": ("rope_gptj",),
+        "rotary_pct": (1.0,),
+        "order_of_interleaved_layers": ("local_attn_first",),
+        "cache_implementation": ("hybrid", None),
+    },
+    block=BlockLayout(ffn_pre=None, parallel=True),
+    rope_on_sliding_only=True,
+)
 assert set(FAMILY_TABLE) == set(FAMILIES)
 
 # every key some family or rope dict understands: to tell "wrong family" from "misspelt"
@@ -1033,6 +1127,7 @@ def config_from_dict(d: dict, name: str) -> ModelConfig:
     kw: dict[str, Any] = {
         "intermediate_size": v["intermediate_size"],
         "moe_layers": (False,) * n,
+        "rms_norm_eps": v.get("rms_norm_eps"),  # a family naming it otherwise derives it
     }
     if fam.moe is not None:
         kw |= fam.moe(v)
@@ -1043,7 +1138,7 @@ def config_from_dict(d: dict, name: str) -> ModelConfig:
             )
         if not any(kw["moe_layers"]):
             # no layer routes (decoder_sparse_step beyond the depth): a dense model
-            kw = {"intermediate_size": kw["intermediate_size"], "moe_layers": kw["moe_layers"]}
+            kw = {k: kw[k] for k in ("intermediate_size", "moe_layers", "rms_norm_eps")}
     kw |= fam.derive(v)
 
     rope = _rope(v, fam, mt)
@@ -1062,13 +1157,13 @@ def config_from_dict(d: dict, name: str) -> ModelConfig:
         num_key_value_heads=kv,
         head_dim=head_dim,
         hidden_act=act,
-        rms_norm_eps=v["rms_norm_eps"],
         rope=rope,
         max_position_embeddings=v["max_position_embeddings"],
         tie_word_embeddings=v["tie_word_embeddings"],
         block=fam.block,
         layer_types=types,
-        rope_layers=rope_layers,
+        # a family's NoPE layers, or (Cohere 2) RoPE in the sliding-window layers alone
+        rope_layers=tuple(t == SLIDING for t in types) if fam.rope_on_sliding_only else rope_layers,
         sliding_window=window,
         **kw,
     )
@@ -1206,6 +1301,7 @@ def list_presets() -> list[tuple[str, str]]:
     (alias, the preset it names) for each alias."""
     out = []
     for name in preset_names():
+        aliases = _read(_preset_path(name)).get("_aliases", [])
         d, source = _load_preset(name)
         c = config_from_dict(d, name)
         moe = f", {c.num_experts} experts top-{c.num_experts_per_tok}" if c.is_moe else ""

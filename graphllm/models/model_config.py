@@ -28,6 +28,11 @@ FAMILIES = (
     "deepseek_v3",
     "granite",
     "smollm3",
+    # issue 16: olmo2
+    "olmo2",
+    # issue 16: cohere
+    "cohere",
+    "cohere2",
 )
 
 # the attention a layer can have (ModelConfig.layer_types), each one the builder implements; a
@@ -205,6 +210,13 @@ class ModelConfig:
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False  # per-head RMSNorm on q and k (qwen3)
+    # what qk_norm normalises over: 'head' (each head's head_dim channels, one weight for all
+    # heads: Qwen3), 'each_head' (the same, each head its own weight: Cohere) or 'projection'
+    # (the whole q / k projection, heads * head_dim, before the head split: OLMo 2)
+    qk_norm_scope: str = "head"
+    # the norm every norm of the model is: 'rmsnorm', or 'layernorm' (mean-centred, a weight and
+    # no bias: Cohere); rms_norm_eps is its epsilon either way
+    norm_type: str = "rmsnorm"
     norm_weight_offset: float = 0.0  # gemma: x * (1 + w)
     embedding_multiplier: float = 1.0  # gemma: sqrt(hidden_size)
     fused_qkv: bool = False  # phi3: one qkv_proj weight
@@ -328,9 +340,13 @@ class ModelConfig:
             check_size("sliding_window", self.sliding_window)
         check_number("rms_norm_eps", self.rms_norm_eps, 1e-30, 1.0)
         check_number("rope.theta", self.rope.theta, 1.0, 1e15)
-        for name in ("norm_weight_offset", "embedding_multiplier", "routed_scaling_factor"):
-            check_number(name, getattr(self, name), -1e6, 1e6)
-        for name in ("residual_multiplier", "logits_multiplier"):
+        for name in (
+            "norm_weight_offset",
+            "embedding_multiplier",
+            "routed_scaling_factor",
+            "logits_multiplier",
+            "residual_multiplier",
+        ):
             check_number(name, getattr(self, name), -1e6, 1e6)
         if self.attention_scale is not None:
             check_number("attention_scale", self.attention_scale, 1e-6, 1e6)
@@ -340,6 +356,18 @@ class ModelConfig:
         if "sliding_attention" in self.layer_types and self.sliding_window is None:
             raise ConfigError(
                 "layer_types has sliding_attention layers but sliding_window is unset"
+            )
+        # the q/k norms are the model's own kind: per head with its own weights for LayerNorm
+        # (Cohere), shared by the heads or over the projection for RMSNorm (Qwen3, OLMo 2)
+        if self.qk_norm and (self.qk_norm_scope == "each_head") != (self.norm_type == "layernorm"):
+            raise ConfigError(
+                f"qk_norm_scope {self.qk_norm_scope!r} is not modelled with norm_type "
+                f"{self.norm_type!r} ('each_head' goes with 'layernorm')"
+            )
+        if self.norm_type != "rmsnorm" and (self.is_mla or self.norm_weight_offset):
+            raise ConfigError(
+                f"norm_type {self.norm_type!r} is not modelled with latent attention or a norm "
+                "weight offset"
             )
         if any(self.moe_layers) and self.num_experts == 0:
             raise ConfigError("moe_layers marks MoE layers but num_experts is 0")
@@ -398,6 +426,8 @@ _CHOICES = {
     "scoring_func": ("softmax", "sigmoid"),
     "topk_method": ("greedy", "group_limited_greedy", "noaux_tc"),
     "rope_layout": ("half", "complex", "interleave"),
+    "qk_norm_scope": ("head", "each_head", "projection"),
+    "norm_type": ("rmsnorm", "layernorm"),
     "rope.type": ("default", "linear", "llama3", "yarn", "longrope"),
 }
 _FLAGS = (

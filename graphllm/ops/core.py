@@ -1,4 +1,4 @@
-"""Op rows of the dense path: sources, embedding, linear layers, RMSNorm, splits and head reshapes, activations, products and sums."""
+"""Op rows of the dense path: sources, embedding, linear layers, RMSNorm and LayerNorm, splits and head reshapes, activations, products and sums."""
 
 from __future__ import annotations
 
@@ -213,5 +213,41 @@ register(
         "Elementwise sum (residual connections, shared + routed experts).",
         flops_per_elem=1,
         linear=((0, 1),),
+    ),
+)
+
+
+# -- issue 16: Cohere's LayerNorm (mean-centred, a weight and no bias) -------------------------
+def _layernorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    x = f32(x)
+    centred = x - np.mean(x, axis=-1, keepdims=True)
+    var = np.mean(centred * centred, axis=-1, keepdims=True)
+    return centred / np.sqrt(var + np.float32(eps)) * f32(w)
+
+
+register(
+    OpSpec(
+        "layernorm",
+        "... d, d -> ... d",
+        REDUCTION,
+        lambda xs, a: _layernorm(xs[0], xs[1], a["eps"]),
+        "(x - mean(x)) / sqrt(var(x) + eps) * w, in fp32, no bias (Cohere). 6 FLOPs/element: "
+        "sum, subtract the mean, square, sum, scale by the reciprocal root, multiply by the "
+        "weight.",
+        reduce=("d",),
+        flops_per_elem=6,
+        backward_reads="inputs",
+    ),
+    OpSpec(
+        "head_layernorm",
+        "b h t e, h e -> b h t e",
+        REDUCTION,
+        # each head its own weight row: (h, e) broadcast over the batch and positions
+        lambda xs, a: _layernorm(xs[0], f32(xs[1])[:, None, :], a["eps"]),
+        "LayerNorm of each head's e channels with that head's own weight (Cohere's q/k norm, "
+        "weight (heads, head_dim)); 6 FLOPs/element as layernorm.",
+        reduce=("e",),
+        flops_per_elem=6,
+        backward_reads="inputs",
     ),
 )

@@ -124,18 +124,18 @@ def test_granite_multipliers_are_visible_ops_with_their_flops():
     graph = build_graph(load_config(GRANITE), Workload(batch=2, seq_len=5))
     scales = _mul_consts(graph)
     assert scales["model.embed_scale"] == 12.0
-    assert scales["lm_head.logits_scale"] == 1 / 8
+    assert scales["lm_head.logits_multiplier"] == 1 / 8
     for i in range(2):
         assert scales[f"model.layers.{i}.self_attn.core.scale"] == 0.125  # not 1/sqrt(d_h)
         assert scales[f"model.layers.{i}.attn_residual_scale"] == 0.22
         assert scales[f"model.layers.{i}.mlp_residual_scale"] == 0.22
         add = graph[f"model.layers.{i}.attn_residual"]
         assert add.inputs[1].node == f"model.layers.{i}.attn_residual_scale"
-    assert graph.outputs["logits"].node == "lm_head.logits_scale"
+    assert graph.outputs["logits"].node == "lm_head.logits_multiplier"
     run(graph, ["cost"])
     d, vocab = GRANITE["hidden_size"], GRANITE["vocab_size"]
     assert graph["model.layers.0.mlp_residual_scale"].meta["cost"].flops == 2 * 5 * d
-    assert graph["lm_head.logits_scale"].meta["cost"].flops == 2 * 5 * vocab
+    assert graph["lm_head.logits_multiplier"].meta["cost"].flops == 2 * 5 * vocab
     # other families keep their graphs: no multiplier node where the multiplier is 1
     llama = build_graph(load_config(tiny_configs.LLAMA), Workload(seq_len=5))
     assert set(_mul_consts(llama)) == {f"model.layers.{i}.self_attn.core.scale" for i in range(2)}

@@ -81,6 +81,9 @@ def test_presets_lists_the_required_models():
         "qwen3-30b-a3b",
         "gemma-2b",
         "phi3-mini",
+        "olmo2-7b",  # issue 16
+        "command-r",  # issue 16
+        "command-r7b",  # issue 16
     } <= names
 
 

@@ -48,6 +48,9 @@ CONFIGS = {
         moe_intermediate_size=8,
         shared_expert_intermediate_size=24,
     ),
+    # issue 16: post-norms only, q/k norms over the whole projection
+    "olmo2": dict(SMALL, model_type="olmo2"),
+    "cohere": dict(SMALL, model_type="cohere", use_qk_norm=True),
 }
 SVG = "{http://www.w3.org/2000/svg}"
 L0 = "model.layers.0"
@@ -436,3 +439,35 @@ def test_attention_view_names_partial_rotary_and_longrope():
     assert "RoPE, on 96 of 128 channels, longrope: long factors from position 4096" in text
     plain = view_dot(build_graph(load_config("phi3-mini"), Workload(seq_len=4)), "attention")
     assert "on 96 of" not in plain and "longrope" not in plain
+
+
+# -- issue 16: OLMo 2 ----------------------------------------------------------------------------
+def test_olmo2_block_draws_its_norms_after_each_sub_layer(tmp_path, renderer):
+    graph = graph_of("olmo2")
+    pic = draw(tmp_path, graph, "block", renderer)
+    assert f"{L0}.input_layernorm" not in pic.nodes
+    side = [ATT, f"{L0}.post_attention_layernorm", f"{L0}.attn_residual"]
+    side2 = [f"{L0}.mlp", f"{L0}.post_feedforward_layernorm", f"{L0}.mlp_residual"]
+    for path in (side, side2):
+        assert all(pic.label(a, b) == "3×16" for a, b in itertools.pairwise(path)), path
+    pic = draw(tmp_path, graph, "attention", renderer)
+    # one norm over all heads' channels, before the split into heads
+    assert pic.label(f"{ATT}.q_proj", f"{ATT}.q_norm") == "3×16"
+    assert pic.label(f"{ATT}.k_proj", f"{ATT}.k_norm") == "3×8"
+    assert (f"{ATT}.q_norm", f"{ATT}.q_heads#0") in pic.edges  # drawn once, then per head
+
+
+# -- issue 16: Cohere ----------------------------------------------------------------------------
+def test_cohere_block_draws_attention_beside_the_mlp_and_the_model_its_logit_scale(
+    tmp_path, renderer
+):
+    graph = graph_of("cohere")
+    pic = draw(tmp_path, graph, "block", renderer)
+    norm = f"{L0}.input_layernorm"
+    # one norm feeds both sub-layers; the MLP does not read the attention's residual sum
+    assert {(norm, ATT), (norm, f"{L0}.mlp")} <= set(pic.edges)
+    assert (f"{L0}.attn_residual", f"{L0}.mlp") not in pic.edges
+    assert pic.text(norm).startswith("input_layernorm / layernorm")
+    pic = draw(tmp_path, graph, "model", renderer)
+    assert pic.label("lm_head", "lm_head.logits_multiplier") == "3×32"
+    assert "× 0.0625" in pic.text("lm_head.logits_multiplier")

@@ -23,7 +23,7 @@ from graphllm.models.config import (
     load_config,
     load_workload_section,
 )
-from graphllm.models.model_config import FAMILIES, ModelConfig, MoENames
+from graphllm.models.model_config import FAMILIES, BlockLayout, ModelConfig, MoENames
 from graphllm.models.workload import Workload
 from graphllm.runtime.interpret import run_graph
 from tests.support import tiny_configs
@@ -44,6 +44,10 @@ PRESETS = {
     "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
     "gemma-2b": "google/gemma-2b",
     "phi3-mini": "microsoft/Phi-3-mini-4k-instruct",
+    # issue 16
+    "olmo2-7b": "allenai/OLMo-2-1124-7B",
+    "command-r": "CohereForAI/c4ai-command-r-v01",
+    "command-r7b": "CohereForAI/c4ai-command-r7b-12-2024",
 }
 TINY = tiny_configs.LLAMA
 
@@ -242,6 +246,101 @@ def test_phi3():
     assert c.fused_qkv and c.fused_gate_up and not c.qkv_bias
     assert c.layer_types == ("sliding_attention",) * 2 and c.sliding_window == 15
     assert c.rms_norm_eps == 1e-5
+
+
+# issue 16: OLMo 2
+def test_olmo2():
+    c = load_config("olmo2-7b")
+    assert c.qk_norm and c.qk_norm_scope == "projection" and not (c.qkv_bias or c.o_bias)
+    assert c.block == BlockLayout(
+        attention_pre=None,
+        attention_post="post_attention_layernorm",
+        ffn_pre=None,
+        ffn_post="post_feedforward_layernorm",
+    )
+    assert (c.num_key_value_heads, c.head_dim, c.rope.theta, c.rms_norm_eps) == (
+        32,
+        128,
+        500000.0,
+        1e-6,
+    )
+    # transformers' Olmo2Config defaults: MHA, eps 1e-5; a head_dim given is read
+    d = config_from_dict(tiny(model_type="olmo2", num_key_value_heads=..., head_dim=8), "x")
+    assert (d.num_key_value_heads, d.head_dim, d.rms_norm_eps) == (4, 8, 1e-5)
+    assert config_from_dict(tiny(model_type="olmo2", attention_bias=True), "x").o_bias
+    # what olmo2 does not have is refused, naming it
+    assert "field 'sliding_window' is not used by model_type 'olmo2'" in error(
+        tiny(model_type="olmo2", sliding_window=8)
+    )
+    assert "field 'mlp_bias' is not used" in error(tiny(model_type="olmo2", mlp_bias=True))
+
+
+# issue 16: Cohere
+def test_cohere():
+    c = load_config("command-r")
+    assert (c.norm_type, c.rms_norm_eps, c.logits_multiplier, c.rope_layout) == (
+        "layernorm",
+        1e-5,
+        0.0625,
+        "complex",
+    )
+    assert c.block == BlockLayout(ffn_pre=None, parallel=True) and c.tie_word_embeddings
+    assert not c.qk_norm and (c.num_key_value_heads, c.head_dim) == (64, 128)
+    assert c.rope.theta == 8e6
+    assert load_config("c4ai-command-r-v01") == c
+    q = config_from_dict(tiny(model_type="cohere", use_qk_norm=True, layer_norm_eps=1e-6), "x")
+    assert q.qk_norm and q.qk_norm_scope == "each_head" and q.rms_norm_eps == 1e-6
+    # transformers' CohereConfig defaults: a tied head, logit_scale 1/16, eps 1e-5
+    d = config_from_dict(tiny(model_type="cohere", tie_word_embeddings=...), "x")
+    assert d.tie_word_embeddings and d.logits_multiplier == 0.0625 and d.rms_norm_eps == 1e-5
+    # RMSNorm's eps is not Cohere's: a config giving it is refused, naming it
+    assert "field 'rms_norm_eps' is not used by model_type 'cohere'" in error(
+        tiny(model_type="cohere", rms_norm_eps=1e-6)
+    )
+    assert "logit_scale must be a positive number" in error(
+        tiny(model_type="cohere", logit_scale=0)
+    )
+
+
+# issue 16: Cohere 2
+def test_cohere2():
+    c = load_config("command-r7b")
+    assert c == load_config("c4ai-command-r7b-12-2024")
+    assert c.layer_types == ("sliding_attention",) * 3 + ("full_attention",) + c.layer_types[4:]
+    assert c.layer_types.count("full_attention") == 8 and c.sliding_window == 4096
+    # RoPE on the window layers, none on the global ones
+    assert c.rope_layers == tuple(t == "sliding_attention" for t in c.layer_types)
+    assert (c.norm_type, c.logits_multiplier, c.rope_layout, c.block.parallel) == (
+        "layernorm",
+        0.25,
+        "complex",
+        True,
+    )
+    base = tiny(model_type="cohere2", num_hidden_layers=4)
+    assert config_from_dict({**base, "sliding_window_pattern": 2}, "x").rope_layers == (
+        True,
+        False,
+        True,
+        False,
+    )
+    given = {**base, "layer_types": ["full_attention", "sliding_attention"] * 2}
+    assert config_from_dict(given, "x").rope_layers == (False, True, False, True)
+    for bad, message in [
+        ({**base, "use_qk_norm": True}, "use_qk_norm=true is not modelled"),
+        ({**base, "rotary_pct": 0.5}, "rotary_pct=0.5 is not modelled"),
+        ({**base, "use_parallel_block": False}, "use_parallel_block=false is not modelled"),
+        ({**base, "head_dim": 4}, "head_dim 4 is not hidden_size // num_attention_heads"),
+        ({**base, "sliding_window": None}, "sliding_window null is not modelled for cohere2"),
+    ]:
+        assert message in error(bad)
+
+
+def test_a_preset_loads_by_the_hubs_spelling_and_presets_lists_it():
+    assert load_config("OLMo-2-1124-7B") == load_config("olmo2-7b")
+    assert load_config("olmo-2-1124-7b").name == "olmo2-7b"
+    assert dict(list_presets())["olmo2-7b"].endswith("; alias OLMo-2-1124-7B")
+    with pytest.raises(ConfigError, match="unknown preset 'OLMo-2-7B-nope'"):
+        load_config("OLMo-2-7B-nope")
 
 
 def test_mixtral():
@@ -471,8 +570,9 @@ def test_non_dict_and_non_string_keys():
 def test_unknown_preset_lists_close_matches():
     with pytest.raises(ConfigError, match=r"unknown preset 'llama3-7b'; did you mean .*llama3-8b"):
         load_config("llama3-7b")
+    # every preset, sorted (new families' presets fall in between)
     with pytest.raises(
-        ConfigError, match="presets: deepseek-v2, deepseek-v2-lite, deepseek-v3, gemma-2b"
+        ConfigError, match=r"presets: .*deepseek-v2, deepseek-v2-lite, deepseek-v3, .*gemma-2b"
     ):
         load_config("gpt2-xl")
     with pytest.raises(ConfigError, match="empty config source"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -87,12 +88,30 @@ def test_a_cut_config_stays_valid():
     ]
 
 
+# the families whose block is not Llama's (issue 16), as transformers' decoder layers have them
+BLOCKS = {
+    "olmo2": BlockLayout(
+        attention_pre=None,
+        attention_post="post_attention_layernorm",
+        ffn_pre=None,
+        ffn_post="post_feedforward_layernorm",
+    ),
+    "cohere": BlockLayout(ffn_pre=None, parallel=True),
+    "cohere2": BlockLayout(ffn_pre=None, parallel=True),
+}
+
+
 @pytest.mark.parametrize("preset", preset_names())
 def test_every_family_here_is_llamas_block_with_rope_everywhere(preset):
     c = load_config(preset)
-    nope = c.model_type == "smollm3"  # every 4th layer without RoPE
-    assert c.block == BlockLayout() and (c.rope_layers == ()) != nope
-    assert c.rope_layout == ("half" if not c.is_mla else c.rope_layout)
+    assert c.block == BLOCKS.get(c.model_type, BlockLayout())
+    # SmolLM3's every 4th layer and Cohere 2's global layers have no RoPE (issue 16)
+    if c.model_type == "cohere2":
+        assert c.rope_layers == tuple(t == "sliding_attention" for t in c.layer_types)
+    else:
+        assert (c.rope_layers == ()) != (c.model_type == "smollm3")
+    # RoPE on halves of each head, but for MLA's and Cohere's adjacent pairs (issue 16)
+    assert c.is_mla or c.rope_layout == ("complex" if "cohere" in c.model_type else "half")
 
 
 def test_the_family_table_names_each_moe_block():
@@ -196,3 +215,20 @@ def test_with_layers_cuts_every_per_layer_field():
     assert cfg.num_hidden_layers == 3 and len(cfg.layer_types) == len(cfg.moe_layers) == 3
     v3 = load_config("deepseek-v3").with_layers(4)
     assert v3.moe_layers == (False, False, False, True)  # first_k_dense_replace = 3
+
+
+# issue 16: the q/k norms are the model's own norm kind, and the kinds go together
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"qk_norm": True, "qk_norm_scope": "each_head"}, "'each_head' goes with 'layernorm'"),
+        ({"qk_norm": True, "norm_type": "layernorm"}, "qk_norm_scope 'head' is not modelled"),
+        ({"norm_type": "layernorm", "norm_weight_offset": 1.0}, "norm weight offset"),
+        ({"norm_type": "batchnorm"}, "norm_type must be one of rmsnorm, layernorm"),
+        ({"logits_multiplier": float("nan")}, "logits_multiplier must be a finite number"),
+    ],
+)
+def test_norm_kinds_that_do_not_go_together_are_refused(fields, message):
+    base = load_config("llama3-8b")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        dataclasses.replace(base, **fields)

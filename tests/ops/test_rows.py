@@ -153,3 +153,14 @@ def test_rmsnorm_offset():
     x = np.array([[3.0, 4.0]], np.float32)
     y = run("rmsnorm", x, np.zeros(2, np.float32), eps=0.0, weight_offset=1.0)
     np.testing.assert_allclose(y, x / np.sqrt(12.5), rtol=1e-6)
+
+
+# issue 16: Cohere's LayerNorm, over the hidden axis and over each head with its own weight
+def test_layernorm_centres_then_scales_and_a_head_norm_reads_its_own_weight_row():
+    x = np.array([[1.0, 3.0]], np.float32)  # mean 2, variance 1
+    y = run("layernorm", x, np.array([2.0, 3.0], np.float32), eps=0.0)
+    np.testing.assert_allclose(y, [[-2.0, 3.0]], rtol=1e-6)
+    heads = np.array([[[[1.0, 3.0]], [[0.0, 4.0]]]], np.float32)  # (B=1, h=2, T=1, e=2)
+    w = np.array([[1.0, 1.0], [5.0, 7.0]], np.float32)  # head 1's own weights
+    y = run("head_layernorm", heads, w, eps=0.0)
+    np.testing.assert_allclose(y[0, :, 0], [[-1.0, 1.0], [-5.0, 7.0]], rtol=1e-6)

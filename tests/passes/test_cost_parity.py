@@ -48,6 +48,12 @@ MODELS: dict[str, tuple[str, dict]] = {
     # a NoPE layer among the two; with a cache, as the published use_cache=false leaves the
     # prefill without one and transformers' packed-sequence check cannot run on meta tensors
     "smollm3-3b": ("smollm3-3b", {"no_rope_layers": [1, 0], "use_cache": True}),
+    # issue 16
+    "olmo2-7b": ("olmo2-7b", {}),  # post-norms only, q/k norms over the whole projection
+    "command-r": ("command-r", {}),  # parallel block, tied head, logit_scale after it
+    "command-r-qk-norm": ("command-r", {"use_qk_norm": True}),  # per-head q/k LayerNorms
+    # a sliding layer then a global NoPE one
+    "command-r7b": ("command-r7b", {"sliding_window_pattern": 2}),
 }
 # a window shorter than the sequence, so that the mask really slides
 WINDOWED: dict[str, tuple[str, dict]] = {
@@ -64,6 +70,8 @@ WINDOWED: dict[str, tuple[str, dict]] = {
             "use_cache": True,
         },
     ),
+    # issue 16: a window-32 layer and a global NoPE one
+    "command-r7b-window32": ("command-r7b", {"sliding_window": 32, "sliding_window_pattern": 2}),
 }
 
 # id -> Workload fields

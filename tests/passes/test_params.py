@@ -28,6 +28,13 @@ PUBLISHED = {
     "phi4-mini": 3_836_021_760,  # tied head, 200064-token vocabulary, 8 KV heads
     # the checkpoint's safetensors total, tied head once
     "granite-3.3-8b": 8_170_864_640,
+    # issue 16. OLMo 2 7B: the card gives 7B, the Hub's safetensors index 7.30B; this exact sum
+    # is also transformers' meta model's (test_total_matches_transformers_meta_model)
+    "olmo2-7b": 7_298_617_344,
+    # Command-R v01: the card gives 35B; the exact sum (a tied head) is transformers' meta model's
+    "command-r": 34_980_831_232,
+    # Command R7B: the Hub's safetensors index 8.03B (a tied head)
+    "command-r7b": 8_028_033_024,
 }
 # presets without a published exact count that holds every stored tensor: transformers' own
 # model only (keras-hub's smollm3_3b_en says 3,075,100,928, 2,304 = 36 x 64 above the

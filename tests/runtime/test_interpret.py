@@ -48,7 +48,9 @@ def test_cached_decode_step(tiny_model, case):
     assert step["present.0.key"].shape[2] == held + 1
 
 
-@pytest.mark.parametrize("case", ["llama", "llama-mha", "gemma", "qwen3"])
+@pytest.mark.parametrize(
+    "case", ["llama", "llama-mha", "gemma", "qwen3", "olmo2", "cohere-qk-norm"]
+)
 def test_present_kv_matches_hf_cache(tiny_model, case):
     m = tiny_model(case)
     ids = _ids(4)

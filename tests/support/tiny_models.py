@@ -126,6 +126,15 @@ CASES: dict[str, tuple[str, dict]] = {
             "sliding_window": 4,
         },
     ),
+    # issue 16: OLMo 2, post-norms only and q/k norms over the whole projection
+    "olmo2": ("olmo2", {}),
+    # issue 16: Cohere, LayerNorms, attention beside the MLP, interleaved RoPE, logit_scale; and
+    # per-head q/k LayerNorms, each head its own weight
+    "cohere": ("cohere", {}),
+    "cohere-qk-norm": ("cohere", {"use_qk_norm": True, "logit_scale": 0.5, "head_dim": 16}),
+    # issue 16: Cohere 2, a window of 4 on layers 0-2 and a global NoPE layer 3, the prompt
+    # longer than the window
+    "cohere2-window": ("cohere2", {"num_hidden_layers": 4, "sliding_window": 4}),
 }
 
 

@@ -34,7 +34,7 @@ from graphllm.build.weights import (  # noqa: E402
 from graphllm.cli import main  # noqa: E402
 from graphllm.errors import ConfigError, WeightsError  # noqa: E402
 from graphllm.exporters.onnx import export_onnx, read_metadata  # noqa: E402
-from graphllm.exporters.onnx.lowering import DECOMPOSED  # noqa: E402
+from graphllm.exporters.onnx.lowering import DECOMPOSED, LoweringError, lower  # noqa: E402
 from graphllm.ops import OPS, SOURCE  # noqa: E402
 from graphllm.runtime.interpret import run_graph  # noqa: E402
 from graphllm.runtime.session import BoundCache, OnnxModel, positions  # noqa: E402
@@ -64,6 +64,7 @@ CASES = [
     "granite",
     "smollm3",
     "smollm3-window",
+    "olmo2",  # issue 16: post-norms, q/k norms over the whole projection
 ]
 
 
@@ -77,9 +78,17 @@ HD16 = [
     "qwen2_moe-hd16",
     "granite-hd16",
     "smollm3-hd16",  # RoPE layers rotated inside GroupQueryAttention, NoPE layers not at all
+    "olmo2-hd16",  # issue 16
 ]
+# issue 16: cases the fused lowerings (standard, ort) refuse in one line, naming what they
+# cannot express; decomposed runs them
+DECOMPOSED_ONLY = {
+    "cohere": "q_rope is rope_pairs, where rope was expected",  # interleaved RoPE, LayerNorm
+    "cohere-qk-norm": "q_rope is rope_pairs, where rope was expected",
+    "cohere2-window": "q_rope is rope_pairs, where rope was expected",
+}
 LOWERED = [
-    *(("decomposed", c) for c in CASES),
+    *(("decomposed", c) for c in CASES + list(DECOMPOSED_ONLY)),
     *(("standard", c) for c in CASES),
     *(("ort", c) for c in CASES + HD16),
 ]
@@ -237,6 +246,15 @@ def test_left_padded_batch(exported, ops, case):
     for step, (nxt, mask, pos) in enumerate(steps):
         ours = e.onnx.forward(nxt, mask, pos, past=_presents(ours))
         _close(ours["logits"], ref["hf"][step + 1], f"padded decode step {step}")
+
+
+@pytest.mark.parametrize("ops", ["standard", "ort"])
+@pytest.mark.parametrize("case", DECOMPOSED_ONLY)
+def test_the_fused_lowerings_refuse_what_they_cannot_express_in_one_line(tiny_model, ops, case):
+    graph = build_export_graph(tiny_model(case).cfg)
+    with pytest.raises(LoweringError, match=f"the {ops} lowering cannot express") as e:
+        lower(graph, ops)
+    assert DECOMPOSED_ONLY[case] in str(e.value) and "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("case", CASES + HD16)

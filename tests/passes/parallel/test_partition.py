@@ -37,6 +37,12 @@ CONFIGS = {
     "qwen2": {**TINY, "model_type": "qwen2", "num_hidden_layers": 4},  # q/k/v biases
     "phi3": {**TINY, "model_type": "phi3", "pad_token_id": 0},  # fused qkv and gate_up
     "mistral": {**TINY, "model_type": "mistral", "sliding_window": 5},
+    # issue 16: post-norms only, q/k norms over all heads (a TP split of heads must gather them)
+    "olmo2": {**TINY, "model_type": "olmo2"},
+    # LayerNorms, attention beside the MLP, per-head q/k norms with their own weights
+    "cohere": {**TINY, "model_type": "cohere", "use_qk_norm": True, "logit_scale": 0.5},
+    # a window on layers 0-2, a global NoPE layer 3
+    "cohere2": {**TINY, "model_type": "cohere2", "num_hidden_layers": 4, "sliding_window": 5},
 }
 # Phi-4-mini's attention: RoPE on half of each head, and longrope switching to its long factors
 # inside the 8-token call (original context 6)
@@ -217,6 +223,15 @@ def test_balance_minimises_the_slowest_stage():
         ("mixtral", Strategy(tp=2, pp=2, ep=2), {}),
         ("qwen2_moe", Strategy(tp=2, pp=3, ep=2, microbatches=2), {}),  # shared expert, dense layer
         ("qwen2_moe", Strategy(cp=2, ep=2, dp=2), {}),
+        # issue 16
+        ("olmo2", Strategy(tp=2), {}),
+        ("olmo2", Strategy(tp=2, sp=True, pp=2), {}),
+        ("olmo2", Strategy(tp=2, cp=2), {"past_len": 5, "seq_len": 4}),
+        ("cohere", Strategy(tp=2), {}),
+        ("cohere", Strategy(tp=2, sp=True, pp=2), {}),
+        ("cohere", Strategy(tp=2, cp=2), {"past_len": 5, "seq_len": 4}),
+        ("cohere2", Strategy(tp=2, pp=2), {}),
+        ("cohere2", Strategy(cp=4, tp=2), {"past_len": 6, "seq_len": 4}),  # rolling window
     ],
     ids=lambda v: v.describe().replace(" ", ",") if isinstance(v, Strategy) else None,
 )
