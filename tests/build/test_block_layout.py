@@ -16,6 +16,7 @@ from graphllm.models.model_config import BlockLayout, ModelConfig, MoENames
 from graphllm.models.workload import Workload
 from graphllm.runtime.interpret import run_graph
 from graphllm.runtime.observe import check_token_mixing
+from tests.support.tiny_configs import MODEL_CONFIG_FIELDS
 
 L0, L1 = "model.layers.0", "model.layers.1"
 EMBED = "model.embed_tokens"
@@ -31,20 +32,7 @@ NORM_KINDS = (
 
 def tiny(**fields) -> ModelConfig:
     """Two layers of GQA attention and a gated MLP; `fields` set the layout under test."""
-    return ModelConfig(
-        **{
-            "name": "tiny",
-            "model_type": "llama",
-            "vocab_size": 64,
-            "hidden_size": 32,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 8,
-            "intermediate_size": 48,
-            **fields,
-        }
-    )
+    return ModelConfig(**(MODEL_CONFIG_FIELDS | fields))
 
 
 def graph(cfg: ModelConfig, seq_len: int = 3, past_len: int = 0):

@@ -25,6 +25,7 @@ from graphllm.models.hardware import load_hardware
 from graphllm.models.model_config import config_from_fields
 from graphllm.models.parse import read_mapping
 from tests.support.paths import EXAMPLES
+from tests.support.tiny_configs import MODEL_CONFIG_FIELDS
 
 
 def _bases() -> list[dict]:
@@ -129,17 +130,7 @@ def test_random_bytes_parse_or_are_refused(tmp_path_factory, data, suffix):
 )
 def test_model_config_fields_from_metadata_are_checked(fields):
     # ONNX metadata reaches ModelConfig through config_from_fields, not through load_config
-    d = {
-        "name": "m",
-        "model_type": "llama",
-        "vocab_size": 64,
-        "hidden_size": 32,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 8,
-        "intermediate_size": 48,
-    }
+    d = dict(MODEL_CONFIG_FIELDS)
     start = time.monotonic()
     with pytest.raises(ConfigError, match=next(iter(fields))):
         config_from_fields(d | fields)

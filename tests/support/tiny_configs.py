@@ -12,6 +12,19 @@ HARDWARE_SPEC = {
     "source": "made up",
 }
 
+# a two-layer GQA llama as ModelConfig's own fields (what ONNX metadata carries)
+MODEL_CONFIG_FIELDS = {
+    "name": "tiny",
+    "model_type": "llama",
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "intermediate_size": 48,
+}
+
 LLAMA = {
     "model_type": "llama",
     "vocab_size": 256,
