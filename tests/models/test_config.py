@@ -676,7 +676,7 @@ def valid_configs(draw) -> dict:
         "max_position_embeddings": 1024,
     }
     # Cohere 2's head_dim is always hidden_size / heads (transformers sets it so)
-    if mt != "cohere2" and (mt in ("qwen3", "gemma") or draw(st.booleans())):
+    if mt != "cohere2" and (mt in ("qwen3", "gemma", "gemma2") or draw(st.booleans())):
         d |= {"head_dim": head_dim, "hidden_size": draw(st.integers(1, 96))}
     else:
         d["hidden_size"] = heads * head_dim
@@ -710,6 +710,8 @@ def valid_configs(draw) -> dict:
         d["mlp_bias"] = draw(st.booleans())
     if mt == "gemma":
         d["hidden_act"] = draw(st.sampled_from(["gelu", "gelu_pytorch_tanh", "silu"]))
+    if mt == "gemma2":  # issue 16: every other layer slides; null is refused
+        d["sliding_window"] = window or 32
     experts = draw(st.integers(1, 8))
     topk = draw(st.integers(1, experts))
     if mt == "mixtral":

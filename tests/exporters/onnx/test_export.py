@@ -86,6 +86,8 @@ DECOMPOSED_ONLY = {
     "cohere": "q_rope is rope_pairs, where rope",  # interleaved RoPE, LayerNorm
     "cohere-qk-norm": "q_rope is rope_pairs, where rope",
     "cohere2-window": "q_rope is rope_pairs, where rope",
+    # issue 16: Gemma 2's attention soft-capping
+    "gemma2-window": "core.softcap: the scores reach the mask through softcap",
 }
 LOWERED = [
     *(("decomposed", c) for c in CASES + list(DECOMPOSED_ONLY)),
