@@ -259,6 +259,13 @@ def test_the_fused_lowerings_refuse_what_they_cannot_express_in_one_line(tiny_mo
     assert DECOMPOSED_ONLY[case] in str(e.value) and "\n" not in str(e.value)
 
 
+def test_the_default_lowering_of_soft_capped_attention_is_decomposed(tiny_model):
+    # issue 16: Gemma 2's fused lowerings refuse, so the export falls back rather than failing
+    from graphllm.exporters.onnx.fused import default_lowering
+
+    assert default_lowering(build_export_graph(tiny_model("gemma2-window").cfg)) == "decomposed"
+
+
 @pytest.mark.parametrize("case", CASES + HD16)
 def test_ort_in_place_cache_prefill_and_16_decode_steps(exported, case):
     """`ort` as bench runs it: each layer's K and V one buffer, bound as past and present, that
