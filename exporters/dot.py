@@ -78,6 +78,7 @@ CAPTIONS: dict[str, Callable[[Node], str]] = {
     "rope": lambda n: "RoPE",
     "scores": lambda n: "Q Kᵀ",
     "mul_const": lambda n: f"× {n.attrs['value']:.4g}",
+    "softcap": lambda n: f"{n.attrs['cap']:.4g}·tanh(x / {n.attrs['cap']:.4g})",  # issue 16
     "mask": lambda n: ", ".join(
         (["causal"] if n.attrs.get("causal") else [])
         + ([f"window {n.attrs['window']}"] if n.attrs.get("window") else [])

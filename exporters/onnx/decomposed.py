@@ -225,6 +225,12 @@ def _mul_const(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("Mul", [i[0], c.const(n.attrs["value"], c.dtype, "scale")], n, o)
 
 
+@lowers("softcap")
+def _softcap(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    cap = c.const(n.attrs["cap"], c.dtype, "softcap")
+    c.final("Mul", [c.op("Tanh", [c.op("Div", [i[0], cap], n.name)], n.name), cap], n, o)
+
+
 def allowed_keys(c: Lowering, attrs: dict[str, Any]) -> str:
     """(B, 1, T, S) bool: causal / window relation by cache index, and the attention mask."""
     causal, window = attrs.get("causal", True), attrs.get("window")

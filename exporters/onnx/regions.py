@@ -72,7 +72,14 @@ ATTENTION_PATTERN = Pattern(
                 "softmax",
                 Op(
                     "mask",
-                    Op("mul_const", Op("scores", Q_PATTERN, K_PATTERN), name="scale"),
+                    Op(
+                        "mul_const",
+                        Op("scores", Q_PATTERN, K_PATTERN),
+                        name="scale",
+                        # issue 16: Gemma 2 soft-caps the scores before the mask
+                        why="{node}: the scores reach the mask through {op}, which the fused "
+                        "attention op cannot apply (soft-capping)",
+                    ),
                     name="key_mask",
                 ),
             ),

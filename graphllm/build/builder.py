@@ -198,6 +198,9 @@ class _Builder:
         if c.logits_multiplier != 1.0:
             attrs = {"value": c.logits_multiplier}
             logits = g.add("mul_const", "lm_head.logits_multiplier", (logits,), attrs)
+        if c.final_logit_softcapping is not None:
+            cap = {"cap": c.final_logit_softcapping}
+            logits = g.add("softcap", "lm_head.softcap", (logits,), cap)
         g.set_output("logits", logits)
         if self.mtp:
             mtp_modules(self, hidden)
@@ -304,6 +307,10 @@ class _Builder:
         scale = self.cfg.attention_scale or self.cfg.head_dim**-0.5
         s = g.add(ops[0], f"{p}.scores", (q, k))  # (B, h, T, S)
         s = g.add("mul_const", f"{p}.scale", (s,), {"value": scale})
+        if self.cfg.attn_logit_softcapping is not None:
+            # Gemma 2 caps the scaled scores before the mask, as transformers' eager path does
+            cap = {"cap": self.cfg.attn_logit_softcapping}
+            s = g.add("softcap", f"{p}.softcap", (s,), cap)
         s = g.add("mask", f"{p}.mask", (s,), {"causal": True, "window": window})
         s = g.add("softmax", f"{p}.softmax", (s,))
         return g.add(ops[1], f"{p}.pv", (s, v))  # (B, h, T, d_v)

@@ -793,6 +793,51 @@ FAMILY_TABLE["cohere2"] = Family(
     block=BlockLayout(ffn_pre=None, parallel=True),
     rope_on_sliding_only=True,
 )
+
+
+def _gemma2_window(v: dict) -> tuple[tuple[str, ...], int | None]:
+    # Gemma2Config: without layer_types, the even layers (0, 2, ...) slide, the odd ones are global
+    if v["sliding_window"] is None:
+        raise ConfigError("sliding_window null is not modelled for gemma2")
+    w = _active_window(v, True)
+    return tuple(SLIDING if (i + 1) % 2 else FULL for i in range(v["num_hidden_layers"])), w
+
+
+def _gemma2(v: dict) -> dict:
+    return _gemma(v) | {
+        "attention_scale": v["query_pre_attn_scalar"] ** -0.5,
+        "attn_logit_softcapping": v["attn_logit_softcapping"],
+        "final_logit_softcapping": v["final_logit_softcapping"],
+    }
+
+
+# issue 16: Gemma 2 (transformers' gemma2: Gemma2Config, Gemma2Attention, Gemma2DecoderLayer):
+# Gemma's norms, activation and embedding scale, a pre- and a post-norm around each sub-layer,
+# soft-capped attention scores and logits, every other layer a sliding window
+FAMILY_TABLE["gemma2"] = Family(
+    {
+        **FAMILY_TABLE["gemma"].fields,
+        # transformers 5 reads hidden_activation alone; the published files carry both names
+        "hidden_activation": Spec(_str, "gelu_pytorch_tanh"),
+        "query_pre_attn_scalar": Spec(_pos_float, 256.0),
+        "sliding_window": Spec(_nonneg_int, 4096, nullable=True),
+        # null: no cap
+        "attn_logit_softcapping": Spec(_pos_float, 50.0, nullable=True),
+        "final_logit_softcapping": Spec(_pos_float, 30.0, nullable=True),
+    },
+    derive=_gemma2,
+    windows=_gemma2_window,
+    reads_layer_types=True,
+    acts=_GEMMA_ACTS,
+    # the published files' cache kind: transformers builds the same model whatever it says
+    noop_only={"cache_implementation": ("hybrid", None)},
+    block=BlockLayout(
+        attention_pre="input_layernorm",
+        attention_post="post_attention_layernorm",
+        ffn_pre="pre_feedforward_layernorm",
+        ffn_post="post_feedforward_layernorm",
+    ),
+)
 assert set(FAMILY_TABLE) == set(FAMILIES)
 
 # every key some family or rope dict understands: to tell "wrong family" from "misspelt"

@@ -33,6 +33,8 @@ FAMILIES = (
     # issue 16: cohere
     "cohere",
     "cohere2",
+    # issue 16: gemma2
+    "gemma2",
 )
 
 # the attention a layer can have (ModelConfig.layer_types), each one the builder implements; a
@@ -277,6 +279,10 @@ class ModelConfig:
     # logit_scale). Visible as mul_const nodes where they are not 1
     residual_multiplier: float = 1.0
     logits_multiplier: float = 1.0
+    # issue 16, Gemma 2: the attention scores (after the scale, before the mask) and the final
+    # logits each through cap * tanh(x / cap), visible as softcap nodes; None: no cap
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
 
     def __post_init__(self) -> None:
         for name, record in _RECORDS.items():
@@ -350,6 +356,9 @@ class ModelConfig:
             check_number(name, getattr(self, name), -1e6, 1e6)
         if self.attention_scale is not None:
             check_number("attention_scale", self.attention_scale, 1e-6, 1e6)
+        for name in ("attn_logit_softcapping", "final_logit_softcapping"):
+            if getattr(self, name) is not None:
+                check_number(name, getattr(self, name), 1e-6, 1e6)
 
     def _check_combinations(self) -> None:
         """Fields each valid alone that together would build another model than they say."""

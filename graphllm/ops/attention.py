@@ -151,3 +151,23 @@ register(
         matmul=True,
     ),
 )
+
+
+# -- issue 16: Gemma 2's logit soft-capping ----------------------------------------------------
+def _softcap(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    cap = np.float32(a["cap"])
+    return np.tanh(f32(xs[0]) / cap) * cap
+
+
+register(
+    OpSpec(
+        "softcap",
+        "... -> ...",
+        ELEMENTWISE,
+        _softcap,
+        "cap * tanh(x / cap): squashes logits into (-cap, cap) (Gemma 2's attention scores "
+        "before the mask, and its final logits). 3 FLOPs/element: divide, tanh, multiply.",
+        flops_per_elem=3,
+        backward_reads="inputs",
+    ),
+)

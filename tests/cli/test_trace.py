@@ -84,6 +84,7 @@ def test_presets_lists_the_required_models():
         "olmo2-7b",  # issue 16
         "command-r",  # issue 16
         "command-r7b",  # issue 16
+        "gemma2-9b",  # issue 16
     } <= names
 
 

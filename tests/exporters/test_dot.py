@@ -51,6 +51,8 @@ CONFIGS = {
     # issue 16: post-norms only, q/k norms over the whole projection
     "olmo2": dict(SMALL, model_type="olmo2"),
     "cohere": dict(SMALL, model_type="cohere", use_qk_norm=True),
+    # issue 16: four norms per block, soft-capped scores and logits, a window on layer 0
+    "gemma2": dict(SMALL, model_type="gemma2", head_dim=4, sliding_window=2),
 }
 SVG = "{http://www.w3.org/2000/svg}"
 L0 = "model.layers.0"
@@ -471,3 +473,29 @@ def test_cohere_block_draws_attention_beside_the_mlp_and_the_model_its_logit_sca
     pic = draw(tmp_path, graph, "model", renderer)
     assert pic.label("lm_head", "lm_head.logits_multiplier") == "3×32"
     assert "× 0.0625" in pic.text("lm_head.logits_multiplier")
+
+
+# -- issue 16: Gemma 2 ---------------------------------------------------------------------------
+def test_gemma2_block_draws_a_norm_before_and_after_each_sub_layer_and_the_caps(tmp_path, renderer):
+    graph = graph_of("gemma2")
+    pic = draw(tmp_path, graph, "block", renderer)
+    attn = [f"{L0}.input_layernorm", ATT, f"{L0}.post_attention_layernorm", f"{L0}.attn_residual"]
+    ffn = [
+        f"{L0}.pre_feedforward_layernorm",
+        f"{L0}.mlp",
+        f"{L0}.post_feedforward_layernorm",
+        f"{L0}.mlp_residual",
+    ]
+    for path in (attn, ffn):
+        assert all(pic.label(a, b) == "3×16" for a, b in itertools.pairwise(path)), path
+    assert pic.label(f"{L0}.attn_residual", ffn[0]) == "3×16"
+    pic = draw(tmp_path, graph, "model", renderer)
+    # layer 0 local (its window), layer 1 global
+    assert "window 2" in pic.text("blocks:0") and "window" not in pic.text("blocks:1")
+    assert pic.label("lm_head", "lm_head.softcap") == "3×32"
+    assert "30·tanh(x / 30)" in pic.text("lm_head.softcap")
+    pic = draw(tmp_path, graph, "attention", renderer)
+    core = f"{ATT}.core"
+    assert "50·tanh(x / 50)" in pic.text(f"{core}.softcap#0")
+    assert (f"{core}.scale#0", f"{core}.softcap#0") in pic.edges
+    assert (f"{core}.softcap#0", f"{core}.mask#0") in pic.edges

@@ -48,6 +48,7 @@ PRESETS = {
     "olmo2-7b": "allenai/OLMo-2-1124-7B",
     "command-r": "CohereForAI/c4ai-command-r-v01",
     "command-r7b": "CohereForAI/c4ai-command-r7b-12-2024",
+    "gemma2-9b": "google/gemma-2-9b",
 }
 TINY = tiny_configs.LLAMA
 
@@ -676,7 +677,7 @@ def valid_configs(draw) -> dict:
         "max_position_embeddings": 1024,
     }
     # Cohere 2's head_dim is always hidden_size / heads (transformers sets it so)
-    if mt != "cohere2" and (mt in ("qwen3", "gemma") or draw(st.booleans())):
+    if mt != "cohere2" and (mt in ("qwen3", "gemma", "gemma2") or draw(st.booleans())):
         d |= {"head_dim": head_dim, "hidden_size": draw(st.integers(1, 96))}
     else:
         d["hidden_size"] = heads * head_dim
@@ -710,6 +711,8 @@ def valid_configs(draw) -> dict:
         d["mlp_bias"] = draw(st.booleans())
     if mt == "gemma":
         d["hidden_act"] = draw(st.sampled_from(["gelu", "gelu_pytorch_tanh", "silu"]))
+    if mt == "gemma2":  # issue 16: every other layer slides; null is refused
+        d["sliding_window"] = window or 32
     experts = draw(st.integers(1, 8))
     topk = draw(st.integers(1, experts))
     if mt == "mixtral":
@@ -887,3 +890,39 @@ def test_hub_spellings_are_preset_aliases(alias, preset):
     assert load_config(alias).name == preset
     listed = dict(C.list_presets())[preset]
     assert alias in listed
+
+
+# issue 16: Gemma 2
+def test_gemma2():
+    c = load_config("gemma2-9b")
+    assert c == load_config("gemma-2-9b") == load_config("gemma-2-9b-it")
+    # Gemma2Config: the even layers slide, the odd ones are global
+    assert c.layer_types == ("sliding_attention", "full_attention") * 21
+    assert c.sliding_window == 4096 and c.attention_scale == 256**-0.5
+    assert (c.attn_logit_softcapping, c.final_logit_softcapping) == (50.0, 30.0)
+    assert (c.norm_weight_offset, c.embedding_multiplier, c.hidden_act) == (
+        1.0,
+        3584**0.5,
+        "gelu_tanh",
+    )
+    assert c.block.norms() == {
+        "attention_pre": "input_layernorm",
+        "attention_post": "post_attention_layernorm",
+        "ffn_pre": "pre_feedforward_layernorm",
+        "ffn_post": "post_feedforward_layernorm",
+    }
+    base = tiny(model_type="gemma2", num_hidden_layers=4, head_dim=8, sliding_window=4)
+    off = config_from_dict(
+        {**base, "attn_logit_softcapping": None, "final_logit_softcapping": None}, "x"
+    )
+    assert (off.attn_logit_softcapping, off.final_logit_softcapping) == (None, None)
+    given = {**base, "layer_types": ["full_attention", "sliding_attention"] * 2}
+    assert config_from_dict(given, "x").layer_types == tuple(given["layer_types"])
+    for bad, message in [
+        ({**base, "sliding_window": None}, "sliding_window null is not modelled for gemma2"),
+        ({**base, "cache_implementation": "static"}, 'cache_implementation="static" is not'),
+        ({**base, "use_bidirectional_attention": True}, "use_bidirectional_attention=true is"),
+        ({**base, "attn_logit_softcapping": 0}, "attn_logit_softcapping must be a positive"),
+        ({**base, "hidden_act": "silu"}, "disagrees with hidden_act"),
+    ]:
+        assert message in error(bad)

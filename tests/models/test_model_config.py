@@ -98,6 +98,12 @@ BLOCKS = {
     ),
     "cohere": BlockLayout(ffn_pre=None, parallel=True),
     "cohere2": BlockLayout(ffn_pre=None, parallel=True),
+    # a norm before and after each sub-layer
+    "gemma2": BlockLayout(
+        attention_post="post_attention_layernorm",
+        ffn_pre="pre_feedforward_layernorm",
+        ffn_post="post_feedforward_layernorm",
+    ),
 }
 
 

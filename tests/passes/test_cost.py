@@ -217,3 +217,22 @@ def test_training_roofline_counts_three_times_the_bytes():
     assert trn["cost"].bytes == fwd["cost"].bytes and trn["cost"].bytes["pass"] == "forward"
     # decode is bandwidth-bound: the step's time follows the bytes
     assert trn["roofline"].seconds == pytest.approx(3 * fwd["roofline"].seconds, rel=0.01)
+
+
+# issue 16: Gemma 2's window layers (every other one) hold what transformers' hybrid cache holds
+def test_gemma2_window_layers_hold_w_minus_one_past_positions():
+    cfg = load_config("gemma2-9b")
+    w, p = cfg.sliding_window, 6_000
+    _, r = analyse("gemma2-9b", seq_len=1, past_len=p)
+    per_layer = 2 * cfg.num_key_value_heads * cfg.head_dim * 2  # K and V, bf16, per position
+    half = cfg.num_hidden_layers // 2
+    assert r["memory"].kv_cache == half * (w - 1 + 1) * per_layer + half * (p + 1) * per_layer
+    assert r["memory"].kv_cache_full == cfg.num_hidden_layers * (p + 1) * per_layer
+    from click.testing import CliRunner
+
+    from graphllm.cli import main
+
+    args = ["trace", "--model", "gemma-2-9b", "-t", "1", "--past-len", str(p)]
+    out = " ".join(CliRunner().invoke(main, args).stdout.split())
+    saved = 1 - r["memory"].kv_cache / r["memory"].kv_cache_full
+    assert f"with full attention on every layer: windows save {saved:.0%}" in out

@@ -54,6 +54,9 @@ MODELS: dict[str, tuple[str, dict]] = {
     "command-r-qk-norm": ("command-r", {"use_qk_norm": True}),  # per-head q/k LayerNorms
     # a sliding layer then a global NoPE one
     "command-r7b": ("command-r7b", {"sliding_window_pattern": 2}),
+    # a sliding layer then a global one, four norms, soft-capped scores and logits (no matmul of
+    # their own); transformers has no sdpa path for the cap, so eager attention (same matmuls)
+    "gemma2-9b": ("gemma2-9b", {}),
 }
 # a window shorter than the sequence, so that the mask really slides
 WINDOWED: dict[str, tuple[str, dict]] = {
@@ -72,6 +75,8 @@ WINDOWED: dict[str, tuple[str, dict]] = {
     ),
     # issue 16: a window-32 layer and a global NoPE one
     "command-r7b-window32": ("command-r7b", {"sliding_window": 32, "sliding_window_pattern": 2}),
+    # issue 16: Gemma 2, a window-32 layer and a global one
+    "gemma2-9b-window32": ("gemma2-9b", {"sliding_window": 32}),
 }
 
 # id -> Workload fields
@@ -101,7 +106,8 @@ def _models(model_id: str):
     preset, overrides = {**MODELS, **WINDOWED}[model_id]
     d = _config_dict(preset, overrides)
     cfg = config_from_dict(dict(d), preset)
-    kwargs = {"attn_implementation": "sdpa"}
+    # Gemma 2 soft-caps its scores, which transformers' sdpa path cannot do
+    kwargs = {"attn_implementation": "eager" if d["model_type"] == "gemma2" else "sdpa"}
     if "num_experts" in d or "num_local_experts" in d:
         kwargs["experts_implementation"] = "batched_mm"
     with torch.device("meta"):

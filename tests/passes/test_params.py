@@ -35,6 +35,8 @@ PUBLISHED = {
     "command-r": 34_980_831_232,
     # Command R7B: the Hub's safetensors index 8.03B (a tied head)
     "command-r7b": 8_028_033_024,
+    # Gemma 2 9B: the Hub's safetensors index total (a tied head, four norms per block)
+    "gemma2-9b": 9_241_705_984,
 }
 # presets without a published exact count that holds every stored tensor: transformers' own
 # model only (keras-hub's smollm3_3b_en says 3,075,100,928, 2,304 = 36 x 64 above the

@@ -27,6 +27,7 @@ PRESETS = [
     "olmo2-7b",  # issue 16
     "command-r",  # issue 16
     "command-r7b",  # issue 16
+    "gemma2-9b",  # issue 16
 ]
 CORE = {"scores", "softmax", "pv"}
 
@@ -127,7 +128,9 @@ def test_long_sequences_use_intervals_equal_to_exact_sets():
     assert big.receptive_field == 5 + 3 * 4
 
 
-@pytest.mark.parametrize("preset", ["llama3-8b", "mistral-7b", "qwen1.5-moe-a2.7b", "mixtral-8x7b"])
+@pytest.mark.parametrize(
+    "preset", ["llama3-8b", "mistral-7b", "qwen1.5-moe-a2.7b", "mixtral-8x7b", "gemma2-9b"]
+)
 def test_prediction_matches_perturbation(preset):
     check = check_token_mixing(load_config(preset), seq_len=10)
     assert check.agrees, check.differences()
@@ -146,3 +149,15 @@ def test_rolling_window_cache_holds_the_last_positions():
 def test_logits_for_the_last_position_only():
     r = run(build_graph(_cfg(), Workload(seq_len=4, logits="last")), ["tokens"])["tokens"]
     assert r.depends_on(3) == [0, 1, 2, 3] and r.depends_on(0) == []
+
+
+# issue 16: Gemma 2's pattern, a window layer then a global one
+def test_gemma2_window_layer_then_global_layer_reaches_the_prefix():
+    cfg = load_config("gemma2-9b").with_layers(4)
+    assert cfg.layer_types == ("sliding_attention", "full_attention") * 2
+    w, t = 3, 12
+    cfg = replace(cfg, sliding_window=w)
+    rep = run(build_graph(cfg, Workload(seq_len=t)), ["tokens"])["tokens"]
+    # the window layer reaches W back, the global one everything before it
+    assert [x["reach"] for x in rep.per_layer][:2] == [w, t]
+    assert rep.depends_on(t - 1) == list(range(t))

@@ -135,6 +135,20 @@ CASES: dict[str, tuple[str, dict]] = {
     # issue 16: Cohere 2, a window of 4 on layers 0-2 and a global NoPE layer 3, the prompt
     # longer than the window
     "cohere2-window": ("cohere2", {"num_hidden_layers": 4, "sliding_window": 4}),
+    # issue 16: Gemma 2, layers 0 and 2 a window of 4 and 1 and 3 global, the prompt longer than
+    # the window; caps small enough that the tanh bends the tiny model's scores and logits, and
+    # a score scale off head_dim ** -0.5
+    "gemma2-window": (
+        "gemma2",
+        {
+            "num_hidden_layers": 4,
+            "head_dim": 16,
+            "sliding_window": 4,
+            "query_pre_attn_scalar": 24,
+            "attn_logit_softcapping": 0.5,
+            "final_logit_softcapping": 1.5,
+        },
+    ),
 }
 
 

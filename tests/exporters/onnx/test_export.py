@@ -86,6 +86,8 @@ DECOMPOSED_ONLY = {
     "cohere": "q_rope is rope_pairs, where rope",  # interleaved RoPE, LayerNorm
     "cohere-qk-norm": "q_rope is rope_pairs, where rope",
     "cohere2-window": "q_rope is rope_pairs, where rope",
+    # issue 16: Gemma 2's attention soft-capping
+    "gemma2-window": "core.softcap: the scores reach the mask through softcap",
 }
 LOWERED = [
     *(("decomposed", c) for c in CASES + list(DECOMPOSED_ONLY)),
@@ -255,6 +257,13 @@ def test_the_fused_lowerings_refuse_what_they_cannot_express_in_one_line(tiny_mo
     with pytest.raises(LoweringError, match=f"the {ops} lowering cannot express") as e:
         lower(graph, ops)
     assert DECOMPOSED_ONLY[case] in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_default_lowering_of_soft_capped_attention_is_decomposed(tiny_model):
+    # issue 16: Gemma 2's fused lowerings refuse, so the export falls back rather than failing
+    from graphllm.exporters.onnx.fused import default_lowering
+
+    assert default_lowering(build_export_graph(tiny_model("gemma2-window").cfg)) == "decomposed"
 
 
 @pytest.mark.parametrize("case", CASES + HD16)

@@ -43,6 +43,15 @@ CONFIGS = {
     "cohere": {**TINY, "model_type": "cohere", "use_qk_norm": True, "logit_scale": 0.5},
     # a window on layers 0-2, a global NoPE layer 3
     "cohere2": {**TINY, "model_type": "cohere2", "num_hidden_layers": 4, "sliding_window": 5},
+    # issue 16: Gemma 2, four norms, soft-capped scores and logits, layers 0 and 2 a window of 5
+    "gemma2": {
+        **TINY,
+        "model_type": "gemma2",
+        "num_hidden_layers": 4,
+        "sliding_window": 5,
+        "attn_logit_softcapping": 0.5,
+        "final_logit_softcapping": 1.5,
+    },
 }
 # Phi-4-mini's attention: RoPE on half of each head, and longrope switching to its long factors
 # inside the 8-token call (original context 6)
@@ -232,6 +241,9 @@ def test_balance_minimises_the_slowest_stage():
         ("cohere", Strategy(tp=2, cp=2), {"past_len": 5, "seq_len": 4}),
         ("cohere2", Strategy(tp=2, pp=2), {}),
         ("cohere2", Strategy(cp=4, tp=2), {"past_len": 6, "seq_len": 4}),  # rolling window
+        ("gemma2", Strategy(tp=2), {}),
+        ("gemma2", Strategy(tp=2, sp=True, pp=2), {}),
+        ("gemma2", Strategy(cp=4, tp=2), {"past_len": 6, "seq_len": 4}),  # rolling window
     ],
     ids=lambda v: v.describe().replace(" ", ",") if isinstance(v, Strategy) else None,
 )
