@@ -1259,7 +1259,11 @@ def _load_preset(name: str) -> tuple[dict, str]:
         names = preset_names()
         close = difflib.get_close_matches(name, names, n=3, cutoff=0.5) if len(name) < 64 else []
         hint = f"did you mean {', '.join(close)}? " if close else ""
-        raise ConfigError(f"unknown preset {shown(name)}; {hint}presets: {', '.join(names)}")
+        # the list, not the names: it grows with every family and would not fit on a line
+        raise ConfigError(
+            f"unknown preset {shown(name)}; {hint}`graphllm presets` lists the {len(names)} "
+            "presets and their aliases"
+        )
     d = _read(path)
     source = str(d.pop("_source", ""))
     d.pop("_note", None)
