@@ -653,9 +653,18 @@ def model_view(ctx: _Ctx, layer: int, all_layers: bool) -> Drawing:
         if cfg is not None and r[0] < cfg.num_hidden_layers and not cfg.rotates(r[0]):
             # a run is of alike blocks, so of NoPE layers only or of RoPE ones only
             summary = ", ".join(filter(None, (summary, "NoPE")))
+        elif cfg is not None and r[0] < cfg.num_hidden_layers and cfg.sliding_rope is not None:
+            # two RoPEs in the model (Gemma 3's local and global layers): each run says its own
+            rope = cfg.rope_of(r[0])
+            scaled = f" {rope.type} ×{rope.factor:g}" if rope.type != "default" else ""
+            summary = ", ".join(filter(None, (summary, f"RoPE θ {rope.theta:,.0f}{scaled}")))
         return [head, where, body, summary]
 
-    d = _View(ctx, f"{g.name}: model", keep, None, collapse, describe=lines).build()
+    cfg = g.meta.get("config")
+    title = f"{g.name}: model"
+    if cfg is not None and cfg.text_decoder_of:
+        title += f" (the text decoder of {cfg.text_decoder_of}; its vision tower is not modelled)"
+    d = _View(ctx, title, keep, None, collapse, describe=lines).build()
     for key, r in runs_by_key.items():
         if layer in r and len(runs) > 1:
             d.boxes[key].attrs.update(penwidth="2.5")

@@ -62,7 +62,7 @@ class _Builder:
     ) -> None:
         self.cfg, self.wl = cfg, wl
         self.mla, self.mtp = mla, mtp
-        self._rope: dict[int, tuple[Any, float, Any]] = {}
+        self._rope: dict[tuple[int, Any], tuple[Any, float, Any]] = {}
         bindings: dict[str, float] = dict(wl.bindings())
         if cfg.is_moe:
             # balanced routing: T*k token-expert pairs spread over E experts (need not be whole)
@@ -103,25 +103,28 @@ class _Builder:
         dt = self.wl.weight_dtype if matrix else self.vector_dtype
         return self.g.add("param", name, (), {"type": TensorType(dims, dt), "kind": kind, **attrs})
 
-    def rope(self, name: str, x: Node | Ref, width: int) -> Node:
+    def rope(self, name: str, x: Node | Ref, width: int, layer: int | None = None) -> Node:
         """x (B, heads, T, width) rotated by its positions, pairing channels as the config's
-        rope_layout says; the frequencies are computed once per width rather than per layer."""
+        rope_layout says, with the RoPE of `layer` (a sliding layer's own where the model has
+        one); the frequencies are computed once per width and RoPE rather than per layer."""
         c = self.cfg
-        if width not in self._rope:
+        rope = c.rope if layer is None else c.rope_of(layer)
+        key = (width, rope)
+        if key not in self._rope:
             # partial rotary: the frequencies span the rotated channels, and the op rotates as
             # many leading channels as it has frequencies for
             rot = c.rotary_dim if c.rotary_dim and width == c.head_dim else width
-            inv = rope_mod.inv_freq(c.rope, rot, c.max_position_embeddings)
-            long = rope_mod.long_inv_freq(c.rope, rot)
-            self._rope[width] = (inv, rope_mod.attention_scaling(c.rope), long)
-        inv, scaling, long = self._rope[width]
+            inv = rope_mod.inv_freq(rope, rot, c.max_position_embeddings)
+            long = rope_mod.long_inv_freq(rope, rot)
+            self._rope[key] = (inv, rope_mod.attention_scaling(rope), long)
+        inv, scaling, long = self._rope[key]
         attrs: dict[str, Any] = {"inv_freq": inv, "attention_scaling": scaling}
         if long is not None:
             # longrope: the long frequencies for a call whose largest position reaches the
             # pre-scaling context (transformers' longrope_frequency_update)
             attrs |= {
                 "long_inv_freq": long,
-                "long_from": c.rope.original_max_position_embeddings,
+                "long_from": rope.original_max_position_embeddings,
             }
         if c.rope_layout == "half":
             return self.g.add("rope", name, (x, self.positions), attrs)
@@ -271,8 +274,8 @@ class _Builder:
             q = self.head_norm(f"{p}.q_norm", q, self.h)
             k = self.head_norm(f"{p}.k_norm", k, self.h_kv)
         if c.rotates(i):  # else a NoPE layer: positions enter through the mask alone
-            q = self.rope(f"{p}.q_rope", q, c.head_dim)
-            k = self.rope(f"{p}.k_rope", k, c.head_dim)
+            q = self.rope(f"{p}.q_rope", q, c.head_dim, i)
+            k = self.rope(f"{p}.k_rope", k, c.head_dim, i)
         window = c.sliding_window if c.layer_types[i] == "sliding_attention" else None
         if self.wl.past_len > 0:
             # a window layer's cache rolls: it holds the last W-1 positions, not all P

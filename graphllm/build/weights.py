@@ -367,15 +367,39 @@ def checkpoint_tensors(
     this is called, before the caller starts writing anything; the tensors are read as the
     iterator is consumed."""
     ckpt = SafetensorsFolder(folder)
+    cfg = graph.meta.get("config")
+    text_decoder = cfg is not None and bool(cfg.text_decoder_of)
     for n in graph.params():
         for name in _checkpoint_names(n):
-            if name not in ckpt:
+            if _stored_name(name, ckpt, text_decoder) not in ckpt:
                 raise WeightsError(f"checkpoint {ckpt.folder} has no tensor {name}")
-    return _read_params(graph, ckpt, dtype)
+    return _read_params(graph, ckpt, dtype, text_decoder)
+
+
+# where a multimodal checkpoint keeps its text decoder's tensors, by the graph's name prefix:
+# transformers 5 saves model.language_model.*, transformers 4 language_model.model.* (and the
+# LM head as language_model.lm_head.*)
+TEXT_DECODER_HOMES = (
+    ("model.", ("model.language_model.", "language_model.model.")),
+    ("lm_head.", ("language_model.lm_head.",)),
+)
+
+
+def _stored_name(name: str, ckpt: SafetensorsFolder, text_decoder: bool) -> str:
+    """The checkpoint's name of the graph's tensor `name`: itself, or for the text decoder of a
+    multimodal model the same tensor where that model keeps it."""
+    if name in ckpt or not text_decoder:
+        return name
+    for prefix, homes in TEXT_DECODER_HOMES:
+        if name.startswith(prefix):
+            for home in homes:
+                if home + name[len(prefix) :] in ckpt:
+                    return home + name[len(prefix) :]
+    return name
 
 
 def _read_params(
-    graph: Graph, ckpt: SafetensorsFolder, dtype: str
+    graph: Graph, ckpt: SafetensorsFolder, dtype: str, text_decoder: bool = False
 ) -> Iterator[tuple[Node, np.ndarray]]:
     for n in graph.params():
         shape, names = _shape(n), _checkpoint_names(n)
@@ -383,7 +407,7 @@ def _read_params(
         want = shape[1:] if stacked else shape
         out = np.empty(shape, _DTYPES[dtype]) if stacked else None
         for e, name in enumerate(names):
-            arr = ckpt.read(name)
+            arr = ckpt.read(_stored_name(name, ckpt, text_decoder))
             if arr.shape != want:
                 raise WeightsError(f"{name}: checkpoint shape {arr.shape}, graph expects {want}")
             if stacked:

@@ -17,7 +17,7 @@ import json
 import math
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,21 @@ from graphllm.models.workload import Workload
 
 PRESETS_DIR = Path(__file__).parent / "presets"
 FULL, SLIDING = "full_attention", "sliding_attention"
+
+# model_type of a multimodal model -> (its text decoder's model_type, the keys of its parts that
+# graphllm does not model: the vision tower, the projector, the image tokens). Such a config
+# loads as its text_config, and the reports say that only the text decoder is modelled
+MULTIMODAL: dict[str, tuple[str, frozenset[str]]] = {
+    "gemma3": (
+        "gemma3_text",
+        frozenset(
+            {
+                "vision_config", "mm_tokens_per_image", "boi_token_index", "eoi_token_index",
+                "image_token_index", "image_token_id", "boi_token_id", "eoi_token_id",
+            }
+        ),
+    ),
+}  # fmt: skip
 
 NOT_SUPPORTED = {
     "deepseek": "DeepSeek-MoE v1 is not planned; DeepSeek-V2/V3 are on the roadmap",
@@ -132,6 +147,7 @@ def _nonneg_int(name: str, v: Any) -> int:
 _FLOAT_RANGES = {
     "rms_norm_eps": (1e-30, 1.0),  # a guard against 0 / 0: above 1 it outweighs the activations
     "rope_theta": (1.0, 1e15),  # published bases are 1e4 to 1e8; below 1 no RoPE was trained
+    "rope_local_base_freq": (1.0, 1e15),
 }
 _FLOAT_RANGE = (1e-6, 1e6)  # RoPE scaling factors, routing scales: published ones are 0.1 to 40
 
@@ -231,6 +247,9 @@ _QWEN_MOE = {
 _SILU = {"silu": "silu", "swish": "silu"}
 # Gemma's published `gelu` means the tanh approximation (transformers rewrites it so)
 _GEMMA_ACTS = {**_SILU, "gelu": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+# Gemma 2/3 read hidden_activation through ACT2FN, where `gelu` is the exact GELU (only Gemma 1's
+# config rewrites it to the tanh form): the tanh one is what graphllm models
+_GEMMA2_ACTS = {"gelu_pytorch_tanh": "gelu_tanh"}
 _ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
@@ -530,6 +549,12 @@ class Family:
     partial_rotary: bool = False
     # RoPE on the sliding-window layers only, the full-attention ones NoPE (Cohere 2)
     rope_on_sliding_only: bool = False
+    # the config field the model reads its activation from (Gemma 2/3: hidden_activation)
+    act_field: str = "hidden_act"
+    # a RoPE per layer type (Gemma 3): transformers-5 rope_parameters keyed by full_attention /
+    # sliding_attention, or rope_theta + rope_scaling for the full layers and
+    # rope_local_base_freq for the sliding ones
+    rope_by_layer_type: bool = False
 
 
 def _fields(**extra: Spec) -> dict[str, Spec]:
@@ -804,6 +829,8 @@ def _gemma2_window(v: dict) -> tuple[tuple[str, ...], int | None]:
 
 
 def _gemma2(v: dict) -> dict:
+    # Gemma 2 and 3 read hidden_activation alone (Family.act_field); a hidden_act that says
+    # otherwise is refused all the same, as a config at odds with itself
     return _gemma(v) | {
         "attention_scale": v["query_pre_attn_scalar"] ** -0.5,
         "attn_logit_softcapping": v["attn_logit_softcapping"],
@@ -828,7 +855,8 @@ FAMILY_TABLE["gemma2"] = Family(
     derive=_gemma2,
     windows=_gemma2_window,
     reads_layer_types=True,
-    acts=_GEMMA_ACTS,
+    acts=_GEMMA2_ACTS,
+    act_field="hidden_activation",
     # the published files' cache kind: transformers builds the same model whatever it says
     noop_only={"cache_implementation": ("hybrid", None)},
     block=BlockLayout(
@@ -838,7 +866,51 @@ FAMILY_TABLE["gemma2"] = Family(
         ffn_post="post_feedforward_layernorm",
     ),
 )
+
+
+def _gemma3_window(v: dict) -> tuple[tuple[str, ...], int | None]:
+    # Gemma3TextConfig: without layer_types, every sliding_window_pattern-th layer is global
+    if v["sliding_window"] is None:
+        raise ConfigError("sliding_window null is not modelled for gemma3_text")
+    w = _active_window(v, True)
+    n, every = v["num_hidden_layers"], v["sliding_window_pattern"]
+    return tuple(SLIDING if (i + 1) % every else FULL for i in range(n)), w
+
+
+# issue 16: Gemma 3's text decoder (transformers' gemma3: Gemma3TextConfig, Gemma3Attention,
+# Gemma3DecoderLayer, Gemma3ForCausalLM): Gemma 2's block, per-head q/k RMSNorms, five local
+# layers to one global, the local ones with their own RoPE base; soft-capping off by default.
+# Its defaults are Gemma3TextConfig's, which a `gemma3` checkpoint's sparse text_config relies on
+FAMILY_TABLE["gemma3_text"] = Family(
+    {
+        **FAMILY_TABLE["gemma2"].fields,
+        "vocab_size": Spec(_pos_int, 262208),
+        "hidden_size": Spec(_pos_int, 2304),
+        "intermediate_size": Spec(_pos_int, 9216),
+        "num_hidden_layers": Spec(_pos_int, 26),
+        "num_attention_heads": Spec(_pos_int, 8),
+        "num_key_value_heads": Spec(_pos_int, 4),
+        "max_position_embeddings": Spec(_pos_int, 131072),
+        "attn_logit_softcapping": Spec(_pos_float, None, nullable=True),
+        "final_logit_softcapping": Spec(_pos_float, None, nullable=True),
+        "rope_local_base_freq": Spec(_pos_float, None),
+        "sliding_window_pattern": Spec(_pos_int, 6),
+    },
+    derive=lambda v: _gemma2(v) | {"qk_norm": True},
+    windows=_gemma3_window,
+    reads_layer_types=True,
+    acts=_GEMMA2_ACTS,
+    act_field="hidden_activation",
+    default_theta=1e6,
+    # transformers 4.5x's spelling of the pattern
+    aliases={"_sliding_window_pattern": "sliding_window_pattern"},
+    noop_only={"cache_implementation": ("hybrid", None)},
+    block=FAMILY_TABLE["gemma2"].block,
+    rope_by_layer_type=True,
+)
 assert set(FAMILY_TABLE) == set(FAMILIES)
+
+SUPPORTED = (*FAMILIES, *MULTIMODAL)  # the model_types a config may name
 
 # every key some family or rope dict understands: to tell "wrong family" from "misspelt"
 _ALL_FIELDS = frozenset(k for fam in FAMILY_TABLE.values() for k in (*fam.fields, *fam.aliases))
@@ -880,11 +952,17 @@ _ROPE_ALL_KEYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor"} | 
 }
 
 
-def _rope(v: dict, fam: Family, model_type: str) -> RopeConfig:
-    if v["rope_scaling"] is not None and v["rope_parameters"] is not None:
-        raise ConfigError("give rope_parameters (transformers 5) or rope_scaling, not both")
-    where = "rope_parameters" if v["rope_parameters"] is not None else "rope_scaling"
-    raw = dict(v[where] or {})
+def _rope(
+    v: dict, fam: Family, model_type: str, section: tuple[str, dict | None] | None = None
+) -> RopeConfig:
+    """The RoPE of `v`'s rope fields; `section` is (its name, its fields) where one RoPE of
+    several is read (a layer type's in Gemma 3's rope_parameters)."""
+    if section is None:
+        if v["rope_scaling"] is not None and v["rope_parameters"] is not None:
+            raise ConfigError("give rope_parameters (transformers 5) or rope_scaling, not both")
+        where = "rope_parameters" if v["rope_parameters"] is not None else "rope_scaling"
+        section = (where, v[where])
+    where, raw = section[0], dict(_mapping(section[0], section[1] or {}))
     t4, t5 = raw.pop("type", None), raw.pop("rope_type", None)
     if t4 is not None and t5 is not None and t4 != t5:
         raise ConfigError(f"{where} has type {shown(t4)} and rope_type {shown(t5)}; give one")
@@ -917,6 +995,42 @@ def _rope(v: dict, fam: Family, model_type: str) -> RopeConfig:
     if rtype == "longrope":
         return RopeConfig(**_longrope(v, got, where), theta=theta)
     return RopeConfig(**_rope_scaling(got, rtype, where, max_pos), theta=theta)
+
+
+_LAYER_TYPE_ROPES = (FULL, SLIDING)
+
+
+def _ropes_by_layer_type(v: dict, fam: Family, mt: str) -> tuple[RopeConfig, RopeConfig]:
+    """(the full layers' RoPE, the sliding layers') as Gemma3TextConfig reads them: from
+    rope_parameters keyed by layer type (transformers 5), or rope_theta and rope_scaling for the
+    full layers and rope_local_base_freq (default 10000, unscaled) for the sliding ones."""
+    local = v["rope_local_base_freq"]
+    params = v["rope_parameters"]
+    if params is None:
+        full = _rope(v, fam, mt)
+        theta = 10000.0 if local is None else local
+        return full, RopeConfig(theta=theta)
+    if v["rope_scaling"] is not None:
+        raise ConfigError("give rope_parameters (transformers 5) or rope_scaling, not both")
+    if not set(params) <= set(_LAYER_TYPE_ROPES):
+        bad = sorted((k for k in params if k not in _LAYER_TYPE_ROPES), key=str)[0]
+        raise ConfigError(
+            f"rope_parameters.{cut(str(bad))}: {mt}'s rope_parameters holds one RoPE per layer "
+            f"type ({', '.join(_LAYER_TYPE_ROPES)})"
+        )
+    out = []
+    for kind, top, default in ((FULL, v["rope_theta"], fam.default_theta), (SLIDING, local, 1e4)):
+        inner = _mapping(f"rope_parameters.{kind}", params.get(kind) or {})
+        theta = inner.get("rope_theta", top if top is not None else default)
+        if top is not None and inner.get("rope_theta") not in (None, top):
+            name = "rope_theta" if kind == FULL else "rope_local_base_freq"
+            raise ConfigError(
+                f"{name} {top} disagrees with rope_parameters.{kind}.rope_theta "
+                f"{shown(inner['rope_theta'])}"
+            )
+        section = (f"rope_parameters.{kind}", {**inner, "rope_theta": theta})
+        out.append(_rope(v | {"rope_theta": None}, fam, mt, section))
+    return out[0], out[1]
 
 
 def rotary_dim(v: dict, head_dim: int) -> int:
@@ -1037,16 +1151,18 @@ def _is_noop(value: Any, allowed: tuple[Any, ...]) -> bool:
 
 def _model_type(d: dict) -> str:
     if "model_type" not in d or d["model_type"] is None:
-        raise ConfigError(f"missing required field 'model_type'; supported: {', '.join(FAMILIES)}")
+        raise ConfigError(f"missing required field 'model_type'; supported: {', '.join(SUPPORTED)}")
     mt = d["model_type"]
     if not isinstance(mt, str):
         raise _bad("model_type", "a string", mt)
     if mt in NOT_SUPPORTED:
         raise ConfigError(f"model_type {shown(mt)}: {NOT_SUPPORTED[mt]}")
     if mt not in FAMILY_TABLE:
-        close = difflib.get_close_matches(mt, FAMILIES, n=1, cutoff=0.6) if len(mt) < 40 else []
+        close = difflib.get_close_matches(mt, SUPPORTED, n=1, cutoff=0.6) if len(mt) < 40 else []
         hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ConfigError(f"unknown model_type {shown(mt)}; {hint}supported: {', '.join(FAMILIES)}")
+        raise ConfigError(
+            f"unknown model_type {shown(mt)}; {hint}supported: {', '.join(SUPPORTED)}"
+        )
     return mt
 
 
@@ -1149,10 +1265,43 @@ def _layer_types(v: dict, fam: Family, mt: str) -> tuple[tuple[str, ...], int | 
     return types, (window if SLIDING in types else None)
 
 
+def _text_decoder(d: dict, mt: str, name: str) -> ModelConfig:
+    """A multimodal config (gemma3) as its text decoder: text_config (Gemma3Config's default
+    text model where it has none), with the top level's tie_word_embeddings."""
+    text_mt, other_parts = MULTIMODAL[mt]
+    own = {"model_type", "text_config", "tie_word_embeddings", "initializer_range"}
+    unknown = [k for k in d if k not in own | other_parts | BOOKKEEPING]
+    if unknown:
+        known = own | other_parts | BOOKKEEPING
+        raise ConfigError("; ".join(str(_unknown(str(k), str(k), known)) for k in unknown))
+    text = d.get("text_config")
+    text = dict(_mapping("text_config", {} if text is None else text))
+    inner = text.setdefault("model_type", text_mt)
+    if inner != text_mt:
+        raise ConfigError(
+            f"text_config.model_type is {shown(inner)}; a {mt} config's text model is {text_mt}"
+        )
+    tie = d.get("tie_word_embeddings")
+    if tie is not None:
+        if text.get("tie_word_embeddings", tie) != tie:
+            raise ConfigError(
+                f"tie_word_embeddings {_show(tie)} disagrees with text_config's "
+                f"{_show(text['tie_word_embeddings'])}"
+            )
+        text["tie_word_embeddings"] = tie
+    try:
+        cfg = config_from_dict(text, name)
+    except ConfigError as e:
+        raise ConfigError(f"text_config: {e}") from None
+    return replace(cfg, text_decoder_of=mt)
+
+
 def config_from_dict(d: dict, name: str) -> ModelConfig:
     """Validate a config dict (HF config.json field names) and normalise it to a ModelConfig."""
     if not isinstance(d, dict):
         raise ConfigError(f"a model config must be a mapping, got {_describe(d)}")
+    if isinstance(d.get("model_type"), str) and d["model_type"] in MULTIMODAL:
+        return _text_decoder(d, d["model_type"], name)
     mt = _model_type(d)
     fam = FAMILY_TABLE[mt]
     v = _collect(d, fam, mt)
@@ -1161,10 +1310,10 @@ def config_from_dict(d: dict, name: str) -> ModelConfig:
         kv, head_dim = v["num_attention_heads"], v["qk_nope_head_dim"] + v["qk_rope_head_dim"]
     else:
         kv, head_dim = _attention_shape(v)
-    act = fam.acts.get(v["hidden_act"])
+    act = fam.acts.get(v[fam.act_field])
     if act is None:
         raise ConfigError(
-            f"hidden_act {shown(v['hidden_act'])} is not modelled for {mt} "
+            f"{fam.act_field} {shown(v[fam.act_field])} is not modelled for {mt} "
             f"(modelled: {', '.join(fam.acts)})"
         )
     types, window = _layer_types(v, fam, mt)
@@ -1186,7 +1335,13 @@ def config_from_dict(d: dict, name: str) -> ModelConfig:
             kw = {k: kw[k] for k in ("intermediate_size", "moe_layers", "rms_norm_eps")}
     kw |= fam.derive(v)
 
-    rope = _rope(v, fam, mt)
+    if fam.rope_by_layer_type:
+        rope, sliding = _ropes_by_layer_type(v, fam, mt)
+        # one RoPE for every layer where the sliding layers' is the same (or there are none)
+        if sliding != rope and SLIDING in types:
+            kw["sliding_rope"] = sliding
+    else:
+        rope = _rope(v, fam, mt)
     if fam.partial_rotary:
         kw["rotary_dim"] = rotary_dim(v, head_dim)
     rope_layers = kw.pop("rope_layers", ())  # a family's NoPE layers; else RoPE in every layer

@@ -35,6 +35,8 @@ FAMILIES = (
     "cohere2",
     # issue 16: gemma2
     "gemma2",
+    # issue 16: gemma3 (its text decoder; `gemma3` configs load through their text_config)
+    "gemma3_text",
 )
 
 # the attention a layer can have (ModelConfig.layer_types), each one the builder implements; a
@@ -153,10 +155,12 @@ class BlockLayout:
         names = [n for n in self.norms().values() if n is not None]
         for name in names:
             if not isinstance(name, str) or not name:
-                raise ConfigError(f"block: a norm's name must be a non-empty string, got {name!r}")
+                raise ConfigError(
+                    f"block: a norm's name must be a non-empty string, got {shown(name, 40)}"
+                )
         twice = next((n for n in names if names.count(n) > 1), None)
         if twice is not None:
-            raise ConfigError(f"block: two norms are both named {twice!r}")
+            raise ConfigError(f"block: two norms are both named {shown(twice, 40)}")
 
     def norms(self) -> dict[str, str | None]:
         """Each place ('attention_pre', ...) and the name of the norm there (None: none)."""
@@ -187,7 +191,13 @@ class MoENames:
 
 
 # ModelConfig's fields that are records of their own
-_RECORDS = {"rope": RopeConfig, "block": BlockLayout, "moe_names": MoENames}
+_RECORDS = {
+    "rope": RopeConfig,
+    "block": BlockLayout,
+    "moe_names": MoENames,
+    "sliding_rope": RopeConfig,
+}
+_OPTIONAL_RECORDS = ("sliding_rope",)
 
 
 @dataclass(frozen=True)
@@ -283,10 +293,18 @@ class ModelConfig:
     # logits each through cap * tanh(x / cap), visible as softcap nodes; None: no cap
     attn_logit_softcapping: float | None = None
     final_logit_softcapping: float | None = None
+    # issue 16, Gemma 3: the RoPE of the sliding-window layers where it is not `rope` (Gemma 3's
+    # local layers rotate with rope_local_base_freq and no scaling); None: every layer `rope`
+    sliding_rope: RopeConfig | None = None
+    # the model_type of the multimodal model whose text decoder this is (a `gemma3` config's
+    # text_config); its vision tower and projector are not modelled, and reports say so
+    text_decoder_of: str = ""
 
     def __post_init__(self) -> None:
         for name, record in _RECORDS.items():
             value = getattr(self, name)
+            if value is None and name in _OPTIONAL_RECORDS:
+                continue
             if not isinstance(value, record):
                 raise ConfigError(f"{name} must be a {record.__name__}, got {type(value).__name__}")
         self._check_kinds()
@@ -311,7 +329,7 @@ class ModelConfig:
     def _check_kinds(self) -> None:
         """Strings, flags and per-layer tuples of the types the builder reads (a config read back
         from an ONNX file's metadata was written by anyone)."""
-        for name in ("name", "model_type"):
+        for name in ("name", "model_type", "text_decoder_of"):
             value = getattr(self, name)
             if not isinstance(value, str):
                 raise ConfigError(f"{name} must be a string, got {shown(value, 40)}")
@@ -320,8 +338,11 @@ class ModelConfig:
                     f"{name} is a string of {len(value):,} characters; graphllm takes at most "
                     f"{MAX_NAME_CHARS}"
                 )
+        ropes = {"rope.type": self.rope, "sliding_rope.type": self.sliding_rope}
         for name, allowed in _CHOICES.items():
-            value = self.rope.type if name == "rope.type" else getattr(self, name)
+            if name in ropes and ropes[name] is None:
+                continue
+            value = ropes[name].type if name in ropes else getattr(self, name)  # type: ignore[union-attr]
             if not isinstance(value, str) or value not in allowed:
                 raise ConfigError(
                     f"{name} must be one of {', '.join(allowed)}, got {shown(value, 40)}"
@@ -346,6 +367,8 @@ class ModelConfig:
             check_size("sliding_window", self.sliding_window)
         check_number("rms_norm_eps", self.rms_norm_eps, 1e-30, 1.0)
         check_number("rope.theta", self.rope.theta, 1.0, 1e15)
+        if self.sliding_rope is not None:
+            check_number("sliding_rope.theta", self.sliding_rope.theta, 1.0, 1e15)
         for name in (
             "norm_weight_offset",
             "embedding_multiplier",
@@ -388,13 +411,20 @@ class ModelConfig:
             raise ConfigError(
                 f"rotary_dim {self.rotary_dim} must be even and at most head_dim {self.head_dim}"
             )
-        if self.rope.type == "longrope":
+        for where, rope in (("rope", self.rope), ("sliding_rope", self.sliding_rope)):
+            if rope is None or rope.type != "longrope":
+                continue
             for name in ("short_factor", "long_factor"):
-                got = len(getattr(self.rope, name))
+                got = len(getattr(rope, name))
                 if got != rot // 2:
                     raise ConfigError(
-                        f"rope.{name} has {got} entries; the {rot} rotated channels need {rot // 2}"
+                        f"{where}.{name} has {got} entries; the {rot} rotated channels need "
+                        f"{rot // 2}"
                     )
+        if self.sliding_rope is not None and (self.is_mla or self.rope_layout != "half"):
+            raise ConfigError(
+                "sliding_rope is modelled with rotate-half RoPE and standard attention only"
+            )
         if self.mtp_moe_layers and len(self.mtp_moe_layers) != self.num_nextn_predict_layers:
             raise ConfigError(
                 f"mtp_moe_layers has {len(self.mtp_moe_layers)} entries for "
@@ -410,6 +440,12 @@ class ModelConfig:
             moe_layers=self.moe_layers[:n],
             rope_layers=self.rope_layers[:n],
         )
+
+    def rope_of(self, i: int) -> RopeConfig:
+        """The RoPE layer i rotates with (a sliding layer's own where the model has one)."""
+        if self.sliding_rope is not None and self.layer_types[i] == "sliding_attention":
+            return self.sliding_rope
+        return self.rope
 
     def rotates(self, i: int) -> bool:
         """Whether layer i's attention applies RoPE to q and k (False: a NoPE layer)."""
@@ -438,6 +474,7 @@ _CHOICES = {
     "qk_norm_scope": ("head", "each_head", "projection"),
     "norm_type": ("rmsnorm", "layernorm"),
     "rope.type": ("default", "linear", "llama3", "yarn", "longrope"),
+    "sliding_rope.type": ("default", "linear", "llama3", "yarn", "longrope"),
 }
 _FLAGS = (
     "tie_word_embeddings",

@@ -20,6 +20,11 @@ def print_trace(doc: dict[str, Any], console: Console | None = None) -> None:
     con = console or Console()
     m, w, g, p = doc["model"], doc["workload"], doc["graph"], doc["params"]
     con.print(f"[bold]{m['name']}[/bold] ({m['model_type']})")
+    if m.get("text_decoder_of"):
+        con.print(
+            f"note: only the text decoder of this {m['text_decoder_of']} model is modelled "
+            "(its text_config); the vision tower and projector are not"
+        )
     con.print(
         f"workload: {w['phase']}, B={w['batch']} T={w['seq_len']} P={w['past_len']} "
         f"(S={w['key_len']}); weights {w['weight_dtype']}, activations {w['act_dtype']}, "

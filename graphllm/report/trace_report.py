@@ -36,7 +36,13 @@ def trace_report(
     res = run(graph, ANALYSES, hardware=hardware, attention=attention, training=training)
     cost, memory, roof = res["cost"], res["memory"], res["roofline"]
     doc = {
-        "model": {"name": config.name, "model_type": config.model_type, "config": asdict(config)},
+        "model": {
+            "name": config.name,
+            "model_type": config.model_type,
+            "config": asdict(config),
+            # a multimodal model's text decoder: what is modelled, said in the report
+            **({"text_decoder_of": config.text_decoder_of} if config.text_decoder_of else {}),
+        },
         "workload": workload.to_dict()
         | {"attention": attention, "training": training}
         | ({"mla": mla, "mtp": mtp} if config.model_type.startswith("deepseek") else {}),

@@ -85,6 +85,8 @@ def test_presets_lists_the_required_models():
         "command-r",  # issue 16
         "command-r7b",  # issue 16
         "gemma2-9b",  # issue 16
+        "gemma3-1b",  # issue 16
+        "gemma3-27b",  # issue 16
     } <= names
 
 

@@ -53,6 +53,16 @@ CONFIGS = {
     "cohere": dict(SMALL, model_type="cohere", use_qk_norm=True),
     # issue 16: four norms per block, soft-capped scores and logits, a window on layer 0
     "gemma2": dict(SMALL, model_type="gemma2", head_dim=4, sliding_window=2),
+    # issue 16: a local layer with its own RoPE base, then a global one with a scaled one
+    "gemma3": dict(
+        SMALL,
+        model_type="gemma3_text",
+        head_dim=4,
+        sliding_window=2,
+        sliding_window_pattern=2,
+        rope_local_base_freq=10.0,
+        rope_scaling={"rope_type": "linear", "factor": 8.0},
+    ),
 }
 SVG = "{http://www.w3.org/2000/svg}"
 L0 = "model.layers.0"
@@ -499,3 +509,21 @@ def test_gemma2_block_draws_a_norm_before_and_after_each_sub_layer_and_the_caps(
     assert "50·tanh(x / 50)" in pic.text(f"{core}.softcap#0")
     assert (f"{core}.scale#0", f"{core}.softcap#0") in pic.edges
     assert (f"{core}.softcap#0", f"{core}.mask#0") in pic.edges
+
+
+# -- issue 16: Gemma 3 ---------------------------------------------------------------------------
+def test_gemma3_model_view_marks_local_and_global_layers_and_their_ropes(tmp_path, renderer):
+    graph = graph_of("gemma3")
+    pic = draw(tmp_path, graph, "model", renderer)
+    local, full = pic.text("blocks:0"), pic.text("blocks:1")
+    assert "window 2" in local and "RoPE θ 10" in local and "linear" not in local
+    assert "window" not in full and "RoPE θ 1,000,000 linear ×8" in full
+    pic = draw(tmp_path, graph, "block", renderer)
+    assert {f"{L0}.pre_feedforward_layernorm", f"{L0}.post_feedforward_layernorm"} <= set(pic.nodes)
+
+
+def test_a_multimodal_configs_model_view_says_only_its_text_decoder_is_drawn(tmp_path, renderer):
+    cfg = load_config("gemma3-27b").with_layers(2)
+    pic = draw(tmp_path, build_graph(cfg, Workload(seq_len=3)), "model", renderer)
+    title = " ".join(pic.title_texts)
+    assert "the text decoder of gemma3; its vision tower is not modelled" in " ".join(title.split())

@@ -24,7 +24,7 @@ from graphllm.models.config import (
     load_workload_section,
     preset_names,
 )
-from graphllm.models.model_config import FAMILIES, BlockLayout, ModelConfig, MoENames
+from graphllm.models.model_config import FAMILIES, BlockLayout, ModelConfig, MoENames, RopeConfig
 from graphllm.models.workload import Workload
 from graphllm.runtime.interpret import run_graph
 from tests.support import tiny_configs
@@ -50,6 +50,8 @@ PRESETS = {
     "command-r": "CohereForAI/c4ai-command-r-v01",
     "command-r7b": "CohereForAI/c4ai-command-r7b-12-2024",
     "gemma2-9b": "google/gemma-2-9b",
+    "gemma3-1b": "google/gemma-3-1b-it",
+    "gemma3-27b": "google/gemma-3-27b-it",
 }
 TINY = tiny_configs.LLAMA
 
@@ -678,7 +680,9 @@ def valid_configs(draw) -> dict:
         "max_position_embeddings": 1024,
     }
     # Cohere 2's head_dim is always hidden_size / heads (transformers sets it so)
-    if mt != "cohere2" and (mt in ("qwen3", "gemma", "gemma2") or draw(st.booleans())):
+    if mt != "cohere2" and (
+        mt in ("qwen3", "gemma", "gemma2", "gemma3_text") or draw(st.booleans())
+    ):
         d |= {"head_dim": head_dim, "hidden_size": draw(st.integers(1, 96))}
     else:
         d["hidden_size"] = heads * head_dim
@@ -700,6 +704,8 @@ def valid_configs(draw) -> dict:
             key = draw(st.sampled_from(["type", "rope_type"]))
             d["rope_scaling"] = {key: params.pop("rope_type")} | params
 
+    if mt == "gemma3_text" and "rope_parameters" in d:  # one RoPE per layer type
+        d["rope_parameters"] = {"full_attention": d["rope_parameters"]}
     window = draw(st.none() | st.integers(1, 64))
     if mt in ("mistral", "mixtral", "phi3"):
         d["sliding_window"] = window
@@ -712,7 +718,7 @@ def valid_configs(draw) -> dict:
         d["mlp_bias"] = draw(st.booleans())
     if mt == "gemma":
         d["hidden_act"] = draw(st.sampled_from(["gelu", "gelu_pytorch_tanh", "silu"]))
-    if mt == "gemma2":  # issue 16: every other layer slides; null is refused
+    if mt in ("gemma2", "gemma3_text"):  # issue 16: windows on a pattern; null is refused
         d["sliding_window"] = window or 32
     experts = draw(st.integers(1, 8))
     topk = draw(st.integers(1, experts))
@@ -755,6 +761,7 @@ def test_random_valid_configs_load_with_invariants(d):
     assert (c.num_experts > 0) <= (c.model_type in ("mixtral", "qwen2_moe", "qwen3_moe"))
     assert c.hidden_act in ("silu", "gelu_tanh")
     rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    rope = rope.get("full_attention", rope)  # gemma3_text: the global layers' RoPE
     assert c.rope.type == rope.get("rope_type", rope.get("type", "default"))
     # and every valid config builds, verifies and runs
     graph = build_graph(c, Workload(batch=2, seq_len=3, past_len=n % 2))
@@ -789,6 +796,8 @@ def test_broken_configs_raise_config_error(d, data):
     kind = data.draw(st.sampled_from(["drop", "misspell", "kv", "size", "type"]))
     sizes = sorted(k for k in SIZES if k in d)
     if kind == "drop":
+        # Gemma3TextConfig has a default for every size (a gemma3 text_config relies on them)
+        assume(d["model_type"] != "gemma3_text")
         key = data.draw(st.sampled_from(ALWAYS_REQUIRED))
         del d[key]
     elif kind == "misspell":
@@ -925,5 +934,118 @@ def test_gemma2():
         ({**base, "use_bidirectional_attention": True}, "use_bidirectional_attention=true is"),
         ({**base, "attn_logit_softcapping": 0}, "attn_logit_softcapping must be a positive"),
         ({**base, "hidden_act": "silu"}, "disagrees with hidden_act"),
+    ]:
+        assert message in error(bad)
+
+
+# issue 16: Gemma 3
+def test_gemma3_1b_loads_as_published():
+    c = load_config("gemma3-1b")
+    assert c == load_config("gemma-3-1b-it") == load_config("Gemma-3-1B")
+    # Gemma3TextConfig: every sliding_window_pattern-th (6th) layer global, the rest local
+    assert (
+        c.layer_types
+        == (("sliding_attention",) * 5 + ("full_attention",)) * 4 + ("sliding_attention",) * 2
+    )
+    assert (c.sliding_window, c.head_dim, c.num_key_value_heads, c.qk_norm) == (512, 256, 1, True)
+    assert c.qk_norm_scope == "head" and c.attention_scale == 256**-0.5
+    assert (c.attn_logit_softcapping, c.final_logit_softcapping) == (None, None)
+    # the global layers rotate with rope_theta, the local ones with rope_local_base_freq
+    assert c.rope == RopeConfig(theta=1e6) and c.sliding_rope == RopeConfig(theta=1e4)
+    assert c.rope_of(0) == c.sliding_rope and c.rope_of(5) == c.rope
+    assert c.text_decoder_of == "" and c.block == load_config("gemma2-9b").block
+
+
+def test_gemma3_27b_loads_its_text_config_with_gemma3_text_defaults():
+    c = load_config("gemma3-27b")
+    assert c.model_type == "gemma3_text" and c.text_decoder_of == "gemma3"
+    assert c == load_config("gemma-3-27b-it")
+    # the sparse text_config: vocabulary, RoPE bases and pattern are Gemma3TextConfig's
+    assert (c.vocab_size, c.num_hidden_layers, c.sliding_window) == (262208, 62, 1024)
+    assert c.layer_types.count("full_attention") == 10
+    assert c.attention_scale == 168**-0.5 and c.tie_word_embeddings
+    # rope_scaling scales the global layers only
+    assert c.rope == RopeConfig(theta=1e6, type="linear", factor=8.0)
+    assert c.sliding_rope == RopeConfig(theta=1e4)
+
+
+def test_gemma3_rope_spellings_load_alike():
+    base = {**without(tiny(model_type="gemma3_text", head_dim=8), "rope_theta")}
+    t4 = {
+        **base,
+        "rope_theta": 5e5,
+        "rope_local_base_freq": 100.0,
+        "rope_scaling": {"rope_type": "linear", "factor": 4.0},
+    }
+    t5 = {
+        **base,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 5e5},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+        },
+    }
+    assert config_from_dict(t4, "x") == config_from_dict(t5, "x")
+    assert config_from_dict(t4, "x").sliding_rope == RopeConfig(theta=100.0)
+    # the 4.5x spelling of the pattern
+    three = config_from_dict({**base, "_sliding_window_pattern": 3, "num_hidden_layers": 3}, "x")
+    assert three.layer_types == ("sliding_attention",) * 2 + ("full_attention",)
+    # one RoPE for all: no second one is kept
+    same = {**base, "rope_theta": 1e4, "rope_local_base_freq": 1e4}
+    assert config_from_dict(same, "x").sliding_rope is None
+
+
+def test_gemma3_refusals():
+    base = tiny(model_type="gemma3_text", head_dim=8)
+    for bad, message in [
+        ({**base, "sliding_window": None}, "sliding_window null is not modelled for gemma3_text"),
+        ({**base, "hidden_activation": "gelu"}, "hidden_activation 'gelu' is not modelled"),
+        (
+            {**base, "rope_parameters": {"rope_type": "linear", "factor": 2.0}},
+            "rope_parameters.factor: gemma3_text's rope_parameters holds one RoPE per layer type",
+        ),
+        (
+            {**base, "rope_parameters": {"full_attention": {"rope_type": "dynamic"}}},
+            "rope_parameters.full_attention: rope type 'dynamic' is not modelled",
+        ),
+        (
+            {
+                **base,
+                "rope_local_base_freq": 10.0,
+                "rope_parameters": {"sliding_attention": {"rope_theta": 20.0}},
+            },
+            "rope_local_base_freq 10.0 disagrees with rope_parameters.sliding_attention.rope_theta",
+        ),
+        ({**base, "use_bidirectional_attention": True}, "use_bidirectional_attention=true is"),
+        ({**base, "attn_logit_softcapping": 0}, "attn_logit_softcapping must be a positive"),
+    ]:
+        assert message in error(bad)
+
+
+def test_gemma3_multimodal_config_refusals():
+    text = without(tiny(model_type="gemma3_text", head_dim=8), "model_type")
+    mm = {"model_type": "gemma3", "text_config": text, "vision_config": {"model_type": "x"}}
+    assert config_from_dict(mm, "x").text_decoder_of == "gemma3"
+    for bad, message in [
+        (
+            {**mm, "text_config": {**text, "model_type": "llama"}},
+            "text_config.model_type is 'llama'",
+        ),
+        ({**mm, "text_config": [1]}, "text_config must be a mapping"),
+        (
+            {**mm, "audio_config": {}, "vision_tower": 1},
+            "unknown field 'audio_config'; unknown field 'vision_tower'",
+        ),
+        (
+            {**mm, "text_config": {**text, "vocab_size": 0}},
+            "text_config: vocab_size must be a positive",
+        ),
+        (
+            {
+                **mm,
+                "tie_word_embeddings": False,
+                "text_config": {**text, "tie_word_embeddings": True},
+            },
+            "tie_word_embeddings false disagrees",
+        ),
     ]:
         assert message in error(bad)

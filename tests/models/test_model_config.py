@@ -105,6 +105,7 @@ BLOCKS = {
         ffn_post="post_feedforward_layernorm",
     ),
 }
+BLOCKS["gemma3_text"] = BLOCKS["gemma2"]
 
 
 @pytest.mark.parametrize("preset", preset_names())

@@ -236,3 +236,14 @@ def test_gemma2_window_layers_hold_w_minus_one_past_positions():
     out = " ".join(CliRunner().invoke(main, args).stdout.split())
     saved = 1 - r["memory"].kv_cache / r["memory"].kv_cache_full
     assert f"with full attention on every layer: windows save {saved:.0%}" in out
+
+
+# issue 16: Gemma 3 27B's five local layers to one global: 52 windows of 1024, 10 full caches
+def test_gemma3_local_layers_hold_w_minus_one_past_positions_and_the_global_ones_all():
+    cfg = load_config("gemma3-27b")
+    w, p = cfg.sliding_window, 8_000
+    assert (w, cfg.layer_types.count("sliding_attention")) == (1024, 52)
+    _, r = analyse("gemma3-27b", seq_len=1, past_len=p)
+    per_layer = 2 * cfg.num_key_value_heads * cfg.head_dim * 2  # K and V, bf16, per position
+    assert r["memory"].kv_cache == 52 * (w - 1 + 1) * per_layer + 10 * (p + 1) * per_layer
+    assert r["memory"].kv_cache_full == 62 * (p + 1) * per_layer

@@ -57,6 +57,11 @@ MODELS: dict[str, tuple[str, dict]] = {
     # a sliding layer then a global one, four norms, soft-capped scores and logits (no matmul of
     # their own); transformers has no sdpa path for the cap, so eager attention (same matmuls)
     "gemma2-9b": ("gemma2-9b", {}),
+    # issue 16: Gemma 3, a local layer (its own RoPE base) then a global one, per-head q/k norms
+    "gemma3-1b": ("gemma3-1b", {"sliding_window_pattern": 2}),
+    # the multimodal config: its text decoder, linearly scaled global RoPE, a score scale of
+    # query_pre_attn_scalar 168 (no matmul of their own); text tokens only reach the decoder
+    "gemma3-27b": ("gemma3-27b", {}),
 }
 # a window shorter than the sequence, so that the mask really slides
 WINDOWED: dict[str, tuple[str, dict]] = {
@@ -77,6 +82,8 @@ WINDOWED: dict[str, tuple[str, dict]] = {
     "command-r7b-window32": ("command-r7b", {"sliding_window": 32, "sliding_window_pattern": 2}),
     # issue 16: Gemma 2, a window-32 layer and a global one
     "gemma2-9b-window32": ("gemma2-9b", {"sliding_window": 32}),
+    # issue 16: Gemma 3, a window-32 layer and a global one
+    "gemma3-1b-window32": ("gemma3-1b", {"sliding_window": 32, "sliding_window_pattern": 2}),
 }
 
 # id -> Workload fields
@@ -93,11 +100,19 @@ WORKLOADS: dict[str, dict] = {
 def _config_dict(preset: str, overrides: dict) -> dict:
     d = json.loads((PRESETS_DIR / f"{preset}.json").read_text(encoding="utf-8"))
     d = {k: v for k, v in d.items() if not k.startswith("_")}  # graphllm's provenance notes
-    d["num_hidden_layers"] = LAYERS
+    # a multimodal config (Gemma 3 27B) keeps its decoder's fields in text_config
+    text = d
+    if "text_config" in d:
+        text = d["text_config"] = dict(d["text_config"])
+    text["num_hidden_layers"] = LAYERS
     for key in ("layer_types", "mlp_only_layers"):  # per-layer fields, trimmed with the layers
-        if isinstance(d.get(key), list):
-            d[key] = d[key][:LAYERS] if key == "layer_types" else [i for i in d[key] if i < LAYERS]
-    return {**d, **overrides}
+        if isinstance(text.get(key), list):
+            cut = (
+                text[key][:LAYERS] if key == "layer_types" else [i for i in text[key] if i < LAYERS]
+            )
+            text[key] = cut
+    text.update(overrides)
+    return d
 
 
 @functools.cache

@@ -28,6 +28,8 @@ PRESETS = [
     "command-r",  # issue 16
     "command-r7b",  # issue 16
     "gemma2-9b",  # issue 16
+    "gemma3-1b",  # issue 16
+    "gemma3-27b",  # issue 16: the text decoder of the multimodal config
 ]
 CORE = {"scores", "softmax", "pv"}
 
@@ -129,7 +131,8 @@ def test_long_sequences_use_intervals_equal_to_exact_sets():
 
 
 @pytest.mark.parametrize(
-    "preset", ["llama3-8b", "mistral-7b", "qwen1.5-moe-a2.7b", "mixtral-8x7b", "gemma2-9b"]
+    "preset",
+    ["llama3-8b", "mistral-7b", "qwen1.5-moe-a2.7b", "mixtral-8x7b", "gemma2-9b", "gemma3-1b"],
 )
 def test_prediction_matches_perturbation(preset):
     check = check_token_mixing(load_config(preset), seq_len=10)
@@ -160,4 +163,16 @@ def test_gemma2_window_layer_then_global_layer_reaches_the_prefix():
     rep = run(build_graph(cfg, Workload(seq_len=t)), ["tokens"])["tokens"]
     # the window layer reaches W back, the global one everything before it
     assert [x["reach"] for x in rep.per_layer][:2] == [w, t]
+    assert rep.depends_on(t - 1) == list(range(t))
+
+
+# issue 16: Gemma 3's pattern, five window layers then a global one: the reach of a stack of
+# window layers grows by W - 1 per layer, the global one reaches everything
+def test_gemma3_five_window_layers_grow_by_w_minus_one_then_the_global_one_reaches_all():
+    cfg = load_config("gemma3-1b").with_layers(6)
+    assert cfg.layer_types == ("sliding_attention",) * 5 + ("full_attention",)
+    w, t = 3, 16
+    rep = run(build_graph(replace(cfg, sliding_window=w), Workload(seq_len=t)), ["tokens"])
+    rep = rep["tokens"]
+    assert [x["reach"] for x in rep.per_layer] == [w + k * (w - 1) for k in range(5)] + [t]
     assert rep.depends_on(t - 1) == list(range(t))

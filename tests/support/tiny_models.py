@@ -149,6 +149,23 @@ CASES: dict[str, tuple[str, dict]] = {
             "final_logit_softcapping": 1.5,
         },
     ),
+    # issue 16: Gemma 3, layers 0, 1 and 3 a window of 4 and layer 2 global
+    # (sliding_window_pattern 3), the prompt longer than the window; the local layers' RoPE
+    # base (rope_local_base_freq) far from the global one, which is linearly scaled; per-head
+    # q/k norms; a score scale off head_dim ** -0.5
+    "gemma3-window": (
+        "gemma3_text",
+        {
+            "num_hidden_layers": 4,
+            "head_dim": 16,
+            "sliding_window": 4,
+            "sliding_window_pattern": 3,
+            "query_pre_attn_scalar": 24,
+            "rope_theta": 10000.0,
+            "rope_local_base_freq": 100.0,
+            "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+        },
+    ),
 }
 
 

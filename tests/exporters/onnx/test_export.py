@@ -65,6 +65,8 @@ CASES = [
     "smollm3",
     "smollm3-window",
     "olmo2",  # issue 16: post-norms, q/k norms over the whole projection
+    # issue 16: Gemma 3, local layers with their own RoPE base beside linearly scaled global ones
+    "gemma3-window",
 ]
 
 

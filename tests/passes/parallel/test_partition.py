@@ -52,6 +52,17 @@ CONFIGS = {
         "attn_logit_softcapping": 0.5,
         "final_logit_softcapping": 1.5,
     },
+    # issue 16: Gemma 3, layers 0, 1 and 3 a window of 5 with their own RoPE base, layer 2 global
+    # with a linearly scaled one; per-head q/k norms
+    "gemma3": {
+        **TINY,
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 4,
+        "sliding_window": 5,
+        "sliding_window_pattern": 3,
+        "rope_local_base_freq": 100.0,
+        "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+    },
 }
 # Phi-4-mini's attention: RoPE on half of each head, and longrope switching to its long factors
 # inside the 8-token call (original context 6)
@@ -244,6 +255,9 @@ def test_balance_minimises_the_slowest_stage():
         ("gemma2", Strategy(tp=2), {}),
         ("gemma2", Strategy(tp=2, sp=True, pp=2), {}),
         ("gemma2", Strategy(cp=4, tp=2), {"past_len": 6, "seq_len": 4}),  # rolling window
+        ("gemma3", Strategy(tp=2), {}),
+        ("gemma3", Strategy(tp=2, sp=True, pp=2), {}),
+        ("gemma3", Strategy(cp=4, tp=2), {"past_len": 6, "seq_len": 4}),  # rolling window
     ],
     ids=lambda v: v.describe().replace(" ", ",") if isinstance(v, Strategy) else None,
 )
