@@ -1505,16 +1505,17 @@ def list_presets() -> list[tuple[str, str]]:
     (alias, the preset it names) for each alias."""
     out = []
     for name in preset_names():
-        aliases = _read(_preset_path(name)).get("_aliases", [])
+        also = _read(_preset_path(name)).get("_aliases", ())
         d, source = _load_preset(name)
         c = config_from_dict(d, name)
         moe = f", {c.num_experts} experts top-{c.num_experts_per_tok}" if c.is_moe else ""
-        also = _read(_preset_path(name)).get("_aliases", ())
         aliases = f"; also {', '.join(also)}" if also else ""
         out.append(
             (
                 name,
-                f"{source}: {c.model_type}, {c.num_hidden_layers} layers, d={c.hidden_size}, "
+                f"{source}: {c.model_type}"
+                + (f" (the text decoder of {c.text_decoder_of})" if c.text_decoder_of else "")
+                + f", {c.num_hidden_layers} layers, d={c.hidden_size}, "
                 f"{c.num_attention_heads}/{c.num_key_value_heads} heads{moe}{aliases}",
             )
         )
