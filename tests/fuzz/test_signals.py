@@ -155,3 +155,27 @@ def test_a_temporary_folder_is_removed_on_error_and_a_dead_ones_on_the_next(tmp_
         (folder / "model.onnx").write_bytes(b"partial")
         raise GraphllmError("a failure after the export")
     assert list(tmp_path.iterdir()) == []
+
+
+# the console script's own first module (graphllm_entry), as `graphllm` runs it
+SCRIPT = "import sys; sys.argv[0] = 'graphllm'; from graphllm_entry import main; main()"
+
+
+@pytest.mark.parametrize("delay", [0.15, 0.3, 0.6])
+def test_a_ctrl_c_while_the_library_loads_is_one_line(tmp_path, delay):
+    # before the command runs, the imports (numpy, onnx, the op table) take a few tenths of a
+    # second: a SIGINT there once surfaced as a KeyboardInterrupt traceback from an import. (One
+    # in the first hundredth, while Python imports its own site module, is Python's to report.)
+    # The trace of a 126-layer model takes seconds, so every delay lands before the end
+    p = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, "trace", "--model", "llama3.1-405b"],
+        cwd=tmp_path,
+        env=sandbox_env(tmp_path, {"ORT_DISABLE_TELEMETRY": "1"}),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    time.sleep(delay)
+    p.send_signal(signal.SIGINT)
+    code, err = _finish(p)
+    assert (code, err) == (130, "error: interrupted (SIGINT)")
