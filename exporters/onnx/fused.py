@@ -1,12 +1,14 @@
 """The fused ONNX lowerings, and the default lowering per provider and family.
 
-- `standard`: opset 23's RMSNormalization, RotaryEmbedding (its cos/sin computed from
-  `position_ids`, half a head wide) and Attention (past K/V in, present out, GQA by head counts,
+- `standard`: opset 23's RMSNormalization, LayerNormalization, RotaryEmbedding (its cos/sin
+  computed from `position_ids`, half a head wide; `interleaved` where the RoPE pairs adjacent
+  channels, Cohere's) and Attention (past K/V in, present out, GQA by head counts,
   `is_causal`, and a boolean mask: the `attention_mask` bits, and the window of a sliding layer).
 - `ort`: onnxruntime's com.microsoft ops. GroupQueryAttention with the rotary embedding fused
   (cos/sin caches of one row per position of the run, S = the attention_mask's length, computed
   each run: a few thousand values; its CPU kernel rotates heads of a multiple of 16 only, so other
-  heads are rotated before it by RotaryEmbedding), `local_window_size` for windows and the
+  heads are rotated before it by RotaryEmbedding; `rotary_interleaved` for adjacent pairs),
+  `local_window_size` for windows and the
   padding as an `attention_bias`; SkipSimplifiedLayerNormalization for each residual add and the
   norm after it; MoE for the routed experts (softmax top-k routing; SwiGLU experts, gate and up
   rows interleaved, as its CPU kernel requires) with a shared expert and its gate as separate
@@ -32,8 +34,9 @@ Each fused region is a declared pattern table (graphllm.exporters.onnx.regions),
 each node its root can be, and its emitter reads the match's captures; the analysed graph
 stays unfused. A
 model a lowering cannot express raises LoweringError in one line, the reason the pattern's
-mismatch gives: latent attention (MLA) has no fused form, and `ort` needs SwiGLU experts routed
-by the top k of a softmax.
+mismatch gives: latent attention (MLA) has no fused form, soft-capped scores (Gemma 2) and RoPE
+pairs written back first members then second ones (layout 'interleave') neither, and `ort`
+needs SwiGLU experts routed by the top k of a softmax.
 """
 
 from __future__ import annotations

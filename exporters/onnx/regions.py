@@ -200,7 +200,8 @@ def qkv_projections(m: Match) -> list[Node]:
 # issue 16: how a rotation pairs its channels. 'half': x_i with x_i+e/2 (rotate-half); 'complex':
 # adjacent pairs (x_2i, x_2i+1) written back in place, which RotaryEmbedding and
 # GroupQueryAttention call interleaved; 'interleave' (DeepSeek-V3, latent attention only) writes
-# the pairs back first members then second ones, which neither can
+# the pairs back first members then second ones, which neither can (onnx.ai/onnx/operators/
+# onnx__RotaryEmbedding.html; onnxruntime's docs/ContribOperators.md, GroupQueryAttention)
 FUSED_ROPE_LAYOUTS = ("half", "complex")
 
 
