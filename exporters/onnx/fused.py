@@ -1,12 +1,14 @@
 """The fused ONNX lowerings, and the default lowering per provider and family.
 
-- `standard`: opset 23's RMSNormalization, RotaryEmbedding (its cos/sin computed from
-  `position_ids`, half a head wide) and Attention (past K/V in, present out, GQA by head counts,
+- `standard`: opset 23's RMSNormalization, LayerNormalization, RotaryEmbedding (its cos/sin
+  computed from `position_ids`, half a head wide; `interleaved` where the RoPE pairs adjacent
+  channels, Cohere's) and Attention (past K/V in, present out, GQA by head counts,
   `is_causal`, and a boolean mask: the `attention_mask` bits, and the window of a sliding layer).
 - `ort`: onnxruntime's com.microsoft ops. GroupQueryAttention with the rotary embedding fused
   (cos/sin caches of one row per position of the run, S = the attention_mask's length, computed
   each run: a few thousand values; its CPU kernel rotates heads of a multiple of 16 only, so other
-  heads are rotated before it by RotaryEmbedding), `local_window_size` for windows and the
+  heads are rotated before it by RotaryEmbedding; `rotary_interleaved` for adjacent pairs),
+  `local_window_size` for windows and the
   padding as an `attention_bias`; SkipSimplifiedLayerNormalization for each residual add and the
   norm after it; MoE for the routed experts (softmax top-k routing; SwiGLU experts, gate and up
   rows interleaved, as its CPU kernel requires) with a shared expert and its gate as separate
@@ -32,8 +34,9 @@ Each fused region is a declared pattern table (graphllm.exporters.onnx.regions),
 each node its root can be, and its emitter reads the match's captures; the analysed graph
 stays unfused. A
 model a lowering cannot express raises LoweringError in one line, the reason the pattern's
-mismatch gives: latent attention (MLA) has no fused form, and `ort` needs SwiGLU experts routed
-by the top k of a softmax.
+mismatch gives: latent attention (MLA) has no fused form, soft-capped scores (Gemma 2) and RoPE
+pairs written back first members then second ones (layout 'interleave') neither, and `ort`
+needs SwiGLU experts routed by the top k of a softmax.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ from graphllm.exporters.onnx.regions import (
     MOE_PATTERN,
     SKIP_NORM_PATTERN,
     qkv_projections,
+    rope_layout,
 )
 from graphllm.ir import Graph, Node, Ref
 from graphllm.models.model_config import FAMILIES
@@ -109,6 +113,12 @@ def _rmsnorm(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("RMSNormalization", [i[0], _gamma(c, n)], n, o, **attrs)
 
 
+def _layernorm(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    # weight only (Cohere's): LayerNormalization without its bias input
+    attrs = {"epsilon": float(n.attrs["eps"]), "axis": -1, "stash_type": 1}
+    c.final("LayerNormalization", [i[0], i[1]], n, o, **attrs)
+
+
 def _quick_gelu(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("QuickGelu", [i[0]], n, o, domain=MS, alpha=1.0)  # x * sigmoid(x): SiLU
 
@@ -150,12 +160,18 @@ class Attn:
     rope: Node | None
     q_norm: Node | None
     k_norm: Node | None
+    # Cohere's per-head LayerNorms, each head with its own weight
+    q_layernorm: Node | None
+    k_layernorm: Node | None
     # OLMo 2's norms over the whole q / k projection, before the head split
     q_wide_norm: Node | None
     k_wide_norm: Node | None
     heads: int
     kv_heads: int
     head_dim: int
+    # the rotation pairs adjacent channels (x_2i, x_2i+1), as Cohere's does: the fused ops'
+    # `interleaved` / `rotary_interleaved`
+    interleaved: bool
     scale: float
     window: int | None
     past: tuple[Ref, Ref]
@@ -174,11 +190,14 @@ class Attn:
             rope=m.get("q_rope"),
             q_norm=m.get("q_norm"),
             k_norm=m.get("k_norm"),
+            q_layernorm=m.get("q_layernorm"),
+            k_layernorm=m.get("k_layernorm"),
             q_wide_norm=m.get("q_wide_norm"),
             k_wide_norm=m.get("k_wide_norm"),
             heads=axis_size(m["q_heads"], "h"),
             kv_heads=axis_size(m["k_heads"], "h"),
             head_dim=axis_size(m["q_heads"], "e"),
+            interleaved="q_rope" in m and rope_layout(m["q_rope"]) == "complex",
             scale=float(m["scale"].attrs["value"]),
             window=m["key_mask"].attrs.get("window"),
             past=(m.ref("past_k"), m.ref("past_v")),
@@ -215,6 +234,18 @@ def _head_norm(c: Lowering, x: str, norm: Node, heads: int, e: int) -> str:
     y = c.op("Reshape", [x, c.const([0, 0, heads, e])], norm.name)  # (B, T, heads, e)
     attrs = {"epsilon": float(norm.attrs["eps"]), "axis": -1, "stash_type": 1}
     y = c.op("RMSNormalization", [y, _gamma(c, norm)], norm.name, **attrs)
+    return c.op("Reshape", [y, c.const([0, 0, heads * e])], norm.name)
+
+
+def _head_layernorm(c: Lowering, x: str, norm: Node, heads: int, e: int) -> str:
+    """Per-head LayerNorm of (B, T, heads * e), each head with its own weight (Cohere's q_norm /
+    k_norm): LayerNormalization's scale is one (e,) row for every head, so it normalises with
+    ones and the (heads, e) weight multiplies after."""
+    y = c.op("Reshape", [x, c.const([0, 0, heads, e])], norm.name)  # (B, T, heads, e)
+    attrs = {"epsilon": float(norm.attrs["eps"]), "axis": -1, "stash_type": 1}
+    ones = c.const(np.ones(e), c.dtype, "ones")
+    y = c.op("LayerNormalization", [y, ones], norm.name, **attrs)
+    y = c.op("Mul", [y, norm.inputs[1].node], norm.name)
     return c.op("Reshape", [y, c.const([0, 0, heads * e])], norm.name)
 
 
@@ -272,14 +303,17 @@ def _bool_mask(c: Lowering, window: int | None) -> str:
 
 
 def _qkv_heads(c: Lowering, a: Attn, names: dict[Ref, str], rotate: bool) -> tuple[str, ...]:
-    """Q, K and V (B, T, heads x hd) from one MatMul, Qwen3's per-head norms applied, and with
-    `rotate` Q and K rotated by position_ids (RotaryEmbedding)."""
+    """Q, K and V (B, T, heads x hd) from one MatMul, Qwen3's per-head RMSNorms or Cohere's
+    LayerNorms applied, and with `rotate` Q and K rotated by position_ids (RotaryEmbedding)."""
     q, k, v = _split_qkv(c, a, _qkv(c, a, names[a.x]))
     if a.q_wide_norm is not None and a.k_wide_norm is not None:
         q, k = (_wide_norm(c, x, n) for x, n in ((q, a.q_wide_norm), (k, a.k_wide_norm)))
     if a.q_norm is not None and a.k_norm is not None:
         q = _head_norm(c, q, a.q_norm, a.heads, a.head_dim)
         k = _head_norm(c, k, a.k_norm, a.kv_heads, a.head_dim)
+    if a.q_layernorm is not None and a.k_layernorm is not None:
+        q = _head_layernorm(c, q, a.q_layernorm, a.heads, a.head_dim)
+        k = _head_layernorm(c, k, a.k_layernorm, a.kv_heads, a.head_dim)
     if rotate and a.rope is not None and a.positions is not None:
         # the tables come from this call's position_ids, so longrope's choice is made per call
         cos, sin = rotary_tables(c, names[a.positions], a.rope, full=False, head_axis=False)
@@ -287,6 +321,8 @@ def _qkv_heads(c: Lowering, a: Attn, names: dict[Ref, str], rotate: bool) -> tup
         rot = 2 * len(a.rope.attrs["inv_freq"])
         if rot < a.head_dim:  # partial rotary: the channels past rot pass through
             part["rotary_embedding_dim"] = rot
+        if a.interleaved:  # adjacent pairs, each written back in place
+            part["interleaved"] = 1
         q = c.op("RotaryEmbedding", [q, cos, sin], f"{a.scope}.q_rope", num_heads=a.heads, **part)
         k = c.op(
             "RotaryEmbedding", [k, cos, sin], f"{a.scope}.k_rope", num_heads=a.kv_heads, **part
@@ -402,6 +438,8 @@ def _ort_attention(a: Attn) -> Callable[[Lowering, dict[Ref, str]], None]:
             "do_rotary": int(fused),
             "local_window_size": a.window or -1,
         }
+        if fused and a.interleaved:  # adjacent pairs, each written back in place
+            attrs["rotary_interleaved"] = 1
         c.named("GroupQueryAttention", ins, outs, f"{a.scope}.core", domain=MS, **attrs)
 
     return emit
@@ -507,6 +545,7 @@ STANDARD = OpSet(
         "expert_linear": _expert_linear,
         "embedding": _embedding,
         "rmsnorm": _rmsnorm,
+        "layernorm": _layernorm,
     },
     regions=_standard_regions,
 )

@@ -30,23 +30,21 @@ Q_HEADS_PATTERN, K_HEADS_PATTERN = (
     for proj, x in ((Q_PROJ_PATTERN, "q"), (K_PROJ_PATTERN, "k"))
 )
 V_HEADS_PATTERN = Op("split_heads", V_PROJ_PATTERN, name="v_heads")
-# Q and K: a per-head RMSNorm where there is one (Qwen3), rotated by one set of positions
-# except in a NoPE layer (SmolLM3's), whose Q and K are not rotated
-Q_PATTERN = Optional(
-    Op(
-        "rope",
-        Optional(Op("rmsnorm", Q_HEADS_PATTERN, name="q_norm")),
-        Var("positions"),
-        name="q_rope",
+# Q and K: a per-head RMSNorm where there is one (Qwen3), or a per-head LayerNorm with each
+# head's own weight (Cohere's), rotated by one set of positions, on rotate-half or adjacent
+# pairs (Cohere's RoPE), except in a NoPE layer (SmolLM3's), whose Q and K are not rotated
+Q_PATTERN, K_NEW_PATTERN = (
+    Optional(
+        Op(
+            ("rope", "rope_pairs"),
+            Op("rmsnorm", heads, name=f"{x}_norm")
+            | Op("head_layernorm", heads, name=f"{x}_layernorm")
+            | heads,
+            Var("positions"),
+            name=f"{x}_rope",
+        )
     )
-)
-K_NEW_PATTERN = Optional(
-    Op(
-        "rope",
-        Optional(Op("rmsnorm", K_HEADS_PATTERN, name="k_norm")),
-        Var("positions"),
-        name="k_rope",
-    )
+    for heads, x in ((Q_HEADS_PATTERN, "q"), (K_HEADS_PATTERN, "k"))
 )
 # K and V behind the past ones, copied to the query heads (GQA) where they are fewer
 K_PATTERN = Optional(
@@ -102,6 +100,21 @@ ATTENTION_PATTERN = Pattern(
                 or np.array_equal(m["k_rope"].attrs["inv_freq"], m["q_rope"].attrs["inv_freq"])
             ),
             "{k_rope}: rotates otherwise than {q_rope}",
+        ),
+        Check(
+            lambda m: (
+                "q_rope" not in m
+                or (m["q_rope"].op, rope_layout(m["q_rope"]))
+                == (m["k_rope"].op, rope_layout(m["k_rope"]))
+            ),
+            "{k_rope}: pairs its channels otherwise than {q_rope}",
+        ),
+        Check(
+            # RotaryEmbedding writes a rotated pair back where it was read (in place) or as
+            # rotate-half does; DeepSeek-V3's layout gathers first members, then second ones
+            lambda m: "q_rope" not in m or rope_layout(m["q_rope"]) in FUSED_ROPE_LAYOUTS,
+            "{q_rope}: RoPE pairs written back first members then second ones (layout "
+            "'interleave'), which RotaryEmbedding cannot express",
         ),
         Check(
             lambda m: ("qkv_split" in m) == all(p not in m for p in SEPARATE_QKV),
@@ -182,3 +195,16 @@ SKIP_NORM_PATTERN = Pattern(
 def qkv_projections(m: Match) -> list[Node]:
     """Q, K and V's projections in an attention match: Phi-3's one, or three."""
     return [m["qkv_proj"]] if "qkv_split" in m else [m[p] for p in SEPARATE_QKV]
+
+
+# issue 16: how a rotation pairs its channels. 'half': x_i with x_i+e/2 (rotate-half); 'complex':
+# adjacent pairs (x_2i, x_2i+1) written back in place, which RotaryEmbedding and
+# GroupQueryAttention call interleaved; 'interleave' (DeepSeek-V3, latent attention only) writes
+# the pairs back first members then second ones, which neither can (onnx.ai/onnx/operators/
+# onnx__RotaryEmbedding.html; onnxruntime's docs/ContribOperators.md, GroupQueryAttention)
+FUSED_ROPE_LAYOUTS = ("half", "complex")
+
+
+def rope_layout(rope: Node) -> str:
+    """A RoPE node's channel pairing: its `layout` attr, rotate-half where it has none."""
+    return str(rope.attrs.get("layout", "half"))

@@ -9,7 +9,9 @@ pass lists ops by name.
 
 FLOP conventions (per DESIGN.md): a contraction costs 2 x the product of all its distinct axis
 sizes (one multiply and one add per term); other ops cost `flops_per_elem` per output element,
-the constants documented per row; data movement (reshapes, concat, gather, dispatch) is 0.
+the constants documented per row; data movement (reshapes, concat, gather, dispatch) is 0. A row
+whose count depends on its attrs as well as its sizes says so with `flops_attrs_fn` (RoPE under
+partial rotary: only the rotated channels cost anything).
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ class OpSpec:
     same_position: tuple[tuple[str, ...], ...] = ()
     flops_per_elem: float = 0.0
     flops_fn: Callable[[dict[str, float]], float] | None = None
+    # the FLOPs from the bound letter sizes and the node's attrs, for a rule the sizes alone
+    # do not fix (RoPE: 3 per rotated element, its rotated width 2 * len(inv_freq) of e)
+    flops_attrs_fn: Callable[[dict[str, float], dict[str, Any]], float] | None = None
     out_dtypes: tuple[str, ...] = ("same",)  # 'same' (input 0), 'act', 'int64', 'attr'
     check: Callable[[Node, dict[str, Dim]], str | None] | None = None
     # which (query, key) position pairs the op lets through, from its attrs: for query
@@ -245,6 +250,8 @@ def node_flops(graph: Graph, node: Node) -> tuple[float, float]:
         return 0.0, 0.0
     if spec.flops_fn is not None:
         return 0.0, float(spec.flops_fn(letter_sizes(graph, node)))
+    if spec.flops_attrs_fn is not None:
+        return 0.0, float(spec.flops_attrs_fn(letter_sizes(graph, node), node.attrs))
     contraction = 2 * math.prod(letter_sizes(graph, node).values()) if spec.is_contraction else 0.0
     other = spec.flops_per_elem * sum(t.numel(graph.bindings) for t in node.outputs)
     if spec.matmul:

@@ -15,7 +15,7 @@ from graphllm.ir.opspec import (
     OpSpec,
     register,
 )
-from graphllm.ops.common import f32, qk, weighted_values
+from graphllm.ops.common import f32, qk, rope_flops, weighted_values
 
 
 def _rope(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
@@ -79,8 +79,9 @@ register(
         "with fewer frequencies than pairs (partial rotary) only the leading channels turn. "
         "longrope picks its long frequencies when the call's largest position id reaches "
         "long_from (a choice made from the position ids, never from token values). "
-        "3 FLOPs/element (two multiplies, one add); the cos/sin tables are not counted.",
-        flops_per_elem=3,
+        "3 FLOPs per rotated element (two multiplies, one add); the channels past the rotated "
+        "width (partial rotary) pass through for free, and the cos/sin tables are not counted.",
+        flops_attrs_fn=rope_flops,
         linear=((0,),),
     ),
     OpSpec(

@@ -34,3 +34,8 @@ def add_impl(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
 
 def weighted_values(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     return f32(xs[0]) @ f32(xs[1])
+
+
+def rope_flops(sizes: dict[str, float], attrs: dict[str, Any]) -> float:
+    """3 FLOPs per rotated element of (b, h, t, e): the op turns 2 * len(inv_freq) channels."""
+    return 3 * sizes["b"] * sizes["h"] * sizes["t"] * 2 * len(attrs["inv_freq"])

@@ -16,7 +16,7 @@ from graphllm.ir.opspec import (
     OpSpec,
     register,
 )
-from graphllm.ops.common import add_impl, f32, qk, size_one, weighted_values
+from graphllm.ops.common import add_impl, f32, qk, rope_flops, size_one, weighted_values
 
 
 def _einsum(sig: str) -> Callable[[list[np.ndarray], dict[str, Any]], np.ndarray]:
@@ -108,8 +108,9 @@ register(
         ELEMENTWISE,
         rope_pairs,
         "RoPE on adjacent pairs (x_2i, x_2i+1), written back interleaved ('complex', "
-        "DeepSeek-V2) or first members then second ('interleave', DeepSeek-V3). 3 FLOPs/element.",
-        flops_per_elem=3,
+        "DeepSeek-V2) or first members then second ('interleave', DeepSeek-V3). 3 FLOPs per "
+        "rotated element, as rope.",
+        flops_attrs_fn=rope_flops,
         linear=((0,),),
     ),
     OpSpec(

@@ -247,3 +247,33 @@ def test_gemma3_local_layers_hold_w_minus_one_past_positions_and_the_global_ones
     per_layer = 2 * cfg.num_key_value_heads * cfg.head_dim * 2  # K and V, bf16, per position
     assert r["memory"].kv_cache == 52 * (w - 1 + 1) * per_layer + 10 * (p + 1) * per_layer
     assert r["memory"].kv_cache_full == 62 * (p + 1) * per_layer
+
+
+@pytest.mark.parametrize(("preset", "rotated"), [("phi4-mini", 96), ("llama3-8b", 128)])
+@pytest.mark.parametrize(("t", "past"), [(64, 0), (1, 64)])  # prefill, a decode step
+def test_rope_counts_three_flops_per_rotated_element(preset, rotated, t, past):
+    # issue 16: Phi-4-mini's partial rotary turns 96 of its 128 head channels; the other 32
+    # pass through and cost nothing. A full-rotary model turns the whole head
+    cfg, b = load_config(preset), 2
+    assert (cfg.rotary_dim or cfg.head_dim) == rotated and cfg.head_dim == 128
+    g, r = analyse(preset, batch=b, seq_len=t, past_len=past)
+    per_layer = 3 * b * t * (cfg.num_attention_heads + cfg.num_key_value_heads) * rotated
+    assert r["cost"].flops["by_op"]["rope"] == per_layer * cfg.num_hidden_layers
+    scope = f"model.layers.{cfg.num_hidden_layers - 1}.self_attn"
+    rope = sum(g[f"{scope}.{x}_rope"].meta["cost"].flops for x in "qk")
+    assert rope == per_layer
+    _, trained = analyse(preset, batch=b, seq_len=t, past_len=past, training=True)
+    assert trained["cost"].flops["by_op"]["rope"] == 2 * per_layer * cfg.num_hidden_layers
+
+
+def test_rope_on_adjacent_pairs_counts_its_rotated_channels():
+    # Command R's RoPE pairs adjacent channels over the whole head; DeepSeek-V2's turns its
+    # rope part only, which is the whole input of its rope_pairs nodes
+    for preset in ("command-r", "deepseek-v2-lite"):
+        g, _ = analyse(preset, batch=1, seq_len=16)
+        ropes = [n for n in g.nodes() if n.op == "rope_pairs"]
+        assert ropes
+        for n in ropes:
+            b, h, t, e = (d.size if d.size is not None else g.bindings[d.name] for d in n.out.dims)
+            assert 2 * len(n.attrs["inv_freq"]) == e
+            assert n.meta["cost"].flops == 3 * b * h * t * e

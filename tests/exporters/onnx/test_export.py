@@ -67,6 +67,11 @@ CASES = [
     "olmo2",  # issue 16: post-norms, q/k norms over the whole projection
     # issue 16: Gemma 3, local layers with their own RoPE base beside linearly scaled global ones
     "gemma3-window",
+    # issue 16: Cohere's RoPE on adjacent pairs (RotaryEmbedding's `interleaved`), LayerNorms,
+    # per-head q/k LayerNorms; Cohere 2's window layers and global NoPE one
+    "cohere",
+    "cohere-qk-norm",  # head_dim 16: rotated inside GroupQueryAttention (`rotary_interleaved`)
+    "cohere2-window",
 ]
 
 
@@ -81,13 +86,12 @@ HD16 = [
     "granite-hd16",
     "smollm3-hd16",  # RoPE layers rotated inside GroupQueryAttention, NoPE layers not at all
     "olmo2-hd16",  # issue 16
+    "cohere-hd16",  # issue 16: adjacent pairs rotated inside GroupQueryAttention
+    "cohere2-window-hd16",
 ]
 # issue 16: cases the fused lowerings (standard, ort) refuse in one line, naming what they
 # cannot express; decomposed runs them
 DECOMPOSED_ONLY = {
-    "cohere": "q_rope is rope_pairs, where rope",  # interleaved RoPE, LayerNorm
-    "cohere-qk-norm": "q_rope is rope_pairs, where rope",
-    "cohere2-window": "q_rope is rope_pairs, where rope",
     # issue 16: Gemma 2's attention soft-capping
     "gemma2-window": "core.softcap: the scores reach the mask through softcap",
 }

@@ -61,6 +61,54 @@ def test_ort_rotates_before_attention_where_its_kernel_cannot(tmp_path):
         np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
 
 
+def _interleaved(path: Path) -> list[tuple[str, int]]:
+    """Each rotating node's op and its interleaved flag (RotaryEmbedding's `interleaved`,
+    GroupQueryAttention's `rotary_interleaved` where it rotates)."""
+    import onnx
+
+    out = []
+    for n in onnx.load(str(path)).graph.node:
+        a = {x.name: x.i for x in n.attribute}
+        if n.op_type == "RotaryEmbedding" or a.get("do_rotary"):
+            out.append((n.op_type, a.get("interleaved", a.get("rotary_interleaved", 0))))
+    return out
+
+
+# issue 16: Cohere's RoPE pairs adjacent channels; head_dim 16 rotates inside
+# GroupQueryAttention, head_dim 8 by RotaryEmbedding before it; Command R7B's global layers
+# (every fourth) are NoPE and rotate nothing
+@pytest.mark.parametrize(
+    ("preset", "head_dim"), [("command-r", 16), ("command-r", 8), ("command-r7b", 16)]
+)
+def test_the_fused_lowerings_rotate_adjacent_pairs_interleaved(tmp_path, preset, head_dim):
+    cfg = dataclasses.replace(small_instance(graphllm.load_config(preset), 4), head_dim=head_dim)
+    assert default_lowering(build_export_graph(cfg)) == "ort"
+    rotating = sum(cfg.rope_layers) if cfg.rope_layers else cfg.num_hidden_layers
+    assert rotating == cfg.num_hidden_layers - (preset == "command-r7b")
+    inside = [("GroupQueryAttention", 1)] * rotating
+    want = {
+        "standard": [("RotaryEmbedding", 1)] * 2 * rotating,  # q and k
+        "ort": inside if head_dim % 16 == 0 else [("RotaryEmbedding", 1)] * 2 * rotating,
+    }
+    for ops, rotations in want.items():
+        path = tmp_path / f"{ops}.onnx"
+        export_onnx(build_export_graph(cfg), path, ops=ops, seed=1)
+        assert _interleaved(path) == rotations, ops
+
+
+def test_the_fused_lowerings_refuse_pairs_they_cannot_write_back():
+    graph = build_export_graph(_small("command-r"))
+    rope = graph["model.layers.0.self_attn.k_rope"]
+    rope.attrs["layout"] = "interleave"  # first members, then second ones: DeepSeek-V3's
+    for ops in ("standard", "ort"):
+        assert "pairs its channels otherwise than" in can_express(ops, graph)
+    graph["model.layers.0.self_attn.q_rope"].attrs["layout"] = "interleave"
+    for ops in ("standard", "ort"):
+        reason = can_express(ops, graph)
+        assert "(layout 'interleave'), which RotaryEmbedding cannot express" in reason
+        assert "\n" not in reason
+
+
 def test_ort_refuses_routing_and_experts_the_moe_op_cannot_run(tmp_path):
     moe = _small("mixtral-8x7b")
     assert can_express("ort", build_export_graph(moe)) is None
@@ -96,10 +144,10 @@ def test_default_table():
     for name, _ in list_presets():
         cfg = graphllm.load_config(name)
         graph = build_export_graph(cfg)
-        # onnxruntime's GroupQueryAttention (and MoE op); latent attention, and RoPE on
-        # adjacent channel pairs (Cohere, issue 16), soft-capped scores (Gemma 2, issue 16):
-        # decomposed only
-        fused = not cfg.is_mla and cfg.rope_layout == "half"
+        # onnxruntime's GroupQueryAttention (and MoE op), RoPE on adjacent channel pairs
+        # (Cohere's, issue 16) included; latent attention and soft-capped scores (Gemma 2,
+        # issue 16): decomposed only
+        fused = not cfg.is_mla
         want = "ort" if fused and cfg.attn_logit_softcapping is None else "decomposed"
         assert default_lowering(graph, "cpu") == want, name
         assert default_lowering(graph, "cuda") == "decomposed", name
