@@ -35,12 +35,19 @@ FAMILIES = (
     "cohere2",
     # issue 16: gemma2
     "gemma2",
+    # issue 16: llama4_text (attention; its MoE layers are refused until issue 18)
+    "llama4_text",
 )
 
 # the attention a layer can have (ModelConfig.layer_types), each one the builder implements; a
 # new kind (chunked, linear attention, a state-space layer) joins here and in the builder together,
 # while NoPE is not a kind but a layer without RoPE (rope_layers)
-LAYER_TYPES = ("full_attention", "sliding_attention")
+LAYER_TYPES = (
+    "full_attention",
+    "sliding_attention",
+    # issue 16, Llama 4: attention inside fixed blocks of attention_chunk_size absolute positions
+    "chunked_attention",
+)
 
 
 # Sanity limits on a model's sizes: a config past one is a mistake or an attack, refused in one
@@ -283,6 +290,19 @@ class ModelConfig:
     # logits each through cap * tanh(x / cap), visible as softcap nodes; None: no cap
     attn_logit_softcapping: float | None = None
     final_logit_softcapping: float | None = None
+    # issue 16, Llama 4: a chunked_attention layer's queries see the keys of their own chunk of
+    # attention_chunk_size absolute positions (s // C == t // C) and none after them
+    attention_chunk_size: int | None = None
+    # Llama 4's use_qk_norm: on RoPE layers, q and k through a weightless L2 norm
+    # x / sqrt(mean(x^2) + rms_norm_eps) after RoPE (l2norm nodes)
+    qk_l2_norm: bool = False
+    # Llama 4's attention temperature on NoPE layers: each query times
+    # log(floor((i + 1) / floor_scale) + 1) * attn_scale + 1, i its absolute position index;
+    # floor_scale 0: none
+    temperature_floor_scale: int = 0
+    temperature_attn_scale: float = 0.0
+    # the dense FFN's module name: model.layers.{i}.<mlp_name> (Llama 4: feed_forward)
+    mlp_name: str = "mlp"
 
     def __post_init__(self) -> None:
         for name, record in _RECORDS.items():
@@ -344,6 +364,10 @@ class ModelConfig:
             check_size(name, getattr(self, name), least=0)
         if self.sliding_window is not None:
             check_size("sliding_window", self.sliding_window)
+        if self.attention_chunk_size is not None:
+            check_size("attention_chunk_size", self.attention_chunk_size)
+        check_size("temperature_floor_scale", self.temperature_floor_scale, least=0)
+        check_number("temperature_attn_scale", self.temperature_attn_scale, -1e6, 1e6)
         check_number("rms_norm_eps", self.rms_norm_eps, 1e-30, 1.0)
         check_number("rope.theta", self.rope.theta, 1.0, 1e15)
         for name in (
@@ -365,6 +389,14 @@ class ModelConfig:
         if "sliding_attention" in self.layer_types and self.sliding_window is None:
             raise ConfigError(
                 "layer_types has sliding_attention layers but sliding_window is unset"
+            )
+        if "chunked_attention" in self.layer_types and self.attention_chunk_size is None:
+            raise ConfigError(
+                "layer_types has chunked_attention layers but attention_chunk_size is unset"
+            )
+        if not isinstance(self.mlp_name, str) or not self.mlp_name:
+            raise ConfigError(
+                f"mlp_name must be a non-empty string, got {shown(self.mlp_name, 40)}"
             )
         # the q/k norms are the model's own kind: per head with its own weights for LayerNorm
         # (Cohere), shared by the heads or over the projection for RMSNorm (Qwen3, OLMo 2)
@@ -450,6 +482,7 @@ _FLAGS = (
     "norm_topk_prob",
     "shared_expert_gate",
     "renorm_replaces_scaling",
+    "qk_l2_norm",
 )
 _POSITIVE = (
     "vocab_size",
