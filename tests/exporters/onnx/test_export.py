@@ -88,7 +88,14 @@ DECOMPOSED_ONLY = {
     "cohere2-window": "q_rope is rope_pairs, where rope",
     # issue 16: Gemma 2's attention soft-capping
     "gemma2-window": "core.softcap: the scores reach the mask through softcap",
+    # issue 16: Llama 4's L2 QK-norm after its complex-pair RoPE, which the fused attention
+    # patterns do not take (ort's GroupQueryAttention has no chunk either: see below)
+    "llama4_text-chunked": "self_attn.q_norm is l2norm, where",
 }
+# issue 16: Llama 4's temperature reads the query's index in the padded cache (transformers'
+# cache_position), so its left-padded row is not the unpadded prompt run alone once floor_scale
+# is below the padded positions: that row is checked against transformers only
+PADDED_IS_NOT_ALONE = {"llama4_text-chunked"}
 LOWERED = [
     *(("decomposed", c) for c in CASES + list(DECOMPOSED_ONLY)),
     *(("standard", c) for c in CASES),
@@ -244,7 +251,8 @@ def test_left_padded_batch(exported, ops, case):
     theirs = ref["hf"][0]
     _close(ours["logits"][0], theirs[0], "full row vs transformers")
     _close(ours["logits"][1, PAD:], theirs[1, PAD:], "padded row vs transformers")
-    _close(ours["logits"][1, PAD:], ref["alone"], "padded row vs interpreter, unpadded")
+    if case not in PADDED_IS_NOT_ALONE:
+        _close(ours["logits"][1, PAD:], ref["alone"], "padded row vs interpreter, unpadded")
     for step, (nxt, mask, pos) in enumerate(steps):
         ours = e.onnx.forward(nxt, mask, pos, past=_presents(ours))
         _close(ours["logits"], ref["hf"][step + 1], f"padded decode step {step}")
