@@ -872,6 +872,13 @@ def _llama4_moe_layers(given: dict) -> list[int] | None:
     return list(range(step - 1, n, step)) if step >= 1 else None
 
 
+def _flag_or_count(name: str, v: Any) -> bool:
+    """true/false, or a non-negative integer read as its truth (0: false)."""
+    if isinstance(v, bool):
+        return v
+    return _nonneg_int(name, v) > 0
+
+
 def _llama4_unmodelled(given: dict) -> list[str]:
     moe = _llama4_moe_layers(given)
     if not moe:
@@ -932,7 +939,9 @@ FAMILY_TABLE["llama4_text"] = Family(
         no_rope_layers=Spec(_int_list, None),
         no_rope_layer_interval=Spec(_pos_int, 4),
         attention_chunk_size=Spec(_pos_int, 8192, nullable=True),  # null: no chunked layer
-        attn_temperature_tuning=Spec(_bool, True),
+        # Scout's published file writes 4, which transformers 4.5x's model reads as true (`if
+        # self.attn_temperature_tuning`; transformers 5's strict config refuses the int)
+        attn_temperature_tuning=Spec(_flag_or_count, True),
         floor_scale=Spec(_pos_int, 8192),
         attn_scale=Spec(_pos_float, 0.1),
     ),
@@ -942,8 +951,12 @@ FAMILY_TABLE["llama4_text"] = Family(
     default_theta=500000.0,
     layer_kinds=(FULL, CHUNKED),
     unmodelled=_llama4_unmodelled,
-    # the published files' cache kind: transformers builds the same model whatever it says
-    noop_only={"cache_implementation": ("hybrid", None)},
+    noop_only={
+        # the published files' cache kind: transformers builds the same model whatever it says
+        "cache_implementation": ("hybrid", None),
+        # Scout's published file: a quantisation tool's switch, false in the checkpoint
+        "for_llm_compressor": (False,),
+    },
 )
 assert set(FAMILY_TABLE) == set(FAMILIES)
 
@@ -1107,8 +1120,12 @@ def _rope_scaling(got: dict[str, Any], rtype: str, where: str, max_pos: int) -> 
         )
     if rtype == "llama3":
         lo, hi = got["low_freq_factor"], got["high_freq_factor"]
-        if hi <= lo:
-            raise ConfigError(f"{where}: high_freq_factor {hi} must exceed low_freq_factor {lo}")
+        # equal factors (Llama 4 Scout's 1 and 1) leave no band between the two: transformers
+        # warns and scales every wavelength past the low one, as _llama3 does
+        if hi < lo:
+            raise ConfigError(
+                f"{where}: high_freq_factor {hi} must be at least low_freq_factor {lo}"
+            )
         kw |= {"low_freq_factor": lo, "high_freq_factor": hi}
     if rtype == "yarn":
         if "factor" not in got:  # as _compute_yarn_parameters does
