@@ -28,8 +28,8 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 from graphllm import Workload, build_graph  # noqa: E402
 from graphllm.models.config import PRESETS_DIR, config_from_dict  # noqa: E402
 from graphllm.passes import run  # noqa: E402
-from tests.support.llama4_configs import SCOUT_TEXT  # noqa: E402
 from tests.support.flop_counter import count_forward  # noqa: E402
+from tests.support.llama4_configs import SCOUT_TEXT  # noqa: E402
 
 LAYERS = 2
 
