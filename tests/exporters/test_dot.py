@@ -53,6 +53,19 @@ CONFIGS = {
     "cohere": dict(SMALL, model_type="cohere", use_qk_norm=True),
     # issue 16: four norms per block, soft-capped scores and logits, a window on layer 0
     "gemma2": dict(SMALL, model_type="gemma2", head_dim=4, sliding_window=2),
+    # issue 16: Llama 4, layers 0 and 2 chunked by 2 with RoPE and the L2 QK-norm, 1 and 3
+    # global NoPE layers with the query temperature
+    "llama4": dict(
+        SMALL,
+        model_type="llama4_text",
+        num_hidden_layers=4,
+        head_dim=4,
+        moe_layers=[],
+        intermediate_size_mlp=24,
+        no_rope_layer_interval=2,
+        attention_chunk_size=2,
+        floor_scale=4,
+    ),
 }
 SVG = "{http://www.w3.org/2000/svg}"
 L0 = "model.layers.0"
@@ -499,3 +512,20 @@ def test_gemma2_block_draws_a_norm_before_and_after_each_sub_layer_and_the_caps(
     assert "50·tanh(x / 50)" in pic.text(f"{core}.softcap#0")
     assert (f"{core}.scale#0", f"{core}.softcap#0") in pic.edges
     assert (f"{core}.softcap#0", f"{core}.mask#0") in pic.edges
+
+
+# -- issue 16: Llama 4 ---------------------------------------------------------------------------
+def test_llama4_model_view_marks_chunked_and_nope_layers(tmp_path, renderer):
+    graph = graph_of("llama4")
+    pic = draw(tmp_path, graph, "model", renderer)
+    # layer 0 chunked with RoPE, layer 1 global and NoPE
+    assert "chunked 2" in pic.text("blocks:0") and "NoPE" not in pic.text("blocks:0")
+    assert "NoPE" in pic.text("blocks:1") and "chunked" not in pic.text("blocks:1")
+    pic = draw(tmp_path, graph, "attention", renderer, layer=0)
+    core = f"{ATT}.core"
+    assert "causal, chunked 2" in pic.text(f"{core}.mask#0")
+    assert "L2 norm" in pic.text(f"{ATT}.q_norm#0")
+    pic = draw(tmp_path, graph, "attention", renderer, layer=1)
+    att1 = "model.layers.1.self_attn"
+    assert "⌊(i + 1) / 4⌋" in pic.text(f"{att1}.attn_temperature#0")
+    assert "chunked" not in pic.text(f"{att1}.core.mask#0")
