@@ -168,6 +168,21 @@ CASES: dict[str, tuple[str, dict]] = {
             "rope_parameters": LLAMA3_ROPE,
         },
     ),
+    # issue 16: Llama 4's chunk alone, on NoPE layers without a temperature (so no rope_pairs,
+    # l2norm or attn_temperature node: what the fused lowerings' attention can take)
+    "llama4_text-nope-chunked": (
+        "llama4_text",
+        {
+            "num_hidden_layers": 2,
+            "head_dim": 16,
+            "intermediate_size_mlp": 48,
+            "moe_layers": [],
+            "no_rope_layers": [0, 0],
+            "layer_types": ["chunked_attention", "full_attention"],
+            "attention_chunk_size": 4,
+            "attn_temperature_tuning": False,
+        },
+    ),
 }
 
 

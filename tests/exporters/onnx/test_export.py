@@ -101,6 +101,12 @@ LOWERED = [
     *(("standard", c) for c in CASES),
     *(("ort", c) for c in CASES + HD16),
 ]
+# issue 16: Llama 4's chunk on `standard` (its bool mask takes the chunk); `ort` refuses it
+LOWERED += [(ops, "llama4_text-nope-chunked") for ops in ("decomposed", "standard")]
+ORT_REFUSES = {
+    "llama4_text-nope-chunked": "chunked attention (chunk 4); GroupQueryAttention has only a "
+    "sliding window (local_window_size)"
+}
 # Phi-4-mini's attention: partial rotary and longrope, whose decode steps cross from the short
 # factors to the long ones (every lowering chooses per call, from position_ids)
 LOWERED += [(ops, "phi3-partial-longrope") for ops in ("decomposed", "standard", "ort")]
@@ -265,6 +271,14 @@ def test_the_fused_lowerings_refuse_what_they_cannot_express_in_one_line(tiny_mo
     with pytest.raises(LoweringError, match=f"the {ops} lowering cannot express") as e:
         lower(graph, ops)
     assert DECOMPOSED_ONLY[case] in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("case", ORT_REFUSES)
+def test_ort_refuses_what_groupqueryattention_cannot_express_in_one_line(tiny_model, case):
+    graph = build_export_graph(tiny_model(case).cfg)
+    with pytest.raises(LoweringError, match="the ort lowering cannot express") as e:
+        lower(graph, "ort")
+    assert ORT_REFUSES[case] in str(e.value) and "\n" not in str(e.value)
 
 
 def test_the_default_lowering_of_soft_capped_attention_is_decomposed(tiny_model):
