@@ -82,6 +82,12 @@ CAPTIONS: dict[str, Callable[[Node], str]] = {
     "mask": lambda n: ", ".join(
         (["causal"] if n.attrs.get("causal") else [])
         + ([f"window {n.attrs['window']}"] if n.attrs.get("window") else [])
+        + ([f"chunked {n.attrs['chunk']}"] if n.attrs.get("chunk") else [])  # issue 16
+    ),
+    # issue 16: Llama 4's weightless QK-norm and its NoPE layers' query temperature
+    "l2norm": lambda n: "L2 norm (no weight)",
+    "attn_temperature": lambda n: (
+        f"× log(⌊(i + 1) / {n.attrs['floor_scale']}⌋ + 1) · {n.attrs['attn_scale']:.4g} + 1"
     ),
     "pv": lambda n: "P V",
     "mul": lambda n: "elementwise ×",
@@ -294,7 +300,7 @@ class _Ctx:
     def summary(self, members: Iterable[Node]) -> str:
         """What a collapsed scope holds, from the roles of its axes."""
         sizes: dict[str, int] = {}
-        windows, kinds = set(), set()
+        windows, kinds, chunks = set(), set(), set()
         for n in members:
             kinds |= {k for _, k in scopes_of(self.g, n.name)}
             for t in n.outputs:
@@ -303,6 +309,8 @@ class _Ctx:
                         sizes.setdefault(d.role, d.size)
             if OPS[n.op].relation is not None and n.attrs.get("window"):
                 windows.add(n.attrs["window"])
+            if OPS[n.op].relation is not None and n.attrs.get("chunk"):  # issue 16
+                chunks.add(n.attrs["chunk"])
         parts = []
         if "head" in sizes:
             kv = sizes.get("kv_head")
@@ -316,6 +324,7 @@ class _Ctx:
         elif "ffn" in sizes:
             parts.append(f"ffn {sizes['ffn']}")
         parts += [f"window {w}" for w in sorted(windows)]
+        parts += [f"chunked {c}" for c in sorted(chunks)]
         return ", ".join(parts)
 
 

@@ -231,17 +231,29 @@ def _softcap(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("Mul", [c.op("Tanh", [c.op("Div", [i[0], cap], n.name)], n.name), cap], n, o)
 
 
-def allowed_keys(c: Lowering, attrs: dict[str, Any]) -> str:
-    """(B, 1, T, S) bool: causal / window relation by cache index, and the attention mask."""
-    causal, window = attrs.get("causal", True), attrs.get("window")
+def _cache_indices(c: Lowering) -> tuple[str, str]:
+    """((S,) key index, (T,) query index) into the cache, queries being its last T."""
 
-    def make() -> str:
+    def make() -> tuple[str, str]:
         s = "model.attention_mask"
         n_key = c.scalar(c.dim("attention_mask", 1, s), s)  # S
         n_new = c.scalar(c.dim("input_ids", 1, s), s)  # T
         one = c.const(1, hint="one")
         k = c.op("Range", [c.const(0, hint="zero"), n_key, one], s)  # (S,) key index
         q = c.op("Range", [c.op("Sub", [n_key, n_new], s), n_key, one], s)  # (T,) query index
+        return k, q
+
+    return c.shared(("cache_indices",), make)
+
+
+def allowed_keys(c: Lowering, attrs: dict[str, Any]) -> str:
+    """(B, 1, T, S) bool: causal / window / chunk relation by cache index, and the attention
+    mask."""
+    causal, window, chunk = attrs.get("causal", True), attrs.get("window"), attrs.get("chunk")
+
+    def make() -> str:
+        s = "model.attention_mask"
+        k, q = _cache_indices(c)
         q = c.op("Unsqueeze", [q, c.const([1])], s)  # (T, 1)
         ok = c.op("Cast", [c.op("Unsqueeze", ["attention_mask", c.const([1, 2])], s)], s, to=9)
         if causal:
@@ -249,15 +261,76 @@ def allowed_keys(c: Lowering, attrs: dict[str, Any]) -> str:
         if window:
             lo = c.op("Sub", [q, c.const(window, hint="window")], s)
             ok = c.op("And", [ok, c.op("Greater", [k, lo], s)], s)
+        if chunk:
+            # transformers' chunked_overlay: (k - pad) // C == (q - pad) // C, pad the row's
+            # left padding (the leading zeros of its attention_mask). Div truncates toward
+            # zero, which is the floor for every real key and query (index >= pad); a padded
+            # key's bit is 0 above, whatever its quotient
+            csum = c.op("CumSum", ["attention_mask", c.const(1)], s)
+            lead = c.op("Cast", [c.op("Equal", [csum, c.const(0, hint="zero")], s)], s, to=7)
+            pad = c.op("ReduceSum", [lead, c.const([1])], s, keepdims=1)  # (B, 1)
+            pad = c.op("Unsqueeze", [pad, c.const([2, 3])], s)  # (B, 1, 1, 1)
+            size = c.const(chunk, hint="chunk")
+            kc = c.op("Div", [c.op("Sub", [k, pad], s), size], s)  # (B, 1, 1, S)
+            qc = c.op("Div", [c.op("Sub", [q, pad], s), size], s)  # (B, 1, T, 1)
+            ok = c.op("And", [ok, c.op("Equal", [kc, qc], s)], s)
         return ok  # (B, 1, 1, S) & (T, S) -> (B, 1, T, S)
 
-    return c.shared(("mask", causal, window), make)
+    # other families' masks keep the key (and so the bytes) they had before chunks
+    key = ("mask", causal, window) + ((chunk,) if chunk else ())
+    return c.shared(key, make)
 
 
 @lowers("mask")
 def _mask(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     lowest = c.const(np.finfo(NP_TYPES[c.dtype]).min, c.dtype, "lowest")
     c.final("Where", [allowed_keys(c, n.attrs), i[0], lowest], n, o)
+
+
+# issue 16: Llama 4's weightless L2 QK-norm and its NoPE layers' attention temperature
+@lowers("l2norm")
+def _l2norm(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    s = n.name
+    x = c.cast(i[0], c.dtype, "fp32", s)
+    var = c.op("ReduceMean", [c.op("Mul", [x, x], s), c.const([-1])], s, keepdims=1)
+    den = c.op("Sqrt", [c.op("Add", [var, c.const(n.attrs["eps"], "fp32", "eps")], s)], s)
+    if c.dtype == "fp32":
+        c.final("Div", [x, den], n, o)
+    else:
+        c.final("Cast", [c.op("Div", [x, den], s)], n, o, to=ONNX_TYPES[c.dtype])
+
+
+@lowers("attn_temperature")
+def _attn_temperature(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    # the query's index in the cache, as transformers' cache_position (left padding included)
+    s = n.name
+    _, q = _cache_indices(c)
+    one = c.const(1.0, "fp32", "one")
+    pos = c.op("Cast", [q], s, to=ONNX_TYPES["fp32"])
+    f = c.op(
+        "Floor",
+        [
+            c.op(
+                "Div",
+                [
+                    c.op("Add", [pos, one], s),
+                    c.const(float(n.attrs["floor_scale"]), "fp32", "floor_scale"),
+                ],
+                s,
+            )
+        ],
+        s,
+    )
+    scale = c.op(
+        "Mul",
+        [
+            c.op("Log", [c.op("Add", [f, one], s)], s),
+            c.const(n.attrs["attn_scale"], "fp32", "attn_scale"),
+        ],
+        s,
+    )
+    scale = c.op("Unsqueeze", [c.op("Add", [scale, one], s), c.const([1])], s)  # (T, 1)
+    c.final("Mul", [i[0], c.cast(scale, "fp32", c.dtype, s)], n, o)
 
 
 @lowers("softmax")

@@ -174,6 +174,7 @@ class Attn:
     interleaved: bool
     scale: float
     window: int | None
+    chunk: int | None  # issue 16: Llama 4's chunked layers
     past: tuple[Ref, Ref]
     present: tuple[Ref, Ref]
     out: Ref
@@ -200,6 +201,7 @@ class Attn:
             interleaved="q_rope" in m and rope_layout(m["q_rope"]) == "complex",
             scale=float(m["scale"].attrs["value"]),
             window=m["key_mask"].attrs.get("window"),
+            chunk=m["key_mask"].attrs.get("chunk"),
             past=(m.ref("past_k"), m.ref("past_v")),
             present=(m.ref("k_cache"), m.ref("v_cache")),
             out=m.ref("merge"),
@@ -286,12 +288,14 @@ def _gated(m: Match, rows: dict[str, Lower]) -> Callable:
 
 
 # -- standard: RMSNormalization, RotaryEmbedding, Attention ----------------------------------
-def _bool_mask(c: Lowering, window: int | None) -> str:
-    """(B, 1, T, S) bool: the attention_mask bits, and a sliding layer's window."""
+def _bool_mask(c: Lowering, window: int | None, chunk: int | None = None) -> str:
+    """(B, 1, T, S) bool: the attention_mask bits, and a sliding layer's window or a chunked
+    layer's chunk."""
 
     def make() -> str:
-        if window:
-            return allowed_keys(c, {"causal": False, "window": window})  # (B, 1, T, S)
+        if window or chunk:
+            relation = {"causal": False, "window": window, "chunk": chunk}
+            return allowed_keys(c, relation)  # (B, 1, T, S)
         s = "model.attention_mask"
         bits = c.op("Unsqueeze", ["attention_mask", c.const([1, 2])], s)  # (B, 1, 1, S)
         bits = c.op("Cast", [bits], s, to=9)
@@ -299,7 +303,7 @@ def _bool_mask(c: Lowering, window: int | None) -> str:
         shape = c.op("Concat", [*dims, c.dim("attention_mask", 1, s)], s, axis=0)
         return c.op("Expand", [bits, shape], s)  # Attention wants the T axis whole
 
-    return c.shared(("bool_mask", window), make)
+    return c.shared(("bool_mask", window) + ((chunk,) if chunk else ()), make)
 
 
 def _qkv_heads(c: Lowering, a: Attn, names: dict[Ref, str], rotate: bool) -> tuple[str, ...]:
@@ -351,7 +355,7 @@ def _standard_attention(a: Attn) -> Callable[[Lowering, dict[Ref, str]], None]:
         }
         if c.dtype != "fp32":
             attrs["softmax_precision"] = 1  # fp32, as transformers does
-        ins = [q, k, v, _bool_mask(c, a.window), names[a.past[0]], names[a.past[1]]]
+        ins = [q, k, v, _bool_mask(c, a.window, a.chunk), names[a.past[0]], names[a.past[1]]]
         outs = [names[a.out], names[a.present[0]], names[a.present[1]]]
         c.named("Attention", ins, outs, f"{a.scope}.core", **attrs)
 
@@ -414,6 +418,12 @@ def _rotary_caches(c: Lowering, rope: Node) -> tuple[str, str]:
 
 
 def _ort_attention(a: Attn) -> Callable[[Lowering, dict[Ref, str]], None]:
+    if a.chunk:
+        raise LoweringError(
+            f"{a.scope}: chunked attention (chunk {a.chunk}); GroupQueryAttention has only a "
+            "sliding window (local_window_size)"
+        )
+
     def emit(c: Lowering, names: dict[Ref, str]) -> None:
         # Q, K and V apart: the CPU kernel is slower on a packed QKV input (measured at decode)
         # its caches are indexed by position 0 .. S-1, one table for the run: longrope, which

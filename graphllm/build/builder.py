@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import graphllm.ops  # noqa: F401  (the rows of the ops this builder emits)
-from graphllm.build.dims import P_W, S_W, T_LAST, B, P, S, T
+from graphllm.build.dims import P_C, P_W, S_C, S_W, T_LAST, B, P, S, T
 from graphllm.build.mla import MLA_FORMS, mla_attention
 from graphllm.build.moe import moe_ffn
 from graphllm.build.mtp import check_mtp, mtp_modules
@@ -70,6 +70,9 @@ class _Builder:
         if cfg.sliding_window is not None and "sliding_attention" in cfg.layer_types:
             bindings["P_w"] = min(wl.past_len, cfg.sliding_window - 1)
             bindings["S_w"] = bindings["P_w"] + wl.seq_len
+        if cfg.attention_chunk_size is not None and "chunked_attention" in cfg.layer_types:
+            bindings["P_c"] = min(wl.past_len, cfg.attention_chunk_size - 1)
+            bindings["S_c"] = bindings["P_c"] + wl.seq_len
         self.g = Graph(cfg.name, bindings)
         # name prefix -> the kind of scope it is, for cost roll-ups (a node counts in every
         # scope that prefixes its name)
@@ -171,6 +174,11 @@ class _Builder:
         w = self.param(f"{name}.weight", (heads, self.d_h), "norms")
         return self.g.add("head_layernorm", name, (x, w), {"eps": self.cfg.rms_norm_eps})
 
+    def l2norm(self, name: str, x: Node) -> Node:
+        """x (B, heads, T, d_h) over each head's channels, without a weight (Llama 4)."""
+        self.scopes[name] = "norms"
+        return self.g.add("l2norm", name, (x,), {"eps": self.cfg.rms_norm_eps})
+
     def act(self, name: str, x: Node) -> Node:
         return self.g.add(self.cfg.hidden_act, name, (x,))
 
@@ -226,7 +234,7 @@ class _Builder:
         else:
             f_in = self.norm(p, lay.ffn_pre, h)
         routed = self.cfg.moe_layers[i] if moe is None else moe
-        f = moe_ffn(self, p, f_in) if routed else self.mlp(f"{p}.mlp", f_in)
+        f = moe_ffn(self, p, f_in) if routed else self.mlp(f"{p}.{self.cfg.mlp_name}", f_in)
         f = self.norm(p, lay.ffn_post, f)
         f = self.residual_scale(f"{p}.mlp_residual_scale", f)
         return self.g.add("add", f"{p}.mlp_residual", (h, f))
@@ -276,11 +284,23 @@ class _Builder:
         if c.rotates(i):  # else a NoPE layer: positions enter through the mask alone
             q = self.rope(f"{p}.q_rope", q, c.head_dim, i)
             k = self.rope(f"{p}.k_rope", k, c.head_dim, i)
+            if c.qk_l2_norm:  # Llama 4: after RoPE, and on RoPE layers only
+                q = self.l2norm(f"{p}.q_norm", q)
+                k = self.l2norm(f"{p}.k_norm", k)
+        elif c.temperature_floor_scale:
+            attrs = {
+                "floor_scale": c.temperature_floor_scale,
+                "attn_scale": c.temperature_attn_scale,
+            }
+            q = g.add("attn_temperature", f"{p}.attn_temperature", (q,), attrs)
         window = c.sliding_window if c.layer_types[i] == "sliding_attention" else None
+        chunk = c.attention_chunk_size if c.layer_types[i] == "chunked_attention" else None
         if self.wl.past_len > 0:
-            # a window layer's cache rolls: it holds the last W-1 positions, not all P
-            rolls = window is not None and self.wl.past_len > window - 1
-            past, keys = (P_W, S_W) if rolls else (P, S)
+            # a window layer's cache rolls: it holds the last W-1 positions, not all P; a
+            # chunked layer's the last C-1 (all a query of the chunk may still need)
+            span, rolled = (window, (P_W, S_W)) if chunk is None else (chunk, (P_C, S_C))
+            rolls = span is not None and self.wl.past_len > span - 1
+            past, keys = rolled if rolls else (P, S)
             kv_t = TensorType((B, self.h_kv, past, self.d_h), self.wl.kv_dtype)
             past_k = g.add("input", f"past_key_values.{i}.key", (), {"type": kv_t})
             past_v = g.add("input", f"past_key_values.{i}.value", (), {"type": kv_t})
@@ -291,7 +311,7 @@ class _Builder:
         if c.n_rep > 1:
             k = g.add("repeat_kv", f"{p}.k_repeat", (k,), {"axes": {"h": self.h}})  # (B, h, S, d_h)
             v = g.add("repeat_kv", f"{p}.v_repeat", (v,), {"axes": {"h": self.h}})
-        o = self.core_attention(f"{p}.core", q, k, v, window)
+        o = self.core_attention(f"{p}.core", q, k, v, window, chunk=chunk)
         o = g.add("merge_heads", f"{p}.merge_heads", (o,), {"axes": {"(h e)": self.d_q}})
         return self.linear(f"{p}.o_proj", o, self.d, "attention", bias=c.o_bias)
 
@@ -303,6 +323,7 @@ class _Builder:
         v: Node,
         window: int | None,
         ops: tuple[str, str] = ("scores", "pv"),
+        chunk: int | None = None,
     ) -> Node:
         """softmax(mask(Q K^T * scale)) V, per head; scale 1/sqrt(d_h) unless the config sets it."""
         g = self.g
@@ -314,7 +335,10 @@ class _Builder:
             # Gemma 2 caps the scaled scores before the mask, as transformers' eager path does
             cap = {"cap": self.cfg.attn_logit_softcapping}
             s = g.add("softcap", f"{p}.softcap", (s,), cap)
-        s = g.add("mask", f"{p}.mask", (s,), {"causal": True, "window": window})
+        relation: dict[str, Any] = {"causal": True, "window": window}
+        if chunk is not None:  # absent elsewhere, so other families' graphs stay as they were
+            relation["chunk"] = chunk
+        s = g.add("mask", f"{p}.mask", (s,), relation)
         s = g.add("softmax", f"{p}.softmax", (s,))
         return g.add(ops[1], f"{p}.pv", (s, v))  # (B, h, T, d_v)
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from graphllm.errors import GraphError
-from graphllm.ir.dims import Dim, TensorType
+from graphllm.ir.dims import TOKEN_ROLES, Dim, TensorType
 from graphllm.ir.signature import Signature, bind, output_dims, parse
 
 if TYPE_CHECKING:
@@ -74,6 +74,10 @@ class OpSpec:
     # which (query, key) position pairs the op lets through, from its attrs: for query
     # positions t (absolute), the interval [lo(t), hi(t)] of key positions; None: all
     relation: Callable[[dict[str, Any], np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
+    # the impl reads the absolute position index of its output's position axes: the runtimes
+    # give it attrs['origin'] (letter -> the axis's first absolute position; `position_origins`),
+    # as they do for an op with a `relation`
+    positional: bool = False
     # the contraction is a matrix multiply (what GEMM kernels run and FLOP counters count)
     matmul: bool = False
     # the output is a view of the input: no memory is read or written
@@ -144,6 +148,23 @@ def register(*specs: OpSpec) -> None:
 
 
 # -- generic rules over the table --------------------------------------------------------------
+def position_origins(graph: Graph, node: Node) -> dict[str, int]:
+    """Letter -> the first absolute position (Dim.position_range) of each position axis of the
+    node's first output; a shard of an axis keeps the whole axis's origin."""
+    operand = OPS[node.op].signature.outputs[0]
+    dims = node.out.dims
+    out: dict[str, int] = {}
+    for ax, d in zip(reversed(operand), reversed(dims)):  # `...` leads, if anywhere
+        if isinstance(ax, str) and d.role in TOKEN_ROLES and ax != "...":
+            out[ax] = d.position_range(graph.bindings)[0]
+    return out
+
+
+def needs_positions(spec: OpSpec) -> bool:
+    """Whether the runtimes give the op's impl its position axes' origins."""
+    return spec.relation is not None or spec.positional
+
+
 def bind_node(graph: Graph, node: Node) -> tuple[dict[str, Dim], tuple[Dim, ...]]:
     """Letter -> Dim for a node's signature, and the dims that `...` stands for."""
     spec = OPS[node.op]

@@ -33,6 +33,7 @@ from graphllm.models.model_config import (
     RopeConfig,
     check_number,
     check_size,
+    size_limit,
 )
 from graphllm.models.parse import file_mode, read_mapping
 from graphllm.models.rope import mscale
@@ -40,6 +41,7 @@ from graphllm.models.workload import Workload
 
 PRESETS_DIR = Path(__file__).parent / "presets"
 FULL, SLIDING = "full_attention", "sliding_attention"
+CHUNKED = "chunked_attention"  # issue 16: Llama 4
 
 # model_type of a multimodal model -> (its text decoder's model_type, the keys of its parts that
 # graphllm does not model: the vision tower, the projector, the image tokens). Such a config
@@ -58,6 +60,9 @@ MULTIMODAL: dict[str, tuple[str, frozenset[str]]] = {
 
 NOT_SUPPORTED = {
     "deepseek": "DeepSeek-MoE v1 is not planned; DeepSeek-V2/V3 are on the roadmap",
+    # issue 16: Llama 4's multimodal wrapper (Llama4Config: text_config + vision_config)
+    "llama4": "the vision model is not modelled, and its text_config is llama4_text with MoE "
+    "layers, not modelled yet",
 }
 
 # Keys that never change the forward computation: provenance, token ids, training-only knobs
@@ -555,6 +560,11 @@ class Family:
     # sliding_attention, or rope_theta + rope_scaling for the full layers and
     # rope_local_base_freq for the sliding ones
     rope_by_layer_type: bool = False
+    # the attention kinds a given `layer_types` may name (the ones transformers' model builds)
+    layer_kinds: tuple[str, ...] = (FULL, SLIDING)
+    # the features of a config, from its raw values, that graphllm does not model: each a
+    # phrase joined into the one line that names every unmodelled field (Llama 4's MoE layers)
+    unmodelled: Callable[[dict], list[str]] | None = None
 
 
 def _fields(**extra: Spec) -> dict[str, Spec]:
@@ -908,6 +918,116 @@ FAMILY_TABLE["gemma3_text"] = Family(
     block=FAMILY_TABLE["gemma2"].block,
     rope_by_layer_type=True,
 )
+
+
+# issue 16: Llama 4's text decoder (transformers' llama4: Llama4TextConfig, Llama4TextAttention,
+# Llama4TextDecoderLayer), its attention and dense FFN; the MoE layers come with issue 18
+def _llama4_moe_layers(given: dict) -> list[int] | None:
+    """The MoE layers Llama4TextConfig derives (`moe_layers`, else every
+    interleave_moe_layer_step-th layer from step - 1), those below num_hidden_layers (the
+    decoder layer asks `layer_idx in moe_layers`); None where a value is malformed, for the
+    field checks to name."""
+    n, step, given_layers = (
+        given.get("num_hidden_layers"),
+        given.get("interleave_moe_layer_step"),
+        given.get("moe_layers"),
+    )
+    step = 1 if step is None else step
+    if not _is_int(n) or not 1 <= n <= size_limit("num_hidden_layers")[0] or not _is_int(step):
+        return None
+    if given_layers is not None:
+        if not isinstance(given_layers, list) or not all(_is_int(x) for x in given_layers):
+            return None
+        return sorted({x for x in given_layers if 0 <= x < n})
+    return list(range(step - 1, n, step)) if step >= 1 else None
+
+
+def _flag_or_count(name: str, v: Any) -> bool:
+    """true/false, or a non-negative integer read as its truth (0: false)."""
+    if isinstance(v, bool):
+        return v
+    return _nonneg_int(name, v) > 0
+
+
+def _llama4_unmodelled(given: dict) -> list[str]:
+    moe = _llama4_moe_layers(given)
+    if not moe:
+        return []
+    shown_layers = ", ".join(map(str, moe[:4])) + (", ..." if len(moe) > 4 else "")
+    return [
+        f"llama4_text MoE layers [{shown_layers}] (moe_layers / interleave_moe_layer_step) are "
+        "not modelled yet"
+    ]
+
+
+def _llama4_rope_layers(v: dict) -> tuple[bool, ...]:
+    # Llama4TextConfig: an empty no_rope_layers is falsy and takes the default, as None does
+    return _smollm3_rope_layers(v | {"no_rope_layers": v["no_rope_layers"] or None})
+
+
+def _llama4_window(v: dict) -> tuple[tuple[str, ...], int | None]:
+    # Llama4TextConfig: without layer_types, the RoPE layers are chunked (when a chunk size is
+    # set) and the NoPE ones attend to everything
+    chunk = v["attention_chunk_size"] is not None
+    return tuple(CHUNKED if r and chunk else FULL for r in _llama4_rope_layers(v)), None
+
+
+def _llama4(v: dict) -> dict:
+    return _attention_bias(v) | {
+        # a model without MoE layers (the only one modelled): every FFN the dense one
+        "intermediate_size": v["intermediate_size_mlp"],
+        "mlp_name": "feed_forward",
+        "rope_layers": _llama4_rope_layers(v),
+        "rope_layout": "complex",  # apply_rotary_emb: (x_2i, x_2i+1) as one complex number
+        "attention_chunk_size": v["attention_chunk_size"],
+        "qk_l2_norm": v["use_qk_norm"],
+        "temperature_floor_scale": v["floor_scale"] if v["attn_temperature_tuning"] else 0,
+        "temperature_attn_scale": v["attn_scale"] if v["attn_temperature_tuning"] else 0.0,
+    }
+
+
+FAMILY_TABLE["llama4_text"] = Family(
+    _fields(
+        vocab_size=Spec(_pos_int, 202048),
+        hidden_size=Spec(_pos_int, 5120),
+        # the routed experts' width: no layer reads it while none is MoE
+        intermediate_size=Spec(_pos_int, 8192),
+        intermediate_size_mlp=Spec(_pos_int, 16384),
+        num_hidden_layers=Spec(_pos_int, 48),
+        num_attention_heads=Spec(_pos_int, 40),
+        num_key_value_heads=Spec(_pos_int, 8, nullable=True),  # null: one per query head
+        head_dim=Spec(_pos_int, 128),
+        max_position_embeddings=Spec(_pos_int, 4096 * 32),
+        rms_norm_eps=Spec(_pos_float, 1e-5),
+        attention_bias=Spec(_bool, False),
+        # the MoE fields, read only to find that no layer routes (else refused above)
+        num_experts_per_tok=Spec(_pos_int, 1),
+        num_local_experts=Spec(_pos_int, 16),
+        moe_layers=Spec(_int_list, None),
+        interleave_moe_layer_step=Spec(_pos_int, 1),
+        use_qk_norm=Spec(_bool, True),
+        no_rope_layers=Spec(_int_list, None),
+        no_rope_layer_interval=Spec(_pos_int, 4),
+        attention_chunk_size=Spec(_pos_int, 8192, nullable=True),  # null: no chunked layer
+        # Scout's published file writes 4, which transformers 4.5x's model reads as true (`if
+        # self.attn_temperature_tuning`; transformers 5's strict config refuses the int)
+        attn_temperature_tuning=Spec(_flag_or_count, True),
+        floor_scale=Spec(_pos_int, 8192),
+        attn_scale=Spec(_pos_float, 0.1),
+    ),
+    derive=_llama4,
+    windows=_llama4_window,
+    reads_layer_types=True,
+    default_theta=500000.0,
+    layer_kinds=(FULL, CHUNKED),
+    unmodelled=_llama4_unmodelled,
+    noop_only={
+        # the published files' cache kind: transformers builds the same model whatever it says
+        "cache_implementation": ("hybrid", None),
+        # Scout's published file: a quantisation tool's switch, false in the checkpoint
+        "for_llm_compressor": (False,),
+    },
+)
 assert set(FAMILY_TABLE) == set(FAMILIES)
 
 SUPPORTED = (*FAMILIES, *MULTIMODAL)  # the model_types a config may name
@@ -1114,8 +1234,12 @@ def _rope_scaling(got: dict[str, Any], rtype: str, where: str, max_pos: int) -> 
         )
     if rtype == "llama3":
         lo, hi = got["low_freq_factor"], got["high_freq_factor"]
-        if hi <= lo:
-            raise ConfigError(f"{where}: high_freq_factor {hi} must exceed low_freq_factor {lo}")
+        # equal factors (Llama 4 Scout's 1 and 1) leave no band between the two: transformers
+        # warns and scales every wavelength past the low one, as _llama3 does
+        if hi < lo:
+            raise ConfigError(
+                f"{where}: high_freq_factor {hi} must be at least low_freq_factor {lo}"
+            )
         kw |= {"low_freq_factor": lo, "high_freq_factor": hi}
     if rtype == "yarn":
         if "factor" not in got:  # as _compute_yarn_parameters does
@@ -1202,6 +1326,8 @@ def _collect(d: dict, fam: Family, mt: str) -> dict[str, Any]:
         if value is not None or name not in given:
             given[name], spelt[name] = value, key
 
+    if fam.unmodelled is not None:
+        unmodelled += fam.unmodelled(given)
     if unmodelled:
         raise ConfigError("; ".join(unmodelled))
     v: dict[str, Any] = {}
@@ -1244,11 +1370,10 @@ def _layer_types(v: dict, fam: Family, mt: str) -> tuple[tuple[str, ...], int | 
     if given is None:
         types = derived
     else:
-        bad = [t for t in given if t not in (FULL, SLIDING)]
+        bad = [t for t in given if t not in fam.layer_kinds]
         if bad:
-            raise ConfigError(
-                f"layer_types has {shown(bad[0])}; graphllm models {FULL!r} and {SLIDING!r}"
-            )
+            kinds = " and ".join(repr(k) for k in fam.layer_kinds)
+            raise ConfigError(f"layer_types has {shown(bad[0])}; graphllm models {kinds} for {mt}")
         if len(given) != n:
             raise ConfigError(f"layer_types has {len(given)} entries for {n} hidden layers")
         types = tuple(given)

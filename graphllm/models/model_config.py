@@ -37,12 +37,19 @@ FAMILIES = (
     "gemma2",
     # issue 16: gemma3 (its text decoder; `gemma3` configs load through their text_config)
     "gemma3_text",
+    # issue 16: llama4_text (attention; its MoE layers are refused until issue 18)
+    "llama4_text",
 )
 
 # the attention a layer can have (ModelConfig.layer_types), each one the builder implements; a
 # new kind (chunked, linear attention, a state-space layer) joins here and in the builder together,
 # while NoPE is not a kind but a layer without RoPE (rope_layers)
-LAYER_TYPES = ("full_attention", "sliding_attention")
+LAYER_TYPES = (
+    "full_attention",
+    "sliding_attention",
+    # issue 16, Llama 4: attention inside fixed blocks of attention_chunk_size absolute positions
+    "chunked_attention",
+)
 
 
 # Sanity limits on a model's sizes: a config past one is a mistake or an attack, refused in one
@@ -299,6 +306,19 @@ class ModelConfig:
     # the model_type of the multimodal model whose text decoder this is (a `gemma3` config's
     # text_config); its vision tower and projector are not modelled, and reports say so
     text_decoder_of: str = ""
+    # issue 16, Llama 4: a chunked_attention layer's queries see the keys of their own chunk of
+    # attention_chunk_size absolute positions (s // C == t // C) and none after them
+    attention_chunk_size: int | None = None
+    # Llama 4's use_qk_norm: on RoPE layers, q and k through a weightless L2 norm
+    # x / sqrt(mean(x^2) + rms_norm_eps) after RoPE (l2norm nodes)
+    qk_l2_norm: bool = False
+    # Llama 4's attention temperature on NoPE layers: each query times
+    # log(floor((i + 1) / floor_scale) + 1) * attn_scale + 1, i its absolute position index;
+    # floor_scale 0: none
+    temperature_floor_scale: int = 0
+    temperature_attn_scale: float = 0.0
+    # the dense FFN's module name: model.layers.{i}.<mlp_name> (Llama 4: feed_forward)
+    mlp_name: str = "mlp"
 
     def __post_init__(self) -> None:
         for name, record in _RECORDS.items():
@@ -365,6 +385,10 @@ class ModelConfig:
             check_size(name, getattr(self, name), least=0)
         if self.sliding_window is not None:
             check_size("sliding_window", self.sliding_window)
+        if self.attention_chunk_size is not None:
+            check_size("attention_chunk_size", self.attention_chunk_size)
+        check_size("temperature_floor_scale", self.temperature_floor_scale, least=0)
+        check_number("temperature_attn_scale", self.temperature_attn_scale, -1e6, 1e6)
         check_number("rms_norm_eps", self.rms_norm_eps, 1e-30, 1.0)
         check_number("rope.theta", self.rope.theta, 1.0, 1e15)
         if self.sliding_rope is not None:
@@ -388,6 +412,14 @@ class ModelConfig:
         if "sliding_attention" in self.layer_types and self.sliding_window is None:
             raise ConfigError(
                 "layer_types has sliding_attention layers but sliding_window is unset"
+            )
+        if "chunked_attention" in self.layer_types and self.attention_chunk_size is None:
+            raise ConfigError(
+                "layer_types has chunked_attention layers but attention_chunk_size is unset"
+            )
+        if not isinstance(self.mlp_name, str) or not self.mlp_name:
+            raise ConfigError(
+                f"mlp_name must be a non-empty string, got {shown(self.mlp_name, 40)}"
             )
         # the q/k norms are the model's own kind: per head with its own weights for LayerNorm
         # (Cohere), shared by the heads or over the projection for RMSNorm (Qwen3, OLMo 2)
@@ -487,6 +519,7 @@ _FLAGS = (
     "norm_topk_prob",
     "shared_expert_gate",
     "renorm_replaces_scaling",
+    "qk_l2_norm",
 )
 _POSITIVE = (
     "vocab_size",

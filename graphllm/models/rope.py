@@ -67,6 +67,8 @@ def _llama3(base: np.ndarray, rope: RopeConfig, max_pos: int) -> np.ndarray:
     high_wavelen = old_ctx / rope.high_freq_factor
     wavelen = 2 * math.pi / base
     scaled = np.where(wavelen > low_wavelen, base / rope.factor, base)
+    if rope.high_freq_factor == rope.low_freq_factor:  # no band between (Llama 4 Scout)
+        return scaled
     smooth = (old_ctx / wavelen - rope.low_freq_factor) / (
         rope.high_freq_factor - rope.low_freq_factor
     )

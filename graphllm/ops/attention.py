@@ -41,16 +41,26 @@ def _mask(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     shard = a.get("shard", {})  # on a token shard: (first position held, whole axis) per axis
     t0, t_all = shard.get("t", (0, t))
     s0, s_all = shard.get("s", (0, s))
-    lo, hi = _mask_relation(a, np.arange(t0, t0 + t) + (s_all - t_all))
-    k = np.arange(s0, s0 + s)[None, :]
+    # absolute positions where the runtime gives the axes' origins (a chunk is absolute, and a
+    # rolled cache's first key is P - P_w); else counted from the first key held, which is
+    # enough for causal and window relations (they depend on t - s alone)
+    origin = a.get("origin", {})
+    k_origin = origin.get("s", 0)
+    t_origin = origin.get("t", k_origin + s_all - t_all)
+    lo, hi = _mask_relation(a, np.arange(t0, t0 + t) + t_origin)
+    k = np.arange(s0, s0 + s)[None, :] + k_origin
     allowed = (k >= lo[:, None]) & (k <= hi[:, None])
     return np.where(allowed, x, np.float32(-np.inf))
 
 
 def _mask_relation(a: dict[str, Any], t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Allowed key positions of query position t: causal s <= t; window W: s > t - W."""
+    """Allowed key positions of query position t: causal s <= t; window W: s > t - W; chunk C:
+    s in t's own chunk of absolute positions, s // C == t // C."""
     hi = t.copy() if a.get("causal", True) else np.full_like(t, np.iinfo(np.int64).max // 2)
     lo = t - a["window"] + 1 if a.get("window") else np.zeros_like(t)
+    if a.get("chunk"):
+        lo = np.maximum(lo, t // a["chunk"] * a["chunk"])
+        hi = np.minimum(hi, (t // a["chunk"] + 1) * a["chunk"] - 1)
     return lo, hi
 
 
@@ -127,8 +137,8 @@ register(
         "b h t s -> b h t s",
         ELEMENTWISE,
         _mask,
-        "Set disallowed (query, key) pairs to -inf: causal s <= t, window t - W < s. "
-        "1 FLOP/element (a select).",
+        "Set disallowed (query, key) pairs to -inf: causal s <= t, window t - W < s, chunk "
+        "s // C == t // C (absolute positions). 1 FLOP/element (a select).",
         flops_per_elem=1,
         relation=_mask_relation,
     ),
@@ -170,5 +180,54 @@ register(
         "before the mask, and its final logits). 3 FLOPs/element: divide, tanh, multiply.",
         flops_per_elem=3,
         backward_reads="inputs",
+    ),
+)
+
+
+# -- issue 16: Llama 4's L2 QK-norm and attention temperature ----------------------------------
+def _l2norm(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    x = f32(xs[0])
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(a["eps"]))
+
+
+def temperature(positions: np.ndarray, floor_scale: int, attn_scale: float) -> np.ndarray:
+    """Llama 4's per-query factor at absolute position indices `positions`, in fp32 as
+    transformers computes it: log(floor((i + 1) / floor_scale) + 1) * attn_scale + 1."""
+    i = positions.astype(np.float32)
+    f = np.floor((i + np.float32(1.0)) / np.float32(floor_scale))
+    return np.log1p(f) * np.float32(attn_scale) + np.float32(1.0)
+
+
+def _attn_temperature(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    x = f32(xs[0])  # (B, H, T, E)
+    t = x.shape[2]
+    t0 = a.get("shard", {}).get("t", (0, t))[0]
+    pos = np.arange(t0, t0 + t) + a.get("origin", {}).get("t", 0)
+    return x * temperature(pos, a["floor_scale"], a["attn_scale"])[:, None]
+
+
+register(
+    OpSpec(
+        "l2norm",
+        "... e -> ... e",
+        REDUCTION,
+        _l2norm,
+        "x / sqrt(mean(x^2) + eps), no weight, in fp32 (Llama 4's QK-norm, after RoPE). "
+        "3 FLOPs/element: square, sum, scale by the reciprocal root.",
+        reduce=("e",),
+        flops_per_elem=3,
+        backward_reads="inputs",
+    ),
+    OpSpec(
+        "attn_temperature",
+        "b h t e -> b h t e",
+        ELEMENTWISE,
+        _attn_temperature,
+        "Scale each query by log(floor((i + 1) / floor_scale) + 1) * attn_scale + 1, i its "
+        "absolute position index (Llama 4's NoPE layers). 1 FLOP/element (a multiply); the "
+        "per-position factor is not counted, as RoPE's cos/sin are not.",
+        flops_per_elem=1,
+        linear=((0,),),
+        positional=True,
     ),
 )

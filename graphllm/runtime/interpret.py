@@ -12,6 +12,7 @@ import numpy as np
 
 from graphllm.errors import GraphError, GraphllmError
 from graphllm.ir import Graph, Node
+from graphllm.ir.opspec import needs_positions, position_origins
 from graphllm.ops import OPS
 from graphllm.runtime.budget import require_interpreted
 
@@ -47,8 +48,13 @@ class Interpreter:
         for r in node.inputs:
             v = env[r.node]
             args.append(v[r.index] if isinstance(v, tuple) else v)
+        attrs = node.attrs
+        if needs_positions(OPS[node.op]):
+            # a chunk, or a query's temperature, is a function of absolute positions, which an
+            # axis's indices give only after its origin (a rolled cache starts at P - P_w)
+            attrs = {**attrs, "origin": position_origins(self.graph, node)}
         try:
-            return OPS[node.op].impl(args, node.attrs)  # type: ignore[misc]
+            return OPS[node.op].impl(args, attrs)  # type: ignore[misc]
         except Exception as e:
             shapes = ", ".join(str(getattr(a, "shape", "?")) for a in args)
             raise GraphError(f"{node.name} ({node.op}) failed on inputs {shapes}: {e}") from e

@@ -24,7 +24,8 @@ from graphllm.runtime.session import OnnxModel
 
 def small_instance(cfg: ModelConfig, seq_len: int = 12) -> ModelConfig:
     """The same architecture at toy sizes: its family, features, GQA sharing, MoE routing and
-    per-layer attention kinds, with a sliding window shrunk below `seq_len` so it shows."""
+    per-layer attention kinds, with a sliding window (and a chunk) shrunk below `seq_len` so it
+    shows."""
     ratio = cfg.num_attention_heads // cfg.num_key_value_heads
     kv = 1 if ratio >= 4 else 2
     heads = kv * min(ratio, 4)
@@ -32,6 +33,9 @@ def small_instance(cfg: ModelConfig, seq_len: int = 12) -> ModelConfig:
     window = cfg.sliding_window
     if window is not None:
         window = min(window, max(2, seq_len // 4))
+    chunk = cfg.attention_chunk_size  # issue 16: Llama 4's chunked layers
+    if chunk is not None:
+        chunk = min(chunk, max(2, seq_len // 3))
     experts = min(cfg.num_experts, 8)
     small = replace(
         cfg,
@@ -46,6 +50,7 @@ def small_instance(cfg: ModelConfig, seq_len: int = 12) -> ModelConfig:
         layer_types=cfg.layer_types[:layers],
         rope_layers=cfg.rope_layers[:layers],
         sliding_window=window,
+        attention_chunk_size=chunk,
         num_experts=experts,
         num_experts_per_tok=min(cfg.num_experts_per_tok, experts),
         moe_intermediate_size=16 if cfg.moe_intermediate_size else 0,

@@ -16,6 +16,7 @@ import numpy as np
 from graphllm.build.weights import random_weights
 from graphllm.errors import GraphError, GraphllmError
 from graphllm.ir import Graph, Node
+from graphllm.ir.opspec import needs_positions, position_origins
 from graphllm.ops import OPS, bind_node
 from graphllm.passes.parallel.sharding import Mesh, Sharding, operand_letters
 from graphllm.passes.registry import meta_result
@@ -141,6 +142,8 @@ class SPMDInterpreter:
             attrs = node.attrs
             if letters:
                 attrs = {**attrs, "shard": self._offsets(node, letters, args, self.coords[r])}
+            if needs_positions(spec):  # the whole axis's origin; `shard` says where a block is
+                attrs = {**attrs, "origin": position_origins(self.graph, node)}
             env[r][node.name] = spec.impl(args, attrs)  # type: ignore[misc]
 
     @staticmethod

@@ -63,6 +63,19 @@ CONFIGS = {
         rope_local_base_freq=10.0,
         rope_scaling={"rope_type": "linear", "factor": 8.0},
     ),
+    # issue 16: Llama 4, layers 0 and 2 chunked by 2 with RoPE and the L2 QK-norm, 1 and 3
+    # global NoPE layers with the query temperature
+    "llama4": dict(
+        SMALL,
+        model_type="llama4_text",
+        num_hidden_layers=4,
+        head_dim=4,
+        moe_layers=[],
+        intermediate_size_mlp=24,
+        no_rope_layer_interval=2,
+        attention_chunk_size=2,
+        floor_scale=4,
+    ),
 }
 SVG = "{http://www.w3.org/2000/svg}"
 L0 = "model.layers.0"
@@ -527,3 +540,20 @@ def test_a_multimodal_configs_model_view_says_only_its_text_decoder_is_drawn(tmp
     pic = draw(tmp_path, build_graph(cfg, Workload(seq_len=3)), "model", renderer)
     title = " ".join(pic.title_texts)
     assert "the text decoder of gemma3; its vision tower is not modelled" in " ".join(title.split())
+
+
+# -- issue 16: Llama 4 ---------------------------------------------------------------------------
+def test_llama4_model_view_marks_chunked_and_nope_layers(tmp_path, renderer):
+    graph = graph_of("llama4")
+    pic = draw(tmp_path, graph, "model", renderer)
+    # layer 0 chunked with RoPE, layer 1 global and NoPE
+    assert "chunked 2" in pic.text("blocks:0") and "NoPE" not in pic.text("blocks:0")
+    assert "NoPE" in pic.text("blocks:1") and "chunked" not in pic.text("blocks:1")
+    pic = draw(tmp_path, graph, "attention", renderer, layer=0)
+    core = f"{ATT}.core"
+    assert "causal, chunked 2" in pic.text(f"{core}.mask#0")
+    assert "L2 norm" in pic.text(f"{ATT}.q_norm#0")
+    pic = draw(tmp_path, graph, "attention", renderer, layer=1)
+    att1 = "model.layers.1.self_attn"
+    assert "⌊(i + 1) / 4⌋" in pic.text(f"{att1}.attn_temperature#0")
+    assert "chunked" not in pic.text(f"{att1}.core.mask#0")

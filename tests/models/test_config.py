@@ -28,6 +28,7 @@ from graphllm.models.model_config import FAMILIES, BlockLayout, ModelConfig, MoE
 from graphllm.models.workload import Workload
 from graphllm.runtime.interpret import run_graph
 from tests.support import tiny_configs
+from tests.support.llama4_configs import SCOUT_10M_ROPE, SCOUT_TEXT
 from tests.support.paths import EXAMPLES
 
 PRESETS = {
@@ -680,8 +681,9 @@ def valid_configs(draw) -> dict:
         "max_position_embeddings": 1024,
     }
     # Cohere 2's head_dim is always hidden_size / heads (transformers sets it so)
+    # (llama4_text: its head_dim defaults to 128 whatever the heads)
     if mt != "cohere2" and (
-        mt in ("qwen3", "gemma", "gemma2", "gemma3_text") or draw(st.booleans())
+        mt in ("qwen3", "gemma", "gemma2", "gemma3_text", "llama4_text") or draw(st.booleans())
     ):
         d |= {"head_dim": head_dim, "hidden_size": draw(st.integers(1, 96))}
     else:
@@ -720,6 +722,8 @@ def valid_configs(draw) -> dict:
         d["hidden_act"] = draw(st.sampled_from(["gelu", "gelu_pytorch_tanh", "silu"]))
     if mt in ("gemma2", "gemma3_text"):  # issue 16: windows on a pattern; null is refused
         d["sliding_window"] = window or 32
+    if mt == "llama4_text":  # issue 16: dense (no MoE layer), chunked RoPE layers or none
+        d |= {"moe_layers": [], "attention_chunk_size": window, "floor_scale": window or 8}
     experts = draw(st.integers(1, 8))
     topk = draw(st.integers(1, experts))
     if mt == "mixtral":
@@ -751,7 +755,7 @@ def test_random_valid_configs_load_with_invariants(d):
     if "head_dim" not in d:
         assert c.head_dim * c.num_attention_heads == c.hidden_size
     assert len(c.layer_types) == len(c.moe_layers) == n
-    assert set(c.layer_types) <= {"full_attention", "sliding_attention"}
+    assert set(c.layer_types) <= {"full_attention", "sliding_attention", "chunked_attention"}
     assert (c.sliding_window is None) == ("sliding_attention" not in c.layer_types)
     assert (c.intermediate_size > 0) == (not all(c.moe_layers))
     if c.is_moe:
@@ -796,8 +800,9 @@ def test_broken_configs_raise_config_error(d, data):
     kind = data.draw(st.sampled_from(["drop", "misspell", "kv", "size", "type"]))
     sizes = sorted(k for k in SIZES if k in d)
     if kind == "drop":
-        # Gemma3TextConfig has a default for every size (a gemma3 text_config relies on them)
-        assume(d["model_type"] != "gemma3_text")
+        # Gemma3TextConfig and Llama4TextConfig have a default for every size (a gemma3
+        # text_config relies on them; Llama 4's are Scout's)
+        assume(d["model_type"] not in ("gemma3_text", "llama4_text"))
         key = data.draw(st.sampled_from(ALWAYS_REQUIRED))
         del d[key]
     elif kind == "misspell":
@@ -1049,3 +1054,81 @@ def test_gemma3_multimodal_config_refusals():
         ),
     ]:
         assert message in error(bad)
+
+
+# issue 16: Llama 4's text decoder, its attention (the MoE layers come with issue 18)
+
+
+def test_llama4_scout_text_config_loads_all_but_its_moe_layers():
+    # the refusal names the MoE layers alone: every attention field loads as published
+    msg = error(SCOUT_TEXT)
+    assert msg == (
+        "llama4_text MoE layers [0, 1, 2, 3, ...] (moe_layers / interleave_moe_layer_step) "
+        "are not modelled yet"
+    )
+    assert error({**SCOUT_TEXT, "moe_layers": None}) == msg  # interleave_moe_layer_step 1
+    # one line naming every unmodelled field together
+    both = error({**SCOUT_TEXT, "for_llm_compressor": True})
+    assert "for_llm_compressor=true is not modelled" in both and "MoE layers" in both
+    for rope in (SCOUT_TEXT["rope_scaling"], SCOUT_10M_ROPE):
+        c = config_from_dict({**SCOUT_TEXT, "moe_layers": [], "rope_scaling": rope}, "scout")
+        assert c.layer_types == (("chunked_attention",) * 3 + ("full_attention",)) * 12
+        assert c.rope_layers == (True, True, True, False) * 12
+        assert (c.attention_chunk_size, c.qk_l2_norm, c.rope_layout) == (8192, True, "complex")
+        assert (c.temperature_floor_scale, c.temperature_attn_scale) == (8192, 0.1)
+        assert (c.intermediate_size, c.mlp_name, c.is_moe) == (16384, "feed_forward", False)
+        assert (c.rope.type, c.rope.factor, c.rope.theta) == ("llama3", rope["factor"], 5e5)
+
+
+def test_llama4_text_defaults_and_derivations_follow_llama4_text_config():
+    base = {"model_type": "llama4_text", "num_hidden_layers": 8, "moe_layers": []}
+    c = config_from_dict(base, "x")
+    # Llama4TextConfig's defaults: every 4th layer NoPE, the RoPE ones chunked by 8192
+    assert c.rope_layers == (True, True, True, False) * 2
+    assert c.layer_types == ("chunked_attention",) * 3 + ("full_attention",) + (
+        "chunked_attention",
+    ) * 3 + ("full_attention",)
+    assert (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim) == (
+        5120,
+        40,
+        8,
+        128,
+    )
+    assert (c.vocab_size, c.rms_norm_eps, c.rope.theta) == (202048, 1e-5, 500000.0)
+    # an empty no_rope_layers takes the default, as Llama4TextConfig's `or` does
+    assert config_from_dict({**base, "no_rope_layers": []}, "x").rope_layers == c.rope_layers
+    # no chunk size: no chunked layer; no temperature tuning, no QK-norm
+    off = config_from_dict(
+        {
+            **base,
+            "attention_chunk_size": None,
+            "attn_temperature_tuning": False,
+            "use_qk_norm": False,
+        },
+        "x",
+    )
+    assert off.layer_types == ("full_attention",) * 8
+    assert (off.temperature_floor_scale, off.qk_l2_norm) == (0, False)
+    # no MoE layer: interleave_moe_layer_step past the depth, or moe_layers past it
+    for dense in ({"interleave_moe_layer_step": 9}, {"moe_layers": [8, 12]}):
+        assert not config_from_dict({**base, **dense}, "x").is_moe
+    given = ["full_attention", "chunked_attention"] * 4
+    assert config_from_dict({**base, "layer_types": given}, "x").layer_types == tuple(given)
+    for bad, message in [
+        ({**base, "moe_layers": [1, 5]}, "llama4_text MoE layers [1, 5] (moe_layers"),
+        ({**base, "moe_layers": None, "interleave_moe_layer_step": 2}, "MoE layers [1, 3, 5, 7]"),
+        (
+            {**base, "layer_types": ["sliding_attention"] * 8},
+            "graphllm models 'full_attention' and 'chunked_attention' for llama4_text",
+        ),
+        (
+            {**base, "attention_chunk_size": None, "layer_types": ["chunked_attention"] * 8},
+            "chunked_attention layers but attention_chunk_size is unset",
+        ),
+        ({**base, "attn_temperature_tuning": -1}, "attn_temperature_tuning must be"),
+        ({**base, "cache_implementation": "static"}, 'cache_implementation="static" is not'),
+    ]:
+        assert message in error(bad)
+        assert "\n" not in error(bad)
+    # the multimodal wrapper: one line
+    assert "vision model is not modelled" in error({"model_type": "llama4", "text_config": {}})

@@ -42,7 +42,12 @@ def test_per_layer_fields_default_to_full_attention_dense_and_rope_everywhere():
         ({"rope_layers": (True, False)}, "rope_layers has 2 entries for 3 hidden layers"),
         ({"layer_types": ("full_attention",) * 4}, "layer_types has 4 entries for 3"),
         ({"moe_layers": (True,)}, "moe_layers has 1 entries for 3"),
-        ({"layer_types": ("chunked_attention",) * 3}, "layer_types has 'chunked_attention'"),
+        ({"layer_types": ("linear_attention",) * 3}, "layer_types has 'linear_attention'"),
+        # issue 16: a chunked layer needs its chunk size
+        (
+            {"layer_types": ("chunked_attention",) * 3},
+            "chunked_attention layers but attention_chunk_size is unset",
+        ),
         (
             {"kv_lora_rank": 16, "qk_rope_head_dim": 4, "rope_layers": (True, False, True)},
             "an MLA layer always rotates",

@@ -277,3 +277,25 @@ def test_rope_on_adjacent_pairs_counts_its_rotated_channels():
             b, h, t, e = (d.size if d.size is not None else g.bindings[d.name] for d in n.out.dims)
             assert 2 * len(n.attrs["inv_freq"]) == e
             assert n.meta["cost"].flops == 3 * b * h * t * e
+
+
+# issue 16: Llama 4's chunked layers hold the last C-1 keys (transformers keeps them in a
+# DynamicSlidingWindowLayer of the chunk size), the NoPE global ones every key
+def test_llama4_chunked_layers_hold_what_transformers_cache_holds(tiny_model):
+    import numpy as np
+    import torch
+
+    m = tiny_model("llama4_text-chunked")
+    p = 20
+    ids = np.random.default_rng(0).integers(0, 128, (1, p))
+    with torch.no_grad():
+        cache = m.model(torch.from_numpy(ids), use_cache=True).cache
+    held = [layer.keys.shape[2] for layer in cache.layers]  # before the next step
+    chunk = m.cfg.attention_chunk_size
+    assert held == [chunk - 1 if k == "chunked_attention" else p for k in m.cfg.layer_types]
+    wl = Workload.with_dtype(batch=1, seq_len=1, past_len=p, dtype="fp32")
+    r = run(build_graph(m.cfg, wl), ["memory"])["memory"]
+    per_position = 2 * m.cfg.num_key_value_heads * m.cfg.head_dim * 4  # K and V, fp32
+    # the step's present: what the cache held plus the new key, as its attention reads it
+    assert r.kv_cache == sum(h + 1 for h in held) * per_position
+    assert r.kv_cache_full == m.cfg.num_hidden_layers * (p + 1) * per_position

@@ -99,3 +99,25 @@ def test_total_matches_transformers_meta_model(preset):
         tensors = {n: t for n, t in tensors.items() if "language_model" in n or "lm_head" in n}
         assert len(tensors) < len(dict(model.named_parameters()))
     assert params(preset).total == sum(t.numel() for t in tensors.values())
+
+
+def test_llama4_dense_scout_attention_matches_transformers_meta_model():
+    # issue 16: Llama-4-Scout's text_config with no MoE layer (the MoE side is issue 18): the
+    # dense FFN intermediate_size_mlp wide under feed_forward, the L2 QK-norm without weights;
+    # no published dense Llama 4 exists, so transformers' model is the count
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from graphllm.models.config import config_from_dict
+    from tests.support.llama4_configs import SCOUT_TEXT
+
+    d = {**SCOUT_TEXT, "moe_layers": [], "num_hidden_layers": 4, "no_rope_layers": [1, 1, 1, 0]}
+    cfg = config_from_dict(d, "scout-dense")
+    # transformers 5's strict config takes the published 4 only as the bool it means
+    hf = transformers.AutoConfig.for_model(**{**d, "attn_temperature_tuning": True})
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(hf)
+    graph = build_graph(cfg, Workload(seq_len=1))
+    names = {n.name for n in graph.nodes() if n.op == "param"}
+    assert names == {k for k, _ in model.named_parameters()}  # feed_forward.*, no qk_norm weight
+    p = run(graph, ["params"])["params"]
+    assert p.total == sum(t.numel() for t in model.parameters()) == 3_327_308_800

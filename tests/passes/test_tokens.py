@@ -176,3 +176,56 @@ def test_gemma3_five_window_layers_grow_by_w_minus_one_then_the_global_one_reach
     rep = rep["tokens"]
     assert [x["reach"] for x in rep.per_layer] == [w + k * (w - 1) for k in range(5)] + [t]
     assert rep.depends_on(t - 1) == list(range(t))
+
+
+# issue 16: Llama 4's chunked layers, whose reach stops at the chunk boundary however deep
+def _llama4(layers: int, chunk: int, **kw):
+    from graphllm.models.config import config_from_dict
+
+    d = {
+        "model_type": "llama4_text",
+        "num_hidden_layers": layers,
+        "hidden_size": 32,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "vocab_size": 64,
+        "intermediate_size_mlp": 48,
+        "moe_layers": [],
+        "attention_chunk_size": chunk,
+        **kw,
+    }
+    return config_from_dict(d, "llama4-tiny")
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_chunked_layers_depend_on_their_own_chunk_alone(exact):
+    # three chunked layers of C=4 over 12 tokens: position t sees t's chunk only, at every depth
+    # (a window of 4 would reach 3 + 3 + 3 back by the third layer)
+    cfg = _llama4(3, 4, no_rope_layers=[1, 1, 1])
+    assert cfg.layer_types == ("chunked_attention",) * 3
+    rep = run(build_graph(cfg, Workload(seq_len=12)), ["tokens"], exact_sets=exact)["tokens"]
+    for t in range(12):
+        assert rep.depends_on(t) == list(range(t // 4 * 4, t + 1))
+    assert [x["reach"] for x in rep.per_layer] == [4, 4, 4]
+
+
+def test_chunked_decode_sees_its_chunk_in_the_rolled_cache():
+    # P=6, C=4: the cache holds positions 3, 4, 5; the new tokens 6 and 7 are in chunk 4..7
+    cfg = _llama4(2, 4, no_rope_layers=[1, 1])
+    r = run(build_graph(cfg, Workload(seq_len=2, past_len=6)), ["tokens"])["tokens"]
+    assert r.depends_on(0) == [4, 5, 6] and r.depends_on(1) == [4, 5, 6, 7]
+
+
+def test_chunked_then_global_layer_reaches_the_prefix():
+    # Llama 4's default pattern: a NoPE global layer after chunked ones reaches everything
+    cfg = _llama4(4, 4, no_rope_layer_interval=2)
+    assert cfg.layer_types == ("chunked_attention", "full_attention") * 2
+    rep = run(build_graph(cfg, Workload(seq_len=10)), ["tokens"])["tokens"]
+    assert rep.depends_on(9) == list(range(10))
+    assert [x["reach"] for x in rep.per_layer][:2] == [2, 10]
+
+
+def test_llama4_prediction_matches_perturbation():
+    check = check_token_mixing(_llama4(4, 8192, no_rope_layers=[1, 1, 1, 0]), seq_len=10)
+    assert check.agrees, check.differences()

@@ -42,8 +42,13 @@ def test_cached_decode_step(tiny_model, case):
     hf_prefill = m.hf(ids)
     hf_step = m.hf(nxt, past=hf_prefill.cache)
     np.testing.assert_allclose(step["logits"], hf_step.logits.numpy(), atol=ATOL, rtol=0)
-    # a window layer's cache rolls like transformers': the last W-1 past keys plus the new one
-    w = m.cfg.sliding_window if m.cfg.layer_types[0] == "sliding_attention" else None
+    # a window layer's cache rolls like transformers': the last W-1 past keys plus the new one;
+    # a chunked layer's the last C-1 (issue 16: Llama 4)
+    spans = {
+        "sliding_attention": m.cfg.sliding_window,
+        "chunked_attention": m.cfg.attention_chunk_size,
+    }
+    w = spans.get(m.cfg.layer_types[0])
     held = min(SEQ, w - 1) if w else SEQ
     assert step["present.0.key"].shape[2] == held + 1
 
@@ -76,3 +81,27 @@ def test_causal(tiny_model, case):
         out = m.run(changed)["logits"]
         np.testing.assert_allclose(out[:, : t + 1], base[:, : t + 1], atol=1e-6, rtol=0)
         assert not np.allclose(out[:, t + 1 :], base[:, t + 1 :], atol=1e-3)
+
+
+def test_llama4_chunked_cache_rolls_through_16_decode_steps(tiny_model):
+    """issue 16: 16 cached steps past the 8-token prompt, the chunked layers' caches holding the
+    last C-1 keys (what transformers' DynamicSlidingWindowLayer holds), so a query's chunk is
+    found from absolute positions once the cache has rolled past chunk boundaries."""
+    m = tiny_model("llama4_text-chunked")
+    rng = np.random.default_rng(6)
+    ids = rng.integers(0, SMALL["vocab_size"], (BATCH, SEQ))
+    ours, theirs = m.run(ids), m.hf(ids)
+    np.testing.assert_allclose(ours["logits"], theirs.logits.numpy(), atol=ATOL, rtol=0)
+    chunk = m.cfg.attention_chunk_size
+    for step in range(16):
+        nxt = rng.integers(0, SMALL["vocab_size"], (BATCH, 1))
+        ours, theirs = m.run(nxt, past=presents(ours)), m.hf(nxt, past=theirs.cache)
+        np.testing.assert_allclose(
+            ours["logits"], theirs.logits.numpy(), atol=ATOL, rtol=0, err_msg=f"step {step}"
+        )
+        for i, kind in enumerate(m.cfg.layer_types):
+            held = theirs.cache.layers[i].keys.shape[2]  # after this step's update
+            assert ours[f"present.{i}.key"].shape[2] == (
+                chunk if kind == "chunked_attention" else SEQ + step + 1
+            )
+            assert held == (chunk - 1 if kind == "chunked_attention" else SEQ + step + 1)

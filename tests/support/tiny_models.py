@@ -166,6 +166,40 @@ CASES: dict[str, tuple[str, dict]] = {
             "rope_scaling": {"rope_type": "linear", "factor": 2.0},
         },
     ),
+    # issue 16: Llama 4's attention on a dense decoder (no MoE layer): layers 0 and 2 RoPE,
+    # chunked by 4 under the 8-token prompt and L2 QK-normed; layers 1 and 3 NoPE, full, with a
+    # temperature whose floor_scale of 3 changes it inside the prompt; llama3 RoPE as Scout's;
+    # the dense FFN (feed_forward) intermediate_size_mlp wide
+    "llama4_text-chunked": (
+        "llama4_text",
+        {
+            "num_hidden_layers": 4,
+            "head_dim": 16,
+            "intermediate_size_mlp": 48,
+            "moe_layers": [],
+            "no_rope_layer_interval": 2,
+            "attention_chunk_size": 4,
+            "floor_scale": 3,
+            "attn_scale": 0.5,
+            "use_qk_norm": True,
+            "rope_parameters": LLAMA3_ROPE,
+        },
+    ),
+    # issue 16: Llama 4's chunk alone, on NoPE layers without a temperature (so no rope_pairs,
+    # l2norm or attn_temperature node: what the fused lowerings' attention can take)
+    "llama4_text-nope-chunked": (
+        "llama4_text",
+        {
+            "num_hidden_layers": 2,
+            "head_dim": 16,
+            "intermediate_size_mlp": 48,
+            "moe_layers": [],
+            "no_rope_layers": [0, 0],
+            "layer_types": ["chunked_attention", "full_attention"],
+            "attention_chunk_size": 4,
+            "attn_temperature_tuning": False,
+        },
+    ),
 }
 
 
@@ -204,7 +238,9 @@ class TinyModel:
         return graphllm.build_graph(self.cfg, wl, **build)
 
     def run(self, ids: np.ndarray, past: dict | None = None, **build) -> dict[str, np.ndarray]:
-        p = 0 if past is None else next(iter(past.values())).shape[2]
+        # the longest cache is a full layer's, all P past positions (a window or chunk layer's
+        # rolls to fewer once P passes it)
+        p = 0 if past is None else max(v.shape[2] for v in past.values())
         g = self.graph(ids.shape[1], p, **build)
         if self.weights is None:
             self.weights = load_weights(g, self.folder)

@@ -63,6 +63,20 @@ CONFIGS = {
         "rope_local_base_freq": 100.0,
         "rope_scaling": {"rope_type": "linear", "factor": 2.0},
     },
+    # issue 16: Llama 4, layers 0 and 2 chunked by 3 with RoPE and the L2 QK-norm, 1 and 3
+    # global NoPE layers whose query temperature changes inside the 8 tokens (floor_scale 2)
+    "llama4": {
+        **TINY,
+        "model_type": "llama4_text",
+        "num_hidden_layers": 4,
+        "head_dim": 8,
+        "moe_layers": [],
+        "intermediate_size_mlp": 40,
+        "no_rope_layer_interval": 2,
+        "attention_chunk_size": 3,
+        "floor_scale": 2,
+        "attn_scale": 0.5,
+    },
 }
 # Phi-4-mini's attention: RoPE on half of each head, and longrope switching to its long factors
 # inside the 8-token call (original context 6)
@@ -258,6 +272,12 @@ def test_balance_minimises_the_slowest_stage():
         ("gemma3", Strategy(tp=2), {}),
         ("gemma3", Strategy(tp=2, sp=True, pp=2), {}),
         ("gemma3", Strategy(cp=4, tp=2), {"past_len": 6, "seq_len": 4}),  # rolling window
+        # issue 16: the chunk and the temperature on token shards, from absolute positions
+        ("llama4", Strategy(tp=2), {}),
+        ("llama4", Strategy(tp=2, sp=True, pp=2), {}),
+        ("llama4", Strategy(cp=2), {}),
+        ("llama4", Strategy(cp=4, tp=2), {"past_len": 6, "seq_len": 4}),  # rolled chunk cache
+        ("llama4", Strategy(dp=2, pp=2), {"past_len": 5, "seq_len": 3}),
     ],
     ids=lambda v: v.describe().replace(" ", ",") if isinstance(v, Strategy) else None,
 )
