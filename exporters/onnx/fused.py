@@ -59,6 +59,7 @@ from graphllm.exporters.onnx.lowering import (
     placed,
 )
 from graphllm.exporters.onnx.patterns import Match, Mismatch, Pattern, find
+from graphllm.exporters.onnx.quantize import nbits_matmul, quantized_linear, unchanged
 from graphllm.exporters.onnx.regions import (
     ATTENTION_PATTERN,
     GATED_MLP_PATTERN,
@@ -74,10 +75,16 @@ MS = "com.microsoft"
 
 # -- rows: weights stored (in, out), norms as one op ------------------------------------------
 def _linear(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    if c.quantization is not None:
+        quantized_linear(c, n, i, o)
+        return
     c.final("MatMul", [i[0], c.transposed(n.inputs[1].node)], n, o)  # weight (in, out)
 
 
 def _linear_bias(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    if c.quantization is not None:
+        quantized_linear(c, n, i, o)
+        return
     c.final("Add", [c.op("MatMul", [i[0], c.transposed(n.inputs[1].node)], n.name), i[2]], n, o)
 
 
@@ -189,6 +196,8 @@ class Attn:
 
 def _qkv(c: Lowering, a: Attn, x: str) -> str:
     """Q, K and V of every head from one MatMul: (B, T, (h + 2 h_kv) hd)."""
+    if c.quantization is not None:
+        return _quantized_qkv(c, a, x)
     if len(a.weights) == 1:
         w = c.transposed(a.weights[0])
         b = a.biases[0] if a.biases else None
@@ -202,6 +211,22 @@ def _qkv(c: Lowering, a: Attn, x: str) -> str:
         b = c.initializer(f"{name}.bias", a.biases, (out,), cat) if a.biases else None
     y = c.op("MatMul", [x, w], f"{a.scope}.qkv_proj")
     return c.op("Add", [y, b], f"{a.scope}.qkv_proj") if b else y
+
+
+def _quantized_qkv(c: Lowering, a: Attn, x: str) -> str:
+    """`_qkv` as one MatMulNBits of the packed (out, in) weight, the bias added by the op."""
+    shapes = [c.param_shape(w) for w in a.weights]
+    out_in = (sum(s[0] for s in shapes), shapes[0][1])
+    name = a.weights[0] if len(a.weights) == 1 else f"{a.scope}.qkv_proj.weight"
+    b = None
+    if len(a.biases) == 1:
+        b = a.biases[0]
+    elif a.biases:
+        cat = lambda *bs: np.concatenate(bs)  # noqa: E731
+        b = c.initializer(f"{a.scope}.qkv_proj.bias", a.biases, (out_in[0],), cat)
+    stack = lambda *ws: np.concatenate(ws, axis=0)  # noqa: E731
+    op, ins, attrs = nbits_matmul(c, x, name, a.weights, out_in, stack, a.scope, b)
+    return c.op(op, ins, f"{a.scope}.qkv_proj", **attrs)
 
 
 def _split_qkv(c: Lowering, a: Attn, qkv: str) -> tuple[str, str, str]:
@@ -237,11 +262,14 @@ def _gated(m: Match, rows: dict[str, Lower]) -> Callable:
         scope = mul.name.rsplit(".", 1)[0]
         ws = (gate.inputs[1].node, up.inputs[1].node)
         f, d = c.param_shape(ws[0])
-        pack = lambda a, b: np.concatenate([a, b], axis=0).T  # noqa: E731
-        w = c.initializer(f"{scope}.gate_up_proj.weight.T", ws, (d, 2 * f), pack)
-        y = c.op("MatMul", [names[m.ref("x")], w], f"{scope}.gate_up_proj")  # (B, T, 2 ffn)
         biases = tuple(b for b in (_proj_bias(gate), _proj_bias(up)) if b is not None)
-        if biases:  # both, the pattern checks
+        if c.quantization is not None:
+            y = _quantized_gate_up(c, scope, names[m.ref("x")], ws, (2 * f, d), biases)
+        else:
+            pack = lambda a, b: np.concatenate([a, b], axis=0).T  # noqa: E731
+            w = c.initializer(f"{scope}.gate_up_proj.weight.T", ws, (d, 2 * f), pack)
+            y = c.op("MatMul", [names[m.ref("x")], w], f"{scope}.gate_up_proj")  # (B, T, 2 ffn)
+        if biases and c.quantization is None:  # both, the pattern checks
             cat = lambda a, b: np.concatenate([a, b])  # noqa: E731
             b = c.initializer(f"{scope}.gate_up_proj.bias", biases, (2 * f,), cat)
             y = c.op("Add", [y, b], scope)
@@ -252,6 +280,25 @@ def _gated(m: Match, rows: dict[str, Lower]) -> Callable:
         c.final("Mul", [names[Ref(act.name)], u_out], mul, [names[Ref(mul.name)]])
 
     return emit
+
+
+def _quantized_gate_up(
+    c: Lowering,
+    scope: str,
+    x: str,
+    ws: tuple[str, str],
+    out_in: tuple[int, int],
+    biases: tuple[str, ...],
+) -> str:
+    """Gate and up as one MatMulNBits of their stacked (2 ffn, d) weight, the bias by the op."""
+    b = None
+    if biases:
+        cat = lambda a, b: np.concatenate([a, b])  # noqa: E731
+        b = c.initializer(f"{scope}.gate_up_proj.bias", biases, (out_in[0],), cat)
+    stack = lambda a, b: np.concatenate([a, b], axis=0)  # noqa: E731
+    name = f"{scope}.gate_up_proj.weight"
+    op, ins, attrs = nbits_matmul(c, x, name, ws, out_in, stack, scope, b)
+    return c.op(op, ins, f"{scope}.gate_up_proj", **attrs)  # (B, T, 2 ffn)
 
 
 # -- standard: RMSNormalization, RotaryEmbedding, Attention ----------------------------------
@@ -448,7 +495,12 @@ def _ort_moe(m: Moe) -> Callable[[Lowering, dict[Ref, str]], None]:
         x = names[m.x]
         e, f, d = c.param_shape(m.gate)
         s = f"{m.scope}.gate"
-        logits = c.op("MatMul", [x, c.transposed(m.router)], s)  # (B, T, E)
+        if c.quantization is not None:  # a linear like the others (the decomposed one is too)
+            shape = c.param_shape(m.router)
+            op, ins, attrs = nbits_matmul(c, x, m.router, (m.router,), shape, unchanged, s)
+            logits = c.op(op, ins, s, **attrs)  # (B, T, E)
+        else:
+            logits = c.op("MatMul", [x, c.transposed(m.router)], s)  # (B, T, E)
         logits = c.op("Reshape", [logits, c.const([-1, e])], s)  # (B*T, E)
         name = f"{m.scope}.experts.*.gate_up_interleaved.weight"
         fc1 = c.initializer(name, (m.gate, m.up), (e, 2 * f, d), _interleave)
