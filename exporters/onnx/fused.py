@@ -259,46 +259,34 @@ def _gated(m: Match, rows: dict[str, Lower]) -> Callable:
     gate, up, act, mul = m["gate"], m["up"], m["act"], m["gated"]
 
     def emit(c: Lowering, names: dict[Ref, str]) -> None:
-        scope = mul.name.rsplit(".", 1)[0]
-        ws = (gate.inputs[1].node, up.inputs[1].node)
-        f, d = c.param_shape(ws[0])
-        biases = tuple(b for b in (_proj_bias(gate), _proj_bias(up)) if b is not None)
         if c.quantization is not None:
-            y = _quantized_gate_up(c, scope, names[m.ref("x")], ws, (2 * f, d), biases)
+            # gate and up as two MatMulNBits, as onnxruntime-genai's builder has them: at decode
+            # the Split after one packed op cost more than the second op saves (profiled)
+            for proj in (gate, up):
+                ins = [names[r] for r in proj.inputs]
+                quantized_linear(c, proj, ins, [names[Ref(proj.name)]])
+            g_out, u_out = names[Ref(gate.name)], names[Ref(up.name)]
         else:
-            pack = lambda a, b: np.concatenate([a, b], axis=0).T  # noqa: E731
-            w = c.initializer(f"{scope}.gate_up_proj.weight.T", ws, (d, 2 * f), pack)
-            y = c.op("MatMul", [names[m.ref("x")], w], f"{scope}.gate_up_proj")  # (B, T, 2 ffn)
-        if biases and c.quantization is None:  # both, the pattern checks
-            cat = lambda a, b: np.concatenate([a, b])  # noqa: E731
-            b = c.initializer(f"{scope}.gate_up_proj.bias", biases, (2 * f,), cat)
-            y = c.op("Add", [y, b], scope)
-        g_out, u_out = c.op(
-            "Split", [y, c.const([f, f])], f"{scope}.gate_up_split", n_out=2, axis=-1
-        )
+            g_out, u_out = _gate_up(c, mul.name.rsplit(".", 1)[0], names[m.ref("x")])
         rows[act.op](c, act, [g_out], [names[Ref(act.name)]])
         c.final("Mul", [names[Ref(act.name)], u_out], mul, [names[Ref(mul.name)]])
 
+    def _gate_up(c: Lowering, scope: str, x: str) -> tuple[str, str]:
+        ws = (gate.inputs[1].node, up.inputs[1].node)
+        f, d = c.param_shape(ws[0])
+        pack = lambda a, b: np.concatenate([a, b], axis=0).T  # noqa: E731
+        w = c.initializer(f"{scope}.gate_up_proj.weight.T", ws, (d, 2 * f), pack)
+        y = c.op("MatMul", [x, w], f"{scope}.gate_up_proj")  # (B, T, 2 ffn)
+        biases = tuple(b for b in (_proj_bias(gate), _proj_bias(up)) if b is not None)
+        if biases:  # both, the pattern checks
+            cat = lambda a, b: np.concatenate([a, b])  # noqa: E731
+            b = c.initializer(f"{scope}.gate_up_proj.bias", biases, (2 * f,), cat)
+            y = c.op("Add", [y, b], scope)
+        return tuple(
+            c.op("Split", [y, c.const([f, f])], f"{scope}.gate_up_split", n_out=2, axis=-1)
+        )  # type: ignore[return-value]
+
     return emit
-
-
-def _quantized_gate_up(
-    c: Lowering,
-    scope: str,
-    x: str,
-    ws: tuple[str, str],
-    out_in: tuple[int, int],
-    biases: tuple[str, ...],
-) -> str:
-    """Gate and up as one MatMulNBits of their stacked (2 ffn, d) weight, the bias by the op."""
-    b = None
-    if biases:
-        cat = lambda a, b: np.concatenate([a, b])  # noqa: E731
-        b = c.initializer(f"{scope}.gate_up_proj.bias", biases, (out_in[0],), cat)
-    stack = lambda a, b: np.concatenate([a, b], axis=0)  # noqa: E731
-    name = f"{scope}.gate_up_proj.weight"
-    op, ins, attrs = nbits_matmul(c, x, name, ws, out_in, stack, scope, b)
-    return c.op(op, ins, f"{scope}.gate_up_proj", **attrs)  # (B, T, 2 ffn)
 
 
 # -- standard: RMSNormalization, RotaryEmbedding, Attention ----------------------------------
@@ -435,7 +423,13 @@ def _ort_attention(a: Attn) -> Callable[[Lowering, dict[Ref, str]], None]:
             and 2 * len(a.rope.attrs["inv_freq"]) == a.head_dim
             and "long_inv_freq" not in a.rope.attrs
         )
-        ins = list(_qkv_heads(c, a, names, rotate=not fused))  # unfused: rotated first
+        norms = (a.q_norm, a.k_norm, a.q_wide_norm, a.k_wide_norm)
+        if fused and c.quantization is not None and all(n is None for n in norms):
+            # packed Q/K/V straight from the MatMulNBits, as onnxruntime-genai's builder feeds
+            # it: no Split (with float weights the kernel was slower so, measured at decode)
+            ins = [_qkv(c, a, names[a.x]), "", ""]
+        else:
+            ins = list(_qkv_heads(c, a, names, rotate=not fused))  # unfused: rotated first
         seqlens, total = _gqa_lengths(c)
         cos, sin = _rotary_caches(c, a.rope) if fused and a.rope is not None else ("", "")
         ins += [names[a.past[0]], names[a.past[1]], seqlens, total, cos, sin, "", _bias(c)]

@@ -92,12 +92,13 @@ def _roundf(x: np.ndarray) -> np.ndarray:
     return np.sign(x) * np.floor(np.abs(x) + np.float32(0.5))
 
 
-def _pack(q: np.ndarray, bits: int) -> np.ndarray:
-    """uint8 values < 2^bits along the last axis, two to a byte (low nibble first) for 4 bits."""
+def _pack(q: np.ndarray, bits: int, fill: int = 0) -> np.ndarray:
+    """uint8 values < 2^bits along the last axis, two to a byte (low nibble first) for 4 bits,
+    an odd count's last high nibble `fill`."""
     if bits == 8:
         return q.astype(np.uint8)
     if q.shape[-1] % 2:
-        q = np.concatenate([q, np.zeros((*q.shape[:-1], 1), np.uint8)], axis=-1)
+        q = np.concatenate([q, np.full((*q.shape[:-1], 1), fill, np.uint8)], axis=-1)
     return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
 
 
@@ -137,7 +138,8 @@ def quantize_blockwise(w: np.ndarray, q: Quantization) -> QuantizedWeight:
         recip = np.where(scales != 0, np.float32(1) / scales, np.float32(0)).astype(np.float32)
     values = np.clip(_roundf(blocks * recip[..., None] + zp[..., None]), 0, top)
     values = np.where(valid, values, 0).astype(np.uint8)
-    zero_points = None if q.symmetric else _pack(zp.astype(np.uint8), bits)
+    # an odd count of 4-bit zero points ends on the default zero point, as MLAS writes it
+    zero_points = None if q.symmetric else _pack(zp.astype(np.uint8), bits, 1 << (bits - 1))
     return QuantizedWeight(_pack(values, bits), scales, zero_points)
 
 
