@@ -10,7 +10,7 @@ beside graphllm's fp32 export. All run in one loop, on sessions made alike (grap
 prompt + new positions, bound as both past and present, that GroupQueryAttention appends to in
 place (`graphllm bench`'s handling of the `ort` lowering). A round prefills a random 128-token
 prompt and decodes 64 tokens greedily, each model once in turn (interleaved, so a load that
-comes and goes weighs on all alike); the figures are medians over the rounds after a warm-up
+comes and goes weighs on all alike; the order rotates from round to round); the figures are medians over the rounds after a warm-up
 one. Beside them: the bandwidth floor of a decode step, the bytes of the int4 MatMulNBits
 initializers (packed values, scales, zero points) over the read bandwidth of a buffer that size
 measured as `graphllm calibrate` does, in each round. Needs `pip install onnxruntime-genai`
@@ -178,7 +178,10 @@ def main() -> int:
         floors, last = [], {}
         for r in range(args.repeats + 1):
             bw = bandwidth(floor_bytes)
-            for label, loop in loops.items():
+            labels = list(loops)
+            turn = labels[r % len(labels) :] + labels[: r % len(labels)]  # no model always first
+            for label in turn:
+                loop = loops[label]
                 time.sleep(PAUSE)
                 p, d, last[label] = loop.run(ids)
                 if r:  # the first round warms up

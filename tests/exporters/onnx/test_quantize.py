@@ -53,7 +53,9 @@ def _spec_dequantize(packed, scales, zp, bits: int, k: int, symmetric: bool) -> 
 
 @pytest.mark.parametrize("method", ["int4", "int8"])
 @pytest.mark.parametrize("symmetric", [False, True])
-@pytest.mark.parametrize(("k", "block"), [(64, 32), (32, 32), (96, 32), (48, 32), (100, 32), (256, 128), (96, 64)])
+@pytest.mark.parametrize(
+    ("k", "block"), [(64, 32), (32, 32), (96, 32), (48, 32), (100, 32), (256, 128), (96, 64)]
+)
 def test_rule_is_onnxruntimes_bit_for_bit(method, symmetric, k, block):
     rng = np.random.default_rng(k + block)
     w = (rng.standard_normal((24, k)) * 0.05).astype(np.float32)  # (N, K) as a checkpoint has it
