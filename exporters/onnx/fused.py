@@ -28,6 +28,11 @@ positions. Padding queries (no key allowed) attend with the lowest finite bias, 
 finite, as in the decomposed lowering. GroupQueryAttention takes several new tokens after a
 past for a batch of 1 only (chunked prefill); prefill and decode run at any batch size.
 
+With `--quantize` (graphllm.exporters.onnx.quantize) every weight these lowerings multiply by
+but the routed experts is a MatMulNBits: Q/K/V one op of the packed weight, fed packed to
+GroupQueryAttention where its rotary is fused and no q/k norm sits between; gate and up two ops
+(as onnxruntime-genai's builder writes them: no Split at decode); the MoE router too.
+
 Each fused region is a declared pattern table (graphllm.exporters.onnx.regions), matched at
 each node its root can be, and its emitter reads the match's captures; the analysed graph
 stays unfused. A
@@ -260,8 +265,8 @@ def _gated(m: Match, rows: dict[str, Lower]) -> Callable:
 
     def emit(c: Lowering, names: dict[Ref, str]) -> None:
         if c.quantization is not None:
-            # gate and up as two MatMulNBits, as onnxruntime-genai's builder has them: at decode
-            # the Split after one packed op cost more than the second op saves (profiled)
+            # gate and up as two MatMulNBits, as onnxruntime-genai's builder has them: no Split
+            # (onnxruntime's profile put the 16 Splits at 0.3-0.9 ms of a 12-17 ms int4 step)
             for proj in (gate, up):
                 ins = [names[r] for r in proj.inputs]
                 quantized_linear(c, proj, ins, [names[Ref(proj.name)]])
@@ -426,7 +431,7 @@ def _ort_attention(a: Attn) -> Callable[[Lowering, dict[Ref, str]], None]:
         norms = (a.q_norm, a.k_norm, a.q_wide_norm, a.k_wide_norm)
         if fused and c.quantization is not None and all(n is None for n in norms):
             # packed Q/K/V straight from the MatMulNBits, as onnxruntime-genai's builder feeds
-            # it: no Split (with float weights the kernel was slower so, measured at decode)
+            # it, so no Split runs (float weights keep them apart: packed was slower at fp32)
             ins = [_qkv(c, a, names[a.x]), "", ""]
         else:
             ins = list(_qkv_heads(c, a, names, rotate=not fused))  # unfused: rotated first
