@@ -44,6 +44,7 @@ from graphllm.exporters.onnx.lowering import (
     axis_size,
     lowers,
 )
+from graphllm.exporters.onnx.quantize import quantized_linear
 from graphllm.ir import Node
 
 
@@ -55,12 +56,18 @@ def _embedding(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
 
 @lowers("linear")
 def _linear(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    if c.quantization is not None:
+        quantized_linear(c, n, i, o)
+        return
     wt = c.op("Transpose", [i[1]], n.name, perm=[1, 0])  # (in, out)
     c.final("MatMul", [i[0], wt], n, o)
 
 
 @lowers("linear_bias")
 def _linear_bias(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    if c.quantization is not None:
+        quantized_linear(c, n, i, o)
+        return
     wt = c.op("Transpose", [i[1]], n.name, perm=[1, 0])  # (in, out)
     c.final("Add", [c.op("MatMul", [i[0], wt], n.name), i[2]], n, o)
 

@@ -36,6 +36,7 @@ from graphllm.exporters.onnx.lowering import (
     producer_version,
     static_shape,
 )
+from graphllm.exporters.onnx.quantize import Quantization
 from graphllm.files import check_target, note_input, write_atomic
 from graphllm.ir import Graph
 from graphllm.models.model_config import ModelConfig, config_from_fields
@@ -56,10 +57,16 @@ class ExportedModel:
     lowering: str
     weights: str
     build: dict[str, Any] = field(default_factory=dict)  # build_graph's mla= and mtp=
+    quantization: Quantization | None = None  # MatMulNBits weights, or None: float
 
 
 def _metadata(
-    config: ModelConfig, wl: Workload, ops: str, weights: str, build: dict[str, Any]
+    config: ModelConfig,
+    wl: Workload,
+    ops: str,
+    weights: str,
+    build: dict[str, Any],
+    quantization: Quantization | None = None,
 ) -> dict[str, str]:
     out = {
         "graphllm.version": producer_version(),
@@ -70,6 +77,8 @@ def _metadata(
     }
     if config.is_mla:  # how the graph was built, beside the config it was built from
         out["graphllm.graph"] = json.dumps(build)
+    if quantization is not None:
+        out["graphllm.quantization"] = json.dumps(quantization.to_dict())
     return out
 
 
@@ -123,11 +132,28 @@ def metadata_from_props(props: dict[str, str], path: str | Path) -> ExportedMode
         lowering = _one_of(_prop(props, key), LOWERINGS)
         key = "graphllm.weights"
         weights = _prop(props, key)
+        key = "graphllm.quantization"
+        quantization = _quantization(_json(props, key, "null"))
     except (GraphllmError, ValueError, TypeError) as e:
         raise GraphllmError(
             f"{path}: unreadable graphllm metadata {key}: {_first_line(e)}"
         ) from None
-    return ExportedModel(config, workload, lowering, weights, build)
+    return ExportedModel(config, workload, lowering, weights, build, quantization)
+
+
+def _quantization(value: Any) -> Quantization | None:
+    """The `graphllm.quantization` record: its fields, each checked as the CLI checks them."""
+    if value is None:
+        return None
+    record = _mapping(value, "graphllm.quantization")
+    method, block, level, sym = (
+        record.get(k) for k in ("method", "block_size", "accuracy_level", "symmetric")
+    )
+    if not isinstance(method, str) or not isinstance(sym, bool):
+        raise GraphllmError("method must be a name and symmetric true or false")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (block, level)):
+        raise GraphllmError("block_size and accuracy_level must be integers")
+    return Quantization(method, block, level, sym)  # type: ignore[arg-type]
 
 
 def _prop(props: dict[str, str], key: str, default: str | None = None) -> str:
@@ -215,6 +241,7 @@ def export_onnx(
     check: bool = True,
     ops: str = "auto",
     device: str = "cpu",
+    quantize: Quantization | None = None,
 ) -> ExportResult:
     """Write `graph` as an ONNX model: weights from a checkpoint folder, seeded random ones, or
     (`no_weights`) none at all, the weights then being graph inputs.
@@ -226,11 +253,20 @@ def export_onnx(
     default the graph's own, with its dtypes). `external_data` None chooses by size: past
     protobuf's 2 GB limit the weights go to `<path>.data`. The file (and its data file) is
     written whole or not at all; with `check`, `onnx.checker.check_model(full_check=True)` runs
-    on it before it is moved into place.
+    on it before it is moved into place. `quantize` writes the linear weights as MatMulNBits
+    (graphllm.exporters.onnx.quantize), quantized from the float weights (the workload recorded
+    then has that weight dtype).
     """
     config, wl, ops = _checked(graph, workload, weights, no_weights, ops, device)
+    if quantize is not None:
+        if no_weights:
+            raise ConfigError(
+                "--quantize quantizes the weights it writes: give random weights or a "
+                "checkpoint, not --no-weights"
+            )
+        wl = Workload.with_dtype(wl, weight_dtype=quantize.method)
     dtype = wl.act_dtype
-    model, plan = lower(graph, ops, weights_as_inputs=no_weights)
+    model, plan = lower(graph, ops, weights_as_inputs=no_weights, quantize=quantize)
     if no_weights:
         source = "none: the weights are graph inputs"
     elif weights is not None:
@@ -238,12 +274,14 @@ def export_onnx(
     else:
         source = f"random, seed {seed}"
     build = {"mla": graph.meta.get("mla") or "naive", "mtp": bool(graph.meta.get("mtp"))}
-    for k, v in _metadata(config, wl, ops, source, build).items():
+    for k, v in _metadata(config, wl, ops, source, build, quantize).items():
         model.metadata_props.add(key=k, value=v)
     numel = sum(int(np.prod(static_shape(n))) for n in graph.params())
     written = [] if no_weights else plan
-    itemsize = np.dtype(NP_TYPES[dtype]).itemsize
-    nbytes = sum(int(np.prod(init.shape)) for init in written) * itemsize
+    nbytes = sum(
+        int(np.prod(init.shape)) * np.dtype(NP_TYPES[init.dtype or dtype]).itemsize
+        for init in written
+    )
     if no_weights:
         params: Iterator[tuple] = iter(())
     elif weights is not None:
@@ -351,7 +389,6 @@ def planned(plan: list[Initializer], params: Iterator[tuple], dtype: str) -> Ite
     """(name, array) of each initializer in `plan`, from (param node, array) read one at a time,
     each as soon as its sources have been read. A param is held only until the last initializer
     made from it is written."""
-    want = NP_TYPES[dtype]
     left: dict[str, int] = {}
     for init in plan:
         for src in init.sources:
@@ -366,6 +403,7 @@ def planned(plan: list[Initializer], params: Iterator[tuple], dtype: str) -> Ite
         for init in ready:
             pending.remove(init)
             args = [held[s] for s in init.sources]
+            want = NP_TYPES[init.dtype or dtype]
             out = np.ascontiguousarray(args[0] if init.make is None else init.make(*args), want)
             del args
             for src in init.sources:  # free the sources before the copy is written
@@ -477,9 +515,11 @@ def _inside(path: Path, name: str) -> Path:
 
 
 def _dtype_of(arr: np.ndarray) -> int:
-    return {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16}[
-        arr.dtype
-    ]
+    return {
+        np.dtype(np.float32): TensorProto.FLOAT,
+        np.dtype(np.float16): TensorProto.FLOAT16,
+        np.dtype(np.uint8): TensorProto.UINT8,
+    }[arr.dtype]
 
 
 def _check(path: Path) -> None:

@@ -30,6 +30,11 @@ positions. Padding queries (no key allowed) attend with the lowest finite bias, 
 finite, as in the decomposed lowering. GroupQueryAttention takes several new tokens after a
 past for a batch of 1 only (chunked prefill); prefill and decode run at any batch size.
 
+With `--quantize` (graphllm.exporters.onnx.quantize) every weight these lowerings multiply by
+but the routed experts is a MatMulNBits: Q/K/V one op of the packed weight, fed packed to
+GroupQueryAttention where its rotary is fused and no q/k norm sits between; gate and up two ops
+(as onnxruntime-genai's builder writes them: no Split at decode); the MoE router too.
+
 Each fused region is a declared pattern table (graphllm.exporters.onnx.regions), matched at
 each node its root can be, and its emitter reads the match's captures; the analysed graph
 stays unfused. A
@@ -62,6 +67,7 @@ from graphllm.exporters.onnx.lowering import (
     placed,
 )
 from graphllm.exporters.onnx.patterns import Match, Mismatch, Pattern, find
+from graphllm.exporters.onnx.quantize import nbits_matmul, quantized_linear, unchanged
 from graphllm.exporters.onnx.regions import (
     ATTENTION_PATTERN,
     GATED_MLP_PATTERN,
@@ -78,10 +84,16 @@ MS = "com.microsoft"
 
 # -- rows: weights stored (in, out), norms as one op ------------------------------------------
 def _linear(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    if c.quantization is not None:
+        quantized_linear(c, n, i, o)
+        return
     c.final("MatMul", [i[0], c.transposed(n.inputs[1].node)], n, o)  # weight (in, out)
 
 
 def _linear_bias(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    if c.quantization is not None:
+        quantized_linear(c, n, i, o)
+        return
     c.final("Add", [c.op("MatMul", [i[0], c.transposed(n.inputs[1].node)], n.name), i[2]], n, o)
 
 
@@ -210,6 +222,8 @@ class Attn:
 
 def _qkv(c: Lowering, a: Attn, x: str) -> str:
     """Q, K and V of every head from one MatMul: (B, T, (h + 2 h_kv) hd)."""
+    if c.quantization is not None:
+        return _quantized_qkv(c, a, x)
     if len(a.weights) == 1:
         w = c.transposed(a.weights[0])
         b = a.biases[0] if a.biases else None
@@ -223,6 +237,22 @@ def _qkv(c: Lowering, a: Attn, x: str) -> str:
         b = c.initializer(f"{name}.bias", a.biases, (out,), cat) if a.biases else None
     y = c.op("MatMul", [x, w], f"{a.scope}.qkv_proj")
     return c.op("Add", [y, b], f"{a.scope}.qkv_proj") if b else y
+
+
+def _quantized_qkv(c: Lowering, a: Attn, x: str) -> str:
+    """`_qkv` as one MatMulNBits of the packed (out, in) weight, the bias added by the op."""
+    shapes = [c.param_shape(w) for w in a.weights]
+    out_in = (sum(s[0] for s in shapes), shapes[0][1])
+    name = a.weights[0] if len(a.weights) == 1 else f"{a.scope}.qkv_proj.weight"
+    b = None
+    if len(a.biases) == 1:
+        b = a.biases[0]
+    elif a.biases:
+        cat = lambda *bs: np.concatenate(bs)  # noqa: E731
+        b = c.initializer(f"{a.scope}.qkv_proj.bias", a.biases, (out_in[0],), cat)
+    stack = lambda *ws: np.concatenate(ws, axis=0)  # noqa: E731
+    op, ins, attrs = nbits_matmul(c, x, name, a.weights, out_in, stack, a.scope, b)
+    return c.op(op, ins, f"{a.scope}.qkv_proj", **attrs)
 
 
 def _split_qkv(c: Lowering, a: Attn, qkv: str) -> tuple[str, str, str]:
@@ -267,22 +297,32 @@ def _gated(m: Match, rows: dict[str, Lower]) -> Callable:
     gate, up, act, mul = m["gate"], m["up"], m["act"], m["gated"]
 
     def emit(c: Lowering, names: dict[Ref, str]) -> None:
-        scope = mul.name.rsplit(".", 1)[0]
+        if c.quantization is not None:
+            # gate and up as two MatMulNBits, as onnxruntime-genai's builder has them: no Split
+            # (onnxruntime's profile put the 16 Splits at 0.3-0.9 ms of a 12-17 ms int4 step)
+            for proj in (gate, up):
+                ins = [names[r] for r in proj.inputs]
+                quantized_linear(c, proj, ins, [names[Ref(proj.name)]])
+            g_out, u_out = names[Ref(gate.name)], names[Ref(up.name)]
+        else:
+            g_out, u_out = _gate_up(c, mul.name.rsplit(".", 1)[0], names[m.ref("x")])
+        rows[act.op](c, act, [g_out], [names[Ref(act.name)]])
+        c.final("Mul", [names[Ref(act.name)], u_out], mul, [names[Ref(mul.name)]])
+
+    def _gate_up(c: Lowering, scope: str, x: str) -> tuple[str, str]:
         ws = (gate.inputs[1].node, up.inputs[1].node)
         f, d = c.param_shape(ws[0])
         pack = lambda a, b: np.concatenate([a, b], axis=0).T  # noqa: E731
         w = c.initializer(f"{scope}.gate_up_proj.weight.T", ws, (d, 2 * f), pack)
-        y = c.op("MatMul", [names[m.ref("x")], w], f"{scope}.gate_up_proj")  # (B, T, 2 ffn)
+        y = c.op("MatMul", [x, w], f"{scope}.gate_up_proj")  # (B, T, 2 ffn)
         biases = tuple(b for b in (_proj_bias(gate), _proj_bias(up)) if b is not None)
         if biases:  # both, the pattern checks
             cat = lambda a, b: np.concatenate([a, b])  # noqa: E731
             b = c.initializer(f"{scope}.gate_up_proj.bias", biases, (2 * f,), cat)
             y = c.op("Add", [y, b], scope)
-        g_out, u_out = c.op(
-            "Split", [y, c.const([f, f])], f"{scope}.gate_up_split", n_out=2, axis=-1
-        )
-        rows[act.op](c, act, [g_out], [names[Ref(act.name)]])
-        c.final("Mul", [names[Ref(act.name)], u_out], mul, [names[Ref(mul.name)]])
+        return tuple(
+            c.op("Split", [y, c.const([f, f])], f"{scope}.gate_up_split", n_out=2, axis=-1)
+        )  # type: ignore[return-value]
 
     return emit
 
@@ -434,7 +474,13 @@ def _ort_attention(a: Attn) -> Callable[[Lowering, dict[Ref, str]], None]:
             and 2 * len(a.rope.attrs["inv_freq"]) == a.head_dim
             and "long_inv_freq" not in a.rope.attrs
         )
-        ins = list(_qkv_heads(c, a, names, rotate=not fused))  # unfused: rotated first
+        norms = (a.q_norm, a.k_norm, a.q_wide_norm, a.k_wide_norm)
+        if fused and c.quantization is not None and all(n is None for n in norms):
+            # packed Q/K/V straight from the MatMulNBits, as onnxruntime-genai's builder feeds
+            # it, so no Split runs (float weights keep them apart: packed was slower at fp32)
+            ins = [_qkv(c, a, names[a.x]), "", ""]
+        else:
+            ins = list(_qkv_heads(c, a, names, rotate=not fused))  # unfused: rotated first
         seqlens, total = _gqa_lengths(c)
         cos, sin = _rotary_caches(c, a.rope) if fused and a.rope is not None else ("", "")
         ins += [names[a.past[0]], names[a.past[1]], seqlens, total, cos, sin, "", _bias(c)]
@@ -496,7 +542,12 @@ def _ort_moe(m: Moe) -> Callable[[Lowering, dict[Ref, str]], None]:
         x = names[m.x]
         e, f, d = c.param_shape(m.gate)
         s = f"{m.scope}.gate"
-        logits = c.op("MatMul", [x, c.transposed(m.router)], s)  # (B, T, E)
+        if c.quantization is not None:  # a linear like the others (the decomposed one is too)
+            shape = c.param_shape(m.router)
+            op, ins, attrs = nbits_matmul(c, x, m.router, (m.router,), shape, unchanged, s)
+            logits = c.op(op, ins, s, **attrs)  # (B, T, E)
+        else:
+            logits = c.op("MatMul", [x, c.transposed(m.router)], s)  # (B, T, E)
         logits = c.op("Reshape", [logits, c.const([-1, e])], s)  # (B*T, E)
         name = f"{m.scope}.experts.*.gate_up_interleaved.weight"
         fc1 = c.initializer(name, (m.gate, m.up), (e, 2 * f, d), _interleave)

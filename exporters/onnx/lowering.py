@@ -18,6 +18,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from graphllm.errors import ConfigError, GraphllmError
+from graphllm.exporters.onnx.quantize import MS_DOMAIN, Quantization
 from graphllm.ir import Dim, Graph, Node, Ref, TensorType
 
 OPSET = 23
@@ -30,8 +31,13 @@ DIM_NAMES = {
     "S": "total_sequence_length",
     "C": "expert_slots",
 }
-ONNX_TYPES = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16, "int64": TensorProto.INT64}
-NP_TYPES = {"fp32": np.float32, "fp16": np.float16, "int64": np.int64}
+ONNX_TYPES = {
+    "fp32": TensorProto.FLOAT,
+    "fp16": TensorProto.FLOAT16,
+    "int64": TensorProto.INT64,
+    "uint8": TensorProto.UINT8,
+}
+NP_TYPES = {"fp32": np.float32, "fp16": np.float16, "int64": np.int64, "uint8": np.uint8}
 # protobuf cannot serialise a message of 2 GiB; leave room for the graph itself
 PROTO_LIMIT = 2**31 - 2**26
 ALIGN = 4096  # external tensors start on page boundaries, so onnxruntime can map them
@@ -48,6 +54,7 @@ class Initializer:
     sources: tuple[str, ...]  # param names, at least one
     shape: tuple[int, ...]
     make: Callable[..., np.ndarray] | None = None
+    dtype: str | None = None  # None: the export's float dtype; "uint8": quantized values
 
 
 @dataclass(frozen=True)
@@ -68,9 +75,10 @@ class LoweringError(GraphllmError):
 class Lowering:
     """ONNX nodes and constants for one Graph; what each op lowering writes into."""
 
-    def __init__(self, graph: Graph, dtype: str) -> None:
+    def __init__(self, graph: Graph, dtype: str, quantization: Quantization | None = None) -> None:
         self.graph = graph
         self.dtype = dtype  # activations and KV cache
+        self.quantization = quantization  # linear weights as MatMulNBits, or None: float
         self.nodes: list[onnx.NodeProto] = []
         self.constants: list[TensorProto] = []
         self._const_names: dict[tuple, str] = {}
@@ -140,10 +148,11 @@ class Lowering:
         sources: tuple[str, ...],
         shape: tuple[int, ...],
         make: Callable[..., np.ndarray],
+        dtype: str | None = None,
     ) -> str:
         """A weight initializer made by `make` from the named params."""
         if name not in self.initializers:
-            self.initializers[name] = Initializer(name, sources, tuple(shape), make)
+            self.initializers[name] = Initializer(name, sources, tuple(shape), make, dtype)
         return name
 
     def param_shape(self, param: str) -> tuple[int, ...]:
@@ -208,10 +217,14 @@ def static_shape(node: Node) -> tuple[int, ...]:
 
 
 def lower(
-    graph: Graph, ops: str = "decomposed", weights_as_inputs: bool = False
+    graph: Graph,
+    ops: str = "decomposed",
+    weights_as_inputs: bool = False,
+    quantize: Quantization | None = None,
 ) -> tuple[onnx.ModelProto, list[Initializer]]:
     """The graph as a ModelProto without weight data, and the weight initializers it reads
-    (graph inputs with `weights_as_inputs`), in the order the params are read."""
+    (graph inputs with `weights_as_inputs`), in the order the params are read; with `quantize`,
+    its 2-D linear weights as MatMulNBits (graphllm.exporters.onnx.quantize)."""
     opset = LOWERINGS[ops]
     dtype = graph.meta.get("act_dtype", "fp32")
     if dtype not in EXPORT_DTYPES:
@@ -221,7 +234,7 @@ def lower(
         regions = placed(graph, opset.regions(graph))
     except LoweringError as e:
         raise LoweringError(f"the {ops} lowering cannot express {graph.name}: {e}") from None
-    c = Lowering(graph, dtype)
+    c = Lowering(graph, dtype, quantize)
     inputs, value_info = [], []
     for n in graph.nodes():
         if n.op == "input":
@@ -239,15 +252,19 @@ def lower(
     if weights_as_inputs:
         for init in plan:
             shape = list(init.shape)
-            inputs.append(helper.make_tensor_value_info(init.name, ONNX_TYPES[dtype], shape))
+            kind = ONNX_TYPES[init.dtype or dtype]
+            inputs.append(helper.make_tensor_value_info(init.name, kind, shape))
     order = ["logits", *(k for k in graph.outputs if k != "logits")]
     outputs = [_value_info(k, graph.type_of(graph.outputs[k])) for k in order]
     g = helper.make_graph(
         c.nodes, graph.name, inputs, outputs, initializer=c.constants, value_info=value_info
     )
+    domains = dict(opset.domains)
+    if quantize is not None:
+        domains.setdefault(MS_DOMAIN, 1)
     model = helper.make_model(
         g,
-        opset_imports=[helper.make_opsetid(d, v) for d, v in opset.domains],
+        opset_imports=[helper.make_opsetid(d, v) for d, v in domains.items()],
         producer_name="graphllm",
         producer_version=producer_version(),
         doc_string=__doc__.split("\n\n")[1],  # the I/O paragraph of this module's docstring

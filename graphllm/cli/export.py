@@ -23,6 +23,7 @@ from graphllm.cli.common import (
 )
 from graphllm.errors import ConfigError
 from graphllm.exporters.onnx import export_onnx
+from graphllm.exporters.onnx.quantize import ACCURACY_LEVELS, BITS, BLOCK_SIZES, Quantization
 from graphllm.files import check_target, json_text, temporary_folder
 from graphllm.ir import Graph
 from graphllm.models.hardware import load_hardware, local_path
@@ -68,6 +69,64 @@ def provider_kind(device: str) -> str:
         return "cpu"
 
 
+def quantize_options(fn: Any) -> Any:
+    """--quantize and its settings (defaults: onnxruntime-genai's model builder's for the CPU)."""
+    for option in reversed(
+        [
+            click.option(
+                "--quantize",
+                type=click.Choice(list(BITS)),
+                help="Linear weights as onnxruntime's MatMulNBits, quantized blockwise from the "
+                "float weights (embeddings and routed experts stay float).",
+            ),
+            click.option(
+                "--block-size",
+                type=click.Choice([str(b) for b in BLOCK_SIZES]),
+                help="Values per quantization block along the input axis [default: 32].",
+            ),
+            click.option(
+                "--accuracy-level",
+                type=click.Choice([str(a) for a in ACCURACY_LEVELS]),
+                help="MatMulNBits compute: 0/1 fp32, 4 int8 activations [default: 4].",
+            ),
+            click.option(
+                "--symmetric",
+                is_flag=True,
+                default=None,
+                help="Symmetric blocks, no zero points [default: asymmetric, uint8 zero points].",
+            ),
+        ]
+    ):
+        fn = option(fn)
+    return fn
+
+
+def quantization(
+    method: str | None, block_size: str | None, accuracy_level: str | None, symmetric: bool | None
+) -> Quantization | None:
+    """The --quantize options as a Quantization; its settings without it are refused."""
+    if method is None:
+        given = [
+            flag
+            for flag, value in (
+                ("--block-size", block_size),
+                ("--accuracy-level", accuracy_level),
+                ("--symmetric", symmetric),
+            )
+            if value is not None
+        ]
+        if given:
+            raise ConfigError(f"{', '.join(given)} set how --quantize quantizes: give --quantize")
+        return None
+    defaults = Quantization(method)
+    return Quantization(
+        method,
+        int(block_size) if block_size else defaults.block_size,
+        int(accuracy_level) if accuracy_level else defaults.accuracy_level,
+        bool(symmetric),
+    )
+
+
 @click.command()
 @source_options(
     "HF config.json, a checkpoint folder, or a YAML file (default: the --weights folder)."
@@ -86,6 +145,7 @@ def provider_kind(device: str) -> str:
     help="LM head for every new position, or the last only (as a server).",
 )
 @ops_options
+@quantize_options
 @deepseek_options
 @click.option("--output", "-o", type=click.Path(path_type=Path), required=True)
 @user_errors
@@ -99,6 +159,10 @@ def export(
     logits: str | None,
     ops: str,
     device: str,
+    quantize: str | None,
+    block_size: str | None,
+    accuracy_level: str | None,
+    symmetric: bool | None,
     mla: str,
     mtp: bool,
     output: Path,
@@ -111,6 +175,12 @@ def export(
 
     if weights is not None and no_weights:
         raise ConfigError("give --weights DIR or --no-weights, not both")
+    quant = quantization(quantize, block_size, accuracy_level, symmetric)
+    if quant is not None and no_weights:
+        raise ConfigError(
+            "--quantize quantizes the weights it writes: give random weights or --weights DIR, "
+            "not --no-weights"
+        )
     if weights is not None and config_path is None and preset is None:
         config_path = weights  # a checkpoint folder holds its config.json
     # before the work: a device, a FIFO, a missing folder or one of the inputs is refused now
@@ -125,11 +195,19 @@ def export(
         no_weights=no_weights,
         ops=ops,
         device=provider_kind(device),
+        quantize=quant,
     )
     data = f" + {r.data_path.name}" if r.data_path else ""
     size = "" if no_weights else f" ({r.weight_bytes / 1e9:.2f} GB)"
+    how = dtype
+    if quant is not None:
+        zp = "symmetric" if quant.symmetric else "zero points"
+        how += (
+            f" activations, {quant.method} MatMulNBits weights (block {quant.block_size}, "
+            f"{zp}, accuracy level {quant.accuracy_level})"
+        )
     click.echo(
-        f"wrote {r.path}{data}: {config.name}, {dtype}, {r.lowering} lowering, {r.nodes} ONNX "
+        f"wrote {r.path}{data}: {config.name}, {how}, {r.lowering} lowering, {r.nodes} ONNX "
         f"nodes, {r.params / 1e6:.1f}M params{size}, weights {r.weights}"
     )
 

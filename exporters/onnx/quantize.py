@@ -1,0 +1,241 @@
+"""Weight-only quantized MatMuls: onnxruntime's com.microsoft `MatMulNBits`, from float weights.
+
+`Quantization` is what `export_onnx(quantize=...)` and `graphllm export --quantize` take; the
+defaults are onnxruntime-genai's model builder's for the CPU (block 32, accuracy_level 4).
+`quantize_blockwise` is onnxruntime's own rule (MLAS `MlasQuantizeBlockwise`, which
+`onnxruntime.quantization.matmul_nbits_quantizer.DefaultWeightOnlyQuantizer` calls), written out
+in numpy and checked bit for bit against it: blocks of `block_size` values along K (the input
+axis) per output column; asymmetric: scale = (max(0, max) - min(0, min)) / (2^bits - 1), a uint8
+zero point round(-min / scale); symmetric: scale = (the value of largest magnitude) / -2^(bits-1)
+and the implicit zero point 2^(bits-1); q = clamp(round(w / scale + zp)). K need not be a multiple
+of the block: the last block is padded with zeros, as MatMulNBits expects.
+
+Which weights: every 2-D linear a lowering multiplies by (Q/K/V, the output projection, MLP and
+shared-expert projections, MoE routers, the LM head), as onnxruntime-genai's builder quantizes
+every MatMul by default; embeddings stay float (the builder quantizes Gather only when asked),
+and so do routed experts, stacked (E, out, in): MatMulNBits takes a 2-D B only.
+
+The extension point for checkpoints stored quantized (GPTQ/AWQ `qweight`/`scales`/`qzeros`,
+read by issue 17's quantized-checkpoint reader): a `QuantizedWeight` in MatMulNBits's layout,
+made from those tensors instead of by `quantize_blockwise`; with `g_idx` (desc_act) the zero
+points must then be float, since packed uint8 ones with g_idx give wrong results silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from graphllm.errors import ConfigError
+from graphllm.ir import Node
+
+if TYPE_CHECKING:  # the lowering context is this module's caller
+    from graphllm.exporters.onnx.lowering import Lowering
+
+MS_DOMAIN = "com.microsoft"
+BITS = {"int4": 4, "int8": 8}
+BLOCK_SIZES = (32, 64, 128)
+ACCURACY_LEVELS = (0, 1, 4)  # 0/1: fp32 compute; 4: activations quantized to int8 per block
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """Weight-only quantization of the exported MatMuls."""
+
+    method: str = "int4"
+    block_size: int = 32
+    accuracy_level: int = 4
+    symmetric: bool = False
+
+    def __post_init__(self) -> None:
+        bad = []
+        if self.method not in BITS:
+            bad.append(f"method {self.method!r} (int4 or int8)")
+        if self.block_size not in BLOCK_SIZES:
+            bad.append(f"block size {self.block_size} ({', '.join(map(str, BLOCK_SIZES))})")
+        if self.accuracy_level not in ACCURACY_LEVELS:
+            levels = ", ".join(map(str, ACCURACY_LEVELS))
+            bad.append(f"accuracy level {self.accuracy_level} ({levels})")
+        if bad:
+            raise ConfigError(f"cannot quantize with {'; '.join(bad)}")
+
+    @property
+    def bits(self) -> int:
+        return BITS[self.method]
+
+    def to_dict(self) -> dict:
+        """What the export's metadata records (`graphllm.quantization`)."""
+        return {
+            **asdict(self),
+            "op": f"{MS_DOMAIN}.MatMulNBits",
+            "bits": self.bits,
+            "float": "embeddings, norms and routed experts (stacked: MatMulNBits is 2-D)",
+        }
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """One (N, K) weight in MatMulNBits's layout: `packed` (N, k_blocks, block_size * bits / 8)
+    uint8, low nibble first for 4 bits; `scales` (N, k_blocks) float; `zero_points` (N,
+    ceil(k_blocks * bits / 8)) uint8, packed like the values, or None (symmetric)."""
+
+    packed: np.ndarray
+    scales: np.ndarray
+    zero_points: np.ndarray | None
+
+
+def _roundf(x: np.ndarray) -> np.ndarray:
+    """C's roundf (halves away from zero), which MLAS uses; numpy's round goes to even."""
+    return np.sign(x) * np.floor(np.abs(x) + np.float32(0.5))
+
+
+def _pack(q: np.ndarray, bits: int, fill: int = 0) -> np.ndarray:
+    """uint8 values < 2^bits along the last axis, two to a byte (low nibble first) for 4 bits,
+    an odd count's last high nibble `fill`."""
+    if bits == 8:
+        return q.astype(np.uint8)
+    if q.shape[-1] % 2:
+        q = np.concatenate([q, np.full((*q.shape[:-1], 1), fill, np.uint8)], axis=-1)
+    return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+
+
+def _unpack(p: np.ndarray, bits: int, count: int) -> np.ndarray:
+    if bits == 8:
+        return p[..., :count].astype(np.int32)
+    both = np.stack([p & 15, p >> 4], axis=-1).reshape(*p.shape[:-1], -1)
+    return both[..., :count].astype(np.int32)
+
+
+def quantize_blockwise(w: np.ndarray, q: Quantization) -> QuantizedWeight:
+    """A float weight (N, K) (out, in, as a checkpoint holds a linear's) as MatMulNBits stores
+    it, by onnxruntime's rule (the module docstring); scales in fp32."""
+    n, k = w.shape
+    bits, block = q.bits, q.block_size
+    n_blocks = -(-k // block)
+    padded = np.zeros((n, n_blocks * block), np.float32)
+    padded[:, :k] = w
+    blocks = padded.reshape(n, n_blocks, block)  # (N, k_blocks, block)
+    valid = (np.arange(n_blocks * block) < k).reshape(n_blocks, block)
+    big = np.float32(np.finfo(np.float32).max)
+    lo = np.where(valid, blocks, big).min(axis=-1)  # the padding takes no part in the range
+    hi = np.where(valid, blocks, -big).max(axis=-1)
+    top = (1 << bits) - 1
+    if q.symmetric:
+        mid = 1 << (bits - 1)
+        extreme = np.where(np.abs(hi) > np.abs(lo), hi, lo)
+        scales = (extreme / np.float32(-mid)).astype(np.float32)
+        zp = np.full(scales.shape, mid, np.float32)
+    else:
+        lo, hi = np.minimum(lo, 0), np.maximum(hi, 0)
+        scales = ((hi - lo) / np.float32(top)).astype(np.float32)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            zp_f = np.where(scales != 0, np.float32(0) - lo / scales, lo)
+        zp = np.where(zp_f < 0, 0, np.where(zp_f > top, top, _roundf(zp_f))).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        recip = np.where(scales != 0, np.float32(1) / scales, np.float32(0)).astype(np.float32)
+    values = np.clip(_roundf(blocks * recip[..., None] + zp[..., None]), 0, top)
+    values = np.where(valid, values, 0).astype(np.uint8)
+    # an odd count of 4-bit zero points ends on the default zero point, as MLAS writes it
+    zero_points = None if q.symmetric else _pack(zp.astype(np.uint8), bits, 1 << (bits - 1))
+    return QuantizedWeight(_pack(values, bits), scales, zero_points)
+
+
+def dequantize(qw: QuantizedWeight, bits: int, k: int) -> np.ndarray:
+    """The (N, K) fp32 weight a MatMulNBits computes with: (q - zero point) * scale."""
+    n, n_blocks, _ = qw.packed.shape
+    block = qw.packed.shape[2] * 8 // bits
+    values = _unpack(qw.packed, bits, block)  # (N, k_blocks, block)
+    if qw.zero_points is None:
+        zp = np.full((n, n_blocks), 1 << (bits - 1), np.int32)
+    else:
+        zp = _unpack(qw.zero_points, bits, n_blocks)
+    w = (values - zp[..., None]).astype(np.float32) * qw.scales.astype(np.float32)[..., None]
+    return w.reshape(n, n_blocks * block)[:, :k]
+
+
+class _Parts:
+    """The packed values, scales and zero points of one weight, quantized once for the three
+    initializers made from it (each asks in turn, with the same source arrays)."""
+
+    def __init__(self, make: Callable[..., np.ndarray], q: Quantization, count: int) -> None:
+        self.make, self.q, self.count = make, q, count
+        self.sources: tuple[np.ndarray, ...] = ()
+        self.value: QuantizedWeight | None = None
+        self.left = 0
+
+    def part(self, field: str) -> Callable[..., np.ndarray]:
+        def get(*ws: np.ndarray) -> np.ndarray:
+            same = len(ws) == len(self.sources) and all(a is b for a, b in zip(ws, self.sources))
+            if self.value is None or not same:
+                self.value = quantize_blockwise(self.make(*ws).astype(np.float32), self.q)
+                self.sources, self.left = ws, self.count
+            out = getattr(self.value, field)
+            self.left -= 1
+            if not self.left:  # the last part: let the sources and the quantized weight go
+                self.sources, self.value = (), None
+            return out
+
+        return get
+
+
+def nbits_matmul(
+    c: Lowering,
+    x: str,
+    name: str,
+    sources: tuple[str, ...],
+    out_in: tuple[int, int],
+    make: Callable[..., np.ndarray],
+    scope: str,
+    bias: str | None = None,
+) -> tuple[str, list[str], dict]:
+    """The inputs and attributes of a MatMulNBits computing x @ W^T (+ bias), W (N, K) made by
+    `make` from the named params; its initializers `NAME_Q4|Q8`, `NAME_scales` and
+    `NAME_zero_points` (onnxruntime's quantizer's names). Returns (op type, inputs, attrs)."""
+    q = c.quantization
+    assert q is not None, "nbits_matmul needs a quantizing lowering"
+    n, k = out_in
+    n_blocks = -(-k // q.block_size)
+    parts = _Parts(make, q, 2 if q.symmetric else 3)
+    packed = c.initializer(
+        f"{name}_Q{q.bits}",
+        sources,
+        (n, n_blocks, q.block_size * q.bits // 8),
+        parts.part("packed"),
+        dtype="uint8",
+    )
+    scales = c.initializer(f"{name}_scales", sources, (n, n_blocks), parts.part("scales"))
+    zp = ""
+    if not q.symmetric:
+        zp_shape = (n, -(-n_blocks * q.bits // 8))
+        zp = c.initializer(
+            f"{name}_zero_points", sources, zp_shape, parts.part("zero_points"), dtype="uint8"
+        )
+    ins = [x, packed, scales, zp, "", bias or ""]
+    while not ins[-1]:
+        ins.pop()
+    attrs = {
+        "domain": MS_DOMAIN,
+        "K": k,
+        "N": n,
+        "bits": q.bits,
+        "block_size": q.block_size,
+        "accuracy_level": q.accuracy_level,
+    }
+    return "MatMulNBits", ins, attrs
+
+
+def unchanged(w: np.ndarray) -> np.ndarray:
+    """A weight quantized as the checkpoint holds it, (out, in)."""
+    return w
+
+
+def quantized_linear(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    """A `linear` / `linear_bias` row as one MatMulNBits: its weight (out, in) quantized, its
+    bias (a third input) added by the op."""
+    w = n.inputs[1].node
+    bias = i[2] if len(i) > 2 else None
+    op, ins, attrs = nbits_matmul(c, i[0], w, (w,), c.param_shape(w), unchanged, n.name, bias)  # type: ignore[arg-type]
+    c.final(op, ins, n, o, **attrs)
