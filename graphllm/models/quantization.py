@@ -25,6 +25,9 @@ formats' published packing:
   weight) unconverted (get_keys_to_not_convert); a config that gives a list is taken at its word,
   so fp8 converts an `lm_head` it does not list. GPTQ converts it only with `lm_head: true`. A
   tied head is the embedding table and never converted.
+- DeepSeek-V3's MTP module (which transformers does not build): its projection `eh_proj`, its
+  embedding and head stay at the checkpoint's dtype, its decoder block is converted like the
+  others, as the published FP8 checkpoints store them.
 - biases and 1-D weights stay at the checkpoint's dtype (FP8Linear, the GPTQ/AWQ kernels keep
   bias unquantized).
 """
@@ -46,7 +49,7 @@ LINEAR_KINDS = frozenset(
 )
 # routers that are nn.Linear modules in transformers 5 (the other routers are TopKRouters)
 LINEAR_ROUTERS = frozenset({"shared_expert_gate"})
-INT_BITS = (2, 3, 4, 8)  # the widths GPTQ/AWQ kernels pack into int32 words
+INT_BITS = (4, 8)  # the GPTQ widths graphllm models (graph dtypes int4, int8)
 SCALE_BITS = {"fp32": 32, "bf16": 16, "fp16": 16, "e8m0": 8}
 
 
@@ -71,6 +74,11 @@ class QuantFormat:
     packed_along: str = ""
     shape_bytes: int = 0  # compressed-tensors' weight_shape tensor (two int64) per matrix
     symmetric: bool = True  # int: the zero point is the middle of the range (GPTQ `sym`)
+
+    @property
+    def dtype(self) -> str:
+        """The graph dtype of a tensor in this format (graphllm.models.workload.DTYPES)."""
+        return {"e4m3": "fp8", "e2m1": "mxfp4"}.get(self.values, f"int{self.value_bits}")
 
     def scales(self, rows: int, cols: int) -> int:
         """Scales (and zero points) of one [rows, cols] matrix: ceil over each block dim."""
@@ -120,7 +128,7 @@ class Quantization:
     def format_of(self, name: str, kind: str) -> QuantFormat | None:
         """How the param `name` (a graph param's checkpoint name) of builder kind `kind` is
         stored; None: unconverted, at `dtype`."""
-        if not name.endswith(".weight") or kind not in LINEAR_KINDS:
+        if not name.endswith(".weight") or kind not in LINEAR_KINDS or kind == "mtp_proj":
             return None
         module = name.removesuffix(".weight")
         if ".experts.*." in module:  # one fused `experts` module in transformers 5
