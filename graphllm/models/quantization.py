@@ -156,10 +156,10 @@ class Quantization:
     def describe(self) -> str:
         """One line: the method, its values, scales and what it leaves unconverted."""
         f = self.weights
-        per = {
-            (0, 0): "matrix",
-            (1, 0): "output row",
+        per = {  # a later key wins: (1, 0) is a row, not a group of 0 inputs
             (1, f.block[1]): f"{f.block[1]} inputs of a row",
+            (1, 0): "output row",
+            (0, 0): "matrix",
         }.get(f.block, f"{f.block[0]}x{f.block[1]} block")
         zeros = f" and a {f.zero_bits}-bit zero point" if f.zero_bits else ""
         return (
