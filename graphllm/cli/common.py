@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -216,16 +217,19 @@ def source_options(config_help: str, model_help: str = PRESET_HELP) -> Callable:
     return deco
 
 
-def resolve(options: dict[str, Any]) -> tuple[Any, Any]:
-    """ModelConfig and Workload from the shared options: flags over the YAML's workload section."""
-    config, workloads = resolve_sweep(options)
+def resolve(options: dict[str, Any], stored: bool = True) -> tuple[Any, Any]:
+    """ModelConfig and Workload from the shared options: flags over the YAML's workload section.
+    `stored` as in resolve_sweep."""
+    config, workloads = resolve_sweep(options, stored)
     if len(workloads) > 1:
         raise ConfigError("this command takes one --seq-len, not a list")
     return config, workloads[0]
 
 
-def resolve_sweep(options: dict[str, Any]) -> tuple[Any, list[Any]]:
-    """Like `resolve`, with one Workload per --seq-len value."""
+def resolve_sweep(options: dict[str, Any], stored: bool = True) -> tuple[Any, list[Any]]:
+    """Like `resolve`, with one Workload per --seq-len value. `stored`: the command models the
+    checkpoint's storage, so a weight dtype given overrides a quantized config's and says so
+    (an export, which computes at its dtype whatever the storage, passes False)."""
 
     path, preset = options.pop("config_path"), options.pop("preset")
     if (path is None) == (preset is None):
@@ -255,7 +259,22 @@ def resolve_sweep(options: dict[str, Any]) -> tuple[Any, list[Any]]:
     for t in seq_lens:
         one = dict(merged) | ({"seq_len": t} if t else {})
         out.append(Workload.with_dtype(None, **one))
+    given = merged.get("weight_dtype") or merged.get("dtype")
+    if stored and config.quantization is not None and given:
+        config = _override_quantization(config, out[0].weight_dtype, flags)
     return config, out
+
+
+def _override_quantization(config: Any, weight_dtype: str, flags: dict[str, Any]) -> Any:
+    """`config` without its quantization, as a weight dtype asked for overrides it; says so."""
+    given = next((f for f in ("weight_dtype", "dtype") if flags[f]), None)
+    by = f"--{given.replace('_', '-')} {flags[given]}" if given else "the workload's dtype"
+    click.echo(
+        f"note: {by} overrides the checkpoint's quantization_config "
+        f"({config.quantization.method}): every weight is modelled as {weight_dtype}",
+        err=True,
+    )
+    return replace(config, quantization=None)
 
 
 def attention_option(help_text: str) -> Callable:

@@ -357,7 +357,8 @@ def _export_graph(
     mtp: bool,
 ) -> tuple[ModelConfig, Workload, Graph]:
     """The config, its workload defaults and the graph `export_onnx` writes (prefill and decode)."""
-    config, workload = resolve(_model_only(config_path, preset, dtype, logits))
+    # the export computes at `dtype` and dequantizes a quantized checkpoint's weights
+    config, workload = resolve(_model_only(config_path, preset, dtype, logits), stored=False)
     return config, workload, build_export_graph(config, dtype, workload.logits, mla, mtp)
 
 
