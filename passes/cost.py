@@ -35,6 +35,7 @@ from graphllm.ops import MOVEMENT, OPS, SOURCE, node_flops
 from graphllm.passes.attention_region import core_attention_region
 from graphllm.passes.memory import cache_bytes
 from graphllm.passes.registry import register
+from graphllm.passes.stored import param_bytes
 from graphllm.passes.tokens import position_letters
 
 
@@ -170,7 +171,7 @@ class _Costing:
                 numel = n.out.numel(self.b)
             elif src.attrs.get("stacked") == "expert":
                 numel *= self._experts_touched(n, t)
-            b = nbytes(t.dtype, numel)
+            b = param_bytes(src, self.b, numel)
             return b, b, 0.0
         if fused and i in self._key_inputs(n):
             numel *= key_share  # a fused kernel skips keys no query may see

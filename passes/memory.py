@@ -1,6 +1,7 @@
 """The `memory` pass: bytes held on the device for weights, the KV cache and activations.
 
-- weights: every stored tensor at its dtype (int4 with its group scales); `active` is what one
+- weights: every stored tensor at its dtype (int4 with its group scales), or in the format its
+  checkpoint's quantization_config stores it in (passes/stored.py); `active` is what one
   token touches (k of E routed experts).
 - kv_cache: the present K/V of every layer at the KV dtype: B x (P + T) positions for a full
   attention layer, fewer for one that keeps a window; `kv_cache_full` is what the same cache
@@ -20,6 +21,7 @@ from graphllm.models.workload import nbytes
 from graphllm.ops import OPS, SOURCE
 from graphllm.passes.attention_region import core_attention_region
 from graphllm.passes.registry import register
+from graphllm.passes.stored import param_bytes
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ def memory_pass(
     weights = active = 0.0
     by_dtype: dict[str, float] = {}
     for n in graph.params():
-        nb = nbytes(n.out.dtype, n.out.numel(b))
+        nb = param_bytes(n, b)
         weights += nb
         by_dtype[n.out.dtype] = by_dtype.get(n.out.dtype, 0.0) + nb
         experts = n.attrs.get("stacked") == "expert"  # routed experts, one slice each

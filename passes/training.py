@@ -46,6 +46,7 @@ from graphllm.ops import COMMUNICATION, CONTRACTION, ELEMENTWISE, OPS, SOURCE, l
 from graphllm.passes.attention_region import core_attention_region
 from graphllm.passes.cost import layer_of
 from graphllm.passes.registry import meta_result
+from graphllm.passes.stored import param_bytes
 
 RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -310,7 +311,7 @@ def training_memory(
         if names is not None and p.name not in names:
             continue
         numel = p.out.numel(b)
-        wb = nbytes(p.out.dtype, numel)
+        wb = param_bytes(p, b)
         axes, n = dp_group(p, mesh)
         on_weights, on_grads, on_optim = zero_shards(opts.zero, n)
         weights += wb / on_weights

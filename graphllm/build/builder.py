@@ -7,6 +7,7 @@ axis in one param node whose name has `*` where the checkpoint has the expert in
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import graphllm.ops  # noqa: F401  (the rows of the ops this builder emits)
@@ -53,7 +54,8 @@ def build_export_graph(
     """The graph an ONNX export lowers: one model for prefill and decode, so the past K/V inputs
     are present (every length stays symbolic in the export). `mla` and `mtp` as in build_graph."""
     wl = Workload(batch=1, seq_len=1, past_len=1, dtype=dtype, logits=logits)
-    return build_graph(config, wl, mla=mla, mtp=mtp)
+    # an export computes at `dtype`: a quantized checkpoint's weights enter it dequantized
+    return build_graph(replace(config, quantization=None), wl, mla=mla, mtp=mtp)
 
 
 class _Builder:
@@ -82,7 +84,10 @@ class _Builder:
             act_dtype=wl.act_dtype,
             weight_dtype=wl.weight_dtype,
             kv_dtype=wl.kv_dtype,
+            quantization=cfg.quantization,
         )
+        if cfg.quantization is not None:  # the weights are the checkpoint's, not wl.weight_dtype
+            self.g.meta["weight_dtype"] = cfg.quantization.weights.dtype
         small = wl.act_dtype if wl.weight_dtype in WEIGHT_ONLY else wl.weight_dtype
         self.vector_dtype = small  # 1-D weights (norms, biases) are not quantised
         c = cfg
@@ -98,6 +103,15 @@ class _Builder:
 
     # -- primitives ----------------------------------------------------------------------------
     def param(self, name: str, dims: tuple[Dim, ...], kind: str, **attrs: object) -> Node:
+        q = self.cfg.quantization
+        if q is not None:  # as the checkpoint stores it: quantized, or at its own dtype
+            fmt = q.format_of(name, kind) if len(dims) > 1 else None
+            if fmt is not None:
+                attrs["stored"] = fmt
+            dt = fmt.dtype if fmt is not None else q.dtype
+            return self.g.add(
+                "param", name, (), {"type": TensorType(dims, dt), "kind": kind, **attrs}
+            )
         # a per-head norm's (heads, head_dim) weight is a vector per head, not a matrix
         matrix = len(dims) > 1 and kind != "norms"
         dt = self.wl.weight_dtype if matrix else self.vector_dtype

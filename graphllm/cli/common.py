@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -255,7 +256,21 @@ def resolve_sweep(options: dict[str, Any]) -> tuple[Any, list[Any]]:
     for t in seq_lens:
         one = dict(merged) | ({"seq_len": t} if t else {})
         out.append(Workload.with_dtype(None, **one))
+    if config.quantization is not None and (merged.get("weight_dtype") or merged.get("dtype")):
+        config = _override_quantization(config, out[0].weight_dtype, flags)
     return config, out
+
+
+def _override_quantization(config: Any, weight_dtype: str, flags: dict[str, Any]) -> Any:
+    """`config` without its quantization, as a weight dtype asked for overrides it; says so."""
+    given = next((f for f in ("weight_dtype", "dtype") if flags[f]), None)
+    by = f"--{given.replace('_', '-')} {flags[given]}" if given else "the workload's dtype"
+    click.echo(
+        f"note: {by} overrides the checkpoint's quantization_config "
+        f"({config.quantization.method}): every weight is modelled as {weight_dtype}",
+        err=True,
+    )
+    return replace(config, quantization=None)
 
 
 def attention_option(help_text: str) -> Callable:

@@ -35,6 +35,7 @@ from graphllm.models.model_config import (
     check_size,
 )
 from graphllm.models.parse import file_mode, read_mapping
+from graphllm.models.quantization import Quantization, parse_quantization
 from graphllm.models.rope import mscale
 from graphllm.models.workload import Workload
 
@@ -1293,7 +1294,25 @@ def _text_decoder(d: dict, mt: str, name: str) -> ModelConfig:
         cfg = config_from_dict(text, name)
     except ConfigError as e:
         raise ConfigError(f"text_config: {e}") from None
+    quant = _quantization(d)  # the top level's; a text_config's own was read with it
+    if quant is not None:
+        if cfg.quantization is not None and cfg.quantization != quant:
+            raise ConfigError("quantization_config: the top level's and text_config's differ")
+        cfg = replace(cfg, quantization=quant)
     return replace(cfg, text_decoder_of=mt)
+
+
+def _quantization(d: dict) -> Quantization | None:
+    """The config's quantization_config, with its torch_dtype for the unquantized tensors."""
+    section = d.get("quantization_config")
+    if section is None:
+        return None
+    dt = d.get("dtype", d.get("torch_dtype")) or "bf16"
+    try:
+        dtype = Workload(dtype=dt).weight_dtype
+    except ConfigError:
+        raise ConfigError(f"torch_dtype {_show(dt)} of a quantized checkpoint is unknown") from None
+    return parse_quantization(section, dtype)
 
 
 def config_from_dict(d: dict, name: str) -> ModelConfig:
@@ -1365,6 +1384,7 @@ def config_from_dict(d: dict, name: str) -> ModelConfig:
         # a family's NoPE layers, or (Cohere 2) RoPE in the sliding-window layers alone
         rope_layers=tuple(t == SLIDING for t in types) if fam.rope_on_sliding_only else rope_layers,
         sliding_window=window,
+        quantization=_quantization(d),
         **kw,
     )
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from graphllm.echo import shown
 from graphllm.errors import ConfigError
+from graphllm.models.quantization import Quantization, quantization_from_fields
 
 FAMILIES = (
     "llama",
@@ -299,8 +300,15 @@ class ModelConfig:
     # the model_type of the multimodal model whose text decoder this is (a `gemma3` config's
     # text_config); its vision tower and projector are not modelled, and reports say so
     text_decoder_of: str = ""
+    # issue 17: the checkpoint's quantization_config (how each weight is stored); None: every
+    # tensor at the checkpoint's dtype
+    quantization: Quantization | None = None
 
     def __post_init__(self) -> None:
+        if self.quantization is not None and not isinstance(self.quantization, Quantization):
+            raise ConfigError(
+                f"quantization must be a Quantization, got {type(self.quantization).__name__}"
+            )
         for name, record in _RECORDS.items():
             value = getattr(self, name)
             if value is None and name in _OPTIONAL_RECORDS:
@@ -535,6 +543,8 @@ def config_from_fields(d: dict[str, Any]) -> ModelConfig:
     for name, record in _RECORDS.items():
         if isinstance(kw.get(name), dict):
             kw[name] = _record(name, record, kw[name])
+    if "quantization" in kw:
+        kw["quantization"] = quantization_from_fields(d["quantization"])
     return ModelConfig(**kw)
 
 

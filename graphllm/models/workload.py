@@ -47,9 +47,11 @@ DTYPES: dict[str, DType] = {
     "int8": DType("int8", 8),
     # int4 weights in groups of 128 with an fp16 scale each, as GPTQ/AWQ store them
     "int4": DType("int4", 4, group_size=128, scale_bits=16),
+    # e2m1 values in blocks of 32 with one e8m0 exponent byte each (gpt-oss's experts)
+    "mxfp4": DType("mxfp4", 4, group_size=32, scale_bits=8),
 }
 # dtypes that only make sense for stored weights (activations need a float format)
-WEIGHT_ONLY = {"int4"}
+WEIGHT_ONLY = {"int4", "mxfp4"}
 # spellings seen in HF configs
 DTYPE_ALIASES = {
     "float32": "fp32",

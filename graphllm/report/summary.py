@@ -25,11 +25,18 @@ def print_trace(doc: dict[str, Any], console: Console | None = None) -> None:
             f"note: only the text decoder of this {m['text_decoder_of']} model is modelled "
             "(its text_config); the vision tower and projector are not"
         )
+    q = m.get("quantization")
+    weights = f"as the checkpoint stores them ({q['method']})" if q else w["weight_dtype"]
     con.print(
         f"workload: {w['phase']}, B={w['batch']} T={w['seq_len']} P={w['past_len']} "
-        f"(S={w['key_len']}); weights {w['weight_dtype']}, activations {w['act_dtype']}, "
+        f"(S={w['key_len']}); weights {weights}, activations {w['act_dtype']}, "
         f"KV cache {w['kv_dtype']}"
     )
+    if q:
+        con.print(
+            f"storage: {q['describe']} (quantization_config). Parameters count the weights' "
+            "values; the bytes below are what is stored, their scales and zero points included"
+        )
     con.print(f"graph: {g['nodes']} nodes, {g['edges']} edges")
     table = Table("parameters", "count", "share", title=None)
     total = p["total"] or 1

@@ -42,6 +42,11 @@ def trace_report(
             "config": asdict(config),
             # a multimodal model's text decoder: what is modelled, said in the report
             **({"text_decoder_of": config.text_decoder_of} if config.text_decoder_of else {}),
+            **(
+                {"quantization": quantization_section(config, memory)}
+                if config.quantization
+                else {}
+            ),
         },
         "workload": workload.to_dict()
         | {"attention": attention, "training": training}
@@ -66,6 +71,19 @@ def trace_report(
         same = attention == "flash" and not training and not mtp
         doc["mla"] = mla_section(config, workload, {mla: form_cost(cost)} if same else None)
     return doc, graph
+
+
+def quantization_section(config: ModelConfig, memory: Any) -> dict[str, Any]:
+    """How the checkpoint stores its weights: the method, the format of a converted weight,
+    and the stored bytes by graph dtype (scales and zero points in their weight's)."""
+    q = config.quantization
+    assert q is not None
+    return {
+        "method": q.method,
+        "describe": q.describe(),
+        "weights": asdict(q.weights),
+        "stored_bytes_by_dtype": memory.weights_by_dtype,
+    }
 
 
 def mla_section(

@@ -20,6 +20,7 @@ from graphllm.ops import COMMUNICATION, OPS, SOURCE
 from graphllm.passes.memory import cache_bytes
 from graphllm.passes.parallel.sharding import Mesh
 from graphllm.passes.registry import meta_result, run
+from graphllm.passes.stored import param_bytes
 from graphllm.passes.training import keeps_master
 
 
@@ -141,7 +142,7 @@ def tally(
 def _add_weight(graph: Graph, n: Node, groups: list[Figures]) -> None:
     """A weight's params and bytes into each group that holds it."""
     numel = n.out.numel(graph.bindings)
-    size = nbytes(n.out.dtype, numel)
+    size = param_bytes(n, graph.bindings, numel)
     sh = meta_result(n, "sharding")[0]
     on_ep = any(m == "ep" for axis in sh.axes for m, _ in axis)
     for f in groups:
