@@ -106,14 +106,17 @@ def _fp8(ckpt: Stored, name: str, fmt: QuantFormat, shape: tuple[int, int]) -> R
     why = f"{name} {list(shape)} as FP8 e4m3 in {rows}x{cols} blocks"
     _check(ckpt, name, ("F8_E4M3",), shape, why)
     # ue8m0 scales (DeepSeek-V3.1's scale_fmt) are powers of two kept as F32 or as E8M0 codes
-    scale_dtypes = ("F32", "F8_E8M0") if fmt.scale_bits == 8 else ("F32",)
-    grid = (_cdiv(shape[0], rows), _cdiv(shape[1], cols))
+    scale_dtypes = ("F32", "F8_E8M0") if fmt.scale_fmt == "e8m0" else ("F32",)
+    # one scale for the whole matrix (weight_block_size null) is a scalar, as transformers keeps it
+    per_tensor = tuple(fmt.block) == (0, 0)
+    grid = () if per_tensor else (_cdiv(shape[0], rows), _cdiv(shape[1], cols))
     _check(ckpt, name + "_scale_inv", scale_dtypes, grid, why)
     codes = ckpt.dtype_shape(name + "_scale_inv")[0] == "F8_E8M0"
 
     def read() -> np.ndarray:
         scale = ckpt.stored(name + "_scale_inv")
         scale = dq.e8m0(scale) if codes else scale
+        scale = scale.reshape(1, 1) if per_tensor else scale
         return dq.fp8_blocks(ckpt.stored(name), scale, (rows, cols))
 
     return read
@@ -164,11 +167,11 @@ def _gptq(ckpt: Stored, name: str, fmt: QuantFormat, shape: tuple[int, int]) -> 
     base, why = _base(name), f"{name} {list(shape)} as {bits}-bit GPTQ in groups of {size}"
     _check(ckpt, f"{base}.qweight", ("I32",), (inn // per, out), why)
     _check(ckpt, f"{base}.qzeros", ("I32",), (groups, out // per), why)
-    _check(ckpt, f"{base}.scales", ("F16", "BF16", "F32"), (groups, out), why)
+    _check(ckpt, f"{base}.scales", ("F16", "BF16"), (groups, out), why)
     desc_act = fmt.desc_act
     if desc_act:
         _check(ckpt, f"{base}.g_idx", ("I32",), (inn,), why + " with desc_act")
-    offset = 0 if fmt.checkpoint_format == "gptq_v2" else 1
+    offset = {"gptq": 1, "gptq_v2": 0}[fmt.checkpoint_format]
 
     def read() -> np.ndarray:
         if desc_act:
@@ -203,7 +206,7 @@ def _awq(ckpt: Stored, name: str, fmt: QuantFormat, shape: tuple[int, int]) -> R
     base, why = _base(name), f"{name} {list(shape)} as 4-bit AWQ (GEMM) in groups of {size}"
     _check(ckpt, f"{base}.qweight", ("I32",), (inn, out // per), why)
     _check(ckpt, f"{base}.qzeros", ("I32",), (groups, out // per), why)
-    _check(ckpt, f"{base}.scales", ("F16", "BF16", "F32"), (groups, out), why)
+    _check(ckpt, f"{base}.scales", ("F16", "BF16"), (groups, out), why)
     return lambda: dq.awq(
         ckpt.stored(f"{base}.qweight"),
         ckpt.stored(f"{base}.qzeros"),

@@ -397,8 +397,12 @@ def checkpoint_tensors(
     ckpt = SafetensorsFolder(folder)
     cfg = graph.meta.get("config")
     text_decoder = cfg is not None and bool(cfg.text_decoder_of)
-    # ModelConfig.quantization is parsed by graphllm.models.quantization (issue 17, deliverable 1)
-    quant = getattr(cfg, "quantization", None)
+    # an export graph computes dequantized (no quantization in its config) but keeps how the
+    # checkpoint stores its weights
+    if "checkpoint_quantization" in graph.meta:
+        quant = graph.meta["checkpoint_quantization"]
+    else:
+        quant = cfg.quantization if cfg is not None else None
     reads: dict[str, list[Read]] = {}
     for n in graph.params():
         fmt = quant.format_of(n.name, n.attrs["kind"]) if quant is not None else None

@@ -1,5 +1,4 @@
-"""Tiny quantized checkpoints, made the way each method's published tools make them, and a
-stand-in for the parsed quantization_config (graphllm.models.quantization's QuantFormat API).
+"""Tiny quantized checkpoints, made the way each method's published tools make them.
 
 Quantizers (random weights in, the stored tensors out):
 - FP8 block-scaled: per (r x c) block scale = amax / 448, values rounded to e4m3; the scale is
@@ -22,50 +21,19 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 
+import graphllm
+from graphllm.build.builder import build_export_graph
+from graphllm.build.weights import random_weights
+from graphllm.models.quantization import QuantFormat
+
 E4M3_MAX = 448.0
 E2M1_GRID = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
-
-
-@dataclass(frozen=True)
-class QuantFormat:
-    """The fields of graphllm.models.quantization.QuantFormat the loader reads."""
-
-    method: str
-    value_bits: int
-    values: str
-    block: tuple[int, int]
-    scale_bits: int
-    zero_bits: int | None = None
-    desc_act: bool = False
-    checkpoint_format: str = "gptq"
-
-
-@dataclass(frozen=True)
-class Quantization:
-    """format_of: `fmt` for the 2-D weights of the `kinds` listed, None (the model's dtype) else."""
-
-    fmt: QuantFormat
-    kinds: tuple[str, ...] = ("attention", "mlp", "moe_experts", "shared_experts")
-
-    def format_of(self, name: str, kind: str) -> QuantFormat | None:
-        return self.fmt if name.endswith(".weight") and kind in self.kinds else None
-
-
-class WithQuantization:
-    """A ModelConfig seen with a `quantization` field (until ModelConfig has its own)."""
-
-    def __init__(self, cfg: object, quantization: Quantization) -> None:
-        self._cfg, self.quantization = cfg, quantization
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._cfg, name)
 
 
 # --- quantizers: one [out, in] float32 matrix in, the stored tensors out -----------------------
@@ -236,9 +204,9 @@ def quantized_tensors(
             out[name + "_blocks"], out[name + "_scales"] = b, s
             meant[name] = mxfp4_reference(b, s)
         elif fmt.method == "gptq":
-            parts = quantize_gptq(
-                w, fmt.value_bits, fmt.block[1], fmt.desc_act, fmt.checkpoint_format == "gptq_v2"
-            )
+            v2 = fmt.checkpoint_format == "gptq_v2"
+            group = fmt.block[1] or w.shape[1]  # group_size -1: one group per column
+            parts = quantize_gptq(w, fmt.value_bits, group, fmt.desc_act, v2)
             out |= {f"{base}.{k}": v for k, v in parts.items()}
             meant[name] = gptq_reference(parts, fmt.value_bits, fmt.checkpoint_format == "gptq_v2")
         else:
@@ -307,8 +275,6 @@ def awq_reference(parts: dict[str, np.ndarray], group: int) -> np.ndarray:
 
 def checkpoint_weights(graph: object, seed: int = 1) -> dict[str, np.ndarray]:
     """Seeded random weights of `graph` by checkpoint name, stacked experts split per expert."""
-    from graphllm.build.weights import random_weights
-
     out = {}
     for name, arr in random_weights(graph, seed=seed).items():
         if "*" in name:
@@ -318,22 +284,38 @@ def checkpoint_weights(graph: object, seed: int = 1) -> dict[str, np.ndarray]:
     return out
 
 
+def quantized_names(graph: object) -> set[str]:
+    """The checkpoint names of the matrices the config's quantization stores quantized."""
+    quant = graph.meta["checkpoint_quantization"]
+    out = set()
+    for n in graph.params():
+        if len(n.out.dims) > 1 and quant.format_of(n.name, n.attrs["kind"]) is not None:
+            size = int(n.out.dims[0].size) if "*" in n.name else 1
+            out |= {n.name.replace("*", str(e)) for e in range(size)}
+    return out
+
+
 def write_quantized(
-    folder: Path,
-    config: dict,
-    graph: object,
-    fmt: QuantFormat,
-    quantized: set[str],
-    quantization_config: dict,
+    folder: Path, config: dict, quantization_config: dict
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """config.json (with `quantization_config`) and model.safetensors of `graph`'s seeded
-    weights, the names in `quantized` stored as `fmt`; returns (the float weights, each
-    quantized matrix as its stored values mean it)."""
+    """A checkpoint of `config` (a config.json's fields) with `quantization_config`: seeded
+    random weights, the matrices that config quantizes stored in its method's layout. Returns
+    (the float weights, each quantized matrix as its stored values mean it)."""
     folder.mkdir(parents=True, exist_ok=True)
-    weights = checkpoint_weights(graph)
-    tensors, meant, dtypes = quantized_tensors(weights, fmt, quantized)
-    save_tensors(tensors, folder / "model.safetensors", dtypes)
     (folder / "config.json").write_text(
         json.dumps(config | {"quantization_config": quantization_config})
     )
+    graph = build_export_graph(graphllm.load_config(folder))
+    fmt = graph.meta["checkpoint_quantization"].weights
+    weights = checkpoint_weights(graph)
+    tensors, meant, dtypes = quantized_tensors(weights, fmt, quantized_names(graph))
+    save_tensors(tensors, folder / "model.safetensors", dtypes)
     return weights, meant
+
+
+def write_dense(folder: Path, config: dict, weights: dict[str, np.ndarray]) -> Path:
+    """An unquantized checkpoint of `weights` (float32) with `config`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    save_tensors(weights, folder / "model.safetensors")
+    return folder
