@@ -215,7 +215,8 @@ _GPTQ_BOOKKEEPING = frozenset(
         "model_name_or_path", "model_file_base_name", "use_exllama", "exllama_config",
         "use_cuda_fp16", "batch_size", "pad_token_id", "cache_block_outputs", "max_input_length",
         "tokenizer", "module_name_preceding_first_block", "backend", "meta", "quantizer", "mse",
-        "v2", "v2_alpha", "act_group_aware", "hyb_act", "damp", "is_marlin_format",
+        "v2", "v2_alpha", "act_group_aware", "hyb_act", "damp",
+        "disable_exllama",
     }
 )  # fmt: skip
 _AWQ_BOOKKEEPING = frozenset(
@@ -344,6 +345,7 @@ def _gptq(sec: _Section, dtype: str) -> Quantization:
         sec.problems.append(f"checkpoint_format {_spell(fmt)} is not modelled (modelled: "
                             "'gptq', 'gptq_v2')")  # fmt: skip
     sec.only("pack_dtype", ("int32",))
+    sec.only("is_marlin_format", (False,))
     lm_head = sec.only("lm_head", (False, True))
     sec.only("modules_in_block_to_quantize", (None,))
     sec.only("block_name_to_quantize", (None, "model.layers"))
