@@ -169,21 +169,14 @@ def _gptq(ckpt: Stored, name: str, fmt: QuantFormat, shape: tuple[int, int]) -> 
     _check(ckpt, f"{base}.qzeros", ("I32",), (groups, out // per), why)
     _check(ckpt, f"{base}.scales", ("F16", "BF16"), (groups, out), why)
     desc_act = fmt.desc_act
-    if desc_act:
+    if desc_act:  # checked now, read again with the matrix: a MoE has many of them
         _check(ckpt, f"{base}.g_idx", ("I32",), (inn,), why + " with desc_act")
+        _group_index(ckpt, f"{base}.g_idx", groups)
     offset = {"gptq": 1, "gptq_v2": 0}[fmt.checkpoint_format]
 
     def read() -> np.ndarray:
-        if desc_act:
-            g_idx = np.asarray(ckpt.stored(f"{base}.g_idx"))
-            bad = (g_idx < 0) | (g_idx >= groups)
-            if bad.any():
-                raise WeightsError(
-                    f"{base}.g_idx: group {int(g_idx[bad][0])} of input row "
-                    f"{int(np.argmax(bad))} is not one of the {groups} groups"
-                )
-        else:  # consecutive runs of `size` input rows, whatever a stored g_idx says
-            g_idx = np.arange(inn) // size
+        # without desc_act: consecutive runs of `size` input rows, whatever a stored g_idx says
+        g_idx = _group_index(ckpt, f"{base}.g_idx", groups) if desc_act else np.arange(inn) // size
         return dq.gptq(
             ckpt.stored(f"{base}.qweight"),
             ckpt.stored(f"{base}.qzeros"),
@@ -194,6 +187,19 @@ def _gptq(ckpt: Stored, name: str, fmt: QuantFormat, shape: tuple[int, int]) -> 
         )
 
     return read
+
+
+def _group_index(ckpt: Stored, name: str, groups: int) -> np.ndarray:
+    """desc_act's group of each input row, read when checked (4 bytes a row): each one of the
+    `groups` scales' rows."""
+    g_idx = np.array(ckpt.stored(name))
+    bad = (g_idx < 0) | (g_idx >= groups)
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise WeightsError(
+            f"{name}: input row {row} is in group {int(g_idx[row])}, not one of the {groups}"
+        )
+    return g_idx
 
 
 def _awq(ckpt: Stored, name: str, fmt: QuantFormat, shape: tuple[int, int]) -> Read:

@@ -256,7 +256,13 @@ def resolve_sweep(options: dict[str, Any]) -> tuple[Any, list[Any]]:
     for t in seq_lens:
         one = dict(merged) | ({"seq_len": t} if t else {})
         out.append(Workload.with_dtype(None, **one))
-    if config.quantization is not None and (merged.get("weight_dtype") or merged.get("dtype")):
+    # an export computes at its --dtype from weights read dequantized: not a storage override
+    computes_only = options.pop("computes_dequantized", False)
+    if (
+        config.quantization is not None
+        and not computes_only
+        and (merged.get("weight_dtype") or merged.get("dtype"))
+    ):
         config = _override_quantization(config, out[0].weight_dtype, flags)
     return config, out
 

@@ -298,4 +298,7 @@ def _model_only(
         "act_dtype": None,
         "kv_dtype": None,
         "logits": logits,
+        # the export graph is built dequantized at `dtype`; the config keeps its quantization,
+        # which says how the --weights checkpoint stores its tensors
+        "computes_dequantized": True,
     }

@@ -26,7 +26,9 @@ import graphllm
 from graphllm.build.builder import build_export_graph
 from graphllm.build.weights import SafetensorsFolder, checkpoint_tensors, load_weights
 from graphllm.errors import WeightsError
+from graphllm.exporters.onnx import export_onnx
 from graphllm.runtime.interpret import run_graph
+from graphllm.runtime.session import OnnxModel
 from tests.support import quantized_checkpoints as qc
 
 torch = pytest.importorskip("torch")
@@ -189,3 +191,17 @@ def test_an_fp8_tensor_in_a_checkpoint_that_declares_no_quantization_is_refused(
     g = build_export_graph(graphllm.load_config(folder))
     with pytest.raises(WeightsError, match="F8_E4M3, a quantized form"):
         checkpoint_tensors(g, folder)
+
+
+@pytest.mark.parametrize("qconfig", [FP8, INT_CASES["gptq-v1-desc-act-4bit"]], ids=["fp8", "gptq"])
+def test_the_fp32_onnx_export_of_a_quantized_checkpoint_runs_like_the_interpreter(
+    tmp_path, qconfig
+):
+    pytest.importorskip("onnxruntime")
+    folder = tmp_path / "q"
+    qc.write_quantized(folder, _config("qwen3"), qconfig)
+    r = export_onnx(build_export_graph(graphllm.load_config(folder)), tmp_path / "m.onnx",
+                    weights=folder)  # fmt: skip
+    ids = _ids(5)
+    ours = OnnxModel(r.path, "cpu").forward(ids)["logits"]
+    np.testing.assert_allclose(ours, _run(folder, ids)["logits"], atol=1e-4, rtol=0)

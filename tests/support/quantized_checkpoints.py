@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import ml_dtypes
@@ -209,10 +210,12 @@ def quantized_tensors(
             parts = quantize_gptq(w, fmt.value_bits, group, fmt.desc_act, v2)
             out |= {f"{base}.{k}": v for k, v in parts.items()}
             meant[name] = gptq_reference(parts, fmt.value_bits, fmt.checkpoint_format == "gptq_v2")
-        else:
+        elif fmt.method == "awq":
             parts = quantize_awq(w, fmt.block[1])
             out |= {f"{base}.{k}": v for k, v in parts.items()}
             meant[name] = awq_reference(parts, fmt.block[1])
+        else:
+            raise ValueError(f"no quantizer for {fmt.method}")
     return out, meant, dtypes
 
 
@@ -296,11 +299,12 @@ def quantized_names(graph: object) -> set[str]:
 
 
 def write_quantized(
-    folder: Path, config: dict, quantization_config: dict
+    folder: Path, config: dict, quantization_config: dict, edit: Callable | None = None
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """A checkpoint of `config` (a config.json's fields) with `quantization_config`: seeded
-    random weights, the matrices that config quantizes stored in its method's layout. Returns
-    (the float weights, each quantized matrix as its stored values mean it)."""
+    random weights, the matrices that config quantizes stored in its method's layout;
+    `edit(tensors, header_dtypes)` may damage them before they are written. Returns (the float
+    weights, each quantized matrix as its stored values mean it)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(
         json.dumps(config | {"quantization_config": quantization_config})
@@ -309,6 +313,8 @@ def write_quantized(
     fmt = graph.meta["checkpoint_quantization"].weights
     weights = checkpoint_weights(graph)
     tensors, meant, dtypes = quantized_tensors(weights, fmt, quantized_names(graph))
+    if edit is not None:
+        edit(tensors, dtypes)
     save_tensors(tensors, folder / "model.safetensors", dtypes)
     return weights, meant
 
