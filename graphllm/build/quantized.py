@@ -6,7 +6,7 @@ published checkpoints name them:
 
 | method | tensors (dtype, shape for an [out, in] matrix)                                        |
 |--------|---------------------------------------------------------------------------------------|
-| fp8    | `W` F8_E4M3 [out, in]; `W_scale_inv` F32 (or F8_E8M0 with scale_fmt ue8m0)             |
+| fp8    | `W` F8_E4M3 [out, in]; `W_scale_inv` F32/BF16 (or F8_E8M0 with scale_fmt ue8m0)        |
 |        | [ceil(out/r), ceil(in/c)] for blocks of r x c                                          |
 | mxfp4  | `W_blocks` U8 [out, in/32, 16]; `W_scales` U8 [out, in/32]                              |
 | gptq   | `P.qweight` I32 [in*b/32, out]; `P.qzeros` I32 [groups, out*b/32]; `P.scales` F16        |
@@ -105,8 +105,10 @@ def _fp8(ckpt: Stored, name: str, fmt: QuantFormat, shape: tuple[int, int]) -> R
     rows, cols = _block(fmt, shape)
     why = f"{name} {list(shape)} as FP8 e4m3 in {rows}x{cols} blocks"
     _check(ckpt, name, ("F8_E4M3",), shape, why)
-    # ue8m0 scales (DeepSeek-V3.1's scale_fmt) are powers of two kept as F32 or as E8M0 codes
-    scale_dtypes = ("F32", "F8_E8M0") if fmt.scale_fmt == "e8m0" else ("F32",)
+    # DeepSeek-V3 stores F32 scales, Qwen3's FP8 checkpoints BF16 ones (transformers casts
+    # either); ue8m0 scales (DeepSeek-V3.1's scale_fmt) are powers of two, also as E8M0 codes
+    floats = ("F32", "BF16", "F16")
+    scale_dtypes = (*floats, "F8_E8M0") if fmt.scale_fmt == "e8m0" else floats
     # one scale for the whole matrix (weight_block_size null) is a scalar, as transformers keeps it
     per_tensor = tuple(fmt.block) == (0, 0)
     grid = () if per_tensor else (_cdiv(shape[0], rows), _cdiv(shape[1], cols))

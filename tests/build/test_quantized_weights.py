@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -205,3 +206,17 @@ def test_the_fp32_onnx_export_of_a_quantized_checkpoint_runs_like_the_interprete
     ids = _ids(5)
     ours = OnnxModel(r.path, "cpu").forward(ids)["logits"]
     np.testing.assert_allclose(ours, _run(folder, ids)["logits"], atol=1e-4, rtol=0)
+
+
+def test_bf16_fp8_scales_as_qwen3_fp8_stores_them_load(tmp_path):
+    def to_bf16(tensors: dict, dtypes: dict) -> None:
+        for name in [n for n in tensors if n.endswith("_scale_inv")]:
+            tensors[name] = tensors[name].astype(ml_dtypes.bfloat16)
+
+    folder = tmp_path / "fp8"
+    qc.write_quantized(folder, _config("qwen3"), FP8, to_bf16)
+    name = "model.layers.1.self_attn.o_proj.weight"
+    values, scale = _stored(folder, [name, name + "_scale_inv"])
+    assert scale.dtype == ml_dtypes.bfloat16
+    want = values.astype(np.float32) * np.repeat(np.repeat(scale.astype(np.float32), 16, 0), 32, 1)
+    np.testing.assert_array_equal(_loaded(folder)[name], want)
