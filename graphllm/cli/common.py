@@ -217,16 +217,19 @@ def source_options(config_help: str, model_help: str = PRESET_HELP) -> Callable:
     return deco
 
 
-def resolve(options: dict[str, Any]) -> tuple[Any, Any]:
-    """ModelConfig and Workload from the shared options: flags over the YAML's workload section."""
-    config, workloads = resolve_sweep(options)
+def resolve(options: dict[str, Any], stored: bool = True) -> tuple[Any, Any]:
+    """ModelConfig and Workload from the shared options: flags over the YAML's workload section.
+    `stored` as in resolve_sweep."""
+    config, workloads = resolve_sweep(options, stored)
     if len(workloads) > 1:
         raise ConfigError("this command takes one --seq-len, not a list")
     return config, workloads[0]
 
 
-def resolve_sweep(options: dict[str, Any]) -> tuple[Any, list[Any]]:
-    """Like `resolve`, with one Workload per --seq-len value."""
+def resolve_sweep(options: dict[str, Any], stored: bool = True) -> tuple[Any, list[Any]]:
+    """Like `resolve`, with one Workload per --seq-len value. `stored`: the command models the
+    checkpoint's storage, so a weight dtype given overrides a quantized config's and says so
+    (an export, which computes at its dtype whatever the storage, passes False)."""
 
     path, preset = options.pop("config_path"), options.pop("preset")
     if (path is None) == (preset is None):
@@ -256,13 +259,8 @@ def resolve_sweep(options: dict[str, Any]) -> tuple[Any, list[Any]]:
     for t in seq_lens:
         one = dict(merged) | ({"seq_len": t} if t else {})
         out.append(Workload.with_dtype(None, **one))
-    # an export computes at its --dtype from weights read dequantized: not a storage override
-    computes_only = options.pop("computes_dequantized", False)
-    if (
-        config.quantization is not None
-        and not computes_only
-        and (merged.get("weight_dtype") or merged.get("dtype"))
-    ):
+    given = merged.get("weight_dtype") or merged.get("dtype")
+    if stored and config.quantization is not None and given:
         config = _override_quantization(config, out[0].weight_dtype, flags)
     return config, out
 

@@ -279,7 +279,8 @@ def _export_graph(
     mtp: bool,
 ) -> tuple[ModelConfig, Workload, Graph]:
     """The config, its workload defaults and the graph `export_onnx` writes (prefill and decode)."""
-    config, workload = resolve(_model_only(config_path, preset, dtype, logits))
+    # the export computes at `dtype` and dequantizes a quantized checkpoint's weights
+    config, workload = resolve(_model_only(config_path, preset, dtype, logits), stored=False)
     return config, workload, build_export_graph(config, dtype, workload.logits, mla, mtp)
 
 
@@ -298,7 +299,4 @@ def _model_only(
         "act_dtype": None,
         "kv_dtype": None,
         "logits": logits,
-        # the export graph is built dequantized at `dtype`; the config keeps its quantization,
-        # which says how the --weights checkpoint stores its tensors
-        "computes_dequantized": True,
     }

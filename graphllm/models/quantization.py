@@ -158,12 +158,15 @@ class Quantization:
     def describe(self) -> str:
         """One line: the method, its values, scales and what it leaves unconverted."""
         f = self.weights
-        br, bc = f.block
-        block = f"{br or 'all'}x{bc or 'all'}"
-        zeros = f", {f.zero_bits}-bit zero points" if f.zero_bits else ""
+        per = {  # a later key wins: (1, 0) is a row, not a group of 0 inputs
+            (1, f.block[1]): f"{f.block[1]} inputs of a row",
+            (1, 0): "output row",
+            (0, 0): "matrix",
+        }.get(f.block, f"{f.block[0]}x{f.block[1]} block")
+        zeros = f" and a {f.zero_bits}-bit zero point" if f.zero_bits else ""
         return (
-            f"{self.method}: {f.value_bits}-bit {f.values} weights, one {f.scale_fmt} scale per "
-            f"{block} block{zeros}; the other tensors {self.dtype}"
+            f"{self.method}: {f.value_bits}-bit {f.values} weights, one {f.scale_fmt} scale"
+            f"{zeros} per {per}; the other tensors {self.dtype}"
         )
 
 
@@ -274,6 +277,15 @@ def _spell(v: Any) -> str:
     return shown(v, 40) if not isinstance(v, str) else repr(v)
 
 
+def _two_sizes(v: Any) -> bool:
+    """A [rows, cols] block: two positive integers (not bools)."""
+    return (
+        isinstance(v, list)
+        and len(v) == 2
+        and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in v)
+    )
+
+
 def _patterns(sec: _Section, *keys: str) -> tuple[tuple[str, ...], bool]:
     """The skip list under the first of `keys` present, and whether none was given."""
     for key in keys:
@@ -293,11 +305,7 @@ def _fp8(sec: _Section, dtype: str) -> Quantization:
         rows, cols = 0, 0  # per-tensor: one scale for the whole matrix
     elif block is None:
         rows, cols = 128, 128  # FineGrainedFP8Config's default
-    elif (
-        isinstance(block, list)
-        and len(block) == 2
-        and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
-    ):
+    elif _two_sizes(block):
         rows, cols = block
     else:
         sec.problems.append(f"weight_block_size must be two positive integers, got {shown(block)}")
@@ -418,10 +426,12 @@ def _compressed_tensors(sec: _Section, dtype: str) -> Quantization:
     structure = w.get("block_structure")
     block = {"channel": (1, 0), "tensor": (0, 0)}.get(strategy, (1, size or 0))
     if strategy == "block":
-        if not (isinstance(structure, list) and len(structure) == 2):
-            w.problems.append(f"block_structure must be two integers, got {shown(structure)}")
+        if _two_sizes(structure):
+            block = (structure[0], structure[1])
         else:
-            block = tuple(structure)
+            w.problems.append(
+                f"block_structure must be two positive integers, got {shown(structure)}"
+            )
     if strategy == "group" and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
         w.problems.append(f"group_size must be a positive integer, got {_spell(size)}")
     if kind == "float" and (bits != 8 or fmt != "float-quantized" or not sym):

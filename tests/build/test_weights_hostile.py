@@ -93,7 +93,8 @@ def _edit_bytes(blob: bytes, edit: tuple) -> bytes:
     if kind == "length":
         return struct.pack("<Q", args[0]) + blob[8:]
     if kind == "length-delta":
-        n = max(0, struct.unpack("<Q", blob[:8])[0] + args[0])
+        # the header length stays a u64 however far a delta pushes it
+        n = min(max(0, struct.unpack("<Q", blob[:8])[0] + args[0]), (1 << 64) - 1)
         return struct.pack("<Q", n) + blob[8:]
     if kind == "append":
         return blob + args[0]

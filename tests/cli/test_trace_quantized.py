@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from click.testing import CliRunner
 
+from graphllm import build_graph, load_config
 from graphllm.cli import main
+from graphllm.passes import run
 
 # deepseek-ai/DeepSeek-V3's model.safetensors.index.json `total_size` (revision afb92e1f...),
 # which ships the MTP module (model.layers.61); quoted in public code that records the
@@ -16,6 +19,14 @@ from graphllm.cli import main
 # of the same layout (DeepSeek-R1: 641.29 GiB, FP8 e4m3 weights with fp32 128x128
 # weight_scale_inv, bf16 embeddings, head, routers, norms and eh_proj)
 DEEPSEEK_V3_TOTAL = 688_586_727_753
+GIB = 1 << 30
+# public per-tensor reports of the published checkpoints (GitHub files found with find_string
+# "/models/Qwen3-8B-FP8`" and "/models/Qwen3-32B-AWQ`"): their safetensors files' total size
+# (in GiB, two decimals) and the elements of every stored tensor, scales included
+PUBLISHED = {
+    "qwen3-8b-fp8": 8.79 * GIB,  # 2 files; weight_scale_inv stored bf16
+    "qwen3-32b-awq": 18.00 * GIB,  # 4 files
+}
 
 
 def trace(*args: str) -> dict:
@@ -37,6 +48,33 @@ def test_deepseek_v3_main_model_is_0_67_tb():
     # the issue's figure: the main model's FP8 storage is about 0.67 TB (1.34 TB at bf16)
     assert main_model == pytest.approx(0.67e12, rel=0.01)
     assert main_model < DEEPSEEK_V3_TOTAL
+
+
+@pytest.mark.parametrize("preset", sorted(PUBLISHED))
+def test_quantized_presets_are_their_checkpoints_size(preset):
+    doc = trace("--model", preset)
+    assert doc["memory"]["weights"] == pytest.approx(PUBLISHED[preset], rel=0.01)
+
+
+@pytest.mark.parametrize(
+    "preset, mtp, stored_values",
+    [
+        # the reports' element counts: parameters plus one scale per 128x128 block
+        ("qwen3-8b-fp8", False, 8_191_159_296),
+        ("deepseek-v3", True, 684_531_386_000),  # DeepSeek-R1's listing, the same layout
+    ],
+)
+def test_params_and_scales_add_up_to_the_stored_values(preset, mtp, stored_values):
+    cfg = load_config(preset)
+    graph = build_graph(cfg, mtp=mtp)
+    params = run(graph, ["params"])["params"].total
+    scales = 0
+    for n in graph.params():
+        fmt = n.attrs.get("stored")
+        if fmt is not None:
+            *lead, rows, cols = (d.size for d in n.out.dims)
+            scales += math.prod(lead) * fmt.scales(rows, cols)
+    assert params + scales == stored_values
 
 
 def test_weight_dtype_overrides_and_says_so():

@@ -316,3 +316,12 @@ def test_compressed_tensors_that_does_not_map_is_refused():
 def test_a_bad_torch_dtype_of_a_quantized_config_is_named():
     with pytest.raises(ConfigError, match="torch_dtype"):
         load_config(tiny(quantization_config=GPTQ, torch_dtype="float64"))
+
+
+def test_describe_says_what_one_scale_covers():
+    assert parse_quantization(DEEPSEEK_FP8).describe() == (
+        "fp8: 8-bit e4m3 weights, one fp32 scale per 128x128 block; the other tensors bf16"
+    )
+    gptq = parse_quantization(GPTQ | {"group_size": -1}, "fp16").describe()
+    assert "one fp16 scale and a 4-bit zero point per output row" in gptq
+    assert "per 128 inputs of a row" in parse_quantization(AWQ).describe()
