@@ -55,7 +55,10 @@ def build_export_graph(
     are present (every length stays symbolic in the export). `mla` and `mtp` as in build_graph."""
     wl = Workload(batch=1, seq_len=1, past_len=1, dtype=dtype, logits=logits)
     # an export computes at `dtype`: a quantized checkpoint's weights enter it dequantized
-    return build_graph(replace(config, quantization=None), wl, mla=mla, mtp=mtp)
+    g = build_graph(replace(config, quantization=None), wl, mla=mla, mtp=mtp)
+    # how a checkpoint of this config stores them, for the reader (graphllm.build.weights)
+    g.meta["checkpoint_quantization"] = config.quantization
+    return g
 
 
 class _Builder:

@@ -1,7 +1,8 @@
 """Weights for a graph's param nodes: seeded random ones, or read from a safetensors checkpoint.
 
-The reader parses the safetensors header itself and views the data with numpy (bf16 through
-ml_dtypes), so bf16, fp16 and fp32 checkpoints load the same way and nothing is ever unpickled.
+The reader parses the safetensors header itself and views the data with numpy (bf16 and FP8
+through ml_dtypes), so bf16, fp16 and fp32 checkpoints load the same way, quantized ones
+(FP8, MXFP4, GPTQ, AWQ) dequantized matrix by matrix, and nothing is ever unpickled.
 """
 
 from __future__ import annotations
@@ -14,16 +15,20 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import ml_dtypes
 import numpy as np
 
+from graphllm.build.quantized import Read, check_quantized, stored_names
 from graphllm.echo import shown
 from graphllm.errors import WeightsError
 from graphllm.files import note_input
 from graphllm.ir import Graph, Node
 from graphllm.models.folder import folder_member
+
+if TYPE_CHECKING:
+    from graphllm.models.quantization import QuantFormat
 
 _DTYPES = {"fp32": np.float32, "fp16": np.float16}
 _CHUNK = 1 << 22  # random weights are drawn this many values at a time
@@ -126,17 +131,34 @@ class SafetensorsFolder:
         if name not in self._where:
             raise WeightsError(f"checkpoint {self.folder} has no tensor {name}")
         t = self._where[name]
+        if t.dtype not in _READ:
+            raise WeightsError(
+                f"{t.rel}: tensor {shown(name)} is {t.dtype}, a quantized form that means "
+                "nothing without the scales a quantization_config declares, and config.json "
+                "declares none for it"
+            )
+        return self.stored(name).astype(np.float32)
+
+    def dtype_shape(self, name: str) -> tuple[str, tuple[int, ...]]:
+        """A tensor's safetensors dtype and shape, from its validated header entry."""
+        t = self._where[name]
+        return t.dtype, t.shape
+
+    def stored(self, name: str) -> np.ndarray:
+        """One tensor as the file stores it (a read-only view of its bytes): the quantized
+        dtypes as uint8 codes (U8, F8_E8M0) or ml_dtypes' float8_e4m3fn (F8_E4M3)."""
+        t = self._where[name]
         try:
             size = os.stat(t.path).st_size
         except OSError as e:
             raise WeightsError(f"{t.rel}: cannot be read: {e.strerror}") from None
         if size != t.file_size:  # a mapping past the end of a file would kill the process
             raise WeightsError(f"{t.rel}: changed size while it was being read")
-        dt = _READ[t.dtype]
+        dt = _STORED[t.dtype]
         if t.nbytes == 0:
-            return np.zeros(t.shape, np.float32)
+            return np.zeros(t.shape, dt)
         mm = np.memmap(t.path, dtype=np.uint8, mode="r", offset=t.start, shape=(t.nbytes,))
-        return mm.view(dt).reshape(t.shape).astype(np.float32)
+        return mm.view(dt).reshape(t.shape)
 
 
 INDEX = "model.safetensors.index.json"
@@ -145,7 +167,8 @@ INDEX = "model.safetensors.index.json"
 # (safetensors/src/tensor.rs). graphllm reads the plain floating-point and integer ones below as
 # values; the others hold quantized or packed data that only means something with scales beside
 # it (FP8, FP4, FP6, MX), or are not weights (BOOL, complex): refused by name, not misread.
-# Quantized checkpoints are issue 17.
+# The quantized ones a quantization_config explains (FP8 values and E8M0 scales, MXFP4's
+# packed bytes) are read as stored (`SafetensorsFolder.stored`) for graphllm.build.quantized.
 _READ = {
     "F32": np.dtype("<f4"),
     "F16": np.dtype("<f2"),
@@ -154,9 +177,15 @@ _READ = {
     "I64": np.dtype("<i8"),
     "I32": np.dtype("<i4"),
 }
+_QUANTIZED = {
+    "U8": np.dtype(np.uint8),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E8M0": np.dtype(np.uint8),  # exponent codes, turned into powers of two by dequantize
+}
+_STORED = _READ | _QUANTIZED
 _NOT_READ = {
-    "BOOL", "U8", "I8", "I16", "U16", "U32", "U64", "C64",
-    "F8_E4M3", "F8_E5M2", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F4", "F6_E2M3", "F6_E3M2",
+    "BOOL", "I8", "I16", "U16", "U32", "U64", "C64",
+    "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F4", "F6_E2M3", "F6_E3M2",
 }  # fmt: skip
 
 # The safetensors library's own cap on a header (MAX_HEADER_SIZE, 100 MB): a header takes about
@@ -309,7 +338,7 @@ def _tensor(
             f"{where}: data_offsets {shown(offsets)} are not inside the data section "
             f"({data_size:,} bytes; is the file truncated?)"
         )
-    nbytes = math.prod(shape) * _READ[dtype].itemsize
+    nbytes = math.prod(shape) * _STORED[dtype].itemsize
     if end - begin != nbytes:
         # a JSON int may have thousands of digits: a size past the data section is not printed
         need = f"{nbytes:,} bytes" if nbytes <= data_size else "more than the data section"
@@ -325,14 +354,11 @@ def _is_count(x: object) -> bool:
 
 
 def _check_dtype(where: str, dtype: object) -> None:
-    if isinstance(dtype, str) and dtype in _READ:
+    if isinstance(dtype, str) and dtype in _STORED:
         return
-    reads = ", ".join(_READ)
+    reads = ", ".join(_STORED)
     if isinstance(dtype, str) and dtype in _NOT_READ:
-        raise WeightsError(
-            f"{where}: dtype {dtype} is not read by graphllm yet (it reads {reads}; quantized "
-            "checkpoints are issue 17)"
-        )
+        raise WeightsError(f"{where}: dtype {dtype} is not read by graphllm (it reads {reads})")
     raise WeightsError(f"{where}: dtype {shown(dtype)} is not a safetensors dtype ({reads})")
 
 
@@ -363,17 +389,31 @@ def checkpoint_tensors(
     graph: Graph, folder: str | Path, dtype: str = "fp32"
 ) -> Iterator[tuple[Node, np.ndarray]]:
     """(param node, array) one at a time, read from a safetensors folder by the graph's names;
-    stacked experts gathered per expert. The folder is validated and every name looked up when
-    this is called, before the caller starts writing anything; the tensors are read as the
-    iterator is consumed."""
+    stacked experts gathered per expert; a param the config's quantization_config stores
+    quantized read from its stored tensors and dequantized (graphllm.build.quantized). The
+    folder is validated and every tensor looked up and checked (dtype, shape, the scales and
+    zero points beside it) when this is called, before the caller starts writing anything; the
+    tensors are read as the iterator is consumed."""
     ckpt = SafetensorsFolder(folder)
     cfg = graph.meta.get("config")
     text_decoder = cfg is not None and bool(cfg.text_decoder_of)
+    # an export graph computes dequantized (no quantization in its config) but keeps how the
+    # checkpoint stores its weights
+    if "checkpoint_quantization" in graph.meta:
+        quant = graph.meta["checkpoint_quantization"]
+    else:
+        quant = cfg.quantization if cfg is not None else None
+    reads: dict[str, list[Read]] = {}
     for n in graph.params():
-        for name in _checkpoint_names(n):
-            if _stored_name(name, ckpt, text_decoder) not in ckpt:
-                raise WeightsError(f"checkpoint {ckpt.folder} has no tensor {name}")
-    return _read_params(graph, ckpt, dtype, text_decoder)
+        fmt = quant.format_of(n.name, n.attrs["kind"]) if quant is not None else None
+        want = _shape(n)[1:] if n.attrs.get("stacked") == "expert" else _shape(n)
+        reads[n.name] = [
+            _plain_read(ckpt, _stored_name(name, ckpt, text_decoder), name)
+            if fmt is None
+            else check_quantized(ckpt, _quantized_home(name, fmt, ckpt, text_decoder), fmt, want)
+            for name in _checkpoint_names(n)
+        ]
+    return _read_params(graph, reads, dtype)
 
 
 # where a multimodal checkpoint keeps its text decoder's tensors, by the graph's name prefix:
@@ -385,34 +425,53 @@ TEXT_DECODER_HOMES = (
 )
 
 
-def _stored_name(name: str, ckpt: SafetensorsFolder, text_decoder: bool) -> str:
+def _stored_name(
+    name: str, ckpt: SafetensorsFolder, text_decoder: bool, probe: str | None = None
+) -> str:
     """The checkpoint's name of the graph's tensor `name`: itself, or for the text decoder of a
-    multimodal model the same tensor where that model keeps it."""
-    if name in ckpt or not text_decoder:
+    multimodal model the same tensor where that model keeps it. `probe` is the stored tensor
+    looked for when it is not `name` itself (a quantized matrix's first stored tensor)."""
+    look = probe if probe is not None else name
+    if look in ckpt or not text_decoder:
         return name
     for prefix, homes in TEXT_DECODER_HOMES:
         if name.startswith(prefix):
             for home in homes:
-                if home + name[len(prefix) :] in ckpt:
-                    return home + name[len(prefix) :]
+                moved = home + name[len(prefix) :]
+                if home + look[len(prefix) :] in ckpt:
+                    return moved
     return name
 
 
+def _quantized_home(
+    name: str, fmt: QuantFormat, ckpt: SafetensorsFolder, text_decoder: bool
+) -> str:
+    return _stored_name(name, ckpt, text_decoder, stored_names(name, fmt)[0])
+
+
+def _plain_read(ckpt: SafetensorsFolder, stored: str, name: str) -> Read:
+    if stored not in ckpt:
+        raise WeightsError(f"checkpoint {ckpt.folder} has no tensor {name}")
+    if ckpt.dtype_shape(stored)[0] not in _READ:
+        ckpt.read(stored)  # its refusal names the quantized dtype
+    return lambda: ckpt.read(stored)
+
+
 def _read_params(
-    graph: Graph, ckpt: SafetensorsFolder, dtype: str, text_decoder: bool = False
+    graph: Graph, reads: dict[str, list[Read]], dtype: str
 ) -> Iterator[tuple[Node, np.ndarray]]:
     for n in graph.params():
         shape, names = _shape(n), _checkpoint_names(n)
         stacked = n.attrs.get("stacked") == "expert"
         want = shape[1:] if stacked else shape
         out = np.empty(shape, _DTYPES[dtype]) if stacked else None
-        for e, name in enumerate(names):
-            arr = ckpt.read(_stored_name(name, ckpt, text_decoder))
+        for e, (name, read) in enumerate(zip(names, reads[n.name], strict=True)):
+            arr = read()
             if arr.shape != want:
                 raise WeightsError(f"{name}: checkpoint shape {arr.shape}, graph expects {want}")
             if stacked:
                 out[e] = arr  # type: ignore[index]
-            else:  # read() made a fresh float32 array: no second copy in fp32
+            else:  # the read made a fresh float32 array: no second copy in fp32
                 out = arr.astype(_DTYPES[dtype], copy=False)
             del arr
         yield n, out

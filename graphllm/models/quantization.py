@@ -74,6 +74,8 @@ class QuantFormat:
     packed_along: str = ""
     shape_bytes: int = 0  # compressed-tensors' weight_shape tensor (two int64) per matrix
     symmetric: bool = True  # int: the zero point is the middle of the range (GPTQ `sym`)
+    # GPTQ's checkpoint_format: 'gptq' (v1) stores each zero point less one, 'gptq_v2' as it is
+    checkpoint_format: str = ""
 
     @property
     def dtype(self) -> str:
@@ -359,8 +361,9 @@ def _gptq(sec: _Section, dtype: str) -> Quantization:
     sec.only("modules_to_not_convert", (None, []))
     sec.done(_GPTQ_BOOKKEEPING)
     w = QuantFormat(
-        "gptq", bits, "int", (1, group), 16, bits, desc, "fp16", 32, "in", symmetric=sym
-    )
+        "gptq", bits, "int", (1, group), 16, bits, desc, "fp16", 32, "in", symmetric=sym,
+        checkpoint_format=fmt,
+    )  # fmt: skip
     return Quantization("gptq", w, dtype, "layers", lm_head=lm_head)
 
 
