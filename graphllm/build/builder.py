@@ -276,7 +276,7 @@ class _Builder:
         if c.rotates(i):  # else a NoPE layer: positions enter through the mask alone
             q = self.rope(f"{p}.q_rope", q, c.head_dim, i)
             k = self.rope(f"{p}.k_rope", k, c.head_dim, i)
-        window = c.sliding_window if c.layer_types[i] == "sliding_attention" else None
+        window = c.sliding_window if c.layer_type(i) == "sliding_attention" else None
         if self.wl.past_len > 0:
             # a window layer's cache rolls: it holds the last W-1 positions, not all P
             rolls = window is not None and self.wl.past_len > window - 1

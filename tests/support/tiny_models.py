@@ -166,6 +166,50 @@ CASES: dict[str, tuple[str, dict]] = {
             "rope_scaling": {"rope_type": "linear", "factor": 2.0},
         },
     ),
+    # issue 18: GLM-4.5's block in small: partial rotate-half RoPE (half of each 16-wide head),
+    # QKV bias, per-head QK-norm, a dense first layer then DeepSeek-V3's routing (sigmoid,
+    # correction bias moved off 0, groups ranked by their two best, renormalised, scaled) with a
+    # shared expert, top 2 of 8 so that the router decides which experts a token reaches
+    "glm4_moe": (
+        "glm4_moe",
+        {
+            "head_dim": 16,
+            "attention_bias": True,
+            "use_qk_norm": True,
+            "partial_rotary_factor": 0.5,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 24,
+            "n_group": 4,
+            "topk_group": 2,
+            "routed_scaling_factor": 1.5,
+            "first_k_dense_replace": 1,
+            "num_hidden_layers": 3,
+        },
+    ),
+    # GLM-4.5-Air's: no QK-norm, one group, unscaled
+    "glm4_moe-air": (
+        "glm4_moe",
+        {
+            "head_dim": 16,
+            "attention_bias": True,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 24,
+        },
+    ),
+    # issue 18: MiniMax-M2's: QK-norm over the whole projection, RoPE on 8 of 16 channels
+    # (rotary_dim), sigmoid routing with the block's correction bias over 8 experts, top 2
+    "minimax_m2": (
+        "minimax_m2",
+        {
+            "head_dim": 16,
+            "rotary_dim": 8,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "intermediate_size": 24,
+        },
+    ),
 }
 
 
@@ -195,7 +239,11 @@ class TinyModel:
         self.weights: dict | None = None
 
     def settle(self, model) -> None:
-        """Move what else the family keeps (buffers) off its initial value."""
+        """Move what else the family keeps (buffers) off its initial value: the routers'
+        correction biases (GLM-4.5, MiniMax-M2), so that they change which experts are chosen."""
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buf.copy_(0.05 * torch.randn_like(buf))
 
     def graph(self, seq_len: int = SEQ, past_len: int = 0, **build):
         wl = graphllm.Workload.with_dtype(
