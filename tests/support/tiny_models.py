@@ -9,6 +9,8 @@ checkpoint, and loads that folder with `graphllm.load_config` + `load_weights`.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import torch
 import transformers
@@ -220,6 +222,9 @@ class TinyModel:
 
     cases: dict[str, tuple[str, dict]] = CASES
     small: dict = SMALL
+    # case -> the config.json keys its published checkpoints carry instead of transformers' own
+    # (Kimi-K2's model_type kimi_k2 and auto_map on a DeepseekV3 model)
+    published_as: dict[str, dict] = {}
 
     def __init__(self, case: str, folder, **overrides) -> None:
         model_type, case_overrides = self.cases[case]
@@ -235,6 +240,10 @@ class TinyModel:
         self.model = model.eval()
         self.folder = folder
         model.save_pretrained(folder)
+        if case in self.published_as:  # a model_type transformers has no class of its own for
+            path = folder / "config.json"
+            d = json.loads(path.read_text())
+            path.write_text(json.dumps(d | self.published_as[case]))
         self.cfg = graphllm.load_config(folder)
         self.weights: dict | None = None
 
