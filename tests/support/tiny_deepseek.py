@@ -4,6 +4,8 @@ norm_topk_prob."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from tests.support.tiny_models import BATCH, SEQ, TinyModel
@@ -104,7 +106,7 @@ RENORM = {
 class TinyDeepSeek(TinyModel):
     cases = CASES | RENORM
     small = SMALL
-    published_as = {"kimi-k2": KIMI}
+    published_as: ClassVar[dict[str, dict]] = {"kimi-k2": KIMI}
 
     def settle(self, model) -> None:
         for name, buf in model.named_buffers():

@@ -10,6 +10,7 @@ checkpoint, and loads that folder with `graphllm.load_config` + `load_weights`.
 from __future__ import annotations
 
 import json
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -224,7 +225,7 @@ class TinyModel:
     small: dict = SMALL
     # case -> the config.json keys its published checkpoints carry instead of transformers' own
     # (Kimi-K2's model_type kimi_k2 and auto_map on a DeepseekV3 model)
-    published_as: dict[str, dict] = {}
+    published_as: ClassVar[dict[str, dict]] = {}
 
     def __init__(self, case: str, folder, **overrides) -> None:
         model_type, case_overrides = self.cases[case]
