@@ -19,12 +19,19 @@ class ParamReport:
     """`total` counts every stored weight once (a tied head once). `active` counts what one token
     touches: every non-routed weight plus k of the E routed experts in each MoE layer. `mtp`
     counts the weights of the multi-token-prediction modules (scopes of kind `mtp`, DeepSeek-V3
-    built with mtp=True), which `total` and `active` include; the main model is total - mtp."""
+    built with mtp=True), which `total` and `active` include; the main model is total - mtp.
+
+    Vendors publish active counts under other conventions (issue 18: OpenAI's gpt-oss figures
+    leave the input embedding out, GLM's the embedding and the output head), so beside `active`
+    stand `active_without_embedding` (less every input embedding table that is not also the
+    head) and `active_without_embedding_and_head` (less the output heads too)."""
 
     total: int
     active: int
     by_kind: dict[str, int]
     mtp: int = 0
+    active_without_embedding: int = 0
+    active_without_embedding_and_head: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -47,4 +54,8 @@ def count_params(graph: Graph, results: dict[str, Any] | None = None) -> ParamRe
             active += numel // n_exp * k
         else:
             active += numel
-    return ParamReport(sum(by_kind.values()), active, by_kind, mtp)
+    # a tied table is also the head every token reads: it stays in the count without embedding
+    tied = graph.meta["config"].tie_word_embeddings
+    no_embed = active - (0 if tied else by_kind["embedding"])
+    no_embed_head = active - by_kind["embedding"] - by_kind["lm_head"]
+    return ParamReport(sum(by_kind.values()), active, by_kind, mtp, no_embed, no_embed_head)

@@ -310,8 +310,8 @@ class _Builder:
                 "attn_scale": c.temperature_attn_scale,
             }
             q = g.add("attn_temperature", f"{p}.attn_temperature", (q,), attrs)
-        window = c.sliding_window if c.layer_types[i] == "sliding_attention" else None
-        chunk = c.attention_chunk_size if c.layer_types[i] == "chunked_attention" else None
+        window = c.sliding_window if c.layer_type(i) == "sliding_attention" else None
+        chunk = c.attention_chunk_size if c.layer_type(i) == "chunked_attention" else None
         if self.wl.past_len > 0:
             # a window layer's cache rolls: it holds the last W-1 positions, not all P; a
             # chunked layer's the last C-1 (all a query of the chunk may still need)

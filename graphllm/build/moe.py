@@ -76,7 +76,9 @@ def router(b: _Builder, p: str, logits: Node) -> tuple[Node | Ref, Ref]:
     scores = g.add(scoring, f"{p}.router.{scoring}", (logits,))  # (B, T, E)
     choose: Node = scores
     if c.topk_method == "noaux_tc":
-        bias = b.param(f"{logits.name}.e_score_correction_bias", (n_exp,), "router")
+        where = c.moe_names.correction_bias
+        name = f"{p}.{where}" if where else f"{logits.name}.e_score_correction_bias"
+        bias = b.param(name, (n_exp,), "router")
         choose = g.add("bias_add", f"{p}.router.bias", (scores, bias))
     if c.topk_method != "greedy" and c.n_group > 1:
         attrs = {

@@ -1029,6 +1029,161 @@ FAMILY_TABLE["llama4_text"] = Family(
         "for_llm_compressor": (False,),
     },
 )
+
+
+# issue 18: Kimi-K2 (moonshotai/Kimi-K2-*) is DeepSeek-V3's architecture under a model_type of
+# its own. transformers has no kimi_k2 class (its kimi_k25 rewrites a kimi_k2 text_config to
+# deepseek_v3, and Moonshot's README says to do the same), so it reads as deepseek_v3 from the
+# same fields with the same defaults
+FAMILY_TABLE["kimi_k2"] = FAMILY_TABLE["deepseek_v3"]
+
+
+def _glm4_moe(v: dict) -> dict:
+    # Glm4MoeTopkRouter is DeepSeek-V3's (sigmoid, correction bias, groups ranked by their two
+    # best, renormalised, scaled) and Glm4MoeDecoderLayer routes from first_k_dense_replace on;
+    # the MTP layers n, n+1, ... follow the rule too (vLLM's glm4_moe_mtp.py: MoE blocks)
+    rule = {"moe_layer_freq": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid"}
+    return _deepseek_moe(v | rule | {"rope_interleave": False})
+
+
+def _glm4_moe_attention(v: dict) -> dict:
+    # Glm4MoeAttention: q/k/v biased by attention_bias, o_proj never; with use_qk_norm an
+    # RMSNorm over each head's head_dim, one weight for all heads, before RoPE (Qwen3's)
+    return {
+        "qkv_bias": v["attention_bias"],
+        "qk_norm": v["use_qk_norm"],
+        "num_nextn_predict_layers": v["num_nextn_predict_layers"],
+    }
+
+
+# issue 18: GLM-4.5 / GLM-4.5-Air (transformers' glm4_moe: Glm4MoeConfig, Glm4MoeAttention,
+# Glm4MoeTopkRouter, Glm4MoeDecoderLayer = DeepseekV3DecoderLayer): GQA with partial rotate-half
+# RoPE (partial_rotary_factor, 0.5 by default), QKV bias, optional per-head QK-norm; DeepSeek-V3's
+# MoE (sigmoid routing with correction bias, grouped top-k, shared experts, dense first layers);
+# num_nextn_predict_layers MTP layers kept out of the main model
+FAMILY_TABLE["glm4_moe"] = Family(
+    _fields(
+        max_position_embeddings=Spec(_pos_int, 131072),
+        rms_norm_eps=Spec(_pos_float, 1e-5),
+        attention_bias=Spec(_bool, False),
+        use_qk_norm=Spec(_bool, False),
+        partial_rotary_factor=Spec(_pos_float, 0.5),  # Glm4MoeConfig's default
+        # only the dense first layers read it
+        intermediate_size=Spec(_pos_int, None),
+        moe_intermediate_size=Spec(_pos_int, 1408),
+        num_experts_per_tok=Spec(_pos_int, 8),
+        n_shared_experts=Spec(_nonneg_int, 1),
+        n_routed_experts=Spec(_pos_int, 128),
+        routed_scaling_factor=Spec(_pos_float, 1.0),
+        n_group=Spec(_pos_int, 1),
+        topk_group=Spec(_pos_int, 1),
+        first_k_dense_replace=Spec(_nonneg_int, 1),
+        norm_topk_prob=Spec(_bool, True),
+        num_nextn_predict_layers=Spec(_nonneg_int, 1),
+    ),
+    derive=_glm4_moe_attention,
+    moe=_glm4_moe,
+    partial_rotary=True,
+    aliases={
+        "num_local_experts": "n_routed_experts",
+        "num_mtp_layers": "num_nextn_predict_layers",
+    },
+    # the routing Glm4MoeTopkRouter always computes, as some exported configs spell it
+    noop_only={"scoring_func": ("sigmoid",), "topk_method": ("noaux_tc",)},
+)
+
+
+def _minimax_m2_moe(v: dict) -> dict:
+    # MiniMaxM2SparseMoeBlock: Mixtral's block with sigmoid scores, the block's
+    # e_score_correction_bias added to choose the top-k, the unbiased scores of the chosen ones
+    # renormalised to weight them; every layer routes, no shared expert
+    n = v["num_hidden_layers"]
+    return {
+        "num_experts": v["num_local_experts"],
+        "num_experts_per_tok": v["num_experts_per_tok"],
+        "moe_intermediate_size": v["intermediate_size"],
+        "intermediate_size": 0,
+        "norm_topk_prob": True,
+        "moe_layers": (True,) * n,
+        "moe_names": MoENames(
+            block="block_sparse_moe",
+            expert_gate="w1",
+            expert_up="w3",
+            expert_down="w2",
+            correction_bias="e_score_correction_bias",
+        ),
+        "scoring_func": "sigmoid",
+        "topk_method": "noaux_tc",
+    }
+
+
+def _minimax_m2(v: dict) -> dict:
+    bad = sorted({t for t in v["attn_type_list"] or () if t != 1})
+    if bad:
+        raise ConfigError(
+            f"attn_type_list has {bad[0]}: MiniMax-M2 is modelled with full attention (1) in "
+            "every layer, as transformers' minimax_m2 builds it"
+        )
+    if v["attn_type_list"] is not None and len(v["attn_type_list"]) != v["num_hidden_layers"]:
+        raise ConfigError(
+            f"attn_type_list has {len(v['attn_type_list'])} entries for "
+            f"{v['num_hidden_layers']} hidden layers"
+        )
+    rot = v["rotary_dim"]
+    if rot is not None:
+        # MiniMaxM2Config.convert_rope_params_to_dict: the released checkpoints' rotary_dim is
+        # partial_rotary_factor = rotary_dim / head_dim
+        prf = rot / v["head_dim"]
+        if v["partial_rotary_factor"] not in (None, prf):
+            raise ConfigError(
+                f"rotary_dim {rot} disagrees with partial_rotary_factor {v['partial_rotary_factor']}"
+            )
+        v["partial_rotary_factor"] = prf
+    # MiniMaxM2Attention (FlexOlmo's): RMSNorms over the whole q and k projections before the
+    # head split, no biases
+    return {"qk_norm": True, "qk_norm_scope": "projection"}
+
+
+# issue 18: MiniMax-M2 (transformers' minimax_m2: MiniMaxM2Config, MiniMaxM2Attention,
+# MiniMaxM2SparseMoeBlock): GQA with QK-norm over the full projection width, partial rotate-half
+# RoPE (rotary_dim), sigmoid routing with a correction bias over 256 experts. The published
+# config's MTP modules (use_mtp, num_mtp_modules, mtp_transformer_layers) are not part of the main
+# model, and transformers has no module for them: they are accepted and left out
+FAMILY_TABLE["minimax_m2"] = Family(
+    _fields(
+        head_dim=Spec(_pos_int, 128),
+        max_position_embeddings=Spec(_pos_int, 196608),
+        num_local_experts=Spec(_pos_int, 256),
+        num_experts_per_tok=Spec(_pos_int, 8),
+        rotary_dim=Spec(_pos_int, None),
+        partial_rotary_factor=Spec(_pos_float, None),
+        attn_type_list=Spec(_int_list, None),
+        # the published file's width of a dense MLP that no MiniMax-M2 layer has
+        mlp_intermediate_size=Spec(_pos_int, None),
+        use_mtp=Spec(_bool, False),
+        num_mtp_modules=Spec(_nonneg_int, 0),
+        mtp_transformer_layers=Spec(_nonneg_int, 1),
+    ),
+    derive=_minimax_m2,
+    moe=_minimax_m2_moe,
+    partial_rotary=True,
+    default_theta=5e6,
+    aliases={"num_experts": "num_local_experts"},
+    # the published file's names for what transformers' minimax_m2 always computes
+    noop_only={
+        "scoring_func": ("sigmoid",),
+        "use_routing_bias": (True,),
+        "use_qk_norm": (True,),
+        "qk_norm_type": ("per_layer",),
+        "shared_intermediate_size": (0,),
+        "shared_moe_mode": ("sigmoid",),
+        "sliding_window": (None,),
+        "attention_bias": (False,),
+        "layernorm_full_attention_beta": (1.0,),
+        "layernorm_linear_attention_beta": (1.0,),
+        "layernorm_mlp_beta": (1.0,),
+    },
+)
 assert set(FAMILY_TABLE) == set(FAMILIES)
 
 SUPPORTED = (*FAMILIES, *MULTIMODAL)  # the model_types a config may name

@@ -40,6 +40,10 @@ FAMILIES = (
     "gemma3_text",
     # issue 16: llama4_text (attention; its MoE layers are refused until issue 18)
     "llama4_text",
+    # issue 18: kimi_k2 (DeepSeek-V3's architecture), glm4_moe, minimax_m2
+    "kimi_k2",
+    "glm4_moe",
+    "minimax_m2",
 )
 
 # the attention a layer can have (ModelConfig.layer_types), each one the builder implements; a
@@ -196,6 +200,10 @@ class MoENames:
     expert_down: str = "down_proj"
     shared: str = "shared_expert"  # <block>.<shared>: the shared expert's MLP
     shared_gate: str = "shared_expert_gate"  # <block>.<shared_gate>: its sigmoid gate's linear
+    # issue 18: where noaux_tc's e_score_correction_bias is stored under <block>; empty: on the
+    # router (<router>.e_score_correction_bias: DeepSeek-V3, GLM-4.5); MiniMax-M2 keeps it on
+    # the block itself
+    correction_bias: str = ""
 
 
 # ModelConfig's fields that are records of their own
@@ -483,13 +491,19 @@ class ModelConfig:
 
     def rope_of(self, i: int) -> RopeConfig:
         """The RoPE layer i rotates with (a sliding layer's own where the model has one)."""
-        if self.sliding_rope is not None and self.layer_types[i] == "sliding_attention":
+        if self.sliding_rope is not None and self.layer_type(i) == "sliding_attention":
             return self.sliding_rope
         return self.rope
 
     def rotates(self, i: int) -> bool:
         """Whether layer i's attention applies RoPE to q and k (False: a NoPE layer)."""
-        return not self.rope_layers or self.rope_layers[i]
+        return not self.rope_layers or i >= self.num_hidden_layers or self.rope_layers[i]
+
+    def layer_type(self, i: int) -> str:
+        """Layer i's attention (one of LAYER_TYPES). The multi-token-prediction layers after the
+        main model (i >= num_hidden_layers) attend fully with RoPE, as the engines that run
+        DeepSeek-V3's and GLM-4.5's MTP layers build them."""
+        return self.layer_types[i] if i < self.num_hidden_layers else LAYER_TYPES[0]
 
     @property
     def n_rep(self) -> int:

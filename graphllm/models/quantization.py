@@ -299,7 +299,8 @@ def _patterns(sec: _Section, *keys: str) -> tuple[tuple[str, ...], bool]:
 
 
 def _fp8(sec: _Section, dtype: str) -> Quantization:
-    sec.only("fmt", ("e4m3",))
+    # MiniMax-M2 spells e4m3 as torch's dtype name; FineGrainedFP8Config reads neither
+    sec.only("fmt", ("e4m3", "float8_e4m3fn"))
     block = sec.get("weight_block_size")
     if block is None and "weight_block_size" in sec.d:
         rows, cols = 0, 0  # per-tensor: one scale for the whole matrix

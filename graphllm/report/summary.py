@@ -51,6 +51,14 @@ def print_trace(doc: dict[str, Any], console: Console | None = None) -> None:
         )
     table.add_row("[bold]total[/bold]", f"[bold]{p['total']:,}[/bold] ({_n(p['total'])})", "")
     table.add_row("active per token", f"{p['active']:,} ({_n(p['active'])})", "")
+    if p["active"] != p["total"]:
+        # issue 18: the conventions vendors publish MoE active counts under (gpt-oss, GLM)
+        for label, key in (
+            ("  without embedding", "active_without_embedding"),
+            ("  without embedding and head", "active_without_embedding_and_head"),
+        ):
+            if key in p:
+                table.add_row(label, f"{p[key]:,} ({_n(p[key])})", "")
     con.print(table)
     if "token_mixing" in doc:
         print_token_mixing(doc["token_mixing"], con)

@@ -50,7 +50,8 @@ def trace_report(
         },
         "workload": workload.to_dict()
         | {"attention": attention, "training": training}
-        | ({"mla": mla, "mtp": mtp} if config.model_type.startswith("deepseek") else {}),
+        # the options a latent-attention or multi-token-prediction model was traced with
+        | ({"mla": mla, "mtp": mtp} if config.is_mla or config.num_nextn_predict_layers else {}),
         "graph": {
             "nodes": len(graph),
             "edges": graph.num_edges(),

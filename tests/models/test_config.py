@@ -18,6 +18,7 @@ from graphllm.build.weights import random_weights
 from graphllm.errors import ConfigError
 from graphllm.models import config as C
 from graphllm.models.config import (
+    FAMILY_TABLE,
     config_from_dict,
     list_presets,
     load_config,
@@ -668,7 +669,8 @@ ROPES = ("default", "linear", "llama3", "yarn")
 @st.composite
 def valid_configs(draw) -> dict:
     # MLA families have their own shape fields: test_deepseek_* and tests/runtime/test_interpret_deepseek.py
-    mt = draw(st.sampled_from([f for f in FAMILIES if not f.startswith("deepseek")]))
+    # (Kimi-K2 reads as DeepSeek-V3)
+    mt = draw(st.sampled_from([f for f in FAMILIES if not FAMILY_TABLE[f].mla]))
     kv, rep = draw(st.integers(1, 4)), draw(st.integers(1, 4))
     heads, head_dim, n = kv * rep, 2 * draw(st.integers(1, 12)), draw(st.integers(1, 6))
     d: dict = {
@@ -683,7 +685,9 @@ def valid_configs(draw) -> dict:
     # Cohere 2's head_dim is always hidden_size / heads (transformers sets it so)
     # (llama4_text: its head_dim defaults to 128 whatever the heads)
     if mt != "cohere2" and (
-        mt in ("qwen3", "gemma", "gemma2", "gemma3_text", "llama4_text") or draw(st.booleans())
+        # (MiniMax-M2's head_dim defaults to 128 whatever hidden_size says)
+        mt in ("qwen3", "gemma", "gemma2", "gemma3_text", "llama4_text", "minimax_m2")
+        or draw(st.booleans())
     ):
         d |= {"head_dim": head_dim, "hidden_size": draw(st.integers(1, 96))}
     else:
@@ -739,6 +743,16 @@ def valid_configs(draw) -> dict:
         }
     if mt == "qwen2_moe":
         d["shared_expert_intermediate_size"] = draw(st.integers(1, 64))
+    # issue 18: GLM-4.5 rotates half of each head by default: an even number of channels needs
+    # a head_dim divisible by 4, else the whole head
+    if mt == "glm4_moe":
+        hd = d.get("head_dim", d["hidden_size"] // heads)
+        d["partial_rotary_factor"] = draw(st.sampled_from([0.5, 1.0])) if hd % 4 == 0 else 1.0
+        # its router ranks the one group by its two best experts: at least two
+        d |= {"n_routed_experts": max(experts, 2), "num_experts_per_tok": topk}
+        d["first_k_dense_replace"] = draw(st.integers(0, n))
+    if mt == "minimax_m2":
+        d |= {"num_local_experts": experts, "num_experts_per_tok": topk}
     return d
 
 
@@ -762,7 +776,8 @@ def test_random_valid_configs_load_with_invariants(d):
         assert 1 <= c.num_experts_per_tok <= c.num_experts and c.moe_intermediate_size > 0
     else:
         assert c.num_experts == 0 and not any(c.moe_layers)
-    assert (c.num_experts > 0) <= (c.model_type in ("mixtral", "qwen2_moe", "qwen3_moe"))
+    moe_families = ("mixtral", "qwen2_moe", "qwen3_moe", "glm4_moe", "minimax_m2")
+    assert (c.num_experts > 0) <= (c.model_type in moe_families)
     assert c.hidden_act in ("silu", "gelu_tanh")
     rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
     rope = rope.get("full_attention", rope)  # gemma3_text: the global layers' RoPE

@@ -63,6 +63,12 @@ MODELS: dict[str, tuple[str, dict]] = {
     # the multimodal config: its text decoder, linearly scaled global RoPE, a score scale of
     # query_pre_attn_scalar 168 (no matmul of their own); text tokens only reach the decoder
     "gemma3-27b": ("gemma3-27b", {}),
+    # issue 18: GLM-4.5, a dense layer then one of DeepSeek-V3's MoE layers (160 experts top 8, a
+    # shared expert), partial RoPE, QKV bias, per-head q/k norms (no matmul of their own)
+    "glm4.5": ("glm4.5", {"first_k_dense_replace": 1}),
+    "glm4.5-air": ("glm4.5-air", {}),  # 128 experts, no q/k norm
+    # issue 18: MiniMax-M2, 256 experts top 8 in both layers, q/k norms over the projection
+    "minimax-m2": ("minimax-m2", {"attn_type_list": [1, 1]}),
 }
 # a window shorter than the sequence, so that the mask really slides
 WINDOWED: dict[str, tuple[str, dict]] = {
@@ -101,6 +107,7 @@ WORKLOADS: dict[str, dict] = {
 def _config_dict(preset: str, overrides: dict) -> dict:
     d = json.loads((PRESETS_DIR / f"{preset}.json").read_text(encoding="utf-8"))
     d = {k: v for k, v in d.items() if not k.startswith("_")}  # graphllm's provenance notes
+    d.pop("quantization_config", None)  # issue 18: FP8 storage, not the computation counted
     # a multimodal config (Gemma 3 27B) keeps its decoder's fields in text_config
     text = d
     if "text_config" in d:
@@ -144,7 +151,7 @@ def _models(model_id: str):
     cfg = config_from_dict(dict(d), preset)
     # Gemma 2 soft-caps its scores, which transformers' sdpa path cannot do
     kwargs = {"attn_implementation": "eager" if d["model_type"] == "gemma2" else "sdpa"}
-    if "num_experts" in d or "num_local_experts" in d:
+    if {"num_experts", "num_local_experts", "n_routed_experts"} & set(d):
         kwargs["experts_implementation"] = "batched_mm"
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(

@@ -30,6 +30,10 @@ PRESETS = [
     "gemma2-9b",  # issue 16
     "gemma3-1b",  # issue 16
     "gemma3-27b",  # issue 16: the text decoder of the multimodal config
+    # issue 18: DeepSeek-V3's routing, partial RoPE, QKV bias, q/k norms; MiniMax-M2's
+    "glm4.5",
+    "glm4.5-air",
+    "minimax-m2",
 ]
 CORE = {"scores", "softmax", "pv"}
 
@@ -132,7 +136,16 @@ def test_long_sequences_use_intervals_equal_to_exact_sets():
 
 @pytest.mark.parametrize(
     "preset",
-    ["llama3-8b", "mistral-7b", "qwen1.5-moe-a2.7b", "mixtral-8x7b", "gemma2-9b", "gemma3-1b"],
+    [
+        "llama3-8b",
+        "mistral-7b",
+        "qwen1.5-moe-a2.7b",
+        "mixtral-8x7b",
+        "gemma2-9b",
+        "gemma3-1b",
+        "glm4.5-air",  # issue 18
+        "minimax-m2",  # issue 18
+    ],
 )
 def test_prediction_matches_perturbation(preset):
     check = check_token_mixing(load_config(preset), seq_len=10)

@@ -8,7 +8,7 @@ from graphllm.passes import run
 
 
 @pytest.mark.parametrize("mla", ["naive", "absorbed"])
-@pytest.mark.parametrize("preset", ["deepseek-v2-lite", "deepseek-v2", "deepseek-v3"])
+@pytest.mark.parametrize("preset", ["deepseek-v2-lite", "deepseek-v2", "deepseek-v3", "kimi-k2"])
 def test_only_core_attention_mixes(preset, mla):
     cfg = load_config(preset)
     report = run(build_graph(cfg, Workload(seq_len=4, past_len=5), mla=mla), ["tokens"])["tokens"]
@@ -17,7 +17,7 @@ def test_only_core_attention_mixes(preset, mla):
     assert all(".self_attn.core." in name for name in names)
 
 
-@pytest.mark.parametrize("preset", ["deepseek-v2-lite", "deepseek-v2", "deepseek-v3"])
+@pytest.mark.parametrize("preset", ["deepseek-v2-lite", "deepseek-v2", "deepseek-v3", "kimi-k2"])
 def test_token_mixing_prediction_matches_perturbation(preset):
     from graphllm.runtime.observe import check_token_mixing
 

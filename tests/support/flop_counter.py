@@ -34,6 +34,7 @@ DEEPSEEK_MODELS = {
     "deepseek-v2-lite": {},  # one q_proj, greedy softmax routing, 64 experts top 6
     "deepseek-v2": {},  # q down/up projections, group-limited routing over 160 experts
     "deepseek-v3": {"first_k_dense_replace": 1},  # sigmoid, bias, grouped top-8 of 256
+    "kimi-k2": {},  # issue 18: DeepSeek-V3's architecture, 384 experts, 64 heads
 }
 DEEPSEEK_WORKLOADS = {
     "prefill-b1-t64": {"batch": 1, "seq_len": 64},
@@ -55,6 +56,8 @@ def deepseek_models(preset: str):
     """(graphllm ModelConfig, transformers meta model) for one preset, built once per session."""
     d = deepseek_config_dict(preset)
     cfg = config_from_dict(dict(d), preset)
+    if d["model_type"] == "kimi_k2":  # transformers has no kimi_k2: DeepseekV3 from its fields
+        d = {k: v for k, v in d.items() if k != "auto_map"} | {"model_type": "deepseek_v3"}
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(
             transformers.AutoConfig.for_model(**d),

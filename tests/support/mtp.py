@@ -19,17 +19,25 @@ from tests.support.tiny_models import BATCH
 class MTPReference(torch.nn.Module):
     """One MTP depth: head(norm(block(eh_proj([enorm(embed(ids)), hnorm(hidden)]))))."""
 
-    def __init__(self, config, layer: int) -> None:
+    def __init__(
+        self,
+        config,
+        layer: int,
+        block_cls: type = hf_v3.DeepseekV3DecoderLayer,
+        norm_cls: type = hf_v3.DeepseekV3RMSNorm,
+    ) -> None:
+        # issue 18: GLM-4.5's MTP layer is the same module of Glm4MoeDecoderLayer and
+        # Glm4MoeRMSNorm (vLLM's glm4_moe_mtp.py, SGLang's glm4_moe_nextn.py)
         super().__init__()
         d, eps = config.hidden_size, config.rms_norm_eps
         self.embed_tokens = torch.nn.Embedding(config.vocab_size, d)
-        self.enorm = hf_v3.DeepseekV3RMSNorm(d, eps)
-        self.hnorm = hf_v3.DeepseekV3RMSNorm(d, eps)
+        self.enorm = norm_cls(d, eps)
+        self.hnorm = norm_cls(d, eps)
         self.eh_proj = torch.nn.Linear(2 * d, d, bias=False)
-        self.block = hf_v3.DeepseekV3DecoderLayer(config, layer)
+        self.block = block_cls(config, layer)
         self.shared_head = torch.nn.ModuleDict(
             {
-                "norm": hf_v3.DeepseekV3RMSNorm(d, eps),
+                "norm": norm_cls(d, eps),
                 "head": torch.nn.Linear(d, config.vocab_size, bias=False),
             }
         )
@@ -62,15 +70,16 @@ class MTPReference(torch.nn.Module):
 class TinyMTP:
     """A tiny V3 checkpoint (tiny_deepseek's v3-noaux) plus an MTP layer written beside it."""
 
-    def __init__(self, base) -> None:
+    def __init__(self, base, *modules: type) -> None:
         self.base, model = base, base.model
         self.layer = model.config.num_hidden_layers
         torch.manual_seed(1)
-        ref = MTPReference(model.config, self.layer)
+        ref = MTPReference(model.config, self.layer, *modules)
         with torch.no_grad():
             for p in ref.parameters():  # fused experts start uninitialised (torch.empty)
                 p.copy_((p.ndim == 1) + 0.1 * torch.randn_like(p))  # norms near 1
-            ref.block.mlp.gate.e_score_correction_bias.copy_(0.05 * torch.randn(8))
+            bias = ref.block.mlp.gate.e_score_correction_bias
+            bias.copy_(0.05 * torch.randn_like(bias))
         self.ref = ref.eval()
         safetensors_torch.save_file(ref.checkpoint(self.layer), base.folder / "mtp.safetensors")
         self.weights: dict | None = None

@@ -56,3 +56,48 @@ DEEPSEEK_V3 = {
     "topk_group": 2,
     "first_k_dense_replace": 1,
 }
+
+# issue 18: GLM-4.5 in small: partial rotate-half RoPE, QKV bias, per-head q/k norms, a dense
+# first layer, DeepSeek-V3's grouped sigmoid routing with a shared expert, one MTP layer
+GLM4_MOE = {
+    "model_type": "glm4_moe",
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_group": 4,
+    "topk_group": 2,
+    "routed_scaling_factor": 2.5,
+    "first_k_dense_replace": 1,
+    "attention_bias": True,
+    "use_qk_norm": True,
+    "num_nextn_predict_layers": 1,
+}
+# issue 18: MiniMax-M2 in small: q/k norms over the projection, rotary_dim 8 of 16
+MINIMAX_M2 = {
+    "model_type": "minimax_m2",
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "rotary_dim": 8,
+    "intermediate_size": 32,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+}
+# issue 18: Kimi-K2's published model_type on DeepSeek-V3's fields (one group, 2.827)
+KIMI_K2 = {
+    **DEEPSEEK_V3,
+    "model_type": "kimi_k2",
+    "n_group": 1,
+    "topk_group": 1,
+    "routed_scaling_factor": 2.827,
+}

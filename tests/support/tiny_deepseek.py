@@ -4,6 +4,8 @@ norm_topk_prob."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from tests.support.tiny_models import BATCH, SEQ, TinyModel
@@ -68,6 +70,27 @@ CASES: dict[str, tuple[str, dict]] = {
         "deepseek_v3",
         {"q_lora_rank": None, "n_group": 2, "topk_group": 1, "rope_interleave": False},
     ),
+    # issue 18: Kimi-K2's routing (one group, routed_scaling_factor 2.827) and yarn on a
+    # DeepseekV3 model, its config.json relabelled as Moonshot publishes it (KIMI)
+    "kimi-k2": (
+        "deepseek_v3",
+        {
+            "q_lora_rank": 24,
+            "n_group": 1,
+            "topk_group": 1,
+            "routed_scaling_factor": 2.827,
+            "rope_parameters": {**YARN, "beta_fast": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
+        },
+    ),
+}
+# what Kimi-K2's config.json says in place of transformers' deepseek_v3
+KIMI = {
+    "model_type": "kimi_k2",
+    "auto_map": {
+        "AutoConfig": "configuration_deepseek.DeepseekV3Config",
+        "AutoModel": "modeling_deepseek.DeepseekV3Model",
+        "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM",
+    },
 }
 
 # DeepSeek-V2 with norm_topk_prob: DeepSeek's modeling_deepseek.py renormalises the top-k weights
@@ -83,6 +106,7 @@ RENORM = {
 class TinyDeepSeek(TinyModel):
     cases = CASES | RENORM
     small = SMALL
+    published_as: ClassVar[dict[str, dict]] = {"kimi-k2": KIMI}
 
     def settle(self, model) -> None:
         for name, buf in model.named_buffers():

@@ -9,6 +9,9 @@ checkpoint, and loads that folder with `graphllm.load_config` + `load_weights`.
 
 from __future__ import annotations
 
+import json
+from typing import ClassVar
+
 import numpy as np
 import torch
 import transformers
@@ -200,6 +203,50 @@ CASES: dict[str, tuple[str, dict]] = {
             "attn_temperature_tuning": False,
         },
     ),
+    # issue 18: GLM-4.5's block in small: partial rotate-half RoPE (half of each 16-wide head),
+    # QKV bias, per-head QK-norm, a dense first layer then DeepSeek-V3's routing (sigmoid,
+    # correction bias moved off 0, groups ranked by their two best, renormalised, scaled) with a
+    # shared expert, top 2 of 8 so that the router decides which experts a token reaches
+    "glm4_moe": (
+        "glm4_moe",
+        {
+            "head_dim": 16,
+            "attention_bias": True,
+            "use_qk_norm": True,
+            "partial_rotary_factor": 0.5,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 24,
+            "n_group": 4,
+            "topk_group": 2,
+            "routed_scaling_factor": 1.5,
+            "first_k_dense_replace": 1,
+            "num_hidden_layers": 3,
+        },
+    ),
+    # GLM-4.5-Air's: no QK-norm, one group, unscaled
+    "glm4_moe-air": (
+        "glm4_moe",
+        {
+            "head_dim": 16,
+            "attention_bias": True,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 24,
+        },
+    ),
+    # issue 18: MiniMax-M2's: QK-norm over the whole projection, RoPE on 8 of 16 channels
+    # (rotary_dim), sigmoid routing with the block's correction bias over 8 experts, top 2
+    "minimax_m2": (
+        "minimax_m2",
+        {
+            "head_dim": 16,
+            "rotary_dim": 8,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "intermediate_size": 24,
+        },
+    ),
 }
 
 
@@ -210,6 +257,9 @@ class TinyModel:
 
     cases: dict[str, tuple[str, dict]] = CASES
     small: dict = SMALL
+    # case -> the config.json keys its published checkpoints carry instead of transformers' own
+    # (Kimi-K2's model_type kimi_k2 and auto_map on a DeepseekV3 model)
+    published_as: ClassVar[dict[str, dict]] = {}
 
     def __init__(self, case: str, folder, **overrides) -> None:
         model_type, case_overrides = self.cases[case]
@@ -225,11 +275,19 @@ class TinyModel:
         self.model = model.eval()
         self.folder = folder
         model.save_pretrained(folder)
+        if case in self.published_as:  # a model_type transformers has no class of its own for
+            path = folder / "config.json"
+            d = json.loads(path.read_text())
+            path.write_text(json.dumps(d | self.published_as[case]))
         self.cfg = graphllm.load_config(folder)
         self.weights: dict | None = None
 
     def settle(self, model) -> None:
-        """Move what else the family keeps (buffers) off its initial value."""
+        """Move what else the family keeps (buffers) off its initial value: the routers'
+        correction biases (GLM-4.5, MiniMax-M2), so that they change which experts are chosen."""
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buf.copy_(0.05 * torch.randn_like(buf))
 
     def graph(self, seq_len: int = SEQ, past_len: int = 0, **build):
         wl = graphllm.Workload.with_dtype(

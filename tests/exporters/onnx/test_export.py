@@ -113,6 +113,16 @@ ORT_REFUSES = {
     "llama4_text-nope-chunked": "chunked attention (chunk 4); GroupQueryAttention has only a "
     "sliding window (local_window_size)"
 }
+# issue 18: GLM-4.5's partial RoPE, QKV bias, per-head QK-norm and DeepSeek-V3's routing
+# (correction bias, grouped top-k, shared expert, dense first layer); GLM-4.5-Air's; MiniMax-M2's
+# projection-wide QK-norm, rotary_dim and the block's correction bias. The ort lowering's MoE op
+# chooses and weights experts by one score, so it refuses the biased choice in one line
+BIASED_ROUTING = {
+    "glm4_moe": "routing the MoE op cannot do (mul_const weights)",  # routed_scaling_factor
+    "glm4_moe-air": "router.gather is gather_k, where topk was expected",
+    "minimax_m2": "router.gather is gather_k, where topk was expected",
+}
+LOWERED += [(ops, c) for c in BIASED_ROUTING for ops in ("decomposed", "standard")]
 # Phi-4-mini's attention: partial rotary and longrope, whose decode steps cross from the short
 # factors to the long ones (every lowering chooses per call, from position_ids)
 LOWERED += [(ops, "phi3-partial-longrope") for ops in ("decomposed", "standard", "ort")]
@@ -285,6 +295,14 @@ def test_ort_refuses_what_groupqueryattention_cannot_express_in_one_line(tiny_mo
     with pytest.raises(LoweringError, match="the ort lowering cannot express") as e:
         lower(graph, "ort")
     assert ORT_REFUSES[case] in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("case", BIASED_ROUTING)
+def test_ort_refuses_biased_routing_in_one_line(tiny_model, case):
+    graph = build_export_graph(tiny_model(case).cfg)
+    with pytest.raises(LoweringError, match="the ort lowering cannot express") as e:
+        lower(graph, "ort")
+    assert BIASED_ROUTING[case] in str(e.value) and "\n" not in str(e.value)
 
 
 def test_the_default_lowering_of_soft_capped_attention_is_decomposed(tiny_model):

@@ -149,6 +149,10 @@ def test_default_table():
         # issue 16): decomposed only
         fused = not cfg.is_mla
         want = "ort" if fused and cfg.attn_logit_softcapping is None else "decomposed"
+        if fused and cfg.topk_method == "noaux_tc":
+            # issue 18: GLM-4.5's and MiniMax-M2's biased expert choice is beyond the MoE op,
+            # not beyond opset 23's Attention and RotaryEmbedding
+            want = "standard"
         assert default_lowering(graph, "cpu") == want, name
         assert default_lowering(graph, "cuda") == "decomposed", name
     moe = _small("qwen3-30b-a3b")

@@ -1,0 +1,149 @@
+"""issue 18: GLM-4.5's multi-token-prediction layer through the one MTP mechanism (build_graph(...,
+mtp=True)), with GLM's checkpoint layout: layer L = num_hidden_layers (92 for GLM-4.5, 46 for
+GLM-4.5-Air) holds enorm, hnorm, eh_proj, shared_head.norm, shared_head.head, its own
+embed_tokens and a Glm4MoeDecoderLayer (MoE), as vLLM's glm4_moe_mtp.py and SGLang's
+glm4_moe_nextn.py load and run it. transformers' glm4_moe skips those tensors
+(_keys_to_ignore_on_load_unexpected), so the reference is tests/support/mtp.py's module assembled
+from transformers' Glm4MoeDecoderLayer and Glm4MoeRMSNorm: logits of the numpy interpreter and of
+the ONNX export on a tiny random checkpoint (prefill and cached steps), and the MTP part's matmul
+FLOPs under FlopCounterMode on the meta device.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+from transformers.models.glm4_moe import modeling_glm4_moe as hf_glm  # noqa: E402
+
+import graphllm  # noqa: E402
+from graphllm.build.builder import build_export_graph  # noqa: E402
+from graphllm.exporters.onnx import export_onnx  # noqa: E402
+from graphllm.models.config import PRESETS_DIR, config_from_dict  # noqa: E402
+from graphllm.passes import run  # noqa: E402
+from graphllm.passes.cost import scopes_of  # noqa: E402
+from graphllm.runtime.session import OnnxModel  # noqa: E402
+from tests.support.flop_counter import DEEPSEEK_WORKLOADS  # noqa: E402
+from tests.support.mtp import MTPReference, TinyMTP  # noqa: E402
+from tests.support.tiny_models import BATCH, SEQ, SMALL, TinyModel  # noqa: E402
+
+ATOL, STEPS = 1e-4, 3
+GLM = (hf_glm.Glm4MoeDecoderLayer, hf_glm.Glm4MoeRMSNorm)
+
+
+@pytest.fixture(scope="module")
+def glm_mtp(tmp_path_factory):
+    base = TinyModel("glm4_moe", tmp_path_factory.mktemp("glm-mtp"))
+    assert base.cfg.num_nextn_predict_layers == 1 and base.cfg.mtp_moe_layers == (True,)
+    return TinyMTP(base, *GLM)
+
+
+def _ids(seed: int, seq: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, SMALL["vocab_size"], (BATCH, seq))
+
+
+def _presents(out: dict) -> dict:
+    return {k: v for k, v in out.items() if k.startswith("present.")}
+
+
+def test_glm_mtp_logits_equal_the_reference_prefill_and_cached_steps(glm_mtp):
+    ids, mids = _ids(1, SEQ), _ids(2, SEQ)
+    ours = glm_mtp.run(ids, mids)
+    np.testing.assert_allclose(ours["mtp.1.logits"], glm_mtp.hf(ids, mids), atol=ATOL, rtol=0)
+    np.testing.assert_allclose(
+        ours["logits"], glm_mtp.base.hf(ids).logits.numpy(), atol=ATOL, rtol=0
+    )  # the main model is untouched
+    for step in range(STEPS):
+        past = _presents(ours)
+        assert f"present.{glm_mtp.layer}.key" in past  # the MTP block's own cache
+        nxt, mnxt = _ids(100 + step, 1), _ids(200 + step, 1)
+        ids, mids = np.concatenate([ids, nxt], 1), np.concatenate([mids, mnxt], 1)
+        ours = glm_mtp.run(nxt, mnxt, past=past)
+        want = glm_mtp.hf(ids, mids)[:, -1:]
+        np.testing.assert_allclose(
+            ours["mtp.1.logits"], want, atol=ATOL, rtol=0, err_msg=f"step {step}"
+        )
+
+
+def test_glm_mtp_export_equals_the_interpreter(glm_mtp, tmp_path):
+    path = tmp_path / "glm-mtp.onnx"
+    graph = build_export_graph(glm_mtp.base.cfg, mtp=True)
+    export_onnx(graph, path, weights=glm_mtp.base.folder, ops="decomposed")
+    session = OnnxModel(path, device="cpu")
+    ids, mids = _ids(1, SEQ), _ids(2, SEQ)
+    ours = session.forward(ids, extra={"mtp.1.input_ids": mids})
+    interp = glm_mtp.run(ids, mids)
+    for step in range(STEPS):
+        for k in ("logits", "mtp.1.logits", f"present.{glm_mtp.layer}.key"):
+            np.testing.assert_allclose(ours[k], interp[k], atol=ATOL, rtol=0, err_msg=k)
+        nxt, mnxt = _ids(100 + step, 1), _ids(200 + step, 1)
+        past, ipast = _presents(ours), _presents(interp)
+        ours = session.forward(nxt, past=past, extra={"mtp.1.input_ids": mnxt})
+        interp = glm_mtp.run(nxt, mnxt, ipast)
+
+
+# -- FLOPs: GLM-4.5 cut to 2 layers (a dense one, a MoE one); the MTP layer is layer 2 --------
+
+
+def _glm45_two_layers():
+    d = json.loads((PRESETS_DIR / "glm4.5.json").read_text())
+    d = {k: v for k, v in d.items() if not k.startswith("_")}
+    d |= {"num_hidden_layers": 2, "first_k_dense_replace": 1}
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(
+            transformers.AutoConfig.for_model(**d),
+            attn_implementation="sdpa",
+            experts_implementation="batched_mm",
+        )
+    return config_from_dict(dict(d), "glm4.5"), model.eval()
+
+
+def _mtp_matmul(cfg, workload: dict) -> int:
+    g = graphllm.build_graph(cfg, graphllm.Workload(**workload), mtp=True)
+    run(g, ["cost"])
+    mtp_nodes = [n for n in g.nodes() if any(k == "mtp" for _, k in scopes_of(g, n.name))]
+    return round(sum(n.meta["cost"].matmul for n in mtp_nodes if "cost" in n.meta))
+
+
+def _counted(model, workload: dict) -> int:
+    b, t, p = workload["batch"], workload["seq_len"], workload.get("past_len", 0)
+    d = model.config.hidden_size
+
+    def step(ref, start: int, n: int, cache, last: bool = False):
+        hidden = torch.zeros((b, n, d))
+        pe = model.model.rotary_emb(hidden, torch.arange(start, start + n)[None].expand(b, -1))
+        mask = torch.zeros((1, 1, n, start + n))
+        return ref(torch.zeros((b, n), dtype=torch.long), hidden, pe, mask, last, cache)
+
+    with torch.device("meta"), torch.no_grad():
+        ref = MTPReference(model.config, model.config.num_hidden_layers, *GLM).eval()
+        cache = transformers.DynamicCache()
+        if p:
+            step(ref, 0, p, cache)
+        counter = FlopCounterMode(display=False)
+        with counter:
+            step(ref, p, t, cache, last=workload.get("logits") == "last")
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("workload", DEEPSEEK_WORKLOADS.values(), ids=DEEPSEEK_WORKLOADS.keys())
+def test_glm_mtp_matmul_flops_equal_flop_counter(workload):
+    cfg, model = _glm45_two_layers()
+    assert _mtp_matmul(cfg, workload) == _counted(model, workload) > 0
+
+
+def test_glm_mtp_follows_the_main_model_and_is_counted_apart():
+    g = graphllm.build_graph(
+        graphllm.load_config("glm4.5-air"), graphllm.Workload(seq_len=4), mtp=True
+    )
+    assert [m["prefix"] for m in g.meta["mtp"]] == ["model.layers.46"]
+    assert g["model.layers.46.hnorm"].inputs[0].node == "model.norm"
+    assert "model.layers.46.mlp.gate.e_score_correction_bias" in g  # the layer is MoE
+    p = run(g, ["params"])["params"]
+    assert p.total - p.mtp == 106_852_251_264  # the main model, counted apart
