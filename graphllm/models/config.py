@@ -1088,20 +1088,12 @@ def _rope(
         raise ConfigError(f"{where} has type {shown(t4)} and rope_type {shown(t5)}; give one")
     rtype = _str(f"{where}.rope_type", t5 if t5 is not None else (t4 or "default"))
     if rtype not in fam.rope_types:
-        known = ", ".join(fam.rope_types)
-        raise ConfigError(
-            f"{where}: rope type {shown(rtype)} is not modelled for {model_type} (modelled: {known})"
-        )
+        raise ConfigError(_rope_type_refusal(where, rtype, fam, model_type))
     theta = _rope_theta(raw.pop("rope_theta", None), v["rope_theta"], fam, where)
     prf = raw.pop("partial_rotary_factor", None)
     if not fam.partial_rotary:
-        if prf is not None and (
-            not isinstance(prf, (int, float)) or isinstance(prf, bool) or prf != 1
-        ):
-            raise ConfigError(
-                f"{where}.partial_rotary_factor={shown(prf)} is not modelled for {model_type} "
-                "(transformers rotates the whole head)"
-            )
+        if _partial_rotary(prf):
+            raise ConfigError(_partial_rotary_refusal(where, prf, model_type))
     elif prf is not None:
         prf = _pos_float(f"{where}.partial_rotary_factor", prf)
         top = v.get("partial_rotary_factor")
@@ -1118,6 +1110,61 @@ def _rope(
 
 
 _LAYER_TYPE_ROPES = (FULL, SLIDING)
+
+
+def _act_refusal(act: Any, fam: Family, mt: str) -> str:
+    return (
+        f"{fam.act_field} {shown(act)} is not modelled for {mt} (modelled: {', '.join(fam.acts)})"
+    )
+
+
+def _rope_type_refusal(where: str, rtype: str, fam: Family, mt: str) -> str:
+    known = ", ".join(fam.rope_types)
+    return f"{where}: rope type {shown(rtype)} is not modelled for {mt} (modelled: {known})"
+
+
+def _partial_rotary(prf: Any) -> bool:
+    """Whether a rope section's partial_rotary_factor rotates less than the whole head."""
+    return prf is not None and (
+        not isinstance(prf, (int, float)) or isinstance(prf, bool) or prf != 1
+    )
+
+
+def _partial_rotary_refusal(where: str, prf: Any, mt: str) -> str:
+    return (
+        f"{where}.partial_rotary_factor={shown(prf)} is not modelled for {mt} "
+        "(transformers rotates the whole head)"
+    )
+
+
+def _unmodelled_features(given: dict, fam: Family, mt: str) -> list[str]:
+    """The activation and RoPE features of the raw values that graphllm does not model, worded
+    as the later checks word them, so that one line names them beside the refused fields
+    (Phi-4-mini's path: one refusal at a time is what a user should not meet)."""
+    out = []
+    act = given.get(fam.act_field)
+    if isinstance(act, str) and act not in fam.acts:
+        out.append(_act_refusal(act, fam, mt))
+    for where in ("rope_scaling", "rope_parameters"):
+        raw = given.get(where)
+        if not isinstance(raw, dict):
+            continue
+        by_type = fam.rope_by_layer_type and where == "rope_parameters"
+        sections = (
+            [(f"{where}.{k}", raw[k]) for k in _LAYER_TYPE_ROPES if isinstance(raw.get(k), dict)]
+            if by_type and raw and set(raw) <= set(_LAYER_TYPE_ROPES)
+            else [(where, raw)]
+        )
+        for name, section in sections:
+            t4, t5 = section.get("type"), section.get("rope_type")
+            rtype = t5 if t5 is not None else (t4 or "default")
+            agree = t4 is None or t5 is None or t4 == t5  # else the later check names the clash
+            if isinstance(rtype, str) and agree and rtype not in fam.rope_types:
+                out.append(_rope_type_refusal(name, rtype, fam, mt))
+            prf = section.get("partial_rotary_factor")
+            if not fam.partial_rotary and _partial_rotary(prf):
+                out.append(_partial_rotary_refusal(name, prf, mt))
+    return out
 
 
 def _ropes_by_layer_type(v: dict, fam: Family, mt: str) -> tuple[RopeConfig, RopeConfig]:
@@ -1328,6 +1375,7 @@ def _collect(d: dict, fam: Family, mt: str) -> dict[str, Any]:
 
     if fam.unmodelled is not None:
         unmodelled += fam.unmodelled(given)
+    unmodelled += _unmodelled_features(given, fam, mt)
     if unmodelled:
         raise ConfigError("; ".join(unmodelled))
     v: dict[str, Any] = {}
@@ -1437,10 +1485,7 @@ def config_from_dict(d: dict, name: str) -> ModelConfig:
         kv, head_dim = _attention_shape(v)
     act = fam.acts.get(v[fam.act_field])
     if act is None:
-        raise ConfigError(
-            f"{fam.act_field} {shown(v[fam.act_field])} is not modelled for {mt} "
-            f"(modelled: {', '.join(fam.acts)})"
-        )
+        raise ConfigError(_act_refusal(v[fam.act_field], fam, mt))
     types, window = _layer_types(v, fam, mt)
     n = v["num_hidden_layers"]
     kw: dict[str, Any] = {

@@ -557,6 +557,30 @@ def test_every_unmodelled_field_is_named_in_one_line():
         assert part in msg
 
 
+def test_unmodelled_rope_and_activation_join_the_one_line():
+    # issue 16 audit: an unmodelled RoPE type or activation was refused only after every field
+    # had been fixed, a second round trip the one line is there to spare
+    d = {**C._load_preset("gemma2-9b")[0], "pretraining_tp": 2, "hidden_activation": "relu"}
+    d["rope_scaling"] = {"rope_type": "dynamic", "factor": 2.0}
+    msg = error(d)
+    assert "\n" not in msg
+    for part in ("pretraining_tp=2", "rope type 'dynamic'", "hidden_activation 'relu'"):
+        assert part in msg
+    g3 = {**C._load_preset("gemma3-1b")[0], "foo": 1}
+    g3["rope_parameters"] = {
+        "full_attention": {"rope_type": "dynamic", "factor": 2.0},
+        "sliding_attention": {"rope_type": "default", "partial_rotary_factor": 0.5},
+    }
+    g3.pop("rope_scaling", None)
+    msg = error(g3)
+    for part in (
+        "unknown field 'foo'",
+        "rope_parameters.full_attention: rope type 'dynamic'",
+        "rope_parameters.sliding_attention.partial_rotary_factor=0.5",
+    ):
+        assert part in msg
+
+
 def test_phi4_mini_loads_as_published():
     c = load_config("phi4-mini")
     assert (c.head_dim, c.rotary_dim, c.rope.type) == (128, 96, "longrope")
