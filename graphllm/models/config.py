@@ -1576,6 +1576,24 @@ def preset_name(name: str) -> str:
     return folded.get(name.lower(), name)
 
 
+def preset_of_repo_id(repo_id: str) -> str | None:
+    """The preset a Hub repo id names (`google/gemma-2-9b`): the one published under it, or an
+    alias of a preset published by the same owner (`google/gemma-3-1b-pt`); None for any
+    other, so that a fine-tune under another owner is never read as the base model's preset."""
+    owner, _, repo = repo_id.partition("/")
+    if not owner or not repo or "/" in repo or len(repo_id) >= 256:
+        return None
+    aliases = {a.lower(): p for a, p in preset_aliases().items()}
+    for name in preset_names():
+        source = str(_read(_preset_path(name)).get("_source", ""))
+        if source.lower() == repo_id.lower():
+            return name
+        same_owner = source.lower().partition("/")[0] == owner.lower()
+        if same_owner and aliases.get(repo.lower(), repo.lower()) == name:
+            return name
+    return None
+
+
 def _load_preset(name: str) -> tuple[dict, str]:
     """A preset's published config.json (without the `_` notes) and its HF repo id."""
     name = preset_name(name)
@@ -1622,6 +1640,12 @@ def load_config(source: str | Path | dict) -> ModelConfig:
         raise ConfigError(
             f"a config source must be a path, preset name or dict, got {_describe(source)}"
         )
+    # the Hub's own spelling of a preset's model, where no such file exists here
+    missing = isinstance(source, str) and file_mode(source) is None
+    repo_preset = preset_of_repo_id(source) if missing else None
+    if repo_preset is not None:
+        d, _ = _load_preset(repo_preset)
+        return config_from_dict(d, repo_preset)
     path = Path(source)
     mode = file_mode(path)
     if mode is not None and stat.S_ISDIR(mode):

@@ -931,6 +931,28 @@ def test_hub_spellings_are_preset_aliases(alias, preset):
     assert alias in listed
 
 
+# issue 16 audit: the Hub repo id a user copies from the model page names the preset too
+@pytest.mark.parametrize(
+    ("repo_id", "preset"),
+    [("google/gemma-2-9b", "gemma2-9b"), ("google/gemma-3-1b-pt", "gemma3-1b"),
+     ("microsoft/Phi-4-mini-instruct", "phi4-mini"), ("allenai/olmo-2-1124-7b", "olmo2-7b")],
+)  # fmt: skip
+def test_hub_repo_ids_name_presets(repo_id, preset):
+    assert load_config(repo_id) == load_config(preset)
+    assert load_config(repo_id).name == preset
+
+
+def test_a_repo_id_of_another_owner_is_no_preset(tmp_path, monkeypatch):
+    # a fine-tune's config may differ from its base model's: only the owner's own names map
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config("someone/gemma-2-9b")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "google").mkdir()
+    (tmp_path / "google" / "gemma-2-9b").write_text('{"model_type": "llama"}')
+    with pytest.raises(ConfigError, match="unsupported config file type"):  # the file wins
+        load_config("google/gemma-2-9b")
+
+
 # issue 16: Gemma 2
 def test_gemma2():
     c = load_config("gemma2-9b")
