@@ -132,7 +132,24 @@ def test_long_sequences_use_intervals_equal_to_exact_sets():
 
 @pytest.mark.parametrize(
     "preset",
-    ["llama3-8b", "mistral-7b", "qwen1.5-moe-a2.7b", "mixtral-8x7b", "gemma2-9b", "gemma3-1b"],
+    [
+        "llama3-8b",
+        "mistral-7b",
+        "qwen1.5-moe-a2.7b",
+        "mixtral-8x7b",
+        "gemma2-9b",
+        "gemma3-1b",
+        # issue 16 audit: the other families' layer patterns, observed too (Cohere 2's window
+        # layers beside its global NoPE one, SmolLM3's NoPE layers, the parallel block,
+        # post-norms, muP multipliers, partial rotary with longrope)
+        "command-r7b",
+        "command-r",
+        "smollm3-3b",
+        "olmo2-7b",
+        "granite-3.3-8b",
+        "phi4-mini",  # its small instance once crashed: rotary_dim 96 beside head_dim 8
+        "phi3.5-mini",  # and 48 longrope factors for 4 pairs
+    ],
 )
 def test_prediction_matches_perturbation(preset):
     check = check_token_mixing(load_config(preset), seq_len=10)
