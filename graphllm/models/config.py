@@ -1244,20 +1244,12 @@ def _rope(
         raise ConfigError(f"{where} has type {shown(t4)} and rope_type {shown(t5)}; give one")
     rtype = _str(f"{where}.rope_type", t5 if t5 is not None else (t4 or "default"))
     if rtype not in fam.rope_types:
-        known = ", ".join(fam.rope_types)
-        raise ConfigError(
-            f"{where}: rope type {shown(rtype)} is not modelled for {model_type} (modelled: {known})"
-        )
+        raise ConfigError(_rope_type_refusal(where, rtype, fam, model_type))
     theta = _rope_theta(raw.pop("rope_theta", None), v["rope_theta"], fam, where)
     prf = raw.pop("partial_rotary_factor", None)
     if not fam.partial_rotary:
-        if prf is not None and (
-            not isinstance(prf, (int, float)) or isinstance(prf, bool) or prf != 1
-        ):
-            raise ConfigError(
-                f"{where}.partial_rotary_factor={shown(prf)} is not modelled for {model_type} "
-                "(transformers rotates the whole head)"
-            )
+        if _partial_rotary(prf):
+            raise ConfigError(_partial_rotary_refusal(where, prf, model_type))
     elif prf is not None:
         prf = _pos_float(f"{where}.partial_rotary_factor", prf)
         top = v.get("partial_rotary_factor")
@@ -1274,6 +1266,61 @@ def _rope(
 
 
 _LAYER_TYPE_ROPES = (FULL, SLIDING)
+
+
+def _act_refusal(act: Any, fam: Family, mt: str) -> str:
+    return (
+        f"{fam.act_field} {shown(act)} is not modelled for {mt} (modelled: {', '.join(fam.acts)})"
+    )
+
+
+def _rope_type_refusal(where: str, rtype: str, fam: Family, mt: str) -> str:
+    known = ", ".join(fam.rope_types)
+    return f"{where}: rope type {shown(rtype)} is not modelled for {mt} (modelled: {known})"
+
+
+def _partial_rotary(prf: Any) -> bool:
+    """Whether a rope section's partial_rotary_factor rotates less than the whole head."""
+    return prf is not None and (
+        not isinstance(prf, (int, float)) or isinstance(prf, bool) or prf != 1
+    )
+
+
+def _partial_rotary_refusal(where: str, prf: Any, mt: str) -> str:
+    return (
+        f"{where}.partial_rotary_factor={shown(prf)} is not modelled for {mt} "
+        "(transformers rotates the whole head)"
+    )
+
+
+def _unmodelled_features(given: dict, fam: Family, mt: str) -> list[str]:
+    """The activation and RoPE features of the raw values that graphllm does not model, worded
+    as the later checks word them, so that one line names them beside the refused fields
+    (Phi-4-mini's path: one refusal at a time is what a user should not meet)."""
+    out = []
+    act = given.get(fam.act_field)
+    if isinstance(act, str) and act not in fam.acts:
+        out.append(_act_refusal(act, fam, mt))
+    for where in ("rope_scaling", "rope_parameters"):
+        raw = given.get(where)
+        if not isinstance(raw, dict):
+            continue
+        by_type = fam.rope_by_layer_type and where == "rope_parameters"
+        sections = (
+            [(f"{where}.{k}", raw[k]) for k in _LAYER_TYPE_ROPES if isinstance(raw.get(k), dict)]
+            if by_type and raw and set(raw) <= set(_LAYER_TYPE_ROPES)
+            else [(where, raw)]
+        )
+        for name, section in sections:
+            t4, t5 = section.get("type"), section.get("rope_type")
+            rtype = t5 if t5 is not None else (t4 or "default")
+            agree = t4 is None or t5 is None or t4 == t5  # else the later check names the clash
+            if isinstance(rtype, str) and agree and rtype not in fam.rope_types:
+                out.append(_rope_type_refusal(name, rtype, fam, mt))
+            prf = section.get("partial_rotary_factor")
+            if not fam.partial_rotary and _partial_rotary(prf):
+                out.append(_partial_rotary_refusal(name, prf, mt))
+    return out
 
 
 def _ropes_by_layer_type(v: dict, fam: Family, mt: str) -> tuple[RopeConfig, RopeConfig]:
@@ -1484,6 +1531,7 @@ def _collect(d: dict, fam: Family, mt: str) -> dict[str, Any]:
 
     if fam.unmodelled is not None:
         unmodelled += fam.unmodelled(given)
+    unmodelled += _unmodelled_features(given, fam, mt)
     if unmodelled:
         raise ConfigError("; ".join(unmodelled))
     v: dict[str, Any] = {}
@@ -1611,10 +1659,7 @@ def config_from_dict(d: dict, name: str) -> ModelConfig:
         kv, head_dim = _attention_shape(v)
     act = fam.acts.get(v[fam.act_field])
     if act is None:
-        raise ConfigError(
-            f"{fam.act_field} {shown(v[fam.act_field])} is not modelled for {mt} "
-            f"(modelled: {', '.join(fam.acts)})"
-        )
+        raise ConfigError(_act_refusal(v[fam.act_field], fam, mt))
     types, window = _layer_types(v, fam, mt)
     n = v["num_hidden_layers"]
     kw: dict[str, Any] = {
@@ -1706,6 +1751,24 @@ def preset_name(name: str) -> str:
     return folded.get(name.lower(), name)
 
 
+def preset_of_repo_id(repo_id: str) -> str | None:
+    """The preset a Hub repo id names (`google/gemma-2-9b`): the one published under it, or an
+    alias of a preset published by the same owner (`google/gemma-3-1b-pt`); None for any
+    other, so that a fine-tune under another owner is never read as the base model's preset."""
+    owner, _, repo = repo_id.partition("/")
+    if not owner or not repo or "/" in repo or len(repo_id) >= 256:
+        return None
+    aliases = {a.lower(): p for a, p in preset_aliases().items()}
+    for name in preset_names():
+        source = str(_read(_preset_path(name)).get("_source", ""))
+        if source.lower() == repo_id.lower():
+            return name
+        same_owner = source.lower().partition("/")[0] == owner.lower()
+        if same_owner and aliases.get(repo.lower(), repo.lower()) == name:
+            return name
+    return None
+
+
 def _load_preset(name: str) -> tuple[dict, str]:
     """A preset's published config.json (without the `_` notes) and its HF repo id."""
     name = preset_name(name)
@@ -1752,6 +1815,12 @@ def load_config(source: str | Path | dict) -> ModelConfig:
         raise ConfigError(
             f"a config source must be a path, preset name or dict, got {_describe(source)}"
         )
+    # the Hub's own spelling of a preset's model, where no such file exists here
+    missing = isinstance(source, str) and file_mode(source) is None
+    repo_preset = preset_of_repo_id(source) if missing else None
+    if repo_preset is not None:
+        d, _ = _load_preset(repo_preset)
+        return config_from_dict(d, repo_preset)
     path = Path(source)
     mode = file_mode(path)
     if mode is not None and stat.S_ISDIR(mode):

@@ -37,8 +37,20 @@ def small_instance(cfg: ModelConfig, seq_len: int = 12) -> ModelConfig:
     if chunk is not None:
         chunk = min(chunk, max(2, seq_len // 3))
     experts = min(cfg.num_experts, 8)
+    # partial rotary at about its share of the 8-wide head (Phi-4-mini: 6 of 8), and longrope's
+    # per-pair factors thinned to the pairs left, else the toy head could not hold them
+    rotary = min(8, max(2, 2 * round(4 * cfg.rotary_dim / cfg.head_dim))) if cfg.rotary_dim else 0
+    pairs = (rotary or 8) // 2
+
+    def thin(factors: tuple[float, ...]) -> tuple[float, ...]:
+        return factors[:: max(1, len(factors) // pairs)][:pairs] if factors else factors
+
+    rope = replace(cfg.rope, short_factor=thin(cfg.rope.short_factor))
+    rope = replace(rope, long_factor=thin(cfg.rope.long_factor))
     small = replace(
         cfg,
+        rotary_dim=rotary,
+        rope=rope,
         name=f"{cfg.name} (small instance)",
         vocab_size=97,
         hidden_size=32,

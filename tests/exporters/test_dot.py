@@ -557,3 +557,20 @@ def test_llama4_model_view_marks_chunked_and_nope_layers(tmp_path, renderer):
     att1 = "model.layers.1.self_attn"
     assert "⌊(i + 1) / 4⌋" in pic.text(f"{att1}.attn_temperature#0")
     assert "chunked" not in pic.text(f"{att1}.core.mask#0")
+
+
+# -- issue 16 audit: the model view of the presets whose NoPE layers had no test ----------------
+@pytest.mark.parametrize(
+    ("preset", "local", "nope"),
+    [("command-r7b", "window 4096", "NoPE"), ("smollm3-3b", None, "NoPE")],
+)
+def test_model_view_marks_window_and_nope_layers_of_the_presets(
+    tmp_path, renderer, preset, local, nope
+):
+    # Cohere 2: layers 0-2 a window with RoPE, layer 3 global without; SmolLM3: layer 3 NoPE
+    cfg = load_config(preset).with_layers(4)
+    pic = draw(tmp_path, build_graph(cfg, Workload(seq_len=3)), "model", renderer)
+    first, fourth = pic.text("blocks:0"), pic.text("blocks:3")  # runs named by their first layer
+    assert nope not in first and nope in fourth
+    if local is not None:
+        assert local in first and "window" not in fourth

@@ -558,6 +558,30 @@ def test_every_unmodelled_field_is_named_in_one_line():
         assert part in msg
 
 
+def test_unmodelled_rope_and_activation_join_the_one_line():
+    # issue 16 audit: an unmodelled RoPE type or activation was refused only after every field
+    # had been fixed, a second round trip the one line is there to spare
+    d = {**C._load_preset("gemma2-9b")[0], "pretraining_tp": 2, "hidden_activation": "relu"}
+    d["rope_scaling"] = {"rope_type": "dynamic", "factor": 2.0}
+    msg = error(d)
+    assert "\n" not in msg
+    for part in ("pretraining_tp=2", "rope type 'dynamic'", "hidden_activation 'relu'"):
+        assert part in msg
+    g3 = {**C._load_preset("gemma3-1b")[0], "foo": 1}
+    g3["rope_parameters"] = {
+        "full_attention": {"rope_type": "dynamic", "factor": 2.0},
+        "sliding_attention": {"rope_type": "default", "partial_rotary_factor": 0.5},
+    }
+    g3.pop("rope_scaling", None)
+    msg = error(g3)
+    for part in (
+        "unknown field 'foo'",
+        "rope_parameters.full_attention: rope type 'dynamic'",
+        "rope_parameters.sliding_attention.partial_rotary_factor=0.5",
+    ):
+        assert part in msg
+
+
 def test_phi4_mini_loads_as_published():
     c = load_config("phi4-mini")
     assert (c.head_dim, c.rotary_dim, c.rope.type) == (128, 96, "longrope")
@@ -920,6 +944,28 @@ def test_hub_spellings_are_preset_aliases(alias, preset):
     assert load_config(alias).name == preset
     listed = dict(C.list_presets())[preset]
     assert alias in listed
+
+
+# issue 16 audit: the Hub repo id a user copies from the model page names the preset too
+@pytest.mark.parametrize(
+    ("repo_id", "preset"),
+    [("google/gemma-2-9b", "gemma2-9b"), ("google/gemma-3-1b-pt", "gemma3-1b"),
+     ("microsoft/Phi-4-mini-instruct", "phi4-mini"), ("allenai/olmo-2-1124-7b", "olmo2-7b")],
+)  # fmt: skip
+def test_hub_repo_ids_name_presets(repo_id, preset):
+    assert load_config(repo_id) == load_config(preset)
+    assert load_config(repo_id).name == preset
+
+
+def test_a_repo_id_of_another_owner_is_no_preset(tmp_path, monkeypatch):
+    # a fine-tune's config may differ from its base model's: only the owner's own names map
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config("someone/gemma-2-9b")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "google").mkdir()
+    (tmp_path / "google" / "gemma-2-9b").write_text('{"model_type": "llama"}')
+    with pytest.raises(ConfigError, match="unsupported config file type"):  # the file wins
+        load_config("google/gemma-2-9b")
 
 
 # issue 16: Gemma 2

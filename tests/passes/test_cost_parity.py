@@ -217,3 +217,48 @@ def test_sliding_window_cache_rolls_like_transformers():
     cfg, _ = _models(model_id)
     graph = build_graph(cfg, Workload(**workload))
     assert graph.type_of(graph.outputs["present.0.key"]).shape(graph.bindings)[2] == 31 + 16
+
+
+NUMBER_WORDS = {
+    w: i + 1
+    for i, w in enumerate(
+        [
+            "one",
+            "two",
+            "three",
+            "four",
+            "five",
+            "six",
+            "seven",
+            "eight",
+            "nine",
+            "ten",
+            "eleven",
+            "twelve",
+            "thirteen",
+            "fourteen",
+            "fifteen",
+            "sixteen",
+            "seventeen",
+            "eighteen",
+            "nineteen",
+            "twenty",
+        ]
+    )
+}
+
+
+def test_docs_count_the_models_table():
+    # issue 16 audit: the pages said "twelve presets of ten families" long after the table grew
+    import re
+
+    from graphllm.models.config import load_config
+    from tests.support.paths import REPO
+
+    presets = {p for p, _ in MODELS.values()}
+    families = {load_config(p).model_type for p in presets}
+    for page in ("docs/costs.md", "docs/checked-against.md"):
+        text = (REPO / page).read_text(encoding="utf-8")
+        m = re.search(r"(\w+) presets of (\w+) families", text)
+        assert m, page
+        assert (NUMBER_WORDS.get(m[1]), NUMBER_WORDS.get(m[2])) == (len(presets), len(families))

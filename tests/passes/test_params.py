@@ -37,11 +37,16 @@ PUBLISHED = {
     "command-r7b": 8_028_033_024,
     # Gemma 2 9B: the Hub's safetensors index total (a tied head, four norms per block)
     "gemma2-9b": 9_241_705_984,
+    # Gemma 3 1B: keras-hub's gemma3_1b / gemma3_instruct_1b preset metadata
+    # (keras-team/keras-hub, keras_hub/src/models/gemma3/gemma3_presets.py), a tied head
+    "gemma3-1b": 999_885_952,
 }
 # presets without a published exact count that holds every stored tensor: transformers' own
 # model only (keras-hub's smollm3_3b_en says 3,075,100,928, 2,304 = 36 x 64 above the
-# checkpoint's tensors, which transformers' SmolLM3-3B holds)
-META_ONLY = ["smollm3-3b", "gemma3-1b", "gemma3-27b"]
+# checkpoint's tensors, which transformers' SmolLM3-3B holds). Gemma 3 27B: keras-hub's
+# gemma3_27b_text says 27,009,002,240, 64 x 5376 below the 262,208-row embedding the Hub's
+# text_config (and transformers' model) holds
+META_ONLY = ["smollm3-3b", "gemma3-27b"]
 # active per token, as the authors state them (rounded in their names: A2.7B, A3B, 12.9B)
 ACTIVE_ROUNDED = {"mixtral-8x7b": 12.9e9, "qwen1.5-moe-a2.7b": 2.7e9, "qwen3-30b-a3b": 3.3e9}
 

@@ -145,6 +145,16 @@ def test_long_sequences_use_intervals_equal_to_exact_sets():
         "gemma3-1b",
         "glm4.5-air",  # issue 18
         "minimax-m2",  # issue 18
+        # issue 16 audit: the other families' layer patterns, observed too (Cohere 2's window
+        # layers beside its global NoPE one, SmolLM3's NoPE layers, the parallel block,
+        # post-norms, muP multipliers, partial rotary with longrope)
+        "command-r7b",
+        "command-r",
+        "smollm3-3b",
+        "olmo2-7b",
+        "granite-3.3-8b",
+        "phi4-mini",  # its small instance once crashed: rotary_dim 96 beside head_dim 8
+        "phi3.5-mini",  # and 48 longrope factors for 4 pairs
     ],
 )
 def test_prediction_matches_perturbation(preset):

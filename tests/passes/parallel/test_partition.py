@@ -78,6 +78,24 @@ CONFIGS = {
         "attn_scale": 0.5,
     },
 }
+# issue 16 audit: Granite's muP multipliers (embedding, score, residual, logits) and SmolLM3's
+# NoPE layers (1 and 3) with their sliding window of 5, under the same strategies
+CONFIGS["granite"] = {
+    **TINY,
+    "model_type": "granite",
+    "embedding_multiplier": 3.0,
+    "attention_multiplier": 0.2,
+    "residual_multiplier": 0.7,
+    "logits_scaling": 3.0,
+}
+CONFIGS["smollm3"] = {
+    **TINY,
+    "model_type": "smollm3",
+    "num_hidden_layers": 4,
+    "no_rope_layer_interval": 2,
+    "use_sliding_window": True,
+    "sliding_window": 5,
+}
 # Phi-4-mini's attention: RoPE on half of each head, and longrope switching to its long factors
 # inside the 8-token call (original context 6)
 CONFIGS["phi3-partial"] = {**CONFIGS["phi3"], "partial_rotary_factor": 0.5}
@@ -278,6 +296,13 @@ def test_balance_minimises_the_slowest_stage():
         ("llama4", Strategy(cp=2), {}),
         ("llama4", Strategy(cp=4, tp=2), {"past_len": 6, "seq_len": 4}),  # rolled chunk cache
         ("llama4", Strategy(dp=2, pp=2), {"past_len": 5, "seq_len": 3}),
+        # issue 16 audit: the families that had no partitioned run
+        ("granite", Strategy(tp=2, sp=True, pp=2), {}),
+        ("granite", Strategy(tp=2, cp=2), {"past_len": 5, "seq_len": 4}),
+        ("smollm3", Strategy(tp=2, sp=True, pp=2), {}),
+        ("smollm3", Strategy(cp=4, tp=2), {"past_len": 6, "seq_len": 4}),  # rolling window
+        ("cohere2", Strategy(tp=2, sp=True), {}),
+        ("cohere2", Strategy(cp=2), {}),
     ],
     ids=lambda v: v.describe().replace(" ", ",") if isinstance(v, Strategy) else None,
 )
