@@ -6,6 +6,8 @@
 - kv_cache: the present K/V of every layer at the KV dtype: B x (P + T) positions for a full
   attention layer, fewer for one that keeps a window; `kv_cache_full` is what the same cache
   would hold with full attention on every layer (their difference: what the windows save).
+  `kv_cache_kept` is what stays held for the next step: a window (chunk) layer keeps its last
+  W - 1 (C - 1) positions, as transformers' cache does, where a prefill attended over all T.
 - activations: the peak of a liveness walk over the graph in its topological order: a tensor is
   held from the op that writes it until its last reader runs; views share their source's memory;
   with fused (flash) attention the (query, key) score tensors are never held.
@@ -16,7 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from graphllm.ir import Graph, TensorType
+from graphllm.ir import TOKEN_ROLES, Graph, TensorType
 from graphllm.models.workload import nbytes
 from graphllm.ops import OPS, SOURCE
 from graphllm.passes.attention_region import core_attention_region
@@ -33,6 +35,7 @@ class MemoryReport:
     activations: float  # peak live activation bytes
     peak_at: str  # the node during which the peak occurs
     kv_cache_full: float = 0.0  # the cache with every layer holding all P + T positions
+    kv_cache_kept: float = 0.0  # what the next step reads back: windows keep W - 1 positions
 
     @property
     def total(self) -> float:
@@ -59,8 +62,25 @@ def memory_pass(
     presents = set(graph.cache_outputs().values())
     kv = sum(cache_bytes(graph, graph.type_of(r)) for r in presents)
     full = sum(_full_attention_bytes(graph, graph.type_of(r)) for r in presents)
+    kept = sum(_kept_bytes(graph, name, r) for name, r in graph.cache_outputs().items())
     peak, at = peak_activations(graph, attention)
-    return MemoryReport(weights, active, by_dtype, kv, peak, at, full)
+    return MemoryReport(weights, active, by_dtype, kv, peak, at, full, kept)
+
+
+def _kept_bytes(graph: Graph, name: str, ref: Any) -> float:
+    """`cache_bytes` of the cache output `name` cut to the positions the next step reads back
+    (graph.meta['cache_keeps']: a window or chunk layer's span - 1)."""
+    t = graph.type_of(ref)
+    n = cache_bytes(graph, t)
+    keep = graph.meta.get("cache_keeps", {}).get(name)
+    if keep is None:
+        return n
+    for d in t.dims:
+        if d.role in TOKEN_ROLES:  # a prefill's present is indexed by the new tokens
+            start, stop = d.position_range(graph.bindings)
+            if stop - start > keep:
+                n *= keep / (stop - start)
+    return n
 
 
 def _full_attention_bytes(graph: Graph, t: TensorType) -> float:

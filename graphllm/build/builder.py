@@ -325,6 +325,12 @@ class _Builder:
             v = g.add("kv_concat", f"{p}.v_cache", (past_v, v), {"axes": {"s": keys}})
         g.set_output(f"present.{i}.key", k, CACHE)
         g.set_output(f"present.{i}.value", v, CACHE)
+        span = window if chunk is None else chunk
+        if span is not None:
+            # what the next step needs of this step's keys: a window's or chunk's last span - 1
+            # (a prefill attends over all its T keys, but transformers' cache keeps these)
+            keeps = g.meta.setdefault("cache_keeps", {})
+            keeps[f"present.{i}.key"] = keeps[f"present.{i}.value"] = span - 1
         if c.n_rep > 1:
             k = g.add("repeat_kv", f"{p}.k_repeat", (k,), {"axes": {"h": self.h}})  # (B, h, S, d_h)
             v = g.add("repeat_kv", f"{p}.v_repeat", (v,), {"axes": {"h": self.h}})

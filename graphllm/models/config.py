@@ -87,6 +87,8 @@ BOOKKEEPING = frozenset(
         "chunk_size_feed_forward",
         # DeepSeek: training losses, and the expert-parallel degree they were trained with
         "aux_loss_alpha", "seq_aux", "ep_size",
+        # graphllm's own notes in a preset file, so that a copy of one loads as a config
+        "_source", "_note", "_aliases",
         # generation defaults
         "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
         "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",

@@ -22,7 +22,7 @@ def _rope(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     x, pos = f32(xs[0]), xs[1]  # x: (B, heads, T, head_dim); pos: (B, T)
     inv_freq = np.asarray(a["inv_freq"], dtype=np.float32)
     long = a.get("long_inv_freq")
-    if long is not None and pos.size and int(pos.max()) + 1 > a["long_from"]:
+    if long is not None and pos.size and _largest_position(pos, a) + 1 > a["long_from"]:
         inv_freq = np.asarray(long, dtype=np.float32)
     freqs = pos[..., None].astype(np.float32) * inv_freq  # (B, T, rot/2)
     emb = np.concatenate([freqs, freqs], axis=-1)[:, None]  # (B, 1, T, rot)
@@ -33,6 +33,16 @@ def _rope(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     half = rot // 2
     rotated = np.concatenate([-xr[..., half:], xr[..., :half]], axis=-1)
     return np.concatenate([xr * cos + rotated * sin, rest], axis=-1)
+
+
+def _largest_position(pos: np.ndarray, a: dict[str, Any]) -> int:
+    """The call's largest position id. On a block of the tokens (a context- or sequence-parallel
+    rank: `shard`), the whole call's, which ends the token axis: its origin plus its length (the
+    partitioned runs' positions are the call's own, P.. P+T-1)."""
+    shard = a.get("shard", {}).get("t")
+    if shard is not None:
+        return int(a.get("origin", {}).get("t", 0)) + int(shard[1]) - 1
+    return int(pos.max())
 
 
 def _mask(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
@@ -93,6 +103,8 @@ register(
         "width (partial rotary) pass through for free, and the cos/sin tables are not counted.",
         flops_attrs_fn=rope_flops,
         linear=((0,),),
+        # longrope on a token shard reads the whole call's last position from its axis origin
+        positional=True,
     ),
     OpSpec(
         "kv_concat",

@@ -172,8 +172,15 @@ def print_sweep(rows: list[dict[str, Any]], console: Console | None = None) -> N
 
 
 def _window_saving(m: dict) -> str:
-    """What the layers that keep a window save against full attention on every layer."""
+    """What the layers that keep a window save against full attention on every layer; after a
+    prefill longer than the window, against what the window layers keep for the next step."""
     full, kv = m.get("kv_cache_full", 0.0), m["kv_cache"]
+    kept = m.get("kv_cache_kept", kv) or kv
+    if kept < 0.99 * kv:  # a prefill longer than a window: the step held all T, it keeps less
+        return (
+            f" ({_b(kept)} kept for the next step; {_b(full)} with full attention on every "
+            f"layer: windows save {1 - kept / full:.0%})"
+        )
     if full <= kv * (1 + 1e-9):
         return ""
     return f" ({_b(full)} with full attention on every layer: windows save {1 - kv / full:.0%})"

@@ -129,13 +129,6 @@ def validate(cfg: ModelConfig, wl: Workload, s: Strategy) -> dict[str, str]:
         _check(cfg.is_moe, f"--ep needs a mixture-of-experts model; {cfg.name} has no experts")
         e = cfg.num_experts
         _check(e % s.ep == 0, f"--ep {s.ep} does not divide the {e} experts")
-    # longrope picks one frequency table per call from the call's largest position id; a rank
-    # holding a block of the tokens sees only its own positions, so it could pick another
-    _check(
-        cfg.rope.type != "longrope" or (s.cp == 1 and not s.sp),
-        f"--cp / --sp cut the tokens of a call, and {cfg.name}'s longrope picks its frequencies "
-        "from all of the call's positions (not modelled on a token shard); use --tp, --pp, --dp",
-    )
     t = wl.seq_len
     _check(t % s.cp == 0, f"--cp {s.cp} does not divide the {t} new tokens (--seq-len)")
     n = cfg.num_hidden_layers

@@ -82,7 +82,7 @@ def test_presets_lists_the_required_models():
         "gemma-2b",
         "phi3-mini",
         "olmo2-7b",  # issue 16
-        "command-r",  # issue 16
+        "command-r-35b",  # issue 16
         "command-r7b",  # issue 16
         "gemma2-9b",  # issue 16
         "gemma3-1b",  # issue 16

@@ -49,7 +49,7 @@ PRESETS = {
     "phi3-mini": "microsoft/Phi-3-mini-4k-instruct",
     # issue 16
     "olmo2-7b": "allenai/OLMo-2-1124-7B",
-    "command-r": "CohereForAI/c4ai-command-r-v01",
+    "command-r-35b": "CohereForAI/c4ai-command-r-v01",
     "command-r7b": "CohereForAI/c4ai-command-r7b-12-2024",
     "gemma2-9b": "google/gemma-2-9b",
     "gemma3-1b": "google/gemma-3-1b-it",
@@ -1193,3 +1193,11 @@ def test_llama4_text_defaults_and_derivations_follow_llama4_text_config():
         assert "\n" not in error(bad)
     # the multimodal wrapper: one line
     assert "vision model is not modelled" in error({"model_type": "llama4", "text_config": {}})
+
+
+def test_a_copied_preset_file_loads_as_a_config(tmp_path):
+    # issue 16 audit: a preset's own notes (_source, _note, _aliases) are not config fields
+    copy = tmp_path / "mine.json"
+    copy.write_text((C.PRESETS_DIR / "gemma2-9b.json").read_text())
+    assert dataclasses.replace(load_config(copy), name="gemma2-9b") == load_config("gemma2-9b")
+    assert load_config("command-r") == load_config("command-r-35b")  # the rule's name, and the old

@@ -1,5 +1,6 @@
 """FLOPs, bytes, memory and roofline: exact conventions and textbook facts on real configs."""
 
+import numpy as np
 import pytest
 
 from graphllm import Workload, build_graph, load_config
@@ -299,3 +300,36 @@ def test_llama4_chunked_layers_hold_what_transformers_cache_holds(tiny_model):
     # the step's present: what the cache held plus the new key, as its attention reads it
     assert r.kv_cache == sum(h + 1 for h in held) * per_position
     assert r.kv_cache_full == m.cfg.num_hidden_layers * (p + 1) * per_position
+
+
+# issue 16 audit: after a prefill longer than the window, the window layers keep their last
+# W - 1 positions (what transformers' cache holds), and trace says so beside the saving
+def test_a_prefill_longer_than_the_window_keeps_w_minus_one_positions_per_window_layer():
+    cfg = load_config("gemma3-1b")
+    w, t = cfg.sliding_window, 2048
+    local = cfg.layer_types.count("sliding_attention")
+    _, r = analyse("gemma3-1b", seq_len=t)
+    per_position = 2 * cfg.num_key_value_heads * cfg.head_dim * 2  # K and V, bf16
+    m = r["memory"]
+    assert m.kv_cache == m.kv_cache_full == cfg.num_hidden_layers * t * per_position
+    assert m.kv_cache_kept == (local * (w - 1) + (cfg.num_hidden_layers - local) * t) * per_position
+    from click.testing import CliRunner
+
+    from graphllm.cli import main
+
+    out = " ".join(CliRunner().invoke(main, ["trace", "--model", "gemma3-1b"]).stdout.split())
+    saved = 1 - m.kv_cache_kept / m.kv_cache_full
+    assert (
+        f"kept for the next step; 54.53 MB with full attention on every layer: windows save {saved:.0%}"
+        in out
+    )
+
+
+def test_the_kept_cache_is_what_transformers_cache_holds_after_a_prefill(tiny_model):
+    m = tiny_model("gemma3-window")  # a window of 4 under the 8-token prompt, layer 2 global
+    ids = np.random.default_rng(0).integers(3, 100, (2, 8))
+    cache = m.hf(ids).cache
+    held = sum(layer.keys.numel() + layer.values.numel() for layer in cache.layers) * 4
+    wl = Workload.with_dtype(batch=2, seq_len=8, dtype="fp32")
+    kept = run(build_graph(m.cfg, wl), ["memory"])["memory"].kv_cache_kept
+    assert kept == held and kept < run(build_graph(m.cfg, wl), ["memory"])["memory"].kv_cache

@@ -51,8 +51,8 @@ MODELS: dict[str, tuple[str, dict]] = {
     "smollm3-3b": ("smollm3-3b", {"no_rope_layers": [1, 0], "use_cache": True}),
     # issue 16
     "olmo2-7b": ("olmo2-7b", {}),  # post-norms only, q/k norms over the whole projection
-    "command-r": ("command-r", {}),  # parallel block, tied head, logit_scale after it
-    "command-r-qk-norm": ("command-r", {"use_qk_norm": True}),  # per-head q/k LayerNorms
+    "command-r-35b": ("command-r-35b", {}),  # parallel block, tied head, logit_scale after it
+    "command-r-qk-norm": ("command-r-35b", {"use_qk_norm": True}),  # per-head q/k LayerNorms
     # a sliding layer then a global NoPE one
     "command-r7b": ("command-r7b", {"sliding_window_pattern": 2}),
     # a sliding layer then a global one, four norms, soft-capped scores and logits (no matmul of

@@ -32,7 +32,7 @@ PUBLISHED = {
     # is also transformers' meta model's (test_total_matches_transformers_meta_model)
     "olmo2-7b": 7_298_617_344,
     # Command-R v01: the card gives 35B; the exact sum (a tied head) is transformers' meta model's
-    "command-r": 34_980_831_232,
+    "command-r-35b": 34_980_831_232,
     # Command R7B: the Hub's safetensors index 8.03B (a tied head)
     "command-r7b": 8_028_033_024,
     # Gemma 2 9B: the Hub's safetensors index total (a tied head, four norms per block)

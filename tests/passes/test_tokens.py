@@ -25,7 +25,7 @@ PRESETS = [
     "granite-3.3-8b",
     "smollm3-3b",
     "olmo2-7b",  # issue 16
-    "command-r",  # issue 16
+    "command-r-35b",  # issue 16
     "command-r7b",  # issue 16
     "gemma2-9b",  # issue 16
     "gemma3-1b",  # issue 16

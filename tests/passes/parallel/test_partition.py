@@ -315,11 +315,21 @@ def test_partitioned_run_equals_single_device(family, strategy, workload):
     assert check.ranks == strategy.devices
 
 
-@pytest.mark.parametrize("strategy", [Strategy(cp=2), Strategy(tp=2, sp=True)])
-def test_longrope_refuses_a_token_shard(strategy):
-    # a rank with a block of the tokens would pick its frequencies from its own positions alone
-    with pytest.raises(ConfigError, match="longrope picks its frequencies from all of the call"):
-        partition(tiny_graph("phi3-longrope"), strategy)
+@pytest.mark.parametrize(
+    ("strategy", "workload"),
+    [
+        (Strategy(cp=2), {}),  # the first rank's positions alone stay below long_from (6)
+        (Strategy(tp=2, sp=True), {}),
+        (Strategy(cp=2, tp=2), {"past_len": 2, "seq_len": 4}),  # the call crosses long_from
+        (Strategy(cp=2), {"past_len": 1, "seq_len": 4}),  # the short factors on every rank
+    ],
+)
+def test_longrope_on_a_token_shard_picks_the_whole_calls_frequencies(strategy, workload):
+    # issue 16 audit: a rank holding a block of the tokens picks the table from the call's
+    # largest position (the token axis's end), as the unpartitioned run does
+    g = tiny_graph("phi3-longrope", **workload)
+    check = check_partition(g, partition(g, strategy), seed=1)
+    assert check.max_diff <= 1e-5, check.differences(3)
 
 
 # -- the command line ------------------------------------------------------------------------------
