@@ -69,8 +69,6 @@ def small_instance(cfg: ModelConfig, seq_len: int = 12) -> ModelConfig:
         shared_expert_intermediate_size=24 if cfg.shared_expert_intermediate_size else 0,
         moe_layers=cfg.moe_layers[:layers],
         embedding_multiplier=32**0.5 if cfg.embedding_multiplier != 1.0 else 1.0,
-        # partial rotary kept partial: 4 of the 8 channels
-        rotary_dim=4 if cfg.rotary_dim else 0,
     )
     return replace(small, **_small_mla(cfg, experts)) if cfg.is_mla else small
 
