@@ -57,13 +57,21 @@ MULTIMODAL: dict[str, tuple[str, frozenset[str]]] = {
             }
         ),
     ),
+    # issue 18: Llama4Config (Llama-4-Scout/Maverick's published config.json): its text_config
+    # is a Llama4ForCausalLM inside Llama4ForConditionalGeneration (language_model.*)
+    "llama4": (
+        "llama4_text",
+        frozenset(
+            {
+                "vision_config", "boi_token_index", "eoi_token_index", "image_token_index",
+                "image_token_id", "boi_token_id", "eoi_token_id",
+            }
+        ),
+    ),
 }  # fmt: skip
 
 NOT_SUPPORTED = {
     "deepseek": "DeepSeek-MoE v1 is not planned; DeepSeek-V2/V3 are on the roadmap",
-    # issue 16: Llama 4's multimodal wrapper (Llama4Config: text_config + vision_config)
-    "llama4": "the vision model is not modelled, and its text_config is llama4_text with MoE "
-    "layers, not modelled yet",
 }
 
 # Keys that never change the forward computation: provenance, token ids, training-only knobs

@@ -1154,5 +1154,10 @@ def test_llama4_text_defaults_and_derivations_follow_llama4_text_config():
     ]:
         assert message in error(bad)
         assert "\n" not in error(bad)
-    # the multimodal wrapper: one line
-    assert "vision model is not modelled" in error({"model_type": "llama4", "text_config": {}})
+    # issue 18: the multimodal wrapper loads its text decoder, as gemma3's does
+    mm = {"model_type": "llama4", "text_config": base, "vision_config": {"hidden_size": 8}}
+    c = config_from_dict(mm, "x")
+    assert (c.model_type, c.text_decoder_of, c.num_experts) == ("llama4_text", "llama4", 0)
+    assert "a llama4 config's text model is llama4_text" in error(
+        {**mm, "text_config": {"model_type": "llama"}}
+    )
