@@ -97,6 +97,8 @@ CAPTIONS: dict[str, Callable[[Node], str]] = {
     "normalize": lambda n: "weights sum to 1",
     "moe_dispatch": lambda n: "route to experts",
     "moe_combine": lambda n: "weighted combine",
+    "moe_scale_slots": lambda n: "× router weight (input)",
+    "moe_sum": lambda n: "sum of experts",
 }
 
 

@@ -78,6 +78,11 @@ def _expert_linear(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("MatMul", [i[0], wt], n, o)  # (E, slots, out)
 
 
+@lowers("expert_matmul")
+def _expert_matmul(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    c.final("MatMul", [i[0], i[1]], n, o)  # (E, slots, in) @ (E, in, out)
+
+
 @lowers("rmsnorm")
 def _rmsnorm(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     s = n.name
@@ -428,3 +433,24 @@ def _moe_combine(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     picked = c.op("Reshape", [picked, shape], s)  # (B, T, k, d)
     weighted = c.op("Mul", [picked, c.op("Unsqueeze", [w, c.const([-1])], s)], s)
     c.final("ReduceSum", [weighted, c.const([2])], n, o, keepdims=0)  # (B, T, d)
+
+
+@lowers("moe_scale_slots")
+def _moe_scale_slots(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    s, y, w, chosen = n.name, i[0], i[1], i[2]
+    n_exp = int(c.graph.type_of(n.inputs[0]).dims[0].size)  # type: ignore[arg-type]
+    where = _expert_slots(c, chosen, n_exp, s)  # (N, 2), pairs in (b, t, k) order
+    picked = c.op("GatherND", [y, where], s)  # (N, d)
+    scaled = c.op("Mul", [picked, c.op("Reshape", [w, c.const([-1, 1])], s)], s)
+    c.final("ScatterND", [y, where, scaled], n, o)  # empty slots stay as they were: zero
+
+
+@lowers("moe_sum")
+def _moe_sum(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    s, y, chosen = n.name, i[0], i[1]
+    n_exp, d = (int(x.size) for x in c.graph.type_of(n.inputs[0]).dims[::2])  # type: ignore[arg-type]
+    where = _expert_slots(c, chosen, n_exp, s)
+    picked = c.op("GatherND", [y, where], s)  # (N, d)
+    shape = c.op("Concat", [c.op("Shape", [chosen], s), c.const([d])], s, axis=0)
+    picked = c.op("Reshape", [picked, shape], s)  # (B, T, k, d)
+    c.final("ReduceSum", [picked, c.const([2])], n, o, keepdims=0)  # (B, T, d)

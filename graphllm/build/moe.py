@@ -44,11 +44,19 @@ def moe_ffn(b: _Builder, layer: str, x: Node) -> Node:
         )
         return g.add("expert_linear", f"{p}.experts.{role}", (inp, w))
 
-    gate = expert_linear(names.expert_gate, slots, ffn)  # (E, C, ffn_e)
-    up = expert_linear(names.expert_up, slots, ffn)
-    m = g.add("mul", f"{p}.experts.mul", (b.act(f"{p}.experts.act_fn", gate), up))
-    y = expert_linear(names.expert_down, m, b.d)  # (E, C, d)
-    out = g.add("moe_combine", f"{p}.experts.combine", (y, weights, chosen))  # (B, T, d)
+    if c.moe_weights_input:
+        slots = g.add("moe_scale_slots", f"{p}.experts.scale", (slots, weights, chosen))
+    if c.fused_experts:
+        y = _fused_experts(b, p, slots, n_exp, ffn)
+    else:
+        gate = expert_linear(names.expert_gate, slots, ffn)  # (E, C, ffn_e)
+        up = expert_linear(names.expert_up, slots, ffn)
+        m = g.add("mul", f"{p}.experts.mul", (b.act(f"{p}.experts.act_fn", gate), up))
+        y = expert_linear(names.expert_down, m, b.d)  # (E, C, d)
+    if c.moe_weights_input:
+        out = g.add("moe_sum", f"{p}.experts.combine", (y, chosen))  # (B, T, d)
+    else:
+        out = g.add("moe_combine", f"{p}.experts.combine", (y, weights, chosen))  # (B, T, d)
     if c.shared_expert_intermediate_size:
         s = f"{p}.{names.shared}"
         sh = b.mlp(s, x, c.shared_expert_intermediate_size, "shared_experts")
@@ -59,6 +67,21 @@ def moe_ffn(b: _Builder, layer: str, x: Node) -> Node:
             sh = g.add("gate_mul", f"{s}.gated", (sh, gs))
         out = g.add("add", f"{p}.add_shared", (out, sh))
     return out
+
+
+def _fused_experts(b: _Builder, p: str, slots: Node, n_exp: Dim, ffn: Dim) -> Node:
+    """Llama4TextExperts: bmm with gate_up_proj (E, d, 2f), chunked into gate and up, then bmm
+    with down_proj (E, f, d); the tensors as the checkpoint stores them, whole."""
+    g = b.g
+    two = Dim("2ffn_e", "ffn", 2 * ffn.size)  # type: ignore[operator]
+    w_gu = b.param(f"{p}.experts.gate_up_proj", (n_exp, b.d, two), "moe_experts")
+    gu = g.add("expert_matmul", f"{p}.experts.gate_up", (slots, w_gu))
+    attrs = {"axes": {"f1": ffn, "f2": ffn}, "sizes": [ffn.size, ffn.size]}
+    split = g.add("split", f"{p}.experts.gate_up_split", (gu,), attrs)
+    gate, up = Ref(split.name, 0), Ref(split.name, 1)
+    m = g.add("mul", f"{p}.experts.mul", (b.act(f"{p}.experts.act_fn", gate), up))
+    w_down = b.param(f"{p}.experts.down_proj", (n_exp, ffn, b.d), "moe_experts")
+    return g.add("expert_matmul", f"{p}.experts.down", (m, w_down))
 
 
 def router(b: _Builder, p: str, logits: Node) -> tuple[Node | Ref, Ref]:

@@ -57,13 +57,21 @@ MULTIMODAL: dict[str, tuple[str, frozenset[str]]] = {
             }
         ),
     ),
+    # issue 18: Llama4Config (Llama-4-Scout/Maverick's published config.json): its text_config
+    # is a Llama4ForCausalLM inside Llama4ForConditionalGeneration (language_model.*)
+    "llama4": (
+        "llama4_text",
+        frozenset(
+            {
+                "vision_config", "boi_token_index", "eoi_token_index", "image_token_index",
+                "image_token_id", "boi_token_id", "eoi_token_id",
+            }
+        ),
+    ),
 }  # fmt: skip
 
 NOT_SUPPORTED = {
     "deepseek": "DeepSeek-MoE v1 is not planned; DeepSeek-V2/V3 are on the roadmap",
-    # issue 16: Llama 4's multimodal wrapper (Llama4Config: text_config + vision_config)
-    "llama4": "the vision model is not modelled, and its text_config is llama4_text with MoE "
-    "layers, not modelled yet",
 }
 
 # Keys that never change the forward computation: provenance, token ids, training-only knobs
@@ -952,15 +960,33 @@ def _flag_or_count(name: str, v: Any) -> bool:
     return _nonneg_int(name, v) > 0
 
 
-def _llama4_unmodelled(given: dict) -> list[str]:
-    moe = _llama4_moe_layers(given)
+def _llama4_moe(v: dict) -> dict:
+    """issue 18: Llama4TextMoe on the layers in moe_layers: Llama4Router (a bias-free Linear,
+    top-k of its logits, sigmoid of those) scales each chosen expert's input; the experts stored
+    fused (Llama4TextExperts); a shared expert as wide as a routed one, always on."""
+    n = v["num_hidden_layers"]
+    moe = set(_llama4_moe_layers(v) or ())
+    layers = tuple(i in moe for i in range(n))
     if not moe:
-        return []
-    shown_layers = ", ".join(map(str, moe[:4])) + (", ..." if len(moe) > 4 else "")
-    return [
-        f"llama4_text MoE layers [{shown_layers}] (moe_layers / interleave_moe_layer_step) are "
-        "not modelled yet"
-    ]
+        return {"moe_layers": layers}
+    if v["num_experts_per_tok"] > v["num_local_experts"]:
+        raise ConfigError(
+            f"num_experts_per_tok {v['num_experts_per_tok']} exceeds num_local_experts "
+            f"{v['num_local_experts']}"
+        )
+    return {
+        "num_experts": v["num_local_experts"],
+        "num_experts_per_tok": v["num_experts_per_tok"],
+        "moe_intermediate_size": v["intermediate_size"],
+        "shared_expert_intermediate_size": v["intermediate_size"],
+        "scoring_func": "sigmoid",
+        "moe_weights_input": True,
+        "fused_experts": True,
+        "moe_layers": layers,
+        "moe_names": MoENames(block="feed_forward", router="router", shared="shared_expert"),
+        # the dense layers' width; 0 where every layer routes (Scout)
+        "intermediate_size": v["intermediate_size_mlp"] if len(moe) < n else 0,
+    }
 
 
 def _llama4_rope_layers(v: dict) -> tuple[bool, ...]:
@@ -976,24 +1002,27 @@ def _llama4_window(v: dict) -> tuple[tuple[str, ...], int | None]:
 
 
 def _llama4(v: dict) -> dict:
-    return _attention_bias(v) | {
-        # a model without MoE layers (the only one modelled): every FFN the dense one
-        "intermediate_size": v["intermediate_size_mlp"],
-        "mlp_name": "feed_forward",
-        "rope_layers": _llama4_rope_layers(v),
-        "rope_layout": "complex",  # apply_rotary_emb: (x_2i, x_2i+1) as one complex number
-        "attention_chunk_size": v["attention_chunk_size"],
-        "qk_l2_norm": v["use_qk_norm"],
-        "temperature_floor_scale": v["floor_scale"] if v["attn_temperature_tuning"] else 0,
-        "temperature_attn_scale": v["attn_scale"] if v["attn_temperature_tuning"] else 0.0,
-    }
+    return (
+        _attention_bias(v)
+        | {
+            "intermediate_size": v["intermediate_size_mlp"],
+            "mlp_name": "feed_forward",
+            "rope_layers": _llama4_rope_layers(v),
+            "rope_layout": "complex",  # apply_rotary_emb: (x_2i, x_2i+1) as one complex number
+            "attention_chunk_size": v["attention_chunk_size"],
+            "qk_l2_norm": v["use_qk_norm"],
+            "temperature_floor_scale": v["floor_scale"] if v["attn_temperature_tuning"] else 0,
+            "temperature_attn_scale": v["attn_scale"] if v["attn_temperature_tuning"] else 0.0,
+        }
+        | _llama4_moe(v)
+    )
 
 
 FAMILY_TABLE["llama4_text"] = Family(
     _fields(
         vocab_size=Spec(_pos_int, 202048),
         hidden_size=Spec(_pos_int, 5120),
-        # the routed experts' width: no layer reads it while none is MoE
+        # the routed (and shared) experts' width
         intermediate_size=Spec(_pos_int, 8192),
         intermediate_size_mlp=Spec(_pos_int, 16384),
         num_hidden_layers=Spec(_pos_int, 48),
@@ -1003,7 +1032,6 @@ FAMILY_TABLE["llama4_text"] = Family(
         max_position_embeddings=Spec(_pos_int, 4096 * 32),
         rms_norm_eps=Spec(_pos_float, 1e-5),
         attention_bias=Spec(_bool, False),
-        # the MoE fields, read only to find that no layer routes (else refused above)
         num_experts_per_tok=Spec(_pos_int, 1),
         num_local_experts=Spec(_pos_int, 16),
         moe_layers=Spec(_int_list, None),
@@ -1023,7 +1051,6 @@ FAMILY_TABLE["llama4_text"] = Family(
     reads_layer_types=True,
     default_theta=500000.0,
     layer_kinds=(FULL, CHUNKED),
-    unmodelled=_llama4_unmodelled,
     noop_only={
         # the published files' cache kind: transformers builds the same model whatever it says
         "cache_implementation": ("hybrid", None),

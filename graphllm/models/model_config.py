@@ -328,6 +328,14 @@ class ModelConfig:
     temperature_attn_scale: float = 0.0
     # the dense FFN's module name: model.layers.{i}.<mlp_name> (Llama 4: feed_forward)
     mlp_name: str = "mlp"
+    # issue 18, Llama 4's Llama4TextMoe: each routed expert's input is scaled by its router
+    # weight (expert(w * x), summed over the chosen experts) instead of its output (w * expert(x));
+    # the two differ because SwiGLU is not linear
+    moe_weights_input: bool = False
+    # issue 18, Llama 4's Llama4TextExperts: the routed experts stored as two (E, in, out) tensors,
+    # <block>.experts.gate_up_proj (E, d, 2 * moe_intermediate_size: gate then up) and
+    # <block>.experts.down_proj (E, moe_intermediate_size, d), not one (out, in) matrix per expert
+    fused_experts: bool = False
     # issue 17: the checkpoint's quantization_config (how each weight is stored); None: every
     # tensor at the checkpoint's dtype
     quantization: Quantization | None = None
@@ -542,6 +550,8 @@ _FLAGS = (
     "shared_expert_gate",
     "renorm_replaces_scaling",
     "qk_l2_norm",
+    "moe_weights_input",
+    "fused_experts",
 )
 _POSITIVE = (
     "vocab_size",

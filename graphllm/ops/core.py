@@ -103,6 +103,15 @@ register(
         "Each expert's slots times that expert's weight (E stacked (out, in) matrices).",
         matmul=True,
     ),
+    # issue 18, Llama 4: experts stored as one (E, in, out) tensor (Llama4TextExperts' bmm)
+    OpSpec(
+        "expert_matmul",
+        "x c d, x d f -> x c f",
+        CONTRACTION,
+        lambda xs, a: f32(xs[0]) @ f32(xs[1]),
+        "Each expert's slots times that expert's (in, out) matrix (E stacked, fused layout).",
+        matmul=True,
+    ),
     OpSpec(
         "rmsnorm",
         "... d, d -> ... d",

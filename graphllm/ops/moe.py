@@ -8,6 +8,7 @@ import numpy as np
 
 from graphllm.ir.opspec import (
     CONTRACTION,
+    ELEMENTWISE,
     MOVEMENT,
     REDUCTION,
     OpSpec,
@@ -47,6 +48,20 @@ def _combine(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     slot = _slots(idx, y.shape[0])
     picked = y[idx, slot]  # (B, T, k, d)
     return np.einsum("btk,btkd->btd", f32(w), picked, dtype=np.float32)
+
+
+def _scale_slots(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    y, w, idx = xs  # y: (E, slots, d); w, idx: (B, T, k)
+    slot = _slots(idx, y.shape[0])
+    out = f32(y).copy()
+    out[idx, slot] = out[idx, slot] * f32(w)[..., None]  # distinct (expert, slot) per pair
+    return out
+
+
+def _sum_slots(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    y, idx = xs  # y: (E, slots, d); idx: (B, T, k)
+    slot = _slots(idx, y.shape[0])
+    return np.sum(f32(y)[idx, slot], axis=2, dtype=np.float32)
 
 
 register(
@@ -89,5 +104,28 @@ register(
         same_position=(("c", "t"),),
         carries=(("c", "t"), ("c", "b")),
         flops_fn=lambda s: 2 * s["b"] * s["t"] * s["k"] * s["d"],
+    ),
+    # issue 18, Llama 4: the router weight scales the expert's input, so the combine is a plain sum
+    OpSpec(
+        "moe_scale_slots",
+        "x c d, b t k, b t k -> x c d",
+        ELEMENTWISE,
+        _scale_slots,
+        "Scale each expert slot's token by the router weight of its (token, choice) pair, before "
+        "the expert (Llama 4); empty slots stay zero. 1 FLOP per (token, choice, feature).",
+        same_position=(("c", "t"),),
+        carries=(("c", "t"), ("c", "b")),
+        flops_fn=lambda s: s["b"] * s["t"] * s["k"] * s["d"],
+    ),
+    OpSpec(
+        "moe_sum",
+        "x c d, b t k -> b t d",
+        CONTRACTION,
+        _sum_slots,
+        "Each token sums its k expert outputs unweighted (their inputs were weighted): k - 1 "
+        "adds per (token, feature).",
+        same_position=(("c", "t"),),
+        carries=(("c", "t"), ("c", "b")),
+        flops_fn=lambda s: s["b"] * s["t"] * (s["k"] - 1) * s["d"],
     ),
 )

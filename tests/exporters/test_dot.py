@@ -76,6 +76,18 @@ CONFIGS = {
         attention_chunk_size=2,
         floor_scale=4,
     ),
+    # issue 18: Llama 4 with its MoE on layer 1 (top 1 of 4, the weight on the expert's input)
+    "llama4-moe": dict(
+        SMALL,
+        model_type="llama4_text",
+        num_hidden_layers=2,
+        head_dim=4,
+        intermediate_size=8,
+        intermediate_size_mlp=24,
+        num_local_experts=4,
+        interleave_moe_layer_step=2,
+        attention_chunk_size=2,
+    ),
 }
 SVG = "{http://www.w3.org/2000/svg}"
 L0 = "model.layers.0"
@@ -574,3 +586,17 @@ def test_model_view_marks_window_and_nope_layers_of_the_presets(
     assert nope not in first and nope in fourth
     if local is not None:
         assert local in first and "window" not in fourth
+
+
+def test_llama4_moe_view_shows_the_weight_on_the_expert_input(tmp_path, renderer):
+    # issue 18: the router weight scales the slots before the fused experts; a plain sum after
+    graph = graph_of("llama4-moe")
+    labels = {n.name: n for n in graph.nodes()}
+    assert "model.layers.1.feed_forward.experts.scale" in labels
+    assert "model.layers.0.feed_forward.experts.scale" not in labels  # a dense layer
+    pic = draw(tmp_path, graph, "ffn", renderer, layer=1)
+    m = "model.layers.1.feed_forward"
+    assert {"router", "experts", "expert 3", "shared expert · shared_expert"} <= set(pic.clusters)
+    assert pic.text(f"{m}.experts.scale#0").endswith("× router weight (input)")
+    assert pic.text(f"{m}.experts.combine").endswith("sum of experts")
+    assert "each token goes to its top-1" in pic.text("note:lanes")

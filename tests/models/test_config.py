@@ -1120,17 +1120,19 @@ def test_gemma3_multimodal_config_refusals():
 # issue 16: Llama 4's text decoder, its attention (the MoE layers come with issue 18)
 
 
-def test_llama4_scout_text_config_loads_all_but_its_moe_layers():
-    # the refusal names the MoE layers alone: every attention field loads as published
-    msg = error(SCOUT_TEXT)
-    assert msg == (
-        "llama4_text MoE layers [0, 1, 2, 3, ...] (moe_layers / interleave_moe_layer_step) "
-        "are not modelled yet"
-    )
-    assert error({**SCOUT_TEXT, "moe_layers": None}) == msg  # interleave_moe_layer_step 1
+def test_llama4_scout_text_config_loads_with_its_moe_layers():
+    # issue 18: Scout's published text_config loads whole, every layer Llama4TextMoe
+    c = config_from_dict(SCOUT_TEXT, "scout")
+    assert c.moe_layers == (True,) * 48 and c.intermediate_size == 0
+    assert (c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size) == (16, 1, 8192)
+    assert (c.shared_expert_intermediate_size, c.shared_expert_gate) == (8192, False)
+    assert (c.scoring_func, c.topk_method, c.norm_topk_prob) == ("sigmoid", "greedy", False)
+    assert (c.moe_weights_input, c.fused_experts, c.moe_names.block) == (True, True, "feed_forward")
+    assert config_from_dict({**SCOUT_TEXT, "moe_layers": None}, "s").moe_layers == c.moe_layers
     # one line naming every unmodelled field together
-    both = error({**SCOUT_TEXT, "for_llm_compressor": True})
-    assert "for_llm_compressor=true is not modelled" in both and "MoE layers" in both
+    assert "for_llm_compressor=true is not modelled" in error(
+        {**SCOUT_TEXT, "for_llm_compressor": True}
+    )
     for rope in (SCOUT_TEXT["rope_scaling"], SCOUT_10M_ROPE):
         c = config_from_dict({**SCOUT_TEXT, "moe_layers": [], "rope_scaling": rope}, "scout")
         assert c.layer_types == (("chunked_attention",) * 3 + ("full_attention",)) * 12
@@ -1175,9 +1177,16 @@ def test_llama4_text_defaults_and_derivations_follow_llama4_text_config():
         assert not config_from_dict({**base, **dense}, "x").is_moe
     given = ["full_attention", "chunked_attention"] * 4
     assert config_from_dict({**base, "layer_types": given}, "x").layer_types == tuple(given)
+    # issue 18: the MoE layers as Llama4TextConfig derives them (Maverick's step 2: 1, 3, 5, 7)
+    for moe, layers in [
+        ({"moe_layers": [1, 5]}, (1, 5)),
+        ({"moe_layers": None, "interleave_moe_layer_step": 2}, (1, 3, 5, 7)),
+    ]:
+        c = config_from_dict({**base, **moe}, "x")
+        assert tuple(i for i, m in enumerate(c.moe_layers) if m) == layers
+        assert (c.intermediate_size, c.moe_intermediate_size) == (16384, 8192)
     for bad, message in [
-        ({**base, "moe_layers": [1, 5]}, "llama4_text MoE layers [1, 5] (moe_layers"),
-        ({**base, "moe_layers": None, "interleave_moe_layer_step": 2}, "MoE layers [1, 3, 5, 7]"),
+        ({**base, "moe_layers": [1], "num_experts_per_tok": 17}, "num_experts_per_tok 17 exceeds"),
         (
             {**base, "layer_types": ["sliding_attention"] * 8},
             "graphllm models 'full_attention' and 'chunked_attention' for llama4_text",
@@ -1191,8 +1200,13 @@ def test_llama4_text_defaults_and_derivations_follow_llama4_text_config():
     ]:
         assert message in error(bad)
         assert "\n" not in error(bad)
-    # the multimodal wrapper: one line
-    assert "vision model is not modelled" in error({"model_type": "llama4", "text_config": {}})
+    # issue 18: the multimodal wrapper loads its text decoder, as gemma3's does
+    mm = {"model_type": "llama4", "text_config": base, "vision_config": {"hidden_size": 8}}
+    c = config_from_dict(mm, "x")
+    assert (c.model_type, c.text_decoder_of, c.num_experts) == ("llama4_text", "llama4", 0)
+    assert "a llama4 config's text model is llama4_text" in error(
+        {**mm, "text_config": {"model_type": "llama"}}
+    )
 
 
 def test_a_copied_preset_file_loads_as_a_config(tmp_path):

@@ -120,6 +120,9 @@ def test_every_family_here_is_llamas_block_with_rope_everywhere(preset):
     # SmolLM3's every 4th layer and Cohere 2's global layers have no RoPE (issue 16)
     if c.model_type == "cohere2":
         assert c.rope_layers == tuple(t == "sliding_attention" for t in c.layer_types)
+    elif c.model_type == "llama4_text":  # issue 18: every 4th layer NoPE, pairs adjacent
+        assert c.rope_layers == (True, True, True, False) * 12 and c.rope_layout == "complex"
+        return
     else:
         assert (c.rope_layers == ()) != (c.model_type == "smollm3")
     # RoPE on halves of each head, but for MLA's and Cohere's adjacent pairs (issue 16)

@@ -138,6 +138,22 @@ def test_topk_dispatch_combine_round_trip():
     ones = np.ones_like(w)
     # identity experts with unit weights: each token comes back k times
     np.testing.assert_allclose(run("moe_combine", slots, ones, idx), 2 * x, rtol=1e-6)
+    # issue 18 (Llama 4): each slot scaled by its own pair's weight, then a plain sum: with
+    # identity experts, the router-weighted sum of the token itself; empty slots stay zero
+    scaled = run("moe_scale_slots", slots, w, idx)
+    assert (scaled[slots == 0] == 0).all()
+    np.testing.assert_allclose(run("moe_sum", scaled, idx), w.sum(-1)[..., None] * x, rtol=1e-6)
+    np.testing.assert_allclose(run("moe_sum", slots, idx), 2 * x, rtol=1e-6)
+    # a nonlinear expert after the scale is not the scale after the expert
+    sq = run("moe_sum", scaled**2, idx)
+    assert not np.allclose(sq, run("moe_combine", slots**2, w, idx), atol=1e-3)
+
+
+def test_expert_matmul_takes_in_out_matrices():
+    rng = np.random.default_rng(2)
+    slots, w = rng.standard_normal((3, 4, 5)), rng.standard_normal((3, 5, 6))
+    out = run("expert_matmul", slots, w)
+    np.testing.assert_allclose(out, run("expert_linear", slots, w.transpose(0, 2, 1)), rtol=1e-5)
 
 
 def test_rope_rotates_pairs_by_position():

@@ -252,3 +252,18 @@ def test_chunked_then_global_layer_reaches_the_prefix():
 def test_llama4_prediction_matches_perturbation():
     check = check_token_mixing(_llama4(4, 8192, no_rope_layers=[1, 1, 1, 0]), seq_len=10)
     assert check.agrees, check.differences()
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_llama4_moe_keeps_each_token_to_its_own_chunk(exact):
+    # issue 18: Llama4TextMoe's router weight on the expert's input (moe_scale_slots) and the
+    # plain sum back (moe_sum) keep each token's slots its own: chunked layers with MoE FFNs
+    # still reach their chunk alone
+    cfg = _llama4(2, 4, no_rope_layers=[1, 1], moe_layers=None, num_local_experts=4)
+    assert cfg.moe_layers == (True, True) and cfg.moe_weights_input
+    g = build_graph(cfg, Workload(seq_len=8))
+    assert {"moe_scale_slots", "moe_sum", "expert_matmul"} <= {n.op for n in g.nodes()}
+    rep = run(g, ["tokens"], exact_sets=exact)["tokens"]
+    for t in range(8):
+        assert rep.depends_on(t) == list(range(t // 4 * 4, t + 1))
+    assert not rep.verdicts["model.layers.0.feed_forward.experts.scale"].mixes

@@ -8,12 +8,16 @@ logits (prefill and one cached decode step), the KV cache and causality.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+import graphllm
+from graphllm.runtime.interpret import run_graph
 from tests.support.tiny_models import BATCH, CASES, SEQ, SMALL, presents
 
 ATOL = 1e-4
@@ -83,11 +87,13 @@ def test_causal(tiny_model, case):
         assert not np.allclose(out[:, t + 1 :], base[:, t + 1 :], atol=1e-3)
 
 
-def test_llama4_chunked_cache_rolls_through_16_decode_steps(tiny_model):
+@pytest.mark.parametrize("case", ["llama4_text-chunked", "llama4_text-moe"])
+def test_llama4_chunked_cache_rolls_through_16_decode_steps(tiny_model, case):
     """issue 16: 16 cached steps past the 8-token prompt, the chunked layers' caches holding the
     last C-1 keys (what transformers' DynamicSlidingWindowLayer holds), so a query's chunk is
-    found from absolute positions once the cache has rolled past chunk boundaries."""
-    m = tiny_model("llama4_text-chunked")
+    found from absolute positions once the cache has rolled past chunk boundaries; issue 18: the
+    same with Llama 4's MoE layers routing each new token."""
+    m = tiny_model(case)
     rng = np.random.default_rng(6)
     ids = rng.integers(0, SMALL["vocab_size"], (BATCH, SEQ))
     ours, theirs = m.run(ids), m.hf(ids)
@@ -105,3 +111,23 @@ def test_llama4_chunked_cache_rolls_through_16_decode_steps(tiny_model):
                 chunk if kind == "chunked_attention" else SEQ + step + 1
             )
             assert held == (chunk - 1 if kind == "chunked_attention" else SEQ + step + 1)
+
+
+def test_llama4_router_decides_and_scales_the_expert_input(tiny_model):
+    """issue 18: Llama4TextMoe's top-1 router sends tokens to different experts (the logits
+    follow transformers' only because each token reaches its own), and its sigmoid weight
+    scales the expert's input: scaling the output instead moves the logits off transformers'."""
+    m = tiny_model("llama4_text-moe")
+    assert m.cfg.moe_layers == (False, True, False, True) and m.cfg.moe_weights_input
+    ids = _ids(7)
+    ours, theirs = m.run(ids)["logits"], m.hf(ids).logits.numpy()
+    np.testing.assert_allclose(ours, theirs, atol=ATOL, rtol=0)
+    wl = graphllm.Workload(batch=BATCH, seq_len=SEQ, dtype="fp32")
+    g = graphllm.build_graph(m.cfg, wl)
+    router = next(n.name for n in g.params() if n.name.endswith("feed_forward.router.weight"))
+    # a zero router: every logit 0, so every token goes to expert 0 (the first of equals)
+    forced = dict(m.weights) | {router: np.zeros_like(m.weights[router])}
+    assert not np.allclose(run_graph(g, forced, ids)["logits"], ours, atol=1e-3)
+    on_output = graphllm.build_graph(dataclasses.replace(m.cfg, moe_weights_input=False), wl)
+    assert "moe_combine" in {n.op for n in on_output.nodes()}
+    assert not np.allclose(run_graph(on_output, m.weights, ids)["logits"], theirs, atol=1e-3)

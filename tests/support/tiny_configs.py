@@ -101,3 +101,22 @@ KIMI_K2 = {
     "topk_group": 1,
     "routed_scaling_factor": 2.827,
 }
+
+# issue 18: Llama 4's MoE in small, interleaved as Maverick's (layers 1 and 3 route, 0 and 2
+# dense): top 1 of 4 experts, its sigmoid weight on the expert's input, the fused expert
+# tensors, a shared expert; chunked RoPE layers and NoPE ones with their temperature
+LLAMA4_MOE = {
+    **LLAMA,
+    "model_type": "llama4_text",
+    "num_hidden_layers": 4,
+    "head_dim": 8,
+    "intermediate_size": 24,
+    "intermediate_size_mlp": 40,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 1,
+    "interleave_moe_layer_step": 2,
+    "no_rope_layer_interval": 2,
+    "attention_chunk_size": 3,
+    "floor_scale": 2,
+    "attn_scale": 0.5,
+}

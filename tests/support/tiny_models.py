@@ -203,6 +203,26 @@ CASES: dict[str, tuple[str, dict]] = {
             "attn_temperature_tuning": False,
         },
     ),
+    # issue 18: Llama 4's MoE in small, interleaved as Maverick's (interleave_moe_layer_step 2:
+    # layers 1 and 3 route, 0 and 2 dense): top 1 of 4 experts whose sigmoid weight scales the
+    # expert's input, the fused expert tensors, the shared expert, on Llama 4's attention
+    "llama4_text-moe": (
+        "llama4_text",
+        {
+            "num_hidden_layers": 4,
+            "head_dim": 16,
+            "intermediate_size": 24,
+            "intermediate_size_mlp": 48,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 1,
+            "interleave_moe_layer_step": 2,
+            "no_rope_layer_interval": 2,
+            "attention_chunk_size": 4,
+            "floor_scale": 3,
+            "attn_scale": 0.5,
+            "rope_parameters": LLAMA3_ROPE,
+        },
+    ),
     # issue 18: GLM-4.5's block in small: partial rotate-half RoPE (half of each 16-wide head),
     # QKV bias, per-head QK-norm, a dense first layer then DeepSeek-V3's routing (sigmoid,
     # correction bias moved off 0, groups ranked by their two best, renormalised, scaled) with a

@@ -97,11 +97,14 @@ DECOMPOSED_ONLY = {
     # issue 16: Llama 4's L2 QK-norm after its complex-pair RoPE, which the fused attention
     # patterns do not take (ort's GroupQueryAttention has no chunk either: see below)
     "llama4_text-chunked": "self_attn.q_norm is l2norm, where",
+    # issue 18: Llama 4's MoE (the router weight scales the expert's input, moe_scale_slots /
+    # moe_sum) on the same attention, refused by the fused lowerings for that attention first
+    "llama4_text-moe": "self_attn.q_norm is l2norm, where",
 }
 # issue 16: Llama 4's temperature reads the query's index in the padded cache (transformers'
 # cache_position), so its left-padded row is not the unpadded prompt run alone once floor_scale
 # is below the padded positions: that row is checked against transformers only
-PADDED_IS_NOT_ALONE = {"llama4_text-chunked"}
+PADDED_IS_NOT_ALONE = {"llama4_text-chunked", "llama4_text-moe"}
 LOWERED = [
     *(("decomposed", c) for c in CASES + list(DECOMPOSED_ONLY)),
     *(("standard", c) for c in CASES),
