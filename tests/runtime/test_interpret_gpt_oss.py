@@ -97,3 +97,64 @@ def test_window_layers_are_sliding(tiny_model, layer):
     m = tiny_model("gpt_oss")
     assert m.cfg.layer_types[layer] == "sliding_attention"
     assert m.cfg.layer_types[1] == "full_attention"
+
+
+@torch.no_grad()
+def test_mxfp4_checkpoint_as_openai_ships_it(tiny_model, tmp_path):
+    """The experts stored as gpt-oss's release stores them, W_blocks [E, out, in/32, 16] and
+    W_scales [E, out, in/32] beside unconverted biases, router and attention (its
+    quantization_config); graphllm reads and dequantizes them to transformers' logits, the
+    reference model running on what transformers' own convert_moe_packed_tensors makes of them."""
+    import json
+
+    from safetensors.numpy import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    import graphllm
+    from graphllm.build.weights import load_weights
+    from graphllm.runtime.interpret import run_graph
+    from tests.support.quantized_checkpoints import quantize_mxfp4
+
+    m = tiny_model("gpt_oss", intermediate_size=32)  # MXFP4 rows: multiples of 32
+    tensors = load_file(str(m.folder / "model.safetensors"))
+    params = dict(m.model.named_parameters())
+    stored = {}
+    for name, t in tensors.items():
+        if not name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            stored[name] = t
+            continue
+        w = t.transpose(0, 2, 1)  # (E, out, in), the release's row layout
+        blocks, scales = zip(*(quantize_mxfp4(w[e]) for e in range(w.shape[0])), strict=True)
+        stored[name + "_blocks"], stored[name + "_scales"] = np.stack(blocks), np.stack(scales)
+        back = convert_moe_packed_tensors(
+            torch.from_numpy(stored[name + "_blocks"]),
+            torch.from_numpy(stored[name + "_scales"]),
+            dtype=torch.float32,
+        )
+        params[name].copy_(back)  # the reference runs on the dequantized experts
+    folder = tmp_path / "mxfp4"
+    folder.mkdir()
+    save_file(stored, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((m.folder / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": [
+            "model.layers.*.self_attn",
+            "model.layers.*.mlp.router",
+            "model.embed_tokens",
+            "lm_head",
+        ],
+    }
+    (folder / "config.json").write_text(json.dumps(cfg))
+    try:
+        c = graphllm.load_config(folder)
+        assert c.quantization is not None and c.quantization.method == "mxfp4"
+        ids = np.random.default_rng(10).integers(0, SMALL["vocab_size"], (BATCH, SEQ))
+        wl = graphllm.Workload.with_dtype(batch=BATCH, seq_len=SEQ, dtype="fp32")
+        g = graphllm.build_graph(c, wl)
+        ours = run_graph(g, load_weights(g, folder), ids)["logits"]
+        np.testing.assert_allclose(ours, m.hf(ids).logits.numpy(), atol=ATOL, rtol=0)
+    finally:  # the fixture's model is shared: its own expert weights back
+        for name, t in tensors.items():
+            if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                params[name].copy_(torch.from_numpy(t))
