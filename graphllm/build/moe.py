@@ -122,8 +122,15 @@ def stacked_experts(b: _Builder, p: str, slots: Node, n_exp: Dim, ffn: Dim) -> N
     two = Dim("2ffn_e", "ffn", 2 * c.moe_intermediate_size)
 
     def linear(role: str, inp: Node, out: Dim) -> Node:
-        w = b.param(f"{p}.experts.{role}", (n_exp, inp.out.dims[-1], out), "moe_experts")
-        bias = b.param(f"{p}.experts.{role}_bias", (n_exp, out), "moe_experts")
+        # layout "in_out": (E, in, out), where the other families' experts are (E, out, in)
+        w = b.param(
+            f"{p}.experts.{role}",
+            (n_exp, inp.out.dims[-1], out),
+            "moe_experts",
+            stacked="expert",
+            layout="in_out",
+        )
+        bias = b.param(f"{p}.experts.{role}_bias", (n_exp, out), "moe_experts", stacked="expert")
         # the op is not named as its weight: the checkpoint calls the tensor itself gate_up_proj
         return g.add("expert_linear_bias", f"{p}.experts.{role}.matmul", (inp, w, bias))
 
