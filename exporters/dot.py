@@ -99,6 +99,13 @@ CAPTIONS: dict[str, Callable[[Node], str]] = {
     "moe_combine": lambda n: "weighted combine",
     "moe_scale_slots": lambda n: "× router weight (input)",
     "moe_sum": lambda n: "sum of experts",
+    # issue 18: gpt-oss's sinks, interleaved gate/up and clamped SwiGLU
+    "softmax_sink": lambda n: "softmax with a sink logit per head",
+    "split_interleaved": lambda n: "gate = even, up = odd channels",
+    "clamped_swiglu": lambda n: (
+        f"(clamp(up, ±{n.attrs['limit']:.4g}) + 1) · g·σ({n.attrs['alpha']:.4g}·g), "
+        f"g = min(gate, {n.attrs['limit']:.4g})"
+    ),
 }
 
 

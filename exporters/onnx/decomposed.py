@@ -454,3 +454,47 @@ def _moe_sum(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     shape = c.op("Concat", [c.op("Shape", [chosen], s), c.const([d])], s, axis=0)
     picked = c.op("Reshape", [picked, shape], s)  # (B, T, k, d)
     c.final("ReduceSum", [picked, c.const([2])], n, o, keepdims=0)  # (B, T, d)
+
+
+# -- issue 18: gpt-oss -------------------------------------------------------------------------
+@lowers("softmax_sink")
+def _softmax_sink(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    # the sink joins each row's max and denominator; a padding query (every key at the lowest
+    # finite value) puts all its mass on the sink, so its probabilities are 0, not NaN
+    s = n.name
+    x = c.cast(i[0], c.dtype, "fp32", s)
+    sink = c.op("Reshape", [c.cast(i[1], c.dtype, "fp32", s), c.const([1, -1, 1, 1])], s)
+    m = c.op("Max", [c.op("ReduceMax", [x, c.const([-1])], s, keepdims=1), sink], s)
+    e = c.op("Exp", [c.op("Sub", [x, m], s)], s)
+    den = c.op("ReduceSum", [e, c.const([-1])], s, keepdims=1)
+    den = c.op("Add", [den, c.op("Exp", [c.op("Sub", [sink, m], s)], s)], s)
+    if c.dtype == "fp32":
+        c.final("Div", [e, den], n, o)
+    else:
+        c.final("Cast", [c.op("Div", [e, den], s)], n, o, to=ONNX_TYPES[c.dtype])
+
+
+@lowers("expert_linear_bias")
+def _expert_linear_bias(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    b = c.op("Unsqueeze", [i[2], c.const([1])], n.name)  # (E, 1, out)
+    c.final("Add", [c.op("MatMul", [i[0], i[1]], n.name), b], n, o)  # (E, slots, out)
+
+
+@lowers("split_interleaved")
+def _split_interleaved(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    for k, out in enumerate(o):
+        start, end, axis, step = c.const([k]), c.const([INT64_MAX]), c.const([-1]), c.const([2])
+        c.named("Slice", [i[0], start, end, axis, step], [out], f"{n.name}/{k}")
+
+
+@lowers("clamped_swiglu")
+def _clamped_swiglu(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    s = n.name
+    limit = c.const(n.attrs["limit"], c.dtype, "swiglu_limit")
+    low = c.const(-n.attrs["limit"], c.dtype, "swiglu_low")
+    gate = c.op("Min", [i[0], limit], s)
+    up = c.op("Clip", [i[1], low, limit], s)
+    alpha = c.const(n.attrs["alpha"], c.dtype, "swiglu_alpha")
+    glu = c.op("Mul", [gate, c.op("Sigmoid", [c.op("Mul", [gate, alpha], s)], s)], s)
+    one = c.const(1.0, c.dtype, "one")
+    c.final("Mul", [c.op("Add", [up, one], s), glu], n, o)

@@ -362,7 +362,12 @@ class _Builder:
         if chunk is not None:  # absent elsewhere, so other families' graphs stay as they were
             relation["chunk"] = chunk
         s = g.add("mask", f"{p}.mask", (s,), relation)
-        s = g.add("softmax", f"{p}.softmax", (s,))
+        if self.cfg.attention_sinks:
+            # gpt-oss: the sink param lives on the attention module (self_attn.sinks)
+            sink = self.param(f"{p.rsplit('.', 1)[0]}.sinks", (self.h,), "attention")
+            s = g.add("softmax_sink", f"{p}.softmax", (s, sink))
+        else:
+            s = g.add("softmax", f"{p}.softmax", (s,))
         return g.add(ops[1], f"{p}.pv", (s, v))  # (B, h, T, d_v)
 
     # -- feed-forward --------------------------------------------------------------------------

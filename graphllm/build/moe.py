@@ -29,11 +29,14 @@ def moe_ffn(b: _Builder, layer: str, x: Node) -> Node:
     )
     n_exp = Dim("E", "expert", c.num_experts)
     ffn = Dim("ffn_e", "ffn", c.moe_intermediate_size)
-    logits = b.linear(f"{p}.{names.router}", x, n_exp, "router")  # (B, T, E)
+    logits = b.linear(f"{p}.{names.router}", x, n_exp, "router", bias=c.router_bias)
     weights, chosen = router(b, p, logits)
     slots = g.add(
         "moe_dispatch", f"{p}.experts.dispatch", (x, chosen), {"axes": {"x": n_exp, "c": C}}
     )
+    if c.experts_stacked:
+        y = stacked_experts(b, p, slots, n_exp, ffn)
+        return g.add("moe_combine", f"{p}.experts.combine", (y, weights, chosen))
 
     def expert_linear(role: str, inp: Node, out: Dim) -> Node:
         w = b.param(
@@ -96,6 +99,14 @@ def router(b: _Builder, p: str, logits: Node) -> tuple[Node | Ref, Ref]:
     c, g = b.cfg, b.g
     n_exp = logits.out.dims[-1]
     scoring = c.scoring_func
+    if c.topk_then_score:
+        # gpt-oss: the top-k of the logits, then the scores over the k chosen
+        k = c.num_experts_per_tok
+        top = g.add(
+            "topk", f"{p}.router.topk", (logits,), {"k": k, "axes": {"k": Dim("k", "topk", k)}}
+        )
+        w = g.add(scoring, f"{p}.router.{scoring}", (Ref(top.name, 0),))
+        return w, Ref(top.name, 1)
     scores = g.add(scoring, f"{p}.router.{scoring}", (logits,))  # (B, T, E)
     choose: Node = scores
     if c.topk_method == "noaux_tc":
@@ -125,3 +136,31 @@ def router(b: _Builder, p: str, logits: Node) -> tuple[Node | Ref, Ref]:
         attrs = {"value": c.routed_scaling_factor}
         weights = g.add("mul_const", f"{p}.router.scale", (weights,), attrs)
     return weights, chosen
+
+
+def stacked_experts(b: _Builder, p: str, slots: Node, n_exp: Dim, ffn: Dim) -> Node:
+    """gpt-oss's experts: each projection one (E, in, out) tensor with an (E, out) bias, gate and
+    up interleaved in gate_up_proj, through the clamped SwiGLU. (E, C, d) -> (E, C, d)."""
+    c, g = b.cfg, b.g
+    two = Dim("2ffn_e", "ffn", 2 * c.moe_intermediate_size)
+
+    def linear(role: str, inp: Node, out: Dim) -> Node:
+        # layout "in_out": (E, in, out), where the other families' experts are (E, out, in)
+        w = b.param(
+            f"{p}.experts.{role}",
+            (n_exp, inp.out.dims[-1], out),
+            "moe_experts",
+            stacked="expert",
+            layout="in_out",
+        )
+        bias = b.param(f"{p}.experts.{role}_bias", (n_exp, out), "moe_experts", stacked="expert")
+        # the op is not named as its weight: the checkpoint calls the tensor itself gate_up_proj
+        return g.add("expert_linear_bias", f"{p}.experts.{role}.matmul", (inp, w, bias))
+
+    gu = linear(c.moe_names.expert_gate, slots, two)  # (E, C, 2 ffn_e)
+    attrs = {"axes": {"f1": ffn, "f2": ffn}}
+    split = g.add("split_interleaved", f"{p}.experts.gate_up_split", (gu,), attrs)
+    gate, up = Ref(split.name, 0), Ref(split.name, 1)
+    act = {"limit": c.swiglu_limit, "alpha": c.swiglu_alpha}
+    m = g.add("clamped_swiglu", f"{p}.experts.act_fn", (gate, up), act)
+    return linear(c.moe_names.expert_down, m, b.d)

@@ -92,6 +92,8 @@ Read = Callable[[], np.ndarray]
 def check_quantized(ckpt: Stored, name: str, fmt: QuantFormat, shape: tuple[int, ...]) -> Read:
     """Every stored tensor of the [out, in] matrix `name` checked against `fmt` from the headers
     alone; returns the read that dequantizes it to float32."""
+    if len(shape) == 3 and fmt.method == "mxfp4":
+        return _mxfp4_stacked(ckpt, name, fmt, (shape[0], shape[1], shape[2]))
     if len(shape) != 2:
         raise WeightsError(f"{name}: {fmt.method} stores matrices, the graph's is {list(shape)}")
     if fmt.method not in _READERS:
@@ -137,6 +139,29 @@ def _mxfp4(ckpt: Stored, name: str, fmt: QuantFormat, shape: tuple[int, int]) ->
     _check(ckpt, name + "_blocks", ("U8",), (out, groups, dq.MX_BLOCK // 2), why)
     _check(ckpt, name + "_scales", ("U8",), (out, groups), why)
     return lambda: dq.mxfp4(ckpt.stored(name + "_blocks"), ckpt.stored(name + "_scales"))
+
+
+# issue 18: gpt-oss keeps all experts of a projection in one tensor: the graph's (E, in, out) is
+# stored as E [out, in] matrices, W_blocks U8 [E, out, in/32, 16] and W_scales U8 [E, out, in/32]
+# (transformers' convert_moe_packed_tensors dequantizes them and swaps the last two axes)
+def _mxfp4_stacked(ckpt: Stored, name: str, fmt: QuantFormat, shape: tuple[int, int, int]) -> Read:
+    if (fmt.values, fmt.value_bits, tuple(fmt.block)) != ("e2m1", 4, (1, dq.MX_BLOCK)):
+        raise WeightsError(
+            f"{name}: graphllm reads MXFP4 as e2m1 values in blocks of {dq.MX_BLOCK} along a row"
+        )
+    experts, inn, out = shape
+    if inn % dq.MX_BLOCK:
+        raise WeightsError(f"{name}: MXFP4 needs rows of a multiple of 32 values, not {inn}")
+    why = f"{name} {list(shape)} as {experts} MXFP4 [out, in] matrices (E8M0 scales)"
+    groups = inn // dq.MX_BLOCK
+    _check(ckpt, name + "_blocks", ("U8",), (experts, out, groups, dq.MX_BLOCK // 2), why)
+    _check(ckpt, name + "_scales", ("U8",), (experts, out, groups), why)
+
+    def read() -> np.ndarray:
+        w = dq.mxfp4(ckpt.stored(name + "_blocks"), ckpt.stored(name + "_scales"))
+        return np.ascontiguousarray(w.transpose(0, 2, 1))  # (E, in, out)
+
+    return read
 
 
 def _int_bits(name: str, fmt: QuantFormat, allowed: tuple[int, ...]) -> int:

@@ -406,7 +406,7 @@ def checkpoint_tensors(
     reads: dict[str, list[Read]] = {}
     for n in graph.params():
         fmt = quant.format_of(n.name, n.attrs["kind"]) if quant is not None else None
-        want = _shape(n)[1:] if n.attrs.get("stacked") == "expert" else _shape(n)
+        want = _shape(n)[1:] if _per_expert(n) else _shape(n)
         reads[n.name] = [
             _plain_read(ckpt, _stored_name(name, ckpt, text_decoder), name)
             if fmt is None
@@ -462,7 +462,7 @@ def _read_params(
 ) -> Iterator[tuple[Node, np.ndarray]]:
     for n in graph.params():
         shape, names = _shape(n), _checkpoint_names(n)
-        stacked = n.attrs.get("stacked") == "expert"
+        stacked = _per_expert(n)
         want = shape[1:] if stacked else shape
         out = np.empty(shape, _DTYPES[dtype]) if stacked else None
         for e, (name, read) in enumerate(zip(names, reads[n.name], strict=True)):
@@ -477,8 +477,14 @@ def _read_params(
         yield n, out
 
 
+def _per_expert(n: Node) -> bool:
+    """Stacked experts the checkpoint keeps one tensor per expert (`*` in the name); gpt-oss's
+    hold every expert in one tensor, read whole."""
+    return n.attrs.get("stacked") == "expert" and "*" in n.name
+
+
 def _checkpoint_names(n: Node) -> list[str]:
-    if n.attrs.get("stacked") == "expert":
+    if _per_expert(n):
         return [n.name.replace("*", str(e)) for e in range(_shape(n)[0])]
     return [n.name]
 

@@ -1213,6 +1213,75 @@ FAMILY_TABLE["minimax_m2"] = Family(
         "layernorm_mlp_beta": (1.0,),
     },
 )
+
+
+def _gpt_oss_window(v: dict) -> tuple[tuple[str, ...], int | None]:
+    # GptOssConfig: without layer_types, the even layers (0, 2, ...) slide, the odd ones are full
+    if v["sliding_window"] is None:
+        raise ConfigError("sliding_window null is not modelled for gpt_oss")
+    w = _active_window(v, True)
+    return tuple(SLIDING if (i + 1) % 2 else FULL for i in range(v["num_hidden_layers"])), w
+
+
+def _gpt_oss_moe(v: dict) -> dict:
+    # GptOssMLP: every layer routes; GptOssTopKRouter takes the top-k of the biased router
+    # logits and softmaxes the k chosen; GptOssExperts keeps each projection stacked for all
+    # experts (E, in, out) with biases, gate and up interleaved, through a clamped SwiGLU
+    n = v["num_hidden_layers"]
+    return {
+        "num_experts": v["num_local_experts"],
+        "num_experts_per_tok": v["num_experts_per_tok"],
+        "moe_intermediate_size": v["intermediate_size"],
+        "intermediate_size": 0,
+        "moe_layers": (True,) * n,
+        "moe_names": MoENames(
+            router="router", expert_gate="gate_up_proj", expert_up="gate_up_proj"
+        ),
+        "router_bias": True,
+        "topk_then_score": True,
+        "experts_stacked": True,
+        "swiglu_limit": v["swiglu_limit"],
+        "swiglu_alpha": v["swiglu_alpha"],
+    }
+
+
+def _gpt_oss(v: dict) -> dict:
+    if v["experts_per_token"] not in (None, v["num_experts_per_tok"]):
+        raise ConfigError(
+            f"experts_per_token {v['experts_per_token']} disagrees with num_experts_per_tok "
+            f"{v['num_experts_per_tok']}"
+        )
+    # GptOssAttention: q/k/v/o all biased by attention_bias, and a learned sink per head
+    return _attention_bias(v) | {"attention_sinks": True}
+
+
+# issue 18: gpt-oss (transformers' gpt_oss: GptOssConfig, GptOssAttention, GptOssTopKRouter,
+# GptOssExperts): GQA with attention sinks and biases, every other layer a 128-token window,
+# YaRN RoPE, a biased top-4 router softmaxed over its choice, 32 or 128 experts with biases and a
+# clamped SwiGLU. The published config.json's experts_per_token and initial_context_length are
+# the original release's names (the first must equal num_experts_per_tok; the second is
+# rope_scaling's original_max_position_embeddings)
+FAMILY_TABLE["gpt_oss"] = Family(
+    _fields(
+        head_dim=Spec(_pos_int, 64),
+        rms_norm_eps=Spec(_pos_float, 1e-5),
+        max_position_embeddings=Spec(_pos_int, 131072),
+        sliding_window=Spec(_nonneg_int, 128, nullable=True),
+        attention_bias=Spec(_bool, True),
+        num_local_experts=Spec(_pos_int, 128),
+        num_experts_per_tok=Spec(_pos_int, 4),
+        experts_per_token=Spec(_pos_int, None),
+        initial_context_length=Spec(_pos_int, None),
+        swiglu_limit=Spec(_pos_float, 7.0),
+        swiglu_alpha=Spec(_pos_float, 1.702),
+    ),
+    derive=_gpt_oss,
+    windows=_gpt_oss_window,
+    reads_layer_types=True,
+    moe=_gpt_oss_moe,
+    default_theta=150000.0,
+    aliases={"num_experts": "num_local_experts"},
+)
 assert set(FAMILY_TABLE) == set(FAMILIES)
 
 SUPPORTED = (*FAMILIES, *MULTIMODAL)  # the model_types a config may name

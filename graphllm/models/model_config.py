@@ -44,6 +44,8 @@ FAMILIES = (
     "kimi_k2",
     "glm4_moe",
     "minimax_m2",
+    # issue 18: gpt_oss (gpt-oss-20b, gpt-oss-120b)
+    "gpt_oss",
 )
 
 # the attention a layer can have (ModelConfig.layer_types), each one the builder implements; a
@@ -339,6 +341,22 @@ class ModelConfig:
     # issue 17: the checkpoint's quantization_config (how each weight is stored); None: every
     # tensor at the checkpoint's dtype
     quantization: Quantization | None = None
+    # issue 18, gpt-oss: a learned logit per query head (self_attn.sinks) joins each softmax
+    # row and takes probability mass, with no value behind it
+    attention_sinks: bool = False
+    # the router's linear has a bias (gpt-oss's mlp.router.bias)
+    router_bias: bool = False
+    # the top-k is taken on the router's logits and the scoring (softmax) runs over the k
+    # chosen ones (gpt-oss); False: scores over all experts, then the top-k
+    topk_then_score: bool = False
+    # the routed experts as gpt-oss stores them: one tensor per projection for all experts,
+    # stacked (E, in, out), each with a bias (E, out), gate and up interleaved in gate_up_proj
+    # (gate the even columns, up the odd ones)
+    experts_stacked: bool = False
+    # the experts' clamped SwiGLU (gpt-oss): gate clamped above and up on both sides at
+    # swiglu_limit, (up + 1) * gate * sigmoid(swiglu_alpha * gate); None: act(gate) * up
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.702
 
     def __post_init__(self) -> None:
         if self.quantization is not None and not isinstance(self.quantization, Quantization):
@@ -414,6 +432,9 @@ class ModelConfig:
         check_size("temperature_floor_scale", self.temperature_floor_scale, least=0)
         check_number("temperature_attn_scale", self.temperature_attn_scale, -1e6, 1e6)
         check_number("rms_norm_eps", self.rms_norm_eps, 1e-30, 1.0)
+        check_number("swiglu_alpha", self.swiglu_alpha, -1e6, 1e6)
+        if self.swiglu_limit is not None:
+            check_number("swiglu_limit", self.swiglu_limit, 1e-6, 1e6)
         check_number("rope.theta", self.rope.theta, 1.0, 1e15)
         if self.sliding_rope is not None:
             check_number("sliding_rope.theta", self.sliding_rope.theta, 1.0, 1e15)
@@ -552,6 +573,11 @@ _FLAGS = (
     "qk_l2_norm",
     "moe_weights_input",
     "fused_experts",
+    # issue 18: gpt-oss
+    "attention_sinks",
+    "router_bias",
+    "topk_then_score",
+    "experts_stacked",
 )
 _POSITIVE = (
     "vocab_size",

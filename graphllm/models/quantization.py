@@ -130,9 +130,16 @@ class Quantization:
     def format_of(self, name: str, kind: str) -> QuantFormat | None:
         """How the param `name` (a graph param's checkpoint name) of builder kind `kind` is
         stored; None: unconverted, at `dtype`."""
-        if not name.endswith(".weight") or kind not in LINEAR_KINDS or kind == "mtp_proj":
+        if kind not in LINEAR_KINDS or kind == "mtp_proj":
             return None
-        module = name.removesuffix(".weight")
+        if name.endswith(".weight"):
+            module = name.removesuffix(".weight")
+        elif kind == "moe_experts" and ".experts." in name and not name.endswith("_bias"):
+            # issue 18, gpt-oss: one `<block>.experts.<proj>` tensor per projection for all
+            # experts, no `.weight`; its `<proj>_bias` stays unconverted
+            module = name.rsplit(".", 1)[0]
+        else:
+            return None
         if ".experts.*." in module:  # one fused `experts` module in transformers 5
             module = module.split(".experts.*.", 1)[0] + ".experts"
         leaf = module.rsplit(".", 1)[-1]

@@ -129,3 +129,55 @@ register(
         flops_fn=lambda s: s["b"] * s["t"] * (s["k"] - 1) * s["d"],
     ),
 )
+
+
+# -- issue 18: gpt-oss's experts: stacked (E, in, out) with biases, a clamped SwiGLU ------------
+def _expert_linear_bias(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    x, w, b = f32(xs[0]), f32(xs[1]), f32(xs[2])  # (E, C, in), (E, in, out), (E, out)
+    return x @ w + b[:, None, :]
+
+
+def _split_interleaved(xs: list[np.ndarray], a: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    return xs[0][..., ::2], xs[0][..., 1::2]
+
+
+def _clamped_swiglu(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    limit = np.float32(a["limit"])
+    gate = np.minimum(f32(xs[0]), limit)
+    up = np.clip(f32(xs[1]), -limit, limit)
+    glu = gate / (1 + np.exp(-gate * np.float32(a["alpha"])))
+    return (up + np.float32(1.0)) * glu
+
+
+register(
+    OpSpec(
+        "expert_linear_bias",
+        "x c d, x d f, x f -> x c f",
+        CONTRACTION,
+        _expert_linear_bias,
+        "Each expert's slots times that expert's (in, out) matrix plus its bias (gpt-oss's "
+        "stacked experts). 2 FLOPs per multiply-add, 1 per bias element.",
+        flops_per_elem=1,
+        matmul=True,
+    ),
+    OpSpec(
+        "split_interleaved",
+        "... f -> ... f1, ... f2",
+        MOVEMENT,
+        _split_interleaved,
+        "The even and the odd channels of the last axis (gpt-oss's gate_up_proj interleaves "
+        "gate and up).",
+        out_dtypes=("same", "same"),
+    ),
+    OpSpec(
+        "clamped_swiglu",
+        "... f, ... f -> ... f",
+        ELEMENTWISE,
+        _clamped_swiglu,
+        "gpt-oss's SwiGLU: gate clamped above at limit, up to [-limit, limit], then "
+        "(up + 1) * gate * sigmoid(alpha * gate). 11 FLOPs/element: three clamps, the alpha "
+        "multiply, four for the sigmoid, the gate multiply, the + 1 and the product.",
+        flops_per_elem=11,
+        backward_reads="inputs",
+    ),
+)

@@ -215,7 +215,11 @@ def _tp_role(p: Node, width: Dim) -> str | None:
     dims = p.out.dims
     if p.attrs["kind"] == "router" or len(dims) < 2:
         return None
+    if p.attrs.get("stacked") == "expert" and len(dims) < 3:  # a vector per expert (a bias)
+        return None
     d_out, d_in = dims[-2], dims[-1]
+    if p.attrs.get("layout") == "in_out":  # issue 18: gpt-oss's experts are (E, in, out)
+        d_out, d_in = d_in, d_out
     if p.attrs["kind"] in ("embedding", "lm_head"):
         return "vocab"
     if d_in == width and d_out != width:
@@ -228,8 +232,11 @@ def _tp_role(p: Node, width: Dim) -> str | None:
 def _tp_cut(graph: Graph, p: Node, how: str, tp: int, notes: list[str]) -> tuple[int, int]:
     """(axis, blocks) of weight `p` under tp (0 blocks: whole), noting what stays whole."""
     dims = p.out.dims
+    in_axis, out_axis = len(dims) - 1, len(dims) - 2
+    if p.attrs.get("layout") == "in_out":
+        in_axis, out_axis = out_axis, in_axis
     if how == "row":
-        return len(dims) - 1, tp
+        return in_axis, tp
     if how == "vocab":
         if dims[0].size % tp == 0:  # type: ignore[operator]
             return 0, tp
@@ -241,7 +248,7 @@ def _tp_cut(graph: Graph, p: Node, how: str, tp: int, notes: list[str]) -> tuple
         notes.append(
             f"tp={tp} > {heads} KV heads: each KV head is replicated on {tp // heads} ranks"
         )
-    return len(dims) - 2, blocks
+    return out_axis, blocks
 
 
 def _input_seeds(graph: Graph, s: Strategy, token_split: dict[str, str]) -> dict[str, Sharding]:

@@ -710,7 +710,8 @@ def valid_configs(draw) -> dict:
     # (llama4_text: its head_dim defaults to 128 whatever the heads)
     if mt != "cohere2" and (
         # (MiniMax-M2's head_dim defaults to 128 whatever hidden_size says)
-        mt in ("qwen3", "gemma", "gemma2", "gemma3_text", "llama4_text", "minimax_m2")
+        # (gpt-oss's to 64)
+        mt in ("qwen3", "gemma", "gemma2", "gemma3_text", "llama4_text", "minimax_m2", "gpt_oss")
         or draw(st.booleans())
     ):
         d |= {"head_dim": head_dim, "hidden_size": draw(st.integers(1, 96))}
@@ -777,6 +778,9 @@ def valid_configs(draw) -> dict:
         d["first_k_dense_replace"] = draw(st.integers(0, n))
     if mt == "minimax_m2":
         d |= {"num_local_experts": experts, "num_experts_per_tok": topk}
+    if mt == "gpt_oss":  # issue 18: every other layer slides; null is refused
+        d |= {"num_local_experts": experts, "num_experts_per_tok": topk}
+        d["sliding_window"] = window or 32
     return d
 
 
@@ -800,7 +804,7 @@ def test_random_valid_configs_load_with_invariants(d):
         assert 1 <= c.num_experts_per_tok <= c.num_experts and c.moe_intermediate_size > 0
     else:
         assert c.num_experts == 0 and not any(c.moe_layers)
-    moe_families = ("mixtral", "qwen2_moe", "qwen3_moe", "glm4_moe", "minimax_m2")
+    moe_families = ("mixtral", "qwen2_moe", "qwen3_moe", "glm4_moe", "minimax_m2", "gpt_oss")
     assert (c.num_experts > 0) <= (c.model_type in moe_families)
     assert c.hidden_act in ("silu", "gelu_tanh")
     rope = d.get("rope_parameters") or d.get("rope_scaling") or {}

@@ -69,6 +69,11 @@ MODELS: dict[str, tuple[str, dict]] = {
     "glm4.5-air": ("glm4.5-air", {}),  # 128 experts, no q/k norm
     # issue 18: MiniMax-M2, 256 experts top 8 in both layers, q/k norms over the projection
     "minimax-m2": ("minimax-m2", {"attn_type_list": [1, 1]}),
+    # issue 18: gpt-oss, a window-128 layer with sinks then a full one, biased q/k/v/o and
+    # router, 32 (128) experts top 4 with biases; eager attention (transformers has no sdpa path
+    # for the sinks, which are no matmul)
+    "gpt-oss-20b": ("gpt-oss-20b", {}),
+    "gpt-oss-120b": ("gpt-oss-120b", {}),
 }
 # a window shorter than the sequence, so that the mask really slides
 WINDOWED: dict[str, tuple[str, dict]] = {
@@ -91,6 +96,8 @@ WINDOWED: dict[str, tuple[str, dict]] = {
     "gemma2-9b-window32": ("gemma2-9b", {"sliding_window": 32}),
     # issue 16: Gemma 3, a window-32 layer and a global one
     "gemma3-1b-window32": ("gemma3-1b", {"sliding_window": 32, "sliding_window_pattern": 2}),
+    # issue 18: gpt-oss, a window-32 layer with sinks and a full one
+    "gpt-oss-20b-window32": ("gpt-oss-20b", {"sliding_window": 32}),
 }
 
 # id -> Workload fields
@@ -150,7 +157,10 @@ def _models(model_id: str):
         d = _config_dict(preset, overrides)
     cfg = config_from_dict(dict(d), preset)
     # Gemma 2 soft-caps its scores, which transformers' sdpa path cannot do
-    kwargs = {"attn_implementation": "eager" if d["model_type"] == "gemma2" else "sdpa"}
+    # (and gpt-oss's sinks)
+    kwargs = {
+        "attn_implementation": "eager" if d["model_type"] in ("gemma2", "gpt_oss") else "sdpa"
+    }
     if {"num_experts", "num_local_experts", "n_routed_experts"} & set(d):
         kwargs["experts_implementation"] = "batched_mm"
     with torch.device("meta"):

@@ -120,3 +120,21 @@ LLAMA4_MOE = {
     "floor_scale": 2,
     "attn_scale": 0.5,
 }
+
+# issue 18: gpt-oss's block: sinks, a window-4 layer then a full one, biased router and experts
+# (E, in, out), a clamp that bites
+GPT_OSS = {
+    "model_type": "gpt_oss",
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "intermediate_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "sliding_window": 4,
+    "max_position_embeddings": 256,
+    "swiglu_limit": 0.5,
+}

@@ -267,6 +267,28 @@ CASES: dict[str, tuple[str, dict]] = {
             "intermediate_size": 24,
         },
     ),
+    # issue 18: gpt-oss's block in small: attention sinks, q/k/v/o biases, layers 0 and 2 a
+    # window of 4 under the 8-token prompt and layer 1 full, YaRN RoPE; a biased router's top 2
+    # of 8 softmaxed, experts with biases, gate and up interleaved, a swiglu_limit low enough
+    # that the clamps bite the tiny model's activations
+    "gpt_oss": (
+        "gpt_oss",
+        {
+            "head_dim": 16,
+            "num_hidden_layers": 3,
+            "sliding_window": 4,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "intermediate_size": 24,
+            "swiglu_limit": 0.3,
+            "rope_parameters": {
+                **YARN_ROPE,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+            },
+        },
+    ),
 }
 
 

@@ -16,6 +16,7 @@ CONFIGS = {
     "glm4_moe": tiny_configs.GLM4_MOE,
     "minimax_m2": tiny_configs.MINIMAX_M2,
     "kimi_k2": tiny_configs.KIMI_K2,
+    "gpt_oss": tiny_configs.GPT_OSS,  # issue 18: sinks cut with the heads, experts (E, in, out)
 }
 CASES = [
     (Strategy(tp=2), {}),
