@@ -36,7 +36,12 @@ from graphllm.exporters.onnx.lowering import (
     producer_version,
     static_shape,
 )
-from graphllm.exporters.onnx.quantize import KEPT_METHODS, Quantization, checkpoint_quantization
+from graphllm.exporters.onnx.quantize import (
+    KEPT_METHODS,
+    ZERO_POINTS,
+    Quantization,
+    checkpoint_quantization,
+)
 from graphllm.files import check_target, note_input, write_atomic
 from graphllm.ir import Graph
 from graphllm.models.model_config import ModelConfig, config_from_fields
@@ -58,6 +63,8 @@ class ExportedModel:
     weights: str
     build: dict[str, Any] = field(default_factory=dict)  # build_graph's mla= and mtp=
     quantization: Quantization | None = None  # MatMulNBits weights, or None: float
+    # param -> its MatMulNBits weight's zero points (quantize.ZERO_POINTS), with quantization
+    stored: dict[str, str] = field(default_factory=dict)
 
 
 def _metadata(
@@ -134,11 +141,21 @@ def metadata_from_props(props: dict[str, str], path: str | Path) -> ExportedMode
         weights = _prop(props, key)
         key = "graphllm.quantization"
         quantization = _quantization(_json(props, key, "null"))
+        key = "graphllm.stored"
+        stored = _stored(_json(props, key, "{}"))
     except (GraphllmError, ValueError, TypeError) as e:
         raise GraphllmError(
             f"{path}: unreadable graphllm metadata {key}: {_first_line(e)}"
         ) from None
-    return ExportedModel(config, workload, lowering, weights, build, quantization)
+    return ExportedModel(config, workload, lowering, weights, build, quantization, stored)
+
+
+def _stored(value: Any) -> dict[str, str]:
+    """The `graphllm.stored` record: param names, each to one of quantize.ZERO_POINTS."""
+    record = _mapping(value, "graphllm.stored")
+    if not all(isinstance(k, str) and v in ZERO_POINTS for k, v in record.items()):
+        raise GraphllmError(f"each param's zero points must be one of {', '.join(ZERO_POINTS)}")
+    return dict(record)
 
 
 def _quantization(value: Any) -> Quantization | None:

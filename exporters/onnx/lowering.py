@@ -9,6 +9,7 @@ initializers it reads.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -100,6 +101,8 @@ class Lowering:
         self.quantization = quantization  # linear weights as MatMulNBits, or None: float
         # a param's GPTQ/AWQ format where MatMulNBits takes the checkpoint's integers as stored
         self.stored_format: StoredFormat = stored_format or (lambda param: None)
+        # param -> the zero points of the MatMulNBits weight made from it (quantize.ZERO_POINTS)
+        self.nbits_stored: dict[str, str] = {}
         self.nodes: list[onnx.NodeProto] = []
         self.constants: list[TensorProto] = []
         self._const_names: dict[tuple, str] = {}
@@ -295,6 +298,10 @@ def lower(
         doc_string=__doc__.split("\n\n")[1],  # the I/O paragraph of this module's docstring
     )
     model.ir_version = helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+    if quantize is not None:  # what the bench's prediction prices: the params stored as MatMulNBits
+        plain = {init.sources[0] for init in plan if init.make is None}
+        stored = {k: v for k, v in c.nbits_stored.items() if k not in plain}  # not a tied table
+        model.metadata_props.add(key="graphllm.stored", value=json.dumps(stored))
     return model, plan
 
 

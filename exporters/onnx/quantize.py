@@ -314,6 +314,9 @@ def nbits_matmul(
             dtype=None if float_zeros else "uint8",
             takes_stored=made,
         )
+    kind = "none" if symmetric else "float" if float_zeros else "uint8"
+    for i, src in enumerate(sources):
+        c.nbits_stored[src] = "float+g_idx" if float_zeros and i == 0 else kind
     if float_zeros:
         g_idx = c.initializer(
             f"{name}_g_idx", sources, (k,), parts.part("g_idx"), dtype="int32", takes_stored=True
@@ -330,6 +333,33 @@ def nbits_matmul(
         "accuracy_level": q.accuracy_level,
     }
     return "MatMulNBits", ins, attrs
+
+
+# a MatMulNBits weight's zero points: symmetric, packed, float (desc_act) with the g_idx of a
+# stack (Q/K/V share one) counted on its first matrix
+ZERO_POINTS = ("none", "uint8", "float", "float+g_idx")
+
+
+def nbits_format(q: Quantization, zero_points: str, act_dtype: str) -> QuantFormat:
+    """How a MatMulNBits weight of the export is stored, for the bytes passes/stored.py counts:
+    `bits` values per row in whole blocks, a scale at the export's float dtype per block, zero
+    points packed per row ("uint8") or float ("float"; "float+g_idx": and an int32 g_idx per
+    input)."""
+    scale_bits = 16 if act_dtype == "fp16" else 32
+    zero_bits = {"none": 0, "uint8": q.bits}.get(zero_points, scale_bits)
+    return QuantFormat(
+        method="matmulnbits",
+        value_bits=q.bits,
+        values="int",
+        block=(1, q.block_size),
+        scale_bits=scale_bits,
+        zero_bits=zero_bits,
+        desc_act=zero_points.startswith("float"),
+        scale_fmt=act_dtype,
+        index_bits=32 if zero_points == "float+g_idx" else 0,
+        packed_along="blocks",
+        symmetric=zero_points == "none",
+    )
 
 
 KEPT_METHODS = ("gptq", "awq")  # checkpoints whose integers MatMulNBits takes as they are
