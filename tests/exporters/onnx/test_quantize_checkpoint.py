@@ -207,3 +207,19 @@ def test_what_matmulnbits_cannot_keep_is_refused_in_one_line(tmp_path, qconfig, 
     assert r.exit_code == 2, r.output
     assert says in r.output and r.output.strip().count("\n") == 0, r.output
     assert not out.exists()
+
+
+def test_qkv_stacked_in_one_op_must_share_their_g_idx(tmp_path):
+    def reorder(tensors, dtypes):  # K's inputs in groups of their own order
+        name = "model.layers.0.self_attn.k_proj.g_idx"
+        tensors[name] = np.ascontiguousarray(tensors[name][::-1])
+
+    folder = tmp_path / "q"
+    qc.write_quantized(folder, LLAMA, CASES["gptq-v1-desc-act-g32"], reorder)
+    out = tmp_path / "c.onnx"
+    args = ["export", "--weights", str(folder), "-o", str(out), "--quantize", "int4"]
+    r = CliRunner().invoke(main, [*args, "--ops", "ort"])
+    assert r.exit_code == 2 and r.output.strip().count("\n") == 0, r.output
+    assert "different g_idx" in r.output and "--ops decomposed" in r.output
+    assert not out.exists()
+    assert CliRunner().invoke(main, [*args, "--ops", "decomposed"]).exit_code == 0
