@@ -36,7 +36,12 @@ from graphllm.exporters.onnx.lowering import (
     producer_version,
     static_shape,
 )
-from graphllm.exporters.onnx.quantize import Quantization
+from graphllm.exporters.onnx.quantize import (
+    KEPT_METHODS,
+    ZERO_POINTS,
+    Quantization,
+    checkpoint_quantization,
+)
 from graphllm.files import check_target, note_input, write_atomic
 from graphllm.ir import Graph
 from graphllm.models.model_config import ModelConfig, config_from_fields
@@ -58,6 +63,8 @@ class ExportedModel:
     weights: str
     build: dict[str, Any] = field(default_factory=dict)  # build_graph's mla= and mtp=
     quantization: Quantization | None = None  # MatMulNBits weights, or None: float
+    # param -> its MatMulNBits weight's zero points (quantize.ZERO_POINTS), with quantization
+    stored: dict[str, str] = field(default_factory=dict)
 
 
 def _metadata(
@@ -134,11 +141,21 @@ def metadata_from_props(props: dict[str, str], path: str | Path) -> ExportedMode
         weights = _prop(props, key)
         key = "graphllm.quantization"
         quantization = _quantization(_json(props, key, "null"))
+        key = "graphllm.stored"
+        stored = _stored(_json(props, key, "{}"))
     except (GraphllmError, ValueError, TypeError) as e:
         raise GraphllmError(
             f"{path}: unreadable graphllm metadata {key}: {_first_line(e)}"
         ) from None
-    return ExportedModel(config, workload, lowering, weights, build, quantization)
+    return ExportedModel(config, workload, lowering, weights, build, quantization, stored)
+
+
+def _stored(value: Any) -> dict[str, str]:
+    """The `graphllm.stored` record: param names, each to one of quantize.ZERO_POINTS."""
+    record = _mapping(value, "graphllm.stored")
+    if not all(isinstance(k, str) and v in ZERO_POINTS for k, v in record.items()):
+        raise GraphllmError(f"each param's zero points must be one of {', '.join(ZERO_POINTS)}")
+    return dict(record)
 
 
 def _quantization(value: Any) -> Quantization | None:
@@ -255,7 +272,8 @@ def export_onnx(
     written whole or not at all; with `check`, `onnx.checker.check_model(full_check=True)` runs
     on it before it is moved into place. `quantize` writes the linear weights as MatMulNBits
     (graphllm.exporters.onnx.quantize), quantized from the float weights (the workload recorded
-    then has that weight dtype).
+    then has that weight dtype), or from a GPTQ/AWQ checkpoint the integers it stores, kept as
+    they are (its group size is then the block size).
     """
     config, wl, ops = _checked(graph, workload, weights, no_weights, ops, device)
     if quantize is not None:
@@ -265,8 +283,12 @@ def export_onnx(
                 "checkpoint, not --no-weights"
             )
         wl = Workload.with_dtype(wl, weight_dtype=quantize.method)
+    stored_format = _kept_formats(graph) if quantize is not None and weights is not None else None
+    if stored_format is not None:
+        quant = graph.meta["checkpoint_quantization"]
+        quantize = checkpoint_quantization(quantize, quant.weights)
     dtype = wl.act_dtype
-    model, plan = lower(graph, ops, weights_as_inputs=no_weights, quantize=quantize)
+    model, plan = lower(graph, ops, no_weights, quantize, stored_format)
     if no_weights:
         source = "none: the weights are graph inputs"
     elif weights is not None:
@@ -285,7 +307,7 @@ def export_onnx(
     if no_weights:
         params: Iterator[tuple] = iter(())
     elif weights is not None:
-        params = checkpoint_tensors(graph, weights, dtype)
+        params = checkpoint_tensors(graph, weights, dtype, _kept(plan))
     else:
         params = random_tensors(graph, seed, dtype)
     tensors = planned(written, params, dtype)
@@ -299,6 +321,24 @@ def export_onnx(
         write_atomic(path, lambda tmp: _write(model, tmp, data_path, tensors, nbytes, check))
         _remove_unreferenced(path, data_path)
     return ExportResult(path, data_path, len(model.graph.node), numel, nbytes, source, ops)
+
+
+def _kept_formats(graph: Graph) -> Any:
+    """The GPTQ/AWQ format of each param a checkpoint stores so (None: float), or None when the
+    checkpoint stores no weight in a form MatMulNBits keeps."""
+    quant = graph.meta.get("checkpoint_quantization")
+    if quant is None or quant.method not in KEPT_METHODS:
+        return None
+    return lambda name: quant.format_of(name, graph[name].attrs["kind"])
+
+
+def _kept(plan: list[Initializer]) -> set[str]:
+    """The params read as their integers: the sources of the initializers that take them."""
+    kept = {s for init in plan if init.takes_stored for s in init.sources}
+    other = {s for init in plan if not init.takes_stored for s in init.sources}
+    if kept & other:  # a lowering reading one GPTQ/AWQ matrix two ways: a bug, said plainly
+        raise GraphllmError(f"{sorted(kept & other)[0]}: read both packed and as floats")
+    return kept
 
 
 @contextmanager
@@ -519,6 +559,7 @@ def _dtype_of(arr: np.ndarray) -> int:
         np.dtype(np.float32): TensorProto.FLOAT,
         np.dtype(np.float16): TensorProto.FLOAT16,
         np.dtype(np.uint8): TensorProto.UINT8,
+        np.dtype(np.int32): TensorProto.INT32,
     }[arr.dtype]
 
 

@@ -9,6 +9,7 @@ initializers it reads.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 from graphllm.errors import ConfigError, GraphllmError
 from graphllm.exporters.onnx.quantize import MS_DOMAIN, Quantization
 from graphllm.ir import Dim, Graph, Node, Ref, TensorType
+from graphllm.models.quantization import QuantFormat
 
 OPSET = 23
 EXPORT_DTYPES = ("fp32", "fp16")
@@ -35,9 +37,16 @@ ONNX_TYPES = {
     "fp32": TensorProto.FLOAT,
     "fp16": TensorProto.FLOAT16,
     "int64": TensorProto.INT64,
+    "int32": TensorProto.INT32,
     "uint8": TensorProto.UINT8,
 }
-NP_TYPES = {"fp32": np.float32, "fp16": np.float16, "int64": np.int64, "uint8": np.uint8}
+NP_TYPES = {
+    "fp32": np.float32,
+    "fp16": np.float16,
+    "int64": np.int64,
+    "int32": np.int32,
+    "uint8": np.uint8,
+}
 # protobuf cannot serialise a message of 2 GiB; leave room for the graph itself
 PROTO_LIMIT = 2**31 - 2**26
 ALIGN = 4096  # external tensors start on page boundaries, so onnxruntime can map them
@@ -55,6 +64,8 @@ class Initializer:
     shape: tuple[int, ...]
     make: Callable[..., np.ndarray] | None = None
     dtype: str | None = None  # None: the export's float dtype; "uint8": quantized values
+    # made by MatMulNBits from a GPTQ/AWQ source's integers as they are (IntGroups), not floats
+    takes_stored: bool = False
 
 
 @dataclass(frozen=True)
@@ -71,14 +82,27 @@ class LoweringError(GraphllmError):
     """A model that an op set cannot express (said in one line)."""
 
 
+StoredFormat = Callable[[str], QuantFormat | None]
+
+
 # -- the lowering context -------------------------------------------------------------------
 class Lowering:
     """ONNX nodes and constants for one Graph; what each op lowering writes into."""
 
-    def __init__(self, graph: Graph, dtype: str, quantization: Quantization | None = None) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        dtype: str,
+        quantization: Quantization | None = None,
+        stored_format: StoredFormat | None = None,
+    ) -> None:
         self.graph = graph
         self.dtype = dtype  # activations and KV cache
         self.quantization = quantization  # linear weights as MatMulNBits, or None: float
+        # a param's GPTQ/AWQ format where MatMulNBits takes the checkpoint's integers as stored
+        self.stored_format: StoredFormat = stored_format or (lambda param: None)
+        # param -> the zero points of the MatMulNBits weight made from it (quantize.ZERO_POINTS)
+        self.nbits_stored: dict[str, str] = {}
         self.nodes: list[onnx.NodeProto] = []
         self.constants: list[TensorProto] = []
         self._const_names: dict[tuple, str] = {}
@@ -149,10 +173,12 @@ class Lowering:
         shape: tuple[int, ...],
         make: Callable[..., np.ndarray],
         dtype: str | None = None,
+        takes_stored: bool = False,
     ) -> str:
         """A weight initializer made by `make` from the named params."""
         if name not in self.initializers:
-            self.initializers[name] = Initializer(name, sources, tuple(shape), make, dtype)
+            init = Initializer(name, sources, tuple(shape), make, dtype, takes_stored)
+            self.initializers[name] = init
         return name
 
     def param_shape(self, param: str) -> tuple[int, ...]:
@@ -221,10 +247,12 @@ def lower(
     ops: str = "decomposed",
     weights_as_inputs: bool = False,
     quantize: Quantization | None = None,
+    stored_format: StoredFormat | None = None,
 ) -> tuple[onnx.ModelProto, list[Initializer]]:
     """The graph as a ModelProto without weight data, and the weight initializers it reads
     (graph inputs with `weights_as_inputs`), in the order the params are read; with `quantize`,
-    its 2-D linear weights as MatMulNBits (graphllm.exporters.onnx.quantize)."""
+    its 2-D linear weights as MatMulNBits (graphllm.exporters.onnx.quantize), made from the
+    checkpoint's packed integers for the params `stored_format` gives a GPTQ/AWQ format."""
     opset = LOWERINGS[ops]
     dtype = graph.meta.get("act_dtype", "fp32")
     if dtype not in EXPORT_DTYPES:
@@ -234,7 +262,7 @@ def lower(
         regions = placed(graph, opset.regions(graph))
     except LoweringError as e:
         raise LoweringError(f"the {ops} lowering cannot express {graph.name}: {e}") from None
-    c = Lowering(graph, dtype, quantize)
+    c = Lowering(graph, dtype, quantize, stored_format)
     inputs, value_info = [], []
     for n in graph.nodes():
         if n.op == "input":
@@ -270,6 +298,10 @@ def lower(
         doc_string=__doc__.split("\n\n")[1],  # the I/O paragraph of this module's docstring
     )
     model.ir_version = helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+    if quantize is not None:  # what the bench's prediction prices: the params stored as MatMulNBits
+        plain = {init.sources[0] for init in plan if init.make is None}
+        stored = {k: v for k, v in c.nbits_stored.items() if k not in plain}  # not a tied table
+        model.metadata_props.add(key="graphllm.stored", value=json.dumps(stored))
     return model, plan
 
 

@@ -7,6 +7,7 @@ axis in one param node whose name has `*` where the checkpoint has the expert in
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -19,11 +20,16 @@ from graphllm.errors import ConfigError
 from graphllm.ir import CACHE, Dim, Graph, Node, Ref, TensorType
 from graphllm.models import rope as rope_mod
 from graphllm.models.model_config import ModelConfig
+from graphllm.models.quantization import QuantFormat
 from graphllm.models.workload import WEIGHT_ONLY, Workload
 
 
 def build_graph(
-    config: ModelConfig, workload: Workload | None = None, mla: str = "naive", mtp: bool = False
+    config: ModelConfig,
+    workload: Workload | None = None,
+    mla: str = "naive",
+    mtp: bool = False,
+    stored: Mapping[str, QuantFormat] | None = None,
 ) -> Graph:
     """The decoder of `config` as an explicit op graph for `workload` (default: B=1, T=1, P=0).
 
@@ -31,7 +37,8 @@ def build_graph(
     every step, as transformers does; 'absorbed' folds the up projections into the query and the
     output (graphllm.build_mla); asking another model for 'absorbed' is a ConfigError. `mtp`
     adds DeepSeek-V3's multi-token-prediction modules after the main model (graphllm.build_mtp);
-    a config without them is a ConfigError.
+    a config without them is a ConfigError. `stored` gives params a stored form of their own
+    (an export's MatMulNBits weights, by name), over the config's quantization.
     """
     if mla not in MLA_FORMS:
         raise ConfigError(f"mla must be one of {', '.join(MLA_FORMS)}, got {mla!r}")
@@ -41,7 +48,7 @@ def build_graph(
         )
     if mtp:
         check_mtp(config)
-    return _Builder(config, workload or Workload(), mla, mtp).build()
+    return _Builder(config, workload or Workload(), mla, mtp, stored or {}).build()
 
 
 def build_export_graph(
@@ -63,10 +70,16 @@ def build_export_graph(
 
 class _Builder:
     def __init__(
-        self, cfg: ModelConfig, wl: Workload, mla: str = "naive", mtp: bool = False
+        self,
+        cfg: ModelConfig,
+        wl: Workload,
+        mla: str = "naive",
+        mtp: bool = False,
+        stored: Mapping[str, QuantFormat] | None = None,
     ) -> None:
         self.cfg, self.wl = cfg, wl
         self.mla, self.mtp = mla, mtp
+        self.stored = stored or {}
         self._rope: dict[tuple[int, Any], tuple[Any, float, Any]] = {}
         bindings: dict[str, float] = dict(wl.bindings())
         if cfg.is_moe:
@@ -109,6 +122,12 @@ class _Builder:
 
     # -- primitives ----------------------------------------------------------------------------
     def param(self, name: str, dims: tuple[Dim, ...], kind: str, **attrs: object) -> Node:
+        if name in self.stored:  # stored as the caller says (an export's MatMulNBits weight)
+            fmt = self.stored[name]
+            attrs["stored"] = fmt
+            return self.g.add(
+                "param", name, (), {"type": TensorType(dims, fmt.dtype), "kind": kind, **attrs}
+            )
         q = self.cfg.quantization
         if q is not None:  # as the checkpoint stores it: quantized, or at its own dtype
             fmt = q.format_of(name, kind) if len(dims) > 1 else None

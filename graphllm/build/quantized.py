@@ -22,6 +22,7 @@ WeightsError naming the tensor, and only one matrix's stored tensors are in memo
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -87,6 +88,8 @@ def _check(
 
 
 Read = Callable[[], np.ndarray]
+# what GPTQ's stored zero point lacks, by checkpoint_format (graphllm.build.dequantize.gptq)
+GPTQ_ZERO_OFFSET = {"gptq": 1, "gptq_v2": 0}
 
 
 def check_quantized(ckpt: Stored, name: str, fmt: QuantFormat, shape: tuple[int, ...]) -> Read:
@@ -181,7 +184,10 @@ def _groups(name: str, fmt: QuantFormat, shape: tuple[int, int]) -> tuple[int, i
     return cols, _cdiv(shape[1], cols)
 
 
-def _gptq(ckpt: Stored, name: str, fmt: QuantFormat, shape: tuple[int, int]) -> Read:
+def _gptq_checked(
+    ckpt: Stored, name: str, fmt: QuantFormat, shape: tuple[int, int]
+) -> tuple[int, int, int]:
+    """(bits, group size, groups) of a GPTQ matrix whose stored tensors are all checked."""
     # 3 bits pack across word boundaries (GPTQ's own layout for it); not read here
     bits = _int_bits(name, fmt, (2, 4, 8))
     out, inn = shape
@@ -195,11 +201,16 @@ def _gptq(ckpt: Stored, name: str, fmt: QuantFormat, shape: tuple[int, int]) -> 
     _check(ckpt, f"{base}.qweight", ("I32",), (inn // per, out), why)
     _check(ckpt, f"{base}.qzeros", ("I32",), (groups, out // per), why)
     _check(ckpt, f"{base}.scales", ("F16", "BF16"), (groups, out), why)
-    desc_act = fmt.desc_act
-    if desc_act:  # checked now, read again with the matrix: a MoE has many of them
+    if fmt.desc_act:  # checked now, read again with the matrix: a MoE has many of them
         _check(ckpt, f"{base}.g_idx", ("I32",), (inn,), why + " with desc_act")
         _group_index(ckpt, f"{base}.g_idx", groups)
-    offset = {"gptq": 1, "gptq_v2": 0}[fmt.checkpoint_format]
+    return bits, size, groups
+
+
+def _gptq(ckpt: Stored, name: str, fmt: QuantFormat, shape: tuple[int, int]) -> Read:
+    bits, size, groups = _gptq_checked(ckpt, name, fmt, shape)
+    inn, base, desc_act = shape[1], _base(name), fmt.desc_act
+    offset = GPTQ_ZERO_OFFSET[fmt.checkpoint_format]
 
     def read() -> np.ndarray:
         # without desc_act: consecutive runs of `size` input rows, whatever a stored g_idx says
@@ -229,7 +240,10 @@ def _group_index(ckpt: Stored, name: str, groups: int) -> np.ndarray:
     return g_idx
 
 
-def _awq(ckpt: Stored, name: str, fmt: QuantFormat, shape: tuple[int, int]) -> Read:
+def _awq_checked(
+    ckpt: Stored, name: str, fmt: QuantFormat, shape: tuple[int, int]
+) -> tuple[int, int, int]:
+    """(bits, group size, groups) of an AWQ GEMM matrix whose stored tensors are all checked."""
     bits = _int_bits(name, fmt, (4,))  # AWQ's GEMM layout interleaves eight 4-bit columns
     out, inn = shape
     size, groups = _groups(name, fmt, shape)
@@ -240,6 +254,12 @@ def _awq(ckpt: Stored, name: str, fmt: QuantFormat, shape: tuple[int, int]) -> R
     _check(ckpt, f"{base}.qweight", ("I32",), (inn, out // per), why)
     _check(ckpt, f"{base}.qzeros", ("I32",), (groups, out // per), why)
     _check(ckpt, f"{base}.scales", ("F16", "BF16"), (groups, out), why)
+    return bits, size, groups
+
+
+def _awq(ckpt: Stored, name: str, fmt: QuantFormat, shape: tuple[int, int]) -> Read:
+    bits, size, _ = _awq_checked(ckpt, name, fmt, shape)
+    base = _base(name)
     return lambda: dq.awq(
         ckpt.stored(f"{base}.qweight"),
         ckpt.stored(f"{base}.qzeros"),
@@ -255,3 +275,58 @@ _READERS: dict[str, Callable[[Stored, str, QuantFormat, tuple[int, int]], Read]]
     "gptq": _gptq,
     "awq": _awq,
 }
+
+
+# -- the integers themselves, for a consumer that keeps them packed (MatMulNBits) -------------
+@dataclass(frozen=True)
+class IntGroups:
+    """One GPTQ/AWQ [out, in] matrix as the integers it stores, unpacked but not dequantized:
+    w[j, k] = scales[j, g] * (values[j, k] - zeros[j, g]), g = g_idx[k] (desc_act) or k //
+    group_size; zeros with GPTQ v1's missing one added back."""
+
+    values: np.ndarray  # (out, in) uint8 (or uint16 past 8 bits: none is read)
+    zeros: np.ndarray  # (out, groups) int32; v1's stored 15 reads 16 at 4 bits
+    scales: np.ndarray  # (out, groups) float32, exactly the stored fp16/bf16
+    g_idx: np.ndarray | None  # (in,) int32 with desc_act, else None: consecutive groups
+    bits: int
+    group_size: int
+
+
+ReadGroups = Callable[[], IntGroups]
+
+
+def check_int_groups(
+    ckpt: Stored, name: str, fmt: QuantFormat, shape: tuple[int, ...]
+) -> ReadGroups:
+    """`check_quantized` for a GPTQ/AWQ matrix whose integers are wanted as they are: the same
+    checks, a read that unpacks them (`IntGroups`) instead of dequantizing."""
+    if len(shape) != 2 or fmt.method not in ("gptq", "awq"):
+        raise WeightsError(f"{name}: only GPTQ/AWQ matrices keep their integers, not {fmt.method}")
+    two = (shape[0], shape[1])
+    base = _base(name)
+    if fmt.method == "awq":
+        bits, size, _ = _awq_checked(ckpt, name, fmt, two)
+        order: tuple[int, ...] | None = dq.AWQ_REVERSE_ORDER
+        offset, desc_act, groups = 0, False, 0
+    else:
+        bits, size, groups = _gptq_checked(ckpt, name, fmt, two)
+        order, offset, desc_act = None, GPTQ_ZERO_OFFSET[fmt.checkpoint_format], fmt.desc_act
+
+    def read() -> IntGroups:
+        words = ckpt.stored(f"{base}.qweight")
+        if order is None:  # GPTQ: packed along the input axis
+            values = dq.unpack_along_rows(words, bits)  # (in, out)
+        else:
+            values = dq.unpack_along_cols(words, bits, order)  # (in, out)
+        zeros = dq.unpack_along_cols(ckpt.stored(f"{base}.qzeros"), bits, order) + offset
+        g_idx = _group_index(ckpt, f"{base}.g_idx", groups).astype(np.int32) if desc_act else None
+        return IntGroups(
+            values.T.astype(np.uint8),
+            np.ascontiguousarray(zeros.T, np.int32),
+            np.ascontiguousarray(ckpt.stored(f"{base}.scales").astype(np.float32).T),
+            g_idx,
+            bits,
+            size,
+        )
+
+    return read

@@ -12,15 +12,15 @@ import math
 import os
 import stat
 import struct
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import ml_dtypes
 import numpy as np
 
-from graphllm.build.quantized import Read, check_quantized, stored_names
+from graphllm.build.quantized import Read, check_int_groups, check_quantized, stored_names
 from graphllm.echo import shown
 from graphllm.errors import WeightsError
 from graphllm.files import note_input
@@ -386,14 +386,15 @@ def _check_layout(rel: str, tensors: dict[str, _Tensor], base: int, data_size: i
 
 
 def checkpoint_tensors(
-    graph: Graph, folder: str | Path, dtype: str = "fp32"
-) -> Iterator[tuple[Node, np.ndarray]]:
+    graph: Graph, folder: str | Path, dtype: str = "fp32", packed: Collection[str] = ()
+) -> Iterator[tuple[Node, Any]]:
     """(param node, array) one at a time, read from a safetensors folder by the graph's names;
     stacked experts gathered per expert; a param the config's quantization_config stores
     quantized read from its stored tensors and dequantized (graphllm.build.quantized). The
     folder is validated and every tensor looked up and checked (dtype, shape, the scales and
     zero points beside it) when this is called, before the caller starts writing anything; the
-    tensors are read as the iterator is consumed."""
+    tensors are read as the iterator is consumed. The GPTQ/AWQ matrices named in `packed` come
+    as their integers (`graphllm.build.quantized.IntGroups`), not dequantized."""
     ckpt = SafetensorsFolder(folder)
     cfg = graph.meta.get("config")
     text_decoder = cfg is not None and bool(cfg.text_decoder_of)
@@ -407,13 +408,19 @@ def checkpoint_tensors(
     for n in graph.params():
         fmt = quant.format_of(n.name, n.attrs["kind"]) if quant is not None else None
         want = _shape(n)[1:] if _per_expert(n) else _shape(n)
+        if n.name in packed:
+            if fmt is None or n.attrs.get("stacked") == "expert":
+                raise WeightsError(f"{n.name}: not a GPTQ/AWQ matrix of the checkpoint")
+            home = _quantized_home(n.name, fmt, ckpt, text_decoder)
+            reads[n.name] = [check_int_groups(ckpt, home, fmt, want)]  # type: ignore[list-item]
+            continue
         reads[n.name] = [
             _plain_read(ckpt, _stored_name(name, ckpt, text_decoder), name)
             if fmt is None
             else check_quantized(ckpt, _quantized_home(name, fmt, ckpt, text_decoder), fmt, want)
             for name in _checkpoint_names(n)
         ]
-    return _read_params(graph, reads, dtype)
+    return _read_params(graph, reads, dtype, packed)
 
 
 # where a multimodal checkpoint keeps its text decoder's tensors, by the graph's name prefix:
@@ -458,9 +465,12 @@ def _plain_read(ckpt: SafetensorsFolder, stored: str, name: str) -> Read:
 
 
 def _read_params(
-    graph: Graph, reads: dict[str, list[Read]], dtype: str
-) -> Iterator[tuple[Node, np.ndarray]]:
+    graph: Graph, reads: dict[str, list[Read]], dtype: str, packed: Collection[str]
+) -> Iterator[tuple[Node, Any]]:
     for n in graph.params():
+        if n.name in packed:
+            yield n, reads[n.name][0]()
+            continue
         shape, names = _shape(n), _checkpoint_names(n)
         stacked = _per_expert(n)
         want = shape[1:] if stacked else shape

@@ -23,7 +23,13 @@ from graphllm.cli.common import (
 )
 from graphllm.errors import ConfigError
 from graphllm.exporters.onnx import export_onnx
-from graphllm.exporters.onnx.quantize import ACCURACY_LEVELS, BITS, BLOCK_SIZES, Quantization
+from graphllm.exporters.onnx.quantize import (
+    ACCURACY_LEVELS,
+    BITS,
+    BLOCK_SIZES,
+    Quantization,
+    checkpoint_quantization,
+)
 from graphllm.files import check_target, json_text, temporary_folder
 from graphllm.ir import Graph
 from graphllm.models.hardware import load_hardware, local_path
@@ -77,12 +83,14 @@ def quantize_options(fn: Any) -> Any:
                 "--quantize",
                 type=click.Choice(list(BITS)),
                 help="Linear weights as onnxruntime's MatMulNBits, quantized blockwise from the "
-                "float weights (embeddings and routed experts stay float).",
+                "float weights (embeddings and routed experts stay float); a GPTQ/AWQ "
+                "checkpoint's integers are kept as stored.",
             ),
             click.option(
                 "--block-size",
                 type=click.Choice([str(b) for b in BLOCK_SIZES]),
-                help="Values per quantization block along the input axis [default: 32].",
+                help="Values per quantization block along the input axis [default: 32; a "
+                "GPTQ/AWQ checkpoint's group size].",
             ),
             click.option(
                 "--accuracy-level",
@@ -186,6 +194,10 @@ def export(
     # before the work: a device, a FIFO, a missing folder or one of the inputs is refused now
     check_target(output, inputs=(config_path, weights))
     config, workload, graph = _export_graph(config_path, preset, dtype, logits, mla, mtp)
+    stored = graph.meta.get("checkpoint_quantization")
+    if quant is not None and weights is not None and stored is not None:
+        # a GPTQ/AWQ checkpoint's integers are kept: its group size is the default block
+        quant = checkpoint_quantization(quant, stored.weights, block_given=block_size is not None)
     r = export_onnx(
         graph,
         output,

@@ -70,7 +70,8 @@ class QuantFormat:
     scale_fmt: str = "fp32"  # one of SCALE_BITS
     index_bits: int = 0  # GPTQ's g_idx
     # the axis int values are packed along into int32 words: 'in' (GPTQ, compressed-tensors),
-    # 'out' (AWQ); '' for float values, stored one per value_bits
+    # 'out' (AWQ); 'blocks': bytes per row in whole blocks, zero points packed per row to bytes
+    # (onnxruntime's MatMulNBits, an export's); '' for float values, stored one per value_bits
     packed_along: str = ""
     shape_bytes: int = 0  # compressed-tensors' weight_shape tensor (two int64) per matrix
     symmetric: bool = True  # int: the zero point is the middle of the range (GPTQ `sym`)
@@ -103,12 +104,16 @@ class QuantFormat:
             values = rows * math.ceil(cols * self.value_bits / 32) * 4
         elif self.packed_along == "out":
             values = cols * math.ceil(rows * self.value_bits / 32) * 4
+        elif self.packed_along == "blocks":  # the last block padded to its full size
+            values = rows * math.ceil(cols / self.block[1]) * self.block[1] * self.value_bits // 8
         else:
             values = math.ceil(rows * cols * self.value_bits / 8)
         br, bc = self.block
         s_rows, s_cols = math.ceil(rows / (br or rows)), math.ceil(cols / (bc or cols))
         scales = s_rows * s_cols * self.scale_bits // 8
         zeros = s_cols * math.ceil(s_rows * self.zero_bits / 32) * 4 if self.zero_bits else 0
+        if self.packed_along == "blocks":
+            zeros = s_rows * math.ceil(s_cols * self.zero_bits / 8)
         index = cols * self.index_bits // 8
         return values + scales + zeros + index + self.shape_bytes
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,8 +22,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from graphllm.build.builder import build_graph
 from graphllm.errors import GraphllmError
 from graphllm.exporters.onnx import ExportedModel, metadata_from_props, read_metadata
+from graphllm.exporters.onnx.quantize import nbits_format
 from graphllm.models.hardware import load_hardware, local_path
 from graphllm.models.model_config import ModelConfig
+from graphllm.models.quantization import QuantFormat
 from graphllm.models.workload import Workload
 from graphllm.passes import run
 from graphllm.runtime import hugepages
@@ -153,10 +155,12 @@ def predict(
     new_tokens: int,
     hardware: Any,
     build: dict[str, Any] | None = None,
+    stored: Mapping[str, QuantFormat] | None = None,
 ) -> tuple[float, float]:
     """Roofline seconds of the prefill and of one decode step, averaged over the decode steps
     (past P = prompt_len ... prompt_len + new_tokens - 1; decode cost is linear in P). The
-    decomposed lowering materialises the scores (`naive` attention), the fused ones do not."""
+    decomposed lowering materialises the scores (`naive` attention), the fused ones do not.
+    The weights are at `dtype` but for those `stored` gives a form (a quantized export's)."""
 
     attention = "naive" if lowering == "decomposed" else "flash"
 
@@ -164,13 +168,33 @@ def predict(
         wl = Workload.with_dtype(
             batch=batch, seq_len=seq, past_len=past, dtype=dtype, logits=logits
         )
-        graph = build_graph(config, wl, **(build or {}))  # an export's mla= and mtp=
+        graph = predicted_graph(config, wl, build, stored)
         res = run(graph, ["cost", "roofline"], hardware=hardware, attention=attention)
         return res["roofline"].seconds
 
     first, last = prompt_len, prompt_len + new_tokens - 1
     decode = (seconds(1, first) + seconds(1, last)) / 2
     return seconds(prompt_len, 0), decode
+
+
+def predicted_graph(
+    config: ModelConfig,
+    wl: Workload,
+    build: dict[str, Any] | None = None,
+    stored: Mapping[str, QuantFormat] | None = None,
+) -> Any:
+    """The graph a prediction prices: an export's mla= and mtp=, its params stored as `stored`
+    says (MatMulNBits weights) and the others at the workload's dtype."""
+    return build_graph(config, wl, stored=stored, **(build or {}))
+
+
+def export_storage(meta: ExportedModel) -> dict[str, QuantFormat]:
+    """Each param a quantized export stores as MatMulNBits, in that form (its metadata's
+    `graphllm.stored`); embeddings, norms and routed experts are float at the export's dtype."""
+    q = meta.quantization
+    if q is None:
+        return {}
+    return {n: nbits_format(q, zp, meta.workload.act_dtype) for n, zp in meta.stored.items()}
 
 
 def bench(
@@ -243,6 +267,7 @@ def _predicted(
         new_tokens,
         hw,
         meta.build,
+        export_storage(meta),
     )
 
 
