@@ -126,6 +126,9 @@ BIASED_ROUTING = {
     "minimax_m2": "router.gather is gather_k, where topk was expected",
 }
 LOWERED += [(ops, c) for c in BIASED_ROUTING for ops in ("decomposed", "standard")]
+# issue 18: Llama 4's MoE (the weight on the expert's input, fused experts, a shared expert)
+# under attention every lowering takes: the MoE layer lowered as the decomposed one is
+LOWERED += [(ops, "llama4_text-moe-plain") for ops in ("decomposed", "standard", "ort")]
 # Phi-4-mini's attention: partial rotary and longrope, whose decode steps cross from the short
 # factors to the long ones (every lowering chooses per call, from position_ids)
 LOWERED += [(ops, "phi3-partial-longrope") for ops in ("decomposed", "standard", "ort")]
