@@ -223,6 +223,23 @@ CASES: dict[str, tuple[str, dict]] = {
             "rope_parameters": LLAMA3_ROPE,
         },
     ),
+    # issue 18: the same MoE under attention the fused lowerings take (no QK-norm, as Maverick's;
+    # no chunk, no temperature), so that `standard` and `ort` export the MoE layers too
+    "llama4_text-moe-plain": (
+        "llama4_text",
+        {
+            "num_hidden_layers": 2,
+            "head_dim": 16,
+            "intermediate_size": 24,
+            "intermediate_size_mlp": 48,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 1,
+            "interleave_moe_layer_step": 2,
+            "use_qk_norm": False,
+            "attention_chunk_size": None,
+            "attn_temperature_tuning": False,
+        },
+    ),
     # issue 18: GLM-4.5's block in small: partial rotate-half RoPE (half of each 16-wide head),
     # QKV bias, per-head QK-norm, a dense first layer then DeepSeek-V3's routing (sigmoid,
     # correction bias moved off 0, groups ranked by their two best, renormalised, scaled) with a

@@ -131,6 +131,9 @@ LOWERED += [(ops, c) for c in BIASED_ROUTING for ops in ("decomposed", "standard
 # GroupQueryAttention with head_sink and MoE with swiglu_fusion) do not take it yet
 GPT_OSS = {"gpt_oss": "self_attn.core.softmax is softmax_sink, where softmax was expected"}
 LOWERED += [("decomposed", c) for c in GPT_OSS]
+# issue 18: Llama 4's MoE (the weight on the expert's input, fused experts, a shared expert)
+# under attention every lowering takes: the MoE layer lowered as the decomposed one is
+LOWERED += [(ops, "llama4_text-moe-plain") for ops in ("decomposed", "standard", "ort")]
 # Phi-4-mini's attention: partial rotary and longrope, whose decode steps cross from the short
 # factors to the long ones (every lowering chooses per call, from position_ids)
 LOWERED += [(ops, "phi3-partial-longrope") for ops in ("decomposed", "standard", "ort")]
