@@ -153,6 +153,10 @@ def test_default_table():
             # issue 18: GLM-4.5's and MiniMax-M2's biased expert choice is beyond the MoE op,
             # not beyond opset 23's Attention and RotaryEmbedding
             want = "standard"
+        if cfg.attention_sinks:
+            # issue 18: gpt-oss's sinks, beyond both fused attentions until the ort lowering
+            # takes GroupQueryAttention's head_sink
+            want = "decomposed"
         assert default_lowering(graph, "cpu") == want, name
         assert default_lowering(graph, "cuda") == "decomposed", name
     moe = _small("qwen3-30b-a3b")
