@@ -1126,21 +1126,15 @@ def _minimax_m2_moe(v: dict) -> dict:
     # MiniMaxM2SparseMoeBlock: Mixtral's block with sigmoid scores, the block's
     # e_score_correction_bias added to choose the top-k, the unbiased scores of the chosen ones
     # renormalised to weight them; every layer routes, no shared expert
-    n = v["num_hidden_layers"]
-    return {
-        "num_experts": v["num_local_experts"],
-        "num_experts_per_tok": v["num_experts_per_tok"],
-        "moe_intermediate_size": v["intermediate_size"],
-        "intermediate_size": 0,
-        "norm_topk_prob": True,
-        "moe_layers": (True,) * n,
-        "moe_names": MoENames(
-            block="block_sparse_moe",
-            expert_gate="w1",
-            expert_up="w3",
-            expert_down="w2",
-            correction_bias="e_score_correction_bias",
-        ),
+    names = MoENames(
+        block="block_sparse_moe",
+        expert_gate="w1",
+        expert_up="w3",
+        expert_down="w2",
+        correction_bias="e_score_correction_bias",
+    )
+    return _mixtral_moe(v) | {
+        "moe_names": names,
         "scoring_func": "sigmoid",
         "topk_method": "noaux_tc",
     }
