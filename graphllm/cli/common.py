@@ -147,18 +147,41 @@ def signals_interrupt() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    pending: list[int] = []
 
     def interrupt(signum: int, frame: Any) -> None:
+        if _in_import_machinery(frame):
+            # raised here, the exception can land in one of importlib's callbacks, which print
+            # it as "Exception ignored" and swallow it: raise it a moment later, out of there
+            pending.append(signum)
+            signal.setitimer(signal.ITIMER_REAL, 0.02)
+            return
         for s in _SIGNALS:
             signal.signal(s, signal.SIG_IGN)
         raise Interrupted(signum)
 
+    def retry(_: int, frame: Any) -> None:
+        if pending:
+            interrupt(pending[-1], frame)
+
     before = {s: signal.signal(s, interrupt) for s in _SIGNALS}
+    before_alarm = signal.signal(signal.SIGALRM, retry)
     try:
         yield
     finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before_alarm)
         for s, handler in before.items():
             signal.signal(s, handler)
+
+
+def _in_import_machinery(frame: Any) -> bool:
+    """Whether `frame` or a caller of it runs inside importlib's bootstrap."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def user_errors(fn: Callable) -> Callable:

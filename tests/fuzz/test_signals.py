@@ -194,3 +194,24 @@ def test_a_ctrl_c_while_the_library_loads_is_one_line(tmp_path, share):
     p.send_signal(signal.SIGINT)
     code, err = _finish(p)
     assert (code, err) == (130, "error: interrupted (SIGINT)")
+
+
+def test_a_signal_inside_an_import_is_raised_after_it_not_swallowed(tmp_path, monkeypatch):
+    # an exception raised from a signal handler inside importlib can land in one of its
+    # callbacks, which prints "Exception ignored" and goes on (a CI run ended 0 so): the
+    # handler waits until the import is over, then raises
+    import importlib
+    import threading
+
+    from graphllm.cli.common import signals_interrupt
+    from graphllm.errors import Interrupted
+
+    (tmp_path / "slow_module_for_signal_test.py").write_text("import time\ntime.sleep(0.3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    timer = threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGINT))
+    start = time.monotonic()
+    with pytest.raises(Interrupted), signals_interrupt():
+        timer.start()
+        importlib.import_module("slow_module_for_signal_test")
+        time.sleep(5)  # the retry raises within a few hundredths of a second
+    assert 0.3 <= time.monotonic() - start < 2
