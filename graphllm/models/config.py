@@ -792,13 +792,21 @@ FAMILY_TABLE["cohere"] = Family(
 )
 
 
-def _cohere2_window(v: dict) -> tuple[tuple[str, ...], int | None]:
-    # Cohere2Config: without layer_types, every sliding_window_pattern-th layer is global
-    if v["sliding_window"] is None:
-        raise ConfigError("sliding_window null is not modelled for cohere2 (no layer would rotate)")
-    w = _active_window(v, True)
-    n, every = v["num_hidden_layers"], v["sliding_window_pattern"]
-    return tuple(SLIDING if (i + 1) % every else FULL for i in range(n)), w
+def _global_every(
+    mt: str, every: int | None = None, why: str = ""
+) -> Callable[[dict], tuple[tuple[str, ...], int | None]]:
+    """Windows for a family whose layers slide but every `every`-th (else the config's
+    sliding_window_pattern-th) is global, as Gemma 2 (every 2nd, the even ones slide), Gemma 3,
+    Cohere 2 (sliding_window_pattern) and gpt-oss (every 2nd) derive them without layer_types."""
+
+    def windows(v: dict) -> tuple[tuple[str, ...], int | None]:
+        if v["sliding_window"] is None:
+            raise ConfigError(f"sliding_window null is not modelled for {mt}{why}")
+        w = _active_window(v, True)
+        n, k = v["num_hidden_layers"], every or v["sliding_window_pattern"]
+        return tuple(SLIDING if (i + 1) % k else FULL for i in range(n)), w
+
+    return windows
 
 
 def _cohere2(v: dict) -> dict:
@@ -821,7 +829,7 @@ FAMILY_TABLE["cohere2"] = Family(
         "sliding_window_pattern": Spec(_pos_int, 4),
     },
     derive=_cohere2,
-    windows=_cohere2_window,
+    windows=_global_every("cohere2", why=" (no layer would rotate)"),
     reads_layer_types=True,
     # the published files' own names for what transformers' cohere2 always builds: accepted at
     # that value, refused at any other
@@ -839,14 +847,6 @@ FAMILY_TABLE["cohere2"] = Family(
     block=BlockLayout(ffn_pre=None, parallel=True),
     rope_on_sliding_only=True,
 )
-
-
-def _gemma2_window(v: dict) -> tuple[tuple[str, ...], int | None]:
-    # Gemma2Config: without layer_types, the even layers (0, 2, ...) slide, the odd ones are global
-    if v["sliding_window"] is None:
-        raise ConfigError("sliding_window null is not modelled for gemma2")
-    w = _active_window(v, True)
-    return tuple(SLIDING if (i + 1) % 2 else FULL for i in range(v["num_hidden_layers"])), w
 
 
 def _gemma2(v: dict) -> dict:
@@ -874,7 +874,7 @@ FAMILY_TABLE["gemma2"] = Family(
         "final_logit_softcapping": Spec(_pos_float, 30.0, nullable=True),
     },
     derive=_gemma2,
-    windows=_gemma2_window,
+    windows=_global_every("gemma2", 2),
     reads_layer_types=True,
     acts=_GEMMA2_ACTS,
     act_field="hidden_activation",
@@ -887,15 +887,6 @@ FAMILY_TABLE["gemma2"] = Family(
         ffn_post="post_feedforward_layernorm",
     ),
 )
-
-
-def _gemma3_window(v: dict) -> tuple[tuple[str, ...], int | None]:
-    # Gemma3TextConfig: without layer_types, every sliding_window_pattern-th layer is global
-    if v["sliding_window"] is None:
-        raise ConfigError("sliding_window null is not modelled for gemma3_text")
-    w = _active_window(v, True)
-    n, every = v["num_hidden_layers"], v["sliding_window_pattern"]
-    return tuple(SLIDING if (i + 1) % every else FULL for i in range(n)), w
 
 
 # issue 16: Gemma 3's text decoder (transformers' gemma3: Gemma3TextConfig, Gemma3Attention,
@@ -918,7 +909,7 @@ FAMILY_TABLE["gemma3_text"] = Family(
         "sliding_window_pattern": Spec(_pos_int, 6),
     },
     derive=lambda v: _gemma2(v) | {"qk_norm": True},
-    windows=_gemma3_window,
+    windows=_global_every("gemma3_text"),
     reads_layer_types=True,
     acts=_GEMMA2_ACTS,
     act_field="hidden_activation",
@@ -1209,14 +1200,6 @@ FAMILY_TABLE["minimax_m2"] = Family(
 )
 
 
-def _gpt_oss_window(v: dict) -> tuple[tuple[str, ...], int | None]:
-    # GptOssConfig: without layer_types, the even layers (0, 2, ...) slide, the odd ones are full
-    if v["sliding_window"] is None:
-        raise ConfigError("sliding_window null is not modelled for gpt_oss")
-    w = _active_window(v, True)
-    return tuple(SLIDING if (i + 1) % 2 else FULL for i in range(v["num_hidden_layers"])), w
-
-
 def _gpt_oss_moe(v: dict) -> dict:
     # GptOssMLP: every layer routes; GptOssTopKRouter takes the top-k of the biased router
     # logits and softmaxes the k chosen; GptOssExperts keeps each projection stacked for all
@@ -1270,7 +1253,7 @@ FAMILY_TABLE["gpt_oss"] = Family(
         swiglu_alpha=Spec(_pos_float, 1.702),
     ),
     derive=_gpt_oss,
-    windows=_gpt_oss_window,
+    windows=_global_every("gpt_oss", 2),
     reads_layer_types=True,
     moe=_gpt_oss_moe,
     default_theta=150000.0,
