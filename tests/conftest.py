@@ -84,3 +84,13 @@ def tiny_mtp(tmp_path_factory):
     from tests.support.tiny_deepseek import TinyDeepSeek
 
     return TinyMTP(TinyDeepSeek("v3-noaux", tmp_path_factory.mktemp("v3-mtp")))
+
+
+@pytest.fixture(scope="session")
+def tiny_nemotron(tmp_path_factory) -> Callable:
+    """issue 19: case -> tests.support.tiny_nemotron.TinyNemotron (as `tiny_model`)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tests.support.tiny_nemotron import TinyNemotron
+
+    return _built_once(TinyNemotron, tmp_path_factory)

@@ -223,9 +223,10 @@ class _Builder:
         c, g = self.cfg, self.g
         ids = g.add("input", "input_ids", (), {"type": TensorType((B, T), "int64")})
         self.positions = g.add("input", "position_ids", (), {"type": TensorType((B, T), "int64")})
-        table = self.param("model.embed_tokens.weight", (self.vocab, self.d), "embedding")
-        x = g.add("embedding", "model.embed_tokens", (ids, table))
-        self.scopes.update({"model.embed_tokens": "embedding", "model.embed_scale": "embedding"})
+        emb = c.embedding_name
+        table = self.param(f"{emb}.weight", (self.vocab, self.d), "embedding")
+        x = g.add("embedding", emb, (ids, table))
+        self.scopes.update({emb: "embedding", "model.embed_scale": "embedding"})
         if c.embedding_multiplier != 1.0:
             # gemma rounds sqrt(d) to the activation dtype; in fp32 it is exact enough
             x = g.add("mul_const", "model.embed_scale", (x,), {"value": c.embedding_multiplier})
@@ -234,7 +235,7 @@ class _Builder:
             x = self.block(i, x)
             blocks.append(x.name)
         g.meta["blocks"] = blocks  # each block's output, for per-layer reports
-        hidden = x = self.layer_norm("model.norm", x, self.d)
+        hidden = x = self.layer_norm(c.final_norm_name, x, self.d)
         if self.wl.logits == "last":
             x = g.add("last_position", "model.last_position", (x,), {"axes": {"l": T_LAST}})
         self.scopes["lm_head"] = "lm_head"
@@ -258,10 +259,12 @@ class _Builder:
         each sub-layer inside the norms the config's BlockLayout names. `kind` is the scope's
         kind (an MTP module's block is not one of the main model's layers); `moe` overrides the
         layer's FFN."""
-        lay, p = self.cfg.block, f"model.layers.{i}"
+        lay, p = self.cfg.block, f"{self.cfg.layers_prefix}.{i}"
         self.scopes[p] = kind
+        if self.cfg.layer_block(i) != "both":
+            return self.one_sublayer(i, x, moe)
         a_in = self.norm(p, lay.attention_pre, x)
-        a = self.norm(p, lay.attention_post, self.attention(f"{p}.self_attn", a_in, i))
+        a = self.norm(p, lay.attention_post, self.mixer(p, a_in, i))
         a = self.residual_scale(f"{p}.attn_residual_scale", a)
         h = self.g.add("add", f"{p}.attn_residual", (x, a))
         if lay.parallel:
@@ -274,6 +277,30 @@ class _Builder:
         f = self.norm(p, lay.ffn_post, f)
         f = self.residual_scale(f"{p}.mlp_residual_scale", f)
         return self.g.add("add", f"{p}.mlp_residual", (h, f))
+
+    def one_sublayer(self, i: int, x: Node, moe: bool | None = None) -> Node:
+        """issue 19: out = x + sub(norm(x)) for a layer that holds its token mixer alone or its
+        FFN alone (Nemotron-H), inside the mixer's or the FFN's norms of the BlockLayout."""
+        c, lay, p = self.cfg, self.cfg.block, f"{self.cfg.layers_prefix}.{i}"
+        if c.layer_block(i) == "mixer":
+            a = self.mixer(p, self.norm(p, lay.attention_pre, x), i)
+            a = self.residual_scale(f"{p}.attn_residual_scale", self.norm(p, lay.attention_post, a))
+            return self.g.add("add", f"{p}.attn_residual", (x, a))
+        f_in = self.norm(p, lay.ffn_pre, x)
+        routed = c.moe_layers[i] if moe is None else moe
+        f = moe_ffn(self, p, f_in) if routed else self.mlp(f"{p}.{c.mlp_name}", f_in)
+        f = self.residual_scale(f"{p}.mlp_residual_scale", self.norm(p, lay.ffn_post, f))
+        return self.g.add("add", f"{p}.mlp_residual", (x, f))
+
+    def mixer(self, p: str, x: Node, i: int) -> Node:
+        """Layer i's token mixer: attention, or (issue 19) a Mamba2 mixer."""
+        name = f"{p}.{self.cfg.attention_name}"
+        if self.cfg.layer_type(i) == "mamba2":
+            raise ConfigError(
+                f"layer {i}: Mamba2 layers are not modelled yet (layers_block_type "
+                "'linear_attention', hybrid_override_pattern 'M')"
+            )
+        return self.attention(name, x, i)
 
     def residual_scale(self, name: str, x: Node) -> Node:
         """A sub-layer's output scaled before its residual add (granite's residual_multiplier;
@@ -391,10 +418,14 @@ class _Builder:
 
     # -- feed-forward --------------------------------------------------------------------------
     def mlp(self, p: str, x: Node, width: int | None = None, kind: str = "mlp") -> Node:
-        """down(act(gate(x)) * up(x))."""
+        """down(act(gate(x)) * up(x)), or down(act(up(x))) where the MLP is not gated."""
         c, g = self.cfg, self.g
         self.scopes[p] = "shared_expert" if kind == "shared_experts" else "mlp"
         ffn = Dim("ffn", "ffn", width or c.intermediate_size)
+        if not c.mlp_gated:  # issue 19, Nemotron-H's relu^2 MLP
+            up = self.linear(f"{p}.up_proj", x, ffn, kind, bias=c.mlp_bias)
+            a = self.act(f"{p}.act_fn", up)
+            return self.linear(f"{p}.down_proj", a, self.d, kind, bias=c.mlp_bias)
         if c.fused_gate_up:
             two = Dim("2ffn", "ffn", 2 * ffn.size)  # type: ignore[operator]
             gu = self.linear(f"{p}.gate_up_proj", x, two, kind, bias=c.mlp_bias)

@@ -39,4 +39,5 @@ SCOPE_KINDS = (
     "norms",
     "lm_head",
     "mtp",  # DeepSeek-V3's multi-token-prediction modules, when built
+    "mamba",  # issue 19: a Mamba2 mixer (Nemotron-H)
 )

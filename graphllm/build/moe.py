@@ -51,6 +51,9 @@ def moe_ffn(b: _Builder, layer: str, x: Node) -> Node:
         slots = g.add("moe_scale_slots", f"{p}.experts.scale", (slots, weights, chosen))
     if c.fused_experts:
         y = _fused_experts(b, p, slots, n_exp, ffn)
+    elif not c.mlp_gated:  # issue 19, NemotronHExperts: down(act(up(x)))
+        up = expert_linear(names.expert_up, slots, ffn)  # (E, C, ffn_e)
+        y = expert_linear(names.expert_down, b.act(f"{p}.experts.act_fn", up), b.d)
     else:
         gate = expert_linear(names.expert_gate, slots, ffn)  # (E, C, ffn_e)
         up = expert_linear(names.expert_up, slots, ffn)
@@ -60,6 +63,12 @@ def moe_ffn(b: _Builder, layer: str, x: Node) -> Node:
         out = g.add("moe_sum", f"{p}.experts.combine", (y, chosen))  # (B, T, d)
     else:
         out = g.add("moe_combine", f"{p}.experts.combine", (y, weights, chosen))  # (B, T, d)
+    return _shared(b, p, x, out)
+
+
+def _shared(b: _Builder, p: str, x: Node, out: Node) -> Node:
+    """The routed experts' sum plus the shared expert (gated or not), where there is one."""
+    c, g, names = b.cfg, b.g, b.cfg.moe_names
     if c.shared_expert_intermediate_size:
         s = f"{p}.{names.shared}"
         sh = b.mlp(s, x, c.shared_expert_intermediate_size, "shared_experts")

@@ -69,6 +69,9 @@ class OpSpec:
     # the FLOPs from the bound letter sizes and the node's attrs, for a rule the sizes alone
     # do not fix (RoPE: 3 per rotated element, its rotated width 2 * len(inv_freq) of e)
     flops_attrs_fn: Callable[[dict[str, float], dict[str, Any]], float] | None = None
+    # issue 19: (matmul, other) FLOPs from the sizes and attrs, for an op part of whose work is
+    # matrix multiplies (Mamba2's chunked scan: its einsums, and the elementwise rest)
+    flops_split_fn: Callable[[dict[str, float], dict[str, Any]], tuple[float, float]] | None = None
     out_dtypes: tuple[str, ...] = ("same",)  # 'same' (input 0), 'act', 'int64', 'attr'
     check: Callable[[Node, dict[str, Dim]], str | None] | None = None
     # which (query, key) position pairs the op lets through, from its attrs: for query
@@ -273,6 +276,9 @@ def node_flops(graph: Graph, node: Node) -> tuple[float, float]:
         return 0.0, float(spec.flops_fn(letter_sizes(graph, node)))
     if spec.flops_attrs_fn is not None:
         return 0.0, float(spec.flops_attrs_fn(letter_sizes(graph, node), node.attrs))
+    if spec.flops_split_fn is not None:
+        mm, other = spec.flops_split_fn(letter_sizes(graph, node), node.attrs)
+        return float(mm), float(other)
     contraction = 2 * math.prod(letter_sizes(graph, node).values()) if spec.is_contraction else 0.0
     other = spec.flops_per_elem * sum(t.numel(graph.bindings) for t in node.outputs)
     if spec.matmul:

@@ -46,6 +46,8 @@ FAMILIES = (
     "minimax_m2",
     # issue 18: gpt_oss (gpt-oss-20b, gpt-oss-120b)
     "gpt_oss",
+    # issue 19: nemotron_h (Nemotron-H, Nemotron-3-Nano: Mamba2 layers)
+    "nemotron_h",
 )
 
 # the attention a layer can have (ModelConfig.layer_types), each one the builder implements; a
@@ -56,7 +58,13 @@ LAYER_TYPES = (
     "sliding_attention",
     # issue 16, Llama 4: attention inside fixed blocks of attention_chunk_size absolute positions
     "chunked_attention",
+    # issue 19, Nemotron-H: a Mamba2 mixer (a selective state-space scan) in place of attention
+    "mamba2",
 )
+# issue 19: what one decoder layer holds (ModelConfig.layer_blocks): "both" the token mixer and
+# the FFN (every attention family), or one of them alone with its own pre-norm and residual
+# (Nemotron-H: a Mamba2, attention, MLP or MoE layer each)
+LAYER_BLOCKS = ("both", "mixer", "ffn")
 
 
 # Sanity limits on a model's sizes: a config past one is a mistake or an attack, refused in one
@@ -164,9 +172,14 @@ class BlockLayout:
     ffn_pre: str | None = "post_attention_layernorm"
     ffn_post: str | None = None
     parallel: bool = False
+    # issue 19: a layer holds its mixer or its FFN, not both (ModelConfig.layer_blocks), so the
+    # mixer's norms and the FFN's may share a name (Nemotron-H's one `norm` per layer)
+    one_sublayer: bool = False
 
     def __post_init__(self) -> None:
         names = [n for n in self.norms().values() if n is not None]
+        if self.one_sublayer:
+            names = list(dict.fromkeys(names))
         for name in names:
             if not isinstance(name, str) or not name:
                 raise ConfigError(
@@ -357,6 +370,33 @@ class ModelConfig:
     # swiglu_limit, (up + 1) * gate * sigmoid(swiglu_alpha * gate); None: act(gate) * up
     swiglu_limit: float | None = None
     swiglu_alpha: float = 1.702
+    # issue 19, Nemotron-H. Per layer one of LAYER_BLOCKS (empty: every layer "both")
+    layer_blocks: tuple[str, ...] = ()
+    # module names as the checkpoint has them: <layers_prefix>.{i}.<attention_name>, the
+    # embedding table's and the final norm's (Nemotron-H, as transformers 5 saves it too:
+    # backbone.layers.{i}.mixer, backbone.embeddings, backbone.norm_f)
+    layers_prefix: str = "model.layers"
+    attention_name: str = "self_attn"
+    embedding_name: str = "model.embed_tokens"
+    final_norm_name: str = "model.norm"
+    # the MLP, the shared expert and the routed experts gated, down(act(gate(x)) * up(x));
+    # False: down(act(up(x))) (Nemotron-H's relu^2 MLP and NemotronHExperts)
+    mlp_gated: bool = True
+    # a mamba2 layer's mixer: mamba_num_heads heads of mamba_head_dim channels, a state of
+    # ssm_state_size per channel, B and C shared by the heads of each of mamba_n_groups groups,
+    # a depthwise causal conv of mamba_conv_kernel taps (with a bias when mamba_conv_bias) over
+    # x, B and C; the chunked scan runs in chunks of mamba_chunk_size and clamps dt below at
+    # mamba_dt_min (transformers' time_step_limit of its torch path); in_proj and out_proj
+    # biased when mamba_proj_bias
+    mamba_num_heads: int = 0
+    mamba_head_dim: int = 0
+    ssm_state_size: int = 0
+    mamba_n_groups: int = 0
+    mamba_conv_kernel: int = 0
+    mamba_chunk_size: int = 0
+    mamba_conv_bias: bool = False
+    mamba_proj_bias: bool = False
+    mamba_dt_min: float = 0.0
 
     def __post_init__(self) -> None:
         if self.quantization is not None and not isinstance(self.quantization, Quantization):
@@ -375,7 +415,7 @@ class ModelConfig:
         for name, default in {"layer_types": LAYER_TYPES[0], "moe_layers": False}.items():
             if not getattr(self, name):  # frozen: filled once, at construction
                 object.__setattr__(self, name, (default,) * n)
-        for name in ("layer_types", "moe_layers", "rope_layers"):
+        for name in ("layer_types", "moe_layers", "rope_layers", "layer_blocks"):
             value = getattr(self, name)
             if value and len(value) != n:
                 raise ConfigError(f"{name} has {len(value)} entries for {n} hidden layers")
@@ -383,6 +423,11 @@ class ModelConfig:
         if bad:
             raise ConfigError(
                 f"layer_types has {bad[0]!r}; graphllm models {', '.join(LAYER_TYPES)}"
+            )
+        bad = [t for t in self.layer_blocks if t not in LAYER_BLOCKS]
+        if bad:
+            raise ConfigError(
+                f"layer_blocks has {shown(bad[0], 40)}; graphllm models {', '.join(LAYER_BLOCKS)}"
             )
         if self.is_mla and not all(self.rope_layers):
             raise ConfigError("rope_layers: an MLA layer always rotates its RoPE part (no NoPE)")
@@ -414,7 +459,7 @@ class ModelConfig:
                 raise ConfigError(
                     f"{name} must be true or false, got {shown(getattr(self, name), 40)}"
                 )
-        for name in ("layer_types", "moe_layers", "rope_layers", "mtp_moe_layers"):
+        for name in ("layer_types", "moe_layers", "rope_layers", "mtp_moe_layers", "layer_blocks"):
             if not isinstance(getattr(self, name), tuple):
                 raise ConfigError(f"{name} must be a list, got {shown(getattr(self, name), 40)}")
 
@@ -433,6 +478,7 @@ class ModelConfig:
         check_number("temperature_attn_scale", self.temperature_attn_scale, -1e6, 1e6)
         check_number("rms_norm_eps", self.rms_norm_eps, 1e-30, 1.0)
         check_number("swiglu_alpha", self.swiglu_alpha, -1e6, 1e6)
+        check_number("mamba_dt_min", self.mamba_dt_min, 0.0, 1e6)
         if self.swiglu_limit is not None:
             check_number("swiglu_limit", self.swiglu_limit, 1e-6, 1e6)
         check_number("rope.theta", self.rope.theta, 1.0, 1e15)
@@ -502,11 +548,45 @@ class ModelConfig:
             raise ConfigError(
                 "sliding_rope is modelled with rotate-half RoPE and standard attention only"
             )
+        self._check_mamba()
         if self.mtp_moe_layers and len(self.mtp_moe_layers) != self.num_nextn_predict_layers:
             raise ConfigError(
                 f"mtp_moe_layers has {len(self.mtp_moe_layers)} entries for "
                 f"{self.num_nextn_predict_layers} multi-token-prediction layers"
             )
+
+    def _check_mamba(self) -> None:
+        """issue 19: the Mamba2 sizes a mamba2 layer needs, and the names every layer reads."""
+        for name in ("layers_prefix", "attention_name", "embedding_name", "final_norm_name"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ConfigError(
+                    f"{name} must be a non-empty string, got {shown(getattr(self, name), 40)}"
+                )
+        if "mamba2" not in self.layer_types:
+            return
+        sizes = ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "mamba_n_groups")
+        missing = [
+            k for k in (*sizes, "mamba_conv_kernel", "mamba_chunk_size") if not getattr(self, k)
+        ]
+        if missing:
+            raise ConfigError(f"layer_types has mamba2 layers but {', '.join(missing)} unset")
+        if self.mamba_num_heads % self.mamba_n_groups:
+            raise ConfigError(
+                f"mamba_num_heads {self.mamba_num_heads} is not a multiple of n_groups "
+                f"{self.mamba_n_groups}"
+            )
+
+    def layer_block(self, i: int) -> str:
+        """What layer i holds: one of LAYER_BLOCKS (the MTP layers after the main model: both)."""
+        if not self.layer_blocks or i >= self.num_hidden_layers:
+            return LAYER_BLOCKS[0]
+        return self.layer_blocks[i]
+
+    @property
+    def mamba_inner(self) -> int:
+        """The Mamba2 mixer's width: its heads times their channels (transformers 5's
+        intermediate_size; `expand` is not read)."""
+        return self.mamba_num_heads * self.mamba_head_dim
 
     def with_layers(self, n: int) -> ModelConfig:
         """The same model cut to its first n layers (its per-layer fields cut with it)."""
@@ -516,6 +596,7 @@ class ModelConfig:
             layer_types=self.layer_types[:n],
             moe_layers=self.moe_layers[:n],
             rope_layers=self.rope_layers[:n],
+            layer_blocks=self.layer_blocks[:n],
         )
 
     def rope_of(self, i: int) -> RopeConfig:
@@ -550,7 +631,7 @@ class ModelConfig:
 
 MAX_NAME_CHARS = 256
 _CHOICES = {
-    "hidden_act": ("silu", "gelu_tanh"),
+    "hidden_act": ("silu", "gelu_tanh", "relu2"),
     "scoring_func": ("softmax", "sigmoid"),
     "topk_method": ("greedy", "group_limited_greedy", "noaux_tc"),
     "rope_layout": ("half", "complex", "interleave"),
@@ -578,6 +659,10 @@ _FLAGS = (
     "router_bias",
     "topk_then_score",
     "experts_stacked",
+    # issue 19: Nemotron-H
+    "mlp_gated",
+    "mamba_conv_bias",
+    "mamba_proj_bias",
 )
 _POSITIVE = (
     "vocab_size",
@@ -603,6 +688,13 @@ _NON_NEGATIVE = (
     "v_head_dim",
     "num_nextn_predict_layers",
     "rotary_dim",
+    # issue 19: Nemotron-H's Mamba2 sizes (0: no mamba2 layer)
+    "mamba_num_heads",
+    "mamba_head_dim",
+    "ssm_state_size",
+    "mamba_n_groups",
+    "mamba_conv_kernel",
+    "mamba_chunk_size",
 )
 
 

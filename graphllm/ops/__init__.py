@@ -19,7 +19,7 @@ from graphllm.ir.opspec import (
     linear_groups,
     node_flops,
 )
-from graphllm.ops import attention, collectives, core, mla, moe  # noqa: F401  (register the rows)
+from graphllm.ops import attention, collectives, core, mamba, mla, moe  # noqa: F401  (the rows)
 
 __all__ = [
     "CATEGORIES",
