@@ -120,6 +120,13 @@ class OpSpec:
     timed_on_peer: bool = False
     # the kind reports file the op's traffic under; None: its own name (a send: "send/recv")
     comm_kind: str | None = None
+    # issue 19: inputs that carry a state summing up every position before the op's first one
+    # (a recurrence's past state): the tokens pass makes the output depend on all of them
+    state_inputs: tuple[int, ...] = ()
+    # issue 19: the part of the row's FLOPs (from the sizes and attrs) that are matrix
+    # multiplies, where an op is a whole algorithm (a recurrence's chunked form: its matmuls
+    # beside its elementwise work, which `flops_attrs_fn` gives)
+    matmul_flops_fn: Callable[[dict[str, float], dict[str, Any]], float] | None = None
 
     @property
     def signature(self) -> Signature:
@@ -269,6 +276,10 @@ def node_flops(graph: Graph, node: Node) -> tuple[float, float]:
     spec = OPS[node.op]
     if spec.category == SOURCE:
         return 0.0, 0.0
+    if spec.matmul_flops_fn is not None:
+        sizes = letter_sizes(graph, node)
+        rest = spec.flops_attrs_fn(sizes, node.attrs) if spec.flops_attrs_fn else 0.0
+        return float(spec.matmul_flops_fn(sizes, node.attrs)), float(rest)
     if spec.flops_fn is not None:
         return 0.0, float(spec.flops_fn(letter_sizes(graph, node)))
     if spec.flops_attrs_fn is not None:

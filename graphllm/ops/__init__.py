@@ -19,7 +19,17 @@ from graphllm.ir.opspec import (
     linear_groups,
     node_flops,
 )
-from graphllm.ops import attention, collectives, core, mla, moe  # noqa: F401  (register the rows)
+
+# register the rows (issue 19: recurrent, the hybrid layers' shared rows; delta, Qwen3-Next's)
+from graphllm.ops import (  # noqa: F401
+    attention,
+    collectives,
+    core,
+    delta,
+    mla,
+    moe,
+    recurrent,
+)
 
 __all__ = [
     "CATEGORIES",
