@@ -192,8 +192,7 @@ class _Costing:
         if spec.category == SOURCE:
             return ZERO
         key: tuple = (n.op, tuple(self.g.input_types(n)), n.outputs, repr(n.attrs.get("axes")))
-        if spec.flops_attrs_fn is not None or spec.flops_split_fn is not None:
-            # its count reads attrs the types do not carry
+        if spec.flops_attrs_fn is not None:  # its count reads attrs the types do not carry
             key += (n.name,)
         flops = self._flops_memo.get(key)
         if flops is None:  # the same op on the same types recurs in every layer

@@ -36,10 +36,13 @@ class MemoryReport:
     peak_at: str  # the node during which the peak occurs
     kv_cache_full: float = 0.0  # the cache with every layer holding all P + T positions
     kv_cache_kept: float = 0.0  # what the next step reads back: windows keep W - 1 positions
+    # issue 19: the conv and recurrent states of linear-attention / Mamba layers, constant in
+    # the sequence length (kv_cache_full prices those layers as full attention too)
+    state: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.weights + self.kv_cache + self.activations
+        return self.weights + self.kv_cache + self.state + self.activations
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self) | {"total": self.total}
@@ -64,7 +67,21 @@ def memory_pass(
     full = sum(_full_attention_bytes(graph, graph.type_of(r)) for r in presents)
     kept = sum(_kept_bytes(graph, name, r) for name, r in graph.cache_outputs().items())
     peak, at = peak_activations(graph, attention)
-    return MemoryReport(weights, active, by_dtype, kv, peak, at, full, kept)
+    states = graph.state_outputs().values()
+    state = sum(nbytes(graph.type_of(r).dtype, graph.type_of(r).numel(b)) for r in states)
+    full += _stateful_as_attention(graph)
+    return MemoryReport(weights, active, by_dtype, kv, peak, at, full, kept, state)
+
+
+def _stateful_as_attention(graph: Graph) -> float:
+    """What the layers that carry state instead of keys and values (graph.meta['state_layers'])
+    would cache as full attention layers of the model's own K/V shape over all S positions."""
+    cfg, b = graph.meta.get("config"), graph.bindings
+    layers = graph.meta.get("state_layers", ())
+    if not layers or cfg is None:
+        return 0.0
+    per_layer = 2 * b["B"] * b["S"] * cfg.num_key_value_heads * cfg.head_dim
+    return len(layers) * nbytes(graph.meta.get("kv_dtype") or "fp32", per_layer)
 
 
 def _kept_bytes(graph: Graph, name: str, ref: Any) -> float:
@@ -107,7 +124,7 @@ def peak_activations(
     """Peak live activation bytes of `within` (a part of `graph`; default the whole), and where:
     not the KV cache (counted as the cache) nor, under flash attention, what the fused kernel
     keeps on chip."""
-    held = {r.node for r in graph.cache_outputs().values()}
+    held = {r.node for r in graph.carried_outputs().values()}
     if attention == "flash":
         region = core_attention_region(graph)
         held |= region.pairs | region.copies

@@ -367,7 +367,7 @@ def _propagate(
                 continue
             lo, hi = pos[0].position_range(b)
             sup = np.zeros(n, bool)
-            sup[lo:hi] = True
+            sup[max(lo, 0) : max(hi, 0)] = True  # a conv state's first K-1 may precede 0
             info[node.name] = _One(sup, Deps.identity(n, exact, sup))
             continue
         ins, outs = letters[node.name]
@@ -381,7 +381,7 @@ def _propagate(
                 lo, hi = pos[0].position_range(b)
                 if lo > 0 or hi < n:  # an output that holds fewer positions than its input
                     held = np.zeros(n, bool)
-                    held[lo:hi] = True
+                    held[max(lo, 0) : max(hi, 0)] = True
             narrower[node.out] = held
         if held is not False and isinstance(out, _One):
             out = _One(out.support & held, out.deps.keep(held))
@@ -441,8 +441,22 @@ def _to_one(node: Node, ins: list[list[str]], t: str, vals: list[Any], n: int, e
             continue
         if len(letters) != 1 or not isinstance(v, _One):
             raise PassError(f"tokens: {node.name}: no rule for positions {letters} -> {[t]}")
-        # a whole position axis reduced away: every output position reads all of it
-        deps = deps.union(v.deps.range_union(np.zeros(n, np.int64), np.full(n, n - 1)))
+        spec = OPS[node.op]
+        if spec.relation is None:
+            # a whole position axis reduced away: every output position reads all of it
+            deps = deps.union(v.deps.range_union(np.zeros(n, np.int64), np.full(n, n - 1)))
+            continue
+        # issue 19: a window (a causal conv: K positions) or a prefix (a recurrence: every
+        # earlier one) of the axis, as the row's relation says; a carried state stands for every
+        # position before the first one the input holds
+        read = v.deps
+        if any(k < len(node.inputs) for k in spec.state_inputs):
+            held = np.flatnonzero(v.support)
+            past = np.arange(n) < (held[0] if held.size else 0)
+            read = read.union(Deps.identity(n, exact, past))
+        lo, hi = spec.relation(node.attrs, np.arange(n))
+        deps = deps.union(read.range_union(lo, hi))
+        sup = np.ones(n, bool)  # the output's own positions: narrowed to its axis's range after
     return _One(sup, deps.keep(sup))
 
 

@@ -3,7 +3,13 @@
 Importing this package registers every lowering.
 """
 
-from graphllm.exporters.onnx import decomposed, fused, mla  # noqa: F401  (register the lowerings)
+# register the lowerings (issue 19: recurrent, the hybrid layers' shared rows)
+from graphllm.exporters.onnx import (  # noqa: F401
+    decomposed,
+    fused,
+    mla,
+    recurrent,
+)
 from graphllm.exporters.onnx.export import (
     ExportedModel,
     ExportResult,

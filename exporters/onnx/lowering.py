@@ -318,7 +318,10 @@ def _tensor_names(graph: Graph) -> dict[Ref, str]:
 
 
 def _input_infos(n: Node) -> list[onnx.ValueInfoProto]:
-    """A graph input; `input_ids` brings the attention mask with it."""
+    """A graph input; `input_ids` brings the attention mask with it (so a graph that reads the
+    mask itself, issue 19's zeroing of padded positions, declares it once)."""
+    if n.name == "attention_mask":
+        return []
     odd = [d.name for d in n.out.dims if d.size is None and d.name not in DIM_NAMES]
     if odd:  # e.g. a rolled window cache (P_w) of a graph built for a long past
         raise GraphllmError(

@@ -13,9 +13,11 @@ from typing import Any
 
 import graphllm.ops  # noqa: F401  (the rows of the ops this builder emits)
 from graphllm.build.dims import P_C, P_W, S_C, S_W, T_LAST, B, P, S, T
+from graphllm.build.mamba import mamba_mixer
 from graphllm.build.mla import MLA_FORMS, mla_attention
 from graphllm.build.moe import moe_ffn
 from graphllm.build.mtp import check_mtp, mtp_modules
+from graphllm.build.recurrent import conv_bindings
 from graphllm.errors import ConfigError
 from graphllm.ir import CACHE, Dim, Graph, Node, Ref, TensorType
 from graphllm.models import rope as rope_mod
@@ -91,6 +93,8 @@ class _Builder:
         if cfg.attention_chunk_size is not None and "chunked_attention" in cfg.layer_types:
             bindings["P_c"] = min(wl.past_len, cfg.attention_chunk_size - 1)
             bindings["S_c"] = bindings["P_c"] + wl.seq_len
+        if "mamba2" in cfg.layer_types and wl.past_len > 0:  # issue 19: the conv's input length
+            bindings |= conv_bindings(cfg.mamba_conv_kernel, wl.seq_len)
         self.g = Graph(cfg.name, bindings)
         # name prefix -> the kind of scope it is, for cost roll-ups (a node counts in every
         # scope that prefixes its name)
@@ -296,10 +300,7 @@ class _Builder:
         """Layer i's token mixer: attention, or (issue 19) a Mamba2 mixer."""
         name = f"{p}.{self.cfg.attention_name}"
         if self.cfg.layer_type(i) == "mamba2":
-            raise ConfigError(
-                f"layer {i}: Mamba2 layers are not modelled yet (layers_block_type "
-                "'linear_attention', hybrid_override_pattern 'M')"
-            )
+            return mamba_mixer(self, name, x, i)
         return self.attention(name, x, i)
 
     def residual_scale(self, name: str, x: Node) -> Node:

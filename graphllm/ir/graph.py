@@ -22,7 +22,11 @@ from graphllm.ir.dims import TensorType
 from graphllm.ir.opspec import OPS, infer
 
 CACHE = "cache"  # a graph output that the next step takes back as an input (the KV cache)
-OUTPUT_ROLES = frozenset({CACHE})
+# issue 19: a graph output that the next step takes back in place of its past, of a size fixed
+# whatever the sequence length (a linear-attention or Mamba layer's conv and recurrent state);
+# it replaces the past rather than appending to it, so nothing may append to it in place
+STATE = "state"
+OUTPUT_ROLES = frozenset({CACHE, STATE})
 
 # one counter for every graph: a version is never shared, so a cache keyed by it that a copy
 # of meta carries into another graph can never match there
@@ -355,6 +359,16 @@ class Graph:
     def cache_outputs(self) -> dict[str, Ref]:
         """The outputs a next step reads back as its past (keys and values, a latent, a state)."""
         return {k: r for k, r in self.outputs.items() if self.output_roles.get(k) == CACHE}
+
+    def state_outputs(self) -> dict[str, Ref]:
+        """The outputs a next step reads back whole in place of its past (STATE: a conv or a
+        recurrent state, constant in the sequence length)."""
+        return {k: r for k, r in self.outputs.items() if self.output_roles.get(k) == STATE}
+
+    def carried_outputs(self) -> dict[str, Ref]:
+        """Everything a next step reads back: the cache and the states."""
+        carried = (CACHE, STATE)
+        return {k: r for k, r in self.outputs.items() if self.output_roles.get(k) in carried}
 
     def params(self) -> list[Node]:
         return [n for n in self._order if n.op == "param"]

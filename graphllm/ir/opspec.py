@@ -69,9 +69,6 @@ class OpSpec:
     # the FLOPs from the bound letter sizes and the node's attrs, for a rule the sizes alone
     # do not fix (RoPE: 3 per rotated element, its rotated width 2 * len(inv_freq) of e)
     flops_attrs_fn: Callable[[dict[str, float], dict[str, Any]], float] | None = None
-    # issue 19: (matmul, other) FLOPs from the sizes and attrs, for an op part of whose work is
-    # matrix multiplies (Mamba2's chunked scan: its einsums, and the elementwise rest)
-    flops_split_fn: Callable[[dict[str, float], dict[str, Any]], tuple[float, float]] | None = None
     out_dtypes: tuple[str, ...] = ("same",)  # 'same' (input 0), 'act', 'int64', 'attr'
     check: Callable[[Node, dict[str, Dim]], str | None] | None = None
     # which (query, key) position pairs the op lets through, from its attrs: for query
@@ -123,6 +120,13 @@ class OpSpec:
     timed_on_peer: bool = False
     # the kind reports file the op's traffic under; None: its own name (a send: "send/recv")
     comm_kind: str | None = None
+    # issue 19: inputs that carry a state summing up every position before the op's first one
+    # (a recurrence's past state): the tokens pass makes the output depend on all of them
+    state_inputs: tuple[int, ...] = ()
+    # issue 19: the part of the row's FLOPs (from the sizes and attrs) that are matrix
+    # multiplies, where an op is a whole algorithm (a recurrence's chunked form: its matmuls
+    # beside its elementwise work, which `flops_attrs_fn` gives)
+    matmul_flops_fn: Callable[[dict[str, float], dict[str, Any]], float] | None = None
 
     @property
     def signature(self) -> Signature:
@@ -272,13 +276,15 @@ def node_flops(graph: Graph, node: Node) -> tuple[float, float]:
     spec = OPS[node.op]
     if spec.category == SOURCE:
         return 0.0, 0.0
+    if spec.matmul_flops_fn is not None:
+        sizes = letter_sizes(graph, node)
+        rest = spec.flops_attrs_fn(sizes, node.attrs) if spec.flops_attrs_fn else 0.0
+        return float(spec.matmul_flops_fn(sizes, node.attrs)), float(rest)
     if spec.flops_fn is not None:
         return 0.0, float(spec.flops_fn(letter_sizes(graph, node)))
     if spec.flops_attrs_fn is not None:
         return 0.0, float(spec.flops_attrs_fn(letter_sizes(graph, node), node.attrs))
-    if spec.flops_split_fn is not None:
-        mm, other = spec.flops_split_fn(letter_sizes(graph, node), node.attrs)
-        return float(mm), float(other)
+
     contraction = 2 * math.prod(letter_sizes(graph, node).values()) if spec.is_contraction else 0.0
     other = spec.flops_per_elem * sum(t.numel(graph.bindings) for t in node.outputs)
     if spec.matmul:

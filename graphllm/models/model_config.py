@@ -58,6 +58,9 @@ LAYER_TYPES = (
     "sliding_attention",
     # issue 16, Llama 4: attention inside fixed blocks of attention_chunk_size absolute positions
     "chunked_attention",
+    # issue 19, Qwen3-Next: Gated DeltaNet, a causal conv and a gated delta-rule recurrence; its
+    # layer carries a conv state and a recurrent state instead of keys and values
+    "linear_attention",
     # issue 19, Nemotron-H: a Mamba2 mixer (a selective state-space scan) in place of attention
     "mamba2",
 )

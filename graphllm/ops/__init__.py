@@ -19,7 +19,19 @@ from graphllm.ir.opspec import (
     linear_groups,
     node_flops,
 )
-from graphllm.ops import attention, collectives, core, mamba, mla, moe  # noqa: F401  (the rows)
+
+# register the rows (issue 19: recurrent, the hybrid layers' shared rows; delta, Qwen3-Next's;
+# mamba, Nemotron-H's)
+from graphllm.ops import (  # noqa: F401
+    attention,
+    collectives,
+    core,
+    delta,
+    mamba,
+    mla,
+    moe,
+    recurrent,
+)
 
 __all__ = [
     "CATEGORIES",

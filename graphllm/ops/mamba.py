@@ -39,10 +39,15 @@ from typing import Any
 import numpy as np
 
 from graphllm.ir import Dim, Node
-from graphllm.ir.opspec import ELEMENTWISE, MOVEMENT, REDUCTION, OpSpec, register
+from graphllm.ir.opspec import CONTRACTION, ELEMENTWISE, REDUCTION, OpSpec, register
 from graphllm.ops.common import f32
+from graphllm.ops.recurrent import prefix
 
 FORMS = ("chunked", "recurrent")
+# inputs on s, outputs on t (the new tokens: attrs axes t), so that the tokens pass reads the
+# prefix relation: x, dt, A_log, B, C, D, dt_bias [, the carried state] -> y, the final state
+SCAN_SIG = "b s h p, b s h, h, b s g n, b s g n, h, h -> b t h p, b h p n"
+SCAN_STATE_SIG = "b s h p, b s h, h, b s g n, b s g n, h, h, b h p n -> b t h p, b h p n"
 
 
 def _softplus(x: np.ndarray) -> np.ndarray:
@@ -127,7 +132,7 @@ def _scan(xs: list[np.ndarray], a: dict[str, Any]) -> tuple[np.ndarray, np.ndarr
 
 def scan_flops(s: dict[str, float], a: dict[str, Any]) -> tuple[float, float]:
     """(matmul, other) FLOPs of one scan node in the form its attrs name (module docstring)."""
-    b, t, h, p, n = s["b"], s["t"], s["h"], s["p"], s["n"]
+    b, t, h, p, n = s["b"], s.get("s", s.get("t")), s["h"], s["p"], s["n"]
     if a["form"] == "recurrent":
         return 2 * b * h * p * n, 3 * b * h + 7 * b * h * p * n + 2 * b * h * p
     ell = a["chunk"]
@@ -177,11 +182,6 @@ def _gated_check(node: Node, env: dict[str, Dim]) -> str | None:
     return None
 
 
-def _heads(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
-    x = xs[0]
-    return x.reshape(*x.shape[:2], a["axes"]["h"].size, -1)  # (B, T, heads, width)
-
-
 register(
     OpSpec(
         "relu2",
@@ -193,51 +193,47 @@ register(
         backward_reads="inputs",
     ),
     OpSpec(
-        "ssm_heads",
-        "b t (h e) -> b t h e",
-        MOVEMENT,
-        _heads,
-        "View the channels as heads (or groups) of e, keeping tokens before heads.",
-        view=True,
-    ),
-    OpSpec(
-        "ssm_merge",
-        "b t h e -> b t (h e)",
-        MOVEMENT,
-        lambda xs, a: xs[0].reshape(*xs[0].shape[:2], -1),
-        "The heads back into one channel axis.",
-        view=True,
-    ),
-    OpSpec(
         "ssm_scan",
-        "b t h p, b t h, h, b t g n, b t g n, h, h -> b t h p, b h p n",
-        REDUCTION,
+        SCAN_SIG,
+        CONTRACTION,
         _scan,
         "Mamba2's selective scan from a zero state (inputs x, dt, A_log, B, C, D, dt_bias): "
-        "y and the final state (module docstring: the chunked and recurrent forms, FLOPs).",
-        flops_split_fn=scan_flops,
+        "y and the final state (module docstring: the chunked and recurrent forms, FLOPs). "
+        "Output t reads every input s <= t: the prefix relation.",
+        relation=prefix,
+        matmul_flops_fn=lambda s, a: scan_flops(s, a)[0],
+        flops_attrs_fn=lambda s, a: scan_flops(s, a)[1],
         check=_scan_check,
-        out_dtypes=("act", "fp32"),
+        out_dtypes=("same", "fp32"),
+        carries=(("h", "g"),),
+        linear=(),
         backward_reads="inputs",
     ),
     OpSpec(
         "ssm_scan_past",
-        "b t h p, b t h, h, b t g n, b t g n, h, h, b h p n -> b t h p, b h p n",
-        REDUCTION,
+        SCAN_STATE_SIG,
+        CONTRACTION,
         _scan,
-        "ssm_scan from the layer's past state (its last input).",
-        flops_split_fn=scan_flops,
+        "ssm_scan from the layer's carried state (input 7): the recurrent step for one token, "
+        "the chunked form for several.",
+        relation=prefix,
+        state_inputs=(7,),
+        matmul_flops_fn=lambda s, a: scan_flops(s, a)[0],
+        flops_attrs_fn=lambda s, a: scan_flops(s, a)[1],
         check=_scan_check,
-        out_dtypes=("act", "fp32"),
+        out_dtypes=("same", "fp32"),
+        carries=(("h", "g"),),
+        linear=(),
         backward_reads="inputs",
     ),
     OpSpec(
-        "gated_rmsnorm",
+        "gated_group_rmsnorm",
         "b t f, b t f, f -> b t f",
         REDUCTION,
         _gated_rmsnorm,
         "Mamba2's MambaRMSNormGated: h = y * silu(z), each group of group_size channels "
-        "normalised, times the weight (the gate before the norm; Qwen3-Next's norms first). "
+        "normalised, times the weight (the gate before the norm, where gated_rmsnorm, "
+        "Qwen3-Next's, norms first). "
         "9 FLOPs/element: silu 4, the gate product, then an RMSNorm's 4.",
         flops_per_elem=9,
         check=_gated_check,

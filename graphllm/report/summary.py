@@ -127,6 +127,8 @@ def print_costs(doc: dict[str, Any], con: Console) -> None:
         f"KV cache {_b(m['kv_cache'])}{_window_saving(m)}, peak activations "
         f"{_b(m['activations'])}"
     )
+    if m.get("state"):
+        con.print(_state_line(m))
     table = Table("scope", "FLOPs", "bytes", "time" if r else "")
     times = r["by_scope"] if r else {}
     for scope, fl in sorted(f["by_scope"].items(), key=lambda kv: -kv[1]):
@@ -171,11 +173,25 @@ def print_sweep(rows: list[dict[str, Any]], console: Console | None = None) -> N
     con.print(table)
 
 
+def _state_line(m: dict) -> str:
+    """issue 19: the linear-attention / Mamba layers' states beside the attention layers' keys,
+    against full attention on every layer at the same length."""
+    held, full = m["kv_cache"] + m["state"], m.get("kv_cache_full", 0.0)
+    saving = f": {1 - held / full:.0%} less" if full > held else ""
+    return (
+        f"state (conv and recurrent, constant in the sequence length) {_b(m['state'])}; "
+        f"KV cache + state {_b(held)}, against {_b(full)} with full attention on every "
+        f"layer{saving}"
+    )
+
+
 def _window_saving(m: dict) -> str:
     """What the layers that keep a window save against full attention on every layer; after a
     prefill longer than the window, against what the window layers keep for the next step."""
     full, kv = m.get("kv_cache_full", 0.0), m["kv_cache"]
     kept = m.get("kv_cache_kept", kv) or kv
+    if m.get("state"):  # a hybrid: the state line compares the whole cache with full attention
+        return ""
     if kept < 0.99 * kv:  # a prefill longer than a window: the step held all T, it keeps less
         return (
             f" ({_b(kept)} kept for the next step; {_b(full)} with full attention on every "

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from graphllm.errors import GraphError, GraphllmError
-from graphllm.ir import Graph, Node
+from graphllm.ir import STATE, Graph, Node
 from graphllm.ir.opspec import needs_positions, position_origins
 from graphllm.ops import OPS
 from graphllm.runtime.budget import require_interpreted
@@ -71,12 +71,18 @@ def default_feeds(
     b, t = ids.shape
     p = int(graph.bindings.get("P", 0)) if past else 0
     feeds = {"input_ids": ids, "position_ids": np.broadcast_to(np.arange(p, p + t), (b, t)).copy()}
+    if "attention_mask" in graph:  # issue 19: a recurrence zeroes padded positions; none here
+        feeds["attention_mask"] = np.ones((b, p + t), np.int64)
     for k, v in (past or {}).items():
         name = k.replace("present.", "past_key_values.")
-        if name in graph:
-            held = graph[name].out.dims[2]
-            n = int(graph.bindings.get(held.name, v.shape[2]))
-            feeds[name] = v[:, :, v.shape[2] - n :]
+        if name not in graph:
+            continue
+        if graph.output_role(name.replace("past_key_values.", "present.", 1)) == STATE:
+            feeds[name] = v  # a state replaces the past whole: fixed in size
+            continue
+        held = graph[name].out.dims[2]
+        n = int(graph.bindings.get(held.name, v.shape[2]))
+        feeds[name] = v[:, :, v.shape[2] - n :]
     return feeds
 
 

@@ -13,7 +13,7 @@ from graphllm.build.weights import random_weights
 from graphllm.errors import GraphllmError
 from graphllm.exporters.onnx import export_onnx
 from graphllm.files import temporary_folder
-from graphllm.ir import Graph
+from graphllm.ir import STATE, Graph
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload
 from graphllm.passes import run
@@ -173,6 +173,11 @@ def mixing_case(
     p, past = wl.past_len, {}
     for n in graph.nodes("input"):
         if n.name.startswith("past_key_values."):
+            present = n.name.replace("past_key_values.", "present.", 1)
+            if graph.output_role(present) == STATE:  # a conv or recurrent state: any values
+                shape = tuple(int(x) for x in n.out.shape(graph.bindings))
+                past[n.name] = rng.standard_normal(shape).astype(np.float32) * 0.1
+                continue
             b, h, held, e = (int(x) for x in n.out.shape(graph.bindings))
             kv = np.zeros((b, h, p, e), np.float32)
             kv[:, :, p - held :] = rng.standard_normal((b, h, held, e))

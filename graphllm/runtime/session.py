@@ -103,6 +103,11 @@ class OnnxModel:
         self.session = session(path, device, threads)
         self.past_names = [i.name for i in self.session.get_inputs() if i.name.startswith("past")]
         self._past = {i.name: i for i in self.session.get_inputs() if i.name.startswith("past")}
+        # issue 19: a layer's conv or recurrent state: fixed in size (every axis but the batch
+        # a number), fed whole and replaced each step rather than appended to
+        self.state_names = [
+            n for n, i in self._past.items() if all(isinstance(d, int) for d in i.shape[1:])
+        ]
         # token ids of DeepSeek's multi-token-prediction modules (`export --mtp`)
         self.mtp_names = [i.name for i in self.session.get_inputs() if i.name.startswith("mtp.")]
         self.output_names = [o.name for o in self.session.get_outputs()]
@@ -113,6 +118,9 @@ class OnnxModel:
         """Past K/V of length 0 (a prefill)."""
         out = {}
         for name, info in self._past.items():
+            if name in self.state_names:  # a state starts at zero, at its full size
+                out[name] = np.zeros((batch, *info.shape[1:]), _NP[info.type])
+                continue
             heads, head_dim = info.shape[1], info.shape[3]
             out[name] = np.zeros((batch, heads, 0, head_dim), _NP[info.type])
         return out
@@ -134,7 +142,8 @@ class OnnxModel:
         feeds = self.empty_past(b)
         for k, v in (past or {}).items():
             feeds[k.replace("present.", "past_key_values.")] = v
-        p = next(iter(feeds.values())).shape[2] if feeds else 0
+        kv = [v for k, v in feeds.items() if k not in self.state_names]
+        p = kv[0].shape[2] if kv else 0  # a state says nothing of the past's length
         missing = [n for n in self.mtp_names if n not in (extra or {})]
         if missing:
             raise GraphllmError(f"{self.path}: give the token ids of {', '.join(missing)} (extra=)")
@@ -210,7 +219,11 @@ class BoundCache:
         self.present_of = [
             outs.index(n.replace("past_key_values.", "present.")) for n in model.past_names
         ]
-        self.in_place = capacity is not None and model.lowering in IN_PLACE_CACHE
+        # a state is replaced each step, never appended to: a model with states feeds its
+        # presents back (no lowering that appends in place takes one)
+        self.in_place = (
+            capacity is not None and model.lowering in IN_PLACE_CACHE and not model.state_names
+        )
         self.io = model.session.io_binding() if self.on_gpu or self.in_place else None
         if self.in_place:
             assert self.io is not None and capacity is not None

@@ -91,7 +91,7 @@ def test_gated_rmsnorm_equals_transformers():
     norm.weight.data = torch.from_numpy(w)
     with torch.no_grad():
         theirs = norm(torch.from_numpy(y), torch.from_numpy(z)).numpy()
-    ours = OPS["gated_rmsnorm"].impl([y, z, w], {"group_size": 4, "eps": 1e-5})
+    ours = OPS["gated_group_rmsnorm"].impl([y, z, w], {"group_size": 4, "eps": 1e-5})
     np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
 
 

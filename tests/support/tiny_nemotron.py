@@ -40,6 +40,14 @@ SMALL = {
 CASES: dict[str, tuple[str, dict]] = {
     # every layer kind but Mamba2: NoPE attention, the relu^2 MLP, the MoE
     "attention-mlp-moe": ("nemotron_h", {"hybrid_override_pattern": "*-E*E"}),
+    # Nemotron-H's every layer kind, Mamba2 first and last, a conv bias (use_conv_bias)
+    "hybrid": ("nemotron_h", {"hybrid_override_pattern": "M*-EM"}),
+    # two Mamba2 layers (and an attention layer: transformers cannot cache Mamba layers alone),
+    # in_proj / out_proj biased (use_bias) and the conv without one
+    "mamba-bias": (
+        "nemotron_h",
+        {"hybrid_override_pattern": "MM*", "use_bias": True, "use_conv_bias": False},
+    ),
 }
 
 
@@ -49,6 +57,10 @@ class TinyNemotron(TinyModel):
 
     def settle(self, model) -> None:
         super().settle(model)  # the routers' correction biases off 0
+        # every other Mamba head's dt below time_step_min, so that the chunked scan's clamp bites
+        for name, param in model.named_parameters():
+            if name.endswith("mixer.dt_bias"):
+                param[::2] = -8.0
 
     def run(self, ids: np.ndarray, past: dict | None = None, **build) -> dict[str, np.ndarray]:
         from graphllm.build.weights import load_weights
