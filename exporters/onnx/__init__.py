@@ -3,10 +3,12 @@
 Importing this package registers every lowering.
 """
 
-# register the lowerings (issue 19: recurrent, the hybrid layers' shared rows)
+# register the lowerings (issue 19: recurrent, the hybrid layers' shared rows; mamba,
+# Nemotron-H's)
 from graphllm.exporters.onnx import (  # noqa: F401
     decomposed,
     fused,
+    mamba,
     mla,
     recurrent,
 )

@@ -1313,6 +1313,14 @@ def _nemotron_prepare(v: dict) -> dict:
             f"num_hidden_layers {n} disagrees with the {len(listed)} layers of the layer pattern"
         )
     check_size("num_hidden_layers", len(listed))
+    # Nemotron-H-8B's config names the head width attention_head_dim (NVIDIA's remote code reads
+    # it; transformers 5 reads head_dim, 128 by default): one width, or the two models differ
+    width = v["attention_head_dim"]
+    if width is not None and width != v["head_dim"]:
+        raise ConfigError(
+            f"attention_head_dim {width} disagrees with head_dim {v['head_dim']} "
+            "(transformers reads head_dim, NVIDIA's remote code attention_head_dim)"
+        )
     return v | {"layers_block_type": listed, "num_hidden_layers": len(listed)}
 
 
@@ -1411,6 +1419,7 @@ FAMILY_TABLE["nemotron_h"] = Family(
         "num_attention_heads": Spec(_pos_int, 32),
         "num_key_value_heads": Spec(_pos_int, 8),
         "head_dim": Spec(_pos_int, 128),
+        "attention_head_dim": Spec(_pos_int, None),
         "intermediate_size": Spec(_pos_int, 21504),
         "max_position_embeddings": Spec(_pos_int, 4096),
         "hybrid_override_pattern": Spec(_str, None),
@@ -1460,6 +1469,7 @@ FAMILY_TABLE["nemotron_h"] = Family(
                 "n_shared_experts",
                 "moe_shared_expert_overlap",
                 "norm_eps",
+                "rms_norm_eps",
             )
         },
     },

@@ -111,6 +111,8 @@ BLOCKS = {
     ),
 }
 BLOCKS["gemma3_text"] = BLOCKS["gemma2"]
+# issue 19: one mixer or one FFN per layer, behind its own norm
+BLOCKS["nemotron_h"] = BlockLayout(attention_pre="norm", ffn_pre="norm", one_sublayer=True)
 
 
 @pytest.mark.parametrize("preset", preset_names())
@@ -122,6 +124,9 @@ def test_every_family_here_is_llamas_block_with_rope_everywhere(preset):
         assert c.rope_layers == tuple(t == "sliding_attention" for t in c.layer_types)
     elif c.model_type == "llama4_text":  # issue 18: every 4th layer NoPE, pairs adjacent
         assert c.rope_layers == (True, True, True, False) * 12 and c.rope_layout == "complex"
+        return
+    elif c.model_type == "nemotron_h":  # issue 19: NemotronHAttention has no RoPE
+        assert c.rope_layers == (False,) * c.num_hidden_layers
         return
     else:
         assert (c.rope_layers == ()) != (c.model_type == "smollm3")
