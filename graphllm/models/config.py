@@ -1259,6 +1259,65 @@ FAMILY_TABLE["gpt_oss"] = Family(
     default_theta=150000.0,
     aliases={"num_experts": "num_local_experts"},
 )
+# -- issue 19: Qwen3-Next (transformers' qwen3_next: Qwen3NextConfig, Qwen3NextGatedDeltaNet,
+# Qwen3NextAttention with its output gate, Qwen3NextRMSNorm's x * (1 + w), Qwen3NextSparseMoeBlock)
+LINEAR = "linear_attention"
+
+
+def _qwen3_next_layers(v: dict) -> tuple[tuple[str, ...], int | None]:
+    # Qwen3NextConfig: every full_attention_interval-th layer attends, the others are linear
+    n, every = v["num_hidden_layers"], v["full_attention_interval"]
+    return tuple(LINEAR if (i + 1) % every else FULL for i in range(n)), None
+
+
+def _qwen3_next(v: dict) -> dict:
+    if v["partial_rotary_factor"] is None:
+        # Qwen3NextConfig's default (kwargs.setdefault), read where the rotary width is
+        v["partial_rotary_factor"] = 0.25
+    return _attention_bias(v) | {
+        "qk_norm": True,  # per head, Qwen3NextRMSNorm like every norm of the model
+        "norm_weight_offset": 1.0,  # zero-centred: x * (1 + w), as Gemma's
+        "attn_output_gate": True,
+        "conv_kernel": v["linear_conv_kernel_dim"],
+        "linear_num_key_heads": v["linear_num_key_heads"],
+        "linear_num_value_heads": v["linear_num_value_heads"],
+        "linear_key_head_dim": v["linear_key_head_dim"],
+        "linear_value_head_dim": v["linear_value_head_dim"],
+    }
+
+
+FAMILY_TABLE["qwen3_next"] = Family(
+    _fields(
+        max_position_embeddings=Spec(_pos_int, 32768),
+        head_dim=Spec(_pos_int, 256),
+        attention_bias=Spec(_bool, False),
+        partial_rotary_factor=Spec(_pos_float, None),
+        full_attention_interval=Spec(_pos_int, 4),
+        linear_conv_kernel_dim=Spec(_pos_int, 4),
+        linear_key_head_dim=Spec(_pos_int, 128),
+        linear_value_head_dim=Spec(_pos_int, 128),
+        linear_num_key_heads=Spec(_pos_int, 16),
+        linear_num_value_heads=Spec(_pos_int, 32),
+        shared_expert_intermediate_size=Spec(_pos_int, 512),
+        **{
+            **_QWEN_MOE,
+            "num_experts": Spec(_pos_int, 512),
+            "num_experts_per_tok": Spec(_pos_int, 10),
+            "moe_intermediate_size": Spec(_pos_int, 512),
+            "norm_topk_prob": Spec(_bool, True),
+            "intermediate_size": Spec(_pos_int, 5632),
+        },
+    ),
+    derive=_qwen3_next,
+    windows=_qwen3_next_layers,
+    reads_layer_types=True,
+    layer_kinds=(FULL, LINEAR),
+    moe=_qwen_moe,
+    partial_rotary=True,
+    # the published config.json writes these at the values the model has anyway
+    noop_only={"use_sliding_window": (False,), "sliding_window": (None,)},
+)
+
 assert set(FAMILY_TABLE) == set(FAMILIES)
 
 SUPPORTED = (*FAMILIES, *MULTIMODAL)  # the model_types a config may name

@@ -46,6 +46,8 @@ FAMILIES = (
     "minimax_m2",
     # issue 18: gpt_oss (gpt-oss-20b, gpt-oss-120b)
     "gpt_oss",
+    # issue 19: qwen3_next (Qwen3-Next-80B-A3B: Gated DeltaNet layers between attention ones)
+    "qwen3_next",
 )
 
 # the attention a layer can have (ModelConfig.layer_types), each one the builder implements; a
@@ -360,6 +362,20 @@ class ModelConfig:
     # swiglu_limit, (up + 1) * gate * sigmoid(swiglu_alpha * gate); None: act(gate) * up
     swiglu_limit: float | None = None
     swiglu_alpha: float = 1.702
+    # issue 19: the causal conv of a linear-attention or Mamba layer, its kernel K (the layer
+    # carries its last K-1 inputs as its conv state); 0: no such layer
+    conv_kernel: int = 0
+    # issue 19, Qwen3-Next's Gated DeltaNet (linear_attention layers): key heads (q and k) and
+    # value heads (v, z, the decay and beta), their widths, and the chunk of the prefill's
+    # chunked form (transformers' torch_chunk_gated_delta_rule: 64)
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_chunk_size: int = 64
+    # issue 19, Qwen3-Next's gated attention: q_proj writes a query and a gate per head
+    # (interleaved per head), and the attention output is times sigmoid(gate) before o_proj
+    attn_output_gate: bool = False
 
     def __post_init__(self) -> None:
         if self.quantization is not None and not isinstance(self.quantization, Quantization):
@@ -505,6 +521,16 @@ class ModelConfig:
             raise ConfigError(
                 "sliding_rope is modelled with rotate-half RoPE and standard attention only"
             )
+        if "linear_attention" in self.layer_types:
+            k, v = self.linear_num_key_heads, self.linear_num_value_heads
+            widths = (self.linear_key_head_dim, self.linear_value_head_dim, self.conv_kernel)
+            if not (k and v and all(widths)):
+                raise ConfigError(
+                    "layer_types has linear_attention layers but the linear heads, their "
+                    "widths or conv_kernel are unset"
+                )
+            if v % k:
+                raise ConfigError(f"{v} linear value heads are not a multiple of {k} key heads")
         if self.mtp_moe_layers and len(self.mtp_moe_layers) != self.num_nextn_predict_layers:
             raise ConfigError(
                 f"mtp_moe_layers has {len(self.mtp_moe_layers)} entries for "
@@ -581,6 +607,8 @@ _FLAGS = (
     "router_bias",
     "topk_then_score",
     "experts_stacked",
+    # issue 19: Qwen3-Next
+    "attn_output_gate",
 )
 _POSITIVE = (
     "vocab_size",
@@ -592,6 +620,7 @@ _POSITIVE = (
     "max_position_embeddings",
     "n_group",
     "topk_group",
+    "linear_chunk_size",
 )
 _NON_NEGATIVE = (
     "intermediate_size",
@@ -606,6 +635,12 @@ _NON_NEGATIVE = (
     "v_head_dim",
     "num_nextn_predict_layers",
     "rotary_dim",
+    # issue 19: linear-attention and Mamba layers
+    "conv_kernel",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
 )
 
 
