@@ -3,9 +3,10 @@
 Importing this package registers every lowering.
 """
 
-# register the lowerings (issue 19: recurrent, the hybrid layers' shared rows)
+# register the lowerings (issue 19: recurrent, the hybrid layers' shared rows; delta, Qwen3-Next's)
 from graphllm.exporters.onnx import (  # noqa: F401
     decomposed,
+    delta,
     fused,
     mla,
     recurrent,
