@@ -75,6 +75,16 @@ def tiny_deepseek(tmp_path_factory) -> Callable:
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen3_next(tmp_path_factory) -> Callable:
+    """case -> tests.support.tiny_qwen3_next.TinyQwen3Next: as `tiny_model`, for Qwen3-Next."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tests.support.tiny_qwen3_next import TinyQwen3Next
+
+    return _built_once(TinyQwen3Next, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
 def tiny_mtp(tmp_path_factory):
     """tests.support.mtp.TinyMTP: a tiny V3 checkpoint with an MTP layer beside it, in a folder
     of its own (tiny_deepseek's v3-noaux folder stays a checkpoint without MTP tensors)."""

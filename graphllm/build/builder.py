@@ -12,12 +12,13 @@ from dataclasses import replace
 from typing import Any
 
 import graphllm.ops  # noqa: F401  (the rows of the ops this builder emits)
+from graphllm.build.delta import gated_deltanet  # noqa: F401  (registers its MIXERS entry)
 from graphllm.build.dims import P_C, P_W, S_C, S_W, T_LAST, B, P, S, T
-from graphllm.build.mamba import mamba_mixer
+from graphllm.build.mamba import mamba_mixer  # noqa: F401  (registers its MIXERS entry)
 from graphllm.build.mla import MLA_FORMS, mla_attention
 from graphllm.build.moe import moe_ffn
 from graphllm.build.mtp import check_mtp, mtp_modules
-from graphllm.build.recurrent import conv_bindings
+from graphllm.build.recurrent import MIXERS, conv_bindings
 from graphllm.errors import ConfigError
 from graphllm.ir import CACHE, Dim, Graph, Node, Ref, TensorType
 from graphllm.models import rope as rope_mod
@@ -93,8 +94,8 @@ class _Builder:
         if cfg.attention_chunk_size is not None and "chunked_attention" in cfg.layer_types:
             bindings["P_c"] = min(wl.past_len, cfg.attention_chunk_size - 1)
             bindings["S_c"] = bindings["P_c"] + wl.seq_len
-        if "mamba2" in cfg.layer_types and wl.past_len > 0:  # issue 19: the conv's input length
-            bindings |= conv_bindings(cfg.mamba_conv_kernel, wl.seq_len)
+        if cfg.conv_kernel:  # issue 19: a conv reads its K-1 carried inputs and the T new
+            bindings |= conv_bindings(cfg.conv_kernel, wl.seq_len)
         self.g = Graph(cfg.name, bindings)
         # name prefix -> the kind of scope it is, for cost roll-ups (a node counts in every
         # scope that prefixes its name)
@@ -296,12 +297,14 @@ class _Builder:
         f = self.residual_scale(f"{p}.mlp_residual_scale", self.norm(p, lay.ffn_post, f))
         return self.g.add("add", f"{p}.mlp_residual", (x, f))
 
-    def mixer(self, p: str, x: Node, i: int) -> Node:
-        """Layer i's token mixer: attention, or (issue 19) a Mamba2 mixer."""
-        name = f"{p}.{self.cfg.attention_name}"
-        if self.cfg.layer_type(i) == "mamba2":
-            return mamba_mixer(self, name, x, i)
-        return self.attention(name, x, i)
+    def mixer(self, layer: str, x: Node, i: int) -> Node:
+        """Layer i's token mixer: attention (`{layer}.<attention_name>`), or the one its layer type
+        names in MIXERS (issue 19: a linear-attention or Mamba layer)."""
+        kind = self.cfg.layer_type(i)
+        if kind in MIXERS:
+            name, build = MIXERS[kind]
+            return build(self, f"{layer}.{name}", x, i)
+        return self.attention(f"{layer}.{self.cfg.attention_name}", x, i)
 
     def residual_scale(self, name: str, x: Node) -> Node:
         """A sub-layer's output scaled before its residual add (granite's residual_multiplier;
@@ -326,6 +329,18 @@ class _Builder:
             sizes = [d.size for d in parts.values()]
             split = g.add("split3", f"{p}.qkv_split", (qkv,), {"axes": parts, "sizes": sizes})
             q, k, v = Ref(split.name, 0), Ref(split.name, 1), Ref(split.name, 2)
+        elif c.attn_output_gate:
+            # issue 19, Qwen3-Next: q_proj writes each head's query then its gate
+            d_qg = Dim("d_qg", "hidden", 2 * self.d_q.size)  # type: ignore[operator]
+            qg = self.linear(f"{p}.q_proj", x, d_qg, "attention", bias=c.qkv_bias)
+            e, heads = c.head_dim, c.num_attention_heads
+            iq = [h * 2 * e + j for h in range(heads) for j in range(e)]
+            ig = [h * 2 * e + e + j for h in range(heads) for j in range(e)]
+            sel = {"axes": {"c": self.d_q}}
+            q = g.add("select_channels", f"{p}.query", (qg,), sel | {"index": iq})
+            gate = g.add("select_channels", f"{p}.gate", (qg,), sel | {"index": ig})
+            k = self.linear(f"{p}.k_proj", x, self.d_kv, "attention", bias=c.qkv_bias)
+            v = self.linear(f"{p}.v_proj", x, self.d_kv, "attention", bias=c.qkv_bias)
         else:
             q = self.linear(f"{p}.q_proj", x, self.d_q, "attention", bias=c.qkv_bias)
             k = self.linear(f"{p}.k_proj", x, self.d_kv, "attention", bias=c.qkv_bias)
@@ -383,6 +398,9 @@ class _Builder:
             v = g.add("repeat_kv", f"{p}.v_repeat", (v,), {"axes": {"h": self.h}})
         o = self.core_attention(f"{p}.core", q, k, v, window, chunk=chunk)
         o = g.add("merge_heads", f"{p}.merge_heads", (o,), {"axes": {"(h e)": self.d_q}})
+        if c.attn_output_gate and not c.fused_qkv:
+            gate = g.add("sigmoid", f"{p}.gate_act", (gate,))
+            o = g.add("mul", f"{p}.output_gate", (o, gate))
         return self.linear(f"{p}.o_proj", o, self.d, "attention", bias=c.o_bias)
 
     def core_attention(

@@ -18,7 +18,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from graphllm.build.dims import T
-from graphllm.build.recurrent import causal_conv, recurrent_state, set_recurrent_state, zero_padding
+from graphllm.build.recurrent import (
+    MIXERS,
+    causal_conv,
+    recurrent_state,
+    set_recurrent_state,
+    zero_padding,
+)
 from graphllm.ir import Dim, Node, Ref
 
 if TYPE_CHECKING:
@@ -50,7 +56,7 @@ def mamba_mixer(b: _Builder, p: str, x: Node, i: int) -> Node:
     attrs = {"axes": parts, "sizes": [d.size for d in parts.values()]}
     split = g.add("split3", f"{p}.in_split", (zxbcdt,), attrs)  # z | xBC | dt
     z, xbc, dt = Ref(split.name, 0), Ref(split.name, 1), Ref(split.name, 2)
-    xbc_node = causal_conv(b, p, xbc, i, c.mamba_conv_kernel, bias=c.mamba_conv_bias)
+    xbc_node = causal_conv(b, p, xbc, i, c.conv_kernel, bias=c.mamba_conv_bias)
     xbc_node = g.add("silu", f"{p}.conv_act", (xbc_node,))
     xbc_node = zero_padding(b, f"{p}.conv_zero_padding", xbc_node)
     parts = {"f1": inner, "f2": bc, "f3": bc}
@@ -87,3 +93,6 @@ def mamba_mixer(b: _Builder, p: str, x: Node, i: int) -> Node:
     norm_attrs = {"group_size": c.mamba_inner // c.mamba_n_groups, "eps": c.rms_norm_eps}
     y = g.add("gated_group_rmsnorm", f"{p}.norm", (y, z, w), norm_attrs)
     return b.linear(f"{p}.out_proj", y, b.d, "attention", bias=c.mamba_proj_bias)
+
+
+MIXERS["mamba2"] = ("mixer", mamba_mixer)

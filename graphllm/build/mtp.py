@@ -53,6 +53,8 @@ def check_mtp(cfg: ModelConfig) -> None:
                 f"{cfg.model_type}'s MTP modules (num_mtp_modules) are not modelled: its "
                 "published checkpoint holds no MTP weights and transformers has no MTP module"
             )
+        if family is not None and family.mtp_refusal:  # issue 19: Qwen3-Next's, not yet
+            why = family.mtp_refusal
         raise ConfigError(f"--mtp: {cfg.name} has no multi-token-prediction layers ({why})")
     if len(cfg.mtp_moe_layers) != cfg.num_nextn_predict_layers:  # a config built by hand
         raise ConfigError(

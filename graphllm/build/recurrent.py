@@ -10,6 +10,7 @@ of role STATE: fixed in size, replacing the past rather than appending to it. Th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from graphllm.build.dims import B, S, T
@@ -94,3 +95,8 @@ def _carries_state(b: _Builder, layer: int) -> None:
     layers = b.g.meta.setdefault("state_layers", [])
     if layer not in layers:
         layers.append(layer)
+
+
+# layer type -> (the mixer's module name under model.layers.{i}, the function that builds it:
+# (builder, scope, x, layer) -> the mixer's output); a layer type absent here attends
+MIXERS: dict[str, tuple[str, Callable[[_Builder, str, Node, int], Node]]] = {}

@@ -581,6 +581,11 @@ class Family:
     # the features of a config, from its raw values, that graphllm does not model: each a
     # phrase joined into the one line that names every unmodelled field (Llama 4's MoE layers)
     unmodelled: Callable[[dict], list[str]] | None = None
+    # issue 19: why `--mtp` is refused for a family whose checkpoints hold MTP weights that
+    # graphllm does not model yet (Qwen3-Next's mtp.*); empty: the generic reason
+    mtp_refusal: str = ""
+    # issue 19: the partial_rotary_factor a config that gives none has (Qwen3NextConfig's 0.25)
+    default_partial_rotary: float | None = None
     # issue 19: the checked values normalised before anything reads them (Nemotron-H's layer
     # pattern, given as a string or a list, into the one list and the layer count)
     prepare: Callable[[dict], dict] | None = None
@@ -1267,6 +1272,68 @@ FAMILY_TABLE["gpt_oss"] = Family(
     default_theta=150000.0,
     aliases={"num_experts": "num_local_experts"},
 )
+# -- issue 19: Qwen3-Next (transformers' qwen3_next: Qwen3NextConfig, Qwen3NextGatedDeltaNet,
+# Qwen3NextAttention with its output gate, Qwen3NextRMSNorm's x * (1 + w), Qwen3NextSparseMoeBlock)
+LINEAR = "linear_attention"
+
+
+def _qwen3_next_layers(v: dict) -> tuple[tuple[str, ...], int | None]:
+    # Qwen3NextConfig: every full_attention_interval-th layer attends, the others are linear
+    n, every = v["num_hidden_layers"], v["full_attention_interval"]
+    return tuple(LINEAR if (i + 1) % every else FULL for i in range(n)), None
+
+
+def _qwen3_next(v: dict) -> dict:
+    return _attention_bias(v) | {
+        "qk_norm": True,  # per head, Qwen3NextRMSNorm like every norm of the model
+        "norm_weight_offset": 1.0,  # zero-centred: x * (1 + w), as Gemma's
+        "attn_output_gate": True,
+        "conv_kernel": v["linear_conv_kernel_dim"],
+        "linear_num_key_heads": v["linear_num_key_heads"],
+        "linear_num_value_heads": v["linear_num_value_heads"],
+        "linear_key_head_dim": v["linear_key_head_dim"],
+        "linear_value_head_dim": v["linear_value_head_dim"],
+    }
+
+
+FAMILY_TABLE["qwen3_next"] = Family(
+    _fields(
+        max_position_embeddings=Spec(_pos_int, 32768),
+        head_dim=Spec(_pos_int, 256),
+        attention_bias=Spec(_bool, False),
+        partial_rotary_factor=Spec(_pos_float, None),
+        full_attention_interval=Spec(_pos_int, 4),
+        linear_conv_kernel_dim=Spec(_pos_int, 4),
+        linear_key_head_dim=Spec(_pos_int, 128),
+        linear_value_head_dim=Spec(_pos_int, 128),
+        linear_num_key_heads=Spec(_pos_int, 16),
+        linear_num_value_heads=Spec(_pos_int, 32),
+        shared_expert_intermediate_size=Spec(_pos_int, 512),
+        **{
+            **_QWEN_MOE,
+            "num_experts": Spec(_pos_int, 512),
+            "num_experts_per_tok": Spec(_pos_int, 10),
+            "moe_intermediate_size": Spec(_pos_int, 512),
+            "norm_topk_prob": Spec(_bool, True),
+            "intermediate_size": Spec(_pos_int, 5632),
+        },
+    ),
+    derive=_qwen3_next,
+    windows=_qwen3_next_layers,
+    reads_layer_types=True,
+    layer_kinds=(FULL, LINEAR),
+    moe=_qwen_moe,
+    partial_rotary=True,
+    # the published config.json writes these at the values the model has anyway
+    noop_only={"use_sliding_window": (False,), "sliding_window": (None,)},
+    default_partial_rotary=0.25,
+    mtp_refusal=(
+        "its checkpoint's MTP layer, mtp.* (fc, two pre-fc norms, one attention + MoE layer, a "
+        "norm), is not modelled yet; the config declares none and transformers skips it"
+    ),
+)
+
+
 # issue 19: Nemotron-H and Nemotron-3-Nano (transformers' nemotron_h: NemotronHConfig,
 # NemotronHBlock, NemotronHMamba2Mixer, NemotronHAttention, NemotronHMLP, NemotronHMoE). Each
 # layer is ONE mixer behind its own RMSNorm and residual: Mamba2 (M), attention without RoPE (*),
@@ -1396,7 +1463,7 @@ def _nemotron_h(v: dict) -> dict:
         "mamba_head_dim": v["mamba_head_dim"],
         "ssm_state_size": v["ssm_state_size"],
         "mamba_n_groups": v["n_groups"],
-        "mamba_conv_kernel": v["conv_kernel"],
+        "conv_kernel": v["conv_kernel"],
         "mamba_chunk_size": v["chunk_size"],
         "mamba_conv_bias": v["use_conv_bias"],
         "mamba_proj_bias": v["use_bias"],
@@ -2009,6 +2076,8 @@ def config_from_dict(d: dict, name: str) -> ModelConfig:
     else:
         rope = _rope(v, fam, mt)
     if fam.partial_rotary:
+        if v.get("partial_rotary_factor") is None:  # given neither at the top nor in the rope
+            v["partial_rotary_factor"] = fam.default_partial_rotary
         kw["rotary_dim"] = rotary_dim(v, head_dim)
     rope_layers = kw.pop("rope_layers", ())  # a family's NoPE layers; else RoPE in every layer
     if fam.mla:

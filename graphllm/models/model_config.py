@@ -46,6 +46,8 @@ FAMILIES = (
     "minimax_m2",
     # issue 18: gpt_oss (gpt-oss-20b, gpt-oss-120b)
     "gpt_oss",
+    # issue 19: qwen3_next (Qwen3-Next-80B-A3B: Gated DeltaNet layers between attention ones)
+    "qwen3_next",
     # issue 19: nemotron_h (Nemotron-H, Nemotron-3-Nano: Mamba2 layers)
     "nemotron_h",
 )
@@ -373,6 +375,20 @@ class ModelConfig:
     # swiglu_limit, (up + 1) * gate * sigmoid(swiglu_alpha * gate); None: act(gate) * up
     swiglu_limit: float | None = None
     swiglu_alpha: float = 1.702
+    # issue 19: the causal conv of a linear-attention or Mamba layer, its kernel K (the layer
+    # carries its last K-1 inputs as its conv state); 0: no such layer
+    conv_kernel: int = 0
+    # issue 19, Qwen3-Next's Gated DeltaNet (linear_attention layers): key heads (q and k) and
+    # value heads (v, z, the decay and beta), their widths, and the chunk of the prefill's
+    # chunked form (transformers' torch_chunk_gated_delta_rule: 64)
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_chunk_size: int = 64
+    # issue 19, Qwen3-Next's gated attention: q_proj writes a query and a gate per head
+    # (interleaved per head), and the attention output is times sigmoid(gate) before o_proj
+    attn_output_gate: bool = False
     # issue 19, Nemotron-H. Per layer one of LAYER_BLOCKS (empty: every layer "both")
     layer_blocks: tuple[str, ...] = ()
     # module names as the checkpoint has them: <layers_prefix>.{i}.<attention_name>, the
@@ -387,7 +403,7 @@ class ModelConfig:
     mlp_gated: bool = True
     # a mamba2 layer's mixer: mamba_num_heads heads of mamba_head_dim channels, a state of
     # ssm_state_size per channel, B and C shared by the heads of each of mamba_n_groups groups,
-    # a depthwise causal conv of mamba_conv_kernel taps (with a bias when mamba_conv_bias) over
+    # a depthwise causal conv of conv_kernel taps (with a bias when mamba_conv_bias) over
     # x, B and C; the chunked scan runs in chunks of mamba_chunk_size and clamps dt below at
     # mamba_dt_min (transformers' time_step_limit of its torch path); in_proj and out_proj
     # biased when mamba_proj_bias
@@ -395,7 +411,6 @@ class ModelConfig:
     mamba_head_dim: int = 0
     ssm_state_size: int = 0
     mamba_n_groups: int = 0
-    mamba_conv_kernel: int = 0
     mamba_chunk_size: int = 0
     mamba_conv_bias: bool = False
     mamba_proj_bias: bool = False
@@ -551,6 +566,16 @@ class ModelConfig:
             raise ConfigError(
                 "sliding_rope is modelled with rotate-half RoPE and standard attention only"
             )
+        if "linear_attention" in self.layer_types:
+            k, v = self.linear_num_key_heads, self.linear_num_value_heads
+            widths = (self.linear_key_head_dim, self.linear_value_head_dim, self.conv_kernel)
+            if not (k and v and all(widths)):
+                raise ConfigError(
+                    "layer_types has linear_attention layers but the linear heads, their "
+                    "widths or conv_kernel are unset"
+                )
+            if v % k:
+                raise ConfigError(f"{v} linear value heads are not a multiple of {k} key heads")
         self._check_mamba()
         if self.mtp_moe_layers and len(self.mtp_moe_layers) != self.num_nextn_predict_layers:
             raise ConfigError(
@@ -568,9 +593,7 @@ class ModelConfig:
         if "mamba2" not in self.layer_types:
             return
         sizes = ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "mamba_n_groups")
-        missing = [
-            k for k in (*sizes, "mamba_conv_kernel", "mamba_chunk_size") if not getattr(self, k)
-        ]
+        missing = [k for k in (*sizes, "conv_kernel", "mamba_chunk_size") if not getattr(self, k)]
         if missing:
             raise ConfigError(f"layer_types has mamba2 layers but {', '.join(missing)} unset")
         if self.mamba_num_heads % self.mamba_n_groups:
@@ -662,6 +685,8 @@ _FLAGS = (
     "router_bias",
     "topk_then_score",
     "experts_stacked",
+    # issue 19: Qwen3-Next
+    "attn_output_gate",
     # issue 19: Nemotron-H
     "mlp_gated",
     "mamba_conv_bias",
@@ -677,6 +702,7 @@ _POSITIVE = (
     "max_position_embeddings",
     "n_group",
     "topk_group",
+    "linear_chunk_size",
 )
 _NON_NEGATIVE = (
     "intermediate_size",
@@ -691,12 +717,17 @@ _NON_NEGATIVE = (
     "v_head_dim",
     "num_nextn_predict_layers",
     "rotary_dim",
+    # issue 19: linear-attention and Mamba layers
+    "conv_kernel",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
     # issue 19: Nemotron-H's Mamba2 sizes (0: no mamba2 layer)
     "mamba_num_heads",
     "mamba_head_dim",
     "ssm_state_size",
     "mamba_n_groups",
-    "mamba_conv_kernel",
     "mamba_chunk_size",
 )
 

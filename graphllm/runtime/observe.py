@@ -70,6 +70,18 @@ def small_instance(cfg: ModelConfig, seq_len: int = 12) -> ModelConfig:
         moe_layers=cfg.moe_layers[:layers],
         embedding_multiplier=32**0.5 if cfg.embedding_multiplier != 1.0 else 1.0,
     )
+    if cfg.linear_num_key_heads:
+        # issue 19: Gated DeltaNet at toy sizes, its chunk shorter than the sequence so that
+        # the chunked form's boundaries show
+        r = min(cfg.linear_num_value_heads // cfg.linear_num_key_heads, 2)
+        small = replace(
+            small,
+            linear_num_key_heads=2,
+            linear_num_value_heads=2 * r,
+            linear_key_head_dim=8,
+            linear_value_head_dim=6,
+            linear_chunk_size=min(cfg.linear_chunk_size, max(2, seq_len // 3)),
+        )
     return replace(small, **_small_mla(cfg, experts)) if cfg.is_mla else small
 
 

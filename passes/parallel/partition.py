@@ -29,7 +29,7 @@ from typing import Any
 
 from graphllm.echo import shown
 from graphllm.errors import ConfigError
-from graphllm.ir import HEAD_ROLES, Dim, Graph, Node, Ref
+from graphllm.ir import HEAD_ROLES, TOKEN_ROLES, Dim, Graph, Node, Ref
 from graphllm.limits import require_at_most
 from graphllm.models.hardware import Hardware
 from graphllm.models.model_config import ModelConfig
@@ -357,6 +357,21 @@ def _send(graph: Graph, before: Node, r: Ref, a: int, b: int) -> Ref:
 
 
 # -- the transform ------------------------------------------------------------------------------
+def _no_sequence_ops_cut_on_t(graph: Graph, how: str, hint: str) -> None:
+    """issue 19: refuse, in one line, to cut the tokens over ranks of a graph with an op that
+    reads along its token axis in order (a row with a `relation` and one position axis out: a
+    causal conv's window, a recurrence's prefix): rank r would need rank r-1's conv inputs and
+    final state first, a send/recv chain that is not modelled."""
+    for n in graph.nodes():
+        positions = [d for d in n.out.dims if d.role in TOKEN_ROLES]
+        if OPS[n.op].relation is not None and len(positions) == 1:
+            raise ConfigError(
+                f"{how}: {n.name} ({n.op}) reads the tokens in order, so each rank would need "
+                f"the state of the ranks before it (passed rank to rank), which is not "
+                f"modelled; {hint}"
+            )
+
+
 def partition(graph: Graph, strategy: Strategy, hardware: Hardware | None = None) -> Graph:
     """The program of one rank under `strategy`, a new graph: its meta['partition'] holds the
     plan, and each node's meta its `sharding` (per output), `stage` (the pipeline stage that runs
@@ -369,6 +384,11 @@ def partition(graph: Graph, strategy: Strategy, hardware: Hardware | None = None
             "there, or a device preset such as h100"
         )
     graph.verify()
+    if strategy.cp > 1:
+        _no_sequence_ops_cut_on_t(graph, "--cp", "partition it with --tp, --pp, --ep or --dp")
+    elif split.get("ep") == "token":
+        hint = f"give a batch that --ep {strategy.ep} divides (-b), so that ep cuts the batch"
+        _no_sequence_ops_cut_on_t(graph, "--ep on the tokens", hint)
     mesh = make_mesh(strategy)
     seeded, notes = seeds(graph, strategy, split)
     if split.get("ep") == "token":

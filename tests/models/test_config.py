@@ -694,11 +694,10 @@ ROPES = ("default", "linear", "llama3", "yarn")
 def valid_configs(draw) -> dict:
     # MLA families have their own shape fields: test_deepseek_* and tests/runtime/test_interpret_deepseek.py
     # (Kimi-K2 reads as DeepSeek-V3)
-    # (issue 19: Nemotron-H's layer pattern and Mamba2 fields, its states: its own tests,
-    # tests/models/test_config_nemotron_h.py and tests/runtime/test_interpret_nemotron_h.py)
-    mt = draw(
-        st.sampled_from([f for f in FAMILIES if not FAMILY_TABLE[f].mla and f != "nemotron_h"])
-    )
+    # (Qwen3-Next's linear layers and Nemotron-H's Mamba2 ones carry states:
+    # tests/models/test_config_qwen3_next.py, tests/models/test_config_nemotron_h.py)
+    hybrid = ("qwen3_next", "nemotron_h")
+    mt = draw(st.sampled_from([f for f in FAMILIES if not FAMILY_TABLE[f].mla and f not in hybrid]))
     kv, rep = draw(st.integers(1, 4)), draw(st.integers(1, 4))
     heads, head_dim, n = kv * rep, 2 * draw(st.integers(1, 12)), draw(st.integers(1, 6))
     d: dict = {
@@ -869,7 +868,9 @@ def test_broken_configs_raise_config_error(d, data):
         v = d[key]
         d[key] = data.draw(st.sampled_from([str(v), float(v), True, False, [v], {"v": v}]))
     msg = error(d)
-    assert len(msg) < 300
+    # one line, however broken the config; a missing model_type's names the 28 supported ones
+    # (issue 19: qwen3_next and nemotron_h took that line past 300 characters)
+    assert len(msg) < 400
 
 
 JSONISH = st.recursive(

@@ -25,7 +25,7 @@ def test_published_nano_config_loads_its_layer_pattern():
         128,
         8,
     )
-    assert (c.mamba_conv_kernel, c.mamba_chunk_size, c.mamba_conv_bias, c.mamba_dt_min) == (
+    assert (c.conv_kernel, c.mamba_chunk_size, c.mamba_conv_bias, c.mamba_dt_min) == (
         4,
         128,
         True,

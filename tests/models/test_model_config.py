@@ -43,6 +43,8 @@ def test_per_layer_fields_default_to_full_attention_dense_and_rope_everywhere():
         ({"layer_types": ("full_attention",) * 4}, "layer_types has 4 entries for 3"),
         ({"moe_layers": (True,)}, "moe_layers has 1 entries for 3"),
         ({"layer_types": ("sparse_attention",) * 3}, "layer_types has 'sparse_attention'"),
+        # issue 19: a linear-attention layer needs its heads, widths and conv kernel
+        ({"layer_types": ("linear_attention",) * 3}, "linear heads, their widths or conv_kernel"),
         # issue 16: a chunked layer needs its chunk size
         (
             {"layer_types": ("chunked_attention",) * 3},

@@ -35,7 +35,7 @@ def test_prefill_and_sixteen_cached_steps(tiny_nemotron, case, prompt):
         # the states are constant in the sequence length: conv K-1 inputs, SSM (H, P, N)
         c = m.cfg
         conv = c.mamba_inner + 2 * c.mamba_n_groups * c.ssm_state_size
-        assert ours["present.0.conv_state"].shape == (BATCH, c.mamba_conv_kernel - 1, conv)
+        assert ours["present.0.conv_state"].shape == (BATCH, c.conv_kernel - 1, conv)
         assert ours["present.0.recurrent_state"].shape == (
             BATCH,
             c.mamba_num_heads,

@@ -1,0 +1,102 @@
+"""Qwen3-Next's Gated DeltaNet, as the builder adds it for a `linear_attention` layer (issue 19).
+
+As transformers' Qwen3NextGatedDeltaNet: padded positions zeroed; in_proj_qkvz and in_proj_ba,
+whose outputs are laid out per key head group ([q, k, v, z] and [b, a] for each of the
+linear_num_key_heads groups) and regrouped into q|k|v for the conv, z, b and a; the causal conv
+with SiLU over q|k|v (its conv state carried); q and k L2-normed per head; the decay
+g = -exp(A_log) softplus(a + dt_bias) and beta = sigmoid(b); the gated delta rule (chunked from a
+zero state, token by token in a decode step; its recurrent state carried); the gated RMSNorm
+norm(o) * w * silu(z) per value head; out_proj.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from graphllm.build.dims import T
+from graphllm.build.recurrent import (
+    MIXERS,
+    causal_conv,
+    recurrent_state,
+    set_recurrent_state,
+    zero_padding,
+)
+from graphllm.ir import Dim, Node, Ref
+
+if TYPE_CHECKING:
+    from graphllm.build.builder import _Builder
+
+
+def _layout(groups: int, parts: list[int]) -> list[list[int]]:
+    """For a projection laid out as `groups` blocks of `parts` widths, each part's channel
+    indices over all groups, group by group (transformers' fix_query_key_value_ordering)."""
+    per, out, start = sum(parts), [], 0
+    for width in parts:
+        out.append([j * per + start + e for j in range(groups) for e in range(width)])
+        start += width
+    return out
+
+
+def gated_deltanet(b: _Builder, p: str, x: Node, i: int) -> Node:
+    """The linear-attention mixer of layer i under scope `p` (model.layers.{i}.linear_attn)."""
+    c, g = b.cfg, b.g
+    b.scopes[p] = "attention"
+    n_k, n_v = c.linear_num_key_heads, c.linear_num_value_heads
+    d_k, d_v, r = c.linear_key_head_dim, c.linear_value_head_dim, n_v // n_k
+    key_dim, value_dim = n_k * d_k, n_v * d_v
+    heads_k, heads_v = Dim("h_lk", "kv_head", n_k), Dim("h_lv", "head", n_v)
+    e_k, e_v = Dim("d_lk", "head_dim", d_k), Dim("d_lv", "head_dim", d_v)
+    x = zero_padding(b, f"{p}.zero_padding", x)
+    qkvz_dim = Dim("d_qkvz", "hidden", 2 * key_dim + 2 * value_dim)
+    qkvz = b.linear(f"{p}.in_proj_qkvz", x, qkvz_dim, "attention")
+    ba = b.linear(f"{p}.in_proj_ba", x, Dim("d_ba", "hidden", 2 * n_v), "attention")
+    iq, ik, iv, iz = _layout(n_k, [d_k, d_k, r * d_v, r * d_v])
+    ib, ia = _layout(n_k, [r, r])
+    conv_dim = Dim("d_conv", "hidden", 2 * key_dim + value_dim)
+    d_value = Dim("d_lvalue", "hidden", value_dim)
+
+    def select(name: str, src: Node, index: list[int], out: Dim) -> Node:
+        return g.add("select_channels", name, (src,), {"axes": {"c": out}, "index": index})
+
+    mixed = select(f"{p}.qkv", qkvz, iq + ik + iv, conv_dim)  # (B, T, q|k|v)
+    z = select(f"{p}.z", qkvz, iz, d_value)  # (B, T, value_dim)
+    beta_in = select(f"{p}.b", ba, ib, heads_v)  # (B, T, value heads)
+    a_in = select(f"{p}.a", ba, ia, heads_v)
+    conv = causal_conv(b, p, mixed, i, c.conv_kernel)
+    conv = g.add("silu", f"{p}.conv_act", (conv,))
+    parts = {"f1": Dim("d_lkey", "hidden", key_dim), "f2": Dim("d_lkey", "hidden", key_dim)}
+    parts["f3"] = d_value
+    sizes = [key_dim, key_dim, value_dim]
+    split = g.add("split3", f"{p}.qkv_split", (conv,), {"axes": parts, "sizes": sizes})
+    qk_heads, v_heads = {"axes": {"h": heads_k, "e": e_k}}, {"axes": {"h": heads_v, "e": e_v}}
+    q = g.add("to_heads", f"{p}.q_heads", (Ref(split.name, 0),), qk_heads)  # (B, T, h_k, d_k)
+    k = g.add("to_heads", f"{p}.k_heads", (Ref(split.name, 1),), qk_heads)
+    v = g.add("to_heads", f"{p}.v_heads", (Ref(split.name, 2),), v_heads)  # (B, T, h_v, d_v)
+    # the kernel's use_qk_l2norm_in_kernel, eps 1e-6 whatever the model's rms_norm_eps
+    q = g.add("l2normalize", f"{p}.q_l2norm", (q,), {"eps": 1e-6})  # (B, T, key heads, d_k)
+    k = g.add("l2normalize", f"{p}.k_l2norm", (k,), {"eps": 1e-6})
+    beta = g.add("sigmoid", f"{p}.beta", (beta_in,))
+    a_log = b.param(f"{p}.A_log", (heads_v,), "attention")
+    dt_bias = b.param(f"{p}.dt_bias", (heads_v,), "attention")
+    decay = g.add("delta_decay", f"{p}.decay", (a_in, a_log, dt_bias))
+    ins: tuple[Node, ...] = (q, k, v, decay, beta)
+    past = recurrent_state(b, i, (heads_v, e_k, e_v))
+    if past is None:
+        op = "gated_delta_chunked"  # a prefill from a zero state
+    else:
+        ins += (past,)
+        # transformers steps token by token for one new token, else runs the chunked form
+        op = "gated_delta_step" if b.wl.seq_len == 1 else "gated_delta_chunked_state"
+    attrs = {"axes": {"t": T}, "chunk": c.linear_chunk_size}
+    core = g.add(op, f"{p}.core", ins, attrs)  # (B, T, value heads, d_v), the final state
+    b.scopes[f"{p}.core"] = "core_attention"
+    set_recurrent_state(b, i, Ref(core.name, 1))
+    z = g.add("to_heads", f"{p}.z_heads", (z,), v_heads)
+    b.scopes[f"{p}.norm"] = "norms"
+    w = b.param(f"{p}.norm.weight", (e_v,), "norms")
+    o = g.add("gated_rmsnorm", f"{p}.norm", (Ref(core.name, 0), z, w), {"eps": c.rms_norm_eps})
+    o = g.add("from_heads", f"{p}.merge_heads", (o,), {"axes": {"(h e)": d_value}})
+    return b.linear(f"{p}.out_proj", o, b.d, "attention")
+
+
+MIXERS["linear_attention"] = ("linear_attn", gated_deltanet)

@@ -1,0 +1,130 @@
+"""issue 19: Qwen3-Next's ONNX export on onnxruntime == transformers == the numpy interpreter
+(fp32, 1e-4): a prefill longer than one chunk, 16 decode steps carrying the conv and recurrent
+states as `past_key_values.{i}.conv_state|recurrent_state` -> `present.{i}.*`, and a left-padded
+batch of 2 (the padded positions zeroed before each linear layer, from attention_mask)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("onnxruntime")
+
+from graphllm.build.builder import build_export_graph  # noqa: E402
+from graphllm.exporters.onnx import export_onnx  # noqa: E402
+from graphllm.exporters.onnx.lowering import LoweringError, lower  # noqa: E402
+from graphllm.runtime.session import OnnxModel, positions  # noqa: E402
+from tests.support.tiny_qwen3_next import LONG, SMALL, carried  # noqa: E402
+
+ATOL, STEPS, PAD = 1e-4, 16, 3
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_qwen3_next, tmp_path_factory):
+    m = tiny_qwen3_next("qwen3_next")
+    path = tmp_path_factory.mktemp("qwen3_next-onnx") / "model.onnx"
+    export_onnx(build_export_graph(m.cfg), path, weights=m.folder, ops="decomposed")
+    return m, path, OnnxModel(path, device="cpu")
+
+
+def _hf(m, ids, mask=None, pos=None, cache=None):
+    t = torch.from_numpy
+    with torch.no_grad():
+        return m.model(
+            t(ids),
+            attention_mask=None if mask is None else t(mask),
+            position_ids=None if pos is None else t(pos),
+            cache=cache,
+            use_cache=True,
+        )
+
+
+def test_the_states_are_inputs_and_outputs_of_their_own(exported):
+    m, path, session = exported
+    model = onnx.load(str(path), load_external_data=False)
+    onnx.checker.check_model(model)
+    ins = {i.name for i in model.graph.input}
+    outs = {o.name for o in model.graph.output}
+    for i, kind in enumerate(m.cfg.layer_types):
+        names = (
+            ("conv_state", "recurrent_state") if kind == "linear_attention" else ("key", "value")
+        )
+        for name in names:
+            assert f"past_key_values.{i}.{name}" in ins and f"present.{i}.{name}" in outs
+    assert sorted(session.state_names) == sorted(
+        f"past_key_values.{i}.{s}"
+        for i, kind in enumerate(m.cfg.layer_types)
+        if kind == "linear_attention"
+        for s in ("conv_state", "recurrent_state")
+    )
+    assert "Scan" in {n.op_type for n in model.graph.node}  # the delta rule, token by token
+    assert "Conv" in {n.op_type for n in model.graph.node}
+
+
+def test_prefill_longer_than_a_chunk_and_16_decode_steps(exported):
+    m, _, session = exported
+    ids = np.random.default_rng(0).integers(3, SMALL["vocab_size"], (2, LONG))
+    ours, theirs, interp = session.forward(ids), _hf(m, ids), m.run(ids)
+    np.testing.assert_allclose(ours["logits"], theirs.logits.numpy(), atol=ATOL, rtol=0)
+    np.testing.assert_allclose(ours["logits"], interp["logits"], atol=ATOL, rtol=0)
+    for step in range(STEPS):
+        nxt = theirs.logits.numpy()[:, -1].argmax(-1)[:, None]
+        ours = session.forward(nxt, past=carried(ours))
+        theirs = _hf(m, nxt, cache=theirs.cache)
+        interp = m.run(nxt, past=carried(interp))
+        np.testing.assert_allclose(
+            ours["logits"], theirs.logits.numpy(), atol=ATOL, rtol=0, err_msg=f"step {step}"
+        )
+        np.testing.assert_allclose(ours["logits"], interp["logits"], atol=ATOL, rtol=0)
+
+
+def test_left_padded_batch(exported):
+    m, _, session = exported
+    ids = np.random.default_rng(1).integers(3, SMALL["vocab_size"], (2, 8))
+    ids[1, :PAD] = 0
+    mask = np.ones_like(ids)
+    mask[1, :PAD] = 0
+    pos = positions(mask, 8)
+    ours, theirs = session.forward(ids, mask, pos), _hf(m, ids, mask, pos)
+    np.testing.assert_allclose(ours["logits"][0], theirs.logits.numpy()[0], atol=ATOL, rtol=0)
+    np.testing.assert_allclose(
+        ours["logits"][1, PAD:], theirs.logits.numpy()[1, PAD:], atol=ATOL, rtol=0
+    )
+    # the padded row is its prompt alone: padding reaches neither attention nor the states
+    alone = m.run(ids[1:, PAD:])["logits"][0]
+    np.testing.assert_allclose(ours["logits"][1, PAD:], alone, atol=ATOL, rtol=0)
+    for step in range(STEPS):
+        nxt = theirs.logits.numpy()[:, -1].argmax(-1)[:, None]
+        mask = np.concatenate([mask, np.ones_like(nxt)], axis=1)
+        pos = positions(mask, 1)
+        ours = session.forward(nxt, mask, pos, past=carried(ours))
+        theirs = _hf(m, nxt, mask, pos, cache=theirs.cache)
+        np.testing.assert_allclose(
+            ours["logits"], theirs.logits.numpy(), atol=ATOL, rtol=0, err_msg=f"step {step}"
+        )
+
+
+def test_generate_feeds_the_states_back(exported):
+    m, _, session = exported
+    ids = np.random.default_rng(2).integers(3, SMALL["vocab_size"], (1, 6))
+    new = session.generate(ids, 5)  # BoundCache: the presents fed back as OrtValues
+    theirs, ref = _hf(m, ids), []
+    for _ in range(5):  # transformers' greedy tokens, eos or not
+        ref.append(theirs.logits.numpy()[:, -1].argmax(-1)[:, None])
+        theirs = _hf(m, ref[-1], cache=theirs.cache)
+    np.testing.assert_array_equal(new, np.concatenate(ref, axis=1))
+
+
+@pytest.mark.parametrize("ops", ["standard", "ort"])
+def test_the_fused_lowerings_refuse_in_one_line_and_the_default_is_decomposed(exported, ops):
+    from graphllm.exporters.onnx import default_lowering
+
+    m, _, _ = exported
+    graph = build_export_graph(m.cfg)
+    with pytest.raises(LoweringError, match=f"the {ops} lowering cannot express") as e:
+        lower(graph, ops)
+    assert "\n" not in str(e.value)
+    assert default_lowering(graph) == "decomposed"
