@@ -125,17 +125,22 @@ def test_generate_feeds_the_states_back(exported):
     np.testing.assert_array_equal(new, np.concatenate(ref, axis=1))
 
 
-def test_standard_lowering_is_the_default_and_exact(tiny_nemotron, tmp_path):
-    """opset 23's Attention on the NoPE layers, the decomposed rows elsewhere: the padded batch
-    and 16 decode steps as above."""
+@pytest.mark.parametrize(
+    ("case", "ops", "attention"),
+    [("hybrid", "standard", "Attention"), ("mamba-bias", "ort", "GroupQueryAttention")],
+)
+def test_the_fused_default_lowering_is_exact(tiny_nemotron, tmp_path, case, ops, attention):
+    """opset 23's Attention (the MoE's relu^2 experts are beyond onnxruntime's MoE op) or, without
+    an MoE layer, onnxruntime's GroupQueryAttention on the NoPE layers, the decomposed rows
+    elsewhere: the padded batch and 16 decode steps as above."""
     from graphllm.exporters.onnx import default_lowering
 
-    m = tiny_nemotron("hybrid")
+    m = tiny_nemotron(case)
     graph = build_export_graph(m.cfg)
-    assert default_lowering(graph) == "standard"
-    export_onnx(graph, tmp_path / "model.onnx", weights=m.folder, ops="standard")
+    assert default_lowering(graph) == ops
+    export_onnx(graph, tmp_path / "model.onnx", weights=m.folder, ops=ops)
     session = OnnxModel(tmp_path / "model.onnx", device="cpu")
-    assert "Attention" in {n.op_type for n in onnx.load(str(tmp_path / "model.onnx")).graph.node}
+    assert attention in {n.op_type for n in onnx.load(str(tmp_path / "model.onnx")).graph.node}
     ids = np.random.default_rng(3).integers(3, SMALL["vocab_size"], (2, LONG))
     ids[1, :PAD] = 0
     mask = np.ones_like(ids)
