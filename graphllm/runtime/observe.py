@@ -68,6 +68,7 @@ def small_instance(cfg: ModelConfig, seq_len: int = 12) -> ModelConfig:
         moe_intermediate_size=16 if cfg.moe_intermediate_size else 0,
         shared_expert_intermediate_size=24 if cfg.shared_expert_intermediate_size else 0,
         moe_layers=cfg.moe_layers[:layers],
+        layer_blocks=cfg.layer_blocks[:layers],  # issue 19: Nemotron-H's one sub-layer a layer
         embedding_multiplier=32**0.5 if cfg.embedding_multiplier != 1.0 else 1.0,
     )
     if cfg.linear_num_key_heads:
@@ -81,6 +82,17 @@ def small_instance(cfg: ModelConfig, seq_len: int = 12) -> ModelConfig:
             linear_key_head_dim=8,
             linear_value_head_dim=6,
             linear_chunk_size=min(cfg.linear_chunk_size, max(2, seq_len // 3)),
+        )
+    if cfg.mamba_num_heads:
+        # issue 19: Mamba2 at toy sizes (heads in groups as the model has them), its chunk
+        # shorter than the sequence so that the chunked form's boundaries show
+        small = replace(
+            small,
+            mamba_num_heads=4,
+            mamba_head_dim=4,
+            ssm_state_size=4,
+            mamba_n_groups=min(cfg.mamba_n_groups, 2),
+            mamba_chunk_size=min(cfg.mamba_chunk_size, max(2, seq_len // 3)),
         )
     return replace(small, **_small_mla(cfg, experts)) if cfg.is_mla else small
 
