@@ -16,7 +16,7 @@ def _report(preset: str, **wl):
 
 
 def test_the_mamba_layers_mix_through_their_conv_and_scan():
-    cfg, report = _report("nemotron-3-nano-30b-a3b", seq_len=16)
+    _, report = _report("nemotron-3-nano-30b-a3b", seq_len=16)
     ops = {}
     for name, _ in report.mixing_nodes:
         layer = int(name.split(".")[2])
