@@ -668,7 +668,8 @@ def model_view(ctx: _Ctx, layer: int, all_layers: bool) -> Drawing:
         per = [m for m in members if of_layer[m.name] == layers[r[0]]]
         summary = ctx.summary(per)
         cfg = g.meta.get("config")
-        if cfg is not None and r[0] < cfg.num_hidden_layers and not cfg.rotates(r[0]):
+        attends = "attention" in kinds  # issue 19: a Mamba2, MLP or MoE layer has no RoPE to lack
+        if cfg is not None and r[0] < cfg.num_hidden_layers and not cfg.rotates(r[0]) and attends:
             # a run is of alike blocks, so of NoPE layers only or of RoPE ones only
             summary = ", ".join(filter(None, (summary, "NoPE")))
         elif cfg is not None and r[0] < cfg.num_hidden_layers and cfg.sliding_rope is not None:
@@ -853,8 +854,10 @@ def _side_scope(ctx: _Ctx, layer: int, kinds: tuple[str, ...], what: str) -> str
 
 
 def attention_view(ctx: _Ctx, layer: int, max_lanes: int = MAX_LANES) -> Drawing:
-    """Q/K/V projections, heads, RoPE, core attention per head, concat, output projection."""
-    root = _side_scope(ctx, layer, ("attention",), "attention")
+    """Q/K/V projections, heads, RoPE, core attention per head, concat, output projection; or
+    (issue 19) the layer's other token mixer, a Mamba2 mixer's in_proj, conv, scan per head,
+    gated norm and out_proj."""
+    root = _side_scope(ctx, layer, ("attention", "mamba"), "attention or Mamba2")
     keep = ctx.computing(root)
     lanes = _Lanes(("head", "kv_head"), keep, max_lanes)
     view = _View(ctx, f"{ctx.g.name}: attention, block {layer}", keep, root, lanes=lanes)

@@ -101,7 +101,7 @@ def _ssm_scan(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     xs = c.op("Mul", [x, c.op("Unsqueeze", [dt, c.const([3])], s)], s)
     av = c.op("Mul", [dt, rate], s)  # (B, T, H)
 
-    ell = c.op("Min", [t, c.const([a["chunk"]])], s)  # one unpadded chunk below the chunk size
+    ell = c.op("Min", [t, c.const([a["chunk_size"]])], s)  # one unpadded chunk below the chunk size
     pad = c.op("Mod", [c.op("Sub", [ell, c.op("Mod", [t, ell], s)], s), ell], s)
     zero = c.const([0])
 

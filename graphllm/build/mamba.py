@@ -81,7 +81,7 @@ def mamba_mixer(b: _Builder, p: str, x: Node, i: int) -> Node:
         inputs = (*inputs, past)
     scan_attrs = {
         "axes": {"t": T},
-        "chunk": c.mamba_chunk_size,
+        "chunk_size": c.mamba_chunk_size,
         "dt_min": c.mamba_dt_min,
         "form": scan_form(b),
     }

@@ -127,7 +127,7 @@ def _scan(xs: list[np.ndarray], a: dict[str, Any]) -> tuple[np.ndarray, np.ndarr
     # transformers' dispatch: the recurrent step for one token after a past, else the chunks
     if state0 is not None and x.shape[1] == 1:
         return _step(x, dt, a_log, b_, c_, d, dt_bias, state0)
-    return _chunked(x, dt, a_log, b_, c_, d, dt_bias, state0, a["chunk"], a["dt_min"])
+    return _chunked(x, dt, a_log, b_, c_, d, dt_bias, state0, a["chunk_size"], a["dt_min"])
 
 
 def scan_flops(s: dict[str, float], a: dict[str, Any]) -> tuple[float, float]:
@@ -135,7 +135,7 @@ def scan_flops(s: dict[str, float], a: dict[str, Any]) -> tuple[float, float]:
     b, t, h, p, n = s["b"], s.get("s", s.get("t")), s["h"], s["p"], s["n"]
     if a["form"] == "recurrent":
         return 2 * b * h * p * n, 3 * b * h + 7 * b * h * p * n + 2 * b * h * p
-    ell = a["chunk"]
+    ell = a["chunk_size"]
     c = math.ceil(t / ell)
     tp = c * ell
     mm = (

@@ -47,7 +47,7 @@ def _theirs_chunked(xs, state0, t_min=0.001):
 def test_chunked_form_equals_transformers(t, past):
     xs = _inputs(t)
     state0 = np.random.default_rng(1).standard_normal((B, H, P, N)).astype(np.float32)
-    attrs = {"chunk": CHUNK, "dt_min": 0.001, "form": "chunked"}
+    attrs = {"chunk_size": CHUNK, "dt_min": 0.001, "form": "chunked"}
     y, final = OPS["ssm_scan_past" if past else "ssm_scan"].impl(
         xs + ([state0] if past else []), attrs
     )
@@ -58,7 +58,7 @@ def test_chunked_form_equals_transformers(t, past):
 
 def test_the_clamp_matters():
     xs = _inputs(11)
-    attrs = {"chunk": CHUNK, "dt_min": 0.001, "form": "chunked"}
+    attrs = {"chunk_size": CHUNK, "dt_min": 0.001, "form": "chunked"}
     y, _ = OPS["ssm_scan"].impl(xs, attrs)
     y0, _ = OPS["ssm_scan"].impl(xs, attrs | {"dt_min": 0.0})
     assert not np.allclose(y, y0, atol=1e-4)
@@ -69,7 +69,7 @@ def test_the_clamp_matters():
 def test_recurrent_step_equals_transformers():
     xs = _inputs(1)
     state0 = np.random.default_rng(2).standard_normal((B, H, P, N)).astype(np.float32)
-    attrs = {"chunk": CHUNK, "dt_min": 0.001, "form": "recurrent"}
+    attrs = {"chunk_size": CHUNK, "dt_min": 0.001, "form": "recurrent"}
     y, new = OPS["ssm_scan_past"].impl([*xs, state0], attrs)
     x, dt, a_log, b_, c_, d, dt_bias = map(torch.from_numpy, xs)
     state = torch.from_numpy(state0.copy())
@@ -107,7 +107,7 @@ def test_chunked_matmul_flops_equal_flop_counter(t):
             dt_limit=(0.001, float("inf")), return_final_states=True,
         )  # fmt: skip
     sizes = {"b": B, "t": t, "h": H, "p": P, "n": N, "g": G}
-    mm, _ = scan_flops(sizes, {"form": "chunked", "chunk": CHUNK})
+    mm, _ = scan_flops(sizes, {"form": "chunked", "chunk_size": CHUNK})
     assert mm == fc.get_total_flops()
 
 
@@ -120,5 +120,5 @@ def test_recurrent_matmul_flops_equal_flop_counter():
     with FlopCounterMode(display=False) as fc:
         nh.mamba2_selective_state_update(st, x, dt, a, bc, bc, d, dt_bias=d, dt_softplus=True)
     sizes = {"b": B, "t": 1, "h": H, "p": P, "n": N, "g": G}
-    mm, _ = scan_flops(sizes, {"form": "recurrent", "chunk": CHUNK})
+    mm, _ = scan_flops(sizes, {"form": "recurrent", "chunk_size": CHUNK})
     assert mm == fc.get_total_flops()
