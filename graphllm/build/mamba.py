@@ -52,10 +52,15 @@ def mamba_mixer(b: _Builder, p: str, x: Node, i: int) -> Node:
     proj = Dim("d_in_proj", "hidden", c.mamba_inner + conv.size + c.mamba_num_heads)  # type: ignore[operator]
     x = zero_padding(b, f"{p}.zero_padding", x)
     zxbcdt = b.linear(f"{p}.in_proj", x, proj, "attention", bias=c.mamba_proj_bias)
-    parts = {"f1": inner, "f2": conv, "f3": heads}
-    attrs = {"axes": parts, "sizes": [d.size for d in parts.values()]}
-    split = g.add("split3", f"{p}.in_split", (zxbcdt,), attrs)  # z | xBC | dt
-    z, xbc, dt = Ref(split.name, 0), Ref(split.name, 1), Ref(split.name, 2)
+    # z | xBC | dt, each picked from the fused projection's channels (not a split of it, so that
+    # tp cuts in_proj by columns and gathers its output, as for Qwen3-Next's fused projections)
+    picked, start = [], 0
+    for what, dim in (("z", inner), ("xBC", conv), ("dt", heads)):
+        index = list(range(start, start + dim.size))  # type: ignore[operator]
+        attrs = {"axes": {"c": dim}, "index": index}
+        picked.append(g.add("select_channels", f"{p}.in_proj_{what}", (zxbcdt,), attrs))
+        start += dim.size  # type: ignore[operator]
+    z, xbc, dt = picked
     xbc_node = causal_conv(b, p, xbc, i, c.conv_kernel, bias=c.mamba_conv_bias)
     xbc_node = g.add("silu", f"{p}.conv_act", (xbc_node,))
     xbc_node = zero_padding(b, f"{p}.conv_zero_padding", xbc_node)

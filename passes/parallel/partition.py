@@ -389,10 +389,6 @@ def partition(graph: Graph, strategy: Strategy, hardware: Hardware | None = None
     elif split.get("ep") == "token":
         hint = f"give a batch that --ep {strategy.ep} divides (-b), so that ep cuts the batch"
         _no_sequence_ops_cut_on_t(graph, "--ep on the tokens", hint)
-    if strategy.sp:
-        # issue 19: sequence parallelism hands each tp rank T/tp tokens between the sub-layers,
-        # and a mixer that reads them in order would need the ranks before it first
-        _no_sequence_ops_cut_on_t(graph, "--sp", "partition it with --tp alone, --pp, --ep or --dp")
     mesh = make_mesh(strategy)
     seeded, notes = seeds(graph, strategy, split)
     if split.get("ep") == "token":
