@@ -70,6 +70,22 @@ MULTIMODAL: dict[str, tuple[str, frozenset[str]]] = {
     ),
 }  # fmt: skip
 
+# model_type of a multimodal model -> where its checkpoint keeps the parts graphllm does not model
+# (transformers 5's and 4's spellings): a text-decoder load knows these tensors and leaves them
+# unread, and says so; a tensor in neither the text decoder nor these is refused
+MULTIMODAL_UNUSED: dict[str, tuple[str, ...]] = {
+    "gemma3": (
+        "model.vision_tower.", "model.multi_modal_projector.", "vision_tower.",
+        "multi_modal_projector.",
+    ),
+    # Llama4ForConditionalGeneration keeps vision_model and multi_modal_projector at the top
+    # level (the Hub's Scout/Maverick index: vision_model.*, multi_modal_projector.linear_1.*)
+    "llama4": (
+        "vision_model.", "multi_modal_projector.", "model.vision_model.",
+        "model.multi_modal_projector.",
+    ),
+}  # fmt: skip
+
 NOT_SUPPORTED = {
     "deepseek": "DeepSeek-MoE v1 is not planned; DeepSeek-V2/V3 are on the roadmap",
 }
