@@ -1836,9 +1836,12 @@ def preset_aliases() -> dict[str, str]:
 def preset_name(name: str) -> str:
     """The preset `name` names: itself, or the one it is an alias of (any letter case, as the
     Hub's own names are case-insensitive)."""
-    if name in preset_names() or len(name) >= 256:
+    names = preset_names()
+    if name in names or len(name) >= 256:
         return name
-    folded = {alias.lower(): preset for alias, preset in preset_aliases().items()}
+    # a preset's own name in the Hub's letter case (MiniMax-M2) is that preset too
+    folded = {n.lower(): n for n in names}
+    folded |= {alias.lower(): preset for alias, preset in preset_aliases().items()}
     return folded.get(name.lower(), name)
 
 
