@@ -86,13 +86,17 @@ def _fused_experts(b: _Builder, p: str, slots: Node, n_exp: Dim, ffn: Dim) -> No
     with down_proj (E, f, d); the tensors as the checkpoint stores them, whole."""
     g = b.g
     two = Dim("2ffn_e", "ffn", 2 * ffn.size)  # type: ignore[operator]
-    w_gu = b.param(f"{p}.experts.gate_up_proj", (n_exp, b.d, two), "moe_experts")
+    # routed experts, stacked: memory and bytes moved count a chosen expert's slice, and ep cuts
+    # the E axis. Not marked layout "in_out" (gpt-oss's): tp then cuts gate_up's 2f axis and
+    # down's f axis, where in_out would keep gate_up whole on every rank (a split cuts it)
+    fused = {"stacked": "expert"}
+    w_gu = b.param(f"{p}.experts.gate_up_proj", (n_exp, b.d, two), "moe_experts", **fused)
     gu = g.add("expert_matmul", f"{p}.experts.gate_up", (slots, w_gu))
     attrs = {"axes": {"f1": ffn, "f2": ffn}, "sizes": [ffn.size, ffn.size]}
     split = g.add("split", f"{p}.experts.gate_up_split", (gu,), attrs)
     gate, up = Ref(split.name, 0), Ref(split.name, 1)
     m = g.add("mul", f"{p}.experts.mul", (b.act(f"{p}.experts.act_fn", gate), up))
-    w_down = b.param(f"{p}.experts.down_proj", (n_exp, ffn, b.d), "moe_experts")
+    w_down = b.param(f"{p}.experts.down_proj", (n_exp, ffn, b.d), "moe_experts", **fused)
     return g.add("expert_matmul", f"{p}.experts.down", (m, w_down))
 
 

@@ -25,6 +25,7 @@ from graphllm.echo import shown
 from graphllm.errors import WeightsError
 from graphllm.files import note_input
 from graphllm.ir import Graph, Node
+from graphllm.models.config import MULTIMODAL_UNUSED
 from graphllm.models.folder import folder_member
 
 if TYPE_CHECKING:
@@ -404,6 +405,8 @@ def checkpoint_tensors(
         quant = graph.meta["checkpoint_quantization"]
     else:
         quant = cfg.quantization if cfg is not None else None
+    if text_decoder:
+        unmodelled_tensors(ckpt, cfg.text_decoder_of)  # type: ignore[union-attr]
     reads: dict[str, list[Read]] = {}
     for n in graph.params():
         fmt = quant.format_of(n.name, n.attrs["kind"]) if quant is not None else None
@@ -430,6 +433,32 @@ TEXT_DECODER_HOMES = (
     ("model.", ("model.language_model.", "language_model.model.")),
     ("lm_head.", ("language_model.lm_head.",)),
 )
+
+
+def unmodelled_tensors(ckpt: SafetensorsFolder | str | Path, model_type: str) -> list[str]:
+    """The tensors of a multimodal checkpoint (`model_type`, e.g. llama4) that belong to the
+    parts graphllm does not model (its vision tower and projector, config.MULTIMODAL_UNUSED):
+    known, and left unread. A tensor of neither those parts nor the text decoder (which the
+    graph's names and TEXT_DECODER_HOMES place) is a part graphllm does not know: refused, so
+    that no tensor of such a checkpoint goes unread without a reason."""
+    if not isinstance(ckpt, SafetensorsFolder):
+        ckpt = SafetensorsFolder(ckpt)
+    parts = MULTIMODAL_UNUSED.get(model_type, ())
+    decoder = ("model.", "lm_head.", *(home for _, homes in TEXT_DECODER_HOMES for home in homes))
+    unused, unknown = [], []
+    for name in ckpt.names():
+        if name.startswith(parts):
+            unused.append(name)
+        elif not name.startswith(decoder):
+            unknown.append(name)
+    if unknown:
+        more = f" and {len(unknown) - 1:,} more" if len(unknown) > 1 else ""
+        known = ", ".join(f"{p}*" for p in parts)
+        raise WeightsError(
+            f"{ckpt.folder}: tensor {shown(sorted(unknown)[0])}{more} belongs to no part of a "
+            f"{model_type} model graphllm knows (its text decoder, or the unmodelled {known})"
+        )
+    return sorted(unused)
 
 
 def _stored_name(

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from graphllm.build.builder import build_export_graph
+from graphllm.build.weights import unmodelled_tensors
 from graphllm.cli.common import (
     REPEATS,
     SEED,
@@ -194,6 +195,14 @@ def export(
     # before the work: a device, a FIFO, a missing folder or one of the inputs is refused now
     check_target(output, inputs=(config_path, weights))
     config, workload, graph = _export_graph(config_path, preset, dtype, logits, mla, mtp)
+    if weights is not None and config.text_decoder_of:
+        unused = unmodelled_tensors(weights, config.text_decoder_of)
+        click.echo(
+            f"note: the checkpoint's {len(unused):,} tensors of the vision tower and projector "
+            f"are not read: only the text decoder of this {config.text_decoder_of} model is "
+            "modelled",
+            err=True,
+        )
     stored = graph.meta.get("checkpoint_quantization")
     if quant is not None and weights is not None and stored is not None:
         # a GPTQ/AWQ checkpoint's integers are kept: its group size is the default block

@@ -70,6 +70,22 @@ MULTIMODAL: dict[str, tuple[str, frozenset[str]]] = {
     ),
 }  # fmt: skip
 
+# model_type of a multimodal model -> where its checkpoint keeps the parts graphllm does not model
+# (transformers 5's and 4's spellings): a text-decoder load knows these tensors and leaves them
+# unread, and says so; a tensor in neither the text decoder nor these is refused
+MULTIMODAL_UNUSED: dict[str, tuple[str, ...]] = {
+    "gemma3": (
+        "model.vision_tower.", "model.multi_modal_projector.", "vision_tower.",
+        "multi_modal_projector.",
+    ),
+    # Llama4ForConditionalGeneration keeps vision_model and multi_modal_projector at the top
+    # level (the Hub's Scout/Maverick index: vision_model.*, multi_modal_projector.linear_1.*)
+    "llama4": (
+        "vision_model.", "multi_modal_projector.", "model.vision_model.",
+        "model.multi_modal_projector.",
+    ),
+}  # fmt: skip
+
 NOT_SUPPORTED = {
     "deepseek": "DeepSeek-MoE v1 is not planned; DeepSeek-V2/V3 are on the roadmap",
     # issue 19: the other Mamba2 hybrids reuse Nemotron-H's mixer and come later
@@ -1144,13 +1160,21 @@ def _minimax_m2_moe(v: dict) -> dict:
     }
 
 
-def _minimax_m2(v: dict) -> dict:
-    bad = sorted({t for t in v["attn_type_list"] or () if t != 1})
+def _minimax_m2_unmodelled(given: dict) -> list[str]:
+    # a layer of another attention type (0: MiniMax-Text-01's lightning attention) is a feature,
+    # named with the config's other unmodelled fields
+    types = given.get("attn_type_list")
+    # a value of the wrong kind is the field check's to refuse
+    bad = sorted({t for t in types if type(t) is int and t != 1}) if isinstance(types, list) else []
     if bad:
-        raise ConfigError(
-            f"attn_type_list has {bad[0]}: MiniMax-M2 is modelled with full attention (1) in "
-            "every layer, as transformers' minimax_m2 builds it"
-        )
+        return [
+            f"attn_type_list has {_show(bad[0])}: MiniMax-M2 is modelled with full attention (1) "
+            "in every layer, as transformers' minimax_m2 builds it"
+        ]
+    return []
+
+
+def _minimax_m2(v: dict) -> dict:
     if v["attn_type_list"] is not None and len(v["attn_type_list"]) != v["num_hidden_layers"]:
         raise ConfigError(
             f"attn_type_list has {len(v['attn_type_list'])} entries for "
@@ -1193,6 +1217,7 @@ FAMILY_TABLE["minimax_m2"] = Family(
     ),
     derive=_minimax_m2,
     moe=_minimax_m2_moe,
+    unmodelled=_minimax_m2_unmodelled,
     partial_rotary=True,
     default_theta=5e6,
     aliases={"num_experts": "num_local_experts"},
@@ -1989,7 +2014,14 @@ def _text_decoder(d: dict, mt: str, name: str) -> ModelConfig:
     unknown = [k for k in d if k not in own | other_parts | BOOKKEEPING]
     if unknown:
         known = own | other_parts | BOOKKEEPING
-        raise ConfigError("; ".join(str(_unknown(str(k), str(k), known)) for k in unknown))
+        wrapper = "; ".join(str(_unknown(str(k), str(k), known)) for k in unknown)
+        # text_config's own unmodelled fields join the line, so one fix round covers both
+        try:
+            if isinstance(d.get("text_config"), dict):
+                _text_decoder({k: v for k, v in d.items() if k not in unknown}, mt, name)
+        except ConfigError as e:
+            raise ConfigError(f"{wrapper}; {e}") from None
+        raise ConfigError(wrapper)
     text = d.get("text_config")
     text = dict(_mapping("text_config", {} if text is None else text))
     inner = text.setdefault("model_type", text_mt)
@@ -2136,9 +2168,12 @@ def preset_aliases() -> dict[str, str]:
 def preset_name(name: str) -> str:
     """The preset `name` names: itself, or the one it is an alias of (any letter case, as the
     Hub's own names are case-insensitive)."""
-    if name in preset_names() or len(name) >= 256:
+    names = preset_names()
+    if name in names or len(name) >= 256:
         return name
-    folded = {alias.lower(): preset for alias, preset in preset_aliases().items()}
+    # a preset's own name in the Hub's letter case (MiniMax-M2) is that preset too
+    folded = {n.lower(): n for n in names}
+    folded |= {alias.lower(): preset for alias, preset in preset_aliases().items()}
     return folded.get(name.lower(), name)
 
 

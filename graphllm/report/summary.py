@@ -7,6 +7,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from graphllm.models.config import CHUNKED, SLIDING
+
 
 def _n(x: float) -> str:
     for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
@@ -124,7 +126,7 @@ def print_costs(doc: dict[str, Any], con: Console) -> None:
     )
     con.print(
         f"memory: weights {_b(m['weights'])} (active {_b(m['weights_active'])}), "
-        f"KV cache {_b(m['kv_cache'])}{_window_saving(m)}, peak activations "
+        f"KV cache {_b(m['kv_cache'])}{_window_saving(m, _limited(doc))}, peak activations "
         f"{_b(m['activations'])}"
     )
     if m.get("state"):
@@ -185,9 +187,17 @@ def _state_line(m: dict) -> str:
     )
 
 
-def _window_saving(m: dict) -> str:
+def _limited(doc: dict[str, Any]) -> str:
+    """What the layers that keep fewer keys are: windows, chunks (Llama 4's), or both."""
+    types = set(doc["model"].get("config", {}).get("layer_types") or ())
+    kinds = [k for k, t in (("windows", SLIDING), ("chunks", CHUNKED)) if t in types]
+    return " and ".join(kinds) or "windows"
+
+
+def _window_saving(m: dict, limited: str = "windows") -> str:
     """What the layers that keep a window save against full attention on every layer; after a
-    prefill longer than the window, against what the window layers keep for the next step."""
+    prefill longer than the window, against what the window layers keep for the next step.
+    `limited` names those layers' limits (windows, chunks)."""
     full, kv = m.get("kv_cache_full", 0.0), m["kv_cache"]
     kept = m.get("kv_cache_kept", kv) or kv
     if m.get("state"):  # a hybrid: the state line compares the whole cache with full attention
@@ -195,8 +205,8 @@ def _window_saving(m: dict) -> str:
     if kept < 0.99 * kv:  # a prefill longer than a window: the step held all T, it keeps less
         return (
             f" ({_b(kept)} kept for the next step; {_b(full)} with full attention on every "
-            f"layer: windows save {1 - kept / full:.0%})"
+            f"layer: {limited} save {1 - kept / full:.0%})"
         )
     if full <= kv * (1 + 1e-9):
         return ""
-    return f" ({_b(full)} with full attention on every layer: windows save {1 - kv / full:.0%})"
+    return f" ({_b(full)} with full attention on every layer: {limited} save {1 - kv / full:.0%})"

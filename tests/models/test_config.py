@@ -1224,3 +1224,33 @@ def test_a_copied_preset_file_loads_as_a_config(tmp_path):
     copy.write_text((C.PRESETS_DIR / "gemma2-9b.json").read_text())
     assert dataclasses.replace(load_config(copy), name="gemma2-9b") == load_config("gemma2-9b")
     assert load_config("command-r") == load_config("command-r-35b")  # the rule's name, and the old
+
+
+# issue 18: the MoE generation's Hub repo ids, with their owners, name their presets
+@pytest.mark.parametrize(
+    ("repo_id", "preset"),
+    [("openai/gpt-oss-20b", "gpt-oss-20b"), ("openai/gpt-oss-120b", "gpt-oss-120b"),
+     ("meta-llama/Llama-4-Scout-17B-16E", "llama4-scout"),
+     ("meta-llama/Llama-4-Scout-17B-16E-Instruct", "llama4-scout"),
+     ("meta-llama/Llama-4-Maverick-17B-128E", "llama4-maverick"),
+     ("meta-llama/Llama-4-Maverick-17B-128E-Instruct", "llama4-maverick"),
+     ("zai-org/GLM-4.5", "glm4.5"), ("zai-org/GLM-4.5-Air", "glm4.5-air"),
+     ("moonshotai/Kimi-K2-Instruct", "kimi-k2"), ("moonshotai/Kimi-K2-Base", "kimi-k2"),
+     ("MiniMaxAI/MiniMax-M2", "minimax-m2")],
+)  # fmt: skip
+def test_moe_generation_repo_ids_name_presets(repo_id, preset):
+    assert load_config(repo_id) == load_config(preset)
+    assert load_config(repo_id).name == preset
+    # the repo's own name without its owner, in the Hub's letter case, names it too
+    assert load_config(repo_id.partition("/")[2]).name == preset
+
+
+@pytest.mark.parametrize(
+    "repo_id",
+    # other checkpoints of these models: another storage (FP8), another owner
+    ["meta-llama/Llama-4-Maverick-17B-128E-Instruct-FP8", "zai-org/GLM-4.5-FP8",
+     "unsloth/gpt-oss-20b", "THUDM/GLM-4.5"],
+)  # fmt: skip
+def test_other_checkpoints_of_moe_generation_models_are_no_preset(repo_id):
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(repo_id)

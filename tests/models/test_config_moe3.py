@@ -87,3 +87,21 @@ def test_glm_refuses_another_routing_in_one_line():
     with pytest.raises(ConfigError) as e:
         config_from_dict(d, "g")
     assert "scoring_func" in str(e.value) and "topk_method" in str(e.value)
+
+
+# issue 18 audit: every unmodelled field in one line, whichever check finds it
+def test_minimax_linear_attention_layers_join_the_other_unmodelled_fields():
+    d = _published("minimax-m2") | {"attn_type_list": [0] + [1] * 61, "hidden_act": "gelu"}
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(d, "m")
+    assert "attn_type_list has 0" in str(e.value) and "hidden_act 'gelu'" in str(e.value)
+
+
+def test_a_wrappers_unknown_keys_and_its_text_configs_are_named_together():
+    d = _published("llama4-scout")
+    d = d | {"vision_tower_v2": 1, "text_config": d["text_config"] | {"hidden_act": "gelu"}}
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(d, "s")
+    msg = str(e.value)
+    assert "'vision_tower_v2'" in msg and "text_config: hidden_act 'gelu'" in msg
+    assert "\n" not in msg

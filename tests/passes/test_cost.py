@@ -333,3 +333,17 @@ def test_the_kept_cache_is_what_transformers_cache_holds_after_a_prefill(tiny_mo
     wl = Workload.with_dtype(batch=2, seq_len=8, dtype="fp32")
     kept = run(build_graph(m.cfg, wl), ["memory"])["memory"].kv_cache_kept
     assert kept == held and kept < run(build_graph(m.cfg, wl), ["memory"])["memory"].kv_cache
+
+
+# issue 18 audit: Llama 4's saving comes from its chunks, and the line says so
+def test_the_kv_saving_line_names_chunks_for_llama4():
+    from click.testing import CliRunner
+
+    from graphllm.cli import main
+
+    _, r = analyse("llama4-scout", seq_len=1, past_len=32_768)
+    saved = 1 - r["memory"].kv_cache / r["memory"].kv_cache_full
+    args = ["trace", "--model", "llama4-scout", "-t", "1", "--past-len", "32768"]
+    out = " ".join(CliRunner().invoke(main, args).stdout.split())
+    assert f"with full attention on every layer: chunks save {saved:.0%}" in out
+    assert "windows save" not in out

@@ -12,8 +12,10 @@ does not model, so the text decoder's count plus theirs from the meta model must
 import json
 
 import pytest
+from click.testing import CliRunner
 
 from graphllm import Workload, build_graph, load_config
+from graphllm.cli import main
 from graphllm.models.config import PRESETS_DIR
 from graphllm.passes import run
 
@@ -61,3 +63,22 @@ def test_active_is_one_routed_expert_plus_the_shared_one():
         assert round(p.active / 1e9) == 17
     assert params("llama4-scout").active == 17_172_894_720
     assert params("llama4-maverick").active == 17_184_691_200
+
+
+# issue 18 audit: the fused expert tensors are routed experts to memory, bytes moved and ep
+# (they counted whole before: "active" weights 215.54 GB for Scout, every expert read a token)
+@pytest.mark.parametrize("preset", PUBLISHED)
+def test_memory_bytes_and_ep_count_the_chosen_expert(preset):
+    cfg = load_config(preset)
+    graph = build_graph(cfg, Workload(seq_len=1, past_len=16))
+    res = run(graph, ["params", "memory", "cost"])
+    p, mem = res["params"], res["memory"]
+    assert mem.weights == 2 * p.total and mem.weights_active == 2 * p.active  # bf16
+    # a decode step reads the one expert its token chooses in each MoE layer, not all E
+    assert res["cost"].bytes["weights"] < 1.01 * mem.weights_active
+    routed = sum(cfg.moe_layers) * cfg.num_experts * 3 * cfg.hidden_size
+    routed *= cfg.moe_intermediate_size
+    r = CliRunner().invoke(main, ["partition", "--model", preset, "--ep", "4", "--json"])
+    assert r.exit_code == 0, r.output
+    devices = json.loads(r.stdout)["partition"]["devices"]
+    assert {d["params"] for d in devices} == {p.total - routed + routed // 4}

@@ -101,3 +101,14 @@ def test_the_onnx_export_reads_the_same_tensors(checkpoint, tmp_path):
     with torch.no_grad():
         theirs = model(torch.from_numpy(ids)).logits.numpy()
     np.testing.assert_allclose(ours["logits"], theirs, atol=1e-4, rtol=0)
+
+
+def test_the_vision_tower_is_known_and_left_unread(checkpoint):
+    from graphllm.build.weights import unmodelled_tensors
+
+    _, folder = checkpoint
+    # transformers 5.24 saves Gemma 3 in transformers 4's layout: vision_tower.*, ...
+    unused = unmodelled_tensors(folder, "gemma3")
+    assert any(n.startswith("vision_tower.") for n in unused)
+    assert any(n.startswith("multi_modal_projector.") for n in unused)
+    assert not any("language_model." in n for n in unused)

@@ -63,3 +63,19 @@ def test_verify_partition_command(tmp_path, family):
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
     assert "logits equal within 1e-5" in r.stdout
+
+
+# issue 18 audit: `verify partition --model` on a published MoE model runs a small instance of
+# it, as `verify tokens` does, where it stopped with a pointer to a Llama example
+@pytest.mark.parametrize(
+    ("preset", "extra"),
+    [("gpt-oss-20b", []), ("llama4-maverick", []), ("glm4.5", ["--mtp"]), ("minimax-m2", [])],
+)
+def test_verify_partition_of_a_published_model_runs_its_small_instance(preset, extra):
+    args = ["verify", "partition", "--model", preset, "--tp", "2", "--ep", "2", "--pp", "2"]
+    r = CliRunner().invoke(main, [*args, "-t", "12", *extra])
+    assert r.exit_code == 0, r.output
+    assert "verifying a small instance of it" in r.stderr
+    assert f"{preset} (small instance)" in r.stdout and "logits equal within 1e-5" in r.stdout
+    if extra:
+        assert "MTP logits" in r.stdout
