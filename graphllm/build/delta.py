@@ -40,7 +40,7 @@ def _layout(groups: int, parts: list[int]) -> list[list[int]]:
 def gated_deltanet(b: _Builder, p: str, x: Node, i: int) -> Node:
     """The linear-attention mixer of layer i under scope `p` (model.layers.{i}.linear_attn)."""
     c, g = b.cfg, b.g
-    b.scopes[p] = "attention"
+    b.scopes[p] = "linear_attention"
     n_k, n_v = c.linear_num_key_heads, c.linear_num_value_heads
     d_k, d_v, r = c.linear_key_head_dim, c.linear_value_head_dim, n_v // n_k
     key_dim, value_dim = n_k * d_k, n_v * d_v
@@ -48,8 +48,8 @@ def gated_deltanet(b: _Builder, p: str, x: Node, i: int) -> Node:
     e_k, e_v = Dim("d_lk", "head_dim", d_k), Dim("d_lv", "head_dim", d_v)
     x = zero_padding(b, f"{p}.zero_padding", x)
     qkvz_dim = Dim("d_qkvz", "hidden", 2 * key_dim + 2 * value_dim)
-    qkvz = b.linear(f"{p}.in_proj_qkvz", x, qkvz_dim, "attention")
-    ba = b.linear(f"{p}.in_proj_ba", x, Dim("d_ba", "hidden", 2 * n_v), "attention")
+    qkvz = b.linear(f"{p}.in_proj_qkvz", x, qkvz_dim, "linear_attention")
+    ba = b.linear(f"{p}.in_proj_ba", x, Dim("d_ba", "hidden", 2 * n_v), "linear_attention")
     iq, ik, iv, iz = _layout(n_k, [d_k, d_k, r * d_v, r * d_v])
     ib, ia = _layout(n_k, [r, r])
     conv_dim = Dim("d_conv", "hidden", 2 * key_dim + value_dim)
@@ -76,8 +76,8 @@ def gated_deltanet(b: _Builder, p: str, x: Node, i: int) -> Node:
     q = g.add("l2normalize", f"{p}.q_l2norm", (q,), {"eps": 1e-6})  # (B, T, key heads, d_k)
     k = g.add("l2normalize", f"{p}.k_l2norm", (k,), {"eps": 1e-6})
     beta = g.add("sigmoid", f"{p}.beta", (beta_in,))
-    a_log = b.param(f"{p}.A_log", (heads_v,), "attention")
-    dt_bias = b.param(f"{p}.dt_bias", (heads_v,), "attention")
+    a_log = b.param(f"{p}.A_log", (heads_v,), "linear_attention")
+    dt_bias = b.param(f"{p}.dt_bias", (heads_v,), "linear_attention")
     decay = g.add("delta_decay", f"{p}.decay", (a_in, a_log, dt_bias))
     ins: tuple[Node, ...] = (q, k, v, decay, beta)
     past = recurrent_state(b, i, (heads_v, e_k, e_v))
@@ -89,14 +89,13 @@ def gated_deltanet(b: _Builder, p: str, x: Node, i: int) -> Node:
         op = "gated_delta_step" if b.wl.seq_len == 1 else "gated_delta_chunked_state"
     attrs = {"axes": {"t": T}, "chunk": c.linear_chunk_size}
     core = g.add(op, f"{p}.core", ins, attrs)  # (B, T, value heads, d_v), the final state
-    b.scopes[f"{p}.core"] = "core_attention"
     set_recurrent_state(b, i, Ref(core.name, 1))
     z = g.add("to_heads", f"{p}.z_heads", (z,), v_heads)
     b.scopes[f"{p}.norm"] = "norms"
     w = b.param(f"{p}.norm.weight", (e_v,), "norms")
     o = g.add("gated_rmsnorm", f"{p}.norm", (Ref(core.name, 0), z, w), {"eps": c.rms_norm_eps})
     o = g.add("from_heads", f"{p}.merge_heads", (o,), {"axes": {"(h e)": d_value}})
-    return b.linear(f"{p}.out_proj", o, b.d, "attention")
+    return b.linear(f"{p}.out_proj", o, b.d, "linear_attention")
 
 
 MIXERS["linear_attention"] = ("linear_attn", gated_deltanet)

@@ -48,7 +48,7 @@ def causal_conv(b: _Builder, p: str, x: Node, layer: int, kernel: int, bias: boo
     g = b.g
     c = x.out.dims[-1]
     taps = (Dim("one", "hidden", 1), Dim("K", "hidden", kernel))
-    w = b.param(f"{p}.conv1d.weight", (c, *taps), "attention")
+    w = b.param(f"{p}.conv1d.weight", (c, *taps), "linear_attention")
     keep = kernel - 1
     inputs: tuple[Node, ...] = (x,)
     if b.wl.past_len > 0:
@@ -66,7 +66,7 @@ def causal_conv(b: _Builder, p: str, x: Node, layer: int, kernel: int, bias: boo
     _carries_state(b, layer)
     attrs = {"axes": {"t": T}, "kernel": kernel, "with_state": b.wl.past_len > 0}
     if bias:
-        bb = b.param(f"{p}.conv1d.bias", (c,), "attention")
+        bb = b.param(f"{p}.conv1d.bias", (c,), "linear_attention")
         return g.add("causal_conv1d_bias", f"{p}.conv1d", (x, w, bb), attrs)
     return g.add("causal_conv1d", f"{p}.conv1d", (x, w), attrs)
 
