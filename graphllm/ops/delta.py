@@ -258,18 +258,10 @@ register(
         "Join the heads back into one channel axis.",
         view=True,
     ),
-    OpSpec(
-        "select_channels",
-        "b t f -> b t c",
-        MOVEMENT,
-        lambda xs, a: xs[0][..., np.asarray(a["index"])],
-        "The channels attrs['index'] names, in that order (the interleaved per-key-head-group "
-        "layout of Gated DeltaNet's fused projections, regrouped).",
-    ),
 )
 
 
-# -- issue 19: the same channel views, laid out so that a split of the key-head groups carries ----
+# -- the fused projections' channels regrouped so that a split of the key-head groups carries --
 def _blocked_check(node: Node, env: dict[str, Dim]) -> str | None:
     """The index keeps blocks: output block j of `groups` reads input block j only, so a block
     of the key-head groups (a TP rank's) is a block of both axes."""
