@@ -42,8 +42,9 @@ def test_one_linear_layer_reaches_k_minus_1_back_through_the_conv_and_all_throug
         (Workload(seq_len=12), "numpy"),
         (Workload(seq_len=4, past_len=5), "numpy"),
         (Workload(seq_len=8), "onnxruntime"),
+        (Workload(seq_len=4, past_len=5), "onnxruntime"),  # the states fed to the export
     ],
-    ids=["prefill", "after-a-past", "onnx"],
+    ids=["prefill", "after-a-past", "onnx", "onnx-after-a-past"],
 )
 def test_prediction_matches_perturbation(cfg, workload, runtime):
     pytest.importorskip("onnxruntime")
