@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from graphllm.errors import GraphllmError
-from graphllm.ir import Dim, Graph, Node, TensorType
+from graphllm.ir import TOKEN_ROLES, Dim, Graph, Node, TensorType
 from graphllm.ops import COMMUNICATION, CONTRACTION, OPS, SOURCE
 from graphllm.passes import meta_result, run
 from graphllm.passes.attention_region import core_attention_region
@@ -65,6 +65,8 @@ KIND_TITLE = {
     "embedding": "embedding",
     "lm_head": "LM head",
     "mtp": "MTP module",
+    "linear_attention": "linear attention (Gated DeltaNet)",  # issue 19
+    "mamba": "Mamba2",  # issue 19: Nemotron-H
 }
 LANE_NOUN = {"head": "head", "kv_head": "kv head", "expert": "expert"}
 
@@ -90,6 +92,22 @@ CAPTIONS: dict[str, Callable[[Node], str]] = {
         f"× log(⌊(i + 1) / {n.attrs['floor_scale']}⌋ + 1) · {n.attrs['attn_scale']:.4g} + 1"
     ),
     "pv": lambda n: "P V",
+    # issue 19: the hybrid layers' rows and Gated DeltaNet's
+    "causal_conv1d": lambda n: f"causal conv, {n.attrs['kernel']} taps per channel",
+    "causal_conv1d_bias": lambda n: f"causal conv, {n.attrs['kernel']} taps per channel + b",
+    "state_concat": lambda n: "after the conv state",
+    "conv_state": lambda n: "last K-1 inputs: the conv state",
+    "zero_padding": lambda n: "padded positions to 0",
+    "select_blocked": lambda n: "regroup channels by key-head group",
+    "select_rows": lambda n: "regroup the weight's rows",
+    "l2normalize": lambda n: "L2 norm (no weight)",
+    "delta_decay": lambda n: "g = −exp(A_log)·softplus(a + dt_bias)",
+    "gated_delta_chunked": lambda n: f"gated delta rule, chunks of {n.attrs['chunk']}",
+    "gated_delta_chunked_state": lambda n: (
+        f"gated delta rule from the state, chunks of {n.attrs['chunk']}"
+    ),
+    "gated_delta_step": lambda n: "gated delta rule, token by token from the state",
+    "gated_rmsnorm": lambda n: "RMSNorm · silu(z)",
     "mul": lambda n: "elementwise ×",
     "add": lambda n: "+",
     "gate_mul": lambda n: "× gate",
@@ -318,9 +336,15 @@ class _Ctx:
                         sizes.setdefault(d.role, d.size)
             if OPS[n.op].relation is not None and n.attrs.get("window"):
                 windows.add(n.attrs["window"])
-            if OPS[n.op].relation is not None and n.attrs.get("chunk"):  # issue 16
-                chunks.add(n.attrs["chunk"])
+            if OPS[n.op].relation is not None and n.attrs.get("chunk") and "causal" in n.attrs:
+                chunks.add(n.attrs["chunk"])  # issue 16: a chunked mask, not a chunked recurrence
         parts = []
+        members = list(members)
+        recurrent = _recurrence(self.g, members)
+        if "linear_attention" in kinds and recurrent:
+            # issue 19: a Gated DeltaNet layer says its own heads, not attention's
+            sizes = {k: v for k, v in sizes.items() if k not in ("head", "kv_head", "head_dim")}
+            parts.append(recurrent)
         if "head" in sizes:
             kv = sizes.get("kv_head")
             parts.append(f"{sizes['head']} heads" + (f" / {kv} kv heads" if kv else ""))
@@ -335,6 +359,25 @@ class _Ctx:
         parts += [f"window {w}" for w in sorted(windows)]
         parts += [f"chunked {c}" for c in sorted(chunks)]
         return ", ".join(parts)
+
+
+def _recurrence(g: Graph, members: Iterable[Node]) -> str:
+    """issue 19: a linear-attention layer's key and value heads and widths, the chunk of its
+    recurrence and its conv's taps, read off the ops that read the tokens in order (a row with
+    a relation and one position axis out)."""
+    lines, kernel = [], None
+    for n in members:
+        if OPS[n.op].relation is None or sum(d.role in TOKEN_ROLES for d in n.out.dims) != 1:
+            continue
+        if "kernel" in n.attrs:
+            kernel = n.attrs["kernel"]
+            continue
+        q, out = g.type_of(n.inputs[0]).dims, n.out.dims  # (B, T, key heads, d_k), value heads
+        lines.append(f"{q[2].size} key / {out[2].size} value heads, d_k {q[3].size}")
+        lines.append(f"d_v {out[3].size}")
+        if "chunk" in n.attrs:
+            lines.append(f"chunks of {n.attrs['chunk']}")
+    return ", ".join(lines + ([f"conv {kernel}"] if kernel is not None else []))
 
 
 # -- lanes: per head / per expert -------------------------------------------------------------
@@ -855,12 +898,14 @@ def _side_scope(ctx: _Ctx, layer: int, kinds: tuple[str, ...], what: str) -> str
 
 def attention_view(ctx: _Ctx, layer: int, max_lanes: int = MAX_LANES) -> Drawing:
     """Q/K/V projections, heads, RoPE, core attention per head, concat, output projection; or
-    (issue 19) the layer's other token mixer, a Mamba2 mixer's in_proj, conv, scan per head,
-    gated norm and out_proj."""
-    root = _side_scope(ctx, layer, ("attention", "mamba"), "attention or Mamba2")
+    (issue 19) the layer's other token mixer drawn in its place: Gated DeltaNet, or a Mamba2
+    mixer's in_proj, conv, scan per head, gated norm and out_proj."""
+    kinds = ("attention", "linear_attention", "mamba")
+    root = _side_scope(ctx, layer, kinds, "attention")
     keep = ctx.computing(root)
     lanes = _Lanes(("head", "kv_head"), keep, max_lanes)
-    view = _View(ctx, f"{ctx.g.name}: attention, block {layer}", keep, root, lanes=lanes)
+    kind = KIND_TITLE[ctx.scopes[root]]
+    view = _View(ctx, f"{ctx.g.name}: {kind}, block {layer}", keep, root, lanes=lanes)
     d = view.build()
     note = lanes.note()
     if note:
@@ -894,6 +939,11 @@ def allowed_keys(graph: Graph, node: Node, n: int) -> tuple[np.ndarray, np.ndarr
     """[lo, hi] of key positions each query position 0..n-1 of a core-attention node may see:
     the relations (causal mask, window) of the (query, key) pair tensors it is chained with."""
     region = core_attention_region(graph)
+    own = OPS[node.op].relation
+    if own is not None and not region.attends(node.name):
+        # issue 19: an op that reads the tokens in order on its own (a causal conv's window of
+        # K positions, a recurrence's prefix)
+        return own(node.attrs, np.arange(n))
     todo = [node.name] + [r.node for r in node.inputs if r.node in region.pairs]
     seen: set[str] = set()
     lo, hi = np.zeros(n, np.int64), np.full(n, n - 1, np.int64)

@@ -8,7 +8,8 @@ chunks, where the token Scan is one small body that is exact for any T and is th
 arithmetic as the decode step; the IR keeps the chunked form for what it costs. The logits of
 both agree with transformers' within fp32 rounding (tests/exporters/onnx/test_export_qwen3_next.py).
 
-- `select_channels` is a Gather on the channel axis; `to_heads`/`from_heads` are Reshapes.
+- `select_blocked` is a Gather on the channel axis, `select_rows` on a
+  weight's rows; `to_heads`/`from_heads`/`ungroup_heads` are Reshapes.
 - `l2normalize`, `delta_decay` (Softplus, whose large-input form equals torch's threshold within
   fp32) and `gated_rmsnorm` compute in fp32.
 """
@@ -21,9 +22,20 @@ from graphllm.exporters.onnx.lowering import ONNX_TYPES, Lowering, axis_size, lo
 from graphllm.ir import Node
 
 
-@lowers("select_channels")
-def _select_channels(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+@lowers("select_blocked")
+def _select_blocked(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("Gather", [i[0], c.const(list(n.attrs["index"]))], n, o, axis=2)
+
+
+@lowers("select_rows")
+def _select_rows(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    c.final("Gather", [i[0], c.const(list(n.attrs["index"]))], n, o, axis=0)
+
+
+@lowers("ungroup_heads")
+def _ungroup_heads(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    shape = c.const([0, 0, axis_size(n, "h"), axis_size(n, "e")])
+    c.final("Reshape", [i[0], shape], n, o)  # (B, T, value heads, d_v)
 
 
 @lowers("to_heads")

@@ -16,7 +16,7 @@ token after a past): the export applies the clamp unless T = 1 and the attention
 longer than the new tokens (a past), as the interpreter's dispatch does.
 
 - `gated_group_rmsnorm` reshapes to (..., groups, group_size), normalises, reshapes back.
-- `relu2` is Relu then a Mul.
+- `relu2` is Relu then a Mul; `pick_channels` a Gather on the channel axis.
 """
 
 from __future__ import annotations
@@ -34,6 +34,11 @@ def _back(c: Lowering, n: Node, y: str, o: list[str]) -> None:
         c.final("Identity", [y], n, o)
     else:
         c.final("Cast", [y], n, o, to=ONNX_TYPES[c.dtype])
+
+
+@lowers("pick_channels")
+def _pick_channels(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    c.final("Gather", [i[0], c.const(list(n.attrs["index"]))], n, o, axis=2)
 
 
 @lowers("relu2")

@@ -336,9 +336,9 @@ class _Builder:
             e, heads = c.head_dim, c.num_attention_heads
             iq = [h * 2 * e + j for h in range(heads) for j in range(e)]
             ig = [h * 2 * e + e + j for h in range(heads) for j in range(e)]
-            sel = {"axes": {"c": self.d_q}}
-            q = g.add("select_channels", f"{p}.query", (qg,), sel | {"index": iq})
-            gate = g.add("select_channels", f"{p}.gate", (qg,), sel | {"index": ig})
+            sel = {"axes": {"c": self.d_q}, "groups": heads}  # head by head: TP splits heads
+            q = g.add("select_blocked", f"{p}.query", (qg,), sel | {"index": iq})
+            gate = g.add("select_blocked", f"{p}.gate", (qg,), sel | {"index": ig})
             k = self.linear(f"{p}.k_proj", x, self.d_kv, "attention", bias=c.qkv_bias)
             v = self.linear(f"{p}.v_proj", x, self.d_kv, "attention", bias=c.qkv_bias)
         else:

@@ -38,7 +38,8 @@ def scan_form(b: _Builder) -> str:
 
 
 def mamba_mixer(b: _Builder, p: str, x: Node, i: int) -> Node:
-    """Layer i's Mamba2 mixer at scope p: (B, T, d) -> (B, T, d)."""
+    """Layer i's Mamba2 mixer at scope p: (B, T, d) -> (B, T, d); its weights count under the
+    recurrent mixers' kind, linear_attention, as the shared conv's do."""
     c, g = b.cfg, b.g
     b.scopes[p] = "mamba"
     heads = Dim("h_m", "head", c.mamba_num_heads)
@@ -51,14 +52,14 @@ def mamba_mixer(b: _Builder, p: str, x: Node, i: int) -> Node:
     conv = Dim("d_conv", "hidden", c.mamba_inner + 2 * gn)
     proj = Dim("d_in_proj", "hidden", c.mamba_inner + conv.size + c.mamba_num_heads)  # type: ignore[operator]
     x = zero_padding(b, f"{p}.zero_padding", x)
-    zxbcdt = b.linear(f"{p}.in_proj", x, proj, "attention", bias=c.mamba_proj_bias)
+    zxbcdt = b.linear(f"{p}.in_proj", x, proj, "linear_attention", bias=c.mamba_proj_bias)
     # z | xBC | dt, each picked from the fused projection's channels (not a split of it, so that
-    # tp cuts in_proj by columns and gathers its output, as for Qwen3-Next's fused projections)
+    # tp cuts in_proj by columns and gathers its output)
     picked, start = [], 0
     for what, dim in (("z", inner), ("xBC", conv), ("dt", heads)):
         index = list(range(start, start + dim.size))  # type: ignore[operator]
         attrs = {"axes": {"c": dim}, "index": index}
-        picked.append(g.add("select_channels", f"{p}.in_proj_{what}", (zxbcdt,), attrs))
+        picked.append(g.add("pick_channels", f"{p}.in_proj_{what}", (zxbcdt,), attrs))
         start += dim.size  # type: ignore[operator]
     z, xbc, dt = picked
     xbc_node = causal_conv(b, p, xbc, i, c.conv_kernel, bias=c.mamba_conv_bias)
@@ -76,9 +77,9 @@ def mamba_mixer(b: _Builder, p: str, x: Node, i: int) -> Node:
     cs = g.add(
         "to_heads", f"{p}.C_groups", (Ref(split.name, 2),), {"axes": {"h": groups, "e": state}}
     )
-    a_log = b.param(f"{p}.A_log", (heads,), "attention")
-    d = b.param(f"{p}.D", (heads,), "attention")
-    dt_bias = b.param(f"{p}.dt_bias", (heads,), "attention")
+    a_log = b.param(f"{p}.A_log", (heads,), "linear_attention")
+    d = b.param(f"{p}.D", (heads,), "linear_attention")
+    dt_bias = b.param(f"{p}.dt_bias", (heads,), "linear_attention")
     inputs: tuple = (xs, dt, a_log, bs, cs, d, dt_bias)
     past = recurrent_state(b, i, (heads, width, state))
     op = "ssm_scan" if past is None else "ssm_scan_past"
@@ -97,7 +98,7 @@ def mamba_mixer(b: _Builder, p: str, x: Node, i: int) -> Node:
     w = b.param(f"{p}.norm.weight", (inner,), "norms")
     norm_attrs = {"group_size": c.mamba_inner // c.mamba_n_groups, "eps": c.rms_norm_eps}
     y = g.add("gated_group_rmsnorm", f"{p}.norm", (y, z, w), norm_attrs)
-    return b.linear(f"{p}.out_proj", y, b.d, "attention", bias=c.mamba_proj_bias)
+    return b.linear(f"{p}.out_proj", y, b.d, "linear_attention", bias=c.mamba_proj_bias)
 
 
 MIXERS["mamba2"] = ("mixer", mamba_mixer)

@@ -41,17 +41,27 @@ def zero_padding(b: _Builder, name: str, x: Node) -> Node:
 
 
 def causal_conv(
-    b: _Builder, p: str, x: Node | Ref, layer: int, kernel: int, bias: bool = False
+    b: _Builder,
+    p: str,
+    x: Node | Ref,
+    layer: int,
+    kernel: int,
+    bias: bool = False,
+    weight_view: tuple[str, dict] | None = None,
 ) -> Node:
     """x (B, T, C) through the depthwise causal conv `{p}.conv1d` (weight (C, 1, K), a bias
     where `bias`), after the layer's conv state when the workload has a past; writes the
     present conv state (the last K-1 inputs, (B, K-1, C)) as output `present.{layer}.conv_state`.
+    `weight_view` (op, attrs): the weight read through that op first (Qwen3-Next regroups its
+    rows as it regroups the conv's input channels).
     """
     g = b.g
     # x may be one output of a split (Mamba2's xBC, a Ref) as well as a node
     c = (x.out if isinstance(x, Node) else g.type_of(x)).dims[-1]
     taps = (Dim("one", "hidden", 1), Dim("K", "hidden", kernel))
-    w = b.param(f"{p}.conv1d.weight", (c, *taps), "attention")
+    w = b.param(f"{p}.conv1d.weight", (c, *taps), "linear_attention")
+    if weight_view is not None:
+        w = g.add(weight_view[0], f"{p}.conv1d.weight_view", (w,), weight_view[1])
     keep = kernel - 1
     inputs: tuple[Node, ...] = (x,)
     if b.wl.past_len > 0:
@@ -69,7 +79,7 @@ def causal_conv(
     _carries_state(b, layer)
     attrs = {"axes": {"t": T}, "kernel": kernel, "with_state": b.wl.past_len > 0}
     if bias:
-        bb = b.param(f"{p}.conv1d.bias", (c,), "attention")
+        bb = b.param(f"{p}.conv1d.bias", (c,), "linear_attention")
         return g.add("causal_conv1d_bias", f"{p}.conv1d", (x, w, bb), attrs)
     return g.add("causal_conv1d", f"{p}.conv1d", (x, w), attrs)
 

@@ -258,12 +258,64 @@ register(
         "Join the heads back into one channel axis.",
         view=True,
     ),
+)
+
+
+# -- the fused projections' channels regrouped so that a split of the key-head groups carries --
+def _blocked_check(node: Node, env: dict[str, Dim]) -> str | None:
+    """The index keeps blocks: output block j of `groups` reads input block j only, so a block
+    of the key-head groups (a TP rank's) is a block of both axes."""
+    g, f, c = node.attrs["groups"], env["f"].size, node.attrs["axes"]["c"].size
+    index = node.attrs["index"]
+    if c and len(index) > c and len(index) % c == 0:
+        return None  # a rank's block of the groups (graphllm.passes.parallel), checked whole
+    if not (f and c) or f % g or c % g or len(index) != c:
+        return f"{len(index)} channels of {f} do not fall into {g} groups"
+    fi, ci = f // g, c // g
+    for j in range(g):
+        if any(not j * fi <= x < (j + 1) * fi for x in index[j * ci : (j + 1) * ci]):
+            return f"output group {j} reads channels outside input group {j}"
+    return None
+
+
+def _select_blocked(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    x, index = xs[0], np.asarray(a["index"])
+    shard = a.get("shard", {}).get("f")  # a block of the groups: (its first channel, all)
+    if shard is None:
+        return x[..., index]
+    f0, f_all = shard
+    per_in, per_out = f_all // a["groups"], len(index) // a["groups"]
+    first, count = f0 // per_in, x.shape[-1] // per_in
+    return x[..., index[first * per_out : (first + count) * per_out] - f0]
+
+
+register(
     OpSpec(
-        "select_channels",
+        "select_blocked",
         "b t f -> b t c",
         MOVEMENT,
-        lambda xs, a: xs[0][..., np.asarray(a["index"])],
-        "The channels attrs['index'] names, in that order (the interleaved per-key-head-group "
-        "layout of Gated DeltaNet's fused projections, regrouped).",
+        _select_blocked,
+        "The channels attrs['index'] names, in that order, each of attrs['groups'] output blocks "
+        "read from its own input block (a fused projection's per-head-group layout regrouped: "
+        "a split of the groups carries through).",
+        check=_blocked_check,
+        carries=(("c", "f"),),
+    ),
+    OpSpec(
+        "select_rows",
+        "f o k -> c o k",
+        MOVEMENT,
+        lambda xs, a: xs[0][np.asarray(a["index"])],
+        "The rows attrs['index'] names, in that order (a conv weight's channels regrouped as its "
+        "input's are).",
+    ),
+    OpSpec(
+        "ungroup_heads",
+        "b t g (r e) -> b t h e",
+        MOVEMENT,
+        lambda xs, a: xs[0].reshape(*xs[0].shape[:2], a["axes"]["h"].size, -1),
+        "View each key-head group's r value heads as heads of their own (h = g r, group-major).",
+        view=True,
+        carries=(("h", "g"),),
     ),
 )

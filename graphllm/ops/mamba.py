@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from graphllm.ir import Dim, Node
-from graphllm.ir.opspec import CONTRACTION, ELEMENTWISE, REDUCTION, OpSpec, register
+from graphllm.ir.opspec import CONTRACTION, ELEMENTWISE, MOVEMENT, REDUCTION, OpSpec, register
 from graphllm.ops.common import f32
 from graphllm.ops.recurrent import prefix
 
@@ -183,6 +183,14 @@ def _gated_check(node: Node, env: dict[str, Dim]) -> str | None:
 
 
 register(
+    OpSpec(
+        "pick_channels",
+        "b t f -> b t c",
+        MOVEMENT,
+        lambda xs, a: xs[0][..., np.asarray(a["index"])],
+        "The channels attrs['index'] names, in that order (Mamba2's z, xBC or dt from its fused "
+        "in_proj). It carries no split of f: tp gathers the projection's columns before it.",
+    ),
     OpSpec(
         "relu2",
         "... -> ...",

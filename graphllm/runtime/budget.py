@@ -12,7 +12,7 @@ import resource
 from typing import Any
 
 from graphllm.errors import GraphllmError
-from graphllm.ir import Graph
+from graphllm.ir import STATE, Graph
 from graphllm.limits import require_memory
 
 # bytes per element as the interpreter holds them: it computes in fp32, token ids are int64
@@ -83,10 +83,13 @@ def bench_bytes(
 
 def require_bench(model: Any, heads: int, batch: int, prompt_len: int, new_tokens: int) -> None:
     """Refuse a bench whose cache, logits and masks would not fit beside the loaded model."""
+    # issue 19: a layer's conv or recurrent state (fixed in size: OnnxModel.state_names) is not
+    # a cache that grows with the tokens; at most tens of MB beside the model, it is left out
+    states = set(getattr(model, "state_names", ()))
     past = [
         (_static(i.shape[1]), _static(i.shape[3]), 2 if i.type == "tensor(float16)" else 4)
         for i in model.session.get_inputs()
-        if i.name.startswith("past")
+        if i.name.startswith("past") and i.name not in states
     ]
     vocab = _static(model.session.get_outputs()[0].shape[-1])
     _require_bench(past, vocab, heads, batch, prompt_len, new_tokens)
@@ -104,6 +107,7 @@ def require_bench_export(
         )
         for n in graph.nodes("input")
         if n.name.startswith("past")
+        and graph.output_role(n.name.replace("past_key_values.", "present.", 1)) != STATE
     ]
     _require_bench(past, vocab, heads, batch, prompt_len, new_tokens)
 

@@ -125,6 +125,12 @@ def validate(cfg: ModelConfig, wl: Workload, s: Strategy) -> dict[str, str]:
     }
     for what, w in widths.items():
         _check(not w or w % s.tp == 0, f"--tp {s.tp} does not divide the {what} {w}")
+    # issue 19: a linear-attention layer splits over its key-head groups
+    groups = cfg.linear_num_key_heads
+    _check(
+        not groups or groups % s.tp == 0,
+        f"--tp {s.tp} does not divide the {groups} linear-attention key heads",
+    )
     if s.ep > 1:
         _check(cfg.is_moe, f"--ep needs a mixture-of-experts model; {cfg.name} has no experts")
         e = cfg.num_experts

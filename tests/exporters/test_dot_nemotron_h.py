@@ -16,7 +16,7 @@ def test_model_view_shows_the_layer_pattern():
     dot = view_dot(_graph(), "model", all_layers=True)
     kinds = re.findall(r"decoder block \d+\\nbackbone\.layers\.\d+\\n(\w+)", dot)
     pattern = load_config("nemotron-3-nano-30b-a3b").layer_types
-    want = {"M": "mamba", "E": "MoE", "*": "attention"}
+    want = {"M": "Mamba2", "E": "MoE", "*": "attention"}
     assert "".join({v: k for k, v in want.items()}[k] for k in kinds) == (
         "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
     )
@@ -24,14 +24,14 @@ def test_model_view_shows_the_layer_pattern():
     # NoPE marks the attention layers only; the Mamba2 layers say what mixes in them
     assert "attention\\n32 heads / 2 kv heads, d_h 128, NoPE" in dot
     assert (
-        "mamba\\n64 heads / 8 kv heads, d_h 64\\nmixes tokens: causal_conv1d_bias, ssm_scan" in dot
+        "Mamba2\\n64 heads / 8 kv heads, d_h 64\\nmixes tokens: causal_conv1d_bias, ssm_scan" in dot
     )
     assert 'MoE\\n128 experts, top-6, shared expert"' in dot
 
 
 def test_block_view_is_one_sub_layer_behind_its_norm():
     mamba, moe = (view_dot(_graph(), "block", layer=i) for i in (0, 1))
-    assert "norm\\nrmsnorm" in mamba and "mamba\\nmixer" in mamba
+    assert "norm\\nrmsnorm" in mamba and "Mamba2\\nmixer" in mamba
     assert 'label="attn_residual' in mamba and 'label="mlp_residual' not in mamba
     assert 'label="mlp_residual' in moe and 'label="attn_residual' not in moe
 

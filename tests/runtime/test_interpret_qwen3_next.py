@@ -45,8 +45,12 @@ def test_the_states_are_transformers_cache(tiny_qwen3_next):
             assert f"present.{i}.conv_state" not in ours
             continue
         layer = cache.layers[i]
-        # transformers keeps the last K inputs channels first; the state needs the last K-1
+        # transformers keeps the last K inputs channels first; the state needs the last K-1,
+        # its channels regrouped as the graph's conv reads them (group by group)
         conv = layer.conv_states[0].numpy()[:, :, 1:].transpose(0, 2, 1)
+        conv = conv[
+            :, :, m.graph(8)[f"model.layers.{i}.linear_attn.conv1d.weight_view"].attrs["index"]
+        ]
         assert ours[f"present.{i}.conv_state"].shape == (BATCH, k - 1, conv.shape[2])
         np.testing.assert_allclose(ours[f"present.{i}.conv_state"], conv, atol=ATOL, rtol=0)
         np.testing.assert_allclose(

@@ -128,3 +128,22 @@ def test_the_fused_lowerings_refuse_in_one_line_and_the_default_is_decomposed(ex
         lower(graph, ops)
     assert "\n" not in str(e.value)
     assert default_lowering(graph) == "decomposed"
+
+
+def test_bench_runs_a_model_with_states(tmp_path):
+    """`graphllm bench --config`: the export fed zeros for the prefill's states and its presents
+    back, never bound in place; the budget counts the KV cache alone."""
+    import json
+
+    import yaml
+    from click.testing import CliRunner
+
+    from graphllm.cli import main
+
+    tiny = {k: v for k, v in SMALL.items() if not k.endswith("token_id")}
+    f = tmp_path / "tiny.yaml"
+    f.write_text(yaml.safe_dump({"model_type": "qwen3_next", **tiny, "num_hidden_layers": 2}))
+    args = ["bench", "--config", str(f), "--prompt-len", "8", "--new-tokens", "4"]
+    r = CliRunner().invoke(main, [*args, "--repeats", "1", "--no-predict", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["measured"]["decode_ms_per_token"] > 0

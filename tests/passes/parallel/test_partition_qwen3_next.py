@@ -59,16 +59,22 @@ def test_partitioned_run_equals_single_device(strategy, workload):
     assert all(v <= 1e-5 for v in check.others.values()), check.others
 
 
-def test_tp_splits_the_linear_layers_projections():
-    """The projections are cut by columns under TP and gathered before the mixer, as
-    transformers' own tp_plan does (in_proj_qkvz, in_proj_ba: colwise_gather_output); out_proj
-    by rows, reduced after."""
+def test_tp_splits_the_linear_layers_over_their_key_head_groups():
+    """Head-parallel TP: in_proj_qkvz/in_proj_ba by columns (whole key-head groups), the conv,
+    the delta rule and the gated norm on the rank's groups, out_proj by rows and one
+    all-reduce after it; the conv weight's regrouped rows cut to the rank's block."""
     part = partition(_graph(), Strategy(tp=2))
     p = "model.layers.0.linear_attn"
     assert part[f"{p}.in_proj_qkvz.weight"].out.shape()[0] == (2 * 16 + 2 * 24) // 2
     assert part[f"{p}.out_proj.weight"].out.shape()[1] == 24 // 2
-    ops = {n.op for n in part.scope(p)}
-    assert {"all_gather", "all_reduce"} <= ops
+    core = part[f"{p}.core"]
+    assert core.out.shape()[2] == 4 // 2  # value heads on this rank
+    assert part.type_of(core.inputs[0]).shape()[2] == 2 // 2  # key heads
+    assert part[f"{p}.conv1d"].out.shape()[2] == (2 * 16 + 24) // 2
+    inside = [n for n in part.scope(p) if n.op in ("all_gather", "all_reduce", "all_to_all")]
+    assert [n.name for n in inside if not n.name.startswith((f"{p}.conv_state", f"{p}.core"))] == [
+        f"{p}.out_proj.all_reduce"
+    ]  # (the states are gathered only as graph outputs)
 
 
 @pytest.mark.parametrize("strategy", [Strategy(cp=2), Strategy(cp=2, tp=2)], ids=str)
@@ -89,3 +95,8 @@ def test_verify_partition_command(tmp_path):
     assert r.exit_code == 2 and "reads the tokens in order" in r.output
     r = CliRunner().invoke(main, args)  # batch 1: ep would cut the tokens
     assert r.exit_code == 2 and "give a batch that --ep 2 divides" in r.output
+
+
+def test_tp_must_divide_the_key_head_groups():
+    with pytest.raises(ConfigError, match="--tp 4 does not divide the 2 linear-attention key"):
+        partition(_graph(), Strategy(tp=4))
