@@ -82,7 +82,9 @@ def bench_bytes(
 
 
 def require_bench(model: Any, heads: int, batch: int, prompt_len: int, new_tokens: int) -> None:
-    """Refuse a bench whose cache, logits and masks would not fit beside the loaded model."""
+    """Refuse a bench whose cache, logits and masks would not fit beside the loaded model, or
+    whose run is longer than the model's rotary tables."""
+    model.require_positions(prompt_len + new_tokens, "the bench")
     past = [
         (_static(i.shape[1]), _static(i.shape[3]), 2 if i.type == "tensor(float16)" else 4)
         for i in model.session.get_inputs()

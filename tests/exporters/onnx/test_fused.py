@@ -153,11 +153,13 @@ def test_default_table():
             # issue 18: GLM-4.5's and MiniMax-M2's biased expert choice is beyond the MoE op,
             # not beyond opset 23's Attention and RotaryEmbedding
             want = "standard"
-        if cfg.temperature_floor_scale or cfg.qk_l2_norm or cfg.attention_sinks:
+        if cfg.temperature_floor_scale or cfg.qk_l2_norm:
             # issue 18: Llama 4's presets, the query temperature on the NoPE layers (and
-            # Scout's L2 QK-norm), and gpt-oss's sinks, beyond the fused attention patterns
-            # (until the ort lowering takes GroupQueryAttention's head_sink)
+            # Scout's L2 QK-norm), beyond the fused attention patterns
             want = "decomposed"
+        # issue 18: gpt-oss's sinks are GroupQueryAttention's head_sink (and its experts
+        # the MoE op's clamped SwiGLU); opset 23's Attention has no sinks
+        assert not cfg.attention_sinks or want == "ort", name
         assert default_lowering(graph, "cpu") == want, name
         assert default_lowering(graph, "cuda") == "decomposed", name
     moe = _small("qwen3-30b-a3b")
