@@ -718,7 +718,7 @@ def test_the_standard_lowering_refuses_gpt_oss_in_one_line(tiny_model, ops, case
     assert GPT_OSS[case] in str(e.value) and "\n" not in str(e.value)
 
 
-def _without(path: Path, out: Path, edit) -> OnnxModel:
+def _edited(path: Path, out: Path, edit) -> OnnxModel:
     """The model at `path` with `edit(node)` applied to each node, saved to `out`."""
     m = onnx.load(str(path))
     for node in m.graph.node:
@@ -782,7 +782,7 @@ def test_ort_gpt_oss_runs_its_sinks_window_and_clamped_experts_fused(exported, t
         ),
     }
     for what, edit in edits.items():
-        broken = _without(e.path, tmp_path / f"{what}.onnx", edit).forward(ids)["logits"]
+        broken = _edited(e.path, tmp_path / f"{what}.onnx", edit).forward(ids)["logits"]
         assert np.abs(broken - want).max() > 10 * ATOL, what
 
 
