@@ -65,6 +65,8 @@ class ExportedModel:
     quantization: Quantization | None = None  # MatMulNBits weights, or None: float
     # param -> its MatMulNBits weight's zero points (quantize.ZERO_POINTS), with quantization
     stored: dict[str, str] = field(default_factory=dict)
+    # constant tables the lowering computed (the ort lowering's rotary caches): name -> bytes
+    tables: dict[str, int] = field(default_factory=dict)
 
 
 def _metadata(
@@ -143,11 +145,21 @@ def metadata_from_props(props: dict[str, str], path: str | Path) -> ExportedMode
         quantization = _quantization(_json(props, key, "null"))
         key = "graphllm.stored"
         stored = _stored(_json(props, key, "{}"))
+        key = "graphllm.tables"
+        tables = _tables(_json(props, key, "{}"))
     except (GraphllmError, ValueError, TypeError) as e:
         raise GraphllmError(
             f"{path}: unreadable graphllm metadata {key}: {_first_line(e)}"
         ) from None
-    return ExportedModel(config, workload, lowering, weights, build, quantization, stored)
+    return ExportedModel(config, workload, lowering, weights, build, quantization, stored, tables)
+
+
+def _tables(value: Any) -> dict[str, int]:
+    """The `graphllm.tables` record: table names, each to its bytes."""
+    record = _mapping(value, "graphllm.tables")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in record.values()):
+        raise GraphllmError("each table's bytes must be a count")
+    return dict(record)
 
 
 def _stored(value: Any) -> dict[str, str]:

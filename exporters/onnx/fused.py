@@ -5,13 +5,15 @@
   channels, Cohere's) and Attention (past K/V in, present out, GQA by head counts,
   `is_causal`, and a boolean mask: the `attention_mask` bits, and the window of a sliding layer).
 - `ort`: onnxruntime's com.microsoft ops. GroupQueryAttention with the rotary embedding fused
-  (cos/sin caches of one row per position of the run, S = the attention_mask's length, computed
-  each run: a few thousand values; its CPU kernel rotates heads of a multiple of 16 only, so other
-  heads are rotated before it by RotaryEmbedding; `rotary_interleaved` for adjacent pairs),
-  `local_window_size` for windows and the
+  (constant cos/sin caches of the file, one row per position up to max_position_embeddings:
+  ROTARY_ROWS_MIN .. ROTARY_ROWS_CAP rows; its CPU kernel rotates heads of a multiple of 16
+  only, so other heads, partial rotary and longrope are rotated before it by RotaryEmbedding
+  reading the same caches by position_ids; `rotary_interleaved` for adjacent pairs),
+  `local_window_size` for windows, `head_sink` for attention sinks (gpt-oss) and the
   padding as an `attention_bias`; SkipSimplifiedLayerNormalization for each residual add and the
   norm after it; MoE for the routed experts (softmax top-k routing; SwiGLU experts, gate and up
-  rows interleaved, as its CPU kernel requires) with a shared expert and its gate as separate
+  rows interleaved, as its CPU kernel requires; or gpt-oss's biased experts with the clamped
+  SwiGLU and the softmax over the router's top k) with a shared expert and its gate as separate
   ops; QuickGelu(alpha=1) for SiLU.
 
 Both compute Q/K/V (and a gated MLP's gate and up) with one MatMul, split after it, and store
@@ -40,8 +42,9 @@ each node its root can be, and its emitter reads the match's captures; the analy
 stays unfused. A
 model a lowering cannot express raises LoweringError in one line, the reason the pattern's
 mismatch gives: latent attention (MLA) has no fused form, soft-capped scores (Gemma 2) and RoPE
-pairs written back first members then second ones (layout 'interleave') neither, and `ort`
-needs SwiGLU experts routed by the top k of a softmax.
+pairs written back first members then second ones (layout 'interleave') neither, `standard`
+takes no attention sinks, and `ort` needs SwiGLU experts routed by the top k of a softmax (or
+gpt-oss's, by a softmax over the top k).
 """
 
 from __future__ import annotations
@@ -66,13 +69,15 @@ from graphllm.exporters.onnx.lowering import (
     axis_size,
     placed,
 )
-from graphllm.exporters.onnx.patterns import Match, Mismatch, Pattern, find
+from graphllm.exporters.onnx.patterns import Match, Mismatch, Pattern, find, match
 from graphllm.exporters.onnx.quantize import nbits_matmul, quantized_linear, unchanged
 from graphllm.exporters.onnx.regions import (
     ATTENTION_PATTERN,
+    CLAMPED_MOE_PATTERN,
     GATED_MLP_PATTERN,
     MOE_PATTERN,
     SKIP_NORM_PATTERN,
+    attention_sinks,
     qkv_projections,
     rope_layout,
 )
@@ -187,6 +192,7 @@ class Attn:
     scale: float
     window: int | None
     chunk: int | None  # issue 16: Llama 4's chunked layers
+    sinks: str | None  # issue 18: gpt-oss's per-head sink logits (a param), or None
     past: tuple[Ref, Ref]
     present: tuple[Ref, Ref]
     out: Ref
@@ -214,6 +220,7 @@ class Attn:
             scale=float(m["scale"].attrs["value"]),
             window=m["key_mask"].attrs.get("window"),
             chunk=m["key_mask"].attrs.get("chunk"),
+            sinks=attention_sinks(m),
             past=(m.ref("past_k"), m.ref("past_v")),
             present=(m.ref("k_cache"), m.ref("v_cache")),
             out=m.ref("merge"),
@@ -346,9 +353,12 @@ def _bool_mask(c: Lowering, window: int | None, chunk: int | None = None) -> str
     return c.shared(("bool_mask", window) + ((chunk,) if chunk else ()), make)
 
 
-def _qkv_heads(c: Lowering, a: Attn, names: dict[Ref, str], rotate: bool) -> tuple[str, ...]:
+def _qkv_heads(
+    c: Lowering, a: Attn, names: dict[Ref, str], rotate: bool, constant: bool = False
+) -> tuple[str, ...]:
     """Q, K and V (B, T, heads x hd) from one MatMul, Qwen3's per-head RMSNorms or Cohere's
-    LayerNorms applied, and with `rotate` Q and K rotated by position_ids (RotaryEmbedding)."""
+    LayerNorms applied, and with `rotate` Q and K rotated by position_ids (RotaryEmbedding):
+    its cos/sin computed from them, or with `constant` read from the file's caches by them."""
     q, k, v = _split_qkv(c, a, _qkv(c, a, names[a.x]))
     if a.q_wide_norm is not None and a.k_wide_norm is not None:
         q, k = (_wide_norm(c, x, n) for x, n in ((q, a.q_wide_norm), (k, a.k_wide_norm)))
@@ -360,17 +370,20 @@ def _qkv_heads(c: Lowering, a: Attn, names: dict[Ref, str], rotate: bool) -> tup
         k = _head_layernorm(c, k, a.k_layernorm, a.kv_heads, a.head_dim)
     if rotate and a.rope is not None and a.positions is not None:
         # the tables come from this call's position_ids, so longrope's choice is made per call
-        cos, sin = rotary_tables(c, names[a.positions], a.rope, full=False, head_axis=False)
+        pos = names[a.positions]
+        if constant:
+            cos, sin = _constant_rotary(c, a.rope)
+            tables = [cos, sin, _cache_positions(c, a.rope, pos)]
+        else:
+            tables = list(rotary_tables(c, pos, a.rope, full=False, head_axis=False))
         part: dict[str, Any] = {}
         rot = 2 * len(a.rope.attrs["inv_freq"])
         if rot < a.head_dim:  # partial rotary: the channels past rot pass through
             part["rotary_embedding_dim"] = rot
         if a.interleaved:  # adjacent pairs, each written back in place
             part["interleaved"] = 1
-        q = c.op("RotaryEmbedding", [q, cos, sin], f"{a.scope}.q_rope", num_heads=a.heads, **part)
-        k = c.op(
-            "RotaryEmbedding", [k, cos, sin], f"{a.scope}.k_rope", num_heads=a.kv_heads, **part
-        )
+        q = c.op("RotaryEmbedding", [q, *tables], f"{a.scope}.q_rope", num_heads=a.heads, **part)
+        k = c.op("RotaryEmbedding", [k, *tables], f"{a.scope}.k_rope", num_heads=a.kv_heads, **part)
     return q, k, v
 
 
@@ -385,6 +398,12 @@ def _attention_regions(g: Graph, emitter: Callable[[Attn], Callable]) -> list[Re
 
 
 def _standard_attention(a: Attn) -> Callable[[Lowering, dict[Ref, str]], None]:
+    if a.sinks is not None:
+        raise LoweringError(
+            f"{a.scope}: attention sinks ({a.sinks}), which opset 23's Attention cannot take "
+            "(the ort lowering's GroupQueryAttention takes them as head_sink)"
+        )
+
     def emit(c: Lowering, names: dict[Ref, str]) -> None:
         q, k, v = _qkv_heads(c, a, names, rotate=True)
         attrs: dict[str, Any] = {
@@ -452,17 +471,71 @@ def _bias(c: Lowering) -> str:
     return c.shared(("bias",), make)
 
 
-def _rotary_caches(c: Lowering, rope: Node) -> tuple[str, str]:
-    """cos and sin (S, hd/2) by position 0 .. S-1, S the attention_mask's length: the caches
-    GroupQueryAttention indexes, as long as the run (a table of max_position_embeddings rows
-    would end a longer run inside onnxruntime)."""
+# The ort lowering's rotary caches are tables of the file, one row per position up to the
+# model's max_position_embeddings, at least ROTARY_ROWS_MIN rows (transformers rotates past
+# max_position_embeddings too, and a small model's bench runs past its 128) and at most
+# ROTARY_ROWS_CAP (128 Ki: Llama 3.1's, Phi-3.5's and gpt-oss's whole context, 64 MB at
+# head_dim 128 in fp32, where a 10M-token context would take 5 GB). GroupQueryAttention indexes
+# them by cache position and RotaryEmbedding by position_ids, so a decode step reads its rows
+# instead of computing cos and sin of every position of the run (six ops, 0.05-0.13 ms a step
+# on the int4 benchmark's Llama); a run past the rows is refused in one line
+# (graphllm.runtime.session) before onnxruntime sees it.
+ROTARY_ROWS_MIN, ROTARY_ROWS_CAP = 1 << 12, 1 << 17
 
-    def positions() -> str:
+
+def rotary_rows(c: Lowering) -> int:
+    """Positions the rotary caches hold: max_position_embeddings, within the floor and cap."""
+    rows = int(c.graph.meta["config"].max_position_embeddings)
+    return min(max(rows, ROTARY_ROWS_MIN), ROTARY_ROWS_CAP)
+
+
+def _constant_rotary(c: Lowering, rope: Node) -> tuple[str, str]:
+    """cos and sin (N, rot/2) of positions 0 .. N-1 (N = rotary_rows), scaled by the rope's
+    attention_scaling, computed at export in fp32 as the decomposed lowering computes them per
+    run. longrope's (N_short + N, rot/2): its short frequencies' rows below long_from, then
+    the long frequencies' N rows, which `_cache_positions` selects per call."""
+    inv = np.asarray(rope.attrs["inv_freq"], dtype=np.float32)
+    scale = float(rope.attrs.get("attention_scaling", 1.0))
+    long = rope.attrs.get("long_inv_freq")
+    long_key = None if long is None else (np.asarray(long).tobytes(), rope.attrs["long_from"])
+
+    def make() -> tuple[str, str]:
+        n = rotary_rows(c)
+        pos = np.arange(n, dtype=np.float32)[:, None]
+        angles = pos * inv  # (N, rot/2), fp32 as transformers' rotary embedding
+        if long is not None:
+            short = angles[: min(int(rope.attrs["long_from"]), n)]
+            angles = np.concatenate([short, pos * np.asarray(long, dtype=np.float32)])
+        k = len(c.tables) // 2  # Gemma 3's local layers have frequencies of their own
+        prefix = "model.rotary_emb" + (f".{k}" if k else "")
+        out = []
+        for fn, name in ((np.cos, "cos_cache"), (np.sin, "sin_cache")):
+            t = fn(angles)
+            if scale != 1.0:
+                t = t * np.float32(scale)
+            out.append(c.table(f"{prefix}.{name}", t.astype(NP_TYPES[c.dtype]), n))
+        return out[0], out[1]
+
+    return c.shared(("rotary_cache", inv.tobytes(), scale, long_key), make)
+
+
+def _cache_positions(c: Lowering, rope: Node, pos: str) -> str:
+    """The rows of `_constant_rotary`'s caches that position_ids read: the positions, or for
+    longrope past its short rows once the call's largest position + 1 passes long_from (the
+    choice transformers makes per call)."""
+    if rope.attrs.get("long_inv_freq") is None:
+        return pos
+    start = int(rope.attrs["long_from"])
+
+    def make() -> str:
         s = "model.rotary_emb"
-        n_key = c.scalar(c.dim("attention_mask", 1, s), s)
-        return c.op("Range", [c.const(0, hint="zero"), n_key, c.const(1, hint="one")], s)
+        top = c.op("ReduceMax", [pos], s, keepdims=0)
+        long = c.op("Greater", [top, c.const(start - 1)], s)
+        rows = min(start, rotary_rows(c))
+        offset = c.op("Where", [long, c.const(rows), c.const(0, hint="zero")], s)
+        return c.op("Add", [pos, offset], s)
 
-    return rotary_tables(c, c.shared(("cache_positions",), positions), rope, False, False)
+    return c.shared(("cache_positions", pos, start), make)
 
 
 def _ort_attention(a: Attn) -> Callable[[Lowering, dict[Ref, str]], None]:
@@ -474,8 +547,8 @@ def _ort_attention(a: Attn) -> Callable[[Lowering, dict[Ref, str]], None]:
 
     def emit(c: Lowering, names: dict[Ref, str]) -> None:
         # Q, K and V apart: the CPU kernel is slower on a packed QKV input (measured at decode)
-        # its caches are indexed by position 0 .. S-1, one table for the run: longrope, which
-        # picks its table per call, and partial rotary are rotated before it instead
+        # its caches are indexed by cache position, one table for every call: longrope, which
+        # picks its rows per call, and partial rotary are rotated before it instead
         fused = (
             a.rope is not None
             and a.head_dim % GQA_ROTARY_MULTIPLE == 0
@@ -488,10 +561,12 @@ def _ort_attention(a: Attn) -> Callable[[Lowering, dict[Ref, str]], None]:
             # it, so no Split runs (float weights keep them apart: packed was slower at fp32)
             ins = [_qkv(c, a, names[a.x]), "", ""]
         else:
-            ins = list(_qkv_heads(c, a, names, rotate=not fused))  # unfused: rotated first
+            # unfused: rotated first, by RotaryEmbedding reading the same constant caches
+            ins = list(_qkv_heads(c, a, names, rotate=not fused, constant=True))
         seqlens, total = _gqa_lengths(c)
-        cos, sin = _rotary_caches(c, a.rope) if fused and a.rope is not None else ("", "")
+        cos, sin = _constant_rotary(c, a.rope) if fused and a.rope is not None else ("", "")
         ins += [names[a.past[0]], names[a.past[1]], seqlens, total, cos, sin, "", _bias(c)]
+        ins.append(a.sinks or "")  # head_sink: a logit per head in each softmax's denominator
         while not ins[-1]:
             ins.pop()
         outs = [names[a.out], names[a.present[0]], names[a.present[1]]]
@@ -573,6 +648,57 @@ def _ort_moe(m: Moe) -> Callable[[Lowering, dict[Ref, str]], None]:
     return emit
 
 
+def _moe_regions(g: Graph) -> list[Region]:
+    """One MoE op per routed-expert block: SwiGLU experts routed by the top k of a softmax, or
+    gpt-oss's stacked biased experts with the clamped SwiGLU, routed by a softmax over the
+    top k; any other block is a LoweringError with the first pattern's reason."""
+    out = []
+    for node, m in find(g, MOE_PATTERN):
+        if isinstance(m, Match):
+            out.append(_region(m, (m.ref("combine"),), _ort_moe(Moe.of(m))))
+            continue
+        stacked = match(g, CLAMPED_MOE_PATTERN, node)
+        if isinstance(stacked, Mismatch):
+            raise LoweringError(m.reason)
+        out.append(_region(stacked, (stacked.ref("combine"),), _ort_stacked_moe(stacked)))
+    return out
+
+
+def _ort_stacked_moe(m: Match) -> Callable[[Lowering, dict[Ref, str]], None]:
+    """gpt-oss's experts as one MoE op: fc1 the interleaved gate_up_proj (E, 2 ffn, d) with its
+    bias, fc2 down_proj (E, d, ffn) with its bias, each transposed from the checkpoint's
+    (E, in, out) to the (E, N, K) the kernel reads; the clamp and alpha as attributes."""
+    router, gate_up, down, act = m["router"], m["gate_up"], m["down"], m["act"]
+    scope = m["combine"].name.rsplit(".", 2)[0]
+
+    def emit(c: Lowering, names: dict[Ref, str]) -> None:
+        x, w = names[m.ref("x")], router.inputs[1].node
+        e = c.param_shape(w)[0]
+        s, bias = f"{scope}.router", _proj_bias(router)
+        if c.quantization is not None:  # a linear like the others (the decomposed one is too)
+            op, ins, attrs = nbits_matmul(c, x, w, (w,), c.param_shape(w), unchanged, s, bias)
+            logits = c.op(op, ins, s, **attrs)  # (B, T, E)
+        else:
+            logits = c.op("MatMul", [x, c.transposed(w)], s)  # (B, T, E)
+            logits = c.op("Add", [logits, bias], s) if bias else logits
+        logits = c.op("Reshape", [logits, c.const([-1, e])], s)  # (B*T, E)
+        attrs: dict[str, Any] = {
+            "k": int(m["top_k"].attrs["k"]),
+            "normalize_routing_weights": 1,  # the softmax over the k chosen logits
+            "activation_type": "swiglu",
+            "swiglu_fusion": 1,  # gate and up interleaved, gate the even rows
+            "activation_alpha": float(act.attrs["alpha"]),
+            "activation_beta": 1.0,  # times (up + 1)
+        }
+        if act.attrs.get("limit") is not None:
+            attrs["swiglu_limit"] = float(act.attrs["limit"])
+        fc1, fc2 = (c.transposed(p.inputs[1].node) for p in (gate_up, down))  # (E, N, K)
+        ins = [x, logits, fc1, gate_up.inputs[2].node, fc2, down.inputs[2].node]
+        c.named("MoE", ins, [names[m.ref("combine")]], f"{scope}.experts", domain=MS, **attrs)
+
+    return emit
+
+
 def _skip_norm(m: Match) -> Callable[[Lowering, dict[Ref, str]], None]:
     norm, add = m["norm"], m["residual_add"]
 
@@ -598,7 +724,7 @@ def _ort_regions(g: Graph) -> list[Region]:
                 raise LoweringError(f"{e}; and {routing.reason}") from None
         raise
     out = _attention_regions(g, _ort_attention)
-    out += [_region(m, (m.ref("combine"),), _ort_moe(Moe.of(m))) for m in _every(g, MOE_PATTERN)]
+    out += _moe_regions(g)
     out += _gated_mlps(g, ORT.rows)
     for m in _each(g, SKIP_NORM_PATTERN):
         out.append(_region(m, (m.ref("residual_add"), m.ref("norm")), _skip_norm(m)))

@@ -60,7 +60,7 @@ class Initializer:
     from some (transposed, packed, offset)."""
 
     name: str
-    sources: tuple[str, ...]  # param names, at least one
+    sources: tuple[str, ...]  # param names; none for a table computed at export
     shape: tuple[int, ...]
     make: Callable[..., np.ndarray] | None = None
     dtype: str | None = None  # None: the export's float dtype; "uint8": quantized values
@@ -109,6 +109,10 @@ class Lowering:
         self._node_names: set[str] = set()
         self._shared: dict[Any, Any] = {}
         self.initializers: dict[str, Initializer] = {}  # weights made from params, or computed
+        # constant tables computed at export (the ort lowering's rotary caches): name -> bytes,
+        # and the positions they cover (a run past them is refused before onnxruntime sees it)
+        self.tables: dict[str, int] = {}
+        self.table_positions: int | None = None
 
     # emitting
     def _unique(self, name: str) -> str:
@@ -145,6 +149,17 @@ class Lowering:
             self.constants.append(numpy_helper.from_array(arr, name))
             self._const_names[key] = name
         return self._const_names[key]
+
+    def table(self, name: str, value: np.ndarray, positions: int) -> str:
+        """A named table computed at export, one row per position below `positions`: written
+        with the weights (a graph input like them under `weights_as_inputs`) and recorded
+        (graphllm.tables), so what predicts the file's storage counts it."""
+        if name not in self.initializers:
+            self.initializers[name] = Initializer(name, (), value.shape, lambda: value)
+            self.tables[name] = int(value.nbytes)
+            prev = self.table_positions
+            self.table_positions = positions if prev is None else min(prev, positions)
+        return name
 
     def cast(self, x: str, src: str, dst: str, scope: str) -> str:
         return x if src == dst else self.op("Cast", [x], scope, to=ONNX_TYPES[dst])
@@ -298,6 +313,9 @@ def lower(
         doc_string=__doc__.split("\n\n")[1],  # the I/O paragraph of this module's docstring
     )
     model.ir_version = helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+    if c.tables:  # constant tables the lowering computed: their bytes and the positions they hold
+        model.metadata_props.add(key="graphllm.tables", value=json.dumps(c.tables))
+        model.metadata_props.add(key="graphllm.positions", value=str(c.table_positions))
     if quantize is not None:  # what the bench's prediction prices: the params stored as MatMulNBits
         plain = {init.sources[0] for init in plan if init.make is None}
         stored = {k: v for k, v in c.nbits_stored.items() if k not in plain}  # not a tied table

@@ -61,26 +61,26 @@ V_PATTERN = Optional(
 )
 # softmax(mask(scale * Q K^T)) V, the heads merged
 SEPARATE_QKV = ("q_proj", "k_proj", "v_proj")
+MASKED_SCORES_PATTERN = Op(
+    "mask",
+    Op(
+        "mul_const",
+        Op("scores", Q_PATTERN, K_PATTERN),
+        name="scale",
+        # issue 16: Gemma 2 soft-caps the scores before the mask
+        why="{node}: the scores reach the mask through {op}, which the fused "
+        "attention op cannot apply (soft-capping)",
+    ),
+    name="key_mask",
+)
 ATTENTION_PATTERN = Pattern(
     Op(
         "merge_heads",
         Op(
             "pv",
-            Op(
-                "softmax",
-                Op(
-                    "mask",
-                    Op(
-                        "mul_const",
-                        Op("scores", Q_PATTERN, K_PATTERN),
-                        name="scale",
-                        # issue 16: Gemma 2 soft-caps the scores before the mask
-                        why="{node}: the scores reach the mask through {op}, which the fused "
-                        "attention op cannot apply (soft-capping)",
-                    ),
-                    name="key_mask",
-                ),
-            ),
+            Op("softmax", MASKED_SCORES_PATTERN, name="probs")
+            # issue 18: gpt-oss's sinks join the softmax (GroupQueryAttention's head_sink)
+            | Op("softmax_sink", MASKED_SCORES_PATTERN, Var("sinks"), name="probs"),
             V_PATTERN,
         ),
         name="merge",
@@ -190,6 +190,43 @@ MOE_PATTERN = Pattern(
 SKIP_NORM_PATTERN = Pattern(
     Op("rmsnorm", Op("add", Var("residual"), Var("branch"), name="residual_add"), name="norm")
 )
+
+
+# issue 18: gpt-oss's experts as onnxruntime's MoE op runs them (swiglu_fusion=1: gate and up
+# interleaved, gate the even channels, as the checkpoint stores them; swiglu_limit,
+# activation_alpha, activation_beta=1 for the up path's + 1; fc1/fc2 biases), routed by the
+# softmax over the top k of a router with a bias, which the op's softmax over every expert
+# renormalised over its k (normalize_routing_weights) gives: exp(l_i) / sum over the k of exp
+STACKED_ROUTER_PATTERN = Op(
+    "softmax",
+    Op("topk", Op(("linear", "linear_bias"), Var("x"), name="router"), name="top_k"),
+    why="{anchor}: routing the MoE op cannot do ({op} weights)",
+    name="routing",
+)
+GATE_UP_PATTERN = Op("expert_linear_bias", DISPATCH_PATTERN, name="gate_up")
+CLAMPED_MOE_PATTERN = Pattern(
+    Op(
+        "moe_combine",
+        Op(
+            "expert_linear_bias",
+            Op(
+                "clamped_swiglu",
+                Op("split_interleaved", GATE_UP_PATTERN, name="gate_up_split"),
+                Op("split_interleaved", name="gate_up_split", out=1),
+                name="act",
+            ),
+            name="down",
+        ),
+        STACKED_ROUTER_PATTERN,
+        Op("topk", name="top_k", out=1),
+        name="combine",
+    )
+)
+
+
+def attention_sinks(m: Match) -> str | None:
+    """The sinks param of an attention match whose softmax has them (gpt-oss), else None."""
+    return m.ref("sinks").node if "sinks" in m else None
 
 
 def qkv_projections(m: Match) -> list[Node]:

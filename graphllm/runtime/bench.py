@@ -188,6 +188,16 @@ def predicted_graph(
     return build_graph(config, wl, stored=stored, **(build or {}))
 
 
+def predicted_stored_bytes(meta: ExportedModel) -> float:
+    """The bytes an export stores, predicted from its metadata: its params in the form it stores
+    them (the memory pass on `predicted_graph`) and the constant tables its lowering computed
+    (the ort lowering's rotary caches, `graphllm.tables`). A decode step reads one row of
+    those, so they weigh on the storage, not on the roofline's bytes moved."""
+    wl = Workload.with_dtype(batch=1, seq_len=1, past_len=1, dtype=meta.workload.act_dtype)
+    graph = predicted_graph(meta.config, wl, meta.build, export_storage(meta))
+    return run(graph, ["memory"])["memory"].weights + sum(meta.tables.values())
+
+
 def export_storage(meta: ExportedModel) -> dict[str, QuantFormat]:
     """Each param a quantized export stores as MatMulNBits, in that form (its metadata's
     `graphllm.stored`); embeddings, norms and routed experts are float at the export's dtype."""

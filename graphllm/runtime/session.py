@@ -113,6 +113,19 @@ class OnnxModel:
         self.output_names = [o.name for o in self.session.get_outputs()]
         meta = self.session.get_modelmeta().custom_metadata_map
         self.lowering = meta.get("graphllm.lowering")  # None: not exported by graphllm
+        # the positions the file's constant rotary caches hold (the ort lowering's), or None
+        rows = meta.get("graphllm.positions", "")
+        self.max_positions = int(rows) if rows.isdigit() else None
+
+    def require_positions(self, n: int, what: str) -> None:
+        """Refuse a run of `n` positions past those the model's rotary caches hold (onnxruntime
+        would fail inside GroupQueryAttention, or read past RotaryEmbedding's table)."""
+        if self.max_positions is not None and n > self.max_positions:
+            raise GraphllmError(
+                f"{self.path}: {what} spans {n:,} positions, past the {self.max_positions:,} its "
+                f"{self.lowering} lowering's rotary tables hold (max_position_embeddings, at least "
+                "4,096, at most 131,072); export it with --ops standard for longer runs"
+            )
 
     def empty_past(self, batch: int) -> dict[str, np.ndarray]:
         """Past K/V of length 0 (a prefill)."""
@@ -153,6 +166,7 @@ class OnnxModel:
                 "new tokens after a past at batch 1 only (onnxruntime's rule); export this model "
                 f"with --ops standard to run them at batch {b}"
             )
+        self.require_positions(p + t, "the run")
         feeds |= {k: np.asarray(v, dtype=np.int64) for k, v in (extra or {}).items()}
         mask = np.ones((b, p + t), np.int64) if attention_mask is None else attention_mask
         feeds["attention_mask"] = np.asarray(mask, dtype=np.int64)
@@ -176,6 +190,7 @@ class OnnxModel:
         ids = np.atleast_2d(np.asarray(input_ids, dtype=np.int64))
         mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask)
         b = ids.shape[0]
+        self.require_positions(ids.shape[1] + max_new_tokens, "the generation")
         bound = BoundCache(self, capacity=ids.shape[1] + max_new_tokens, batch=b)
         outs = bound.step(bound.inputs(ids, mask), None)
         new = []

@@ -18,6 +18,7 @@ ort = pytest.importorskip("onnxruntime")
 
 import graphllm  # noqa: E402
 from graphllm.cli import main  # noqa: E402
+from graphllm.errors import GraphllmError  # noqa: E402
 from graphllm.exporters.onnx import export_onnx  # noqa: E402
 from graphllm.runtime.bench import bench, time_generation  # noqa: E402
 from graphllm.runtime.session import BoundCache, OnnxModel  # noqa: E402
@@ -216,3 +217,30 @@ def test_progress_bar_counts_every_step(tiny_onnx, monkeypatch):
     assert seen[-1] == (3 * (1 + 3), 3 * (1 + 3))  # (warm-up + repeats) x (prefill + 3 steps)
     with bench_mod._bar(False, 5) as tick:
         assert tick is None
+
+
+def test_ort_refuses_a_run_past_its_rotary_tables_in_one_line(tmp_path):
+    # the ort lowering reads cos/sin from tables of max_position_embeddings rows (at least
+    # 4,096); a run past them is refused before onnxruntime fails inside GroupQueryAttention
+    cfg = graphllm.load_config(TINY)
+    for ops in ("ort", "standard"):
+        export_onnx(build_export_graph(cfg), tmp_path / f"{ops}.onnx", seed=1, ops=ops)
+    ort_model = OnnxModel(tmp_path / "ort.onnx", "cpu")
+    assert OnnxModel(tmp_path / "standard.onnx", "cpu").max_positions is None
+    rows = ort_model.max_positions
+    assert rows == max(cfg.max_position_embeddings, 4096)
+    ids = np.zeros((1, 8), np.int64)
+    for run in (
+        lambda: ort_model.generate(ids, rows - 7),
+        lambda: ort_model.forward(ids, past=_past(ort_model, rows - 7)),
+        lambda: bench(tmp_path / "ort.onnx", rows - 60, 61, repeats=1, hardware=None),
+    ):
+        with pytest.raises(GraphllmError, match=rf"spans {rows + 1:,} positions, past the") as e:
+            run()
+        assert "\n" not in str(e.value)
+    assert ort_model.generate(ids, 2).shape == (1, 2)
+
+
+def _past(model: OnnxModel, n: int) -> dict[str, np.ndarray]:
+    """A past of n positions, for each of the model's cache inputs (zeros)."""
+    return {k: np.zeros((1, v.shape[1], n, v.shape[3]), np.float32) for k, v in model._past.items()}

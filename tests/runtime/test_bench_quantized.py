@@ -14,9 +14,7 @@ from graphllm.exporters.onnx import export_onnx
 from graphllm.exporters.onnx.export import read_metadata
 from graphllm.exporters.onnx.quantize import Quantization
 from graphllm.models.hardware import load_hardware
-from graphllm.models.workload import Workload
-from graphllm.passes import run
-from graphllm.runtime.bench import export_storage, predict, predicted_graph
+from graphllm.runtime.bench import export_storage, predict, predicted_stored_bytes
 from tests.support import quantized_checkpoints as qc
 
 pytest.importorskip("onnxruntime")
@@ -28,17 +26,15 @@ GPTQ_DESC_ACT = {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act"
 
 
 def _weight_bytes(path) -> int:
-    """The file's weight initializers (not the lowering's constants: masks, rotary tables)."""
+    """The file's weight initializers and the ort lowering's rotary tables (not the lowering's
+    small constants: shapes, masks' values)."""
     model = onnx.load(str(path))
     inits = [t for t in model.graph.initializer if not t.name.startswith("const.")]
     return sum(int(np.prod(t.dims)) * ITEM[t.data_type] for t in inits)
 
 
 def _predicted_weights(path) -> float:
-    meta = read_metadata(path)
-    wl = Workload.with_dtype(batch=1, seq_len=1, past_len=1, dtype=meta.workload.act_dtype)
-    graph = predicted_graph(meta.config, wl, meta.build, export_storage(meta))
-    return run(graph, ["memory"])["memory"].weights
+    return predicted_stored_bytes(read_metadata(path))
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])

@@ -127,10 +127,12 @@ BIASED_ROUTING = {
 }
 LOWERED += [(ops, c) for c in BIASED_ROUTING for ops in ("decomposed", "standard")]
 # issue 18: gpt-oss's sinks, stacked biased experts with the clamped SwiGLU and the router's
-# softmax over its top-k, decomposed; the fused lowerings (standard's Attention, ort's
-# GroupQueryAttention with head_sink and MoE with swiglu_fusion) do not take it yet
-GPT_OSS = {"gpt_oss": "self_attn.core.softmax is softmax_sink, where softmax was expected"}
-LOWERED += [("decomposed", c) for c in GPT_OSS]
+# softmax over its top-k, decomposed and ort (GroupQueryAttention's head_sink and
+# local_window_size, MoE with swiglu_fusion, swiglu_limit, activation_alpha/beta and biases);
+# standard's Attention has no sinks and refuses them
+GPT_OSS = {"gpt_oss": "self_attn: attention sinks (model.layers.0.self_attn.sinks), which "
+           "opset 23's Attention cannot take"}  # fmt: skip
+LOWERED += [(ops, c) for c in GPT_OSS for ops in ("decomposed", "ort")]
 # issue 18: Llama 4's MoE (the weight on the expert's input, fused experts, a shared expert)
 # under attention every lowering takes: the MoE layer lowered as the decomposed one is
 LOWERED += [(ops, "llama4_text-moe-plain") for ops in ("decomposed", "standard", "ort")]
@@ -323,7 +325,7 @@ def test_the_default_lowering_of_soft_capped_attention_is_decomposed(tiny_model)
     assert default_lowering(build_export_graph(tiny_model("gemma2-window").cfg)) == "decomposed"
 
 
-@pytest.mark.parametrize("case", CASES + HD16)
+@pytest.mark.parametrize("case", CASES + HD16 + list(GPT_OSS))
 def test_ort_in_place_cache_prefill_and_16_decode_steps(exported, case):
     """`ort` as bench runs it: each layer's K and V one buffer, bound as past and present, that
     GroupQueryAttention appends to in place."""
@@ -707,10 +709,82 @@ def test_export_records_the_callers_workload_not_the_graphs_placeholder(tmp_path
     )
 
 
-@pytest.mark.parametrize("ops", ["standard", "ort"])
+@pytest.mark.parametrize("ops", ["standard"])
 @pytest.mark.parametrize("case", GPT_OSS)
-def test_the_fused_lowerings_refuse_gpt_oss_in_one_line(tiny_model, ops, case):
+def test_the_standard_lowering_refuses_gpt_oss_in_one_line(tiny_model, ops, case):
     graph = build_export_graph(tiny_model(case).cfg)
     with pytest.raises(LoweringError, match=f"the {ops} lowering cannot express") as e:
         lower(graph, ops)
     assert GPT_OSS[case] in str(e.value) and "\n" not in str(e.value)
+
+
+def _edited(path: Path, out: Path, edit) -> OnnxModel:
+    """The model at `path` with `edit(node)` applied to each node, saved to `out`."""
+    m = onnx.load(str(path))
+    for node in m.graph.node:
+        edit(node)
+    onnx.save(m, str(out))
+    return OnnxModel(out, device="cpu")
+
+
+def _set_attr(node, name: str, value: float | None) -> None:
+    kept = [a for a in node.attribute if a.name != name]
+    del node.attribute[:]
+    node.attribute.extend(kept)
+    if value is not None:
+        node.attribute.append(onnx.helper.make_attribute(name, value))
+
+
+def test_ort_gpt_oss_runs_its_sinks_window_and_clamped_experts_fused(exported, tmp_path):
+    # issue 18: every gpt-oss feature is in the fused ops' inputs and attributes, and each one
+    # matters: dropping it moves the logits past the tolerance the export meets
+    e = exported("gpt_oss", "ort")
+    cfg = e.tiny.cfg
+    m = onnx.load(str(e.path))
+    gqa = [n for n in m.graph.node if n.op_type == "GroupQueryAttention"]
+    moe = [n for n in m.graph.node if n.op_type == "MoE"]
+    assert len(gqa) == len(moe) == cfg.num_hidden_layers
+    assert not {"Softmax", "TopK", "ScatterND"} & {n.op_type for n in m.graph.node}
+    windows = [next(a.i for a in n.attribute if a.name == "local_window_size") for n in gqa]
+    masks = [n for n in e.graph.nodes() if n.name.endswith("self_attn.core.mask")]
+    assert windows == [n.attrs.get("window") or -1 for n in masks]
+    assert -1 in windows and len(set(windows)) == 2  # window layers and global ones
+    assert [n.input[11] for n in gqa] == [
+        f"model.layers.{i}.self_attn.sinks" for i in range(cfg.num_hidden_layers)
+    ]
+    attrs = {a.name: helper_value(a) for a in moe[0].attribute}
+    assert attrs == {
+        "k": cfg.num_experts_per_tok,
+        "normalize_routing_weights": 1,
+        "activation_type": b"swiglu",
+        "swiglu_fusion": 1,
+        "activation_alpha": pytest.approx(1.702),
+        "activation_beta": 1.0,
+        "swiglu_limit": pytest.approx(cfg.swiglu_limit),
+    }
+    assert all(n.input[3] and n.input[5] for n in moe)  # fc1 and fc2 biases
+    ids = e.case.decode()["ids"]
+    want = e.case.decode()["hf"][0]
+    _close(e.onnx.forward(ids)["logits"], want, "prefill vs transformers")
+
+    def drop_sinks(n):
+        if n.op_type == "GroupQueryAttention":
+            del n.input[11:]
+
+    edits = {
+        "head_sink": drop_sinks,
+        "swiglu_limit": lambda n: n.op_type == "MoE" and _set_attr(n, "swiglu_limit", None),
+        "activation_alpha": lambda n: n.op_type == "MoE" and _set_attr(n, "activation_alpha", 1.0),
+        "activation_beta": lambda n: n.op_type == "MoE" and _set_attr(n, "activation_beta", 0.0),
+        "biases": lambda n: n.op_type == "MoE" and n.input.__setitem__(5, ""),
+        "local_window_size": lambda n: (
+            n.op_type == "GroupQueryAttention" and _set_attr(n, "local_window_size", -1)
+        ),
+    }
+    for what, edit in edits.items():
+        broken = _edited(e.path, tmp_path / f"{what}.onnx", edit).forward(ids)["logits"]
+        assert np.abs(broken - want).max() > 10 * ATOL, what
+
+
+def helper_value(a):
+    return onnx.helper.get_attribute_value(a)

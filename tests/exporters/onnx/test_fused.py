@@ -153,14 +153,16 @@ def test_default_table():
             # issue 18: GLM-4.5's and MiniMax-M2's biased expert choice is beyond the MoE op,
             # not beyond opset 23's Attention and RotaryEmbedding
             want = "standard"
-        if cfg.temperature_floor_scale or cfg.qk_l2_norm or cfg.attention_sinks:
+        if cfg.temperature_floor_scale or cfg.qk_l2_norm:
             # issue 18: Llama 4's presets, the query temperature on the NoPE layers (and
-            # Scout's L2 QK-norm), and gpt-oss's sinks, beyond the fused attention patterns
-            # (until the ort lowering takes GroupQueryAttention's head_sink)
+            # Scout's L2 QK-norm), beyond the fused attention patterns
             want = "decomposed"
         if cfg.attn_output_gate or "linear_attention" in cfg.layer_types:
             # issue 19: Qwen3-Next's gated attention and Gated DeltaNet layers
             want = "decomposed"
+        # issue 18: gpt-oss's sinks are GroupQueryAttention's head_sink (and its experts
+        # the MoE op's clamped SwiGLU); opset 23's Attention has no sinks
+        assert not cfg.attention_sinks or want == "ort", name
         assert default_lowering(graph, "cpu") == want, name
         assert default_lowering(graph, "cuda") == "decomposed", name
     moe = _small("qwen3-30b-a3b")
@@ -247,3 +249,34 @@ def test_onnxruntime_cpu_moe_runs_interleaved_swiglu_only():
             moe(fusion)
     with pytest.raises(Exception, match="FC3 is not implemented"):
         moe(0, "silu", fc1=w(e, f, d), fc3=w(e, f, d))  # silu(gate) * up, gate and up apart
+
+
+@pytest.mark.parametrize("head_dim", [16, 8])  # rotated inside GroupQueryAttention, or before it
+def test_ort_reads_constant_rotary_tables_and_computes_none(tmp_path, head_dim):
+    import onnx
+    from onnx import numpy_helper
+
+    from graphllm.exporters.onnx import read_metadata
+
+    cfg = dataclasses.replace(
+        graphllm.load_config(TINY), hidden_size=4 * head_dim, head_dim=head_dim
+    )
+    path = tmp_path / "m.onnx"
+    export_onnx(build_export_graph(cfg), path, ops="ort", seed=2)
+    m = onnx.load(str(path))
+    assert not {"Cos", "Sin", "Range"} & {n.op_type for n in m.graph.node}
+    tables = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer if "rotary" in t.name}
+    rows = max(cfg.max_position_embeddings, 4096)
+    assert {k: v.shape for k, v in tables.items()} == {
+        "model.rotary_emb.cos_cache": (rows, head_dim // 2),
+        "model.rotary_emb.sin_cache": (rows, head_dim // 2),
+    }
+    readers = [n for n in m.graph.node if "model.rotary_emb.cos_cache" in n.input]
+    assert {n.op_type for n in readers} == (
+        {"GroupQueryAttention"} if head_dim % 16 == 0 else {"RotaryEmbedding"}
+    )
+    inv = 1.0 / cfg.rope.theta ** (np.arange(0, head_dim, 2) / head_dim)
+    np.testing.assert_allclose(
+        tables["model.rotary_emb.cos_cache"][77], np.cos(77 * inv), atol=1e-6
+    )
+    assert read_metadata(path).tables == {k: v.nbytes for k, v in tables.items()}
