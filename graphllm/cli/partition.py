@@ -30,7 +30,7 @@ from graphllm.models.hardware import load_hardware
 from graphllm.models.workload import Workload
 from graphllm.passes.parallel.partition import partition as partition_graph
 from graphllm.passes.parallel.partition import partition_report
-from graphllm.report.summary import _b, _n, _t
+from graphllm.report.summary import _b, _n, _t, hardware_model_line
 from graphllm.runtime.spmd import check_partition
 
 MAX_VERIFY_PARAMS = 200_000_000  # numpy runs every rank on one CPU: keep verification small
@@ -122,6 +122,8 @@ def print_partition(doc: dict[str, Any]) -> None:
         con.print(
             f"step: {_t(p['stages'][0]['seconds'])} per device (communication not overlapped)"
         )
+    if hw is not None:
+        con.print(hardware_model_line(hw))
 
 
 def _headline(doc: dict[str, Any]) -> str:

@@ -120,6 +120,10 @@ class OpSpec:
     timed_on_peer: bool = False
     # the kind reports file the op's traffic under; None: its own name (a send: "send/recv")
     comm_kind: str | None = None
+    # a collective's latency steps per algorithm for a group of n (the alpha of the alpha-beta
+    # model: each step is one hop's latency; the time takes the algorithm with fewest), e.g. a
+    # ring all-reduce's 2(n-1) against a tree's 2 log2(n); None: not timed on a link
+    latency_steps: Callable[[int], dict[str, int]] | None = None
 
     @property
     def signature(self) -> Signature:
