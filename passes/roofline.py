@@ -22,7 +22,7 @@ from typing import Any
 
 from graphllm.build.kinds import LAYER, SCOPE_KINDS
 from graphllm.errors import PassError
-from graphllm.ir import Graph
+from graphllm.ir import Graph, Node
 from graphllm.models.hardware import Hardware
 from graphllm.passes.cost import scopes_of
 from graphllm.passes.registry import meta_result, register
@@ -103,6 +103,8 @@ def roofline_pass(
         scopes = scopes_of(graph, n.name)
         core = next((s for s, k in scopes if k == CORE_ATTENTION), None)
         rate = peak if not oc.matmul else (attn if core is not None else gemm)
+        if oc.matmul and core is None and ach is not None:
+            rate *= ach.gemm_efficiency(*_output_mnk(graph, n, oc.matmul))
         tc, tm = flops / rate, byte_factor * oc.bytes / bw
         t = max(tc, tm)
         bound = "none" if t == 0 else ("compute" if tc >= tm else "memory")
@@ -145,6 +147,14 @@ def roofline_pass(
         cuda_graphs=graphs,
         launch_seconds=overhead,
     )
+
+
+def _output_mnk(graph: Graph, n: Node, flops: float) -> tuple[float, float, float]:
+    """A GEMM's (M, N, K): N its output's last axis, M every other output axis folded into rows,
+    K what its FLOPs (2 M N K) leave."""
+    cols = float(n.out.shape(graph.bindings)[-1])
+    rows = n.out.numel(graph.bindings) / cols
+    return rows, cols, flops / (2 * rows * cols)
 
 
 def _launch(t: float, launches: bool, graphs: bool, eager: float, in_graph: float) -> float:

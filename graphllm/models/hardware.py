@@ -9,6 +9,7 @@ bandwidths between devices. `local` is this machine as measured by `graphllm cal
 from __future__ import annotations
 
 import difflib
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -83,7 +84,22 @@ class Achievable:
     launch_seconds: float  # a kernel launched on its own: the host's enqueue time per kernel
     graph_launch_seconds: float  # a kernel inside a replayed CUDA graph
     graph_replay_seconds: float  # once per replayed graph (a step)
+    sm_count: int  # streaming multiprocessors: the tiles a wave of a GEMM runs at once
+    gemm_tile: tuple[int, int]  # the GEMM's output tile (M, N) each SM computes
     source: str
+
+    def gemm_efficiency(self, m: float, n: float, k: float) -> float:
+        """The share of the large-shape GEMM rate an (m x n)-output GEMM over k reaches, from tile
+        and wave quantisation (NVIDIA, Matrix Multiplication Background User's Guide, 3.1-3.2):
+        the output is cut into tiles (rows rounded up to the tensor cores' 16, at most the tile's
+        M) that run `sm_count` at a time; when there are fewer tiles than SMs, K is split
+        across the idle SMs (split-K, as cuBLAS does for skinny GEMMs); the last wave and each
+        edge tile run part-empty."""
+        tm, tn = min(self.gemm_tile[0], 16 * math.ceil(m / 16)), self.gemm_tile[1]
+        tiles = math.ceil(m / tm) * math.ceil(n / tn)
+        split = max(1, min(self.sm_count // tiles, math.ceil(k / tn)))
+        waves = math.ceil(tiles * split / self.sm_count)
+        return (m * n * split) / (waves * self.sm_count * tm * tn)
 
 
 # (ideal, cuda_graphs) that `load_hardware` applies: the CLI's --ideal and --cuda-graphs set it
@@ -316,8 +332,17 @@ def _achievable(value: Any, where: str) -> Achievable:
         launch_seconds=_latency(f"{where}.launch_seconds", d["launch_seconds"]),
         graph_launch_seconds=_latency(f"{where}.graph_launch_seconds", d["graph_launch_seconds"]),
         graph_replay_seconds=_latency(f"{where}.graph_replay_seconds", d["graph_replay_seconds"]),
+        sm_count=int(_positive(f"{where}.sm_count", d["sm_count"], integer=True)),
+        gemm_tile=_tile(f"{where}.gemm_tile", d["gemm_tile"]),
         source=_text(where, "source", d["source"]),
     )
+
+
+def _tile(label: str, value: Any) -> tuple[int, int]:
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise ConfigError(f"{label} must be [M, N], two positive integers, got {shown(value)}")
+    m, n = (int(_positive(label, v, integer=True)) for v in value)
+    return (m, n)
 
 
 def _devices(where: str, value: Any) -> int:

@@ -33,6 +33,8 @@ SPEC = {
         "launch_seconds": 4 * US,
         "graph_launch_seconds": 1 * US,
         "graph_replay_seconds": 10 * US,
+        "sm_count": 1,  # with 1x1 tiles on one SM no GEMM loses to tile or wave quantisation
+        "gemm_tile": [1, 1],
         "source": "hand-made figures for the tests",
     },
 }
@@ -124,6 +126,34 @@ def test_matmuls_run_at_the_gemm_rate_and_core_attention_at_the_attention_rate()
     assert res["roofline"].rate_model == "achievable"
 
 
+@pytest.mark.parametrize(
+    ("mnk", "efficiency"),
+    [
+        ((2048, 4096, 4096), 2048 * 4096 / (4 * 132 * 128 * 128)),  # 512 tiles: 4 waves
+        ((128, 4096, 4096), 128 * 4096 * 4 / (132 * 128 * 128)),  # 32 tiles, K split 4 ways
+        ((1, 4096, 4096), 4096 * 4 / (132 * 16 * 128)),  # rows rounded up to 16
+        ((128, 11008, 4096), 128 * 11008 / (132 * 128 * 128)),  # 86 tiles: one part-empty wave
+        ((16, 256, 256), 16 * 256 * 2 / (132 * 16 * 128)),  # split-K stops at K's 2 tiles
+    ],
+)
+def test_tile_and_wave_quantisation_by_hand(mnk, efficiency):
+    ach = load_hardware("h100").achievable
+    assert ach.gemm_efficiency(*mnk) == pytest.approx(efficiency)
+
+
+def test_a_prefill_gemm_is_timed_at_its_quantised_rate():
+    h100 = replace(load_hardware("h100"), cuda_graphs=False)
+    cfg = config_from_dict(tiny_configs.LLAMA, "tiny")
+    g = build_graph(cfg, Workload(batch=1, seq_len=512))
+    run(g, ["cost", "roofline"], hardware=h100)
+    q = g["model.layers.0.self_attn.q_proj"]
+    oc = meta_result(q, "cost")
+    n = q.out.shape(g.bindings)[-1]
+    eff = h100.achievable.gemm_efficiency(512, n, oc.matmul / (2 * 512 * n))
+    t = max(oc.matmul / (794.5e12 * eff), oc.bytes / 2.84e12)
+    assert meta_result(q, "time").seconds == pytest.approx(t + max(0.0, 2.65 * US - t))
+
+
 def test_eager_launches_floor_each_kernel_at_the_enqueue_time():
     g = tiny(seq_len=1, past_len=4)
     eager = run(g, ["cost", "roofline"], hardware=replace(HW, cuda_graphs=False))["roofline"]
@@ -200,6 +230,8 @@ def test_every_nvidia_preset_with_achievable_figures_names_its_sources():
         ({"gemm_flops": {"bf17": 1e12}}, "bf17"),
         ({"memory_bandwidth": 5e-324}, "memory_bandwidth"),
         ({"colour": 1}, "colour"),
+        ({"gemm_tile": [128]}, "gemm_tile"),
+        ({"sm_count": 0}, "sm_count"),
     ],
 )
 def test_a_bad_achievable_figure_is_one_line_naming_it(change, says):
