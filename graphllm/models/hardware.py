@@ -431,9 +431,15 @@ def _in_model(hw: Hardware) -> Hardware:
 def _summary(hw: Hardware) -> str:
     link = hw.interconnect_bandwidth
     links = f", link {link / 1e9:g} GB/s/dir x{hw.devices_per_node}" if link else ""
+    measured = (
+        f"; achievable {hw.gemm_rate('bf16') / 1e12:g} TFLOP/s GEMM, "
+        f"{hw.achievable.memory_bandwidth / 1e12:.3g} TB/s"
+        if hw.achievable is not None
+        else ("" if hw.name == "local" else "; peaks only (no achievable figures)")
+    )  # calibrate's figures are themselves measured
     return (
         f"{hw.peak('bf16') / 1e12:g} TFLOP/s bf16, {hw.memory_bandwidth / 1e12:.3g} TB/s, "
-        f"{hw.memory_bytes / 1e9:g} GB{links}"
+        f"{hw.memory_bytes / 1e9:g} GB{links}{measured}"
     )
 
 
