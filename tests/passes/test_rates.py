@@ -75,6 +75,21 @@ def test_a_collective_across_nodes_takes_the_network_figures():
     assert link_bandwidth(mesh, "dp", HW) == 40e9 and link_bandwidth(mesh, "tp", HW) == 300e9
 
 
+def test_a_gradient_reduction_is_timed_like_any_collective():
+    from graphllm.passes.parallel.figures import gradient_seconds
+
+    mesh = Mesh((("dp", 8),))
+    wire = OPS["reduce_scatter"].wire(8) * 1e9
+    c = {
+        "mesh_axis": "dp",
+        "kind": "reduce_scatter",
+        "group_size": 8,
+        "wire_bytes_per_device": wire,
+    }
+    assert gradient_seconds(c, mesh, HW) == pytest.approx(7 * 2 * US + wire / 300e9)
+    assert gradient_seconds(c, mesh, HW.ideal()) == pytest.approx(wire / 450e9)
+
+
 def test_the_ideal_model_has_no_latency_and_the_line_rate():
     mesh = Mesh((("tp", 8),))
     wire = OPS["all_reduce"].wire(8) * 64 * MB
@@ -239,3 +254,25 @@ def test_a_bad_achievable_figure_is_one_line_naming_it(change, says):
     with pytest.raises(ConfigError, match=says) as e:
         hardware_from_dict(spec, "bad")
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("ideal", [False, True])
+def test_the_perfetto_trace_times_collectives_with_their_latency(tmp_path, ideal):
+    import json
+
+    from click.testing import CliRunner
+
+    from graphllm.cli import main
+
+    out = tmp_path / "trace.json"
+    args = ["partition", "--config", "examples/tiny.yaml", "--tp", "2", "-t", "1", "--past-len"]
+    args += ["8", "--hardware", "h100", "--trace", str(out)] + (["--ideal"] if ideal else [])
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    ev = json.loads(out.read_text())["traceEvents"]
+    reduces = [e["dur"] for e in ev if e["ph"] == "X" and e["name"].endswith("all_reduce")]
+    assert reduces
+    if ideal:  # a few kB at 450 GB/s
+        assert all(d < 1 for d in reduces)
+    else:  # 2 ring steps of 3 us each, plus the bytes at 370 GB/s
+        assert all(6 <= d < 7 for d in reduces)
