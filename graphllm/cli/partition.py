@@ -85,6 +85,7 @@ def partition(
         "model": {"name": config.name, "model_type": config.model_type},
         "workload": wl.to_dict() | {"attention": attention, "training": training is not None},
         "hardware": hw.to_dict() if hw else None,
+        "rate_model": hw.rate_model if hw else None,
         "partition": report.to_dict(),
     }
     if trace_path is not None:

@@ -51,6 +51,7 @@ def plan(
         "model": {"name": config.name, "model_type": config.model_type},
         "workload": wl.to_dict() | {"attention": attention, "training": training is not None},
         "hardware": hw.to_dict(),
+        "rate_model": hw.rate_model,
         "training": None if training is None else training.__dict__,
         "plan": report.to_dict(),
     }

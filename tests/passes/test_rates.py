@@ -276,3 +276,21 @@ def test_the_perfetto_trace_times_collectives_with_their_latency(tmp_path, ideal
         assert all(d < 1 for d in reduces)
     else:  # 2 ring steps of 3 us each, plus the bytes at 370 GB/s
         assert all(6 <= d < 7 for d in reduces)
+
+
+@pytest.mark.parametrize("command", ["partition", "plan"])
+def test_partition_and_plan_json_say_which_model_timed_them(command):
+    import json
+
+    from click.testing import CliRunner
+
+    from graphllm.cli import main
+
+    size = ["--tp", "2"] if command == "partition" else ["--devices", "2"]
+    base = [command, "--config", "examples/tiny.yaml", *size, "-t", "1", "--past-len", "8"]
+    for extra, model in (([], "achievable"), (["--ideal"], "ideal")):
+        r = CliRunner().invoke(main, [*base, "--hardware", "h100", "--json", *extra])
+        assert r.exit_code == 0, r.output
+        doc = json.loads(r.output)
+        assert doc["rate_model"] == model
+        assert (doc["hardware"]["achievable"] is None) == (model == "ideal")
