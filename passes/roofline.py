@@ -1,8 +1,15 @@
 """The `roofline` pass: predicted time per op on a device, and what bounds it.
 
-Each op takes max(FLOPs / peak FLOP/s, bytes / memory bandwidth): the peak for the activations'
-dtype and the bandwidth scaled by the hardware's achievable fractions (1.0 by default, the pure
-roofline). Ops run one after another; the step's time is their sum. With fused (flash) attention
+Each op takes max(FLOPs / rate, bytes / memory bandwidth). Under the ideal model (`--ideal`, or a
+device without measured rates) the rate is the data sheet's peak for the activations' dtype and the
+bandwidth the peak scaled by the hardware's fractions. Under the achievable model (the default for
+a preset that has `achievable` rates) a matmul runs at the measured large-shape GEMM rate, core
+attention's matmuls at the measured FlashAttention rate, the rest at the peak, and bytes move at
+the measured streaming bandwidth; a small or skinny GEMM is then bandwidth-bound below the ridge,
+which is how decode GEMMs measure. Each op is one kernel launch (a flash attention region one for
+all its ops): launched on its own a kernel takes at least the host's enqueue time per kernel;
+inside a CUDA graph it costs the graph's per-kernel gap, and the step one replay. Ops run one after
+another; the step's time is their sum. With fused (flash) attention
 the masked (query, key) blocks are skipped, so attention ops are timed on the FLOPs the mask
 allows. For a training step (cost pass with training=True) the bytes are taken 3x (see cost.py).
 """
@@ -15,10 +22,12 @@ from typing import Any
 
 from graphllm.build.kinds import LAYER, SCOPE_KINDS
 from graphllm.errors import PassError
-from graphllm.ir import Graph
+from graphllm.ir import Graph, Node
 from graphllm.models.hardware import Hardware
 from graphllm.passes.cost import scopes_of
 from graphllm.passes.registry import meta_result, register
+
+CORE_ATTENTION = "core_attention"  # the scope kind whose matmuls run at the attention rate
 
 
 @dataclass(frozen=True)
@@ -41,6 +50,10 @@ class RooflineReport:
     bandwidth: float
 
     new_tokens: int = 1  # T: tokens each sequence gains per step
+    rate_model: str = "ideal"  # 'achievable' (measured rates) or 'ideal' (peaks, no overheads)
+    kernels: int = 0  # kernel launches a step takes (achievable model)
+    cuda_graphs: bool = False
+    launch_seconds: float = 0.0  # of `seconds`: what the launches add over the kernels' own time
 
     @property
     def ms_per_token(self) -> float:
@@ -67,22 +80,42 @@ def roofline_pass(
     """Time every node (into node.meta['time']); None when no hardware is given."""
     if hardware is None:
         return None
-    peak = hardware.peak(graph.meta.get("act_dtype", "bf16"))
+    dtype = graph.meta.get("act_dtype", "bf16")
+    peak = hardware.peak(dtype)
     bw = hardware.bandwidth()
     cost = results["cost"]
     skip_masked = cost.attention == "flash"
     byte_factor = 3.0 if cost.training else 1.0
     if peak <= 0 or bw <= 0:
         raise PassError(f"hardware {hardware.name}: peak and bandwidth must be positive")
-    total = comp = mem = 0.0
+    wl = graph.meta["workload"]
+    ach = hardware.achievable
+    graphs = ach is not None and hardware.graphs_for(wl.phase)
+    gemm, attn = hardware.gemm_rate(dtype), hardware.attention_rate(dtype)
+    total = comp = mem = overhead = 0.0
+    kernels = 0
+    fused: set[str] = set()  # the flash attention regions already launched
     by_scope: dict[str, float] = defaultdict(float)
     by_op: dict[str, float] = defaultdict(float)
     for n in graph.nodes():
         oc = meta_result(n, "cost")
         flops = oc.flops - (oc.matmul - oc.matmul_causal) if skip_masked else oc.flops
-        tc, tm = flops / peak, byte_factor * oc.bytes / bw
+        scopes = scopes_of(graph, n.name)
+        core = next((s for s, k in scopes if k == CORE_ATTENTION), None)
+        rate = peak if not oc.matmul else (attn if core is not None else gemm)
+        if oc.matmul and core is None and ach is not None:
+            rate *= ach.gemm_efficiency(*_output_mnk(graph, n, oc.matmul))
+        tc, tm = flops / rate, byte_factor * oc.bytes / bw
         t = max(tc, tm)
         bound = "none" if t == 0 else ("compute" if tc >= tm else "memory")
+        if t > 0 and ach is not None:
+            launches = not (skip_masked and core is not None and core in fused)
+            if skip_masked and core is not None:
+                fused.add(core)
+            extra = _launch(t, launches, graphs, ach.launch_seconds, ach.graph_launch_seconds)
+            kernels += launches
+            overhead += extra
+            t += extra
         n.meta["time"] = OpTime(t, bound)
         if t == 0:
             continue
@@ -92,9 +125,11 @@ def roofline_pass(
         else:
             mem += t
         by_op[n.op] += t
-        for kind in {k for _, k in scopes_of(graph, n.name) if k != LAYER}:
+        for kind in {k for _, k in scopes if k != LAYER}:
             by_scope[kind] += t
-    wl = graph.meta["workload"]
+    if graphs and ach is not None:
+        overhead += ach.graph_replay_seconds
+        total += ach.graph_replay_seconds
     return RooflineReport(
         hardware=hardware.name,
         seconds=total,
@@ -107,4 +142,25 @@ def roofline_pass(
         new_tokens=wl.seq_len,
         peak_flops=peak,
         bandwidth=bw,
+        rate_model=hardware.rate_model,
+        kernels=kernels,
+        cuda_graphs=graphs,
+        launch_seconds=overhead,
     )
+
+
+def _output_mnk(graph: Graph, n: Node, flops: float) -> tuple[float, float, float]:
+    """A GEMM's (M, N, K): N its output's last axis, M every other output axis folded into rows,
+    K what its FLOPs (2 M N K) leave."""
+    cols = float(n.out.shape(graph.bindings)[-1])
+    rows = n.out.numel(graph.bindings) / cols
+    return rows, cols, flops / (2 * rows * cols)
+
+
+def _launch(t: float, launches: bool, graphs: bool, eager: float, in_graph: float) -> float:
+    """Seconds a kernel of `t` seconds takes beyond `t` for its launch: inside a CUDA graph the
+    graph's gap between kernels; launched on its own, the host enqueues a kernel every `eager`
+    seconds, so a shorter kernel waits for the next launch (a longer one hides it)."""
+    if not launches:
+        return 0.0
+    return in_graph if graphs else max(0.0, eager - t)

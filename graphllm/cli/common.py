@@ -22,6 +22,7 @@ from graphllm.echo import shown
 from graphllm.errors import ConfigError, GraphllmError, Interrupted
 from graphllm.files import forget_inputs
 from graphllm.models.config import load_config, load_workload_section
+from graphllm.models.hardware import rate_model
 from graphllm.models.workload import Workload
 
 DTYPE_NAMES = ["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
@@ -311,12 +312,34 @@ def attention_option(help_text: str) -> Callable:
 
 
 def hardware_option(default: str | None) -> Callable:
-    return click.option(
-        "--hardware",
-        default=default,
-        show_default=True,
-        help="Device preset (see `graphllm hardware`), a YAML/JSON spec file, or `local`.",
-    )
+    """--hardware, and the rate model every time the command prints is computed under: --ideal
+    and --cuda-graphs/--no-cuda-graphs (applied to each device the command loads)."""
+
+    def decorate(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def command(*args: Any, ideal: bool, cuda_graphs: bool | None, **kwargs: Any) -> Any:
+            with rate_model(ideal=ideal, cuda_graphs=cuda_graphs):
+                return fn(*args, **kwargs)
+
+        command = click.option(
+            "--cuda-graphs/--no-cuda-graphs",
+            default=None,
+            help="Launch kernels through CUDA graphs (achievable rates) [default: for decode].",
+        )(command)
+        command = click.option(
+            "--ideal",
+            is_flag=True,
+            help="Time on the data sheet's peaks with no latencies or launch costs, not on the "
+            "device's measured (achievable) rates.",
+        )(command)
+        return click.option(
+            "--hardware",
+            default=default,
+            show_default=True,
+            help="Device preset (see `graphllm hardware`), a YAML/JSON spec file, or `local`.",
+        )(command)
+
+    return decorate
 
 
 def deepseek_options(fn: Callable) -> Callable:

@@ -53,6 +53,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "render",
         "Draw the model the way it is usually explained: model, block, attention, ffn or tokens.",
     ),
+    "serving": (
+        "graphllm.cli.serving",
+        "serving",
+        "Serving figures of one replica: TTFT, time per output token, tokens/s, largest batch.",
+    ),
     "trace": (
         "graphllm.cli.trace",
         "trace",

@@ -30,7 +30,7 @@ from graphllm.models.hardware import load_hardware
 from graphllm.models.workload import Workload
 from graphllm.passes.parallel.partition import partition as partition_graph
 from graphllm.passes.parallel.partition import partition_report
-from graphllm.report.summary import _b, _n, _t
+from graphllm.report.summary import _b, _n, _t, hardware_model_line
 from graphllm.runtime.observe import small_instance
 from graphllm.runtime.spmd import check_partition
 
@@ -86,6 +86,7 @@ def partition(
         "model": {"name": config.name, "model_type": config.model_type},
         "workload": wl.to_dict() | {"attention": attention, "training": training is not None},
         "hardware": hw.to_dict() if hw else None,
+        "rate_model": hw.rate_model if hw else None,
         "partition": report.to_dict(),
     }
     if trace_path is not None:
@@ -123,6 +124,8 @@ def print_partition(doc: dict[str, Any]) -> None:
         con.print(
             f"step: {_t(p['stages'][0]['seconds'])} per device (communication not overlapped)"
         )
+    if hw is not None:
+        con.print(hardware_model_line(hw))
 
 
 def _headline(doc: dict[str, Any]) -> str:

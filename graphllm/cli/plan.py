@@ -19,7 +19,7 @@ from graphllm.cli.layout import training_from, training_options
 from graphllm.files import json_text
 from graphllm.models.hardware import load_hardware
 from graphllm.passes.parallel.plan import plan as make_plan
-from graphllm.report.summary import _b, _t
+from graphllm.report.summary import _b, _t, hardware_model_line
 
 
 @click.command()
@@ -51,6 +51,7 @@ def plan(
         "model": {"name": config.name, "model_type": config.model_type},
         "workload": wl.to_dict() | {"attention": attention, "training": training is not None},
         "hardware": hw.to_dict(),
+        "rate_model": hw.rate_model,
         "training": None if training is None else training.__dict__,
         "plan": report.to_dict(),
     }
@@ -102,6 +103,7 @@ def print_plan(doc: dict[str, Any], top: int) -> None:
         )
     if p["candidates"]:
         con.print(table)
+        con.print(hardware_model_line(hw))
     else:
         con.print("[red]no layout fits device memory[/red]")
     if p["too_big"]:

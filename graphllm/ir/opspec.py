@@ -127,6 +127,10 @@ class OpSpec:
     # multiplies, where an op is a whole algorithm (a recurrence's chunked form: its matmuls
     # beside its elementwise work, which `flops_attrs_fn` gives)
     matmul_flops_fn: Callable[[dict[str, float], dict[str, Any]], float] | None = None
+    # a collective's latency steps per algorithm for a group of n (the alpha of the alpha-beta
+    # model: each step is one hop's latency; the time takes the algorithm with fewest), e.g. a
+    # ring all-reduce's 2(n-1) against a tree's 2 log2(n); None: not timed on a link
+    latency_steps: Callable[[int], dict[str, int]] | None = None
 
     @property
     def signature(self) -> Signature:

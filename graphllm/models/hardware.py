@@ -9,8 +9,12 @@ bandwidths between devices. `local` is this machine as measured by `graphllm cal
 from __future__ import annotations
 
 import difflib
+import math
 import os
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +46,7 @@ REQUIRED = (
 )
 NULLABLE = ("interconnect_bandwidth", "network_bandwidth")
 PRESET_ONLY = ("aliases", "description")
+RATE_MODELS = ("achievable", "ideal")
 # The sane range of each figure: far outside what any device has, so that a typo (a subnormal
 # 5e-324 for 5e14, which printed "inf s, nan%") is refused rather than divided by. A CPU core's
 # scalar FP32 is ~1e9 FLOP/s and the fastest accelerators' dense FP8 ~5e15.
@@ -55,6 +60,62 @@ RANGES: dict[str, tuple[float, float]] = {
 }
 MAX_DEVICES_PER_NODE = 4096  # a node has 8 to 72 (NVL72)
 MIN_EFFICIENCY = 1e-3  # of the peaks: below it, the figure is a typo, not a measurement
+
+
+@dataclass(frozen=True, kw_only=True)
+class Link:
+    """A link's collectives as nccl-tests measures them: time = steps x step_latency + the bytes
+    one device sends / bus_bandwidth (busbw is defined so that this holds for every collective)."""
+
+    bus_bandwidth: float  # bytes/s
+    step_latency: float  # seconds per algorithm step (one hop)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Achievable:
+    """Measured rates of a device (each preset's `source` names where each came from): what the
+    roofline divides by unless `--ideal` asks for the data sheet's peaks."""
+
+    gemm_flops: dict[str, float]  # large-shape dense GEMM FLOP/s per compute dtype
+    attention_flops: dict[str, float]  # fused (flash) attention kernel FLOP/s per compute dtype
+    memory_bandwidth: float  # bytes/s, a streaming kernel's
+    interconnect: Link | None  # inside a node
+    network: Link | None  # across nodes
+    launch_seconds: float  # a kernel launched on its own: the host's enqueue time per kernel
+    graph_launch_seconds: float  # a kernel inside a replayed CUDA graph
+    graph_replay_seconds: float  # once per replayed graph (a step)
+    sm_count: int  # streaming multiprocessors: the tiles a wave of a GEMM runs at once
+    gemm_tile: tuple[int, int]  # the GEMM's output tile (M, N) each SM computes
+    source: str
+
+    def gemm_efficiency(self, m: float, n: float, k: float) -> float:
+        """The share of the large-shape GEMM rate an (m x n)-output GEMM over k reaches, from tile
+        and wave quantisation (NVIDIA, Matrix Multiplication Background User's Guide, 3.1-3.2):
+        the output is cut into tiles (rows rounded up to the tensor cores' 16, at most the tile's
+        M) that run `sm_count` at a time; when there are fewer tiles than SMs, K is split
+        across the idle SMs (split-K, as cuBLAS does for skinny GEMMs); the last wave and each
+        edge tile run part-empty."""
+        tm, tn = min(self.gemm_tile[0], 16 * math.ceil(m / 16)), self.gemm_tile[1]
+        tiles = math.ceil(m / tm) * math.ceil(n / tn)
+        split = max(1, min(self.sm_count // tiles, math.ceil(k / tn)))
+        waves = math.ceil(tiles * split / self.sm_count)
+        return (m * n * split) / (waves * self.sm_count * tm * tn)
+
+
+# (ideal, cuda_graphs) that `load_hardware` applies: the CLI's --ideal and --cuda-graphs set it
+# for one command (`rate_model`), so that every command that loads a device honours them alike
+_RATE_MODEL: ContextVar[tuple[bool, bool | None]] = ContextVar("rate_model", default=(False, None))
+
+
+@contextmanager
+def rate_model(*, ideal: bool, cuda_graphs: bool | None) -> Iterator[None]:
+    """Within the block, `load_hardware` gives the peak model when `ideal`, and kernels launched
+    through CUDA graphs when `cuda_graphs` (None: for decode steps only)."""
+    token = _RATE_MODEL.set((ideal, cuda_graphs))
+    try:
+        yield
+    finally:
+        _RATE_MODEL.reset(token)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +133,40 @@ class Hardware:
     compute_efficiency: float = 1.0  # achievable fraction of peak_flops
     memory_efficiency: float = 1.0  # achievable fraction of memory_bandwidth
     extra: dict[str, float] = field(default_factory=dict)  # further measurements (calibrate)
+    achievable: Achievable | None = None  # None: the ideal roofline on the peaks above
+    cuda_graphs: bool | None = None  # kernels launched through CUDA graphs; None: decode only
+
+    @property
+    def rate_model(self) -> str:
+        """Which rates produce the times: 'achievable' (measured) or 'ideal' (peaks)."""
+        return "achievable" if self.achievable is not None else "ideal"
+
+    def ideal(self) -> Hardware:
+        """This device on its data-sheet peaks, with no latencies or launch costs."""
+        return replace(self, achievable=None)
+
+    def graphs_for(self, phase: str) -> bool:
+        """Whether a step of `phase` launches its kernels through a CUDA graph."""
+        return self.cuda_graphs if self.cuda_graphs is not None else phase == "decode"
+
+    def gemm_rate(self, dtype: str) -> float:
+        """Achievable dense GEMM FLOP/s for activations in `dtype` (the peak when unmeasured)."""
+        return self._measured("gemm_flops", dtype)
+
+    def attention_rate(self, dtype: str) -> float:
+        """Achievable fused-attention FLOP/s for activations in `dtype` (the peak if unmeasured)."""
+        return self._measured("attention_flops", dtype)
+
+    def _measured(self, which: str, dtype: str) -> float:
+        if self.achievable is None:
+            return self.peak(dtype)
+        rates = getattr(self.achievable, which)
+        for k in COMPUTE_WITH[DTYPE_ALIASES.get(dtype, dtype)]:
+            if k in rates:
+                return rates[k]
+            if k in self.peak_flops:  # no measurement of the dtype the peaks would use
+                break
+        return self.peak(dtype)
 
     def peak(self, dtype: str) -> float:
         """Achievable FLOP/s computing with activations stored in `dtype`."""
@@ -87,7 +182,9 @@ class Hardware:
         )
 
     def bandwidth(self) -> float:
-        """Achievable memory bandwidth, bytes/s."""
+        """Memory bandwidth, bytes/s: the measured one, else the peak times memory_efficiency."""
+        if self.achievable is not None:
+            return self.achievable.memory_bandwidth
         return self.memory_bandwidth * self.memory_efficiency
 
     def to_dict(self) -> dict[str, Any]:
@@ -167,7 +264,85 @@ def hardware_from_dict(d: dict, name: str, where: str = "hardware") -> Hardware:
         _text(where, "extra", k): _figure(f"{where}: extra.{cut(str(k))}", v, "extra")
         for k, v in extra.items()
     }
+    if d.get("achievable") is not None:
+        kw["achievable"] = _achievable(d["achievable"], f"{where}: achievable")
+    if d.get("cuda_graphs") is not None:
+        if not isinstance(d["cuda_graphs"], bool):
+            raise ConfigError(f"{where}: cuda_graphs must be true or false")
+        kw["cuda_graphs"] = d["cuda_graphs"]
     return Hardware(**kw)
+
+
+ACHIEVABLE_FIELDS = tuple(Achievable.__dataclass_fields__)
+LINK_FIELDS = tuple(Link.__dataclass_fields__)
+# a kernel launch or a link's hop takes between a nanosecond and a tenth of a second
+LATENCY_RANGE = (1e-9, 0.1)
+
+
+def _mapping(value: Any, where: str, known: tuple[str, ...]) -> dict:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where} must be a mapping, got {shown(value)}")
+    for key in value:
+        if key not in known:
+            raise _unknown(where, key, known)
+    missing = [k for k in known if k not in value]
+    if missing:
+        raise ConfigError(f"{where}: missing {', '.join(missing)}")
+    return value
+
+
+def _latency(label: str, value: Any) -> float:
+    figure = _positive(label, value)
+    low, high = LATENCY_RANGE
+    if not low <= figure <= high:
+        raise ConfigError(f"{label} is {shown(figure)} s, outside [{low:g}, {high:g}]")
+    return figure
+
+
+def _rates(value: Any, where: str) -> dict[str, float]:
+    if not isinstance(value, dict) or not value:
+        raise ConfigError(f"{where} must be a mapping of dtype to FLOP/s, got {shown(value)}")
+    for key in value:
+        if key not in PEAK_KEYS:
+            raise _unknown(where, key, PEAK_KEYS)
+    return {k: _figure(f"{where}.{k}", v, "peak_flops") for k, v in value.items()}
+
+
+def _link(value: Any, where: str) -> Link | None:
+    if value is None:
+        return None
+    d = _mapping(value, where, LINK_FIELDS)
+    return Link(
+        bus_bandwidth=_figure(f"{where}.bus_bandwidth", d["bus_bandwidth"], "network_bandwidth"),
+        step_latency=_latency(f"{where}.step_latency", d["step_latency"]),
+    )
+
+
+def _achievable(value: Any, where: str) -> Achievable:
+    """The measured rates of a preset or spec file, each figure in its sane range."""
+    d = _mapping(value, where, ACHIEVABLE_FIELDS)
+    return Achievable(
+        gemm_flops=_rates(d["gemm_flops"], f"{where}.gemm_flops"),
+        attention_flops=_rates(d["attention_flops"], f"{where}.attention_flops"),
+        memory_bandwidth=_figure(
+            f"{where}.memory_bandwidth", d["memory_bandwidth"], "memory_bandwidth"
+        ),
+        interconnect=_link(d["interconnect"], f"{where}.interconnect"),
+        network=_link(d["network"], f"{where}.network"),
+        launch_seconds=_latency(f"{where}.launch_seconds", d["launch_seconds"]),
+        graph_launch_seconds=_latency(f"{where}.graph_launch_seconds", d["graph_launch_seconds"]),
+        graph_replay_seconds=_latency(f"{where}.graph_replay_seconds", d["graph_replay_seconds"]),
+        sm_count=int(_positive(f"{where}.sm_count", d["sm_count"], integer=True)),
+        gemm_tile=_tile(f"{where}.gemm_tile", d["gemm_tile"]),
+        source=_text(where, "source", d["source"]),
+    )
+
+
+def _tile(label: str, value: Any) -> tuple[int, int]:
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise ConfigError(f"{label} must be [M, N], two positive integers, got {shown(value)}")
+    m, n = (int(_positive(label, v, integer=True)) for v in value)
+    return (m, n)
 
 
 def _devices(where: str, value: Any) -> int:
@@ -236,22 +411,35 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
                 "no calibration for this machine; run `graphllm calibrate` first "
                 f"(looked for {shown_path(path)})"
             )
-        return hardware_from_dict(read_mapping(path), "local", shown_path(path))
+        return _in_model(hardware_from_dict(read_mapping(path), "local", shown_path(path)))
     if isinstance(name_or_path, Path) or _looks_like_path(text) or file_mode(text) is not None:
         path = Path(text)
-        return hardware_from_dict(read_mapping(path), path.stem, shown_path(path))
+        return _in_model(hardware_from_dict(read_mapping(path), path.stem, shown_path(path)))
     presets = _presets()
     key = _preset_key(text, presets)
     d = {k: v for k, v in presets[key].items() if k not in PRESET_ONLY}
-    return hardware_from_dict(d, key, f"{PRESETS_PATH.name}: {key}")
+    return _in_model(hardware_from_dict(d, key, f"{PRESETS_PATH.name}: {key}"))
+
+
+def _in_model(hw: Hardware) -> Hardware:
+    """`hw` under the rate model of the running command (`rate_model`)."""
+    ideal, graphs = _RATE_MODEL.get()
+    hw = hw.ideal() if ideal else hw
+    return hw if graphs is None else replace(hw, cuda_graphs=graphs)
 
 
 def _summary(hw: Hardware) -> str:
     link = hw.interconnect_bandwidth
     links = f", link {link / 1e9:g} GB/s/dir x{hw.devices_per_node}" if link else ""
+    measured = (
+        f"; achievable {hw.gemm_rate('bf16') / 1e12:g} TFLOP/s GEMM, "
+        f"{hw.achievable.memory_bandwidth / 1e12:.3g} TB/s"
+        if hw.achievable is not None
+        else ("" if hw.name == "local" else "; peaks only (no achievable figures)")
+    )  # calibrate's figures are themselves measured
     return (
         f"{hw.peak('bf16') / 1e12:g} TFLOP/s bf16, {hw.memory_bandwidth / 1e12:.3g} TB/s, "
-        f"{hw.memory_bytes / 1e9:g} GB{links}"
+        f"{hw.memory_bytes / 1e9:g} GB{links}{measured}"
     )
 
 

@@ -59,6 +59,11 @@ def _retype(node: Node, dims: tuple[Dim, ...]) -> tuple[Dim, ...]:
     return tuple(out)
 
 
+def _log2(n: int) -> int:
+    """Levels of a binary tree over n ranks: ceil(log2 n)."""
+    return max(1, (n - 1).bit_length())
+
+
 register(
     # collectives: payload and wire bytes per device come from `comm_bytes`; FLOPs are 0
     OpSpec(
@@ -69,6 +74,7 @@ register(
         "Sum a tensor held as partial sums over a device group; every rank gets the sum.",
         collective=True,
         wire=lambda n: 2 * (n - 1) / n,
+        latency_steps=lambda n: {"ring": 2 * (n - 1), "tree": 2 * _log2(n)},
     ),
     OpSpec(
         "all_gather",
@@ -81,6 +87,7 @@ register(
         backward_redoes=True,
         payload="output",
         wire=lambda n: (n - 1) / n,
+        latency_steps=lambda n: {"ring": n - 1},
         gathers=True,
     ),
     OpSpec(
@@ -92,6 +99,7 @@ register(
         collective=True,
         retype=_retype,
         wire=lambda n: (n - 1) / n,
+        latency_steps=lambda n: {"ring": n - 1},
     ),
     OpSpec(
         "all_to_all",
@@ -104,6 +112,7 @@ register(
         retype=_retype,
         payload="group",
         wire=lambda n: (n - 1) / n,
+        latency_steps=lambda n: {"pairwise": n - 1},
     ),
     OpSpec(
         "send",
@@ -112,6 +121,7 @@ register(
         lambda xs, a: xs[0],
         "Hand an activation to the next pipeline stage (the stage that runs this node).",
         wire=lambda n: 1.0,
+        latency_steps=lambda n: {"p2p": 1},
         comm_kind="send/recv",
     ),
     OpSpec(

@@ -150,6 +150,28 @@ def print_costs(doc: dict[str, Any], con: Console) -> None:
             line += f", {r['ms_per_token']:.3f} ms per token"
         line += f", {r['tokens_per_second']:,.0f} tokens/s; {100 * share:.0f}% of it compute-bound"
         con.print(line)
+        con.print(rate_model_line(r))
+
+
+def hardware_model_line(hw: dict[str, Any]) -> str:
+    """Which model a device's times come from (a report's `hardware` entry), in one line."""
+    if hw.get("achievable") is None:
+        return "times: ideal model (data-sheet peaks and line rates, no latencies or launches)"
+    return (
+        "times: achievable model (measured GEMM, attention and HBM rates; collectives at "
+        "nccl-tests bus bandwidth plus latency; kernel launches); --ideal for peaks"
+    )
+
+
+def rate_model_line(r: dict[str, Any]) -> str:
+    """Which model produced a roofline's times, in one line."""
+    if r.get("rate_model", "ideal") == "ideal":
+        return "times: ideal model (data-sheet peaks, no latencies or launch costs; --ideal)"
+    launch = "CUDA graphs" if r["cuda_graphs"] else "one launch each"
+    return (
+        f"times: achievable model (measured GEMM, attention and HBM rates; {r['kernels']:,} "
+        f"kernels, {launch}: {_t(r['launch_seconds'])} of launch overhead); --ideal for peaks"
+    )
 
 
 def print_sweep(rows: list[dict[str, Any]], console: Console | None = None) -> None:

@@ -44,20 +44,43 @@ def comm_bytes(graph: Graph, n: Node) -> tuple[float, float]:
     return payload, wire(k) * share
 
 
+def _inside_node(mesh: Mesh, axis: str, hw: Hardware) -> bool:
+    """Whether a group of `axis` fits in one node (inner axes vary fastest)."""
+    return mesh.stride(axis) * mesh.size(axis) <= hw.devices_per_node
+
+
 def link_bandwidth(mesh: Mesh, axis: str, hw: Hardware) -> float:
-    """The interconnect when a group of `axis` fits in one node (inner axes vary fastest), else the
-    network."""
-    span = mesh.stride(axis) * mesh.size(axis)
-    bw = hw.interconnect_bandwidth if span <= hw.devices_per_node else hw.network_bandwidth
+    """The interconnect when a group of `axis` fits in one node, else the network: the measured
+    bus bandwidth under the achievable model, the line rate under the ideal one."""
+    inside = _inside_node(mesh, axis, hw)
+    bw = hw.interconnect_bandwidth if inside else hw.network_bandwidth
     if bw is None:
         raise ConfigError(f"hardware {hw.name}: no bandwidth between devices")
-    return bw
+    ach = hw.achievable
+    link = None if ach is None else (ach.interconnect if inside else ach.network)
+    return bw if link is None else link.bus_bandwidth
+
+
+def collective_seconds(
+    kind: str, group: int, wire: float, mesh: Mesh, axis: str, hw: Hardware
+) -> float:
+    """The alpha-beta time of one collective of op `kind` over `group` ranks of mesh axis `axis`:
+    latency (the fewest steps of the op's algorithms x the link's step latency; achievable model
+    only) + the bytes one device sends over the link's bandwidth."""
+    if not wire:
+        return 0.0
+    beta = wire / link_bandwidth(mesh, axis, hw)
+    ach, steps = hw.achievable, OPS[kind].latency_steps
+    if ach is None or steps is None:
+        return beta
+    link = ach.interconnect if _inside_node(mesh, axis, hw) else ach.network
+    return beta + (0.0 if link is None else min(steps(group).values()) * link.step_latency)
 
 
 def comm_seconds(graph: Graph, n: Node, mesh: Mesh, hw: Hardware) -> float:
     """Seconds of a collective node on the link of its mesh axis."""
     _, wire = comm_bytes(graph, n)
-    return wire / link_bandwidth(mesh, n.attrs["mesh"], hw) if wire else 0.0
+    return collective_seconds(n.op, n.attrs.get("group", 2), wire, mesh, n.attrs["mesh"], hw)
 
 
 def gradient_seconds(c: dict[str, Any], mesh: Mesh, hw: Hardware) -> float:
@@ -65,7 +88,8 @@ def gradient_seconds(c: dict[str, Any], mesh: Mesh, hw: Hardware) -> float:
     the link of the outermost mesh axis it spans."""
     spans = c["mesh_axis"].split("+")
     axis = next(a for a in mesh.names if a in spans)
-    return c["wire_bytes_per_device"] / link_bandwidth(mesh, axis, hw)
+    wire = c["wire_bytes_per_device"]
+    return collective_seconds(c["kind"], c["group_size"], wire, mesh, axis, hw)
 
 
 # -- groups of nodes ---------------------------------------------------------------------------

@@ -38,8 +38,8 @@ from graphllm.passes.memory import peak_activations
 from graphllm.passes.parallel.figures import (
     Figures,
     bubble,
+    collective_seconds,
     gradient_seconds,
-    link_bandwidth,
     step_seconds,
     tally,
 )
@@ -251,7 +251,6 @@ def assemble(
     weights[0] += prog.pre.compute_seconds + passes * prog.pre.comm_seconds
     weights[-1] += prog.post.compute_seconds + passes * prog.post.comm_seconds
     groups = balance(weights, pp) if pp > 1 else [(0, len(full) - 1)]
-    send_bw = link_bandwidth(mesh, "pp", hw) if pp > 1 else 0.0
     stages = []
     comm: dict[tuple[str, str], float] = defaultdict(float)  # a step of the average stage
     for st, (a, z) in enumerate(groups):
@@ -261,7 +260,7 @@ def assemble(
             for key, secs in p.comm.items():
                 comm[key] += passes * m * secs / pp
         if st < pp - 1:  # send the residual stream to the next stage (and its gradient back)
-            sent = full[z + 1].stream_bytes / send_bw
+            sent = collective_seconds("send", 2, full[z + 1].stream_bytes, mesh, "pp", hw)
             per_mb += passes * sent
             comm[("send/recv", "pp")] += passes * m * sent / pp
         entry: dict[str, Any] = {

@@ -163,7 +163,7 @@ def test_scopes_roll_up():
 
 
 def test_roofline_decode_is_bandwidth_bound():
-    hw = load_hardware("h100")
+    hw = load_hardware("h100").ideal()  # the peak arithmetic
     _, r = analyse("llama3-70b", seq_len=1, past_len=16, hardware=hw)
     roof = r["roofline"]
     assert roof.memory_bound_seconds / roof.seconds > 0.99
@@ -194,7 +194,7 @@ def test_prefill_writes_keys_and_values_into_the_cache():
 
 
 def test_flash_roofline_skips_masked_blocks():
-    hw = load_hardware("h100")
+    hw = load_hardware("h100").ideal()  # the peak arithmetic
     g, r = analyse("llama3-8b", seq_len=32768, hardware=hw)
     scores = g["model.layers.0.self_attn.core.scores"]
     oc, t = scores.meta["cost"], scores.meta["time"]
@@ -212,7 +212,7 @@ def test_ms_per_token_divides_a_multi_token_step():
 
 
 def test_training_roofline_counts_three_times_the_bytes():
-    hw = load_hardware("h100")
+    hw = load_hardware("h100").ideal()  # the peak arithmetic
     _, fwd = analyse("llama3-8b", seq_len=1, past_len=16, hardware=hw)
     _, trn = analyse("llama3-8b", seq_len=1, past_len=16, hardware=hw, training=True)
     assert trn["cost"].bytes == fwd["cost"].bytes and trn["cost"].bytes["pass"] == "forward"

@@ -1,0 +1,188 @@
+"""graphllm's predictions beside published measurements of real engines (benchmarks/published.yaml).
+
+Each row of the table is a figure someone else measured and published (engine, version, GPUs,
+parallelism, precision, batch, prompt and output lengths, the figure, its source URL and a quote).
+Beside it: graphllm's prediction on the row's hardware preset, and measured time / predicted time
+(above 1: the engine was slower than predicted).
+
+- decode_tokens_per_s: one decode step at batch B with the row's `past` cached tokens (default:
+  the prompt plus half the output, the average over the generated tokens), logits for the last
+  position; the figure is B / step time.
+- ttft_ms: the prefill of the prompt (logits for the last position).
+- tp > 1: the step of one device under tensor parallelism (`partition`), collectives included.
+
+It prints the median of measured/predicted over the batch-1 decode and TTFT rows, and the rows
+beyond 1.5x either way. The goal is a median within 15% of 1 and no row beyond 1.5x; missed
+goals are reported, not fatal. Nothing is fitted: the rates are the presets' achievable figures.
+
+    python benchmarks/published.py [--table FILE] [--ideal] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run standalone from a checkout
+    sys.path.insert(0, str(ROOT))
+
+from graphllm import Workload, build_graph  # noqa: E402
+from graphllm.models.config import config_from_dict  # noqa: E402
+from graphllm.models.hardware import load_hardware, rate_model  # noqa: E402
+from graphllm.models.parse import read_mapping  # noqa: E402
+from graphllm.passes.parallel.partition import Strategy, partition, partition_report  # noqa: E402
+from graphllm.passes.registry import run  # noqa: E402
+
+TABLE = Path(__file__).with_name("published.yaml")
+PRESETS = ROOT / "graphllm" / "models" / "presets"
+METRICS = ("decode_tokens_per_s", "ttft_ms")
+REQUIRED = (
+    "id",
+    "engine",
+    "version",
+    "gpus",
+    "hardware",
+    "model",
+    "tp",
+    "precision",
+    "batch",
+    "prompt",
+    "output",
+    "metric",
+    "measured",
+    "source",
+    "quote",
+)
+GOAL_MEDIAN = 0.15  # the median within 15% of 1
+GOAL_ROW = 1.5  # no row beyond 1.5x either way
+
+
+def load_rows(path: Path = TABLE) -> list[dict[str, Any]]:
+    """The table's rows, each checked for every field and a source URL."""
+    doc = read_mapping(path)
+    groups, overrides = doc.get("groups", {}), doc.get("overrides", {})
+
+    def fields(name: str) -> dict[str, Any]:
+        g = dict(groups[name])
+        return fields(g.pop("group")) | g if "group" in g else g
+
+    rows = []
+    for raw in doc["rows"]:
+        row = (fields(raw["group"]) if "group" in raw else {}) | raw
+        row.pop("group", None)
+        if "overrides" in row:
+            row["overrides"] = overrides[row["overrides"]]
+        rows.append(row)
+    for row in rows:
+        missing = [k for k in REQUIRED if k not in row]
+        if missing:
+            raise SystemExit(f"{path}: row {row.get('id', '?')} lacks {', '.join(missing)}")
+        if not str(row["source"]).startswith("https://"):
+            raise SystemExit(f"{path}: row {row['id']}: source must be a URL")
+        if row["metric"] not in METRICS:
+            raise SystemExit(f"{path}: row {row['id']}: metric must be one of {METRICS}")
+    return rows
+
+
+def _config(row: dict[str, Any]) -> Any:
+    d = json.loads((PRESETS / f"{row['model']}.json").read_text())
+    return config_from_dict(d | dict(row.get("overrides") or {}), row["model"])
+
+
+def predict_seconds(row: dict[str, Any]) -> float:
+    """The predicted time of the row's step (a decode step, or the prompt's prefill)."""
+    p = row["precision"]
+    dtypes = {"weight_dtype": p["weight"], "act_dtype": p["act"], "kv_dtype": p["kv"]}
+    if row["metric"] == "ttft_ms":
+        wl = Workload(batch=row["batch"], seq_len=row["prompt"], logits="last", **dtypes)
+    else:
+        past = row.get("past", row["prompt"] + row["output"] // 2)
+        wl = Workload(batch=row["batch"], seq_len=1, past_len=past, logits="last", **dtypes)
+    hw = load_hardware(row["hardware"])
+    graph = build_graph(_config(row), wl)
+    if row["tp"] == 1:
+        return run(graph, ["cost", "roofline"], hardware=hw)["roofline"].seconds
+    pg = partition(graph, Strategy(tp=row["tp"]), hw)
+    return partition_report(pg, hw).to_dict()["stages"][0]["seconds"]
+
+
+def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each row with its prediction (in the row's unit) and measured time / predicted time."""
+    out = []
+    for row in rows:
+        secs = predict_seconds(row)
+        if row["metric"] == "ttft_ms":
+            predicted, ratio = 1e3 * secs, row["measured"] / (1e3 * secs)
+        else:
+            predicted = row["batch"] / secs
+            ratio = predicted / row["measured"]  # measured time over predicted time
+        out.append(row | {"predicted": predicted, "ratio": ratio})
+    return out
+
+
+def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median ratio over the batch-1 decode and TTFT rows, and the rows beyond 1.5x."""
+    judged = [r for r in results if r["batch"] == 1]
+    ratios = [r["ratio"] for r in judged]
+    median = statistics.median(ratios) if ratios else float("nan")
+    beyond = [r["id"] for r in judged if not 1 / GOAL_ROW <= r["ratio"] <= GOAL_ROW]
+    return {
+        "rows": len(results),
+        "judged": len(judged),
+        "median_ratio": median,
+        "median_goal_met": abs(median - 1) <= GOAL_MEDIAN,
+        "beyond_1.5x": beyond,
+    }
+
+
+def _unit(metric: str) -> str:
+    return "tok/s" if metric == "decode_tokens_per_s" else "ms TTFT"
+
+
+def print_table(results: list[dict[str, Any]], summ: dict[str, Any], model: str) -> None:
+    head = (
+        f"{'row':<40} {'hardware':<14} {'tp':>2} {'measured':>10} {'predicted':>10} unit     ratio"
+    )
+    print(f"predictions on the {model} rate model; ratio = measured time / predicted time")
+    print(head)
+    for r in results:
+        print(
+            f"{r['id']:<40} {r['hardware']:<14} {r['tp']:>2} {r['measured']:>10.2f} "
+            f"{r['predicted']:>10.2f} {_unit(r['metric']):<8} {r['ratio']:5.2f}"
+        )
+    print(
+        f"median of measured/predicted over {summ['judged']} batch-1 decode and TTFT rows: "
+        f"{summ['median_ratio']:.2f} (goal: within {GOAL_MEDIAN:.0%} of 1: "
+        f"{'met' if summ['median_goal_met'] else 'missed'})"
+    )
+    beyond = summ["beyond_1.5x"]
+    print(f"rows beyond {GOAL_ROW}x: {len(beyond)}" + (f" ({', '.join(beyond)})" if beyond else ""))
+    for r in results:
+        print(f"source [{r['id']}]: {r['source']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--table", type=Path, default=TABLE, help="the YAML table of measurements")
+    ap.add_argument("--ideal", action="store_true", help="predict on the data-sheet peaks")
+    ap.add_argument("--json", action="store_true", help="print a JSON document instead")
+    args = ap.parse_args(argv)
+    rows = load_rows(args.table)
+    with rate_model(ideal=args.ideal, cuda_graphs=None):
+        results = compare(rows)
+    summ = summary(results)
+    model = "ideal" if args.ideal else "achievable"
+    if args.json:
+        print(json.dumps({"rate_model": model, "rows": results, "summary": summ}, indent=2))
+    else:
+        print_table(results, summ, model)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""`graphllm serving`: time to first token, time per output token and tokens/s of one replica
+under continuous batching, the largest batch its KV cache holds, and the curve over batch sizes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from graphllm.cli.common import (
+    attention_option,
+    hardware_option,
+    model_options,
+    resolve,
+    user_errors,
+)
+from graphllm.cli.layout import strategy_from, strategy_options
+from graphllm.errors import ConfigError
+from graphllm.files import check_target, json_text
+from graphllm.models.hardware import load_hardware
+from graphllm.report.serving import MEMORY_FRACTION, plot_curve, serving_report
+from graphllm.report.summary import _b, _t
+
+
+@click.command("serving")
+@model_options
+@strategy_options
+@hardware_option("h100")
+@attention_option("Fused core attention, or every op through memory.")
+@click.option("--prompt-len", type=click.IntRange(min=1), default=1024, show_default=True)
+@click.option("--output-len", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option(
+    "--memory-fraction",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=MEMORY_FRACTION,
+    show_default=True,
+    help="Share of device memory for weights and KV cache (vLLM's gpu_memory_utilization).",
+)
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Draw the curve.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead.")
+@user_errors
+def serving(
+    hardware: str,
+    attention: str,
+    prompt_len: int,
+    output_len: int,
+    memory_fraction: float,
+    plot_path: Path | None,
+    as_json: bool,
+    **options: Any,
+) -> None:
+    """Serving figures of one replica: TTFT, time per output token, tokens/s, largest batch."""
+    if options.get("seq_len") or options.get("past_len") is not None:
+        raise ConfigError("serving takes --prompt-len and --output-len, not --seq-len/--past-len")
+    if plot_path is not None:
+        check_target(plot_path)
+    batch = options.get("batch")
+    strategy = strategy_from(options)
+    config, wl = resolve(options)
+    hw = load_hardware(hardware)
+    doc = serving_report(
+        config,
+        wl,
+        strategy,
+        hw,
+        prompt=prompt_len,
+        output=output_len,
+        batch=batch,
+        attention=attention,
+        memory_fraction=memory_fraction,
+    )
+    if plot_path is not None:
+        plot_curve(doc, plot_path)
+    if as_json:
+        click.echo(json_text(doc, indent=2))
+        return
+    con = Console()
+    con.print(
+        f"[bold]{doc['model']}[/bold] on {doc['devices']} {doc['hardware']} "
+        f"({doc['strategy'] or 'one device'}), {prompt_len} tokens in, {output_len} out"
+    )
+    con.print(
+        f"KV cache: {_b(doc['kv_capacity_bytes_per_device'])} a device after "
+        f"{_b(doc['weight_bytes_per_device'])} of weights, "
+        f"{_b(doc['kv_bytes_per_sequence_per_device'])} a sequence: at most "
+        f"{doc['max_batch']} sequences"
+    )
+    con.print(
+        f"B={doc['batch']}: time to first token {_t(doc['ttft_seconds'])}, time per output "
+        f"token {_t(doc['tpot_seconds'])}, {doc['tokens_per_second_per_user']:,.1f} tokens/s "
+        f"per user, {doc['tokens_per_second']:,.0f} tokens/s in all"
+    )
+    table = Table("batch", "time per output token", "tokens/s per user", "tokens/s in all")
+    for p in doc["curve"]:
+        table.add_row(
+            str(p["batch"]),
+            _t(p["tpot_seconds"]),
+            f"{p['tokens_per_second_per_user']:,.1f}",
+            f"{p['tokens_per_second']:,.0f}",
+        )
+    con.print(table)
+    con.print(
+        "continuous batching as a steady state: each decode step also prefills batch / "
+        "output-len prompts; queueing is not modelled"
+    )
+    if hw.rate_model == "ideal":
+        con.print("times: ideal model (data-sheet peaks, no latencies or launch costs)")
+    else:
+        con.print(
+            "times: achievable model (measured rates, latencies, launches); --ideal for peaks"
+        )
+    if plot_path is not None:
+        click.echo(f"wrote {plot_path}")
