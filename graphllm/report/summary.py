@@ -145,7 +145,26 @@ def print_costs(doc: dict[str, Any], con: Console) -> None:
         if r["phase"] == "decode":
             line += f", {r['ms_per_token']:.3f} ms per token"
         line += f", {r['tokens_per_second']:,.0f} tokens/s; {100 * share:.0f}% of it compute-bound"
-        con.print(line)
+        con.print(line + _fit_note(doc.get("fit"), r["hardware"]))
+
+
+def _fit_note(fit: dict[str, Any] | None, hardware: str) -> str:
+    """What the roofline line adds when weights, cache and activations overflow the device."""
+    if not fit or fit["fits"]:
+        return ""
+    note = (
+        f"; but it does not fit one {hardware}: it needs {_b(fit['needs'])} of "
+        f"{_b(fit['memory_bytes'])}"
+    )
+    if fit["devices"] is None:
+        return note + " (no layout of a few more devices fits either: see `graphllm plan`)"
+    layout = " ".join(f"{k}={v}" for k, v in fit["layout"].items())
+    hw = f" --hardware {fit['hardware_option']}" if fit.get("hardware_option") else ""
+    return note + (
+        f"; {fit['devices']} devices are the fewest that hold it ({layout}, "
+        f"{_b(fit['layout_memory_bytes'])} each): `graphllm plan -n {fit['devices']}{hw}` "
+        "with this model's options ranks their layouts"
+    )
 
 
 def print_sweep(rows: list[dict[str, Any]], console: Console | None = None) -> None:
