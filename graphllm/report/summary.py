@@ -7,17 +7,19 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from graphllm.report.console import console as new_console
+
 
 def _n(x: float) -> str:
     for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if abs(x) >= div:
             return f"{x / div:.2f}{unit}"
-    return f"{x:g}"
+    return f"{float(x):g}"
 
 
 def print_trace(doc: dict[str, Any], console: Console | None = None) -> None:
     """Model, workload, graph size and parameters by kind."""
-    con = console or Console()
+    con = console or new_console()
     m, w, g, p = doc["model"], doc["workload"], doc["graph"], doc["params"]
     con.print(f"[bold]{m['name']}[/bold] ({m['model_type']})")
     if m.get("text_decoder_of"):
@@ -169,7 +171,7 @@ def _fit_note(fit: dict[str, Any] | None, hardware: str) -> str:
 
 def print_sweep(rows: list[dict[str, Any]], console: Console | None = None) -> None:
     """How FLOPs, bytes and predicted time grow with T."""
-    con = console or Console()
+    con = console or new_console()
     table = Table("T", "FLOPs", "x", "bytes", "x", "time", "x")
     first = rows[0]
     for row in rows:
