@@ -37,6 +37,7 @@ def fit_section(
     out["devices"] = out["layout"] = None
     out["layout_memory_bytes"] = None
     if hw.interconnect_bandwidth is None:
+        out["unplanned"] = f"{hw.name} has no links to lay a model out over"
         return out
     low = max(2, math.ceil(needs / hw.memory_bytes))
     for n in range(low, min(low + SEARCHED, MAX_DEVICES) + 1):
@@ -51,4 +52,5 @@ def fit_section(
             out["layout"] = {k: s[k] for k in ("tp", "pp", "ep") if s[k] > 1}
             out["layout_memory_bytes"] = best["memory_bytes"]
             return out
+    out["unplanned"] = f"no layout of {low} to {n} devices fits"
     return out

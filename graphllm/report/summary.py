@@ -159,7 +159,7 @@ def _fit_note(fit: dict[str, Any] | None, hardware: str) -> str:
         f"{_b(fit['memory_bytes'])}"
     )
     if fit["devices"] is None:
-        return note + " (no layout of a few more devices fits either: see `graphllm plan`)"
+        return note + f" ({fit['unplanned']})"
     layout = " ".join(f"{k}={v}" for k, v in fit["layout"].items())
     hw = f" --hardware {fit['hardware_option']}" if fit.get("hardware_option") else ""
     return note + (

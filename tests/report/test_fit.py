@@ -1,5 +1,6 @@
 """`trace` on a device too small for the model: the fewest devices a layout fits on."""
 
+import dataclasses
 import json
 
 from click.testing import CliRunner
@@ -51,3 +52,13 @@ def test_trace_says_so_on_the_roofline_line():
     assert f"graphllm plan -n {fit['devices']} --hardware h100" in line
     r = CliRunner().invoke(main, ["trace", "--model", "llama3-8b", "-t", "16"])
     assert "does not fit" not in r.stdout
+
+
+def test_a_device_without_links_says_why_no_count():
+    cfg, hw = load_config("llama3-70b"), load_hardware("h100")
+    lone = dataclasses.replace(hw, name="lone", interconnect_bandwidth=None)
+    wl = Workload(seq_len=16)
+    doc, _ = trace_report(cfg, wl, lone)
+    fit = fit_section(cfg, wl, lone, doc["memory"])
+    assert not fit["fits"] and fit["devices"] is None
+    assert fit["unplanned"] == "lone has no links to lay a model out over"
