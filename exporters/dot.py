@@ -929,7 +929,7 @@ def ffn_view(ctx: _Ctx, layer: int, max_lanes: int = MAX_LANES) -> Drawing:
         slot = next((x for n in keep for x in n.out.dims if x.role == "slot"), None)
         if slot is not None and slot.name in ctx.g.bindings:
             c = ctx.g.bindings[slot.name]
-            extra.append(f"{slot.name} = {c:g} token slots per expert (balanced routing)")
+            extra.append(f"{slot.name} = {float(c):g} token slots per expert (balanced routing)")
         note = lanes.note("\n".join(extra))
         d.box(Box("note:lanes", note.split("\n"), (root,), role="note", attrs={"shape": "note"}))
     return d

@@ -19,6 +19,7 @@ import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -280,9 +281,13 @@ def make_folder(folder: Path, what: str) -> Path:
 
 
 def finite(doc: Any) -> Any:
-    """`doc` with every NaN and infinity replaced by None (JSON's null)."""
+    """`doc` with every NaN and infinity replaced by None (JSON's null). An exact count kept as
+    a Fraction (balanced MoE routing's B*T*k/E slots on one rank) is written as an int when it
+    is whole and as the nearest float when it is an expectation."""
     if isinstance(doc, float):
         return doc if math.isfinite(doc) else None
+    if isinstance(doc, Fraction):
+        return int(doc) if doc.denominator == 1 else float(doc)
     if isinstance(doc, dict):
         return {k: finite(v) for k, v in doc.items()}
     if isinstance(doc, (list, tuple)):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -43,9 +44,11 @@ from graphllm.passes.tokens import position_letters
 class OpCost:
     """One node's cost; left in `node.meta["cost"]`."""
 
-    flops: float  # matmul + other (forward, or forward + backward when training)
-    matmul: float
-    matmul_causal: float
+    # FLOPs are exact counts: ints, or a Fraction where balanced routing splits B*T*k pairs over
+    # E experts unevenly (node_flops); bytes are floats (expected expert reads are fractional)
+    flops: Any  # matmul + other (forward, or forward + backward when training)
+    matmul: Any
+    matmul_causal: Any
     bytes_read: float
     bytes_written: float
     weight_bytes: float  # of bytes_read: weights
@@ -61,7 +64,7 @@ class OpCost:
         return self.flops / self.bytes if self.bytes else float("inf")
 
 
-ZERO = OpCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+ZERO = OpCost(0, 0, 0, 0.0, 0.0, 0.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -131,14 +134,15 @@ class _Costing:
         )
         query_dim, *_, key_dim = [d for d in pair_t.dims if d.role in TOKEN_ROLES]
         if rel is None:
-            return 1.0, 1.0
+            return 1, 1.0
         p, s = query_dim.position_range(self.b)
         n_keys = int(key_dim.size or self.b[key_dim.name])
         last_key = key_dim.position_range(self.b)[1] - 1
         first_key = last_key + 1 - n_keys  # a rolling cache holds the last positions only
         lo, hi = OPS[rel.op].relation(rel.attrs, np.arange(p, s))
         lo, hi = np.maximum(lo, first_key), np.minimum(hi, last_key)
-        pairs = float(np.clip(hi - lo + 1, 0, None).sum()) / ((s - p) * n_keys)
+        # a Fraction: the causal count, matmul x pairs, is then the exact allowed-pair count
+        pairs = Fraction(int(np.clip(hi - lo + 1, 0, None).sum()), int((s - p) * n_keys))
         keys = max(int(hi.max()) - int(lo.min()) + 1, 0) / n_keys
         return pairs, keys
 
@@ -198,12 +202,13 @@ class _Costing:
         if flops is None:  # the same op on the same types recurs in every layer
             flops = self._flops_memo[key] = node_flops(self.g, n)
         matmul, other = flops
-        pairs = keys = 1.0
+        pairs, keys = 1, 1.0
         if self._attends(n.name):
             pairs, keys = self._allowed(n)
         causal = matmul * pairs
         if self.training:
             matmul, causal, other = 3 * matmul, 3 * causal, 2 * other
+        matmul, causal, other = whole(matmul), whole(causal), whole(other)
         flops = matmul + other
         # prefill: present K/V enter the cache where they are produced (a view included)
         cache = 0.0
@@ -226,6 +231,16 @@ class _Costing:
             if n.name in self.kv_tensors:
                 kv += wr
         return OpCost(flops, matmul, causal, rd, wr + cache, wt, kv + cache)
+
+
+def whole(x: Any) -> Any:
+    """An exact count as an int where it is whole; a Fraction only where it is an expectation
+    (one rank's share of balanced routing's B*T*k/E slots)."""
+    return int(x) if isinstance(x, Fraction) and x.denominator == 1 else x
+
+
+def _whole_values(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: whole(v) for k, v in d.items()}
 
 
 def scopes_of(graph: Graph, name: str) -> list[tuple[str, str]]:
@@ -285,11 +300,12 @@ def cost_pass(
 ) -> CostReport:
     """Cost every node (into node.meta['cost']) and roll the totals up."""
     c = _Costing(graph, attention, training)
-    by_scope: dict[str, float] = defaultdict(float)
-    by_op: dict[str, float] = defaultdict(float)
+    by_scope: dict[str, Any] = defaultdict(int)
+    by_op: dict[str, Any] = defaultdict(int)
     bytes_by_scope: dict[str, float] = defaultdict(float)
-    layers: dict[str, dict[str, float]] = {}
-    tot = dict.fromkeys(("flops", "matmul", "matmul_causal", "read", "written", "w", "kv"), 0.0)
+    layers: dict[str, dict[str, Any]] = {}
+    tot: dict[str, Any] = dict.fromkeys(("flops", "matmul", "matmul_causal"), 0)
+    tot |= dict.fromkeys(("read", "written", "w", "kv"), 0.0)
     for n in graph.nodes():
         oc = c.cost(n)
         n.meta["cost"] = oc
@@ -306,7 +322,7 @@ def cost_pass(
         kinds = set()
         for prefix, kind in scopes_of(graph, n.name):
             if kind == LAYER:
-                lay = layers.setdefault(prefix, {"flops": 0.0, "bytes": 0.0})
+                lay = layers.setdefault(prefix, {"flops": 0, "bytes": 0.0})
                 lay["flops"] += oc.flops
                 lay["bytes"] += oc.bytes
             else:
@@ -316,11 +332,11 @@ def cost_pass(
             bytes_by_scope[kind] += oc.bytes
     total_bytes = tot["read"] + tot["written"]
     flops = {
-        "total": tot["flops"],
-        "matmul": tot["matmul"],
-        "matmul_causal": tot["matmul_causal"],
-        "by_scope": {k: by_scope[k] for k in SCOPE_KINDS if k in by_scope},
-        "by_op": dict(sorted(by_op.items(), key=lambda kv: -kv[1])),
+        "total": whole(tot["flops"]),
+        "matmul": whole(tot["matmul"]),
+        "matmul_causal": whole(tot["matmul_causal"]),
+        "by_scope": _whole_values({k: by_scope[k] for k in SCOPE_KINDS if k in by_scope}),
+        "by_op": _whole_values(dict(sorted(by_op.items(), key=lambda kv: -kv[1]))),
     }
     nbytes = {
         "total": total_bytes,
@@ -330,5 +346,5 @@ def cost_pass(
         "by_scope": {k: bytes_by_scope[k] for k in SCOPE_KINDS if k in bytes_by_scope},
         "pass": "forward",  # also under training (the roofline scales them, see above)
     }
-    per_layer = [{"layer": i, **v} for i, v in enumerate(layers.values())]
+    per_layer = [{"layer": i, **_whole_values(v)} for i, v in enumerate(layers.values())]
     return CostReport(attention, training, flops, nbytes, per_layer)

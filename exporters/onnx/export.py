@@ -11,7 +11,7 @@ import re
 import secrets
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -271,6 +271,7 @@ def export_onnx(
     ops: str = "auto",
     device: str = "cpu",
     quantize: Quantization | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> ExportResult:
     """Write `graph` as an ONNX model: weights from a checkpoint folder, seeded random ones, or
     (`no_weights`) none at all, the weights then being graph inputs.
@@ -285,7 +286,8 @@ def export_onnx(
     on it before it is moved into place. `quantize` writes the linear weights as MatMulNBits
     (graphllm.exporters.onnx.quantize), quantized from the float weights (the workload recorded
     then has that weight dtype), or from a GPTQ/AWQ checkpoint the integers it stores, kept as
-    they are (its group size is then the block size).
+    they are (its group size is then the block size). `progress(done, total)` is told the
+    weight bytes written after each tensor.
     """
     config, wl, ops = _checked(graph, workload, weights, no_weights, ops, device)
     if quantize is not None:
@@ -323,6 +325,8 @@ def export_onnx(
     else:
         params = random_tensors(graph, seed, dtype)
     tensors = planned(written, params, dtype)
+    if progress is not None:
+        tensors = _told(tensors, nbytes, progress)
     external = nbytes > PROTO_LIMIT if external_data is None else external_data
     path = check_target(path)
     # a name no other export uses: a model is never paired with another export's data file
@@ -333,6 +337,19 @@ def export_onnx(
         write_atomic(path, lambda tmp: _write(model, tmp, data_path, tensors, nbytes, check))
         _remove_unreferenced(path, data_path)
     return ExportResult(path, data_path, len(model.graph.node), numel, nbytes, source, ops)
+
+
+def _told(
+    tensors: Iterator[tuple], total: int, progress: Callable[[int, int], None]
+) -> Iterator[tuple]:
+    """`tensors` as they are, telling `progress` the bytes handed on so far (each is written
+    before the next is read)."""
+    done = 0
+    progress(0, total)
+    for name, arr in tensors:
+        yield name, arr
+        done += arr.nbytes
+        progress(done, total)
 
 
 def _kept_formats(graph: Graph) -> Any:

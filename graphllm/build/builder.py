@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from fractions import Fraction
 from typing import Any
 
 import graphllm.ops  # noqa: F401  (the rows of the ops this builder emits)
@@ -87,7 +88,10 @@ class _Builder:
         bindings: dict[str, float] = dict(wl.bindings())
         if cfg.is_moe:
             # balanced routing: T*k token-expert pairs spread over E experts (need not be whole)
-            bindings["C"] = wl.batch * wl.seq_len * cfg.num_experts_per_tok / cfg.num_experts
+            # a Fraction where E does not divide B*T*k, so the counts over all E experts stay
+            # the exact integers B*T*k*... (a float would round them)
+            pairs, e = wl.batch * wl.seq_len * cfg.num_experts_per_tok, cfg.num_experts
+            bindings["C"] = pairs // e if pairs % e == 0 else Fraction(pairs, e)
         if cfg.sliding_window is not None and "sliding_attention" in cfg.layer_types:
             bindings["P_w"] = min(wl.past_len, cfg.sliding_window - 1)
             bindings["S_w"] = bindings["P_w"] + wl.seq_len

@@ -22,6 +22,7 @@ from graphllm.cli.common import (
     source_options,
     user_errors,
 )
+from graphllm.cli.progress import bar, showing
 from graphllm.errors import ConfigError
 from graphllm.exporters.onnx import export_onnx
 from graphllm.exporters.onnx.quantize import (
@@ -207,17 +208,19 @@ def export(
     if quant is not None and weights is not None and stored is not None:
         # a GPTQ/AWQ checkpoint's integers are kept: its group size is the default block
         quant = checkpoint_quantization(quant, stored.weights, block_given=block_size is not None)
-    r = export_onnx(
-        graph,
-        output,
-        workload=workload,
-        weights=weights,
-        seed=seed,
-        no_weights=no_weights,
-        ops=ops,
-        device=provider_kind(device),
-        quantize=quant,
-    )
+    with bar(f"writing {output.name}", showing() and not no_weights, in_bytes=True) as told:
+        r = export_onnx(
+            graph,
+            output,
+            workload=workload,
+            weights=weights,
+            seed=seed,
+            no_weights=no_weights,
+            ops=ops,
+            device=provider_kind(device),
+            quantize=quant,
+            progress=told,
+        )
     data = f" + {r.data_path.name}" if r.data_path else ""
     size = "" if no_weights else f" ({r.weight_bytes / 1e9:.2f} GB)"
     how = dtype

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from graphllm.build.builder import build_graph
@@ -30,6 +29,7 @@ from graphllm.models.hardware import load_hardware
 from graphllm.models.workload import Workload
 from graphllm.passes.parallel.partition import partition as partition_graph
 from graphllm.passes.parallel.partition import partition_report
+from graphllm.report.console import console as new_console
 from graphllm.report.summary import _b, _n, _t, hardware_model_line
 from graphllm.runtime.observe import small_instance
 from graphllm.runtime.spmd import check_partition
@@ -103,7 +103,7 @@ def partition(
 def print_partition(doc: dict[str, Any]) -> None:
     """Per-stage devices, communication by kind, pipeline bubble."""
 
-    con = Console()
+    con = new_console()
     p, hw = doc["partition"], doc["hardware"]
     con.print(_headline(doc))
     for note in p["notes"]:

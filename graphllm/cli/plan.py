@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from graphllm.cli.common import (
@@ -16,9 +15,11 @@ from graphllm.cli.common import (
     user_errors,
 )
 from graphllm.cli.layout import training_from, training_options
+from graphllm.cli.progress import bar, showing
 from graphllm.files import json_text
 from graphllm.models.hardware import load_hardware
 from graphllm.passes.parallel.plan import plan as make_plan
+from graphllm.report.console import console as new_console
 from graphllm.report.summary import _b, _t, hardware_model_line
 
 
@@ -46,7 +47,8 @@ def plan(
     training = training_from(options)
     config, wl = resolve(options)
     hw = load_hardware(hardware)
-    report = make_plan(config, wl, devices, hw, training, attention, pinned)
+    with bar(f"planning {devices} devices: layouts", showing(as_json)) as told:
+        report = make_plan(config, wl, devices, hw, training, attention, pinned, told)
     doc = {
         "model": {"name": config.name, "model_type": config.model_type},
         "workload": wl.to_dict() | {"attention": attention, "training": training is not None},
@@ -72,7 +74,7 @@ def describe(s: dict[str, Any]) -> str:
 
 def print_plan(doc: dict[str, Any], top: int) -> None:
 
-    con = Console()
+    con = new_console()
     p, w, hw = doc["plan"], doc["workload"], doc["hardware"]
     what = {"training": "training step", "prefill": "prefill", "decode": "decoded token"}[
         p["phase"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from graphllm.cli.common import (
@@ -11,6 +10,7 @@ from graphllm.cli.common import (
 )
 from graphllm.files import json_text
 from graphllm.models.config import list_presets
+from graphllm.report.console import console as new_console
 
 
 @click.command()
@@ -27,4 +27,4 @@ def presets(as_json: bool) -> None:
     table = Table("preset", "model")
     for name, desc in rows:
         table.add_row(name, desc)
-    Console().print(table)
+    new_console().print(table)

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from graphllm.cli.common import (
@@ -21,6 +20,7 @@ from graphllm.cli.layout import strategy_from, strategy_options
 from graphllm.errors import ConfigError
 from graphllm.files import check_target, json_text
 from graphllm.models.hardware import load_hardware
+from graphllm.report.console import console as new_console
 from graphllm.report.serving import MEMORY_FRACTION, plot_curve, serving_report
 from graphllm.report.summary import _b, _t
 
@@ -77,7 +77,7 @@ def serving(
     if as_json:
         click.echo(json_text(doc, indent=2))
         return
-    con = Console()
+    con = new_console()
     con.print(
         f"[bold]{doc['model']}[/bold] on {doc['devices']} {doc['hardware']} "
         f"({doc['strategy'] or 'one device'}), {prompt_len} tokens in, {output_len} out"

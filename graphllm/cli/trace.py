@@ -18,6 +18,7 @@ from graphllm.cli.common import (
 from graphllm.errors import ConfigError
 from graphllm.files import check_target, json_text, write_text_atomic
 from graphllm.models.hardware import load_hardware
+from graphllm.report.fit import fit_section
 from graphllm.report.plot import plot_sweep
 from graphllm.report.summary import print_sweep, print_trace
 from graphllm.report.trace_report import per_op_text, sweep, trace_report
@@ -74,6 +75,11 @@ def trace(
     if plot:
         raise ConfigError("--plot draws a sweep: give --seq-len a list, e.g. 128,1024,8192")
     doc, graph = trace_report(config, workloads[0], hw, attention, training, mla, mtp)
+    if hw is not None and not training:
+        # weights + cache + activations over the device's memory: the fewest devices that hold
+        # them, from plan's own search, so the roofline line can say where to go next
+        doc["fit"] = fit_section(config, workloads[0], hw, doc["memory"])
+        doc["fit"]["hardware_option"] = hardware
     if per_op:
         write_text_atomic(per_op[1], per_op_text(graph, per_op[0]))
     if print_graph:

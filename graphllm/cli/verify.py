@@ -9,8 +9,20 @@ import click
 
 from graphllm.cli.common import SEED, model_options, resolve, user_errors
 from graphllm.cli.partition import verify_partition
-from graphllm.errors import ConfigError
+from graphllm.errors import ConfigError, GraphllmError
+from graphllm.models.config import load_workload_section
 from graphllm.runtime.observe import check_token_mixing
+
+DEFAULT_T = 12  # new tokens when neither -t nor the config's workload section gives T
+MAX_T = 256  # verify tokens runs T+1 forward passes
+
+
+def _section(path: Any) -> dict:
+    """The config file's workload section; {} when it is unreadable (resolve says why)."""
+    try:
+        return load_workload_section(path)
+    except (OSError, GraphllmError):
+        return {}
 
 
 @click.group()
@@ -32,12 +44,21 @@ def verify_tokens(seed: int, full_size: bool, use_onnx: bool, **options: Any) ->
     and observation agree, 1 otherwise.
     """
 
-    if not options.get("seq_len") and options.get("config_path") is None:
-        options["seq_len"] = [12]  # a short prompt: every cell is checked by a run
+    path = options.get("config_path")
+    if not options.get("seq_len") and (path is None or "seq_len" not in _section(path)):
+        # a short prompt: every cell is checked by a run (T+1 of them), so the 2048 that
+        # trace assumes is far over budget; said on stderr when a config file gave no T
+        options["seq_len"] = [DEFAULT_T]
+        if path is not None:
+            click.echo(
+                f"note: the config gives no workload; verify tokens uses T={DEFAULT_T} "
+                f"(-t to choose, at most {MAX_T})",
+                err=True,
+            )
     config, workload = resolve(options)
-    if workload.seq_len > 256:
+    if workload.seq_len > MAX_T:
         raise ConfigError(
-            f"verify tokens runs T+1 forward passes: T={workload.seq_len} is over 256"
+            f"verify tokens runs T+1 forward passes: T={workload.seq_len} is over {MAX_T}"
         )
     runtime = "onnxruntime" if use_onnx else "numpy"
     check = check_token_mixing(

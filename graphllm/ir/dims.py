@@ -145,6 +145,7 @@ class TensorType:
 
 
 def _fmt_size(s: float | int | str) -> str:
-    if isinstance(s, float):
-        return str(int(s)) if s.is_integer() else f"{s:g}"
-    return str(s)
+    if isinstance(s, (int, str)):
+        return str(s)
+    s = float(s)  # a float, or a Fraction (balanced routing's slots per expert): 1.75, not 7/4
+    return str(int(s)) if s.is_integer() else f"{s:g}"

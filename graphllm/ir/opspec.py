@@ -64,7 +64,7 @@ class OpSpec:
     doc: str
     reduce: tuple[str, ...] = ()
     same_position: tuple[tuple[str, ...], ...] = ()
-    flops_per_elem: float = 0.0
+    flops_per_elem: int = 0  # an int: FLOP counts are exact (node_flops)
     flops_fn: Callable[[dict[str, float]], float] | None = None
     # the FLOPs from the bound letter sizes and the node's attrs, for a rule the sizes alone
     # do not fix (RoPE: 3 per rotated element, its rotated width 2 * len(inv_freq) of e)
@@ -275,22 +275,23 @@ def letter_sizes(graph: Graph, node: Node) -> dict[str, float]:
     return sizes
 
 
-def node_flops(graph: Graph, node: Node) -> tuple[float, float]:
+def node_flops(graph: Graph, node: Node) -> tuple[Any, Any]:
     """(matmul FLOPs, other FLOPs) of one node under the table's conventions (module docstring)."""
     spec = OPS[node.op]
+    # exact: Python ints (a Fraction where a size is balanced routing's B*T*k/E), never floats,
+    # which lose counts above 2**53
     if spec.category == SOURCE:
-        return 0.0, 0.0
+        return 0, 0
     if spec.matmul_flops_fn is not None:
         sizes = letter_sizes(graph, node)
-        rest = spec.flops_attrs_fn(sizes, node.attrs) if spec.flops_attrs_fn else 0.0
-        return float(spec.matmul_flops_fn(sizes, node.attrs)), float(rest)
+        rest = spec.flops_attrs_fn(sizes, node.attrs) if spec.flops_attrs_fn else 0
+        return spec.matmul_flops_fn(sizes, node.attrs), rest
     if spec.flops_fn is not None:
-        return 0.0, float(spec.flops_fn(letter_sizes(graph, node)))
+        return 0, spec.flops_fn(letter_sizes(graph, node))
     if spec.flops_attrs_fn is not None:
-        return 0.0, float(spec.flops_attrs_fn(letter_sizes(graph, node), node.attrs))
-
-    contraction = 2 * math.prod(letter_sizes(graph, node).values()) if spec.is_contraction else 0.0
+        return 0, spec.flops_attrs_fn(letter_sizes(graph, node), node.attrs)
+    contraction = 2 * math.prod(letter_sizes(graph, node).values()) if spec.is_contraction else 0
     other = spec.flops_per_elem * sum(t.numel(graph.bindings) for t in node.outputs)
     if spec.matmul:
-        return float(contraction), float(other)
-    return 0.0, float(contraction + other)
+        return contraction, other
+    return 0, contraction + other

@@ -114,7 +114,7 @@ def chunked_other_flops(s: dict[str, float], a: dict[str, Any]) -> float:
     and update per chunk (2 d_k d_v)."""
     tp, c, dk, dv = _padded(s, a), a["chunk"], s["k"], s["v"]
     per_position = (c - 1) * (dk + dv) + (dk + dv) + (4 * c + 3) + 3 * dk + 2 * dv
-    return s["b"] * s["h"] * (tp * per_position + (tp / c) * 2 * dk * dv)
+    return s["b"] * s["h"] * (tp * per_position + (tp // c) * 2 * dk * dv)
 
 
 def step_flops(s: dict[str, float], a: dict[str, Any]) -> float:

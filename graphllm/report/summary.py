@@ -8,18 +8,19 @@ from rich.console import Console
 from rich.table import Table
 
 from graphllm.models.config import CHUNKED, SLIDING
+from graphllm.report.console import console as new_console
 
 
 def _n(x: float) -> str:
     for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if abs(x) >= div:
             return f"{x / div:.2f}{unit}"
-    return f"{x:g}"
+    return f"{float(x):g}"
 
 
 def print_trace(doc: dict[str, Any], console: Console | None = None) -> None:
     """Model, workload, graph size and parameters by kind."""
-    con = console or Console()
+    con = console or new_console()
     m, w, g, p = doc["model"], doc["workload"], doc["graph"], doc["params"]
     con.print(f"[bold]{m['name']}[/bold] ({m['model_type']})")
     if m.get("text_decoder_of"):
@@ -149,7 +150,7 @@ def print_costs(doc: dict[str, Any], con: Console) -> None:
         if r["phase"] == "decode":
             line += f", {r['ms_per_token']:.3f} ms per token"
         line += f", {r['tokens_per_second']:,.0f} tokens/s; {100 * share:.0f}% of it compute-bound"
-        con.print(line)
+        con.print(line + _fit_note(doc.get("fit"), r["hardware"]))
         con.print(rate_model_line(r))
 
 
@@ -174,9 +175,28 @@ def rate_model_line(r: dict[str, Any]) -> str:
     )
 
 
+def _fit_note(fit: dict[str, Any] | None, hardware: str) -> str:
+    """What the roofline line adds when weights, cache and activations overflow the device."""
+    if not fit or fit["fits"]:
+        return ""
+    note = (
+        f"; but it does not fit one {hardware}: it needs {_b(fit['needs'])} of "
+        f"{_b(fit['memory_bytes'])}"
+    )
+    if fit["devices"] is None:
+        return note + f" ({fit['unplanned']})"
+    layout = " ".join(f"{k}={v}" for k, v in fit["layout"].items())
+    hw = f" --hardware {fit['hardware_option']}" if fit.get("hardware_option") else ""
+    return note + (
+        f"; {fit['devices']} devices are the fewest that hold it ({layout}, "
+        f"{_b(fit['layout_memory_bytes'])} each): `graphllm plan -n {fit['devices']}{hw}` "
+        "with this model's options ranks their layouts"
+    )
+
+
 def print_sweep(rows: list[dict[str, Any]], console: Console | None = None) -> None:
     """How FLOPs, bytes and predicted time grow with T."""
-    con = console or Console()
+    con = console or new_console()
     table = Table("T", "FLOPs", "x", "bytes", "x", "time", "x")
     first = rows[0]
     for row in rows:

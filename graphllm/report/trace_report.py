@@ -181,7 +181,7 @@ def sweep(
             oc = meta_result(n, "cost")
             if oc is ZERO:
                 continue
-            e = by_op.setdefault(n.op, {"flops": 0.0, "bytes": 0.0, "seconds": 0.0})
+            e = by_op.setdefault(n.op, {"flops": 0, "bytes": 0.0, "seconds": 0.0})
             e["flops"] += oc.flops
             e["bytes"] += oc.bytes
             e["seconds"] += meta_result(n, "time").seconds if roof else 0.0

@@ -116,7 +116,7 @@ class Figures:
     ep_weight_bytes: float = 0.0  # of weight_bytes: cut over ep (their gradients skip ep)
     master: bool = False  # weights narrower than fp32: Adam keeps fp32 master weights
     kv_cache_bytes: float = 0.0
-    flops: float = 0.0
+    flops: Any = 0  # exact (cost.py): an int, or a Fraction of balanced routing
     bytes: float = 0.0
     compute_seconds: float = 0.0  # 0 without hardware
     comm_seconds: float = 0.0  # one pass

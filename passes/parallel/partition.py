@@ -282,11 +282,22 @@ def balance(weights: list[float], stages: int) -> list[tuple[int, int]]:
     cut = [[0] * (n + 1) for _ in range(stages + 1)]
     best[0][0] = 0.0
     for k in range(1, stages + 1):
+        prev, row, cuts = best[k - 1], best[k], cut[k]
         for i in range(k, n + 1):
-            for j in range(k - 1, i):
-                v = max(best[k - 1][j], pre[i] - pre[j])
-                if v < best[k][i]:
-                    best[k][i], cut[k][i] = v, j
+            # the last group is j..i-1; walked from short to long, its sum pre[i] - pre[j] only
+            # grows (exactly, in floats: pre is nondecreasing), so once it passes the best found
+            # no longer group can be better and the walk stops. `<=` keeps the smallest j of a
+            # tie, as the walk from j = k - 1 up with `<` did: the same groups, in O(n) a row
+            # where that walk was O(n^2) (a plan balances hundreds of candidates)
+            top, b, at = pre[i], inf, 0
+            for j in range(i - 1, k - 2, -1):
+                tail = top - pre[j]
+                if tail > b:
+                    break
+                v = prev[j] if prev[j] > tail else tail
+                if v <= b:
+                    b, at = v, j
+            row[i], cuts[i] = b, at
     out, i = [], n
     for k in range(stages, 0, -1):
         j = cut[k][i]

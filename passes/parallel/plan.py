@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -391,14 +392,19 @@ def plan(
     training: TrainingOptions | None = None,
     attention: str = "flash",
     pinned: dict[str, int] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> PlanReport:
-    """Every legal layout of `devices`, those that fit ranked by predicted step time."""
+    """Every legal layout of `devices`, those that fit ranked by predicted step time.
+    `progress(done, total)` is told the layouts tried after each."""
     pinned = _pinned(devices, hw, training, pinned)
     _require_few_layouts(devices, pinned, cfg.is_moe)
     small, kinds = reduced_config(cfg)
     programs: dict[tuple, Program | GraphllmError] = {}
     ok, big, bad = [], [], []
-    for sizes in factorisations(devices, pinned, cfg.is_moe):
+    layouts = factorisations(devices, pinned, cfg.is_moe)
+    for i, sizes in enumerate(layouts):
+        if progress is not None:
+            progress(i, len(layouts))
         try:
             s = _strategy(cfg, wl, sizes, training)
             prog = _program(programs, small, wl, s, hw, attention, training)
@@ -407,6 +413,8 @@ def plan(
             continue
         c = assemble(prog, kinds, s, hw, training)
         (ok if c.fits else big).append(c.to_dict())
+    if progress is not None:
+        progress(len(layouts), len(layouts))
     if not ok and not big:
         why = "; ".join(sorted({x["reason"] for x in bad})[:3])
         raise ConfigError(f"no layout of {devices} devices is legal for {cfg.name}: {why}")

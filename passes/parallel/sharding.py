@@ -29,6 +29,7 @@ import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from graphllm.errors import GraphError
@@ -121,7 +122,9 @@ def local_dim(d: Dim, blocks: int, bindings: dict[str, float], where: str) -> Di
     whole = bindings[d.name]
     if float(whole).is_integer() and whole % blocks and d.role in ("batch", "token"):
         raise GraphError(f"{where}: {blocks} blocks do not divide {d.name}={int(whole)}")
-    bindings[name] = whole / blocks
+    # exact: an int block, or a Fraction (a rank's share of balanced routing's slots), so the
+    # rank's FLOP counts stay exact (cost.py)
+    bindings[name] = whole // blocks if whole % blocks == 0 else Fraction(whole) / blocks
     return Dim(name, d.role, positions=d.positions)  # a block of the whole axis's range
 
 

@@ -1,0 +1,56 @@
+"""Whether a traced model fits its device, and if not the fewest devices a layout fits on.
+
+The count comes from `plan`'s own search, not from a division: a layout's fullest device holds
+its stage's weights, its share of the KV cache and the activations its program keeps, so the
+smallest count is the first N, from the lower bound total / memory up, for which some legal
+tensor x pipeline (x expert) layout fits. Data and context parallelism are left out: they copy
+the weights, so they never make a model fit on fewer devices than TP and PP alone do.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from graphllm.errors import GraphllmError
+from graphllm.models.hardware import Hardware
+from graphllm.models.model_config import ModelConfig
+from graphllm.models.workload import Workload
+from graphllm.passes.parallel.partition import MAX_DEVICES
+from graphllm.passes.parallel.plan import plan
+
+SEARCHED = 64  # device counts tried above the lower bound before giving up on a count
+PINNED = {"cp": 1, "dp": 1}  # they replicate the weights: never fewer devices than without
+
+
+def fit_section(
+    config: ModelConfig, workload: Workload, hw: Hardware, memory: dict[str, Any]
+) -> dict[str, Any]:
+    """{'fits', 'needs', 'memory_bytes'} and, when it does not fit, 'devices' and 'layout' of the
+    fewest devices a layout fits on (None when no count up to the search's end does, or the
+    hardware has no interconnect to plan over)."""
+    needs = memory["total"]
+    out: dict[str, Any] = {"fits": needs <= hw.memory_bytes, "needs": needs}
+    out["memory_bytes"] = hw.memory_bytes
+    if out["fits"]:
+        return out
+    out["devices"] = out["layout"] = None
+    out["layout_memory_bytes"] = None
+    if hw.interconnect_bandwidth is None:
+        out["unplanned"] = f"{hw.name} has no links to lay a model out over"
+        return out
+    low = max(2, math.ceil(needs / hw.memory_bytes))
+    for n in range(low, min(low + SEARCHED, MAX_DEVICES) + 1):
+        try:
+            report = plan(config, workload, n, hw, pinned=PINNED)
+        except GraphllmError:
+            continue  # no legal layout of n devices (heads or layers do not divide)
+        if report.candidates:
+            best = report.candidates[0]  # the fastest that fits, as plan lists it first
+            s = best["strategy"]
+            out["devices"] = n
+            out["layout"] = {k: s[k] for k in ("tp", "pp", "ep") if s[k] > 1}
+            out["layout_memory_bytes"] = best["memory_bytes"]
+            return out
+    out["unplanned"] = f"no layout of {low} to {n} devices fits"
+    return out

@@ -1,0 +1,44 @@
+"""`graphllm verify tokens`: the T it runs at when nothing gives one."""
+
+import json
+
+from click.testing import CliRunner
+
+from graphllm.cli import main
+from tests.support.paths import EXAMPLES
+
+TINY_HF = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 100,
+    "max_position_embeddings": 512,
+}
+
+
+def test_config_without_workload_runs_at_a_small_t_and_says_so(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY_HF))
+    r = CliRunner().invoke(main, ["verify", "tokens", "--config", str(cfg)])
+    assert r.exit_code == 0, r.output
+    assert "T=12: predicted == observed on 144 cells" in r.stdout
+    assert "uses T=12" in r.stderr and "-t" in r.stderr
+
+
+def test_workload_section_and_flag_win_silently():
+    r = CliRunner().invoke(main, ["verify", "tokens", "--config", str(EXAMPLES / "article.yaml")])
+    assert r.exit_code == 0 and "T=3" in r.stdout and r.stderr == ""
+    r = CliRunner().invoke(
+        main, ["verify", "tokens", "--config", str(EXAMPLES / "tiny.yaml"), "-t", "5"]
+    )
+    assert r.exit_code == 0 and "T=5" in r.stdout and r.stderr == ""
+
+
+def test_t_over_the_limit_is_refused_in_one_line():
+    r = CliRunner().invoke(
+        main, ["verify", "tokens", "--config", str(EXAMPLES / "tiny.yaml"), "-t", "300"]
+    )
+    assert r.exit_code == 2 and "T=300 is over 256" in r.stderr

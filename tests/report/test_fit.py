@@ -1,0 +1,64 @@
+"""`trace` on a device too small for the model: the fewest devices a layout fits on."""
+
+import dataclasses
+import json
+
+from click.testing import CliRunner
+
+from graphllm.cli import main
+from graphllm.models.config import load_config
+from graphllm.models.hardware import load_hardware
+from graphllm.models.workload import Workload
+from graphllm.passes.parallel.plan import plan
+from graphllm.report.fit import PINNED, fit_section
+from graphllm.report.trace_report import trace_report
+
+
+def _fit(model: str, hardware: str, **wl):
+    cfg, hw = load_config(model), load_hardware(hardware)
+    workload = Workload.with_dtype(None, **({"seq_len": 16} | wl))
+    doc, _ = trace_report(cfg, workload, hw)
+    return cfg, workload, hw, fit_section(cfg, workload, hw, doc["memory"])
+
+
+def test_the_count_is_the_first_a_layout_fits_on():
+    cfg, wl, hw, fit = _fit("llama3-70b", "h100")
+    assert not fit["fits"] and fit["needs"] > hw.memory_bytes
+    n = fit["devices"]
+    assert n >= 2 and fit["layout_memory_bytes"] <= hw.memory_bytes
+    assert plan(cfg, wl, n, hw, pinned=PINNED).candidates
+    for fewer in range(1, n):
+        assert not plan(cfg, wl, fewer, hw).candidates  # not even with dp or cp
+
+
+def test_moe_counts_expert_parallel_layouts():
+    _, _, hw, fit = _fit("mixtral-8x22b", "a100")
+    assert fit["devices"] == 4 and set(fit["layout"]) <= {"tp", "pp", "ep"}
+    assert fit["layout_memory_bytes"] <= hw.memory_bytes
+
+
+def test_a_model_that_fits_has_no_count():
+    _, _, _, fit = _fit("llama3-8b", "h100")
+    assert fit["fits"] and "devices" not in fit
+
+
+def test_trace_says_so_on_the_roofline_line():
+    r = CliRunner().invoke(main, ["trace", "--model", "llama3-70b", "-t", "16", "--json"])
+    fit = json.loads(r.stdout)["fit"]
+    r = CliRunner().invoke(main, ["trace", "--model", "llama3-70b", "-t", "16"])
+    assert r.exit_code == 0, r.output
+    line = " ".join(r.stdout[r.stdout.index("roofline on") :].split())
+    assert "does not fit one h100-sxm" in line
+    assert f"graphllm plan -n {fit['devices']} --hardware h100" in line
+    r = CliRunner().invoke(main, ["trace", "--model", "llama3-8b", "-t", "16"])
+    assert "does not fit" not in r.stdout
+
+
+def test_a_device_without_links_says_why_no_count():
+    cfg, hw = load_config("llama3-70b"), load_hardware("h100")
+    lone = dataclasses.replace(hw, name="lone", interconnect_bandwidth=None)
+    wl = Workload(seq_len=16)
+    doc, _ = trace_report(cfg, wl, lone)
+    fit = fit_section(cfg, wl, lone, doc["memory"])
+    assert not fit["fits"] and fit["devices"] is None
+    assert fit["unplanned"] == "lone has no links to lay a model out over"
