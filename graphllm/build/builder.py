@@ -257,12 +257,20 @@ class _Builder:
             mtp_modules(self, hidden)
         return g
 
-    def block(self, i: int, x: Node, kind: str = "layer", moe: bool | None = None) -> Node:
+    def block(
+        self,
+        i: int,
+        x: Node,
+        kind: str = "layer",
+        moe: bool | None = None,
+        prefix: str | None = None,
+    ) -> Node:
         """h = x + attn(x); out = h + ffn(h), or out = x + attn(x) + ffn(x) for a parallel block;
         each sub-layer inside the norms the config's BlockLayout names. `kind` is the scope's
         kind (an MTP module's block is not one of the main model's layers); `moe` overrides the
-        layer's FFN."""
-        lay, p = self.cfg.block, f"model.layers.{i}"
+        layer's FFN; `prefix` the names (Qwen3-Next's MTP block is mtp.layers.0, its cache
+        still layer i's)."""
+        lay, p = self.cfg.block, prefix or f"model.layers.{i}"
         self.scopes[p] = kind
         a_in = self.norm(p, lay.attention_pre, x)
         a = self.norm(p, lay.attention_post, self.mixer(p, a_in, i))
