@@ -287,7 +287,10 @@ class _Ctx:
     def layer(self, i: int) -> str:
         """Layer i's scope; past the main model's layers, the MTP modules (layer 61 of
         DeepSeek-V3 with --mtp), whose block views draw their block in place."""
-        main, mtp = self.layers(), [p for p, k in self.scopes.items() if k == "mtp"]
+        mtp = [p for p, k in self.scopes.items() if k == "mtp"]
+        # an MTP module's own decoder block (Qwen3-Next's mtp.layers.0) is not another module
+        mtp = [p for p in mtp if not any(p.startswith(q + ".") for q in mtp)]
+        main = self.layers()
         layers = main + mtp
         if not 0 <= i < len(layers):
             n = len(main)
@@ -299,7 +302,11 @@ class _Ctx:
     def child_scopes(self, prefix: str) -> list[str]:
         """Scopes directly under `prefix` (no other scope between)."""
         under = [p for p in self.scopes if p.startswith(prefix + ".")]
-        return [p for p in under if not any(p.startswith(q + ".") for q in under if q != p)]
+        direct = [p for p in under if not any(p.startswith(q + ".") for q in under if q != p)]
+        # issue 19: Qwen3-Next's MTP scope `mtp` holds its decoder block `mtp.layers.0` (an
+        # MTP scope too), whose attention and MoE are drawn as DeepSeek's block's are: in place
+        nested = [p for p in direct if self.scopes[prefix] == self.scopes[p] == "mtp"]
+        return [c for p in direct for c in (self.child_scopes(p) if p in nested else [p])]
 
     def computing(self, prefix: str) -> list[Node]:
         return [n for n in self.g.scope(prefix) if OPS[n.op].category != SOURCE]

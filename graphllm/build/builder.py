@@ -263,12 +263,20 @@ class _Builder:
             mtp_modules(self, hidden)
         return g
 
-    def block(self, i: int, x: Node, kind: str = "layer", moe: bool | None = None) -> Node:
+    def block(
+        self,
+        i: int,
+        x: Node,
+        kind: str = "layer",
+        moe: bool | None = None,
+        prefix: str | None = None,
+    ) -> Node:
         """h = x + attn(x); out = h + ffn(h), or out = x + attn(x) + ffn(x) for a parallel block;
         each sub-layer inside the norms the config's BlockLayout names. `kind` is the scope's
         kind (an MTP module's block is not one of the main model's layers); `moe` overrides the
-        layer's FFN."""
-        lay, p = self.cfg.block, f"{self.cfg.layers_prefix}.{i}"
+        layer's FFN; `prefix` the names (Qwen3-Next's MTP block is mtp.layers.0, its cache
+        still layer i's)."""
+        lay, p = self.cfg.block, prefix or f"{self.cfg.layers_prefix}.{i}"
         self.scopes[p] = kind
         if self.cfg.layer_block(i) != "both":
             return self.one_sublayer(i, x, moe)

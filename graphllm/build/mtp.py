@@ -72,7 +72,8 @@ def mtp_modules(b: _Builder, hidden: Node) -> None:
 
 
 def _depth(b: _Builder, k: int, h_prev: Node) -> Node:
-
+    if b.cfg.mtp_layout == "mtp":
+        return _shared_depth(b, k, h_prev)
     c, g = b.cfg, b.g
     i = c.num_hidden_layers + k - 1
     p = f"model.layers.{i}"
@@ -96,4 +97,35 @@ def _depth(b: _Builder, k: int, h_prev: Node) -> Node:
     logits = b.linear(f"{p}.shared_head.head", y, b.vocab, "lm_head")
     g.set_output(f"mtp.{k}.logits", logits)
     g.meta["mtp"].append({"depth": k, "prefix": p, "block": block})
+    return out
+
+
+def _shared_depth(b: _Builder, k: int, h_prev: Node) -> Node:
+    """Qwen3-Next's MTP layer (mtp_layout "mtp"), as vLLM's qwen3_next_mtp.py runs it: the main
+    model's embed_tokens and lm_head (the checkpoint holds no copy of either),
+    pre_fc_norm_embedding and pre_fc_norm_hidden, fc over [embedding; hidden], the
+    full-attention block mtp.layers.0 (its KV cache past_key_values.{n}), mtp.norm."""
+    c, g = b.cfg, b.g
+    if k > 1:  # the engines run deeper drafts through the one layer again, not a depth of its own
+        raise ConfigError(f"--mtp: {c.name} has one MTP layer (mtp.layers.0), not {k}")
+    i, p = c.num_hidden_layers, "mtp"
+    b.scopes[p] = "mtp"
+    ids = g.add("input", "mtp.1.input_ids", (), {"type": TensorType((B, T), "int64")})
+    table = g["model.embed_tokens.weight"]
+    e = g.add("embedding", f"{p}.embed_tokens", (ids, table))
+    e = b.rmsnorm(f"{p}.pre_fc_norm_embedding", e, b.d)
+    h = b.rmsnorm(f"{p}.pre_fc_norm_hidden", h_prev, b.d)
+    both = Dim("2d", "hidden", 2 * c.hidden_size)
+    parts = {"axes": {"f": both}, "parts": ("embedding", "hidden")}
+    x = g.add("concat", f"{p}.fc_concat", (e, h), parts)
+    x = b.linear(f"{p}.fc", x, b.d, "mtp_proj")
+    first = len(g)
+    out = b.block(i, x, kind="mtp", moe=c.mtp_moe_layers[0], prefix=f"{p}.layers.0")
+    block = [n.name for n in g.topo()[first:]]
+    y = b.rmsnorm(f"{p}.norm", out, b.d)
+    if b.wl.logits == "last":
+        y = g.add("last_position", f"{p}.last_position", (y,), {"axes": {"l": T_LAST}})
+    head = table if c.tie_word_embeddings else g["lm_head.weight"]
+    g.set_output("mtp.1.logits", g.add("linear", f"{p}.lm_head", (y, head)))
+    g.meta["mtp"].append({"depth": 1, "prefix": p, "block": block})
     return out

@@ -1318,6 +1318,16 @@ def _qwen3_next(v: dict) -> dict:
         "linear_num_value_heads": v["linear_num_value_heads"],
         "linear_key_head_dim": v["linear_key_head_dim"],
         "linear_value_head_dim": v["linear_value_head_dim"],
+        # the checkpoint's one MTP layer, mtp.layers.0 (the config does not declare it; vLLM's
+        # qwen3_next_mtp.py reads num_nextn_predict_layers with a default of 1): a full-attention
+        # layer whose MLP follows layer 0's rule (its prefix's index 0 in Qwen3NextDecoderLayer)
+        "num_nextn_predict_layers": 1,
+        "mtp_moe_layers": (
+            0 not in v["mlp_only_layers"]
+            and v["num_experts"] > 0
+            and v["decoder_sparse_step"] == 1,
+        ),
+        "mtp_layout": "mtp",
     }
 
 
@@ -1352,10 +1362,6 @@ FAMILY_TABLE["qwen3_next"] = Family(
     # the published config.json writes these at the values the model has anyway
     noop_only={"use_sliding_window": (False,), "sliding_window": (None,)},
     default_partial_rotary=0.25,
-    mtp_refusal=(
-        "its checkpoint's MTP layer, mtp.* (fc, two pre-fc norms, one attention + MoE layer, a "
-        "norm), is not modelled yet; the config declares none and transformers skips it"
-    ),
 )
 
 

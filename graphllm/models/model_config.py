@@ -389,6 +389,11 @@ class ModelConfig:
     # issue 19, Qwen3-Next's gated attention: q_proj writes a query and a gate per head
     # (interleaved per head), and the attention output is times sigmoid(gate) before o_proj
     attn_output_gate: bool = False
+    # issue 19: how a checkpoint lays out its MTP layers. "layers": DeepSeek-V3's and GLM-4.5's
+    # model.layers.{n+k-1} with their own embedding, enorm/hnorm, eh_proj and shared_head;
+    # "mtp": Qwen3-Next's mtp.fc, mtp.pre_fc_norm_embedding/hidden, mtp.layers.{k-1}, mtp.norm,
+    # the main model's embedding and lm_head shared (vLLM's qwen3_next_mtp.py)
+    mtp_layout: str = "layers"
     # issue 19, Nemotron-H. Per layer one of LAYER_BLOCKS (empty: every layer "both")
     layer_blocks: tuple[str, ...] = ()
     # module names as the checkpoint has them: <layers_prefix>.{i}.<attention_name>, the

@@ -7,6 +7,7 @@ import re
 import pytest
 
 from graphllm import Workload, build_graph, load_config
+from graphllm.errors import GraphllmError
 from graphllm.exporters.dot import view_dot
 
 
@@ -55,3 +56,20 @@ def test_tokens_view_draws_the_window_and_the_prefix(graph):
     assert conv == {(s, t) for t in range(1, 7) for s in range(max(1, t - 3), t + 1)}
     core = _gathers(dot, "core")
     assert core == {(s, t) for t in range(1, 7) for s in range(1, t + 1)}  # never a later one
+
+
+def test_the_mtp_layer_is_drawn_after_the_main_layers():
+    """--mtp: the model view's MTP box names its block's attention + MoE; the block view of
+    layer n draws the pre-fc norms, fc and the shared head around that block; the attention
+    view reaches into mtp.layers.0."""
+    g = build_graph(load_config("qwen3-next-80b-a3b").with_layers(4), Workload(seq_len=4), mtp=True)
+    model = view_dot(g, "model")
+    assert "MTP depth 1: decoder block\\nmtp\\nattention + MoE" in model
+    assert "(shared with mtp.lm_head)" in model and "(shared with mtp.embed_tokens)" in model
+    block = view_dot(g, "block", layer=4)
+    for part in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "concat [embedding, hidden]"):
+        assert part in block, part
+    assert "MoE" in block and "mixes tokens" in block
+    assert "mtp.layers.0.self_attn.q_proj" in view_dot(g, "attention", layer=4)
+    with pytest.raises(GraphllmError, match=r"--layer 5: .* 4 layers and 1 MTP module \(0-4\)"):
+        view_dot(g, "block", layer=5)

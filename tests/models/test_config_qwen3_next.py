@@ -73,7 +73,11 @@ def test_value_heads_a_multiple_of_key_heads():
         config_from_dict(_published() | {"linear_num_value_heads": 30}, "q")
 
 
-def test_mtp_is_refused_in_one_line_naming_the_layer():
+def test_the_checkpoints_mtp_layer_is_declared_for_mtp():
+    """The config names no MTP layer; the checkpoint has one (mtp.layers.0, attention + MoE),
+    which --mtp builds (tests/build/test_mtp_qwen3_next.py)."""
     cfg = graphllm.load_config("qwen3-next-80b-a3b")
-    with pytest.raises(ConfigError, match=r"MTP layer, mtp\.\* .* is not modelled yet"):
-        build_graph(cfg, mtp=True)
+    assert (cfg.num_nextn_predict_layers, cfg.mtp_moe_layers, cfg.mtp_layout) == (1, (True,), "mtp")
+    dense_first = config_from_dict(_published() | {"mlp_only_layers": [0]}, "q")
+    assert dense_first.mtp_moe_layers == (False,)  # the MTP block follows layer 0's rule
+    assert "mtp.layers.0.mlp.gate_proj.weight" in build_graph(dense_first.with_layers(4), mtp=True)

@@ -100,3 +100,19 @@ def test_verify_partition_command(tmp_path):
 def test_tp_must_divide_the_key_head_groups():
     with pytest.raises(ConfigError, match="--tp 4 does not divide the 2 linear-attention key"):
         partition(_graph(), Strategy(tp=4))
+
+
+@pytest.mark.parametrize(
+    "strategy", [Strategy(tp=2), Strategy(tp=2, pp=2), Strategy(ep=2)], ids=str
+)
+def test_partitioned_mtp_equals_single_device(strategy):
+    """With the MTP layer (--mtp): its logits and its own KV cache agree, it runs on the last
+    pipeline stage, and the embedding and head it shares with the main model serve both."""
+    cfg = config_from_dict(dict(TINY), "qwen3_next")
+    g = build_graph(cfg, Workload(batch=4, seq_len=8, dtype="fp32"), mtp=True)
+    local = partition(g, strategy)
+    check = check_partition(g, local, seed=1)
+    assert check.max_diff <= 1e-5, check.differences(3)
+    assert check.others["mtp.1.logits"] <= 1e-5 and check.others["present.4.key"] <= 1e-5
+    last = strategy.pp - 1
+    assert {n.meta["stage"] for n in local.scope("mtp") if n.op != "param"} == {last}

@@ -1,0 +1,158 @@
+"""issue 19: Qwen3-Next's multi-token-prediction layer through the one MTP mechanism
+(build_graph(..., mtp=True)), with its checkpoint's layout: mtp.pre_fc_norm_embedding,
+mtp.pre_fc_norm_hidden, mtp.fc over [embedding; hidden], mtp.layers.0 (a full-attention layer
+with the MoE), mtp.norm, and the main model's embed_tokens and lm_head, as vLLM's
+qwen3_next_mtp.py loads and runs it. transformers has no MTP module for Qwen3-Next, so the
+reference is tests/support/mtp_qwen3_next.py's module assembled from transformers'
+Qwen3NextDecoderLayer and Qwen3NextRMSNorm: logits of the numpy interpreter and of the ONNX
+export on a tiny random checkpoint (a prefill longer than a chunk, then cached steps carrying the
+states and the MTP layer's own KV cache), and the MTP part's matmul FLOPs under FlopCounterMode.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+import graphllm  # noqa: E402
+from graphllm.build.builder import build_export_graph  # noqa: E402
+from graphllm.errors import ConfigError  # noqa: E402
+from graphllm.exporters.onnx import export_onnx  # noqa: E402
+from graphllm.models.config import _load_preset, config_from_dict  # noqa: E402
+from graphllm.passes import run  # noqa: E402
+from graphllm.passes.cost import scopes_of  # noqa: E402
+from graphllm.runtime.session import OnnxModel  # noqa: E402
+from tests.support.flop_counter import DEEPSEEK_WORKLOADS  # noqa: E402
+from tests.support.mtp_qwen3_next import Qwen3NextMTPReference, TinyQwen3NextMTP  # noqa: E402
+from tests.support.tiny_qwen3_next import BATCH, LONG, SMALL, carried  # noqa: E402
+
+ATOL, STEPS = 1e-4, 3
+
+
+@pytest.fixture(scope="module")
+def next_mtp(tiny_qwen3_next):
+    base = tiny_qwen3_next("qwen3_next")
+    assert base.cfg.num_nextn_predict_layers == 1 and base.cfg.mtp_moe_layers == (True,)
+    return TinyQwen3NextMTP(base)
+
+
+def _ids(seed: int, seq: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, SMALL["vocab_size"], (BATCH, seq))
+
+
+def test_mtp_logits_equal_the_reference_prefill_and_cached_steps(next_mtp):
+    ids, mids = _ids(1, LONG), _ids(2, LONG)
+    ours = next_mtp.run(ids, mids)
+    np.testing.assert_allclose(ours["mtp.1.logits"], next_mtp.hf(ids, mids), atol=ATOL, rtol=0)
+    np.testing.assert_allclose(
+        ours["logits"], next_mtp.base.hf(ids).logits.numpy(), atol=ATOL, rtol=0
+    )  # the main model is untouched
+    for step in range(STEPS):
+        past = carried(ours)
+        assert f"present.{next_mtp.layer}.key" in past  # the MTP block's own cache
+        nxt, mnxt = _ids(100 + step, 1), _ids(200 + step, 1)
+        ids, mids = np.concatenate([ids, nxt], 1), np.concatenate([mids, mnxt], 1)
+        ours = next_mtp.run(nxt, mnxt, past=past)
+        want = next_mtp.hf(ids, mids)[:, -1:]
+        np.testing.assert_allclose(
+            ours["mtp.1.logits"], want, atol=ATOL, rtol=0, err_msg=f"step {step}"
+        )
+
+
+def test_mtp_export_equals_the_interpreter_and_the_reference(next_mtp, tmp_path):
+    path = tmp_path / "qwen3-next-mtp.onnx"
+    graph = build_export_graph(next_mtp.base.cfg, mtp=True)
+    export_onnx(graph, path, weights=next_mtp.base.folder, ops="decomposed")
+    session = OnnxModel(path, device="cpu")
+    ids, mids = _ids(1, LONG), _ids(2, LONG)
+    ours = session.forward(ids, extra={"mtp.1.input_ids": mids})
+    np.testing.assert_allclose(ours["mtp.1.logits"], next_mtp.hf(ids, mids), atol=ATOL, rtol=0)
+    interp = next_mtp.run(ids, mids)
+    for step in range(STEPS):
+        for k in ("logits", "mtp.1.logits", f"present.{next_mtp.layer}.key"):
+            np.testing.assert_allclose(ours[k], interp[k], atol=ATOL, rtol=0, err_msg=k)
+        nxt, mnxt = _ids(100 + step, 1), _ids(200 + step, 1)
+        ours = session.forward(nxt, past=carried(ours), extra={"mtp.1.input_ids": mnxt})
+        interp = next_mtp.run(nxt, mnxt, carried(interp))
+
+
+def test_mtp_follows_the_main_model_shares_its_head_and_is_counted_apart():
+    cfg = graphllm.load_config("qwen3-next-80b-a3b")
+    g = graphllm.build_graph(cfg, graphllm.Workload(seq_len=4), mtp=True)
+    assert g["mtp.pre_fc_norm_hidden"].inputs[0].node == "model.norm"
+    assert g["mtp.fc_concat"].inputs[0].node == "mtp.pre_fc_norm_embedding"  # [embedding; hidden]
+    assert g["mtp.lm_head"].inputs[1].node == "lm_head.weight"
+    assert g["mtp.embed_tokens"].inputs[1].node == "model.embed_tokens.weight"
+    assert "mtp.layers.0.self_attn.q_proj.weight" in g and "mtp.layers.0.mlp.gate.weight" in g
+    assert "past_key_values.48.key" not in g and "present.48.key" in g.outputs
+    p = run(g, ["params"])["params"]
+    # Qwen/Qwen3-Next-80B-A3B-Instruct's checkpoint total; the main model is the meta model's
+    assert (p.total, p.mtp) == (81_324_862_720, 1_650_471_424)
+    assert p.total - p.mtp == 79_674_391_296
+
+
+def test_mtp_is_one_layer():
+    cfg = graphllm.load_config("qwen3-next-80b-a3b")
+    from dataclasses import replace
+
+    deeper = replace(cfg, num_nextn_predict_layers=2, mtp_moe_layers=(True, True))
+    with pytest.raises(ConfigError, match=r"one MTP layer \(mtp\.layers\.0\), not 2"):
+        graphllm.build_graph(deeper, mtp=True)
+
+
+# -- FLOPs: the published config cut to 4 layers (three linear, one attention) -----------------
+
+
+@functools.cache
+def _published():
+    d, _ = _load_preset("qwen3-next-80b-a3b")
+    d = {k: v for k, v in d.items() if not k.startswith("_")} | {"num_hidden_layers": 4}
+    cfg = config_from_dict(dict(d), "qwen3-next-80b-a3b")
+    drop = ("architectures", "model_type", "transformers_version", "torch_dtype")
+    hf = transformers.Qwen3NextConfig(**{k: v for k, v in d.items() if k not in drop})
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(
+            hf, attn_implementation="sdpa", experts_implementation="batched_mm"
+        )
+    return cfg, model.eval()
+
+
+def _mtp_matmul(cfg, workload: dict) -> int:
+    g = graphllm.build_graph(cfg, graphllm.Workload(**workload), mtp=True)
+    run(g, ["cost"])
+    mtp_nodes = [n for n in g.nodes() if any(k == "mtp" for _, k in scopes_of(g, n.name))]
+    return round(sum(n.meta["cost"].matmul for n in mtp_nodes if "cost" in n.meta))
+
+
+def _counted(model, workload: dict) -> int:
+    b, t, p = workload["batch"], workload["seq_len"], workload.get("past_len", 0)
+    d = model.config.hidden_size
+
+    def step(ref, start: int, n: int, cache, last: bool = False):
+        hidden = torch.zeros((b, n, d))
+        pe = model.model.rotary_emb(hidden, torch.arange(start, start + n)[None].expand(b, -1))
+        mask = torch.zeros((1, 1, n, start + n))
+        return ref(torch.zeros((b, n), dtype=torch.long), hidden, pe, mask, last, cache)
+
+    with torch.device("meta"), torch.no_grad():
+        ref = Qwen3NextMTPReference(model.config, model.model.embed_tokens, model.lm_head).eval()
+        cache = transformers.DynamicCache()
+        if p:
+            step(ref, 0, p, cache)
+        counter = FlopCounterMode(display=False)
+        with counter:
+            step(ref, p, t, cache, last=workload.get("logits") == "last")
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("workload", DEEPSEEK_WORKLOADS.values(), ids=DEEPSEEK_WORKLOADS.keys())
+def test_mtp_matmul_flops_equal_flop_counter(workload):
+    cfg, model = _published()
+    assert _mtp_matmul(cfg, workload) == _counted(model, workload) > 0
