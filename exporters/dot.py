@@ -305,7 +305,7 @@ class _Ctx:
         direct = [p for p in under if not any(p.startswith(q + ".") for q in under if q != p)]
         # issue 19: Qwen3-Next's MTP scope `mtp` holds its decoder block `mtp.layers.0` (an
         # MTP scope too), whose attention and MoE are drawn as DeepSeek's block's are: in place
-        nested = [p for p in direct if self.scopes[prefix] == self.scopes[p] == "mtp"]
+        nested = [p for p in direct if self.scopes.get(prefix) == self.scopes[p] == "mtp"]
         return [c for p in direct for c in (self.child_scopes(p) if p in nested else [p])]
 
     def computing(self, prefix: str) -> list[Node]:

@@ -28,6 +28,11 @@ formats' published packing:
 - DeepSeek-V3's MTP module (which transformers does not build): its projection `eh_proj`, its
   embedding and head stay at the checkpoint's dtype, its decoder block is converted like the
   others, as the published FP8 checkpoints store them.
+- a linear-attention layer (issue 19, Qwen3-Next's Gated DeltaNet): in_proj_qkvz, in_proj_ba and
+  out_proj are nn.Linear modules, converted like the others unless the skip list names them
+  (Qwen3-Next-80B-A3B-Instruct-FP8 lists in_proj_ba); conv1d is an nn.Conv1d and A_log, dt_bias
+  and the gated norm's weight are vectors: never converted. Qwen3-Next's MTP layer: mtp.fc is
+  the `mtp_proj` kind (unconverted, as that checkpoint lists it), its block converted.
 - biases and 1-D weights stay at the checkpoint's dtype (FP8Linear, the GPTQ/AWQ kernels keep
   bias unquantized).
 """
@@ -47,6 +52,10 @@ from graphllm.errors import ConfigError
 LINEAR_KINDS = frozenset(
     {"attention", "mlp", "shared_experts", "moe_experts", "lm_head", "mtp_proj", "router"}
 )
+# issue 19: a linear-attention layer's matrices (Qwen3-Next's in_proj_qkvz, in_proj_ba and
+# out_proj are nn.Linear modules); its conv1d is an nn.Conv1d, which no quantizer swaps
+MIXER_KINDS = frozenset({"linear_attention"})
+NOT_LINEAR = frozenset({"conv1d"})
 # routers that are nn.Linear modules in transformers 5 (the other routers are TopKRouters)
 LINEAR_ROUTERS = frozenset({"shared_expert_gate"})
 INT_BITS = (4, 8)  # the GPTQ widths graphllm models (graph dtypes int4, int8)
@@ -135,7 +144,7 @@ class Quantization:
     def format_of(self, name: str, kind: str) -> QuantFormat | None:
         """How the param `name` (a graph param's checkpoint name) of builder kind `kind` is
         stored; None: unconverted, at `dtype`."""
-        if kind not in LINEAR_KINDS or kind == "mtp_proj":
+        if kind not in LINEAR_KINDS | MIXER_KINDS or kind == "mtp_proj":
             return None
         if name.endswith(".weight"):
             module = name.removesuffix(".weight")
@@ -148,6 +157,8 @@ class Quantization:
         if ".experts.*." in module:  # one fused `experts` module in transformers 5
             module = module.split(".experts.*.", 1)[0] + ".experts"
         leaf = module.rsplit(".", 1)[-1]
+        if leaf in NOT_LINEAR:
+            return None
         if kind == "lm_head":
             if self.converts == "layers":
                 return self.weights if self.lm_head else None

@@ -66,6 +66,27 @@ def test_mtp_logits_equal_the_reference_prefill_and_cached_steps(next_mtp):
         )
 
 
+def test_mtp_tokens_move_only_their_own_and_later_positions(next_mtp):
+    """Perturbing one position of either token input changes the MTP logits at that position
+    and after it only; the MTP block mixes by its attention, the main model also by its conv
+    and recurrences, as the tokens pass finds."""
+    seq = 8
+    ids, mids = _ids(3, seq), _ids(4, seq)
+    base = next_mtp.run(ids, mids)["mtp.1.logits"]
+    for which in ("main", "mtp"):
+        for j in (0, 3, seq - 1):
+            a, b = ids.copy(), mids.copy()
+            x = a if which == "main" else b
+            x[:, j] = (x[:, j] + 1) % SMALL["vocab_size"]
+            moved = np.abs(next_mtp.run(a, b)["mtp.1.logits"] - base).max(axis=(0, 2)) > 1e-6
+            assert list(moved) == [t >= j for t in range(seq)], (which, j)
+    g = graphllm.build_graph(next_mtp.base.cfg, graphllm.Workload(seq_len=seq), mtp=True)
+    verdicts = run(g, ["tokens"])["tokens"].verdicts
+    mixing = {n for n, v in verdicts.items() if v.mixes}
+    assert any(n.startswith("mtp.layers.0.self_attn.") for n in mixing)
+    assert {g[n].op for n in mixing if n.startswith("mtp.")} == {"scores", "softmax", "pv"}
+
+
 def test_mtp_export_equals_the_interpreter_and_the_reference(next_mtp, tmp_path):
     path = tmp_path / "qwen3-next-mtp.onnx"
     graph = build_export_graph(next_mtp.base.cfg, mtp=True)
