@@ -13,18 +13,19 @@ spinning off for all, since the models take turns every few steps), with the sam
 handling: one buffer per layer of prompt + new positions, bound as both past and present, that
 GroupQueryAttention appends to in place (`graphllm bench`'s handling of the `ort` lowering). A
 round prefills the same random 128-token prompt on each model in turn, then decodes 64 tokens
-greedily, the models taking turns in bursts of BURST steps (the order rotating from burst to
-burst and round to round). A load that comes and goes weighs on the bursts of one cycle of turns
-alike, so each ratio is taken per pair (ours over theirs, the same burst of the same round) and
-the figure is the median of those paired ratios, with their interquartile range. Beside it: the
-medians over the rounds of each model's mean decode step, the first round (a warm-up) left out
-for all, and the bandwidth floor of a decode step, the bytes of the int4 MatMulNBits
-initializers (packed values, scales, zero points) over the read bandwidth of a buffer that size
-measured as `graphllm calibrate` does, before and after each round. The load average is printed
+greedily, the models taking turns in bursts of BURST steps (by default one: step by step; the
+order rotated, and reversed every other few cycles, from burst to burst: `turn_order`). A load
+that comes and goes weighs on the bursts of one cycle of turns alike, so each ratio is taken
+per pair (ours over theirs, the same burst of the same round) and the figure is the median of
+those paired ratios, with their interquartile range. Beside it: the medians over the rounds of
+each model's mean decode step, the first round (a warm-up) left out for all, and the bandwidth
+floor of a decode step, the bytes of the int4 MatMulNBits initializers (packed values, scales,
+zero points) over the read bandwidth of a buffer that size measured as `graphllm calibrate`
+does, before and after each round. The load average is printed
 at the start and the end. Needs `pip install onnxruntime-genai` (0.18.0 runs on onnxruntime
 1.32) and `onnx_ir`.
 
-    python benchmarks/int4_vs_genai.py [--repeats 7] [--burst 4]
+    python benchmarks/int4_vs_genai.py [--repeats 11] [--burst 1]
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from graphllm.exporters.onnx.quantize import Quantization
 from graphllm.runtime.calibrate import calibrate
 
 THREADS, PROMPT, NEW = 2, 128, 64
-BURST = 4  # decode steps a model runs before the next takes its turn
+BURST = 1  # decode steps a model runs before the next takes its turn (1: step by step)
 GENAI, SYM, ASYM, FP32 = "genai int4", "graphllm int4 sym", "graphllm int4", "graphllm fp32"
 LLAMA = {
     "vocab_size": 32000,
@@ -198,7 +199,7 @@ def bandwidth(nbytes: int) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeats", type=int, default=7, help="rounds after the warm-up one")
+    ap.add_argument("--repeats", type=int, default=11, help="rounds after the warm-up one")
     ap.add_argument("--burst", type=int, default=BURST, help="decode steps a model runs a turn")
     args = ap.parse_args()
     if args.repeats < 1 or args.burst < 1 or NEW % args.burst:
@@ -231,13 +232,13 @@ def main() -> int:
         for r in range(args.repeats + 1):
             bw = bandwidth(floor_bytes)
             spent = dict.fromkeys(loops, 0.0)
-            for label in rotated(labels, r):
+            for label in turn_order(labels, r):
                 p, last[label] = loops[label].prefill(ids)
                 if r:  # the first round warms up
                     prefill[label].append(p)
             for b in range(NEW // args.burst):
-                # the order rotates burst by burst: no model always runs first, or after fp32
-                for label in rotated(labels, r + b):
+                # the order changes burst by burst: no model always runs first, or after fp32
+                for label in turn_order(labels, r * (NEW // args.burst) + b):
                     t = loops[label].decode(args.burst)
                     spent[label] += t
                     if r:
@@ -270,9 +271,13 @@ def main() -> int:
     return 0
 
 
-def rotated(labels: list[str], k: int) -> list[str]:
-    k %= len(labels)
-    return labels[k:] + labels[:k]
+def turn_order(labels: list[str], k: int) -> list[str]:
+    """The k-th cycle's order of turns: rotated by k, and reversed every other len(labels)
+    cycles, so that over 2 * len(labels) cycles each model takes every place as often and each
+    goes before each other as often (rotation alone puts a before b in n-1 cycles of n)."""
+    n = len(labels)
+    order = labels[k % n :] + labels[: k % n]
+    return order[::-1] if (k // n) % 2 else order
 
 
 if __name__ == "__main__":

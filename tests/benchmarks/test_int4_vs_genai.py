@@ -52,9 +52,15 @@ def test_pairs_need_the_same_count() -> None:
         bench.paired_ratios([], [])
 
 
-def test_rotation_gives_every_model_every_place() -> None:
+def test_turn_order_is_balanced() -> None:
     labels = [bench.GENAI, bench.SYM, bench.ASYM, bench.FP32]
-    orders = [bench.rotated(labels, k) for k in range(len(labels))]
-    for place in range(len(labels)):
-        assert sorted(o[place] for o in orders) == sorted(labels)
-    assert bench.rotated(labels, len(labels)) == labels
+    n = len(labels)
+    orders = [bench.turn_order(labels, k) for k in range(2 * n)]
+    assert all(sorted(o) == sorted(labels) for o in orders)
+    for place in range(n):
+        assert sorted(o[place] for o in orders) == sorted(labels * 2)
+    for a in labels:
+        for b in labels:
+            if a != b:  # a goes before b in half the cycles
+                assert sum(o.index(a) < o.index(b) for o in orders) == n
+    assert bench.turn_order(labels, 2 * n + 1) == orders[1]
