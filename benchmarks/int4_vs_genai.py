@@ -21,9 +21,8 @@ those paired ratios, with their interquartile range. Beside it: the medians over
 each model's mean decode step, the first round (a warm-up) left out for all, and the bandwidth
 floor of a decode step, the bytes of the int4 MatMulNBits initializers (packed values, scales,
 zero points) over the read bandwidth of a buffer that size measured as `graphllm calibrate`
-does, before and after each round. The load average is printed
-at the start and the end. Needs `pip install onnxruntime-genai` (0.18.0 runs on onnxruntime
-1.32) and `onnx_ir`.
+does, before and after each round. The load average is printed at the start and the end.
+Needs `pip install onnxruntime-genai` (0.18.0 runs on onnxruntime 1.32) and `onnx_ir`.
 
     python benchmarks/int4_vs_genai.py [--repeats 11] [--burst 1]
 """
