@@ -2,26 +2,35 @@
 
 One checkpoint (the runtime benchmark's Llama: hidden 512, 8 layers, 8/4 heads, ffn 1408, vocab
 32000; random weights, `save_pretrained`, with a word-level tokenizer the builder insists on)
-goes through both: `graphllm export --quantize int4` (its default, asymmetric with zero points,
-and `--symmetric`, the builder's default) and `python -m onnxruntime_genai.models.builder -p int4
--e cpu` (MatMulNBits block 32, accuracy_level 4, symmetric; LM head quantized, embeddings not),
-beside graphllm's fp32 export. All run in one loop, on sessions made alike (graphllm's
-`session`, THREADS intra-op threads), with the same cache handling: one buffer per layer of
-prompt + new positions, bound as both past and present, that GroupQueryAttention appends to in
-place (`graphllm bench`'s handling of the `ort` lowering). A round prefills a random 128-token
-prompt and decodes 64 tokens greedily, each model once in turn (interleaved, so a load that
-comes and goes weighs on all alike; the order rotates from round to round); the figures are medians over the rounds after a warm-up
-one. Beside them: the bandwidth floor of a decode step, the bytes of the int4 MatMulNBits
-initializers (packed values, scales, zero points) over the read bandwidth of a buffer that size
-measured as `graphllm calibrate` does, in each round. Needs `pip install onnxruntime-genai`
-(0.18.0 runs on onnxruntime 1.32) and `onnx_ir`.
+goes through both: `python -m onnxruntime_genai.models.builder -p int4 -e cpu` (MatMulNBits
+block 32, accuracy_level 4, symmetric: the builder's default, `is_symmetric` True; LM head
+quantized, embeddings not) and `graphllm export --quantize int4`, with `--symmetric` (the same
+format as the builder's: the goal figure) and without (graphllm's default, asymmetric with zero
+points: a second line), beside graphllm's fp32 export.
 
-    python benchmarks/int4_vs_genai.py [--repeats 7]
+All run in one loop, on sessions made alike (THREADS intra-op threads, the CPU provider, thread
+spinning off for all, since the models take turns every few steps), with the same cache
+handling: one buffer per layer of prompt + new positions, bound as both past and present, that
+GroupQueryAttention appends to in place (`graphllm bench`'s handling of the `ort` lowering). A
+round prefills the same random 128-token prompt on each model in turn, then decodes 64 tokens
+greedily, the models taking turns in bursts of BURST steps (by default one: step by step; the
+order rotated, and reversed every other few cycles, from burst to burst: `turn_order`). A load
+that comes and goes weighs on the bursts of one cycle of turns alike, so each ratio is taken
+per pair (ours over theirs, the same burst of the same round) and the figure is the median of
+those paired ratios, with their interquartile range. Beside it: the medians over the rounds of
+each model's mean decode step, the first round (a warm-up) left out for all, and the bandwidth
+floor of a decode step, the bytes of the int4 MatMulNBits initializers (packed values, scales,
+zero points) over the read bandwidth of a buffer that size measured as `graphllm calibrate`
+does, before and after each round. The load average is printed at the start and the end.
+Needs `pip install onnxruntime-genai` (0.18.0 runs on onnxruntime 1.32) and `onnx_ir`.
+
+    python benchmarks/int4_vs_genai.py [--repeats 11] [--burst 1]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -38,10 +47,10 @@ from graphllm.build.builder import build_export_graph
 from graphllm.exporters.onnx import export_onnx
 from graphllm.exporters.onnx.quantize import Quantization
 from graphllm.runtime.calibrate import calibrate
-from graphllm.runtime.session import session
 
 THREADS, PROMPT, NEW = 2, 128, 64
-PAUSE = 0.5  # seconds between runs: idle threads of the one before stop spinning
+BURST = 1  # decode steps a model runs before the next takes its turn (1: step by step)
+GENAI, SYM, ASYM, FP32 = "genai int4", "graphllm int4 sym", "graphllm int4", "graphllm fp32"
 LLAMA = {
     "vocab_size": 32000,
     "hidden_size": 512,
@@ -90,12 +99,19 @@ def nbits_bytes(path: Path) -> int:
 
 class Loop:
     """Prefill + greedy decode with the K/V cache in one bound buffer per layer, appended to in
-    place by GroupQueryAttention: the same for every model."""
+    place by GroupQueryAttention: the same for every model. `prefill` starts a sequence and
+    `decode` advances it a few steps at a time, so that models can take turns within one."""
 
     def __init__(self, path: Path) -> None:
         import onnxruntime as ort
 
-        self.sess = session(path, "cpu", THREADS)
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 4
+        opts.intra_op_num_threads = THREADS
+        # the models take turns every few steps: a session's threads spinning after its turn
+        # would take the cores from the next one (every session alike)
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         self.inputs = {i.name for i in self.sess.get_inputs()}
         self.io = self.sess.io_binding()
         self.io.bind_output("logits", "cpu")  # first bound: first among the outputs
@@ -106,6 +122,9 @@ class Loop:
             self.io.bind_ortvalue_input(name, buf)
             self.io.bind_ortvalue_output(name.replace("past_key_values.", "present."), buf)
         self.value = ort.OrtValue.ortvalue_from_numpy
+        self.steps = [self.feeds(np.zeros((1, 1), np.int64), PROMPT + i) for i in range(NEW)]
+        self.done = NEW
+        self.nxt = np.zeros((1, 1), np.int64)
 
     def feeds(self, ids: np.ndarray, start: int) -> dict:
         total = start + ids.shape[1]
@@ -121,23 +140,48 @@ class Loop:
         self.sess.run_with_iobinding(self.io)
         return self.io.get_outputs()[0].numpy()
 
-    def run(self, ids: np.ndarray) -> tuple[float, float, np.ndarray]:
-        """Prefill seconds, mean decode-step seconds, and the prefill's last logits."""
+    def prefill(self, ids: np.ndarray) -> tuple[float, np.ndarray]:
+        """Seconds of the prompt's step, and its last logits; the next `decode` continues it."""
         prompt = self.feeds(ids, 0)
         t0 = time.perf_counter()
         logits = self.step(prompt)
-        nxt = logits[:, -1].argmax(-1)[:, None]
-        t1 = time.perf_counter()
-        first = logits[0, -1].copy()
-        steps = [self.feeds(np.zeros((1, 1), np.int64), PROMPT + i) for i in range(NEW)]
+        self.nxt = logits[:, -1].argmax(-1)[:, None]
+        seconds = time.perf_counter() - t0
+        self.done = 0
+        return seconds, logits[0, -1].copy()
+
+    def decode(self, n: int) -> float:
+        """Seconds of the next n greedy decode steps (the argmax of each included)."""
         spent = 0.0
-        for feeds in steps:
-            feeds["input_ids"] = self.value(np.ascontiguousarray(nxt, np.int64))
+        for feeds in self.steps[self.done : self.done + n]:
+            feeds["input_ids"] = self.value(np.ascontiguousarray(self.nxt, np.int64))
             s0 = time.perf_counter()
             out = self.step(feeds)
-            nxt = out[:, -1].argmax(-1)[:, None]
+            self.nxt = out[:, -1].argmax(-1)[:, None]
             spent += time.perf_counter() - s0
-        return t1 - t0, spent / NEW, first
+        self.done += n
+        return spent
+
+
+def paired_ratios(ours: list[float], theirs: list[float]) -> list[float]:
+    """Ours over theirs, burst by burst: the two bursts of a pair ran next to each other, so a
+    load that comes and goes weighs on both of a pair alike and cancels in its ratio."""
+    if len(ours) != len(theirs) or not ours:
+        raise ValueError(f"{len(ours)} bursts against {len(theirs)}: pairs need the same count")
+    return [a / b for a, b in zip(ours, theirs, strict=True)]
+
+
+def median_iqr(values: list[float]) -> tuple[float, float, float]:
+    """The median and the first and third quartiles (inclusive: a single value is all three)."""
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q1, med, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return med, q1, q3
+
+
+def load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} {five:.2f} {fifteen:.2f}"
 
 
 def bandwidth(nbytes: int) -> float:
@@ -154,60 +198,85 @@ def bandwidth(nbytes: int) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--repeats", type=int, default=11, help="rounds after the warm-up one")
+    ap.add_argument("--burst", type=int, default=BURST, help="decode steps a model runs a turn")
     args = ap.parse_args()
+    if args.repeats < 1 or args.burst < 1 or NEW % args.burst:
+        ap.error(f"--repeats and --burst must be at least 1, and --burst divide {NEW}")
+    print(f"load average at start: {load_average()}")
     ids = np.random.default_rng(0).integers(0, LLAMA["vocab_size"], (1, PROMPT), dtype=np.int64)
     with tempfile.TemporaryDirectory(prefix="graphllm-int4-") as tmp:
         root = Path(tmp)
         ckpt = root / "ckpt"
         checkpoint(ckpt)
         cfg = graphllm.load_config(ckpt)
-        paths = {"genai int4": genai_int4(ckpt, root / "genai")}
+        paths = {GENAI: genai_int4(ckpt, root / "genai")}
         for label, q in (
-            ("graphllm int4", Quantization("int4")),
-            ("graphllm int4 sym", Quantization("int4", symmetric=True)),
-            ("graphllm fp32", None),
+            (SYM, Quantization("int4", symmetric=True)),
+            (ASYM, Quantization("int4")),
+            (FP32, None),
         ):
             path = root / f"{label.replace(' ', '-')}.onnx"
             export_onnx(build_export_graph(cfg), path, weights=ckpt, quantize=q)
             paths[label] = path
-        floor_bytes = nbits_bytes(paths["graphllm int4"])
+        floor_bytes = nbits_bytes(paths[ASYM])
         loops = {label: Loop(p) for label, p in paths.items()}
+        labels = list(loops)
+        # per label: each burst's seconds (all rounds after the warm-up, in order), and per
+        # round the prefill's seconds and the mean decode step
+        bursts: dict[str, list[float]] = {k: [] for k in loops}
         decode: dict[str, list[float]] = {k: [] for k in loops}
         prefill: dict[str, list[float]] = {k: [] for k in loops}
         floors, last = [], {}
         for r in range(args.repeats + 1):
             bw = bandwidth(floor_bytes)
-            labels = list(loops)
-            turn = labels[r % len(labels) :] + labels[: r % len(labels)]  # no model always first
-            for label in turn:
-                loop = loops[label]
-                time.sleep(PAUSE)
-                p, d, last[label] = loop.run(ids)
+            spent = dict.fromkeys(loops, 0.0)
+            for label in turn_order(labels, r):
+                p, last[label] = loops[label].prefill(ids)
                 if r:  # the first round warms up
                     prefill[label].append(p)
-                    decode[label].append(d)
+            for b in range(NEW // args.burst):
+                # the order changes burst by burst: no model always runs first, or after fp32
+                for label in turn_order(labels, r * (NEW // args.burst) + b):
+                    t = loops[label].decode(args.burst)
+                    spent[label] += t
+                    if r:
+                        bursts[label].append(t)
             bw = (bw + bandwidth(floor_bytes)) / 2
             if r:
                 floors.append(floor_bytes / bw)
-    med = {k: statistics.median(v) * 1e3 for k, v in decode.items()}
-    floor = statistics.median(floors) * 1e3
-    print(f"decode ms/token, median of {args.repeats} interleaved rounds ({THREADS} threads):")
+                for label in loops:
+                    decode[label].append(spent[label] / NEW)
+    print(f"load average at end: {load_average()}")
+    n_pairs = len(bursts[GENAI])
+    print(
+        f"decode ms/token, median of {args.repeats} rounds ({THREADS} threads), the models "
+        f"taking turns every {args.burst} steps:"
+    )
     for label in loops:
+        med = statistics.median(decode[label]) * 1e3
         pre = statistics.median(prefill[label]) * 1e3
-        print(f"  {label:18s} {med[label]:7.3f}   (prefill {pre:7.1f} ms)")
+        print(f"  {label:18s} {med:7.3f}   (prefill {pre:7.1f} ms)")
+    floor = statistics.median(floors) * 1e3
     print(f"  bandwidth floor    {floor:7.3f}   ({floor_bytes / 1e6:.1f} MB of int4 MatMulNBits)")
-    theirs = med["genai int4"]
-    for label in ("graphllm int4", "graphllm int4 sym"):
-        per_round = [a / b for a, b in zip(decode[label], decode["genai int4"])]
-        print(
-            f"{label} / genai int4: {med[label] / theirs:.3f} (median of per-round ratios "
-            f"{statistics.median(per_round):.3f})"
-        )
-    print(f"graphllm fp32 / graphllm int4: {med['graphllm fp32'] / med['graphllm int4']:.2f}")
-    sym = np.abs(last["graphllm int4 sym"] - last["genai int4"]).max()
-    print(f"max |logit graphllm int4 sym - genai int4| after the prompt: {sym:.2e}")
+    print(f"ours over genai's, median [interquartile range] of {n_pairs} burst pairs:")
+    for label, why in ((SYM, "like for like, the goal"), (ASYM, "graphllm's default")):
+        med, q1, q3 = median_iqr(paired_ratios(bursts[label], bursts[GENAI]))
+        print(f"  {label} / {GENAI}: {med:.3f} [{q1:.3f}, {q3:.3f}]   ({why})")
+    med, q1, q3 = median_iqr(paired_ratios(bursts[FP32], bursts[ASYM]))
+    print(f"  {FP32} / {ASYM}: {med:.2f} [{q1:.2f}, {q3:.2f}]")
+    sym = np.abs(last[SYM] - last[GENAI]).max()
+    print(f"max |logit {SYM} - {GENAI}| after the prompt: {sym:.2e}")
     return 0
+
+
+def turn_order(labels: list[str], k: int) -> list[str]:
+    """The k-th cycle's order of turns: rotated by k, and reversed every other len(labels)
+    cycles, so that over 2 * len(labels) cycles each model takes every place as often and each
+    goes before each other as often (rotation alone puts a before b in n-1 cycles of n)."""
+    n = len(labels)
+    order = labels[k % n :] + labels[: k % n]
+    return order[::-1] if (k // n) % 2 else order
 
 
 if __name__ == "__main__":
