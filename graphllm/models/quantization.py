@@ -243,6 +243,8 @@ _GPTQ_BOOKKEEPING = frozenset(
         "tokenizer", "module_name_preceding_first_block", "backend", "meta", "quantizer", "mse",
         "v2", "v2_alpha", "act_group_aware", "hyb_act", "damp",
         "disable_exllama",
+        # optimum's calibration sequence length, written by Qwen's GPTQ-Int4 configs as null
+        "model_seqlen",
     }
 )  # fmt: skip
 _AWQ_BOOKKEEPING = frozenset(
