@@ -10,8 +10,11 @@ from graphllm.files import write_atomic
 from graphllm.models.hardware import Hardware
 
 
-def plot_sweep(rows: list[dict[str, Any]], path: Path, title: str, hw: Hardware | None) -> Path:
-    """Left: FLOPs, bytes and time against T. Right: each op kind by arithmetic intensity."""
+def pyplot_for(path: Path) -> tuple[Any, str]:
+    """matplotlib's pyplot on the file-only Agg backend, and the picture format path's suffix names.
+
+    Checked before anything is computed to draw, so a wrong suffix or a missing extra is one line.
+    """
     fmt = path.suffix.lower().lstrip(".")
     if fmt not in ("png", "svg", "pdf"):
         raise GraphllmError(f"--plot {path}: give a .png, .svg or .pdf file")
@@ -22,6 +25,12 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path, title: str, hw: Hardware 
         import matplotlib.pyplot as plt
     except ModuleNotFoundError:
         raise GraphllmError("--plot needs matplotlib: pip install 'graphllm[plot]'") from None
+    return plt, fmt
+
+
+def plot_sweep(rows: list[dict[str, Any]], path: Path, title: str, hw: Hardware | None) -> Path:
+    """Left: FLOPs, bytes and time against T. Right: each op kind by arithmetic intensity."""
+    plt, fmt = pyplot_for(path)
     fig, (ax, rf) = plt.subplots(1, 2, figsize=(12, 4.8))
     ts = [r["seq_len"] for r in rows]
     ax.loglog(ts, [r["flops"] for r in rows], "o-", label="FLOPs")

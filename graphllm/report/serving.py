@@ -18,12 +18,13 @@ import math
 from typing import Any
 
 from graphllm.build.builder import build_graph
-from graphllm.errors import ConfigError, GraphllmError
+from graphllm.errors import ConfigError
 from graphllm.files import write_atomic
 from graphllm.models.hardware import Hardware
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload
 from graphllm.passes.parallel.partition import Strategy, partition, partition_report
+from graphllm.report.plot import pyplot_for
 
 MEMORY_FRACTION = 0.9  # vLLM's default gpu_memory_utilization
 
@@ -120,16 +121,7 @@ def serving_report(
 
 def plot_curve(doc: dict[str, Any], path: Any) -> Any:
     """The throughput-latency curve: aggregate tokens/s against each user's tokens/s."""
-    fmt = path.suffix.lower().lstrip(".")
-    if fmt not in ("png", "svg", "pdf"):
-        raise GraphllmError(f"--plot {path}: give a .png, .svg or .pdf file")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ModuleNotFoundError:
-        raise GraphllmError("--plot needs matplotlib: pip install 'graphllm[plot]'") from None
+    plt, fmt = pyplot_for(path)
     fig, ax = plt.subplots(figsize=(7, 4.8))
     xs = [p["tokens_per_second_per_user"] for p in doc["curve"]]
     ys = [p["tokens_per_second"] for p in doc["curve"]]
