@@ -158,57 +158,58 @@ def _to_heads(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     return x.reshape(*x.shape[:-1], a["axes"]["h"].size, -1)  # (B, T, heads, e)
 
 
+def _delta_row(name: str, sig: str, impl: Any, doc: str, **fields: Any) -> OpSpec:
+    """A gated delta rule row: what its three forms (chunked, chunked after a state, step) share.
+
+    Each output position reads every earlier one (prefix); the fp32 state splits with its value
+    heads (h carries g); nothing in it is linear, so a partial sum cannot pass through it.
+    """
+    return OpSpec(
+        name,
+        sig,
+        CONTRACTION,
+        impl,
+        doc,
+        out_dtypes=("same", "fp32"),
+        relation=prefix,
+        check=_delta_check,
+        carries=(("h", "g"),),
+        linear=(),
+        backward_reads="inputs",
+        **fields,
+    )
+
+
 register(
-    OpSpec(
+    _delta_row(
         "gated_delta_chunked",
         DELTA_SIG,
-        CONTRACTION,
         _chunked,
         "The gated delta rule in chunks of attrs['chunk'] positions, from a zero state (a "
         "prefill): q, k (key heads), v, the log decay g and beta (value heads) -> the output "
         "and the final state (B, H, d_k, d_v). FLOPs: the chunked form's matmuls, and its "
         "elementwise work (chunked_matmul_flops, chunked_other_flops).",
-        out_dtypes=("same", "fp32"),
-        relation=prefix,
-        check=_delta_check,
         matmul_flops_fn=chunked_matmul_flops,
         flops_attrs_fn=chunked_other_flops,
-        carries=(("h", "g"),),
-        linear=(),
-        backward_reads="inputs",
     ),
-    OpSpec(
+    _delta_row(
         "gated_delta_chunked_state",
         DELTA_STATE_SIG,
-        CONTRACTION,
         _chunked,
         "gated_delta_chunked after a carried state (input 5): several new tokens after a past.",
-        out_dtypes=("same", "fp32"),
-        relation=prefix,
         state_inputs=(5,),
-        check=_delta_check,
         matmul_flops_fn=chunked_matmul_flops,
         flops_attrs_fn=chunked_other_flops,
-        carries=(("h", "g"),),
-        linear=(),
-        backward_reads="inputs",
     ),
-    OpSpec(
+    _delta_row(
         "gated_delta_step",
         DELTA_STATE_SIG,
-        CONTRACTION,
         _step,
         "The gated delta rule token by token from a carried state (a decode step): decay the "
         "state, correct it by beta (v - S^T k) along k, read it with q. 7 d_k d_v + 2 d_v + 1 "
         "FLOPs per token and value head (step_flops), none a matmul.",
-        out_dtypes=("same", "fp32"),
-        relation=prefix,
         state_inputs=(5,),
-        check=_delta_check,
         flops_attrs_fn=step_flops,
-        carries=(("h", "g"),),
-        linear=(),
-        backward_reads="inputs",
     ),
     OpSpec(
         "l2normalize",

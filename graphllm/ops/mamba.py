@@ -182,6 +182,30 @@ def _gated_check(node: Node, env: dict[str, Dim]) -> str | None:
     return None
 
 
+def _scan_row(name: str, sig: str, doc: str, **fields: Any) -> OpSpec:
+    """A selective scan row: what the scan from a zero state and from a carried one share.
+
+    Output t reads every input s <= t (prefix); the fp32 state splits with its heads (h carries
+    g); nothing in it is linear, so a partial sum cannot pass through it.
+    """
+    return OpSpec(
+        name,
+        sig,
+        CONTRACTION,
+        _scan,
+        doc,
+        relation=prefix,
+        matmul_flops_fn=lambda s, a: scan_flops(s, a)[0],
+        flops_attrs_fn=lambda s, a: scan_flops(s, a)[1],
+        check=_scan_check,
+        out_dtypes=("same", "fp32"),
+        carries=(("h", "g"),),
+        linear=(),
+        backward_reads="inputs",
+        **fields,
+    )
+
+
 register(
     OpSpec(
         "pick_channels",
@@ -200,39 +224,19 @@ register(
         flops_per_elem=2,
         backward_reads="inputs",
     ),
-    OpSpec(
+    _scan_row(
         "ssm_scan",
         SCAN_SIG,
-        CONTRACTION,
-        _scan,
         "Mamba2's selective scan from a zero state (inputs x, dt, A_log, B, C, D, dt_bias): "
         "y and the final state (module docstring: the chunked and recurrent forms, FLOPs). "
         "Output t reads every input s <= t: the prefix relation.",
-        relation=prefix,
-        matmul_flops_fn=lambda s, a: scan_flops(s, a)[0],
-        flops_attrs_fn=lambda s, a: scan_flops(s, a)[1],
-        check=_scan_check,
-        out_dtypes=("same", "fp32"),
-        carries=(("h", "g"),),
-        linear=(),
-        backward_reads="inputs",
     ),
-    OpSpec(
+    _scan_row(
         "ssm_scan_past",
         SCAN_STATE_SIG,
-        CONTRACTION,
-        _scan,
         "ssm_scan from the layer's carried state (input 7): the recurrent step for one token, "
         "the chunked form for several.",
-        relation=prefix,
         state_inputs=(7,),
-        matmul_flops_fn=lambda s, a: scan_flops(s, a)[0],
-        flops_attrs_fn=lambda s, a: scan_flops(s, a)[1],
-        check=_scan_check,
-        out_dtypes=("same", "fp32"),
-        carries=(("h", "g"),),
-        linear=(),
-        backward_reads="inputs",
     ),
     OpSpec(
         "gated_group_rmsnorm",
