@@ -81,31 +81,36 @@ def _zero_padding(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     return x * mask[:, start : start + t, None].astype(np.float32)
 
 
-register(
-    OpSpec(
-        "causal_conv1d",
-        "b s c, c o k -> b t c",
+def _conv_row(name: str, sig: str, doc: str, *, bias: bool) -> OpSpec:
+    """A causal convolution row, with or without its per-channel bias: one impl, one window."""
+    return OpSpec(
+        name,
+        sig,
         CONTRACTION,
         _conv,
+        doc,
+        relation=_window,
+        check=_conv_check,
+        flops_fn=_conv_flops(bias=bias),
+        backward_reads="inputs",
+    )
+
+
+register(
+    _conv_row(
+        "causal_conv1d",
+        "b s c, c o k -> b t c",
         "Depthwise causal convolution over the token axis: out[t, c] = sum_j w[c, j] "
         "x[t-K+1+j, c], each channel its own K taps (nn.Conv1d, groups=C, no bias). The input "
         "is the K-1 past inputs (the conv state) then the new ones (with_state), or the new "
         "ones after K-1 zeros. 2K FLOPs per output element.",
-        relation=_window,
-        check=_conv_check,
-        flops_fn=_conv_flops(bias=False),
-        backward_reads="inputs",
+        bias=False,
     ),
-    OpSpec(
+    _conv_row(
         "causal_conv1d_bias",
         "b s c, c o k, c -> b t c",
-        CONTRACTION,
-        _conv,
         "causal_conv1d plus a per-channel bias (Mamba2's conv1d): 2K + 1 FLOPs per output element.",
-        relation=_window,
-        check=_conv_check,
-        flops_fn=_conv_flops(bias=True),
-        backward_reads="inputs",
+        bias=True,
     ),
     OpSpec(
         "state_concat",
