@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from onnx import TensorProto, helper
 
-from graphllm.exporters.onnx.lowering import ONNX_TYPES, Lowering, axis_size, lowers
+from graphllm.exporters.onnx.lowering import Lowering, axis_size, lowers
 from graphllm.ir import Node
 
 
@@ -49,21 +49,13 @@ def _from_heads(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("Reshape", [i[0], c.const([0, 0, -1])], n, o)  # (B, T, heads * e)
 
 
-def _back(c: Lowering, n: Node, y: str, o: list[str]) -> None:
-    """y (fp32) as the node's output, at the export's dtype."""
-    if c.dtype == "fp32":
-        c.final("Identity", [y], n, o)
-    else:
-        c.final("Cast", [y], n, o, to=ONNX_TYPES[c.dtype])
-
-
 @lowers("l2normalize")
 def _l2normalize(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     s = n.name
     x = c.cast(i[0], c.dtype, "fp32", s)
     sq = c.op("ReduceSum", [c.op("Mul", [x, x], s), c.const([-1])], s, keepdims=1)
     den = c.op("Sqrt", [c.op("Add", [sq, c.const(n.attrs["eps"], "fp32", "eps")], s)], s)
-    _back(c, n, c.op("Div", [x, den], s), o)
+    c.final_from_fp32(c.op("Div", [x, den], s), n, o)
 
 
 @lowers("delta_decay")
@@ -72,7 +64,7 @@ def _delta_decay(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     x, a_log, dt_bias = (c.cast(v, c.dtype, "fp32", s) for v in i)
     soft = c.op("Softplus", [c.op("Add", [x, dt_bias], s)], s)
     rate = c.op("Neg", [c.op("Exp", [a_log], s)], s)
-    _back(c, n, c.op("Mul", [rate, soft], s), o)
+    c.final_from_fp32(c.op("Mul", [rate, soft], s), n, o)
 
 
 @lowers("gated_rmsnorm")
@@ -83,7 +75,7 @@ def _gated_rmsnorm(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     den = c.op("Sqrt", [c.op("Add", [var, c.const(n.attrs["eps"], "fp32", "eps")], s)], s)
     normed = c.op("Mul", [c.op("Div", [x, den], s), w], s)
     gate = c.op("Mul", [z, c.op("Sigmoid", [z], s)], s)
-    _back(c, n, c.op("Mul", [normed, gate], s), o)
+    c.final_from_fp32(c.op("Mul", [normed, gate], s), n, o)
 
 
 def _step_body(c: Lowering, s: str) -> object:
@@ -154,8 +146,5 @@ def _gated_delta(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
         scan_input_axes=[1] * 5,
         scan_output_axes=[1],
     )  # final (B, H, d_k, d_v); out (B, T, H, d_v)
-    if c.dtype == "fp32":
-        c.final("Identity", [out], n, [o[0]])
-    else:
-        c.final("Cast", [out], n, [o[0]], to=ONNX_TYPES[c.dtype])
+    c.final_from_fp32(out, n, [o[0]])
     c.named("Identity", [final], [o[1]], f"{s}/state")

@@ -136,6 +136,13 @@ class Lowering:
             helper.make_node(op_type, inputs, outs, name=self._unique(node.name), **attrs)
         )
 
+    def final_from_fp32(self, y: str, node: Node, outs: list[str]) -> None:
+        """y, computed in fp32, as the IR node's output at the export's dtype."""
+        if self.dtype == "fp32":
+            self.final("Identity", [y], node, outs)
+        else:
+            self.final("Cast", [y], node, outs, to=ONNX_TYPES[self.dtype])
+
     def named(self, op_type: str, inputs: list[str], outs: list[str], name: str, **attrs) -> None:
         """A node that a fused region emits, named after the region's scope."""
         self.nodes.append(helper.make_node(op_type, inputs, outs, name=self._unique(name), **attrs))

@@ -29,13 +29,6 @@ def _f32(c: Lowering, value: float) -> str:
     return c.const(value, "fp32", "f")
 
 
-def _back(c: Lowering, n: Node, y: str, o: list[str]) -> None:
-    if c.dtype == "fp32":
-        c.final("Identity", [y], n, o)
-    else:
-        c.final("Cast", [y], n, o, to=ONNX_TYPES[c.dtype])
-
-
 @lowers("pick_channels")
 def _pick_channels(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("Gather", [i[0], c.const(list(n.attrs["index"]))], n, o, axis=2)
@@ -56,7 +49,7 @@ def _gated_group_rmsnorm(c: Lowering, n: Node, i: list[str], o: list[str]) -> No
     var = c.op("ReduceMean", [c.op("Mul", [groups, groups], s), c.const([-1])], s, keepdims=1)
     den = c.op("Sqrt", [c.op("Add", [var, _f32(c, n.attrs["eps"])], s)], s)
     normed = c.op("Reshape", [c.op("Div", [groups, den], s), c.const([0, 0, -1])], s)
-    _back(c, n, c.op("Mul", [normed, w], s), o)
+    c.final_from_fp32(c.op("Mul", [normed, w], s), n, o)
 
 
 def _segsum(c: Lowering, x: str, s: str) -> str:
