@@ -18,8 +18,14 @@ pytest.importorskip("onnxruntime")
 from graphllm.build.builder import build_export_graph  # noqa: E402
 from graphllm.exporters.onnx import export_onnx  # noqa: E402
 from graphllm.exporters.onnx.lowering import LoweringError, lower  # noqa: E402
-from graphllm.runtime.session import OnnxModel, positions  # noqa: E402
-from tests.support.tiny_models import presents as carried  # noqa: E402
+from graphllm.runtime.session import OnnxModel  # noqa: E402
+from tests.support.stateful_onnx import (  # noqa: E402
+    assert_generate_matches,
+    assert_left_padded,
+    assert_prefill_and_decode,
+    carried,
+    hf,
+)
 from tests.support.tiny_nemotron import SMALL  # noqa: E402
 
 ATOL, STEPS, PAD, LONG = 1e-4, 16, 3, 11
@@ -32,18 +38,6 @@ def exported(tiny_nemotron, tmp_path_factory):
     path = tmp_path_factory.mktemp("nemotron_h-onnx") / "model.onnx"
     export_onnx(build_export_graph(m.cfg), path, weights=m.folder, ops="decomposed")
     return m, path, OnnxModel(path, device="cpu")
-
-
-def _hf(m, ids, mask=None, pos=None, cache=None):
-    t = torch.from_numpy
-    with torch.no_grad():
-        return m.model(
-            t(ids),
-            attention_mask=None if mask is None else t(mask),
-            position_ids=None if pos is None else t(pos),
-            cache=cache,
-            use_cache=True,
-        )
 
 
 def test_the_states_are_inputs_and_outputs_of_their_own(exported):
@@ -74,55 +68,19 @@ def test_the_states_are_inputs_and_outputs_of_their_own(exported):
 def test_prefill_longer_than_a_chunk_and_16_decode_steps(exported):
     m, _, session = exported
     ids = np.random.default_rng(0).integers(3, SMALL["vocab_size"], (2, LONG))
-    ours, theirs, interp = session.forward(ids), _hf(m, ids), m.run(ids)
-    np.testing.assert_allclose(ours["logits"], theirs.logits.numpy(), atol=ATOL, rtol=0)
-    np.testing.assert_allclose(ours["logits"], interp["logits"], atol=ATOL, rtol=0)
-    for step in range(STEPS):
-        nxt = theirs.logits.numpy()[:, -1].argmax(-1)[:, None]
-        ours = session.forward(nxt, past=carried(ours))
-        theirs = _hf(m, nxt, cache=theirs.cache)
-        interp = m.run(nxt, past=carried(interp))
-        np.testing.assert_allclose(
-            ours["logits"], theirs.logits.numpy(), atol=ATOL, rtol=0, err_msg=f"step {step}"
-        )
-        np.testing.assert_allclose(ours["logits"], interp["logits"], atol=ATOL, rtol=0)
+    assert_prefill_and_decode(m, session, ids, STEPS, ATOL)
 
 
 def test_left_padded_batch(exported):
     m, _, session = exported
     ids = np.random.default_rng(1).integers(3, SMALL["vocab_size"], (2, 8))
-    ids[1, :PAD] = 0
-    mask = np.ones_like(ids)
-    mask[1, :PAD] = 0
-    pos = positions(mask, 8)
-    ours, theirs = session.forward(ids, mask, pos), _hf(m, ids, mask, pos)
-    np.testing.assert_allclose(ours["logits"][0], theirs.logits.numpy()[0], atol=ATOL, rtol=0)
-    np.testing.assert_allclose(
-        ours["logits"][1, PAD:], theirs.logits.numpy()[1, PAD:], atol=ATOL, rtol=0
-    )
-    # the padded row is its prompt alone: padding reaches neither attention nor the states
-    alone = m.run(ids[1:, PAD:])["logits"][0]
-    np.testing.assert_allclose(ours["logits"][1, PAD:], alone, atol=ATOL, rtol=0)
-    for step in range(STEPS):
-        nxt = theirs.logits.numpy()[:, -1].argmax(-1)[:, None]
-        mask = np.concatenate([mask, np.ones_like(nxt)], axis=1)
-        pos = positions(mask, 1)
-        ours = session.forward(nxt, mask, pos, past=carried(ours))
-        theirs = _hf(m, nxt, mask, pos, cache=theirs.cache)
-        np.testing.assert_allclose(
-            ours["logits"], theirs.logits.numpy(), atol=ATOL, rtol=0, err_msg=f"step {step}"
-        )
+    assert_left_padded(m, session, ids, PAD, STEPS, ATOL, alone=True)
 
 
 def test_generate_feeds_the_states_back(exported):
     m, _, session = exported
     ids = np.random.default_rng(2).integers(3, SMALL["vocab_size"], (1, 6))
-    new = session.generate(ids, 5)  # BoundCache: the presents fed back as OrtValues
-    theirs, ref = _hf(m, ids), []
-    for _ in range(5):  # transformers' greedy tokens, eos or not
-        ref.append(theirs.logits.numpy()[:, -1].argmax(-1)[:, None])
-        theirs = _hf(m, ref[-1], cache=theirs.cache)
-    np.testing.assert_array_equal(new, np.concatenate(ref, axis=1))
+    assert_generate_matches(m, session, ids, 5)
 
 
 @pytest.mark.parametrize(
@@ -142,24 +100,7 @@ def test_the_fused_default_lowering_is_exact(tiny_nemotron, tmp_path, case, ops,
     session = OnnxModel(tmp_path / "model.onnx", device="cpu")
     assert attention in {n.op_type for n in onnx.load(str(tmp_path / "model.onnx")).graph.node}
     ids = np.random.default_rng(3).integers(3, SMALL["vocab_size"], (2, LONG))
-    ids[1, :PAD] = 0
-    mask = np.ones_like(ids)
-    mask[1, :PAD] = 0
-    pos = positions(mask, LONG)
-    ours, theirs = session.forward(ids, mask, pos), _hf(m, ids, mask, pos)
-    np.testing.assert_allclose(ours["logits"][0], theirs.logits.numpy()[0], atol=ATOL, rtol=0)
-    np.testing.assert_allclose(
-        ours["logits"][1, PAD:], theirs.logits.numpy()[1, PAD:], atol=ATOL, rtol=0
-    )
-    for step in range(STEPS):
-        nxt = theirs.logits.numpy()[:, -1].argmax(-1)[:, None]
-        mask = np.concatenate([mask, np.ones_like(nxt)], axis=1)
-        pos = positions(mask, 1)
-        ours = session.forward(nxt, mask, pos, past=carried(ours))
-        theirs = _hf(m, nxt, mask, pos, cache=theirs.cache)
-        np.testing.assert_allclose(
-            ours["logits"], theirs.logits.numpy(), atol=ATOL, rtol=0, err_msg=f"step {step}"
-        )
+    assert_left_padded(m, session, ids, PAD, STEPS, ATOL)
 
 
 def test_ort_refuses_the_relu2_experts_in_one_line(exported):
@@ -174,8 +115,8 @@ def test_a_one_token_prompt_clamps_and_its_next_step_does_not(exported):
     token through the recurrent step (not clamped): the export tells them apart by the mask."""
     m, _, session = exported
     ids = np.array([[5], [9]])
-    ours, theirs = session.forward(ids), _hf(m, ids)
+    ours, theirs = session.forward(ids), hf(m, ids)
     np.testing.assert_allclose(ours["logits"], theirs.logits.numpy(), atol=ATOL, rtol=0)
     nxt = np.array([[7], [11]])
-    ours, theirs = session.forward(nxt, past=carried(ours)), _hf(m, nxt, cache=theirs.cache)
+    ours, theirs = session.forward(nxt, past=carried(ours)), hf(m, nxt, cache=theirs.cache)
     np.testing.assert_allclose(ours["logits"], theirs.logits.numpy(), atol=ATOL, rtol=0)

@@ -9,15 +9,14 @@ test_partition_qwen3_next.py): tp over the Mamba heads themselves (Megatron's pe
 C and dt blocks) is not modelled."""
 
 import pytest
-import yaml
-from click.testing import CliRunner
 
-from graphllm import Workload, build_graph
-from graphllm.cli import main
 from graphllm.errors import ConfigError
-from graphllm.models.config import config_from_dict
 from graphllm.passes.parallel.partition import Strategy, partition
-from graphllm.runtime.spmd import check_partition
+from tests.support.stateful_partition import (
+    assert_partition_equals_single_device,
+    assert_verify_partition_command,
+    tiny_graph,
+)
 from tests.support.tiny_nemotron import SMALL
 
 TINY = dict(SMALL, model_type="nemotron_h", hybrid_override_pattern="M*-EM")
@@ -35,18 +34,13 @@ CASES = [
 
 
 def _graph(**workload):
-    cfg = config_from_dict(dict(TINY), "nemotron_h")
-    return build_graph(cfg, Workload(**({"batch": 4, "seq_len": 8, "dtype": "fp32"} | workload)))
+    return tiny_graph(TINY, "nemotron_h", **workload)
 
 
 @pytest.mark.parametrize(("strategy", "workload"), CASES, ids=lambda v: str(v))
 def test_partitioned_run_equals_single_device(strategy, workload):
-    g = _graph(**workload)
-    check = check_partition(g, partition(g, strategy), seed=1)
-    assert check.max_diff <= 1e-5, check.differences(3)
-    states = [k for k in check.others if k.endswith("_state")]
-    assert len(states) == 2 * 2  # conv and SSM state of the two Mamba2 layers
-    assert all(v <= 1e-5 for v in check.others.values()), check.others
+    # conv and SSM state of the two Mamba2 layers
+    assert_partition_equals_single_device(_graph(**workload), strategy, states=2 * 2)
 
 
 def test_tp_cuts_in_proj_by_columns_and_out_proj_by_rows():
@@ -66,11 +60,4 @@ def test_context_parallelism_of_a_mamba_layer_is_refused_in_one_line(strategy):
 
 
 def test_verify_partition_command(tmp_path):
-    f = tmp_path / "tiny-nemotron-h.yaml"
-    f.write_text(yaml.safe_dump(TINY))
-    args = ["verify", "partition", "--config", str(f), "--tp", "2", "--ep", "2", "--pp", "2"]
-    r = CliRunner().invoke(main, [*args, "-b", "2"])
-    assert r.exit_code == 0, r.output
-    assert "logits equal within 1e-5" in r.stdout
-    r = CliRunner().invoke(main, ["verify", "partition", "--config", str(f), "--cp", "2"])
-    assert r.exit_code == 2 and "reads the tokens in order" in r.output
+    assert_verify_partition_command(tmp_path, TINY, "tiny-nemotron-h")

@@ -3,7 +3,6 @@ with its gated shared expert), each strategy checked by execution against the si
 graph, the carried states included; context parallelism refused in one line."""
 
 import pytest
-import yaml
 from click.testing import CliRunner
 
 from graphllm import Workload, build_graph
@@ -12,6 +11,11 @@ from graphllm.errors import ConfigError
 from graphllm.models.config import config_from_dict
 from graphllm.passes.parallel.partition import Strategy, partition
 from graphllm.runtime.spmd import check_partition
+from tests.support.stateful_partition import (
+    assert_partition_equals_single_device,
+    assert_verify_partition_command,
+    tiny_graph,
+)
 
 TINY = {
     "model_type": "qwen3_next",
@@ -45,18 +49,13 @@ CASES = [
 
 
 def _graph(**workload):
-    cfg = config_from_dict(dict(TINY), "qwen3_next")
-    return build_graph(cfg, Workload(**({"batch": 4, "seq_len": 8, "dtype": "fp32"} | workload)))
+    return tiny_graph(TINY, "qwen3_next", **workload)
 
 
 @pytest.mark.parametrize(("strategy", "workload"), CASES, ids=lambda v: str(v))
 def test_partitioned_run_equals_single_device(strategy, workload):
-    g = _graph(**workload)
-    check = check_partition(g, partition(g, strategy), seed=1)
-    assert check.max_diff <= 1e-5, check.differences(3)
-    states = [k for k in check.others if k.endswith("_state")]
-    assert len(states) == 2 * 2  # conv and recurrent state of the two linear layers
-    assert all(v <= 1e-5 for v in check.others.values()), check.others
+    # conv and recurrent state of the two linear layers
+    assert_partition_equals_single_device(_graph(**workload), strategy, states=2 * 2)
 
 
 def test_tp_splits_the_linear_layers_over_their_key_head_groups():
@@ -85,14 +84,7 @@ def test_context_parallelism_of_a_recurrent_layer_is_refused_in_one_line(strateg
 
 
 def test_verify_partition_command(tmp_path):
-    f = tmp_path / "tiny-qwen3-next.yaml"
-    f.write_text(yaml.safe_dump(TINY))
-    args = ["verify", "partition", "--config", str(f), "--tp", "2", "--ep", "2", "--pp", "2"]
-    r = CliRunner().invoke(main, [*args, "-b", "2"])
-    assert r.exit_code == 0, r.output
-    assert "logits equal within 1e-5" in r.stdout
-    r = CliRunner().invoke(main, ["verify", "partition", "--config", str(f), "--cp", "2"])
-    assert r.exit_code == 2 and "reads the tokens in order" in r.output
+    args = assert_verify_partition_command(tmp_path, TINY, "tiny-qwen3-next")
     r = CliRunner().invoke(main, args)  # batch 1: ep would cut the tokens
     assert r.exit_code == 2 and "give a batch that --ep 2 divides" in r.output
 
