@@ -14,18 +14,21 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
-
 import graphllm  # noqa: E402
 from graphllm.models.config import config_from_dict  # noqa: E402
 from graphllm.passes import run  # noqa: E402
-from graphllm.passes.cost import scopes_of  # noqa: E402
 from tests.support.flop_counter import (  # noqa: E402
     DEEPSEEK_WORKLOADS,
     deepseek_config_dict,
     deepseek_models,
 )
-from tests.support.mtp import MTPReference  # noqa: E402
+from tests.support.mtp import (  # noqa: E402
+    MTPReference,
+    assert_mtp_tokens_move_only_later,
+    counted_mtp_flops,
+    mtp_matmul_flops,
+    mtp_mixing,
+)
 from tests.support.tiny_deepseek import BATCH, SEQ, SMALL  # noqa: E402
 
 ATOL, STEPS = 1e-4, 3
@@ -58,18 +61,8 @@ def test_mtp_logits_equal_the_reference_prefill_and_cached_steps(tiny_mtp, mla):
 def test_mtp_tokens_move_only_their_own_and_later_positions(tiny_mtp):
     """Perturbing one position of either token input changes the MTP logits at that position
     and after it only (causal attention is the only mixing, also in the MTP block)."""
-    ids, mids = _ids(3, SEQ), _ids(4, SEQ)
-    base = tiny_mtp.run(ids, mids)["mtp.1.logits"]
-    for which in ("main", "mtp"):
-        for j in (0, 3, SEQ - 1):
-            a, b = ids.copy(), mids.copy()
-            x = a if which == "main" else b
-            x[:, j] = (x[:, j] + 1) % SMALL["vocab_size"]
-            moved = np.abs(tiny_mtp.run(a, b)["mtp.1.logits"] - base).max(axis=(0, 2)) > 1e-6
-            assert list(moved) == [t >= j for t in range(SEQ)], (which, j)
-    g = graphllm.build_graph(tiny_mtp.base.cfg, graphllm.Workload(seq_len=SEQ), mtp=True)
-    verdicts = run(g, ["tokens"])["tokens"].verdicts
-    mixing = {n for n, v in verdicts.items() if v.mixes}
+    assert_mtp_tokens_move_only_later(tiny_mtp, _ids(3, SEQ), _ids(4, SEQ), SMALL["vocab_size"])
+    g, mixing = mtp_mixing(tiny_mtp.base.cfg, SEQ)
     assert {g[n].op for n in mixing} == {"scores", "softmax", "pv"}
     assert any(n.startswith(f"model.layers.{tiny_mtp.layer}.self_attn.core") for n in mixing)
 
@@ -80,32 +73,13 @@ def test_mtp_tokens_move_only_their_own_and_later_positions(tiny_mtp):
 
 def _mtp_matmul(workload: dict) -> int:
     cfg, _ = deepseek_models("deepseek-v3")  # cut to 2 layers; the MTP layer is layer 2
-    g = graphllm.build_graph(cfg, graphllm.Workload(**workload), mtp=True)
-    run(g, ["cost"])
-    mtp_nodes = [n for n in g.nodes() if any(k == "mtp" for _, k in scopes_of(g, n.name))]
-    return round(sum(n.meta["cost"].matmul for n in mtp_nodes if "cost" in n.meta))
+    return mtp_matmul_flops(cfg, workload)
 
 
 def _counted(workload: dict) -> int:
     _, model = deepseek_models("deepseek-v3")
-    b, t, p = workload["batch"], workload["seq_len"], workload.get("past_len", 0)
-    d = model.config.hidden_size
-
-    def step(ref, start: int, n: int, cache, last: bool = False):
-        hidden = torch.zeros((b, n, d))
-        pe = model.model.rotary_emb(hidden, torch.arange(start, start + n)[None].expand(b, -1))
-        mask = torch.zeros((1, 1, n, start + n))
-        return ref(torch.zeros((b, n), dtype=torch.long), hidden, pe, mask, last, cache)
-
-    with torch.device("meta"), torch.no_grad():
-        ref = MTPReference(model.config, model.config.num_hidden_layers).eval()
-        cache = transformers.DynamicCache()  # the MTP layer's own, filled by a prefill of P
-        if p:
-            step(ref, 0, p, cache)
-        counter = FlopCounterMode(display=False)
-        with counter:
-            step(ref, p, t, cache, last=workload.get("logits") == "last")
-    return counter.get_total_flops()
+    layer = model.config.num_hidden_layers
+    return counted_mtp_flops(model, lambda: MTPReference(model.config, layer), workload)
 
 
 @pytest.mark.parametrize("workload", DEEPSEEK_WORKLOADS.values(), ids=DEEPSEEK_WORKLOADS.keys())

@@ -19,7 +19,6 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 from transformers.models.glm4_moe import modeling_glm4_moe as hf_glm  # noqa: E402
 
 import graphllm  # noqa: E402
@@ -27,10 +26,14 @@ from graphllm.build.builder import build_export_graph  # noqa: E402
 from graphllm.exporters.onnx import export_onnx  # noqa: E402
 from graphllm.models.config import PRESETS_DIR, config_from_dict  # noqa: E402
 from graphllm.passes import run  # noqa: E402
-from graphllm.passes.cost import scopes_of  # noqa: E402
 from graphllm.runtime.session import OnnxModel  # noqa: E402
 from tests.support.flop_counter import DEEPSEEK_WORKLOADS  # noqa: E402
-from tests.support.mtp import MTPReference, TinyMTP  # noqa: E402
+from tests.support.mtp import (  # noqa: E402
+    MTPReference,
+    TinyMTP,
+    counted_mtp_flops,
+    mtp_matmul_flops,
+)
 from tests.support.tiny_models import BATCH, SEQ, SMALL, TinyModel  # noqa: E402
 
 ATOL, STEPS = 1e-4, 3
@@ -104,38 +107,12 @@ def _glm45_two_layers():
     return config_from_dict(dict(d), "glm4.5"), model.eval()
 
 
-def _mtp_matmul(cfg, workload: dict) -> int:
-    g = graphllm.build_graph(cfg, graphllm.Workload(**workload), mtp=True)
-    run(g, ["cost"])
-    mtp_nodes = [n for n in g.nodes() if any(k == "mtp" for _, k in scopes_of(g, n.name))]
-    return round(sum(n.meta["cost"].matmul for n in mtp_nodes if "cost" in n.meta))
-
-
-def _counted(model, workload: dict) -> int:
-    b, t, p = workload["batch"], workload["seq_len"], workload.get("past_len", 0)
-    d = model.config.hidden_size
-
-    def step(ref, start: int, n: int, cache, last: bool = False):
-        hidden = torch.zeros((b, n, d))
-        pe = model.model.rotary_emb(hidden, torch.arange(start, start + n)[None].expand(b, -1))
-        mask = torch.zeros((1, 1, n, start + n))
-        return ref(torch.zeros((b, n), dtype=torch.long), hidden, pe, mask, last, cache)
-
-    with torch.device("meta"), torch.no_grad():
-        ref = MTPReference(model.config, model.config.num_hidden_layers, *GLM).eval()
-        cache = transformers.DynamicCache()
-        if p:
-            step(ref, 0, p, cache)
-        counter = FlopCounterMode(display=False)
-        with counter:
-            step(ref, p, t, cache, last=workload.get("logits") == "last")
-    return counter.get_total_flops()
-
-
 @pytest.mark.parametrize("workload", DEEPSEEK_WORKLOADS.values(), ids=DEEPSEEK_WORKLOADS.keys())
 def test_glm_mtp_matmul_flops_equal_flop_counter(workload):
     cfg, model = _glm45_two_layers()
-    assert _mtp_matmul(cfg, workload) == _counted(model, workload) > 0
+    layer = model.config.num_hidden_layers
+    counted = counted_mtp_flops(model, lambda: MTPReference(model.config, layer, *GLM), workload)
+    assert mtp_matmul_flops(cfg, workload) == counted > 0
 
 
 def test_glm_mtp_follows_the_main_model_and_is_counted_apart():

@@ -11,25 +11,25 @@ states and the MTP layer's own KV cache), and the MTP part's matmul FLOPs under 
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
-
 import graphllm  # noqa: E402
 from graphllm.build.builder import build_export_graph  # noqa: E402
 from graphllm.errors import ConfigError  # noqa: E402
 from graphllm.exporters.onnx import export_onnx  # noqa: E402
-from graphllm.models.config import _load_preset, config_from_dict  # noqa: E402
 from graphllm.passes import run  # noqa: E402
-from graphllm.passes.cost import scopes_of  # noqa: E402
 from graphllm.runtime.session import OnnxModel  # noqa: E402
-from tests.support.flop_counter import DEEPSEEK_WORKLOADS  # noqa: E402
+from tests.support.flop_counter import DEEPSEEK_WORKLOADS, qwen3_next_models  # noqa: E402
+from tests.support.mtp import (  # noqa: E402
+    assert_mtp_tokens_move_only_later,
+    counted_mtp_flops,
+    mtp_matmul_flops,
+    mtp_mixing,
+)
 from tests.support.mtp_qwen3_next import Qwen3NextMTPReference, TinyQwen3NextMTP  # noqa: E402
 from tests.support.tiny_qwen3_next import BATCH, LONG, SMALL, carried  # noqa: E402
 
@@ -71,18 +71,8 @@ def test_mtp_tokens_move_only_their_own_and_later_positions(next_mtp):
     and after it only; the MTP block mixes by its attention, the main model also by its conv
     and recurrences, as the tokens pass finds."""
     seq = 8
-    ids, mids = _ids(3, seq), _ids(4, seq)
-    base = next_mtp.run(ids, mids)["mtp.1.logits"]
-    for which in ("main", "mtp"):
-        for j in (0, 3, seq - 1):
-            a, b = ids.copy(), mids.copy()
-            x = a if which == "main" else b
-            x[:, j] = (x[:, j] + 1) % SMALL["vocab_size"]
-            moved = np.abs(next_mtp.run(a, b)["mtp.1.logits"] - base).max(axis=(0, 2)) > 1e-6
-            assert list(moved) == [t >= j for t in range(seq)], (which, j)
-    g = graphllm.build_graph(next_mtp.base.cfg, graphllm.Workload(seq_len=seq), mtp=True)
-    verdicts = run(g, ["tokens"])["tokens"].verdicts
-    mixing = {n for n, v in verdicts.items() if v.mixes}
+    assert_mtp_tokens_move_only_later(next_mtp, _ids(3, seq), _ids(4, seq), SMALL["vocab_size"])
+    g, mixing = mtp_mixing(next_mtp.base.cfg, seq)
     assert any(n.startswith("mtp.layers.0.self_attn.") for n in mixing)
     assert {g[n].op for n in mixing if n.startswith("mtp.")} == {"scores", "softmax", "pv"}
 
@@ -131,49 +121,11 @@ def test_mtp_is_one_layer():
 # -- FLOPs: the published config cut to 4 layers (three linear, one attention) -----------------
 
 
-@functools.cache
-def _published():
-    d, _ = _load_preset("qwen3-next-80b-a3b")
-    d = {k: v for k, v in d.items() if not k.startswith("_")} | {"num_hidden_layers": 4}
-    cfg = config_from_dict(dict(d), "qwen3-next-80b-a3b")
-    drop = ("architectures", "model_type", "transformers_version", "torch_dtype")
-    hf = transformers.Qwen3NextConfig(**{k: v for k, v in d.items() if k not in drop})
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(
-            hf, attn_implementation="sdpa", experts_implementation="batched_mm"
-        )
-    return cfg, model.eval()
-
-
-def _mtp_matmul(cfg, workload: dict) -> int:
-    g = graphllm.build_graph(cfg, graphllm.Workload(**workload), mtp=True)
-    run(g, ["cost"])
-    mtp_nodes = [n for n in g.nodes() if any(k == "mtp" for _, k in scopes_of(g, n.name))]
-    return round(sum(n.meta["cost"].matmul for n in mtp_nodes if "cost" in n.meta))
-
-
-def _counted(model, workload: dict) -> int:
-    b, t, p = workload["batch"], workload["seq_len"], workload.get("past_len", 0)
-    d = model.config.hidden_size
-
-    def step(ref, start: int, n: int, cache, last: bool = False):
-        hidden = torch.zeros((b, n, d))
-        pe = model.model.rotary_emb(hidden, torch.arange(start, start + n)[None].expand(b, -1))
-        mask = torch.zeros((1, 1, n, start + n))
-        return ref(torch.zeros((b, n), dtype=torch.long), hidden, pe, mask, last, cache)
-
-    with torch.device("meta"), torch.no_grad():
-        ref = Qwen3NextMTPReference(model.config, model.model.embed_tokens, model.lm_head).eval()
-        cache = transformers.DynamicCache()
-        if p:
-            step(ref, 0, p, cache)
-        counter = FlopCounterMode(display=False)
-        with counter:
-            step(ref, p, t, cache, last=workload.get("logits") == "last")
-    return counter.get_total_flops()
-
-
 @pytest.mark.parametrize("workload", DEEPSEEK_WORKLOADS.values(), ids=DEEPSEEK_WORKLOADS.keys())
 def test_mtp_matmul_flops_equal_flop_counter(workload):
-    cfg, model = _published()
-    assert _mtp_matmul(cfg, workload) == _counted(model, workload) > 0
+    cfg, model = qwen3_next_models(4)
+
+    def make_ref():
+        return Qwen3NextMTPReference(model.config, model.model.embed_tokens, model.lm_head)
+
+    assert mtp_matmul_flops(cfg, workload) == counted_mtp_flops(model, make_ref, workload) > 0

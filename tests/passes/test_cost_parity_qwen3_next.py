@@ -12,18 +12,15 @@ either; their closed forms are tests/ops/test_delta.py's.
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from graphllm import Workload, build_graph  # noqa: E402
-from graphllm.models.config import _load_preset, config_from_dict  # noqa: E402
 from graphllm.ops import OPS, node_flops  # noqa: E402
 from graphllm.passes import run  # noqa: E402
-from tests.support.flop_counter import count_forward  # noqa: E402
+from tests.support.flop_counter import count_forward, qwen3_next_models  # noqa: E402
 
 LAYERS = 4
 WORKLOADS = {
@@ -35,23 +32,9 @@ WORKLOADS = {
 }
 
 
-@functools.cache
-def _models():
-    d, _ = _load_preset("qwen3-next-80b-a3b")
-    d = {k: v for k, v in d.items() if not k.startswith("_")} | {"num_hidden_layers": LAYERS}
-    cfg = config_from_dict(dict(d), "qwen3-next-80b-a3b")
-    drop = ("architectures", "model_type", "transformers_version", "torch_dtype")
-    hf = transformers.Qwen3NextConfig(**{k: v for k, v in d.items() if k not in drop})
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(
-            hf, attn_implementation="sdpa", experts_implementation="batched_mm"
-        )
-    return cfg, model.eval()
-
-
 @pytest.mark.parametrize("workload", WORKLOADS.values(), ids=WORKLOADS)
 def test_matmul_flops_equal_flop_counter(workload):
-    cfg, model = _models()
+    cfg, model = qwen3_next_models(LAYERS)
     counter = count_forward(model, workload)
     by_op = {str(k): v for k, v in counter.get_flop_counts()["Global"].items()}
     conv = by_op.pop("aten.convolution", 0)

@@ -12,7 +12,7 @@ import torch
 import transformers
 from torch.utils.flop_counter import FlopCounterMode
 
-from graphllm.models.config import PRESETS_DIR, config_from_dict
+from graphllm.models.config import PRESETS_DIR, _load_preset, config_from_dict
 
 
 def count_forward(model: Any, workload: dict) -> FlopCounterMode:
@@ -63,5 +63,21 @@ def deepseek_models(preset: str):
             transformers.AutoConfig.for_model(**d),
             attn_implementation="sdpa",
             experts_implementation="batched_mm",
+        )
+    return cfg, model.eval()
+
+
+@functools.cache
+def qwen3_next_models(layers: int):
+    """(graphllm ModelConfig, transformers meta model) of the published qwen3-next-80b-a3b
+    config cut to `layers` layers, built once per session."""
+    d, _ = _load_preset("qwen3-next-80b-a3b")
+    d = {k: v for k, v in d.items() if not k.startswith("_")} | {"num_hidden_layers": layers}
+    cfg = config_from_dict(dict(d), "qwen3-next-80b-a3b")
+    drop = ("architectures", "model_type", "transformers_version", "torch_dtype")
+    hf = transformers.Qwen3NextConfig(**{k: v for k, v in d.items() if k not in drop})
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(
+            hf, attn_implementation="sdpa", experts_implementation="batched_mm"
         )
     return cfg, model.eval()

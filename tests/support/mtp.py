@@ -5,13 +5,19 @@ checkpoint with such an MTP layer written beside it (the `tiny_mtp` fixture)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import safetensors.torch as safetensors_torch
 import torch
+import transformers
+from torch.utils.flop_counter import FlopCounterMode
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf_v3
 
 import graphllm
 from graphllm.build.weights import load_weights
+from graphllm.passes import run
+from graphllm.passes.cost import scopes_of
 from graphllm.runtime.interpret import run_graph
 from tests.support.tiny_models import BATCH
 
@@ -92,12 +98,72 @@ class TinyMTP:
             self.weights = load_weights(g, self.base.folder)
         return run_graph(g, self.weights, ids, past, extra={"mtp.1.input_ids": mtp_ids})
 
-    @torch.no_grad()
     def hf(self, ids: np.ndarray, mtp_ids: np.ndarray) -> np.ndarray:
         """The whole sequence through the main model and the reference (no cache)."""
-        t = torch.from_numpy(ids)
-        hidden = self.base.model.model(input_ids=t).last_hidden_state  # after model.norm
-        pos = torch.arange(t.shape[1])[None].expand(t.shape[0], -1)
-        pe = self.base.model.model.rotary_emb(hidden, pos)
-        mask = torch.full((t.shape[1],) * 2, float("-inf")).triu(1)[None, None]
-        return self.ref(torch.from_numpy(mtp_ids), hidden, pe, mask).numpy()
+        return reference_logits(self.base, self.ref, ids, mtp_ids)
+
+
+@torch.no_grad()
+def reference_logits(
+    base, ref: torch.nn.Module, ids: np.ndarray, mtp_ids: np.ndarray
+) -> np.ndarray:
+    """The whole sequence through the tiny main model `base` then the MTP reference `ref` (no
+    cache, causal mask): the MTP logits to match."""
+    t = torch.from_numpy(ids)
+    hidden = base.model.model(input_ids=t).last_hidden_state  # after model.norm
+    pos = torch.arange(t.shape[1])[None].expand(t.shape[0], -1)
+    pe = base.model.model.rotary_emb(hidden, pos)
+    mask = torch.full((t.shape[1],) * 2, float("-inf")).triu(1)[None, None]
+    return ref(torch.from_numpy(mtp_ids), hidden, pe, mask).numpy()
+
+
+def assert_mtp_tokens_move_only_later(tiny, ids: np.ndarray, mids: np.ndarray, vocab: int) -> None:
+    """Perturbing one position j (first, fourth, last) of either token input, main or MTP,
+    changes the MTP logits at positions >= j only. `tiny` runs (ids, mtp_ids) to outputs."""
+    seq = ids.shape[1]
+    base = tiny.run(ids, mids)["mtp.1.logits"]
+    for which in ("main", "mtp"):
+        for j in (0, 3, seq - 1):
+            a, b = ids.copy(), mids.copy()
+            x = a if which == "main" else b
+            x[:, j] = (x[:, j] + 1) % vocab
+            moved = np.abs(tiny.run(a, b)["mtp.1.logits"] - base).max(axis=(0, 2)) > 1e-6
+            assert list(moved) == [t >= j for t in range(seq)], (which, j)
+
+
+def mtp_mixing(cfg, seq: int) -> tuple[graphllm.Graph, set[str]]:
+    """The graph with its MTP layer at T = seq, and the nodes the tokens pass finds mixing."""
+    g = graphllm.build_graph(cfg, graphllm.Workload(seq_len=seq), mtp=True)
+    verdicts = run(g, ["tokens"])["tokens"].verdicts
+    return g, {n for n, v in verdicts.items() if v.mixes}
+
+
+def mtp_matmul_flops(cfg, workload: dict) -> int:
+    """The cost pass's matmul FLOPs of the nodes under the `mtp` scope alone."""
+    g = graphllm.build_graph(cfg, graphllm.Workload(**workload), mtp=True)
+    run(g, ["cost"])
+    mtp_nodes = [n for n in g.nodes() if any(k == "mtp" for _, k in scopes_of(g, n.name))]
+    return round(sum(n.meta["cost"].matmul for n in mtp_nodes if "cost" in n.meta))
+
+
+def counted_mtp_flops(model, make_ref: Callable[[], torch.nn.Module], workload: dict) -> int:
+    """FlopCounterMode's FLOPs of one MTP step of the workload, on the meta device: the reference
+    make_ref builds (there), its own cache filled first by a prefill of past_len uncounted."""
+    b, t, p = workload["batch"], workload["seq_len"], workload.get("past_len", 0)
+    d = model.config.hidden_size
+
+    def step(ref, start: int, n: int, cache, last: bool = False):
+        hidden = torch.zeros((b, n, d))
+        pe = model.model.rotary_emb(hidden, torch.arange(start, start + n)[None].expand(b, -1))
+        mask = torch.zeros((1, 1, n, start + n))
+        return ref(torch.zeros((b, n), dtype=torch.long), hidden, pe, mask, last, cache)
+
+    with torch.device("meta"), torch.no_grad():
+        ref = make_ref().eval()
+        cache = transformers.DynamicCache()
+        if p:
+            step(ref, 0, p, cache)
+        counter = FlopCounterMode(display=False)
+        with counter:
+            step(ref, p, t, cache, last=workload.get("logits") == "last")
+    return counter.get_total_flops()

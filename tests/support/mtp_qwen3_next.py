@@ -13,6 +13,7 @@ from transformers.models.qwen3_next import modeling_qwen3_next as hf_next
 import graphllm
 from graphllm.build.weights import load_weights
 from graphllm.runtime.interpret import run_graph
+from tests.support.mtp import reference_logits
 from tests.support.tiny_models import BATCH
 
 
@@ -89,12 +90,6 @@ class TinyQwen3NextMTP:
             self.weights = load_weights(g, self.base.folder)
         return run_graph(g, self.weights, ids, past, extra={"mtp.1.input_ids": mtp_ids})
 
-    @torch.no_grad()
     def hf(self, ids: np.ndarray, mtp_ids: np.ndarray) -> np.ndarray:
         """The whole sequence through the main model and the reference (no cache)."""
-        t = torch.from_numpy(ids)
-        hidden = self.base.model.model(input_ids=t).last_hidden_state  # after model.norm
-        pos = torch.arange(t.shape[1])[None].expand(t.shape[0], -1)
-        pe = self.base.model.model.rotary_emb(hidden, pos)
-        mask = torch.full((t.shape[1],) * 2, float("-inf")).triu(1)[None, None]
-        return self.ref(torch.from_numpy(mtp_ids), hidden, pe, mask).numpy()
+        return reference_logits(self.base, self.ref, ids, mtp_ids)
