@@ -57,20 +57,8 @@ class MTPReference(torch.nn.Module):
 
     def checkpoint(self, layer: int) -> dict[str, torch.Tensor]:
         """The weights under DeepSeek-V3's checkpoint names (experts one tensor each)."""
-        out = {}
-        for name, t in self.state_dict().items():
-            name = name.removeprefix("block.")
-            if name == "mlp.experts.gate_up_proj":  # (E, 2F, d): gate rows, then up rows
-                f = t.shape[1] // 2
-                for e in range(t.shape[0]):
-                    out[f"mlp.experts.{e}.gate_proj.weight"] = t[e, :f]
-                    out[f"mlp.experts.{e}.up_proj.weight"] = t[e, f:]
-            elif name == "mlp.experts.down_proj":
-                for e in range(t.shape[0]):
-                    out[f"mlp.experts.{e}.down_proj.weight"] = t[e]
-            else:
-                out[name] = t
-        return {f"model.layers.{layer}.{k}": v.contiguous() for k, v in out.items()}
+        state = {k.removeprefix("block."): t for k, t in self.state_dict().items()}
+        return {f"model.layers.{layer}.{k}": v for k, v in unfuse_experts(state).items()}
 
 
 class TinyMTP:
@@ -167,3 +155,23 @@ def counted_mtp_flops(model, make_ref: Callable[[], torch.nn.Module], workload: 
         with counter:
             step(ref, p, t, cache, last=workload.get("logits") == "last")
     return counter.get_total_flops()
+
+
+def unfuse_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers' fused experts (mlp.experts.gate_up_proj (E, 2F, d), gate rows then up rows,
+    and mlp.experts.down_proj) as the published checkpoints store them, one tensor per expert
+    and projection; every other tensor as it is (all contiguous, for safetensors)."""
+    out = {}
+    for name, t in state.items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            base, f = name.removesuffix("gate_up_proj"), t.shape[1] // 2
+            for e in range(t.shape[0]):
+                out[f"{base}{e}.gate_proj.weight"] = t[e, :f]
+                out[f"{base}{e}.up_proj.weight"] = t[e, f:]
+        elif name.endswith("mlp.experts.down_proj"):
+            base = name.removesuffix("down_proj")
+            for e in range(t.shape[0]):
+                out[f"{base}{e}.down_proj.weight"] = t[e]
+        else:
+            out[name] = t
+    return {k: v.contiguous() for k, v in out.items()}

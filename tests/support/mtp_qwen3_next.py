@@ -13,7 +13,7 @@ from transformers.models.qwen3_next import modeling_qwen3_next as hf_next
 import graphllm
 from graphllm.build.weights import load_weights
 from graphllm.runtime.interpret import run_graph
-from tests.support.mtp import reference_logits
+from tests.support.mtp import reference_logits, unfuse_experts
 from tests.support.tiny_models import BATCH
 
 
@@ -48,20 +48,7 @@ class Qwen3NextMTPReference(torch.nn.Module):
 
     def checkpoint(self) -> dict[str, torch.Tensor]:
         """The weights under the checkpoint's mtp.* names (experts one tensor each)."""
-        out = {}
-        for name, t in self.state_dict().items():
-            if name.endswith("mlp.experts.gate_up_proj"):  # (E, 2F, d): gate rows, then up rows
-                base, f = name.removesuffix("gate_up_proj"), t.shape[1] // 2
-                for e in range(t.shape[0]):
-                    out[f"{base}{e}.gate_proj.weight"] = t[e, :f]
-                    out[f"{base}{e}.up_proj.weight"] = t[e, f:]
-            elif name.endswith("mlp.experts.down_proj"):
-                base = name.removesuffix("down_proj")
-                for e in range(t.shape[0]):
-                    out[f"{base}{e}.down_proj.weight"] = t[e]
-            else:
-                out[name] = t
-        return {f"mtp.{k}": v.contiguous() for k, v in out.items()}
+        return {f"mtp.{k}": v for k, v in unfuse_experts(self.state_dict()).items()}
 
 
 class TinyQwen3NextMTP:
