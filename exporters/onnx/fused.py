@@ -88,18 +88,26 @@ MS = "com.microsoft"
 
 
 # -- rows: weights stored (in, out), norms as one op ------------------------------------------
+def _weight_t(c: Lowering, n: Node, i: list[str]) -> str:
+    """The linear's weight as (in, out): stored so where it is a param, else (a view of a
+    weight's rows, Mamba2's in_proj read per group) transposed at run time."""
+    if c.graph[n.inputs[1].node].op == "param":
+        return c.transposed(n.inputs[1].node)
+    return c.op("Transpose", [i[1]], n.name, perm=[1, 0])
+
+
 def _linear(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     if c.quantization is not None:
         quantized_linear(c, n, i, o)
         return
-    c.final("MatMul", [i[0], c.transposed(n.inputs[1].node)], n, o)  # weight (in, out)
+    c.final("MatMul", [i[0], _weight_t(c, n, i)], n, o)  # weight (in, out)
 
 
 def _linear_bias(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     if c.quantization is not None:
         quantized_linear(c, n, i, o)
         return
-    c.final("Add", [c.op("MatMul", [i[0], c.transposed(n.inputs[1].node)], n.name), i[2]], n, o)
+    c.final("Add", [c.op("MatMul", [i[0], _weight_t(c, n, i)], n.name), i[2]], n, o)
 
 
 def _expert_linear(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
