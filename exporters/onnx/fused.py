@@ -68,6 +68,7 @@ from graphllm.exporters.onnx.lowering import (
     Region,
     axis_size,
     placed,
+    static_shape,
 )
 from graphllm.exporters.onnx.patterns import Match, Mismatch, Pattern, find, match
 from graphllm.exporters.onnx.quantize import nbits_matmul, quantized_linear, unchanged
@@ -89,11 +90,14 @@ MS = "com.microsoft"
 
 # -- rows: weights stored (in, out), norms as one op ------------------------------------------
 def _weight_t(c: Lowering, n: Node, i: list[str]) -> str:
-    """The linear's weight as (in, out): stored so where it is a param, else (a view of a
-    weight's rows, Mamba2's in_proj read per group) transposed at run time."""
-    if c.graph[n.inputs[1].node].op == "param":
-        return c.transposed(n.inputs[1].node)
-    return c.op("Transpose", [i[1]], n.name, perm=[1, 0])
+    """The linear's weight as (in, out), stored so: a param, or a view of a weight's rows
+    (Mamba2's in_proj read per group), whose rows are then stored in the viewed order."""
+    view = c.graph[n.inputs[1].node]
+    if view.op == "param":
+        return c.transposed(view.name)
+    src, index = view.inputs[0].node, np.asarray(view.attrs["index"])
+    shape = tuple(reversed(static_shape(view)))
+    return c.initializer(f"{view.name}.T", (src,), shape, lambda w: w[index].T)
 
 
 def _linear(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
