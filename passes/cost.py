@@ -170,6 +170,8 @@ class _Costing:
             ref = self.region.source(self.g, ref)
         src, t = self.g[ref.node], self.g.type_of(ref)
         numel = t.numel(self.b)
+        if OPS[src.op].view and len(src.inputs) == 1 and self.g[src.inputs[0].node].op == "param":
+            src = self.g[src.inputs[0].node]  # a view of a weight (its rows regrouped) reads it
         if src.op == "param":
             if OPS[n.op].category == MOVEMENT:  # a gather: only the rows the output holds
                 numel = n.out.numel(self.b)

@@ -68,6 +68,7 @@ from graphllm.exporters.onnx.lowering import (
     Region,
     axis_size,
     placed,
+    static_shape,
 )
 from graphllm.exporters.onnx.patterns import Match, Mismatch, Pattern, find, match
 from graphllm.exporters.onnx.quantize import nbits_matmul, quantized_linear, unchanged
@@ -88,18 +89,29 @@ MS = "com.microsoft"
 
 
 # -- rows: weights stored (in, out), norms as one op ------------------------------------------
+def _weight_t(c: Lowering, n: Node, i: list[str]) -> str:
+    """The linear's weight as (in, out), stored so: a param, or a view of a weight's rows
+    (Mamba2's in_proj read per group), whose rows are then stored in the viewed order."""
+    view = c.graph[n.inputs[1].node]
+    if view.op == "param":
+        return c.transposed(view.name)
+    src, index = view.inputs[0].node, np.asarray(view.attrs["index"])
+    shape = tuple(reversed(static_shape(view)))
+    return c.initializer(f"{view.name}.T", (src,), shape, lambda w: w[index].T)
+
+
 def _linear(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     if c.quantization is not None:
         quantized_linear(c, n, i, o)
         return
-    c.final("MatMul", [i[0], c.transposed(n.inputs[1].node)], n, o)  # weight (in, out)
+    c.final("MatMul", [i[0], _weight_t(c, n, i)], n, o)  # weight (in, out)
 
 
 def _linear_bias(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     if c.quantization is not None:
         quantized_linear(c, n, i, o)
         return
-    c.final("Add", [c.op("MatMul", [i[0], c.transposed(n.inputs[1].node)], n.name), i[2]], n, o)
+    c.final("Add", [c.op("MatMul", [i[0], _weight_t(c, n, i)], n.name), i[2]], n, o)
 
 
 def _expert_linear(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:

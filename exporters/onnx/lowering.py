@@ -298,6 +298,7 @@ def lower(
         region = regions[n.name]
         if region is not None:  # the region's last node: emit it here
             region.emit(c, names)
+    _drop_unread_weight_reads(c, set(graph.outputs))
     plan = _plan(graph, c)
     if weights_as_inputs:
         for init in plan:
@@ -328,6 +329,23 @@ def lower(
         stored = {k: v for k, v in c.nbits_stored.items() if k not in plain}  # not a tied table
         model.metadata_props.add(key="graphllm.stored", value=json.dumps(stored))
     return model, plan
+
+
+def _drop_unread_weight_reads(c: Lowering, outputs: set[str]) -> None:
+    """Drop the Gathers of a weight that nothing reads: a view of a weight's rows that the
+    linear reading it stored in the viewed order (so the checkpoint's weight is not stored
+    twice)."""
+    params = {p.name for p in c.graph.params()}
+    read = {i for node in c.nodes for i in node.input} | outputs
+    dead = [
+        node
+        for node in c.nodes
+        if node.op_type == "Gather"
+        and node.input[0] in params
+        and not any(o in read for o in node.output)
+    ]
+    for node in dead:
+        c.nodes.remove(node)
 
 
 def _tensor_names(graph: Graph) -> dict[Ref, str]:

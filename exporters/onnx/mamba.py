@@ -155,3 +155,8 @@ def _ssm_scan(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     else:
         c.named("Cast", [y], [o[0]], f"{s}/y", to=ONNX_TYPES[c.dtype])
     c.final("Identity", [final], n, [o[1]])
+
+
+@lowers("weight_rows")
+def _rows(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    c.final("Gather", [i[0], c.const(list(n.attrs["index"]))], n, o, axis=0)

@@ -403,5 +403,9 @@ def quantized_linear(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     bias (a third input) added by the op."""
     w = n.inputs[1].node
     bias = i[2] if len(i) > 2 else None
-    op, ins, attrs = nbits_matmul(c, i[0], w, (w,), c.param_shape(w), unchanged, n.name, bias)  # type: ignore[arg-type]
+    src, make = w, unchanged
+    if c.graph[w].op != "param":  # a view of a weight's rows (Mamba2's in_proj): stored so
+        src, index = c.graph[w].inputs[0].node, np.asarray(c.graph[w].attrs["index"])
+        make = lambda v: v[index]  # noqa: E731
+    op, ins, attrs = nbits_matmul(c, i[0], w, (src,), c.param_shape(w), make, n.name, bias)  # type: ignore[arg-type]
     c.final(op, ins, n, o, **attrs)

@@ -3,6 +3,7 @@ config's Mamba fields alone:
 
   x  = zero_padding(x)                                   padded positions enter as zeros
   z | xBC | dt = in_proj(x)                              inner | inner + 2 G N | H channels
+                                                         (its rows read group by group: below)
   xBC = zero_padding(silu(conv1d(xBC)))                  the causal conv, with its carried state
   x | B | C = xBC                                        x as H heads of P, B and C as G groups of N
   y, state = scan(x, dt, A_log, B, C, D, dt_bias[, past state])
@@ -11,6 +12,11 @@ config's Mamba fields alone:
 The scan is the chunked form for a prefill (chunks of the config's chunk_size) and the recurrent
 step for one token after a past, as transformers dispatches; the conv state and the SSM state
 (B, H, P, N) are the layer's carried state (graph outputs of role STATE).
+
+in_proj's weight rows are read per group of heads ([z, x, B, C, dt] of each of the G groups,
+`weight_rows`) and the conv's rows likewise ([x, B, C] of each group, `weight_rows` too), so that a
+block of groups, a TP rank's, is a block of every tensor down to the scan (head-parallel TP as
+vLLM's mamba_mixer2). The conv state's channels are in that per-group order.
 """
 
 from __future__ import annotations
@@ -31,6 +37,11 @@ if TYPE_CHECKING:
     from graphllm.build.builder import _Builder
 
 
+def _per_group(groups: int, per: int, start: int, width: int) -> list[int]:
+    """Channels start .. start + width of each of `groups` blocks of `per`, group by group."""
+    return [j * per + start + e for j in range(groups) for e in range(width)]
+
+
 def scan_form(b: _Builder) -> str:
     """The scan's form for the builder's workload: transformers' recurrent step for one token
     after a past, its chunked form otherwise."""
@@ -48,35 +59,82 @@ def mamba_mixer(b: _Builder, p: str, x: Node, i: int) -> Node:
     state = Dim("n_m", "head_dim", c.ssm_state_size)
     inner = Dim("d_m", "hidden", c.mamba_inner)
     gn = c.mamba_n_groups * c.ssm_state_size
-    bc = Dim("d_gn", "hidden", gn)
     conv = Dim("d_conv", "hidden", c.mamba_inner + 2 * gn)
     proj = Dim("d_in_proj", "hidden", c.mamba_inner + conv.size + c.mamba_num_heads)  # type: ignore[operator]
     x = zero_padding(b, f"{p}.zero_padding", x)
-    zxbcdt = b.linear(f"{p}.in_proj", x, proj, "linear_attention", bias=c.mamba_proj_bias)
-    # z | xBC | dt, each picked from the fused projection's channels (not a split of it, so that
-    # tp cuts in_proj by columns and gathers its output)
-    picked, start = [], 0
-    for what, dim in (("z", inner), ("xBC", conv), ("dt", heads)):
-        index = list(range(start, start + dim.size))  # type: ignore[operator]
-        attrs = {"axes": {"c": dim}, "index": index}
-        picked.append(g.add("pick_channels", f"{p}.in_proj_{what}", (zxbcdt,), attrs))
-        start += dim.size  # type: ignore[operator]
-    z, xbc, dt = picked
-    xbc_node = causal_conv(b, p, xbc, i, c.conv_kernel, bias=c.mamba_conv_bias)
+    n_g, n, inner_n = c.mamba_n_groups, c.ssm_state_size, c.mamba_inner
+    r = c.mamba_num_heads // n_g  # heads per group
+    hp = r * c.mamba_head_dim  # one group's heads' channels of z (and of x)
+    # in_proj's rows (z | x | B | C | dt) read group by group: [z, x, B, C, dt] of each group's
+    # heads, so that a block of groups (a TP rank's) is a block of the projection's channels
+    rows = [
+        [j * hp + e for e in range(hp)]
+        + [inner_n + j * hp + e for e in range(hp)]
+        + [2 * inner_n + j * n + e for e in range(n)]
+        + [2 * inner_n + gn + j * n + e for e in range(n)]
+        + [2 * inner_n + 2 * gn + j * r + e for e in range(r)]
+        for j in range(n_g)
+    ]
+    index = [k for block in rows for k in block]
+    view = {"axes": {"c": proj}, "index": index, "groups": n_g}
+    w = b.param(f"{p}.in_proj.weight", (proj, b.d), "linear_attention")
+    w = g.add("weight_rows", f"{p}.in_proj.weight_view", (w,), view)
+    if c.mamba_proj_bias:
+        bias = b.param(f"{p}.in_proj.bias", (proj,), "linear_attention")
+        bias = g.add("weight_rows", f"{p}.in_proj.bias_view", (bias,), view)
+        zxbcdt = g.add("linear_bias", f"{p}.in_proj", (x, w, bias))
+    else:
+        zxbcdt = g.add("linear", f"{p}.in_proj", (x, w))
+    per = 2 * hp + 2 * n + r  # one group's [z, x, B, C, dt]
+
+    def select(what: str, first: int, width: int, out: Dim) -> Node:
+        attrs = {"axes": {"c": out}, "index": _per_group(n_g, per, first, width), "groups": n_g}
+        return g.add("select_blocked", f"{p}.in_proj_{what}", (zxbcdt,), attrs)
+
+    z = select("z", 0, hp, inner)  # head order: each group's heads are consecutive
+    xbc = select("xBC", hp, hp + 2 * n, conv)  # [x, B, C] of each group
+    dt = select("dt", 2 * hp + 2 * n, r, heads)
+    # the checkpoint's conv weight holds x (all heads), then B, then C: its rows regrouped
+    conv_rows = [
+        [j * hp + e for e in range(hp)]
+        + [inner_n + j * n + e for e in range(n)]
+        + [inner_n + gn + j * n + e for e in range(n)]
+        for j in range(n_g)
+    ]
+    regroup = {"index": [k for block in conv_rows for k in block], "axes": {"c": conv}}
+    xbc_node = causal_conv(
+        b,
+        p,
+        xbc,
+        i,
+        c.conv_kernel,
+        bias=c.mamba_conv_bias,
+        weight_view=("weight_rows", regroup),
+    )
     xbc_node = g.add("silu", f"{p}.conv_act", (xbc_node,))
     xbc_node = zero_padding(b, f"{p}.conv_zero_padding", xbc_node)
-    parts = {"f1": inner, "f2": bc, "f3": bc}
-    attrs = {"axes": parts, "sizes": [d.size for d in parts.values()]}
-    split = g.add("split3", f"{p}.xbc_split", (xbc_node,), attrs)  # x | B | C
-    xs = g.add(
-        "to_heads", f"{p}.x_heads", (Ref(split.name, 0),), {"axes": {"h": heads, "e": width}}
-    )
-    bs = g.add(
-        "to_heads", f"{p}.B_groups", (Ref(split.name, 1),), {"axes": {"h": groups, "e": state}}
-    )
-    cs = g.add(
-        "to_heads", f"{p}.C_groups", (Ref(split.name, 2),), {"axes": {"h": groups, "e": state}}
-    )
+    e_group = Dim("d_mgroup", "hidden", hp + 2 * n)  # a group's channels, not a head's
+    grouped = g.add("to_heads", f"{p}.groups", (xbc_node,), {"axes": {"h": groups, "e": e_group}})
+    e_x, e_n = Dim("d_mx", "hidden", hp), Dim("d_mn", "hidden", n)
+    parts = {"f1": e_x, "f2": e_n, "f3": e_n}
+    attrs = {"axes": parts, "sizes": [hp, n, n]}
+    split = g.add("split3", f"{p}.xbc_split", (grouped,), attrs)  # x | B | C of each group
+    ungroup = {"axes": {"r": Dim("r_m", "head", r), "e": width, "h": heads}}
+    xs = g.add("ungroup_heads", f"{p}.x_heads", (Ref(split.name, 0),), ungroup)
+    bc = Dim("d_gn", "hidden", gn)
+    bs, cs = (
+        g.add(
+            "to_heads",
+            f"{p}.{what}_groups",
+            (
+                g.add(
+                    "from_heads", f"{p}.{what}_flat", (Ref(split.name, k),), {"axes": {"(h e)": bc}}
+                ),
+            ),
+            {"axes": {"h": groups, "e": state}},
+        )
+        for k, what in ((1, "B"), (2, "C"))
+    )  # (B, T, groups, N)
     a_log = b.param(f"{p}.A_log", (heads,), "linear_attention")
     d = b.param(f"{p}.D", (heads,), "linear_attention")
     dt_bias = b.param(f"{p}.dt_bias", (heads,), "linear_attention")

@@ -80,6 +80,9 @@ def causal_conv(
     attrs = {"axes": {"t": T}, "kernel": kernel, "with_state": b.wl.past_len > 0}
     if bias:
         bb = b.param(f"{p}.conv1d.bias", (c,), "linear_attention")
+        if weight_view is not None:  # the bias's entries follow the weight's rows
+            view = {"axes": {"c": c}, "index": weight_view[1]["index"]}
+            bb = g.add(weight_view[0], f"{p}.conv1d.bias_view", (bb,), view)
         return g.add("causal_conv1d_bias", f"{p}.conv1d", (x, w, bb), attrs)
     return g.add("causal_conv1d", f"{p}.conv1d", (x, w), attrs)
 

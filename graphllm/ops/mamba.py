@@ -252,3 +252,20 @@ register(
         backward_reads="inputs",
     ),
 )
+
+
+# -- the fused in_proj's weight rows regrouped per group of heads (head-parallel TP) --------------
+register(
+    OpSpec(
+        "weight_rows",
+        "f ... -> c ...",
+        MOVEMENT,
+        lambda xs, a: xs[0][np.asarray(a["index"])],
+        "A weight's rows attrs['index'] names, in that order (Mamba2's in_proj laid out per group "
+        "of heads, z | x | B | C | dt of each of attrs['groups'], so that a block of groups is a "
+        "block of rows a TP rank holds; its bias and the conv's weight and bias likewise). A "
+        "view: an engine permutes the rows once at load, and a read of it is a read of the "
+        "weight.",
+        view=True,
+    ),
+)

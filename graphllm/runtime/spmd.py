@@ -117,9 +117,12 @@ class SPMDInterpreter:
             if node.name not in src:
                 what = "no weight given for" if node.op == "param" else "graph input not fed:"
                 raise GraphllmError(f"{what} {node.name}")
+            value = src[node.name]
+            if "rows" in node.attrs:  # a weight loaded with its rows regrouped (a seeded view)
+                value = value[np.asarray(node.attrs["rows"])]
             for r in ranks:
                 env[r][node.name] = shard(
-                    src[node.name], node.meta["sharding"][0], self.mesh, self.coords[r]
+                    value, node.meta["sharding"][0], self.mesh, self.coords[r]
                 )
             return
         if spec.collective:

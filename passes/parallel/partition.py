@@ -34,7 +34,7 @@ from graphllm.limits import require_at_most
 from graphllm.models.hardware import Hardware
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload
-from graphllm.ops import COMMUNICATION, OPS, SOURCE
+from graphllm.ops import COMMUNICATION, MOVEMENT, OPS, SOURCE
 from graphllm.passes.cost import layer_scopes, layer_slots
 from graphllm.passes.memory import peak_activations
 from graphllm.passes.parallel.figures import (
@@ -131,6 +131,9 @@ def validate(cfg: ModelConfig, wl: Workload, s: Strategy) -> dict[str, str]:
         not groups or groups % s.tp == 0,
         f"--tp {s.tp} does not divide the {groups} linear-attention key heads",
     )
+    # issue 19: a Mamba2 layer splits over its heads (and its groups, where tp divides them)
+    mamba = cfg.mamba_num_heads
+    _check(not mamba or mamba % s.tp == 0, f"--tp {s.tp} does not divide the {mamba} Mamba heads")
     if s.ep > 1:
         _check(cfg.is_moe, f"--ep needs a mixture-of-experts model; {cfg.name} has no experts")
         e = cfg.num_experts
@@ -202,6 +205,17 @@ def seeds(
         if s.ep > 1 and p.attrs.get("stacked") == "expert":
             cuts[0].append(("ep", s.ep))
         how = _tp_role(p, width) if s.tp > 1 else None
+        views = _row_views(graph, p) if how == "column" else []
+        if views:  # issue 19: a projection read through its rows regrouped per head group
+            for v in views:
+                if v.attrs["groups"] % s.tp == 0:
+                    out[v.name] = Sharding(((("tp", s.tp),), ()))
+                else:
+                    notes.append(
+                        f"{v.name}: --tp {s.tp} does not divide its {v.attrs['groups']} groups: "
+                        "the layer runs whole on every tp rank up to its output projection"
+                    )
+            continue
         if how == "column" and _fused(graph, p):
             fused = True
         elif how is not None:
@@ -213,6 +227,16 @@ def seeds(
     if fused:
         notes.append(FUSED_NOTE)
     return out | _input_seeds(graph, s, token_split), notes
+
+
+def _row_views(graph: Graph, p: Node) -> list[Node]:
+    """The views that read weight `p`'s rows regrouped in blocks of `groups` (Mamba2's in_proj
+    and its bias), when every reader of `p` is one: tp cuts those views, not `p`."""
+    users = graph.users(p)
+    ok = all(
+        OPS[u.op].category == MOVEMENT and "groups" in u.attrs and "index" in u.attrs for u in users
+    )
+    return list(users) if users and ok else []
 
 
 def _tp_role(p: Node, width: Dim) -> str | None:

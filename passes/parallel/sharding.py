@@ -211,7 +211,8 @@ class _SPMD:
         else:  # a source: its seed, or whole; it may still take further splits
             ref = None
             sh = self.seeds.get(r.node) or Sharding.whole(gtype.rank)
-        return _Arg(ref, sh, gtype, letters, r.node, src.op == "param", gtype.dtype == "int64")
+        weight = src.op == "param" or r.node in self.seeds  # a seeded view of a weight's rows
+        return _Arg(ref, sh, gtype, letters, r.node, weight, gtype.dtype == "int64")
 
     def _place(self, a: _Arg) -> None:
         """Put a source into the rank's program with the layout decided so far."""
@@ -316,6 +317,10 @@ class _SPMD:
         spec = OPS[n.op]
         if spec.category == SOURCE:
             return
+        if n.name in self.seeds:  # only a view of a weight's rows takes a seed of its own
+            if not self._loads_rows(n):
+                raise GraphError(f"{n.name} ({n.op}): a seed on a node that is no weight's view")
+            return
         rel = _Related(spec.carries)
         sig = spec.signature
         ins = [operand_letters(op, t.rank) for op, t in zip(sig.inputs, self.src.input_types(n))]
@@ -334,6 +339,24 @@ class _SPMD:
             )
             out_sh.append(Sharding(axes, partial))
         self._emit(n, args, out_sh)
+
+    def _loads_rows(self, n: Node) -> bool:
+        """A seeded view of a weight's rows (Mamba2's in_proj read per group) read straight
+        from the checkpoint: the rank loads its block of the viewed rows (param attrs `rows`,
+        applied before the cut), so it holds 1/tp of the weight and no view runs."""
+        if not (OPS[n.op].view and len(n.inputs) == 1 and "index" in n.attrs):
+            return False
+        p = self.src[n.inputs[0].node]
+        if p.op != "param" or Ref(p.name) in self.val:
+            return False
+        sh = self.seeds[n.name]
+        t = local_type(n.out, sh, self.g.bindings, n.name)
+        node = self.g.add(
+            "param", p.name, (), {**p.attrs, "type": t, "rows": list(n.attrs["index"])}
+        )
+        node.meta["sharding"] = (sh,)
+        self.val[Ref(p.name)] = self.val[Ref(n.name)] = (Ref(p.name), sh)
+        return True
 
     def _out_splits(
         self,

@@ -120,3 +120,27 @@ def test_a_one_token_prompt_clamps_and_its_next_step_does_not(exported):
     nxt = np.array([[7], [11]])
     ours, theirs = session.forward(nxt, past=carried(ours)), hf(m, nxt, cache=theirs.cache)
     np.testing.assert_allclose(ours["logits"], theirs.logits.numpy(), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("ops", "quantize"), [("decomposed", None), ("standard", None), ("standard", "int8")]
+)
+def test_in_proj_read_per_group_is_stored_once(ops, quantize):
+    """in_proj's weight, read through its per-group row view (head-parallel TP): the export
+    stores it once, in the checkpoint's order where the view runs, else already regrouped."""
+    from graphllm.exporters.onnx.quantize import Quantization
+    from graphllm.models.config import config_from_dict
+
+    tiny = dict(SMALL, model_type="nemotron_h", hybrid_override_pattern="M*-EM")
+    cfg = config_from_dict(tiny, "nemotron_h")
+    q = None if quantize is None else Quantization(quantize, 32)
+    _, plan = lower(build_export_graph(cfg), ops, quantize=q)
+    mine = [i.name for i in plan if i.name.startswith("backbone.layers.0.mixer.in_proj")]
+    want = {
+        "decomposed": ["backbone.layers.0.mixer.in_proj.weight"],
+        "standard": ["backbone.layers.0.mixer.in_proj.weight_view.T"],
+    }
+    if quantize is None:
+        assert mine == want[ops]
+    else:
+        assert not any(n.endswith(("in_proj.weight", ".T")) for n in mine) and mine
