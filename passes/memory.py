@@ -150,6 +150,7 @@ def walk_peak(
     root: dict[str, str] = {}  # a view's memory belongs to its source
     size: dict[str, float] = {}
     last_use: dict[str, int] = {}
+    sizes: dict[int, float] = {}  # by node: one node may stand for many
     for i, (name, n, inputs) in enumerate(order):
         spec = OPS[n.op]
         for r in inputs:
@@ -159,7 +160,10 @@ def walk_peak(
         if spec.view and inputs:
             root[name] = root.get(inputs[0], inputs[0])
             continue
-        size[name] = sum(nbytes(t.dtype, t.numel(bindings)) for t in n.outputs)
+        nb = sizes.get(id(n))
+        if nb is None:
+            nb = sizes[id(n)] = sum(nbytes(t.dtype, t.numel(bindings)) for t in n.outputs)
+        size[name] = nb
     for i, (name, _, _) in enumerate(order):
         if name in size:
             last_use.setdefault(name, i)  # written and never read: freed at once

@@ -61,9 +61,33 @@ class Unrolled:
     index: list[int]  # each real layer's reduced layer
 
 
+_PATTERNS: dict[int, re.Pattern] = {}
+_SPLITS: dict[tuple[int, str], tuple[str, str] | None] = {}
+
+
+def _split(r: int, name: str) -> tuple[str, str] | None:
+    """`name` around its first dotted component `r` (the layer index), or None."""
+    key = (r, name)
+    if key not in _SPLITS:
+        pat = _PATTERNS.get(r)
+        if pat is None:
+            pat = _PATTERNS[r] = re.compile(rf"(?<=\.){r}(?=\.|$)")
+        m = pat.search(name)
+        if len(_SPLITS) > 200_000:
+            _SPLITS.clear()
+        _SPLITS[key] = (name[: m.start()], name[m.end() :]) if m else None
+    return _SPLITS[key]
+
+
 def _renamer(r: int, i: int) -> Any:
-    pat = re.compile(rf"(?<=\.){r}(?=\.|$)")
-    return lambda name: pat.sub(str(i), name, count=1)
+    """Reduced layer r's names as real layer i's."""
+    idx = str(i)
+
+    def rename(name: str) -> str:
+        parts = _split(r, name)
+        return name if parts is None else parts[0] + idx + parts[1]
+
+    return rename
 
 
 def unroll(small: Graph, index: list[int]) -> Unrolled | None:
@@ -224,10 +248,13 @@ def reused_report(
                 yield name, n.op, *b, _core(sc), sc
 
         roof = time_all(timings(), timer, small.meta["workload"], training, lambda *_: None)
+    in_mtp = {
+        n.name for n in small.params() if any(k == "mtp" for _, k in scopes_of(small, n.name))
+    }
     params = tally(
         (n for n in u.reps if n.op == "param"),
         small.meta["config"],
-        {name for name, sc in scopes.items() if any(k == "mtp" for _, k in sc)},
+        {name for name, n in zip(u.names, u.reps, strict=True) if n.name in in_mtp},
     )
     memory = _memory(u, attention)
     tokens = _tokens(u, res["tokens"])
@@ -283,7 +310,10 @@ def _memory(u: Unrolled, attention: str) -> MemoryReport:
 
 
 def _reduced_key(g: Graph, ref: Any) -> str:
-    return next(k for k, r in g.outputs.items() if r == ref)
+    keys = g.meta.get("_output_keys")
+    if keys is None or keys[0] != g.version:
+        keys = g.meta["_output_keys"] = (g.version, {r: k for k, r in g.outputs.items()})
+    return keys[1][ref]
 
 
 def _role(g: Graph, ref: Any, role: str) -> bool:
