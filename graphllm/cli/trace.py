@@ -20,8 +20,9 @@ from graphllm.files import check_target, json_text, write_text_atomic
 from graphllm.models.hardware import load_hardware
 from graphllm.report.fit import fit_section
 from graphllm.report.plot import plot_sweep
+from graphllm.report.reuse import trace_document
 from graphllm.report.summary import print_sweep, print_trace
-from graphllm.report.trace_report import per_op_text, sweep, trace_document, trace_report
+from graphllm.report.trace_report import per_op_text, sweep, trace_report
 
 
 @click.command()

@@ -42,6 +42,7 @@ from graphllm.passes.parallel.plan import reduced_config
 from graphllm.passes.params import tally
 from graphllm.passes.roofline import Timer, _core, time_all
 from graphllm.passes.stored import param_bytes
+from graphllm.report.trace_report import document, trace_report
 
 ANALYSES = ["verify", "params", "tokens", "cost", "memory", "roofline"]
 
@@ -126,7 +127,10 @@ def unroll(small: Graph, index: list[int]) -> Unrolled | None:
     # the residual stream entering layer 0: the last op before it that it reads
     read0 = {x.node for n in nodes[starts[0] : ends[0] + 1] for x in n.inputs}
     stream0 = next((n.name for n in reversed(pre) if n.name in read0 and _computes(n)), None)
-    if stream0 is None:
+    later = {x.node for n in nodes[ends[0] + 1 :] for x in n.inputs}
+    if stream0 is None or stream0 in later:
+        # a later layer reading the embedding's output too (a skip from it): its layer 0 read
+        # and the stream could not be told apart
         return None
 
     u = Unrolled(small, [], [], [], [], [], [], [], index)
@@ -226,8 +230,6 @@ def reused_report(
     u = unroll(small, index)
     if u is None:
         return None
-    from graphllm.report.trace_report import document
-
     scopes = dict(zip(u.names, u.scopes, strict=True))
     cost = roll_up(
         ((name, n.op, n.meta["cost"]) for name, n in zip(u.names, u.reps, strict=True)),
@@ -270,6 +272,23 @@ def reused_report(
     return document(
         config, workload, attention, training, mla, mtp, graph, params, tokens, cost, memory, roof
     )
+
+
+def trace_document(
+    config: ModelConfig,
+    workload: Workload,
+    hardware: Hardware | None = None,
+    attention: str = "flash",
+    training: bool = False,
+    mla: str = "naive",
+    mtp: bool = False,
+) -> dict[str, Any]:
+    """`trace_report`'s document, analysed on one layer of each kind where that stands for the
+    full graph, else on the full graph."""
+    doc = reused_report(config, workload, hardware, attention, training, mla, mtp)
+    if doc is None:
+        doc = trace_report(config, workload, hardware, attention, training, mla, mtp)[0]
+    return doc
 
 
 def _memory(u: Unrolled, attention: str) -> MemoryReport:

@@ -54,25 +54,6 @@ def trace_report(
     return doc, graph
 
 
-def trace_document(
-    config: ModelConfig,
-    workload: Workload,
-    hardware: Hardware | None = None,
-    attention: str = "flash",
-    training: bool = False,
-    mla: str = "naive",
-    mtp: bool = False,
-) -> dict[str, Any]:
-    """trace_report's document, analysed on one layer of each kind where that stands for the
-    full graph (report/reuse.py), else on the full graph."""
-    from graphllm.report.reuse import reused_report
-
-    doc = reused_report(config, workload, hardware, attention, training, mla, mtp)
-    if doc is None:
-        doc = trace_report(config, workload, hardware, attention, training, mla, mtp)[0]
-    return doc
-
-
 def document(
     config: ModelConfig,
     workload: Workload,

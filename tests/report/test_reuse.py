@@ -13,7 +13,8 @@ import graphllm
 from graphllm.files import json_text
 from graphllm.models.hardware import load_hardware
 from graphllm.report import reuse
-from graphllm.report.trace_report import trace_document, trace_report
+from graphllm.report.reuse import trace_document
+from graphllm.report.trace_report import trace_report
 
 PREFILL = {"batch": 1, "seq_len": 300}  # intervals (over 256 positions)
 SHORT = {"batch": 1, "seq_len": 40}  # bit sets
