@@ -278,6 +278,7 @@ def print_report(models: list[dict], startup: list[dict]) -> None:
         *(
             "graphllm path",
             "graphllm ms",
+            f"<= {GRAPHLLM_GOAL_MS:g} ms",
             "peer ms",
             "(build + forward)",
             "ratio (peer/graphllm)",

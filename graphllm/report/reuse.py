@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,31 +63,24 @@ class Unrolled:
     index: list[int]  # each real layer's reduced layer
 
 
-_PATTERNS: dict[int, re.Pattern] = {}
-_SPLITS: dict[tuple[int, str], tuple[str, str] | None] = {}
+_SPLITS: dict[int, dict[str, tuple[str, str] | None]] = {}  # by layer: name -> around it
 
 
-def _split(r: int, name: str) -> tuple[str, str] | None:
-    """`name` around its first dotted component `r` (the layer index), or None."""
-    key = (r, name)
-    if key not in _SPLITS:
-        pat = _PATTERNS.get(r)
-        if pat is None:
-            pat = _PATTERNS[r] = re.compile(rf"(?<=\.){r}(?=\.|$)")
-        m = pat.search(name)
-        if len(_SPLITS) > 200_000:
-            _SPLITS.clear()
-        _SPLITS[key] = (name[: m.start()], name[m.end() :]) if m else None
-    return _SPLITS[key]
-
-
-def _renamer(r: int, i: int) -> Any:
-    """Reduced layer r's names as real layer i's."""
+def _renamer(r: int, i: int) -> Callable[[str], str]:
+    """Reduced layer r's names as real layer i's: the first dotted component `r` (the layer
+    index) becomes `i`."""
     idx = str(i)
+    table = _SPLITS.get(r)
+    if table is None or len(table) > 100_000:
+        table = _SPLITS[r] = {}
+    pat = re.compile(rf"(?<=\.){r}(?=\.|$)")
 
     def rename(name: str) -> str:
-        parts = _split(r, name)
-        return name if parts is None else parts[0] + idx + parts[1]
+        parts = table.get(name, False)
+        if parts is False:
+            m = pat.search(name)
+            parts = table[name] = (name[: m.start()], name[m.end() :]) if m else None
+        return name if parts is None else parts[0] + idx + parts[1]  # type: ignore[index]
 
     return rename
 
@@ -136,6 +130,7 @@ def unroll(small: Graph, index: list[int]) -> Unrolled | None:
     u = Unrolled(small, [], [], [], [], [], [], [], index)
     seen: set[str] = set()
     full_block: list[str] = []
+    renamed: dict[tuple, list[tuple[str, str]]] = {}
 
     def stream_in(i: int) -> str:
         return stream0 if i == 0 else full_block[i - 1]
@@ -146,7 +141,11 @@ def unroll(small: Graph, index: list[int]) -> Unrolled | None:
         u.reps.append(n)
         u.inputs.append(ins)
         u.layer.append(layer)
-        u.scopes.append([(rename(p), k) for p, k in scopes_of(small, n.name)])
+        sc = tuple(scopes_of(small, n.name))
+        hit = renamed.get((layer, sc))
+        if hit is None:  # the nodes of one module share their scopes
+            hit = renamed[(layer, sc)] = [(rename(p), k) for p, k in sc]
+        u.scopes.append(hit)
 
     def same(x: str) -> str:
         return x
