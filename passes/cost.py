@@ -23,6 +23,7 @@ Conventions (README, "Costs"):
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -302,15 +303,31 @@ def cost_pass(
 ) -> CostReport:
     """Cost every node (into node.meta['cost']) and roll the totals up."""
     c = _Costing(graph, attention, training)
+
+    def costed() -> Iterator[tuple[str, str, OpCost]]:
+        for n in graph.nodes():
+            oc = n.meta["cost"] = c.cost(n)
+            yield n.name, n.op, oc
+
+    return roll_up(costed(), lambda name: scopes_of(graph, name), attention, training)
+
+
+def roll_up(
+    costs: Iterable[tuple[str, str, OpCost]],
+    scopes: Callable[[str], list[tuple[str, str]]],
+    attention: str,
+    training: bool,
+) -> CostReport:
+    """The cost report of (node name, op, cost) in graph order; `scopes`: a name's scopes. One
+    layer's costs can stand for every layer of its kind (report/reuse.py): the float sums stay
+    in this order, so its report is the full graph's to the last bit."""
     by_scope: dict[str, Any] = defaultdict(int)
     by_op: dict[str, Any] = defaultdict(int)
     bytes_by_scope: dict[str, float] = defaultdict(float)
     layers: dict[str, dict[str, Any]] = {}
     tot: dict[str, Any] = dict.fromkeys(("flops", "matmul", "matmul_causal"), 0)
     tot |= dict.fromkeys(("read", "written", "w", "kv"), 0.0)
-    for n in graph.nodes():
-        oc = c.cost(n)
-        n.meta["cost"] = oc
+    for name, op, oc in costs:
         if oc is ZERO:
             continue
         tot["flops"] += oc.flops
@@ -320,9 +337,9 @@ def cost_pass(
         tot["written"] += oc.bytes_written
         tot["w"] += oc.weight_bytes
         tot["kv"] += oc.kv_bytes
-        by_op[n.op] += oc.flops
+        by_op[op] += oc.flops
         kinds = set()
-        for prefix, kind in scopes_of(graph, n.name):
+        for prefix, kind in scopes(name):
             if kind == LAYER:
                 lay = layers.setdefault(prefix, {"flops": 0, "bytes": 0.0})
                 lay["flops"] += oc.flops

@@ -15,10 +15,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Container, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from graphllm.ir import TOKEN_ROLES, Graph, TensorType
+from graphllm.ir import TOKEN_ROLES, Graph, Node, TensorType
 from graphllm.models.workload import nbytes
 from graphllm.ops import OPS, SOURCE
 from graphllm.passes.attention_region import core_attention_region
@@ -73,15 +74,16 @@ def memory_pass(
     return MemoryReport(weights, active, by_dtype, kv, peak, at, full, kept, state)
 
 
-def _stateful_as_attention(graph: Graph) -> float:
-    """What the layers that carry state instead of keys and values (graph.meta['state_layers'])
-    would cache as full attention layers of the model's own K/V shape over all S positions."""
+def _stateful_as_attention(graph: Graph, count: int | None = None) -> float:
+    """What the layers that carry state instead of keys and values (graph.meta['state_layers'],
+    or `count` of them) would cache as full attention layers of the model's own K/V shape over
+    all S positions."""
     cfg, b = graph.meta.get("config"), graph.bindings
-    layers = graph.meta.get("state_layers", ())
+    layers = len(graph.meta.get("state_layers", ())) if count is None else count
     if not layers or cfg is None:
         return 0.0
     per_layer = 2 * b["B"] * b["S"] * cfg.num_key_value_heads * cfg.head_dim
-    return len(layers) * nbytes(graph.meta.get("kv_dtype") or "fp32", per_layer)
+    return layers * nbytes(graph.meta.get("kv_dtype") or "fp32", per_layer)
 
 
 def _kept_bytes(graph: Graph, name: str, ref: Any) -> float:
@@ -133,34 +135,49 @@ def peak_activations(
 
 def _peak_activations(graph: Graph, skip: set[str]) -> tuple[float, str]:
     """Largest sum of live activation bytes while walking the nodes in order."""
+    order = [(n.name, n, [r.node for r in n.inputs]) for n in graph.topo()]
+    return walk_peak(order, skip, graph.bindings, [r.node for r in graph.outputs.values()])
+
+
+def walk_peak(
+    order: list[tuple[str, Node, list[str]]],
+    skip: Container[str],
+    bindings: dict[str, int],
+    outputs: Iterable[str],
+) -> tuple[float, str]:
+    """`_peak_activations` over (name, node, the names of its inputs) in topological order: a
+    node may stand for the same node of another layer (report/reuse.py)."""
     root: dict[str, str] = {}  # a view's memory belongs to its source
     size: dict[str, float] = {}
     last_use: dict[str, int] = {}
-    order = graph.topo()
-    for i, n in enumerate(order):
+    sizes: dict[int, float] = {}  # by node: one node may stand for many
+    for i, (name, n, inputs) in enumerate(order):
         spec = OPS[n.op]
-        for r in n.inputs:
-            last_use[root.get(r.node, r.node)] = i
-        if spec.category == SOURCE or n.name in skip or spec.in_place:
+        for r in inputs:
+            last_use[root.get(r, r)] = i
+        if spec.category == SOURCE or name in skip or spec.in_place:
             continue
-        if spec.view and n.inputs:
-            root[n.name] = root.get(n.inputs[0].node, n.inputs[0].node)
+        if spec.view and inputs:
+            root[name] = root.get(inputs[0], inputs[0])
             continue
-        size[n.name] = sum(nbytes(t.dtype, t.numel(graph.bindings)) for t in n.outputs)
-    for i, n in enumerate(order):
-        if n.name in size:
-            last_use.setdefault(n.name, i)  # written and never read: freed at once
-    for ref in graph.outputs.values():
-        last_use[root.get(ref.node, ref.node)] = len(order)
+        nb = sizes.get(id(n))
+        if nb is None:
+            nb = sizes[id(n)] = sum(nbytes(t.dtype, t.numel(bindings)) for t in n.outputs)
+        size[name] = nb
+    for i, (name, _, _) in enumerate(order):
+        if name in size:
+            last_use.setdefault(name, i)  # written and never read: freed at once
+    for out in outputs:
+        last_use[root.get(out, out)] = len(order)
     live = peak = 0.0
     peak_at = ""
     ends: dict[int, list[str]] = {}
     for name, i in last_use.items():
         ends.setdefault(i, []).append(name)
-    for i, n in enumerate(order):
-        live += size.get(n.name, 0.0)
+    for i, (name, _, _) in enumerate(order):
+        live += size.get(name, 0.0)
         if live > peak:
-            peak, peak_at = live, n.name
-        for name in ends.get(i, ()):
-            live -= size.get(name, 0.0)
+            peak, peak_at = live, name
+        for gone in ends.get(i, ()):
+            live -= size.get(gone, 0.0)
     return peak, peak_at

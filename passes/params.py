@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Container, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from graphllm.build.kinds import WEIGHT_KINDS
-from graphllm.ir import Graph
+from graphllm.ir import Graph, Node
 from graphllm.passes.cost import scopes_of
 from graphllm.passes.registry import register
 
@@ -39,23 +40,31 @@ class ParamReport:
 
 @register("params")
 def count_params(graph: Graph, results: dict[str, Any] | None = None) -> ParamReport:
+    in_mtp = {
+        n.name for n in graph.params() if any(k == "mtp" for _, k in scopes_of(graph, n.name))
+    }
+    return tally(graph.params(), graph.meta["config"], in_mtp)
+
+
+def tally(params: Iterable[Node], config: Any, in_mtp: Container[str] = ()) -> ParamReport:
+    """The parameter report of these weight nodes (`in_mtp`: the names in an MTP module)."""
     by_kind = dict.fromkeys(KINDS, 0)
     active = mtp = 0
-    for n in graph.params():
+    for n in params:
         numel = math.prod(d.size for d in n.out.dims)  # type: ignore[misc]
         kind = n.attrs["kind"]
         by_kind[kind] += numel
-        if any(k == "mtp" for _, k in scopes_of(graph, n.name)):
+        if n.name in in_mtp:
             mtp += numel
         if kind == "moe_experts":
             n_exp = n.out.dims[0].size  # stacked: the expert axis comes first
-            k = graph.meta["config"].num_experts_per_tok
+            k = config.num_experts_per_tok
             assert numel % n_exp == 0
             active += numel // n_exp * k
         else:
             active += numel
     # a tied table is also the head every token reads: it stays in the count without embedding
-    tied = graph.meta["config"].tie_word_embeddings
+    tied = config.tie_word_embeddings
     no_embed = active - (0 if tied else by_kind["embedding"])
     no_embed_head = active - by_kind["embedding"] - by_kind["lm_head"]
     return ParamReport(sum(by_kind.values()), active, by_kind, mtp, no_embed, no_embed_head)

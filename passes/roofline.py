@@ -17,6 +17,7 @@ allows. For a training step (cost pass with training=True) the bytes are taken 3
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -80,32 +81,70 @@ def roofline_pass(
     """Time every node (into node.meta['time']); None when no hardware is given."""
     if hardware is None:
         return None
-    dtype = graph.meta.get("act_dtype", "bf16")
-    peak = hardware.peak(dtype)
-    bw = hardware.bandwidth()
     cost = results["cost"]
-    skip_masked = cost.attention == "flash"
-    byte_factor = 3.0 if cost.training else 1.0
-    if peak <= 0 or bw <= 0:
-        raise PassError(f"hardware {hardware.name}: peak and bandwidth must be positive")
-    wl = graph.meta["workload"]
+    timer = Timer(graph, hardware, cost.attention == "flash")
+
+    def timed() -> Iterator[tuple[str, str, float, str, str | None]]:
+        for n in graph.nodes():
+            oc = meta_result(n, "cost")
+            scopes = scopes_of(graph, n.name)
+            yield n.name, n.op, *timer.base(n, oc, scopes), _core(scopes), scopes
+
+    def write(name: str, t: OpTime) -> None:
+        graph[name].meta["time"] = t
+
+    return time_all(timed(), timer, graph.meta["workload"], cost.training, write)
+
+
+def _core(scopes: list[tuple[str, str]]) -> str | None:
+    return next((s for s, k in scopes if k == CORE_ATTENTION), None)
+
+
+class Timer:
+    """Each op's time on the device before its launch: the part one layer's op shares with the
+    same op of every layer of its kind."""
+
+    def __init__(self, graph: Graph, hardware: Hardware, flash: bool) -> None:
+        dtype = graph.meta.get("act_dtype", "bf16")
+        self.hardware, self.graph, self.flash = hardware, graph, flash
+        self.peak, self.bw = hardware.peak(dtype), hardware.bandwidth()
+        if self.peak <= 0 or self.bw <= 0:
+            raise PassError(f"hardware {hardware.name}: peak and bandwidth must be positive")
+        self.gemm, self.attn = hardware.gemm_rate(dtype), hardware.attention_rate(dtype)
+
+    def base(self, n: Node, oc: Any, scopes: list[tuple[str, str]]) -> tuple[float, float]:
+        """(compute seconds, bytes moved)."""
+        flops = oc.flops - (oc.matmul - oc.matmul_causal) if self.flash else oc.flops
+        core = _core(scopes)
+        rate = self.peak if not oc.matmul else (self.attn if core is not None else self.gemm)
+        ach = self.hardware.achievable
+        if oc.matmul and core is None and ach is not None:
+            rate *= ach.gemm_efficiency(*_output_mnk(self.graph, n, oc.matmul))
+        return flops / rate, oc.bytes
+
+
+def time_all(
+    timings: Iterable[tuple[str, str, float, float, str | None, list[tuple[str, str]]]],
+    timer: Timer,
+    wl: Any,
+    training: bool,
+    write: Callable[[str, OpTime], None],
+) -> RooflineReport:
+    """The roofline report of (name, op, compute s, bytes, fused region, scopes) in graph
+    order, each op's OpTime handed to `write`; in this order, so that one layer standing for
+    every layer of its kind (report/reuse.py) sums the same floats."""
+    hardware = timer.hardware
+    skip_masked = timer.flash
+    byte_factor = 3.0 if training else 1.0
     ach = hardware.achievable
     graphs = ach is not None and hardware.graphs_for(wl.phase)
-    gemm, attn = hardware.gemm_rate(dtype), hardware.attention_rate(dtype)
     total = comp = mem = overhead = 0.0
     kernels = 0
     fused: set[str] = set()  # the flash attention regions already launched
     by_scope: dict[str, float] = defaultdict(float)
     by_op: dict[str, float] = defaultdict(float)
-    for n in graph.nodes():
-        oc = meta_result(n, "cost")
-        flops = oc.flops - (oc.matmul - oc.matmul_causal) if skip_masked else oc.flops
-        scopes = scopes_of(graph, n.name)
-        core = next((s for s, k in scopes if k == CORE_ATTENTION), None)
-        rate = peak if not oc.matmul else (attn if core is not None else gemm)
-        if oc.matmul and core is None and ach is not None:
-            rate *= ach.gemm_efficiency(*_output_mnk(graph, n, oc.matmul))
-        tc, tm = flops / rate, byte_factor * oc.bytes / bw
+    for name, op, tc, moved, core, scopes in timings:
+        tm = byte_factor * moved / timer.bw
         t = max(tc, tm)
         bound = "none" if t == 0 else ("compute" if tc >= tm else "memory")
         if t > 0 and ach is not None:
@@ -116,7 +155,7 @@ def roofline_pass(
             kernels += launches
             overhead += extra
             t += extra
-        n.meta["time"] = OpTime(t, bound)
+        write(name, OpTime(t, bound))
         if t == 0:
             continue
         total += t
@@ -124,12 +163,13 @@ def roofline_pass(
             comp += t
         else:
             mem += t
-        by_op[n.op] += t
+        by_op[op] += t
         for kind in {k for _, k in scopes if k != LAYER}:
             by_scope[kind] += t
     if graphs and ach is not None:
         overhead += ach.graph_replay_seconds
         total += ach.graph_replay_seconds
+    peak, bw = timer.peak, timer.bw
     return RooflineReport(
         hardware=hardware.name,
         seconds=total,

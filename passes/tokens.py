@@ -359,32 +359,8 @@ def _propagate(
     b = graph.bindings
     narrower: dict[Any, Any] = {}  # output type -> the positions it holds, or False: all
     for node in graph.nodes():
-        spec = OPS[node.op]
-        if spec.category == SOURCE:
-            pos = [d for d in node.out.dims if d.role in TOKEN_ROLES]
-            if not pos:
-                info[node.name] = _NONE
-                continue
-            lo, hi = pos[0].position_range(b)
-            sup = np.zeros(n, bool)
-            sup[max(lo, 0) : max(hi, 0)] = True  # a conv state's first K-1 may precede 0
-            info[node.name] = _One(sup, Deps.identity(n, exact, sup))
-            continue
-        ins, outs = letters[node.name]
         vals = [info[r.node] for r in node.inputs]
-        out = _apply(node, ins, outs[0], vals, n)
-        held = narrower.get(node.out)
-        if held is None:
-            pos = [d for d in node.out.dims if d.role in TOKEN_ROLES]
-            held = False
-            if len(pos) == 1:
-                lo, hi = pos[0].position_range(b)
-                if lo > 0 or hi < n:  # an output that holds fewer positions than its input
-                    held = np.zeros(n, bool)
-                    held[max(lo, 0) : max(hi, 0)] = True
-            narrower[node.out] = held
-        if held is not False and isinstance(out, _One):
-            out = _One(out.support & held, out.deps.keep(held))
+        out = step(node, vals, letters.get(node.name), n, exact, b, narrower)
         if node.name in blocks and isinstance(out, _One):
             reach[node.name] = out.deps.extent(n - 1)
         if uses[node.name] or node.name in keep:
@@ -394,6 +370,44 @@ def _propagate(
             if uses[r.node] == 0 and r.node not in keep:
                 info.pop(r.node, None)
     return info, reach
+
+
+def step(
+    node: Node,
+    vals: list[Any],
+    letters: tuple | None,
+    n: int,
+    exact: bool,
+    b: dict[str, int],
+    narrower: dict[Any, Any],
+) -> Any:
+    """One node's positions from its inputs' (`vals`); the same for the same node of every
+    layer of its kind given the same inputs (report/reuse.py)."""
+    spec = OPS[node.op]
+    if spec.category == SOURCE:
+        pos = [d for d in node.out.dims if d.role in TOKEN_ROLES]
+        if not pos:
+            return _NONE
+        lo, hi = pos[0].position_range(b)
+        sup = np.zeros(n, bool)
+        sup[max(lo, 0) : max(hi, 0)] = True  # a conv state's first K-1 may precede 0
+        return _One(sup, Deps.identity(n, exact, sup))
+    assert letters is not None
+    ins, outs = letters
+    out = _apply(node, ins, outs[0], vals, n)
+    held = narrower.get(node.out)
+    if held is None:
+        pos = [d for d in node.out.dims if d.role in TOKEN_ROLES]
+        held = False
+        if len(pos) == 1:
+            lo, hi = pos[0].position_range(b)
+            if lo > 0 or hi < n:  # an output that holds fewer positions than its input
+                held = np.zeros(n, bool)
+                held[max(lo, 0) : max(hi, 0)] = True
+        narrower[node.out] = held
+    if held is not False and isinstance(out, _One):
+        out = _One(out.support & held, out.deps.keep(held))
+    return out
 
 
 def _apply(node: Node, ins: list[list[str]], out: list[str], vals: list[Any], n: int) -> Any:

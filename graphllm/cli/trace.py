@@ -20,6 +20,7 @@ from graphllm.files import check_target, json_text, write_text_atomic
 from graphllm.models.hardware import load_hardware
 from graphllm.report.fit import fit_section
 from graphllm.report.plot import plot_sweep
+from graphllm.report.reuse import trace_document
 from graphllm.report.summary import print_sweep, print_trace
 from graphllm.report.trace_report import per_op_text, sweep, trace_report
 
@@ -74,15 +75,20 @@ def trace(
         return
     if plot:
         raise ConfigError("--plot draws a sweep: give --seq-len a list, e.g. 128,1024,8192")
-    doc, graph = trace_report(config, workloads[0], hw, attention, training, mla, mtp)
+    args = (config, workloads[0], hw, attention, training, mla, mtp)
+    graph = None
+    if per_op or print_graph:
+        doc, graph = trace_report(*args)  # the real graph, node by node
+    else:
+        doc = trace_document(*args)  # one layer of each kind standing for the rest
     if hw is not None and not training:
         # weights + cache + activations over the device's memory: the fewest devices that hold
         # them, from plan's own search, so the roofline line can say where to go next
         doc["fit"] = fit_section(config, workloads[0], hw, doc["memory"])
         doc["fit"]["hardware_option"] = hardware
-    if per_op:
+    if per_op and graph is not None:
         write_text_atomic(per_op[1], per_op_text(graph, per_op[0]))
-    if print_graph:
+    if print_graph and graph is not None:
         click.echo(graph.print())
     elif as_json:
         click.echo(json_text(doc, indent=2))

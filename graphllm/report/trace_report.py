@@ -34,7 +34,41 @@ def trace_report(
     """Build and verify the graph, run every analysis; returns the document and the graph."""
     graph = build_graph(config, workload, mla=mla, mtp=mtp)
     res = run(graph, ANALYSES, hardware=hardware, attention=attention, training=training)
-    cost, memory, roof = res["cost"], res["memory"], res["roofline"]
+    section = {
+        "nodes": len(graph),
+        "edges": graph.num_edges(),
+        "ops": dict(Counter(n.op for n in graph.nodes())),
+        "inputs": [n.name for n in graph.nodes("input")],
+        "outputs": list(graph.outputs),
+    }
+    doc = document(
+        config,
+        workload,
+        attention,
+        training,
+        mla,
+        mtp,
+        section,
+        *(res[k] for k in ("params", "tokens", "cost", "memory", "roofline")),
+    )
+    return doc, graph
+
+
+def document(
+    config: ModelConfig,
+    workload: Workload,
+    attention: str,
+    training: bool,
+    mla: str,
+    mtp: bool,
+    graph: dict[str, Any],
+    params: Any,
+    tokens: Any,
+    cost: Any,
+    memory: Any,
+    roof: Any,
+) -> dict[str, Any]:
+    """The trace document from the analyses' reports (`graph`: the graph section)."""
     doc = {
         "model": {
             "name": config.name,
@@ -52,15 +86,9 @@ def trace_report(
         | {"attention": attention, "training": training}
         # the options a latent-attention or multi-token-prediction model was traced with
         | ({"mla": mla, "mtp": mtp} if config.is_mla or config.num_nextn_predict_layers else {}),
-        "graph": {
-            "nodes": len(graph),
-            "edges": graph.num_edges(),
-            "ops": dict(Counter(n.op for n in graph.nodes())),
-            "inputs": [n.name for n in graph.nodes("input")],
-            "outputs": list(graph.outputs),
-        },
-        "params": res["params"].to_dict(),
-        "token_mixing": res["tokens"].to_dict(),
+        "graph": graph,
+        "params": params.to_dict(),
+        "token_mixing": tokens.to_dict(),
         "flops": cost.flops,
         "bytes": cost.bytes,
         "per_layer": cost.per_layer,
@@ -71,7 +99,7 @@ def trace_report(
         # this graph's cost is one form's, where the forms are compared alike (a forward, flash)
         same = attention == "flash" and not training and not mtp
         doc["mla"] = mla_section(config, workload, {mla: form_cost(cost)} if same else None)
-    return doc, graph
+    return doc
 
 
 def quantization_section(config: ModelConfig, memory: Any) -> dict[str, Any]:
