@@ -16,7 +16,7 @@ token after a past): the export applies the clamp unless T = 1 and the attention
 longer than the new tokens (a past), as the interpreter's dispatch does.
 
 - `gated_group_rmsnorm` reshapes to (..., groups, group_size), normalises, reshapes back.
-- `relu2` is Relu then a Mul; `pick_channels` a Gather on the channel axis.
+- `relu2` is Relu then a Mul.
 """
 
 from __future__ import annotations
@@ -27,11 +27,6 @@ from graphllm.ir import Node
 
 def _f32(c: Lowering, value: float) -> str:
     return c.const(value, "fp32", "f")
-
-
-@lowers("pick_channels")
-def _pick_channels(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
-    c.final("Gather", [i[0], c.const(list(n.attrs["index"]))], n, o, axis=2)
 
 
 @lowers("relu2")

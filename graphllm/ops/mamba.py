@@ -208,14 +208,6 @@ def _scan_row(name: str, sig: str, doc: str, **fields: Any) -> OpSpec:
 
 register(
     OpSpec(
-        "pick_channels",
-        "b t f -> b t c",
-        MOVEMENT,
-        lambda xs, a: xs[0][..., np.asarray(a["index"])],
-        "The channels attrs['index'] names, in that order (Mamba2's z, xBC or dt from its fused "
-        "in_proj). It carries no split of f: tp gathers the projection's columns before it.",
-    ),
-    OpSpec(
         "relu2",
         "... -> ...",
         ELEMENTWISE,
