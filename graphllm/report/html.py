@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import html
 import re
 from dataclasses import replace
 from typing import Any
@@ -344,15 +345,10 @@ def _diagram(
     key: str, title: str, dot: str, links: dict[str, str], renderer: str | None
 ) -> dict[str, Any]:
     svg = _svg(dot, renderer, key)
-    shown = {box: target for box, target in links.items() if f"<title>{_esc(box)}</title>" in svg}
+    # the boxes drawn (dot and graphviz-pure escape <title> text alike but not identically)
+    titles = {html.unescape(t) for t in re.findall(r"<title>([^<]*)</title>", svg)}
+    shown = {box: target for box, target in links.items() if box in titles}
     return {"id": key, "title": title, "svg": svg, "links": dict(sorted(shown.items()))}
-
-
-def _esc(text: str) -> str:
-    """A box id as Graphviz writes it in an SVG <title>."""
-    return (
-        text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("-", "&#45;")
-    )
 
 
 # -- the partition -----------------------------------------------------------------------------
