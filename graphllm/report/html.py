@@ -256,6 +256,10 @@ def _op_table(
         count[k] = count.get(k, 0) + 1
         first.setdefault(k, i)
     small_prefixes = layer_scopes(small)
+    mtp_prefixes: dict[str, str] = {}
+    if small.meta.get("mtp"):
+        full = build_graph(config, workload, mla=mla, mtp=mtp).meta["mtp"]
+        mtp_prefixes = {m["prefix"]: f["prefix"] for m, f in zip(small.meta["mtp"], full)}
     where = {p: k for k, p in enumerate(small_prefixes)}
     rows = []
     for row in per_op_rows(small):
@@ -265,6 +269,10 @@ def _op_table(
         if k is not None and k in first:
             layers = count[k]
             name = _real_prefix(lay, first[k]) + name[len(lay) :]
+        else:  # an MTP module is numbered after the layers: the full model's, not these
+            mod = next((m for m in mtp_prefixes if name.startswith(m + ".")), None)
+            if mod is not None:
+                name = mtp_prefixes[mod] + name[len(mod) :]
         rows.append(
             [
                 name,

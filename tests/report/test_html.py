@@ -88,3 +88,19 @@ def test_partition_section_holds_stages_collectives_and_the_trace():
 def test_default_sweep():
     assert default_sweep(2048) == [32, 128, 512, 2048, 8192]
     assert default_sweep(1) == [1, 4]
+
+
+def test_op_rows_of_an_mtp_module_carry_its_full_models_names(tmp_path):
+    path = tmp_path / "config.json"
+    # three layers, two of a kind: the reduced graph numbers its MTP module 2, the model 3
+    path.write_text(
+        json.dumps(DEEPSEEK_V3 | {"num_hidden_layers": 3, "num_nextn_predict_layers": 1})
+    )
+    config = graphllm.load_config(path)
+    data = report_data(config, WL, None, mtp=True, sweep_lens=[8])
+    graph = build_graph(config, WL, mtp=True)
+    names = {n.name for n in graph.nodes() if OPS[n.op].category != SOURCE}
+    rows = data["ops"]["rows"]
+    assert {r[0] for r in rows} <= names
+    assert sum(r[4] for r in rows) == len(names)
+    assert any(r[0].startswith(graph.meta["mtp"][0]["prefix"] + ".") for r in rows)
