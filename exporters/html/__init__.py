@@ -10,12 +10,13 @@ input gives the same bytes.
 from __future__ import annotations
 
 import html
+import json
 import re
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from graphllm.files import json_text, write_atomic
+from graphllm.files import finite, write_atomic
 
 HERE = Path(__file__).parent
 CHARTJS = HERE / "vendor" / "chart.umd.min.js"
@@ -46,7 +47,7 @@ def page_html(data: dict[str, Any]) -> str:
     parts = {
         "@@TITLE@@": html.escape(str(data.get("title", "graphllm report"))),
         "@@CSS@@": _asset("report.css"),
-        "@@DATA@@": _script_safe(json_text(_sorted(data))),
+        "@@DATA@@": _script_safe(_canonical_json(data)),
         "@@CHARTJS@@": chartjs,
         "@@JS@@": _asset("report.js"),
     }
@@ -55,13 +56,9 @@ def page_html(data: dict[str, Any]) -> str:
     )
 
 
-def _sorted(doc: Any) -> Any:
-    """`doc` with every dict's keys in sorted order (json_text keeps insertion order)."""
-    if isinstance(doc, dict):
-        return {k: _sorted(doc[k]) for k in sorted(doc)}
-    if isinstance(doc, list | tuple):
-        return [_sorted(v) for v in doc]
-    return doc
+def _canonical_json(doc: Any) -> str:
+    """Strict JSON (no NaN: files.finite), keys sorted, no spaces: one text for one document."""
+    return json.dumps(finite(doc), sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
 def write_page(path: str | Path, data: dict[str, Any]) -> Path:
