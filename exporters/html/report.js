@@ -140,8 +140,15 @@
       const ridge = ok.roof.peak / ok.roof.bandwidth, xs = [1e-2, ridge, 1e5];
       rsets.push({ type: "line", label: `${ok.roof.name} roofline`, data: xs.map((x) => ({ x: x, y: Math.min(ok.roof.peak, x * ok.roof.bandwidth) })), borderColor: "#000", pointRadius: 0 });
     }
+    // each point named beside it, as trace --plot annotates them
+    const names = { id: "opNames", afterDatasetsDraw(chart) {
+      const g = chart.ctx, meta = chart.getDatasetMeta(0);
+      g.save(); g.font = "10px sans-serif"; g.fillStyle = "#333";
+      meta.data.forEach((pt, i) => g.fillText(pts[i].op, pt.x + 5, pt.y - 4));
+      g.restore();
+    } };
     charts.roofline = new Chart($("chart-roofline"), {
-      type: "scatter", data: { datasets: rsets },
+      type: "scatter", data: { datasets: rsets }, plugins: [names],
       options: {
         scales: { x: logAxis("arithmetic intensity (FLOP/byte)"), y: logAxis("attained FLOP/s") },
         plugins: { tooltip: { callbacks: { label: (c) => (c.raw.op ? `${c.raw.op}: ${c.raw.x.toFixed(2)} FLOP/B, ${fmtN(c.raw.y)}FLOP/s` : "") } } },
