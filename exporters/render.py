@@ -95,3 +95,19 @@ def render(dot_text: str, path: str | Path, renderer: str | None = None) -> Path
             raise GraphllmError(f"{Path(exe).name} failed on {path}: {errors[0]}")
 
     return write_atomic(path, write)
+
+
+def svg_text(dot_text: str, renderer: str | None = None) -> str:
+    """`dot_text` drawn as SVG text, for a page that inlines its pictures (exporters.html)."""
+    _, exe = find_renderer("svg", renderer)
+    try:
+        proc = subprocess.run(
+            [exe, "-Tsvg"], input=dot_text.encode(), capture_output=True, timeout=TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired as e:
+        raise GraphllmError(f"{Path(exe).name} took over {TIMEOUT_S} s to draw a diagram") from e
+    if proc.returncode != 0:
+        lines = proc.stderr.decode(errors="replace").strip().splitlines()
+        errors = [ln for ln in lines if "Warning" not in ln] or lines or ["no message"]
+        raise GraphllmError(f"{Path(exe).name} failed on a diagram: {errors[0]}")
+    return proc.stdout.decode()

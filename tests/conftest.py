@@ -21,6 +21,7 @@ import pytest
 import graphllm
 from graphllm.build.builder import build_export_graph
 from graphllm.exporters.onnx import export_onnx
+from tests.support.browser import chromium_browser, open_page  # noqa: F401  (fixtures)
 from tests.support.paths import EXAMPLES
 
 

@@ -53,6 +53,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "render",
         "Draw the model the way it is usually explained: model, block, attention, ffn or tokens.",
     ),
+    "report": (
+        "graphllm.cli.report",
+        "report",
+        "Write an interactive HTML report: summary, diagrams, op table, charts, devices.",
+    ),
     "serving": (
         "graphllm.cli.serving",
         "serving",

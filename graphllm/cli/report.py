@@ -1,0 +1,87 @@
+"""`graphllm report`: one self-contained HTML page of everything graphllm knows about a model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from graphllm.cli.common import (
+    IntList,
+    attention_option,
+    deepseek_options,
+    hardware_option,
+    model_options,
+    resolve_sweep,
+    user_errors,
+)
+from graphllm.cli.layout import strategy_from, strategy_options, training_from, training_options
+from graphllm.errors import ConfigError
+from graphllm.exporters.html import write_page
+from graphllm.exporters.render import find_renderer
+from graphllm.files import check_target
+from graphllm.models.hardware import load_hardware
+from graphllm.report.html import report_data
+
+
+@click.command()
+@model_options
+@strategy_options
+@hardware_option("h100")
+@attention_option("Fused core attention, or every op through memory.")
+@training_options
+@deepseek_options
+@click.option(
+    "--sweep",
+    "sweep_lens",
+    type=IntList(),
+    help="T values of the sweep chart [default: the --seq-len list, else T/64 ... 4T].",
+)
+@click.option(
+    "--output", "-o", type=click.Path(path_type=Path), required=True, help="FILE.html to write."
+)
+@click.option(
+    "--renderer",
+    type=click.Choice(["auto", "dot", "pure"]),
+    help="Diagrams: dot binary or graphviz-pure [default: $GRAPHLLM_RENDERER, else auto].",
+)
+@user_errors
+def report(
+    hardware: str | None,
+    attention: str,
+    mla: str,
+    mtp: bool,
+    sweep_lens: list[int] | None,
+    output: Path,
+    renderer: str | None,
+    **options: Any,
+) -> None:
+    """Write an interactive HTML report: summary, diagrams, op table, charts, devices."""
+
+    if output.suffix.lower() not in (".html", ".htm"):
+        raise ConfigError(f"{output}: the report is a web page; give a .html file")
+    check_target(output, inputs=(options["config_path"],))  # before the work
+    find_renderer("svg", renderer)  # the diagrams need one: fail before building
+    strategy = strategy_from(options)
+    training = training_from(options)
+    config, workloads = resolve_sweep(options)
+    if len(workloads) > 1 and sweep_lens is None:
+        sweep_lens = [w.seq_len for w in workloads]  # the workload is the list's first
+    hw = load_hardware(hardware) if hardware else None
+    data = report_data(
+        config,
+        workloads[0],
+        hw,
+        strategy,
+        training,
+        attention,
+        mla,
+        mtp,
+        sweep_lens,
+        renderer,
+        hardware,
+    )
+    write_page(output, data)
+    size = output.stat().st_size
+    click.echo(f"wrote {output} ({size / 1e6:.2f} MB: report of {config.name})")
