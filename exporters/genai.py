@@ -97,6 +97,17 @@ def genai_type(config: ModelConfig, graph: Graph) -> str:
             "whose cache is not one K/V of every position per layer as onnxruntime-genai keeps "
             "it; export it with --format onnx"
         )
+    layers = range(config.num_hidden_layers)
+    fed = {"input_ids", "position_ids"} | {
+        f"past_key_values.{i}.{kv}" for i in layers for kv in ("key", "value")
+    }
+    read = {"logits"} | {f"present.{i}.{kv}" for i in layers for kv in ("key", "value")}
+    extra = sorted({n.name for n in graph.nodes("input")} - fed) + sorted(set(graph.outputs) - read)
+    if extra:
+        raise ConfigError(
+            f"--format genai: onnxruntime-genai feeds the ids, mask, positions and past K/V and "
+            f"reads the logits and present K/V; this graph also has {', '.join(extra[:3])}"
+        )
     return t
 
 
@@ -201,6 +212,8 @@ def export_genai(
     was interrupted has none, so onnxruntime-genai refuses it rather than load a mix."""
     config: ModelConfig = graph.meta["config"]
     model_type = genai_type(config, graph)
+    if weights is not None and Path(folder).resolve() == Path(weights).resolve():
+        raise ConfigError(f"--format genai -o {folder}: give a folder other than the checkpoint's")
     folder = make_folder(Path(folder), "the genai export")
     target = check_target(folder / CONFIG)
     target.unlink(missing_ok=True)  # the old config goes first: no config pairs with a new model

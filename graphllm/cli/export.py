@@ -34,7 +34,7 @@ from graphllm.exporters.onnx.quantize import (
     Quantization,
     checkpoint_quantization,
 )
-from graphllm.files import check_target, json_text, temporary_folder
+from graphllm.files import check_target, folder_problem, json_text, temporary_folder
 from graphllm.ir import Graph
 from graphllm.models.hardware import load_hardware, local_path
 from graphllm.models.model_config import ModelConfig
@@ -220,6 +220,8 @@ def export_genai_folder(
     dtype: str,
     seed: int,
     logits: str | None,
+    mla: str,
+    mtp: bool,
     ops: str,
     device: str,
     output: Path,
@@ -227,7 +229,13 @@ def export_genai_folder(
     """`export --format genai`: the folder onnxruntime-genai loads."""
     if weights is not None and config_path is None and preset is None:
         config_path = weights
-    config, workload, graph = _export_graph(config_path, preset, dtype, logits, "naive", False)
+    # before the work: a folder that cannot be made, or files in it that cannot be replaced
+    problem = folder_problem(output)
+    if problem is not None:
+        raise ConfigError(f"cannot write the genai export under {output}: {problem}")
+    if output.is_dir():
+        check_target(output / "genai_config.json", inputs=(config_path, weights))
+    config, workload, graph = _export_graph(config_path, preset, dtype, logits, mla, mtp)
     with bar(f"writing {output.name}", showing(), in_bytes=True) as told:
         r = export_genai(
             graph,
@@ -332,7 +340,9 @@ def export(
         if no_weights or quantize is not None:
             flag = "--no-weights" if no_weights else "--quantize"
             raise ConfigError(f"{flag}: --format genai writes float weights, random or --weights")
-        export_genai_folder(config_path, preset, weights, dtype, seed, logits, ops, device, output)
+        export_genai_folder(
+            config_path, preset, weights, dtype, seed, logits, mla, mtp, ops, device, output
+        )
         return
 
     if weights is not None and no_weights:

@@ -131,3 +131,25 @@ def test_every_type_written_is_one_genai_loads(tmp_path, checkpoint):
     for t in sorted(set(GENAI_TYPES.values())):
         (out / CONFIG).write_text(json.dumps(base | {"model": base["model"] | {"type": t}}))
         og.Model(str(out))  # raises "Unsupported model_type" for a type it does not know
+
+
+def test_a_sliding_window_model_is_one_line(tmp_path):
+    """genai keeps every position's K/V per layer: a window layer's rolled cache is refused."""
+    cfg = LLAMA | {"model_type": "mistral", "sliding_window": 8}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "g"
+    args = ["export", "--config", str(tmp_path / "config.json"), "--format", "genai"]
+    r = CliRunner().invoke(main, [*args, "-o", str(out)])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1
+    assert "sliding_attention layers" in r.output
+    assert not out.exists()
+
+
+def test_the_checkpoint_folder_is_not_the_output(checkpoint):
+    ckpt, _ = checkpoint
+    before = sorted(p.name for p in ckpt.iterdir())
+    r = CliRunner().invoke(
+        main, ["export", "--weights", str(ckpt), "--format", "genai", "-o", str(ckpt)]
+    )
+    assert r.exit_code == 2 and "other than the checkpoint's" in r.output
+    assert sorted(p.name for p in ckpt.iterdir()) == before

@@ -158,3 +158,15 @@ def test_without_the_package_the_error_names_the_extra(tmp_path, monkeypatch):
     assert r.exit_code == 2
     assert "pip install 'graphllm[explorer]'" in r.output
     assert not out.exists()
+
+
+def test_same_graph_same_bytes(tmp_path):
+    cfg = graphllm.load_config(TINY)
+    texts = []
+    for k in range(2):
+        graph = graphllm.build_graph(cfg, graphllm.Workload(batch=1, seq_len=4))
+        out = tmp_path / str(k)
+        out.mkdir()
+        r = export_model_explorer(graph, out / "g.json", hardware=load_hardware("h100"))
+        texts.append([p.read_bytes() for p in (r.path, *r.overlays.values())])
+    assert texts[0] == texts[1]
