@@ -24,7 +24,7 @@ from graphllm.ops import OPS, SOURCE
 from graphllm.passes import meta_result, run
 
 GRAPH_ID = "graphllm"
-# metric -> (overlay name, what it reads from a node's cost and time)
+# metric (the overlay file's infix) -> the overlay's name in the app's side panel
 METRICS = {
     "flops": "FLOPs",
     "bytes": "bytes moved",
@@ -180,6 +180,7 @@ def export_model_explorer(
     collection = explorer_graph(graph)
     overlays = explorer_overlays(graph)
     targets = overlay_paths(path)
+    # the graph JSON last: it is what the viewer is pointed at, and names no overlay
     for m, data in overlays.items():
         doc = {k: plain(asdict(v)) for k, v in data.graphsData.items()}
         write_text_atomic(targets[m], _json(doc))
