@@ -36,6 +36,7 @@ RANKS = {
 # onnxruntime, torch and matplotlib are optional extras; networkx costs 0.2 s to import and
 # only `Graph.to_networkx()` needs it
 LAZY = {"onnxruntime", "torch", "matplotlib", "networkx"}
+LAZY |= {"model_explorer"}  # issue 22: the explorer extra, imported by its exporter only
 
 
 def _modules() -> dict[str, Path]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from graphllm.build.builder import build_export_graph
+from graphllm.build.builder import build_export_graph, build_graph
 from graphllm.build.weights import unmodelled_tensors
 from graphllm.cli.common import (
     REPEATS,
@@ -24,6 +24,8 @@ from graphllm.cli.common import (
 )
 from graphllm.cli.progress import bar, showing
 from graphllm.errors import ConfigError
+from graphllm.exporters.genai import export_genai
+from graphllm.exporters.model_explorer import export_model_explorer
 from graphllm.exporters.onnx import export_onnx
 from graphllm.exporters.onnx.quantize import (
     ACCURACY_LEVELS,
@@ -32,7 +34,7 @@ from graphllm.exporters.onnx.quantize import (
     Quantization,
     checkpoint_quantization,
 )
-from graphllm.files import check_target, json_text, temporary_folder
+from graphllm.files import check_target, folder_problem, json_text, temporary_folder
 from graphllm.ir import Graph
 from graphllm.models.hardware import load_hardware, local_path
 from graphllm.models.model_config import ModelConfig
@@ -137,6 +139,124 @@ def quantization(
     )
 
 
+# -- --format model-explorer and genai (issue 22) ---------------------------------------------
+FORMATS = ["onnx", "model-explorer", "genai"]
+EXPLORER_HARDWARE = "h100"  # trace's default device: the time overlay's
+
+
+def explorer_options(fn: Any) -> Any:
+    """--format, and the workload and device Model Explorer's cost overlays are computed at."""
+    opts = [
+        click.option(
+            "--format",
+            "fmt",
+            type=click.Choice(FORMATS),
+            default="onnx",
+            show_default=True,
+            help="onnx: OUTPUT.onnx; genai: the folder OUTPUT for onnxruntime-genai "
+            "(model.onnx, genai_config.json, tokenizer files); model-explorer: OUTPUT.json, "
+            "Google AI Edge Model Explorer's graph, and OUTPUT.{flops,bytes,time}.json overlays.",
+        ),
+        click.option(
+            "--hardware",
+            help=f"model-explorer: the device of the predicted-time overlay [default: "
+            f"{EXPLORER_HARDWARE}].",
+        ),
+        click.option("--batch", "-b", type=click.IntRange(min=1), help="model-explorer: B."),
+        click.option(
+            "--seq-len", "-t", type=click.IntRange(min=1), help="model-explorer: new tokens T."
+        ),
+        click.option(
+            "--past-len", type=click.IntRange(min=0), help="model-explorer: past tokens P."
+        ),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def export_explorer(
+    config_path: Path | None,
+    preset: str | None,
+    dtype: str | None,
+    logits: str | None,
+    mla: str,
+    mtp: bool,
+    hardware: str | None,
+    batch: int | None,
+    seq_len: int | None,
+    past_len: int | None,
+    output: Path,
+    given: dict[str, Any],
+) -> None:
+    """`export --format model-explorer`: the analysed graph (as `trace` builds it: the
+    checkpoint's storage, this workload) as Model Explorer's graph JSON and its overlays."""
+    wrong = [k for k, v in given.items() if v is not None]
+    if wrong:
+        raise ConfigError(
+            f"{', '.join(wrong)}: how an ONNX export is written; --format model-explorer "
+            "writes the graph and its costs"
+        )
+    check_target(output, inputs=(config_path,))
+    options = _model_only(config_path, preset, dtype, logits)
+    options |= {"batch": batch, "seq_len": [seq_len] if seq_len else None, "past_len": past_len}
+    config, workload = resolve(options)
+    hw = load_hardware(hardware or EXPLORER_HARDWARE)
+    graph = build_graph(config, workload, mla=mla, mtp=mtp)
+    r = export_model_explorer(graph, output, hardware=hw)
+    overlays = ",".join(str(p) for p in r.overlays.values())
+    click.echo(
+        f"wrote {r.path}: {config.name}, {r.nodes:,} nodes (B={workload.batch}, "
+        f"T={workload.seq_len}, P={workload.past_len}; time on {hw.name}); overlays "
+        f"{', '.join(p.name for p in r.overlays.values())}"
+    )
+    click.echo(f"view: model-explorer {r.path} --node_data_paths={overlays}")
+
+
+def export_genai_folder(
+    config_path: Path | None,
+    preset: str | None,
+    weights: Path | None,
+    dtype: str,
+    seed: int,
+    logits: str | None,
+    mla: str,
+    mtp: bool,
+    ops: str,
+    device: str,
+    output: Path,
+) -> None:
+    """`export --format genai`: the folder onnxruntime-genai loads."""
+    if weights is not None and config_path is None and preset is None:
+        config_path = weights
+    # before the work: a folder that cannot be made, or files in it that cannot be replaced
+    problem = folder_problem(output)
+    if problem is not None:
+        raise ConfigError(f"cannot write the genai export under {output}: {problem}")
+    if output.is_dir():
+        check_target(output / "genai_config.json", inputs=(config_path, weights))
+    config, workload, graph = _export_graph(config_path, preset, dtype, logits, mla, mtp)
+    with bar(f"writing {output.name}", showing(), in_bytes=True) as told:
+        r = export_genai(
+            graph,
+            output,
+            workload=workload,
+            weights=weights,
+            config_file=config_path,
+            seed=seed,
+            ops=ops,
+            device=provider_kind(device),
+            progress=told,
+        )
+    tok = ", ".join(r.tokenizer) if r.tokenizer else "no tokenizer files (give --weights DIR)"
+    shared = r.config["search"]["past_present_share_buffer"]
+    click.echo(
+        f"wrote {r.folder}: {r.model.path.name} ({config.name}, {dtype}, {r.model.lowering} "
+        f"lowering, weights {r.model.weights}), genai_config.json (type {r.model_type}, "
+        f"past_present_share_buffer {str(shared).lower()}), {tok}"
+    )
+
+
 @click.command()
 @source_options(
     "HF config.json, a checkpoint folder, or a YAML file (default: the --weights folder)."
@@ -147,7 +267,11 @@ def quantization(
     help="A transformers checkpoint folder (safetensors) to read the weights from.",
 )
 @click.option("--no-weights", is_flag=True, help="No weights: they become graph inputs (Netron).")
-@click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True)
+@click.option(
+    "--dtype",
+    type=click.Choice(["fp32", "fp16"]),
+    help="Activations and weights [default: fp32; model-explorer: the config's].",
+)
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of random weights.")
 @click.option(
     "--logits",
@@ -157,6 +281,7 @@ def quantization(
 @ops_options
 @quantize_options
 @deepseek_options
+@explorer_options
 @click.option("--output", "-o", type=click.Path(path_type=Path), required=True)
 @user_errors
 def export(
@@ -164,7 +289,7 @@ def export(
     preset: str | None,
     weights: Path | None,
     no_weights: bool,
-    dtype: str,
+    dtype: str | None,
     seed: int,
     logits: str | None,
     ops: str,
@@ -175,13 +300,50 @@ def export(
     symmetric: bool | None,
     mla: str,
     mtp: bool,
+    fmt: str,
+    hardware: str | None,
+    batch: int | None,
+    seq_len: int | None,
+    past_len: int | None,
     output: Path,
 ) -> None:
     """Write the model as ONNX: dynamic batch and lengths, KV cache in and out, left padding.
 
     Weights are seeded random unless --weights names a checkpoint folder; past 2 GB they go to
     OUTPUT.<hex>.data beside the model. The config and workload ride along in the model's metadata.
+    --format genai writes the model into the folder OUTPUT with onnxruntime-genai's
+    genai_config.json and the checkpoint's tokenizer files; --format model-explorer writes the
+    graph as Model Explorer's graph JSON, with one cost overlay per metric beside it.
     """
+
+    workload_flags = {"--hardware": hardware, "--batch": batch, "--seq-len": seq_len}
+    workload_flags["--past-len"] = past_len
+    if fmt == "model-explorer":
+        export_explorer(
+            config_path, preset, dtype, logits, mla, mtp, hardware, batch, seq_len, past_len,
+            output,
+            given={"--weights": weights, "--no-weights": no_weights or None,
+                   "--quantize": quantize, "--block-size": block_size,
+                   "--accuracy-level": accuracy_level, "--symmetric": symmetric,
+                   "--ops": None if ops == "auto" else ops,
+                   "--device": None if device == "auto" else device},
+        )  # fmt: skip
+        return
+    given = [k for k, v in workload_flags.items() if v is not None]
+    if given:
+        raise ConfigError(
+            f"{', '.join(given)}: the workload and device of model-explorer's cost overlays; "
+            "an ONNX export's lengths are dynamic (give --format model-explorer)"
+        )
+    dtype = dtype or "fp32"
+    if fmt == "genai":
+        if no_weights or quantize is not None:
+            flag = "--no-weights" if no_weights else "--quantize"
+            raise ConfigError(f"{flag}: --format genai writes float weights, random or --weights")
+        export_genai_folder(
+            config_path, preset, weights, dtype, seed, logits, mla, mtp, ops, device, output
+        )
+        return
 
     if weights is not None and no_weights:
         raise ConfigError("give --weights DIR or --no-weights, not both")
