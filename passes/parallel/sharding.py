@@ -442,6 +442,8 @@ class _SPMD:
     ) -> tuple[str | None, bool]:
         """Lay the inputs out over mesh axis `m`: (the letter it cuts, whether partial). Each
         round settles one thing (a reduced letter gathered, partial sums reduced) and looks again."""
+        if not any(m in a.sh._axis_of or m in a.sh.partial for a in args):
+            return None, False  # nothing over `m` to lay out: what the first round finds
         for _ in range(8):
             for a in args:  # a partial sum reduced for an earlier consumer is reused
                 if m in a.sh.partial and (a.ref, m) in self.reduced:
