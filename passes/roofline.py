@@ -151,7 +151,8 @@ def time_all(
             launches = not (skip_masked and core is not None and core in fused)
             if skip_masked and core is not None:
                 fused.add(core)
-            extra = _launch(t, launches, graphs, ach.launch_seconds, ach.graph_launch_seconds)
+            eager, in_graph = ach.launch_seconds or 0.0, ach.graph_launch_seconds or 0.0
+            extra = _launch(t, launches, graphs, eager, in_graph)  # unmeasured: no cost
             kernels += launches
             overhead += extra
             t += extra
@@ -167,8 +168,8 @@ def time_all(
         for kind in {k for _, k in scopes if k != LAYER}:
             by_scope[kind] += t
     if graphs and ach is not None:
-        overhead += ach.graph_replay_seconds
-        total += ach.graph_replay_seconds
+        overhead += ach.graph_replay_seconds or 0.0
+        total += ach.graph_replay_seconds or 0.0
     peak, bw = timer.peak, timer.bw
     return RooflineReport(
         hardware=hardware.name,

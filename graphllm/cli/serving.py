@@ -1,5 +1,6 @@
-"""`graphllm serving`: time to first token, time per output token and tokens/s of one replica
-under continuous batching, the largest batch its KV cache holds, and the curve over batch sizes."""
+"""`graphllm serving`: time to first token, time per output token and tokens/s of its replicas
+under continuous batching, the largest batch their KV caches hold, and the curve over batch
+sizes."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def serving(
     as_json: bool,
     **options: Any,
 ) -> None:
-    """Serving figures of one replica: TTFT, time per output token, tokens/s, largest batch."""
+    """Serving figures: TTFT, time per output token, tokens/s, the largest batch, the curve."""
     if options.get("seq_len") or options.get("past_len") is not None:
         raise ConfigError("serving takes --prompt-len and --output-len, not --seq-len/--past-len")
     if plot_path is not None:
@@ -87,6 +88,7 @@ def serving(
         f"{_b(doc['weight_bytes_per_device'])} of weights, "
         f"{_b(doc['kv_bytes_per_sequence_per_device'])} a sequence: at most "
         f"{doc['max_batch']} sequences"
+        + (f" over {doc['replicas']} replicas" if doc["replicas"] > 1 else "")
     )
     con.print(
         f"B={doc['batch']}: time to first token {_t(doc['ttft_seconds'])}, time per output "
@@ -106,6 +108,12 @@ def serving(
         "continuous batching as a steady state: each decode step also prefills batch / "
         "output-len prompts; queueing is not modelled"
     )
+    if doc["replicas"] > 1 or doc["pipeline_stages"] > 1:
+        con.print(
+            f"{doc['replicas']} replica(s) of {doc['pipeline_stages']} stage(s), batch / "
+            "replicas sequences each: time to first token is the sum of the stages' prefill; "
+            "pp microbatches in flight, a token every pp x the slowest stage's step"
+        )
     if hw.rate_model == "ideal":
         con.print("times: ideal model (data-sheet peaks, no latencies or launch costs)")
     else:

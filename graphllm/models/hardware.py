@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field, replace
@@ -45,7 +45,7 @@ REQUIRED = (
     "devices_per_node",
 )
 NULLABLE = ("interconnect_bandwidth", "network_bandwidth")
-PRESET_ONLY = ("aliases", "description")
+PRESET_ONLY = ("aliases", "description", "_note")  # _note: what a preset lacks, and why
 RATE_MODELS = ("achievable", "ideal")
 # The sane range of each figure: far outside what any device has, so that a typo (a subnormal
 # 5e-324 for 5e14, which printed "inf s, nan%") is refused rather than divided by. A CPU core's
@@ -81,11 +81,13 @@ class Achievable:
     memory_bandwidth: float  # bytes/s, a streaming kernel's
     interconnect: Link | None  # inside a node
     network: Link | None  # across nodes
-    launch_seconds: float  # a kernel launched on its own: the host's enqueue time per kernel
-    graph_launch_seconds: float  # a kernel inside a replayed CUDA graph
-    graph_replay_seconds: float  # once per replayed graph (a step)
-    sm_count: int  # streaming multiprocessors: the tiles a wave of a GEMM runs at once
-    gemm_tile: tuple[int, int]  # the GEMM's output tile (M, N) each SM computes
+    # each of these five None where no measurement was found (the preset's _note says which):
+    # then no launch cost, and no tile or wave quantisation, as under the ideal model
+    launch_seconds: float | None  # a kernel launched on its own: the host's enqueue time
+    graph_launch_seconds: float | None  # a kernel inside a replayed CUDA graph
+    graph_replay_seconds: float | None  # once per replayed graph (a step)
+    sm_count: int | None  # streaming multiprocessors: the tiles a wave of a GEMM runs at once
+    gemm_tile: tuple[int, int] | None  # the GEMM's output tile (M, N) each SM computes
     source: str
 
     def gemm_efficiency(self, m: float, n: float, k: float) -> float:
@@ -94,7 +96,9 @@ class Achievable:
         the output is cut into tiles (rows rounded up to the tensor cores' 16, at most the tile's
         M) that run `sm_count` at a time; when there are fewer tiles than SMs, K is split
         across the idle SMs (split-K, as cuBLAS does for skinny GEMMs); the last wave and each
-        edge tile run part-empty."""
+        edge tile run part-empty. 1 where the device's SM count or tile is not known."""
+        if self.sm_count is None or self.gemm_tile is None:
+            return 1.0
         tm, tn = min(self.gemm_tile[0], 16 * math.ceil(m / 16)), self.gemm_tile[1]
         tiles = math.ceil(m / tm) * math.ceil(n / tn)
         split = max(1, min(self.sm_count // tiles, math.ceil(k / tn)))
@@ -329,13 +333,26 @@ def _achievable(value: Any, where: str) -> Achievable:
         ),
         interconnect=_link(d["interconnect"], f"{where}.interconnect"),
         network=_link(d["network"], f"{where}.network"),
-        launch_seconds=_latency(f"{where}.launch_seconds", d["launch_seconds"]),
-        graph_launch_seconds=_latency(f"{where}.graph_launch_seconds", d["graph_launch_seconds"]),
-        graph_replay_seconds=_latency(f"{where}.graph_replay_seconds", d["graph_replay_seconds"]),
-        sm_count=int(_positive(f"{where}.sm_count", d["sm_count"], integer=True)),
-        gemm_tile=_tile(f"{where}.gemm_tile", d["gemm_tile"]),
+        launch_seconds=_unmeasured(_latency, f"{where}.launch_seconds", d["launch_seconds"]),
+        graph_launch_seconds=_unmeasured(
+            _latency, f"{where}.graph_launch_seconds", d["graph_launch_seconds"]
+        ),
+        graph_replay_seconds=_unmeasured(
+            _latency, f"{where}.graph_replay_seconds", d["graph_replay_seconds"]
+        ),
+        sm_count=_unmeasured(_count, f"{where}.sm_count", d["sm_count"]),
+        gemm_tile=_unmeasured(_tile, f"{where}.gemm_tile", d["gemm_tile"]),
         source=_text(where, "source", d["source"]),
     )
+
+
+def _unmeasured(parse: Callable[[str, Any], Any], label: str, value: Any) -> Any:
+    """`parse(label, value)`, or None for a figure given as null (not measured)."""
+    return None if value is None else parse(label, value)
+
+
+def _count(label: str, value: Any) -> int:
+    return int(_positive(label, value, integer=True))
 
 
 def _tile(label: str, value: Any) -> tuple[int, int]:

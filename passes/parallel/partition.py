@@ -307,7 +307,9 @@ def balance(weights: list[float], stages: int) -> list[tuple[int, int]]:
     best[0][0] = 0.0
     for k in range(1, stages + 1):
         prev, row, cuts = best[k - 1], best[k], cut[k]
-        for i in range(k, n + 1):
+        # the first k groups end at i <= n - (stages - k), leaving a layer for each later
+        # group: the entries beyond are never read (a row's j stops below that bound too)
+        for i in range(k, n - (stages - k) + 1):
             # the last group is j..i-1; walked from short to long, its sum pre[i] - pre[j] only
             # grows (exactly, in floats: pre is nondecreasing), so once it passes the best found
             # no longer group can be better and the walk stops. `<=` keeps the smallest j of a

@@ -25,9 +25,11 @@ row's `reduce`, `linear` and `carries` fields:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
-from collections.abc import Iterator
+import operator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -38,6 +40,7 @@ from graphllm.ir.signature import ELLIPSIS
 from graphllm.ops import MOVEMENT, OPS, SOURCE, linear_groups
 
 Split = tuple[str, int]  # (mesh axis, blocks): a rank holds block coord // (size / blocks)
+Relation = Callable[[str, str], bool]  # letters one split cuts alike
 
 
 @dataclass(frozen=True)
@@ -46,10 +49,15 @@ class Mesh:
 
     axes: tuple[tuple[str, int], ...]
 
-    def size(self, name: str) -> int:
-        return dict(self.axes).get(name, 1)
+    @functools.cached_property
+    def _sizes(self) -> dict[str, int]:
+        # the layout rules ask a mesh its sizes and names for every node: built once
+        return dict(self.axes)
 
-    @property
+    def size(self, name: str) -> int:
+        return self._sizes.get(name, 1)
+
+    @functools.cached_property
     def names(self) -> tuple[str, ...]:
         return tuple(n for n, _ in self.axes)
 
@@ -79,15 +87,26 @@ class Sharding:
     def whole(cls, rank: int) -> Sharding:
         return cls(((),) * rank)
 
+    @functools.cached_property
+    def _axis_of(self) -> dict[str, int]:
+        # a plan partitions one graph hundreds of times and asks each sharding this for every
+        # mesh axis of every node: looked up once (the first axis a mesh axis cuts wins)
+        out: dict[str, int] = {}
+        for i, splits in enumerate(self.axes):
+            for m, _ in splits:
+                out.setdefault(m, i)
+        return out
+
     def axis_of(self, mesh: str) -> int | None:
         """The tensor axis split over `mesh`, if any."""
-        for i, splits in enumerate(self.axes):
-            if any(m == mesh for m, _ in splits):
-                return i
-        return None
+        return self._axis_of.get(mesh)
+
+    @functools.cached_property
+    def _blocks(self) -> tuple[int, ...]:
+        return tuple(math.prod(p for _, p in splits) for splits in self.axes)
 
     def blocks(self, i: int) -> int:
-        return math.prod(p for _, p in self.axes[i])
+        return self._blocks[i]
 
     def split(self, i: int, s: Split) -> Sharding:
         """Cut axis `i` further (the new split is innermost)."""
@@ -129,7 +148,10 @@ def local_dim(d: Dim, blocks: int, bindings: dict[str, float], where: str) -> Di
 
 
 def local_type(t: TensorType, sh: Sharding, bindings: dict[str, float], where: str) -> TensorType:
-    dims = tuple(local_dim(d, sh.blocks(i), bindings, where) for i, d in enumerate(t.dims))
+    if not sh._axis_of:  # held whole: the type as it is
+        return t
+    blocks = sh._blocks
+    dims = tuple(local_dim(d, blocks[i], bindings, where) for i, d in enumerate(t.dims))
     return TensorType(dims, t.dtype)
 
 
@@ -146,7 +168,7 @@ class _Arg:
     param: bool
     integer: bool
 
-    def pos(self, x: str, rel: _Related) -> int | None:
+    def pos(self, x: str, rel: Relation) -> int | None:
         """The first axis cut by the split that cuts letter `x`."""
         return next((i for i, y in enumerate(self.letters) if rel(x, y)), None)
 
@@ -161,6 +183,13 @@ class _Related:
         return x == y or frozenset((x, y)) in self.pairs
 
 
+@functools.cache
+def _related(carries: tuple[tuple[str, str], ...]) -> Relation:
+    """The relation of an op row's `carries`; plain equality (a C call) for the many rows with
+    none, since the layout rules ask it for every letter pair of every node."""
+    return _Related(carries) if carries else operator.eq
+
+
 def operand_letters(operand: tuple, rank: int) -> list[str]:
     """The lead letter of each axis: a group `(h e)` is split as its first letter."""
     out: list[str] = []
@@ -170,6 +199,12 @@ def operand_letters(operand: tuple, rank: int) -> list[str]:
         else:
             out.append(ax[0] if isinstance(ax, tuple) else ax)
     return out
+
+
+@functools.cache
+def _letters(operand: tuple, rank: int) -> list[str]:
+    # read only (the layout rules never change a letter list), so one list serves every node
+    return operand_letters(operand, rank)
 
 
 def _output_keys(operand: tuple, rank: int) -> list[str | None]:
@@ -321,19 +356,23 @@ class _SPMD:
             if not self._loads_rows(n):
                 raise GraphError(f"{n.name} ({n.op}): a seed on a node that is no weight's view")
             return
-        rel = _Related(spec.carries)
+        rel = _related(spec.carries)
         sig = spec.signature
-        ins = [operand_letters(op, t.rank) for op, t in zip(sig.inputs, self.src.input_types(n))]
-        outs = [operand_letters(op, t.rank) for op, t in zip(sig.outputs, n.outputs)]
+        ins = [_letters(op, t.rank) for op, t in zip(sig.inputs, self.src.input_types(n))]
+        outs = [_letters(op, t.rank) for op, t in zip(sig.outputs, n.outputs)]
         args = [self._arg(n, i, ins[i]) for i in range(len(n.inputs))]
         flat = [x for o in outs for x in o]
         targets = {m: self._decide(n, spec, args, flat, rel, m) for m in self.mesh.names}
         for a in args:
             self._place(a)
         partial = frozenset(m for m, (_, p) in targets.items() if p)
+        cuts = any(t is not None for t, _ in targets.values())
         out_sh = []
         for k, letters in enumerate(outs):
             dims = n.outputs[k].dims
+            if not cuts:  # no mesh axis cuts a letter: every output axis is whole
+                out_sh.append(Sharding(((),) * len(letters), partial))
+                continue
             axes = tuple(
                 self._out_splits(args, targets, rel, y, dims[j]) for j, y in enumerate(letters)
             )
@@ -362,7 +401,7 @@ class _SPMD:
         self,
         args: list[_Arg],
         targets: dict[str, tuple[str | None, bool]],
-        rel: _Related,
+        rel: Relation,
         y: str,
         d: Dim,
     ) -> tuple[Split, ...]:
@@ -377,7 +416,7 @@ class _SPMD:
                         continue
                     if s[0] not in [q for q, _ in splits]:
                         splits.append(self._carry(s, d, x != y))
-        if any(x != y for a in args for x in a.letters if rel(x, y)):
+        if len(splits) > 1 and any(x != y for a in args for x in a.letters if rel(x, y)):
             # a carried axis (MoE slots) takes splits from several letters: name its blocks in
             # mesh order (their order within a rank is the op's own)
             splits.sort(key=lambda q: self.mesh.names.index(q[0]))
@@ -398,11 +437,13 @@ class _SPMD:
         spec: Any,
         args: list[_Arg],
         out_letters: list[str],
-        rel: _Related,
+        rel: Relation,
         m: str,
     ) -> tuple[str | None, bool]:
         """Lay the inputs out over mesh axis `m`: (the letter it cuts, whether partial). Each
         round settles one thing (a reduced letter gathered, partial sums reduced) and looks again."""
+        if not any(m in a.sh._axis_of or m in a.sh.partial for a in args):
+            return None, False  # nothing over `m` to lay out: what the first round finds
         for _ in range(8):
             for a in args:  # a partial sum reduced for an earlier consumer is reused
                 if m in a.sh.partial and (a.ref, m) in self.reduced:
@@ -441,7 +482,7 @@ class _SPMD:
         partial: list[int],
         target: str | None,
         kept: bool,
-        rel: _Related,
+        rel: Relation,
         m: str,
     ) -> bool:
         """Inputs holding partial sums over `m`: True when they pass through one of the op's
@@ -468,7 +509,7 @@ class _SPMD:
         target: str,
         blocks: int,
         kept: bool,
-        rel: _Related,
+        rel: Relation,
         m: str,
     ) -> None:
         """Bring input `i` onto the split of letter `target` over `m`: exchanged (all-to-all) or
@@ -495,7 +536,7 @@ class _SPMD:
         args: list[_Arg],
         splits: list[tuple[int, int]],
         out_letters: list[str],
-        rel: _Related,
+        rel: Relation,
         m: str,
     ) -> tuple[str | None, int]:
         """The letter mesh axis `m` cuts: a weight's, else one the output keeps, in its order."""

@@ -1,0 +1,90 @@
+"""mi300x's achievable figures (issue 20), each sourced; the figures no measurement was found for
+left at the fallback rule and named in the preset's _note; l40s still on its peaks."""
+
+import pytest
+
+from graphllm import Workload, build_graph
+from graphllm.models.config import config_from_dict
+from graphllm.models.hardware import PRESETS_PATH, hardware_from_dict, load_hardware
+from graphllm.models.parse import read_mapping
+from graphllm.passes.parallel.figures import collective_seconds, link_bandwidth
+from graphllm.passes.parallel.sharding import Mesh
+from graphllm.passes.registry import run
+from tests.support import tiny_configs
+
+MI300X = load_hardware("mi300x")
+
+
+def test_mi300x_carries_measured_rates_with_their_sources():
+    ach = MI300X.achievable
+    assert ach is not None and MI300X.rate_model == "achievable"
+    for word in ("GEMM", "Attention", "HBM", "Infinity Fabric", "ml-engineering", "Azure"):
+        assert word in ach.source, word
+    assert MI300X.gemm_rate("bf16") == MI300X.gemm_rate("fp16") == 668.4e12
+    assert MI300X.gemm_rate("fp8") == 1159.2e12
+    assert MI300X.attention_rate("bf16") == 328.6e12
+    assert MI300X.bandwidth() == 4.09e12
+    assert MI300X.ideal().bandwidth() == 5.3e12  # --ideal: the data sheet's
+
+
+def test_mi300x_unmeasured_figures_fall_back_and_the_note_names_them():
+    note = read_mapping(PRESETS_PATH)["mi300x"]["_note"]
+    for word in ("FP8 attention", "network", "launch", "tile"):
+        assert word in note, word
+    assert MI300X.attention_rate("fp8") == MI300X.peak("fp8") == 2614.9e12  # no measurement
+    ach = MI300X.achievable
+    assert ach.gemm_efficiency(1, 8192, 8192) == 1.0  # no tile: no quantisation of a skinny GEMM
+    assert load_hardware("h100").achievable.gemm_efficiency(1, 8192, 8192) < 0.2  # which h100 has
+
+
+def test_mi300x_collectives_by_hand():
+    mesh = Mesh((("dp", 2), ("tp", 8)))  # tp inside a node of 8, dp across nodes
+    wire = 2 * 7 / 8 * 64e6  # a 64 MB all-reduce over 8 ranks
+    # inside: the 6 steps of a tree over 8 ranks at 7.5 us, plus the bytes at RCCL's 316.8 GB/s
+    got = collective_seconds("all_reduce", 8, wire, mesh, "tp", MI300X)
+    assert got == pytest.approx(6 * 7.5e-6 + wire / 316.8e9, rel=1e-12)
+    # across nodes no measurement: the 50 GB/s line rate and no latency
+    assert link_bandwidth(mesh, "dp", MI300X) == 50e9
+    assert collective_seconds("all_reduce", 2, 1e6, mesh, "dp", MI300X) == 1e6 / 50e9
+
+
+def test_null_launch_costs_add_no_launch_time():
+    cfg = config_from_dict(tiny_configs.LLAMA, "tiny")
+    g = build_graph(cfg, Workload(batch=1, seq_len=1, past_len=8))
+    r = run(g, ["roofline"], hardware=MI300X)["roofline"]
+    assert r.kernels > 0 and r.launch_seconds == 0.0
+    h100 = run(build_graph(cfg, Workload(batch=1, seq_len=1, past_len=8)), ["roofline"],
+               hardware=load_hardware("h100"))["roofline"]  # fmt: skip
+    assert h100.launch_seconds > 0  # measured there: the same graph pays its launches
+
+
+def test_a_spec_file_may_leave_a_figure_null():
+    spec = {
+        "peak_flops": {"bf16": 1000e12},
+        "memory_bandwidth": 4e12,
+        "memory_bytes": 80e9,
+        "interconnect_bandwidth": 450e9,
+        "network_bandwidth": 50e9,
+        "devices_per_node": 8,
+        "achievable": {
+            "gemm_flops": {"bf16": 800e12},
+            "attention_flops": {"bf16": 600e12},
+            "memory_bandwidth": 3e12,
+            "interconnect": None,
+            "network": None,
+            "launch_seconds": None,
+            "graph_launch_seconds": None,
+            "graph_replay_seconds": None,
+            "sm_count": None,
+            "gemm_tile": None,
+            "source": "hand-made",
+        },
+    }
+    ach = hardware_from_dict(spec, "t").achievable
+    assert (ach.launch_seconds, ach.sm_count, ach.gemm_tile) == (None, None, None)
+
+
+def test_l40s_stays_on_its_peaks_and_says_why():
+    l40s = load_hardware("l40s")
+    assert l40s.rate_model == "ideal" and l40s.achievable is None
+    assert "No achievable figures" in read_mapping(PRESETS_PATH)["l40s"]["_note"]

@@ -1,0 +1,65 @@
+"""`plan`'s results pinned byte for byte on a small DeepSeek-V3-like search (issue 20).
+
+The plan search is made faster by caching and pruning; none of that may change what it finds.
+These figures were taken before that work: the chosen layout and a few of its figures exactly, and
+a digest of the whole report (every layout tried: fitting, too big and illegal, with all their
+figures). A change to the cost model itself (a hardware preset's h200 figures, a collective's
+time) moves them too: then re-derive them and say why in the commit.
+"""
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from graphllm.models.config import config_from_dict
+from graphllm.models.hardware import load_hardware
+from graphllm.models.workload import Workload
+from graphllm.passes.parallel.plan import plan
+from graphllm.passes.training import TrainingOptions
+
+PRESET = Path(__file__).parents[3] / "graphllm" / "models" / "presets" / "deepseek-v3.json"
+
+
+@pytest.fixture(scope="module")
+def small_v3():
+    # DeepSeek-V3 as published (MLA, 256 routed experts, FP8) with 6 layers: 3 dense, 3 MoE, so
+    # both kinds of layer and the pipeline's balance over them are in the search
+    d = json.loads(PRESET.read_text())
+    return config_from_dict(d | {"num_hidden_layers": 6}, "deepseek-v3-small")
+
+
+def _digest(report) -> str:
+    return hashlib.sha256(json.dumps(report.to_dict(), sort_keys=True).encode()).hexdigest()
+
+
+def test_training_search_is_pinned(small_v3):
+    r = plan(
+        small_v3, Workload(seq_len=4096, batch=16), 16, load_hardware("h200"), TrainingOptions()
+    )
+    assert (len(r.candidates), len(r.too_big), len(r.illegal)) == (32, 33, 5)
+    best = r.candidates[0]
+    assert best["strategy"] == {
+        "tp": 1, "sp": False, "cp": 1, "pp": 4, "ep": 4, "dp": 1, "microbatches": 16,
+    }  # fmt: skip
+    assert best["seconds"] == 0.336990346777686
+    assert best["memory_bytes"] == 58503858624.0
+    assert best["comm_seconds"] == 0.08468750002162165
+    assert best["main_comm"] == {
+        "kind": "all_gather", "mesh_axis": "ep", "seconds": 0.03351155545945946,
+    }  # fmt: skip
+    assert _digest(r) == "164ed6d868bf486563a04b430399bdc97527125432a5375f1da785a210ce1eef"
+
+
+def test_decode_search_is_pinned(small_v3):
+    wl = Workload(seq_len=1, past_len=4096, batch=16)
+    r = plan(small_v3, wl, 16, load_hardware("h200"))
+    assert (len(r.candidates), len(r.too_big), len(r.illegal)) == (31, 0, 39)
+    best = r.candidates[0]
+    assert best["strategy"] == {
+        "tp": 1, "sp": False, "cp": 1, "pp": 1, "ep": 1, "dp": 16, "microbatches": 1,
+    }  # fmt: skip
+    assert best["seconds"] == 0.0044624134551539164
+    assert best["memory_bytes"] == 40558898752.0
+    assert _digest(r) == "1e7b90f6ab3fe00b57a39b84ad142030e20d1d9de2f64c5389f62dd1d8dc91c8"
