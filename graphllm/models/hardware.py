@@ -35,6 +35,7 @@ COMPUTE_WITH = {
     "fp8": ("fp8", "bf16", "fp16"),
     "int8": ("int8", "bf16", "fp16"),
     "int4": ("fp16", "bf16"),  # weight-only: dequantised to 16-bit for the matmul
+    "int4g32": ("bf16", "fp16"),  # torch's tinygemm: bf16 activations
 }
 REQUIRED = (
     "peak_flops",
