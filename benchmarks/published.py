@@ -9,6 +9,7 @@ Beside it: graphllm's prediction on the row's hardware preset, and measured time
   the prompt plus half the output, the average over the generated tokens), logits for the last
   position; the figure is B / step time.
 - ttft_ms: the prefill of the prompt (logits for the last position).
+- itl_ms: one sequence's time per output token (inter-token latency), the decode step above.
 - tp > 1: the step of one device under tensor parallelism (`partition`), collectives included.
 
 It prints the median of measured/predicted over the batch-1 decode and TTFT rows, and the rows
@@ -24,6 +25,7 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +42,7 @@ from graphllm.passes.registry import run  # noqa: E402
 
 TABLE = Path(__file__).with_name("published.yaml")
 PRESETS = ROOT / "graphllm" / "models" / "presets"
-METRICS = ("decode_tokens_per_s", "ttft_ms")
+METRICS = ("decode_tokens_per_s", "ttft_ms", "itl_ms")
 REQUIRED = (
     "id",
     "engine",
@@ -94,6 +96,19 @@ def _config(row: dict[str, Any]) -> Any:
     return config_from_dict(d | dict(row.get("overrides") or {}), row["model"])
 
 
+def _engine_attention(hw: Any, row: dict[str, Any]) -> Any:
+    """The device with its attention kernel at the rate of the row's `attention` dtype, where the
+    engine computes attention in another dtype than its GEMMs (TensorRT-LLM v0.5's FP8 engines
+    build the attention plugin in float16: FP8 GEMMs, FP16 context FMHA)."""
+    want = row.get("attention")
+    if want is None or hw.achievable is None:
+        return hw
+    rates = hw.achievable.attention_flops
+    act = row["precision"]["act"]
+    fixed = replace(hw.achievable, attention_flops=rates | {act: hw.attention_rate(want)})
+    return replace(hw, achievable=fixed)
+
+
 def predict_seconds(row: dict[str, Any]) -> float:
     """The predicted time of the row's step (a decode step, or the prompt's prefill)."""
     p = row["precision"]
@@ -103,7 +118,7 @@ def predict_seconds(row: dict[str, Any]) -> float:
     else:
         past = row.get("past", row["prompt"] + row["output"] // 2)
         wl = Workload(batch=row["batch"], seq_len=1, past_len=past, logits="last", **dtypes)
-    hw = load_hardware(row["hardware"])
+    hw = _engine_attention(load_hardware(row["hardware"]), row)
     graph = build_graph(_config(row), wl)
     if row["tp"] == 1:
         return run(graph, ["cost", "roofline"], hardware=hw)["roofline"].seconds
@@ -116,7 +131,7 @@ def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for row in rows:
         secs = predict_seconds(row)
-        if row["metric"] == "ttft_ms":
+        if row["metric"] in ("ttft_ms", "itl_ms"):
             predicted, ratio = 1e3 * secs, row["measured"] / (1e3 * secs)
         else:
             predicted = row["batch"] / secs
@@ -141,7 +156,7 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _unit(metric: str) -> str:
-    return "tok/s" if metric == "decode_tokens_per_s" else "ms TTFT"
+    return {"decode_tokens_per_s": "tok/s", "ttft_ms": "ms TTFT", "itl_ms": "ms/token"}[metric]
 
 
 def print_table(results: list[dict[str, Any]], summ: dict[str, Any], model: str) -> None:

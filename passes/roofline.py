@@ -120,7 +120,18 @@ class Timer:
         ach = self.hardware.achievable
         if oc.matmul and core is None and ach is not None:
             rate *= ach.gemm_efficiency(*_output_mnk(self.graph, n, oc.matmul))
-        return flops / rate, oc.bytes
+        return flops / rate, oc.bytes / self._dequant_share(n, oc)
+
+    # issue 20: a weight-only quantized matmul streams its weights through a dequantising kernel
+    # that reaches a measured share of the bandwidth (the preset's `dequant_efficiency`, per
+    # storage dtype); its bytes are priced at that share (the weights are nearly all of a decode
+    # GEMM's bytes, and a prefill GEMM is compute-bound, where the bytes do not count)
+    def _dequant_share(self, n: Node, oc: Any) -> float:
+        ach = self.hardware.achievable
+        if not oc.matmul or ach is None or not ach.dequant_efficiency:
+            return 1.0
+        shares = [ach.dequant_efficiency.get(self.graph.type_of(r).dtype) for r in n.inputs]
+        return min((s for s in shares if s is not None), default=1.0)
 
 
 def time_all(

@@ -25,7 +25,7 @@ from graphllm.models.config import load_config, load_workload_section
 from graphllm.models.hardware import rate_model
 from graphllm.models.workload import Workload
 
-DTYPE_NAMES = ["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
+DTYPE_NAMES = ["fp32", "bf16", "fp16", "fp8", "int8", "int4", "int4g32"]
 PRESET_HELP = "A preset name (see `graphllm presets`)."
 # numpy's generators take a non-negative seed
 SEED = click.IntRange(min=0, max=2**63 - 1)

@@ -22,7 +22,7 @@ from graphllm.echo import cut, shown, shown_path
 from graphllm.errors import ConfigError
 from graphllm.files import folder_problem
 from graphllm.models.parse import file_mode, read_mapping
-from graphllm.models.workload import DTYPE_ALIASES
+from graphllm.models.workload import DTYPE_ALIASES, WEIGHT_ONLY
 
 PRESETS_PATH = Path(__file__).with_name("hardware_presets.yaml")
 PEAK_KEYS = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8")
@@ -35,6 +35,7 @@ COMPUTE_WITH = {
     "fp8": ("fp8", "bf16", "fp16"),
     "int8": ("int8", "bf16", "fp16"),
     "int4": ("fp16", "bf16"),  # weight-only: dequantised to 16-bit for the matmul
+    "int4g32": ("bf16", "fp16"),  # torch's tinygemm: bf16 activations
 }
 REQUIRED = (
     "peak_flops",
@@ -89,6 +90,9 @@ class Achievable:
     sm_count: int | None  # streaming multiprocessors: the tiles a wave of a GEMM runs at once
     gemm_tile: tuple[int, int] | None  # the GEMM's output tile (M, N) each SM computes
     source: str
+    # issue 20: weight-only storage dtype -> the share of `memory_bandwidth` that the kernel
+    # dequantising it streams its weights at in a batch-1 GEMV (absent: the full bandwidth)
+    dequant_efficiency: dict[str, float] = field(default_factory=dict)
 
     def gemm_efficiency(self, m: float, n: float, k: float) -> float:
         """The share of the large-shape GEMM rate an (m x n)-output GEMM over k reaches, from tile
@@ -283,13 +287,15 @@ LINK_FIELDS = tuple(Link.__dataclass_fields__)
 LATENCY_RANGE = (1e-9, 0.1)
 
 
-def _mapping(value: Any, where: str, known: tuple[str, ...]) -> dict:
+def _mapping(
+    value: Any, where: str, known: tuple[str, ...], optional: tuple[str, ...] = ()
+) -> dict:
     if not isinstance(value, dict):
         raise ConfigError(f"{where} must be a mapping, got {shown(value)}")
     for key in value:
         if key not in known:
             raise _unknown(where, key, known)
-    missing = [k for k in known if k not in value]
+    missing = [k for k in known if k not in value and k not in optional]
     if missing:
         raise ConfigError(f"{where}: missing {', '.join(missing)}")
     return value
@@ -324,7 +330,7 @@ def _link(value: Any, where: str) -> Link | None:
 
 def _achievable(value: Any, where: str) -> Achievable:
     """The measured rates of a preset or spec file, each figure in its sane range."""
-    d = _mapping(value, where, ACHIEVABLE_FIELDS)
+    d = _mapping(value, where, ACHIEVABLE_FIELDS, optional=("dequant_efficiency",))
     return Achievable(
         gemm_flops=_rates(d["gemm_flops"], f"{where}.gemm_flops"),
         attention_flops=_rates(d["attention_flops"], f"{where}.attention_flops"),
@@ -343,6 +349,7 @@ def _achievable(value: Any, where: str) -> Achievable:
         sm_count=_unmeasured(_count, f"{where}.sm_count", d["sm_count"]),
         gemm_tile=_unmeasured(_tile, f"{where}.gemm_tile", d["gemm_tile"]),
         source=_text(where, "source", d["source"]),
+        dequant_efficiency=_shares(d.get("dequant_efficiency"), f"{where}.dequant_efficiency"),
     )
 
 
@@ -353,6 +360,27 @@ def _unmeasured(parse: Callable[[str, Any], Any], label: str, value: Any) -> Any
 
 def _count(label: str, value: Any) -> int:
     return int(_positive(label, value, integer=True))
+
+
+def _shares(value: Any, where: str) -> dict[str, float]:
+    """Weight-only dtype -> a share of the bandwidth in (MIN_EFFICIENCY, 1]."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(
+            f"{where} must be a mapping of weight dtype to a share, got {shown(value)}"
+        )
+    out = {}
+    for key, share in value.items():
+        if key not in WEIGHT_ONLY:
+            raise _unknown(where, key, sorted(WEIGHT_ONLY))
+        figure = _positive(f"{where}.{key}", share)
+        if not MIN_EFFICIENCY <= figure <= 1:
+            raise ConfigError(
+                f"{where}.{key} must be in [{MIN_EFFICIENCY:g}, 1], got {shown(figure)}"
+            )
+        out[key] = figure
+    return out
 
 
 def _tile(label: str, value: Any) -> tuple[int, int]:

@@ -29,13 +29,14 @@ def test_every_row_is_a_sourced_quoted_measurement_with_a_prediction(doc):
     rows = doc["rows"]
     assert len(rows) >= 15
     metrics = {r["metric"] for r in rows}
-    assert metrics == {"decode_tokens_per_s", "ttft_ms"}
+    assert metrics == {"decode_tokens_per_s", "ttft_ms", "itl_ms"}
     assert any(r["batch"] == 1 and r["metric"] == "decode_tokens_per_s" for r in rows)
+    assert len({r["engine"] for r in rows}) >= 3  # gpt-fast, TensorRT-LLM, NIM
     for r in rows:
         assert r["source"].startswith("https://") and r["quote"].strip(), r["id"]
         assert str(r["measured"]) in r["quote"] or f"{r['measured']:g}" in r["quote"], r["id"]
         assert r["predicted"] > 0
-        if r["metric"] == "ttft_ms":
+        if r["metric"] in ("ttft_ms", "itl_ms"):
             assert r["ratio"] == pytest.approx(r["measured"] / r["predicted"])
         else:
             assert r["ratio"] == pytest.approx(r["predicted"] / r["measured"])
@@ -60,3 +61,37 @@ def test_the_text_prints_each_row_the_median_and_the_sources():
     assert text.startswith("predictions on the achievable rate model")
     assert "median of measured/predicted over" in text and "rows beyond 1.5x:" in text
     assert text.count("source [") >= 15
+
+
+def _module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("published_under_test", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_an_itl_row_is_the_decode_step_in_milliseconds():
+    pub = _module()
+    row = next(r for r in pub.load_rows() if r["metric"] == "itl_ms")
+    as_rate = row | {"metric": "decode_tokens_per_s"}
+    itl, rate = pub.compare([row])[0], pub.compare([as_rate])[0]
+    assert itl["predicted"] == pytest.approx(1e3 / rate["predicted"])
+    assert itl["ratio"] == pytest.approx(row["measured"] / itl["predicted"])
+
+
+def test_an_fp8_engine_with_fp16_attention_times_attention_at_the_fp16_rate():
+    from graphllm.models.hardware import load_hardware
+
+    pub = _module()
+    row = next(r for r in pub.load_rows() if r["id"] == "trt-llm h100 llama2-7b fp8 p2048")
+    assert row["attention"] == "fp16" and row["precision"]["act"] == "fp8"
+    h100 = load_hardware("h100")
+    assert h100.attention_rate("fp8") == 1200e12
+    assert pub._engine_attention(h100, row).attention_rate("fp8") == 740e12
+    assert pub._engine_attention(h100, row).gemm_rate("fp8") == 1402.6e12  # GEMMs stay FP8
+    assert pub._engine_attention(h100, row | {"attention": None}) is h100
+    slower = pub.predict_seconds(row)
+    plain = pub.predict_seconds({k: v for k, v in row.items() if k != "attention"})
+    assert slower > plain

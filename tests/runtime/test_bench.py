@@ -92,7 +92,10 @@ def test_bench_beside_a_preset_prediction(tiny_onnx):
     assert d["measured"]["tokens_per_second"] == pytest.approx(1 / r.decode_s)
     ratio = d["measured_over_predicted"]
     assert ratio["prefill"] == pytest.approx(r.prefill_s / r.predicted_prefill_s)
-    assert ratio["decode"] > 1  # a CPU is slower than an H100
+    # not a race against the CPU: the tiny model's H100 step is ~45 kernels at 1.3 us each in a
+    # CUDA graph (issue 20's launch figure), about what onnxruntime takes on one core
+    assert ratio["decode"] == pytest.approx(r.decode_s / r.predicted_decode_s)
+    assert r.predicted_decode_s > 45 * 1.3e-6
     assert bench(tiny_onnx, 6, 3, repeats=1, hardware=None).to_dict()["predicted"] is None
 
 

@@ -1,0 +1,121 @@
+"""Issue 20: a weight-only quantized GEMV streams its weights through a dequantising kernel at a
+measured share of the bandwidth (`achievable.dequant_efficiency`, per storage dtype), and torch's
+tinygemm layout (`int4g32`: int4 in groups of 32, a bf16 scale and a bf16 zero point each) is
+stored at 5/8 of a byte per weight. Expected values are computed by hand."""
+
+from dataclasses import replace
+
+import pytest
+
+from graphllm import Workload, build_graph
+from graphllm.errors import ConfigError
+from graphllm.models.config import config_from_dict
+from graphllm.models.hardware import hardware_from_dict, load_hardware
+from graphllm.models.workload import nbytes
+from graphllm.passes.registry import meta_result, run
+from tests.support import tiny_configs
+
+US = 1e-6
+SPEC = {
+    "peak_flops": {"bf16": 1000e12, "fp32": 50e12},
+    "memory_bandwidth": 4e12,
+    "memory_bytes": 80e9,
+    "interconnect_bandwidth": 450e9,
+    "network_bandwidth": 50e9,
+    "devices_per_node": 8,
+    "achievable": {
+        "gemm_flops": {"bf16": 800e12},
+        "attention_flops": {"bf16": 600e12},
+        "memory_bandwidth": 3e12,
+        "interconnect": {"bus_bandwidth": 300e9, "step_latency": 2 * US},
+        "network": {"bus_bandwidth": 40e9, "step_latency": 5 * US},
+        "launch_seconds": 4 * US,
+        "graph_launch_seconds": 1 * US,
+        "graph_replay_seconds": 10 * US,
+        "sm_count": 1,  # 1x1 tiles on one SM: no GEMM loses to tile or wave quantisation
+        "gemm_tile": [1, 1],
+        "source": "hand-made figures for the tests",
+    },
+}
+HALF = SPEC | {"achievable": SPEC["achievable"] | {"dequant_efficiency": {"int4g32": 0.5}}}
+
+
+def _decode(weight_dtype: str, **shape):
+    cfg = config_from_dict(tiny_configs.LLAMA | shape, "tiny")
+    wl = Workload(batch=1, seq_len=1, past_len=4, weight_dtype=weight_dtype)
+    return build_graph(cfg, wl)
+
+
+def test_int4g32_stores_half_a_byte_and_four_bytes_of_scale_and_zero_per_32():
+    assert nbytes("int4g32", 4096 * 4096) == 4096 * 4096 // 2 + 4096 * 4096 // 32 * 4
+    assert nbytes("int4g32", 64) / 64 == 0.625  # 0.5 + 2 x 2 bytes / 32
+
+
+def test_a_quantized_gemv_moves_its_bytes_at_the_kernels_share_of_the_bandwidth():
+    hw = hardware_from_dict(HALF, "half")
+    g = _decode("int4g32")
+    run(g, ["cost", "roofline"], hardware=hw)
+    q = g["model.layers.0.self_attn.q_proj"]
+    oc = meta_result(q, "cost")
+    # batch 1: memory-bound; 3e12 B/s at half -> 1.5e12 B/s, plus the graph's 1 us per kernel
+    assert oc.bytes / 1.5e12 > oc.flops / 800e12
+    assert meta_result(q, "time").seconds == pytest.approx(oc.bytes / 1.5e12 + 1 * US)
+    # an op without quantized weights (the norm) keeps the full bandwidth
+    norm = g["model.layers.0.input_layernorm"]
+    nc = meta_result(norm, "cost")
+    t = max(nc.flops / 1000e12, nc.bytes / 3e12)
+    assert meta_result(norm, "time").seconds == pytest.approx(t + 1 * US)
+
+
+def test_a_dtype_the_table_does_not_name_streams_at_the_full_bandwidth():
+    hw = hardware_from_dict(HALF, "half")
+    g = _decode("int8")
+    run(g, ["cost", "roofline"], hardware=hw)
+    q = g["model.layers.0.self_attn.q_proj"]
+    oc = meta_result(q, "cost")
+    assert meta_result(q, "time").seconds == pytest.approx(oc.bytes / 3e12 + 1 * US)
+
+
+def test_the_ideal_model_ignores_the_kernel_share():
+    hw = hardware_from_dict(HALF, "half").ideal()
+    g = _decode("int4g32")
+    run(g, ["cost", "roofline"], hardware=hw)
+    q = g["model.layers.0.self_attn.q_proj"]
+    oc = meta_result(q, "cost")
+    assert meta_result(q, "time").seconds == pytest.approx(max(oc.bytes / 4e12, oc.flops / 1e15))
+
+
+def test_the_a100_preset_prices_tinygemm_at_its_published_share():
+    a100 = replace(load_hardware("a100"), cuda_graphs=True)
+    assert a100.achievable.dequant_efficiency == {"int4g32": 0.95}
+    assert "tinygemm" in a100.achievable.source and "Marlin" in a100.achievable.source
+    # Llama-2-7B's q_proj (4096 x 4096): at batch 1 its 10.5 MB of weights bound it
+    g = _decode("int4g32", hidden_size=4096, num_attention_heads=32, num_key_value_heads=32)
+    run(g, ["cost", "roofline"], hardware=a100)
+    q = g["model.layers.0.self_attn.q_proj"]
+    oc = meta_result(q, "cost")
+    # batch 1 on the A100: memory-bound, 1.70 TB/s x 0.95, plus 1.3 us in the CUDA graph
+    assert meta_result(q, "time").seconds == pytest.approx(oc.bytes / (1.70e12 * 0.95) + 1.3 * US)
+
+
+@pytest.mark.parametrize(
+    ("table", "says"),
+    [
+        ({"int7": 0.5}, "int7"),
+        ({"int4g32": 1.5}, "int4g32"),
+        ({"bf16": 0.9}, "bf16"),
+        (3, "mapping"),
+    ],
+)
+def test_a_bad_dequant_share_is_one_line_naming_it(table, says):
+    spec = SPEC | {"achievable": SPEC["achievable"] | {"dequant_efficiency": table}}
+    with pytest.raises(ConfigError, match=says) as e:
+        hardware_from_dict(spec, "bad")
+    assert "\n" not in str(e.value) and "dequant_efficiency" in str(e.value)
+
+
+def test_a_spec_without_the_table_loads_and_round_trips():
+    hw = hardware_from_dict(SPEC, "plain")
+    assert hw.achievable.dequant_efficiency == {}
+    d = hardware_from_dict(HALF, "half").to_dict()
+    assert hardware_from_dict(d, "again").achievable.dequant_efficiency == {"int4g32": 0.5}
