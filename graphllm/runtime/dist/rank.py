@@ -139,7 +139,7 @@ def generate(
             what, int(g.bindings["T"]), int(g.bindings.get("P", 0)), plan.strategy.describe()
         )
         past = _pasts(prog, prev, held, comm, world) if prev is not None else {}
-        feeds = default_feeds(g, step_ids)
+        feeds = _feeds(g, step_ids)
         held = _run_step(prog, world, coords, feeds, past, weights, factory, comm, clock, rec)
         logits = _whole_output(prog, "logits", held, comm, world)
         nxt = np.argmax(logits[:, -1, :], axis=-1).astype(np.int64)[:, None]
@@ -151,6 +151,18 @@ def generate(
         rec.other_seconds = rec.seconds - rec.compute_seconds - rec.comm_seconds
         record.steps.append(rec)
     return out
+
+
+def _feeds(g: Graph, ids: np.ndarray) -> dict[str, np.ndarray]:
+    """Token ids, positions after the graph's P past tokens, and the mask; the past K/V are the
+    rank's own blocks (default_feeds would want the whole past to place the positions)."""
+    feeds = default_feeds(g, ids)
+    b, t = ids.shape
+    p = int(g.bindings.get("P", 0))
+    feeds["position_ids"] = np.broadcast_to(np.arange(p, p + t), (b, t)).copy()
+    if "attention_mask" in feeds:
+        feeds["attention_mask"] = np.ones((b, p + t), np.int64)
+    return feeds
 
 
 def _backend(comm: Comm | None) -> str:

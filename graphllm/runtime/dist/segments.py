@@ -13,6 +13,7 @@ the segment's graph and the rank's weights: the numpy one below, or the onnxrunt
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -178,12 +179,14 @@ def require_runner(name: str) -> RunnerFactory:
     if name == "numpy":
         return NumpyRunner
     if name == "onnxruntime":
-        try:
-            from graphllm.runtime.dist.ort import OrtRunner  # type: ignore[import-not-found]
-        except ImportError:
+        try:  # dist-ort's module; by name, so that a build without it still imports this one
+            ort = importlib.import_module("graphllm.runtime.dist.ort")
+        except ModuleNotFoundError as e:
+            if e.name != "graphllm.runtime.dist.ort":
+                raise
             raise GraphllmError(
                 "--runtime onnxruntime: the onnxruntime segment runner is not in this build "
                 "yet; use --runtime numpy"
             ) from None
-        return OrtRunner
+        return ort.OrtRunner
     raise GraphllmError(f"unknown runtime {name!r}; choose numpy or onnxruntime")
