@@ -12,6 +12,7 @@ temporary folder, which is removed.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -26,7 +27,7 @@ import numpy as np
 
 from graphllm.errors import GraphllmError
 from graphllm.files import temporary_folder, write_text_atomic
-from graphllm.runtime.dist.rank import Job
+from graphllm.runtime.dist.rank import Job, generate, preflight
 
 POLL_SECONDS = 0.05
 GRACE_SECONDS = 0.5  # after a first failure, how long the others' lines are waited for
@@ -144,3 +145,36 @@ def _kill(procs: list[subprocess.Popen]) -> None:
     for p in procs:
         with contextlib.suppress(Exception):
             p.wait(timeout=10)
+
+
+def run_job(job: Job, nproc: int) -> dict[str, Any]:
+    """`graphllm run`: the job on `nproc` ranks (1: this process, the unpartitioned program, no
+    torch); the prompt, the generated tokens and every rank's timing record."""
+    strategy = preflight(job, nproc)
+    if nproc == 1:
+        gen = generate(job)
+        ranks = [gen.record.to_dict()]
+        prompt, tokens = gen.prompt.tolist(), gen.tokens.tolist()  # type: ignore[union-attr]
+    else:
+        if importlib.util.find_spec("torch") is None:
+            raise GraphllmError(
+                f"--nproc {nproc} runs on torch.distributed: install the dist extra "
+                "(pip install 'graphllm[dist]')"
+            )
+        case = launch([job], nproc)[0]
+        ranks, prompt, tokens = case["ranks"], case["prompt"], case["tokens"]
+    return {
+        "source": job.source,
+        "strategy": strategy.to_dict() | {"describe": strategy.describe()},
+        "nproc": nproc,
+        "runtime": job.runtime,
+        "backend": ranks[0]["backend"],
+        "batch": job.batch,
+        "seq_len": job.seq_len,
+        "new_tokens": job.new_tokens,
+        "weights": job.weights or f"seeded random (seed {job.seed})",
+        "timeout_seconds": job.timeout,
+        "prompt": prompt,
+        "tokens": tokens,
+        "ranks": ranks,
+    }

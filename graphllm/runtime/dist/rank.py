@@ -389,3 +389,47 @@ def _read(
     if dtype not in ("F32", "F16", "BF16", "F64"):
         return ckpt.read(name)[idx]  # its refusal names a quantized dtype
     return np.asarray(ckpt.stored(name)[idx], dtype=np.float32)
+
+
+def preflight(job: Job, nproc: int) -> Strategy:
+    """What the ranks would refuse, refused here in one line before any starts: a strategy the
+    model or workload cannot take (prefill or decode), a rank count that is not the mesh's, a
+    checkpoint that does not open."""
+    strategy = Strategy(**job.strategy)
+    if strategy.devices != nproc:
+        raise ConfigError(
+            f"--nproc {nproc}: {strategy.describe()} runs on {strategy.devices} ranks"
+            + (" (give --tp, --pp ... whose product is --nproc)" if nproc > 1 else "")
+        )
+    if job.new_tokens < 1:
+        raise ConfigError("--new-tokens must be at least 1")
+    config = load_config(job.source)
+    whole = step_graph(job, config, job.seq_len, 0)
+    program = partition(whole, strategy)
+    if job.new_tokens > 1:
+        decode = partition(step_graph(job, config, 1, job.seq_len), decode_strategy(strategy))
+        if meta_result(decode, "partition").stages != meta_result(program, "partition").stages:
+            raise ConfigError(
+                f"--pp {strategy.pp}: the decode steps balance the layers into other stages "
+                "than the prefill, and the KV cache would have to move between them"
+            )
+    if job.weights is not None:
+        rank_weights_check(job, whole)
+    return strategy
+
+
+def rank_weights_check(job: Job, whole: Graph) -> None:
+    """The checkpoint opens and holds every weight at the graph's shape (nothing is read)."""
+    ckpt = SafetensorsFolder(job.weights)  # type: ignore[arg-type]
+    for p in whole.params():
+        shape = tuple(int(s) for s in p.out.shape(whole.bindings))
+        if "*" in p.name and p.attrs.get("stacked") == "expert":
+            names = [(p.name.replace("*", str(e)), shape[1:]) for e in range(shape[0])]
+        else:
+            names = [(p.name, shape)]
+        for name, want in names:
+            if name not in ckpt:
+                raise WeightsError(f"checkpoint {ckpt.folder} has no tensor {name}")
+            got = tuple(ckpt.dtype_shape(name)[1])
+            if got != want:
+                raise WeightsError(f"{name}: checkpoint shape {got}, graph expects {want}")

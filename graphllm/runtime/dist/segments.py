@@ -14,6 +14,7 @@ the segment's graph and the rank's weights: the numpy one below, or the onnxrunt
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -174,15 +175,23 @@ def _segment(
     )
 
 
+def default_runtime() -> str:
+    """`--runtime auto`: onnxruntime once its segment runner is built in, else numpy."""
+    return "onnxruntime" if importlib.util.find_spec(ORT_MODULE) is not None else "numpy"
+
+
+ORT_MODULE = "graphllm.runtime.dist.ort"  # dist-ort's segment runner
+
+
 def require_runner(name: str) -> RunnerFactory:
     """The segment runner of `--runtime name`."""
     if name == "numpy":
         return NumpyRunner
     if name == "onnxruntime":
         try:  # dist-ort's module; by name, so that a build without it still imports this one
-            ort = importlib.import_module("graphllm.runtime.dist.ort")
+            ort = importlib.import_module(ORT_MODULE)
         except ModuleNotFoundError as e:
-            if e.name != "graphllm.runtime.dist.ort":
+            if e.name != ORT_MODULE:
                 raise
             raise GraphllmError(
                 "--runtime onnxruntime: the onnxruntime segment runner is not in this build "
