@@ -27,7 +27,7 @@ from graphllm.models.workload import Workload
 from graphllm.passes.parallel.partition import Strategy, partition
 from graphllm.passes.parallel.sharding import Mesh, Sharding
 from graphllm.passes.registry import meta_result
-from graphllm.runtime.dist.comm import Comm, device_mesh
+from graphllm.runtime.dist.comm import Comm, device_mesh, world_call
 from graphllm.runtime.dist.records import RankRecord, SegmentTime, StepRecord
 from graphllm.runtime.dist.segments import Segment, cut, on_rank, require_runner, value_name
 from graphllm.runtime.interpret import default_feeds
@@ -144,7 +144,7 @@ def generate(
             # link's and not the others' program build (outside the timed compute and comm)
             import torch.distributed as dist
 
-            dist.barrier()
+            world_call(f"the barrier starting {what}", dist.barrier)
         feeds = _feeds(g, step_ids)
         held = _run_step(prog, world, coords, feeds, past, weights, factory, comm, clock, rec)
         logits = _whole_output(prog, "logits", held, comm, world)
@@ -260,7 +260,7 @@ def _gather(
         import torch.distributed as dist
 
         pooled = [None] * dist.get_world_size()
-        dist.all_gather_object(pooled, mine)
+        world_call("pooling the ranks' outputs", dist.all_gather_object, pooled, mine)
     parts: dict[str, dict[tuple, np.ndarray]] = {k: {} for k in names}
     for got in pooled:
         for (k, key), v in got.items():  # type: ignore[union-attr]
