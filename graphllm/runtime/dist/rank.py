@@ -28,6 +28,7 @@ from graphllm.models.workload import Workload
 from graphllm.passes.parallel.partition import Strategy, partition
 from graphllm.passes.parallel.sharding import Mesh, Sharding
 from graphllm.passes.registry import meta_result
+from graphllm.runtime.budget import require_interpreted
 from graphllm.runtime.dist.comm import Comm, device_mesh, world_call
 from graphllm.runtime.dist.records import RankRecord, SegmentTime, StepRecord
 from graphllm.runtime.dist.segments import Segment, Step, cut, on_rank, require_runner, value_name
@@ -444,10 +445,11 @@ def _read(
     return np.asarray(ckpt.stored(name)[idx], dtype=np.float32)
 
 
-def preflight(job: Job, nproc: int) -> Strategy:
+def preflight(job: Job, nproc: int, local: bool = True) -> Strategy:
     """What the ranks would refuse, refused here in one line before any starts: a strategy the
     model or workload cannot take (prefill or decode), a rank count that is not the mesh's, a
-    checkpoint that does not open."""
+    checkpoint that does not open; and (`local`: every rank on this machine) ranks that would
+    not fit in its memory together."""
     strategy = Strategy(**job.strategy)
     if strategy.devices != nproc:
         raise ConfigError(
@@ -469,6 +471,11 @@ def preflight(job: Job, nproc: int) -> Strategy:
             )
     if job.weights is not None:
         rank_weights_check(job, whole)
+    if local and job.runtime == "numpy":
+        # each rank holds its program's values; with random weights it draws them all first
+        held = whole if job.weights is None else program
+        what = f"graphllm run of {config.name} on {nproc} numpy rank(s)"
+        require_interpreted(held, what, runs=nproc)
     return strategy
 
 
