@@ -15,7 +15,6 @@ import pytest
 from click.testing import CliRunner
 
 from graphllm.cli import main
-from graphllm.runtime.dist.segments import default_runtime
 from tests.runtime.dist.support import job, reference, write_configs
 
 TORCH = importlib.util.find_spec("torch") is not None
@@ -32,8 +31,7 @@ def test_one_process_is_the_reference(tmp_path):
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["tokens"] == _tokens(source)
-    assert doc["nproc"] == 1 and doc["backend"] == "none"
-    assert doc["runtime"] == default_runtime()  # onnxruntime once its runner is built in
+    assert doc["nproc"] == 1 and doc["backend"] == "none" and doc["runtime"] == "numpy"
     assert [s["step"] for s in doc["ranks"][0]["steps"]] == ["prefill", "decode 1", "decode 2"]
 
 
