@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from graphllm.build.builder import build_graph
-from graphllm.build.weights import SafetensorsFolder, random_weights
+from graphllm.build.weights import SafetensorsFolder, random_tensors
 from graphllm.errors import ConfigError, GraphllmError, WeightsError
 from graphllm.ir import Graph, Node
 from graphllm.ir.opspec import position_origins
@@ -377,8 +377,14 @@ def rank_weights(
     c = _mesh_coords(mesh, coords, 0)
     mine = [p for p in program.params() if on_rank(p, c)]
     if job.weights is None:
-        full = random_weights(whole, seed=job.seed)
-        return {p.name: _block(_rows(p, full[p.name]), p, mesh, c) for p in mine}
+        # drawn in the whole graph's order (each tensor's values depend on those before it),
+        # one tensor at a time: a rank holds its blocks and one whole tensor at most
+        want = {p.name: p for p in mine}
+        return {
+            n.name: _block(_rows(want[n.name], arr), want[n.name], mesh, c)
+            for n, arr in random_tensors(whole, job.seed, "fp32")
+            if n.name in want
+        }
     return _checkpoint_blocks(job.weights, whole, mine, mesh, c)
 
 
@@ -472,8 +478,8 @@ def preflight(job: Job, nproc: int, local: bool = True) -> Strategy:
     if job.weights is not None:
         rank_weights_check(job, whole)
     if local and job.runtime == "numpy":
-        # each rank holds its program's values; with random weights it draws them all first
-        held = whole if job.weights is None else program
+        # each rank holds its program's values (its blocks of the weights among them)
+        held = program
         what = f"graphllm run of {config.name} on {nproc} numpy rank(s)"
         require_interpreted(held, what, runs=nproc)
     return strategy
