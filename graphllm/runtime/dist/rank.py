@@ -469,7 +469,10 @@ def preflight(job: Job, nproc: int, local: bool = True) -> Strategy:
     whole = step_graph(job, config, job.seq_len, 0)
     program = partition(whole, strategy)
     if job.new_tokens > 1:
-        decode = partition(step_graph(job, config, 1, job.seq_len), decode_strategy(strategy))
+        try:
+            decode = partition(step_graph(job, config, 1, job.seq_len), decode_strategy(strategy))
+        except ConfigError as e:
+            raise ConfigError(f"the decode steps (one new token): {e}") from None
         if meta_result(decode, "partition").stages != meta_result(program, "partition").stages:
             raise ConfigError(
                 f"--pp {strategy.pp}: the decode steps balance the layers into other stages "
