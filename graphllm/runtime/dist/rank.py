@@ -11,6 +11,7 @@ cache that changes hands) goes through the world group, outside the timed cut po
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -114,6 +115,9 @@ def generate(
         load_seconds=time.perf_counter() - t0,
     )
     factory = require_runner(job.runtime)
+    if comm is not None and comm.device != "cpu" and job.runtime == "onnxruntime":
+        # dist-ort's runner on onnxruntime's CUDA provider (no GPU here: never run)
+        factory = functools.partial(factory, device="cuda")
     ids = prompt_ids(job, vocab_of(whole))
     out = Generation(np.zeros((job.batch, 0), np.int64), record, prompt=ids)
     stages = meta_result(program, "partition").stages
