@@ -19,9 +19,9 @@ from graphllm.models.workload import Workload
 from graphllm.passes import run
 from graphllm.runtime.calibrate import calibrate as measure
 from graphllm.runtime.calibrate import check_local_writable, save_local
+from graphllm.runtime.calibrate_link import sizes_up_to, with_links
 from graphllm.runtime.calibrate_link import sweep as link_sweep
 from graphllm.runtime.calibrate_link import table as link_table
-from graphllm.runtime.calibrate_link import with_links
 
 
 @click.command()
@@ -37,6 +37,13 @@ from graphllm.runtime.calibrate_link import with_links
     help="Also time gloo all_reduce, all_gather and send/recv between one rank a core "
     "(4 B..64 MiB, nccl-tests' bus bandwidth) for partitions on --hardware local.",
 )
+@click.option(
+    "--link-max",
+    type=click.IntRange(min=16, max=1 << 30),  # three buffers of it a rank
+    default=64 << 20,
+    show_default=True,
+    help="The largest message of the --link sweep, bytes (from 4 B, every factor of 4).",
+)
 @user_errors
 def calibrate(
     preset: str | None,
@@ -45,6 +52,7 @@ def calibrate(
     repeats: int,
     threads: int,
     link: bool,
+    link_max: int,
 ) -> None:
     """Measure this machine (matmul FLOP/s, read bandwidth) for `--hardware local`."""
 
@@ -58,7 +66,7 @@ def calibrate(
     bars = sys.stderr is not None and sys.stderr.isatty()
     hw = measure(weights_bytes=weights, repeats=repeats, threads=threads, progress=bars)
     if link:  # issue 21: the links between local ranks (graphllm/runtime/calibrate_link.py)
-        samples = link_sweep(repeats=repeats)
+        samples = link_sweep(sizes=sizes_up_to(link_max), repeats=repeats)
         hw = with_links(hw, samples)
         click.echo("\n".join(link_table(samples)))
         click.echo(

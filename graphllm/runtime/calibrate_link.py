@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from graphllm.errors import GraphllmError
-from graphllm.models.hardware import Hardware, Link
+from graphllm.errors import ConfigError, GraphllmError
+from graphllm.models.hardware import Hardware, Link, hardware_from_dict
 from graphllm.ops import OPS
 
 KINDS = ("all_reduce", "all_gather", "send")  # op-table rows, timed as their torch calls
@@ -30,6 +30,11 @@ FP32 = 4
 # 4 B .. 64 MiB, every factor of 4: 13 sizes
 SIZES = tuple(FP32 * 4**k for k in range(13))
 START_SECONDS = 120.0  # the ranks' rendezvous and torch import, on a loaded machine
+
+
+def sizes_up_to(largest: int) -> tuple[int, ...]:
+    """The sweep's sizes (4 B, then every factor of 4) up to `largest` bytes."""
+    return tuple(FP32 * 4**k for k in range(16) if FP32 * 4**k <= largest)
 
 
 @dataclass(frozen=True)
@@ -212,7 +217,7 @@ def with_links(hw: Hardware, samples: Sequence[Sample]) -> Hardware:
         f"{sizes[0]} B..{sizes[-1]} B (x4), median of each size's slowest rank, fitted "
         f"t = alpha + wire/busbw (nccl-tests PERFORMANCE.md bus bandwidth): {lines}"
     )
-    return replace(
+    out = replace(
         hw,
         interconnect_bandwidth=best,
         devices_per_node=ranks,
@@ -220,6 +225,12 @@ def with_links(hw: Hardware, samples: Sequence[Sample]) -> Hardware:
         source=source,
         extra={**hw.extra, "link_ranks": float(ranks)},
     )
+    try:  # what is saved must load again: a fit from latency-bound sizes alone may not
+        return hardware_from_dict(out.to_dict(), "local", "calibrate --link")
+    except ConfigError as e:
+        raise GraphllmError(
+            f"{e}; the sweep's messages were all latency-bound: time larger ones (--link-max)"
+        ) from e
 
 
 def table(samples: Sequence[Sample]) -> list[str]:

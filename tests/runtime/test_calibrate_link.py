@@ -107,3 +107,11 @@ def test_tiny_real_sweep():
         (k, s) for k in ("all_reduce", "all_gather", "send") for s in (4, 4096, 1 << 16)
     } - {("all_gather", 4)} | {("all_gather", 8)}  # 4 B over 2 ranks: one fp32 each
     assert all(s.seconds > 0 and s.ranks == 2 for s in samples)
+
+
+def test_latency_bound_fit_is_refused_before_saving(cache_dir):
+    hw = calibrate(repeats=1, progress=False, matmul_size=32, buffer_bytes=1 << 20)
+    # 4 B and 16 B at 1 ms: a bus bandwidth of bytes per second, no device's
+    samples = [Sample("all_reduce", s, 1e-3, 2) for s in (4, 16)]
+    with pytest.raises(GraphllmError, match="latency-bound"):
+        with_links(hw, samples)
