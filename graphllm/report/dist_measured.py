@@ -90,10 +90,15 @@ def measured_step(step: dict[str, Any]) -> dict[str, float]:
 
 
 def predicted_step(
-    config: ModelConfig, workload: Workload, strategy: Strategy, hw: Hardware, attention: str
+    config: ModelConfig,
+    workload: Workload,
+    strategy: Strategy,
+    hw: Hardware,
+    attention: str,
+    mla: str = "naive",
 ) -> tuple[Graph, dict[str, Any]]:
     """The partitioned program of one step and its partition report (a dict) on `hw`."""
-    graph = partition(build_graph(config, workload), strategy, hw)
+    graph = partition(build_graph(config, workload, mla=mla), strategy, hw)
     return graph, partition_report(graph, hw, attention).to_dict()
 
 
@@ -138,6 +143,7 @@ def compare(
     batch: int = 1,
     attention: str = "flash",
     cores: int | None = None,
+    mla: str = "naive",
 ) -> dict[str, Any]:
     """The measured-beside-predicted document of a run: rows per step kind, rank and kind, the
     ratios per step kind and collective kind (over ranks: the median), and notes."""
@@ -152,7 +158,8 @@ def compare(
             continue
         rep = _representative(first)
         wl = Workload(batch=batch, seq_len=rep["seq_len"], past_len=rep["past_len"], dtype="fp32")
-        graph, report = predicted_step(config, wl, strategy_of(rep["strategy"]), hw, attention)
+        strategy = strategy_of(rep["strategy"])
+        graph, report = predicted_step(config, wl, strategy, hw, attention, mla)
         predictions[kind] = (graph, report)
         predicted = predicted_seconds(graph, report, hw)
         for r in ranks:
@@ -203,6 +210,10 @@ def notes(n: int, cores: int, hw: Hardware, ranks: list[dict[str, Any]]) -> list
         )
     else:
         out.append(f"{n} ranks on {cores} cores: one rank a core")
+    out.append(
+        "a collective's wall time holds its wait for the peers to reach it (gloo's send too "
+        "waits for its recv): the first one of a step absorbs the ranks' skew"
+    )
     if any(r["coords"].get("pp", 0) > 0 for r in ranks):
         out.append(
             "a later pipeline stage's recv waits for the stages before it to compute: its "
@@ -305,7 +316,7 @@ def _step_starts(ranks: list[dict[str, Any]]) -> dict[str, float]:
 
 def _measured_lanes(r: dict[str, Any]) -> list[dict[str, Any]]:
     pid = MEASURED_PID + r["rank"]
-    where = ", ".join(f"{k} {v}" for k, v in r["coords"].items() if v)
+    where = ", ".join(f"{k} {v}" for k, v in r["coords"].items())  # the mesh's axes over 1
     label = f"measured rank {r['rank']}" + (f": {where}" if where else "")
     events = [
         {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": label}},

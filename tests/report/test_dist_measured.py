@@ -103,7 +103,7 @@ def _tp_ranks():
         ranks.append(
             {
                 "rank": rank,
-                "coords": {"dp": 0, "pp": 0, "cp": 0, "ep": 0, "tp": rank},
+                "coords": {"tp": rank},
                 "backend": "gloo",
                 "runtime": "numpy",
                 "weight_bytes": 0,
@@ -151,7 +151,7 @@ def test_pipeline_recv_is_priced_at_its_send():
         ranks.append(
             {
                 "rank": rank,
-                "coords": {"dp": 0, "pp": rank, "cp": 0, "ep": 0, "tp": 0},
+                "coords": {"pp": rank},
                 "backend": "gloo",
                 "runtime": "numpy",
                 "weight_bytes": 0,
