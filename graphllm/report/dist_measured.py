@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import statistics
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from graphllm.build.builder import build_graph
@@ -48,11 +48,22 @@ class Row:
     kind: str  # compute, step, or a collective's op (all_reduce, send, recv, ...)
     measured: float
     predicted: float
+    # a collective kind's median call (over every call of the step kind) and its predicted one:
+    # the link's own ratio, which a step's first call, absorbing the ranks' skew, does not sway
+    measured_call: float | None = None
+    predicted_call: float | None = None
 
     @property
     def ratio(self) -> float | None:
         """measured / predicted (None where nothing was predicted)."""
         return self.measured / self.predicted if self.predicted > 0 else None
+
+    @property
+    def call_ratio(self) -> float | None:
+        """The median call's measured / predicted seconds (collectives)."""
+        if self.measured_call is None or not self.predicted_call:
+            return None
+        return self.measured_call / self.predicted_call
 
 
 def step_kind(step: str) -> str:
@@ -102,13 +113,17 @@ def predicted_step(
     return graph, partition_report(graph, hw, attention).to_dict()
 
 
-def predicted_seconds(graph: Graph, report: dict[str, Any], hw: Hardware) -> dict[int, dict]:
+def predicted_seconds(
+    graph: Graph, report: dict[str, Any], hw: Hardware
+) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, float]]]:
     """Per pipeline stage, the predicted seconds of a step per kind (as `measured_step`): the
     stage's compute, each collective op of its nodes (a recv at its send's time, as the partition
-    report times it on the peer), and the pipeline's step time."""
+    report times it on the peer), and the pipeline's step time; and per stage and collective
+    op, its median call."""
     plan = graph.meta["partition"]
     m = plan.strategy.microbatches
     out: dict[int, dict[str, float]] = {}
+    calls: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for st in report["stages"]:
         out[st["stage"]] = {COMPUTE: st["compute_seconds"]}
     for n in graph.nodes():
@@ -116,12 +131,15 @@ def predicted_seconds(graph: Graph, report: dict[str, Any], hw: Hardware) -> dic
         if spec.category != COMMUNICATION:
             continue
         timed = graph[n.inputs[0].node] if spec.timed_on_peer else n
-        figures = out[meta_result(n, "stage")]
-        figures[n.op] = figures.get(n.op, 0.0) + m * comm_seconds(graph, timed, plan.mesh, hw)
+        st = meta_result(n, "stage")
+        seconds = comm_seconds(graph, timed, plan.mesh, hw)
+        out[st][n.op] = out[st].get(n.op, 0.0) + m * seconds
+        calls[st][n.op].append(seconds)
     step = report["pipeline"]["step_seconds"]
     for figures in out.values():
         figures[STEP] = step
-    return out
+    medians = {st: {k: statistics.median(v) for k, v in by.items()} for st, by in calls.items()}
+    return out, medians
 
 
 def _median_steps(steps: list[dict[str, float]]) -> dict[str, float]:
@@ -161,20 +179,25 @@ def compare(
         strategy = strategy_of(rep["strategy"])
         graph, report = predicted_step(config, wl, strategy, hw, attention, mla)
         predictions[kind] = (graph, report)
-        predicted = predicted_seconds(graph, report, hw)
+        predicted, per_call = predicted_seconds(graph, report, hw)
         for r in ranks:
-            steps = [measured_step(s) for s in r["steps"] if step_kind(s["step"]) == kind]
-            got = _median_steps(steps)
-            want = predicted[r["coords"].get("pp", 0)]
+            records = [s for s in r["steps"] if step_kind(s["step"]) == kind]
+            got = _median_steps([measured_step(s) for s in records])
+            stage = r["coords"].get("pp", 0)
+            want, want_call = predicted[stage], per_call.get(stage, {})
             for k in sorted(set(got) | set(want), key=_order):
-                rows.append(Row(kind, r["rank"], k, got.get(k, 0.0), want.get(k, 0.0)))
+                calls = [c["seconds"] for s in records for c in s["collectives"] if c["kind"] == k]
+                call = statistics.median(calls) if calls else None
+                row = Row(kind, r["rank"], k, got.get(k, 0.0), want.get(k, 0.0))
+                rows.append(replace(row, measured_call=call, predicted_call=want_call.get(k)))
     return {
         "hardware": hw.name,
         "ranks": len(ranks),
         "cores": cores,
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "rows": [asdict(r) | {"ratio": r.ratio} for r in rows],
+        "rows": [asdict(r) | {"ratio": r.ratio, "call_ratio": r.call_ratio} for r in rows],
         "ratios": ratios(rows),
+        "call_ratios": ratios(rows, "call_ratio"),
         "notes": notes(len(ranks), cores, hw, ranks),
         "_predictions": predictions,  # for the trace; dropped from the JSON (`public`)
     }
@@ -184,18 +207,19 @@ def _order(kind: str) -> tuple[int, str]:
     return ({COMPUTE: 0, STEP: 2}.get(kind, 1), kind)
 
 
-def ratios(rows: list[Row]) -> dict[str, dict[str, float | None]]:
-    """Per step kind, per kind: the median over ranks of measured / predicted (where predicted)."""
-    out: dict[str, dict[str, float | None]] = {}
+def ratios(rows: list[Row], which: str = "ratio") -> dict[str, dict[str, float]]:
+    """Per step kind, per kind: the median over ranks of a row's `which` ratio (where it has one:
+    `ratio`, the step's seconds; `call_ratio`, a collective's median call)."""
+    out: dict[str, dict[str, float]] = {}
     for step in KINDS:
         by: dict[str, list[float]] = defaultdict(list)
         for r in rows:
-            if r.step == step and r.ratio is not None:
-                by[r.kind].append(r.ratio)
+            value = getattr(r, which)
+            if r.step == step and value is not None:
+                by[r.kind].append(value)
         if by:
-            out[step] = {
-                k: statistics.median(v) for k, v in sorted(by.items(), key=lambda kv: _order(kv[0]))
-            }
+            ordered = sorted(by.items(), key=lambda kv: _order(kv[0]))
+            out[step] = {k: statistics.median(v) for k, v in ordered}
     return out
 
 
@@ -237,27 +261,49 @@ def table_lines(doc: dict[str, Any]) -> list[str]:
     load = doc["load_average"]
     head = (
         f"measured beside predicted ({doc['hardware']}; {doc['ranks']} ranks, {doc['cores']} "
-        f"cores" + (f", load average {load[0]:.2f}" if load else "") + ")"
+        f"cores" + (f", load average {load[0]:.2f}" if load else "") + "); a collective's "
+        "median call beside its prediction on the right"
     )
+    cols = ("step", "rank", "kind", "measured", "predicted", "ratio", "call", "predicted", "ratio")
+    widths = (8, 4, 12, 11, 11, 7, 10, 10, 7)
     lines = [
         head,
-        f"{'step':8s} {'rank':>4s} {'kind':14s} {'measured':>11s} {'predicted':>11s} {'ratio':>8s}",
+        " ".join(
+            f"{c:{'<' if i in (0, 2) else '>'}{w}s}" for i, (c, w) in enumerate(zip(cols, widths))
+        ),
     ]
     for r in doc["rows"]:
-        ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
-        lines.append(
-            f"{r['step']:8s} {r['rank']:>4d} {r['kind']:14s} {_ms(r['measured']):>11s} "
-            f"{_ms(r['predicted']):>11s} {ratio:>8s}"
+        cells = (
+            r["step"],
+            str(r["rank"]),
+            r["kind"],
+            _ms(r["measured"]),
+            _ms(r["predicted"]),
+            _x(r["ratio"]),
+            _ms(r["measured_call"]),
+            _ms(r["predicted_call"]),
+            _x(r["call_ratio"]),
         )
-    for step, by in doc["ratios"].items():
-        got = ", ".join(f"{k} {v:.2f}" for k, v in by.items() if v is not None)
-        lines.append(f"{step} measured/predicted (median over ranks): {got}")
+        lines.append(
+            " ".join(
+                f"{c:{'<' if i in (0, 2) else '>'}{w}s}"
+                for i, (c, w) in enumerate(zip(cells, widths))
+            )
+        )
+    for title, key in (("", "ratios"), (" (median call)", "call_ratios")):
+        for step, by in doc[key].items():
+            got = ", ".join(f"{k} {v:.2f}" for k, v in by.items())
+            lines.append(f"{step} measured/predicted{title}, median over ranks: {got}")
     lines += [f"note: {n}" for n in doc["notes"]]
     return lines
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3f} ms"
+def _x(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}"
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.3f} ms"
 
 
 def _cores() -> int:

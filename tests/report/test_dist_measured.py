@@ -128,13 +128,18 @@ def test_ratios_per_step_and_kind():
     # decode: the median over decode steps (prefill's 2.5x is not among them)
     assert _row(doc, "decode", 1, "all_reduce")["predicted"] == pytest.approx(AR_DECODE)
     assert doc["ratios"]["decode"]["all_reduce"] == pytest.approx(2.0)
+    # one call: 2 x 100 us + 2048 B / 1 GB/s predicted; the median of decode's 15 calls is 2x
+    assert row["predicted_call"] == pytest.approx(2e-4 + 2048 / 1e9)
+    assert doc["call_ratios"]["prefill"]["all_reduce"] == pytest.approx(2.5)
+    assert doc["call_ratios"]["decode"]["all_reduce"] == pytest.approx(2.0)
+    assert "compute" not in doc["call_ratios"]["decode"]
     # lm_head's all_gather is predicted but not in the synthetic records: measured 0, ratio 0
     assert _row(doc, "decode", 0, "all_gather")["measured"] == 0.0
     compute = _row(doc, "decode", 0, "compute")
     assert compute["measured"] == pytest.approx(1e-4) and compute["predicted"] > 0
     assert doc["notes"][0] == "2 ranks on 2 cores: one rank a core"
     text = "\n".join(table_lines(public(doc)))
-    assert "decode measured/predicted (median over ranks): compute" in text
+    assert "decode measured/predicted, median over ranks: compute" in text
     assert "all_reduce 2.00" in text
 
 
