@@ -52,6 +52,9 @@ class Row:
     # the link's own ratio, which a step's first call, absorbing the ranks' skew, does not sway
     measured_call: float | None = None
     predicted_call: float | None = None
+    # the median call as the last rank to reach it timed it (the least over its group): the
+    # transfer without the wait for the peers, which the others' calls hold
+    last_call: float | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -64,6 +67,13 @@ class Row:
         if self.measured_call is None or not self.predicted_call:
             return None
         return self.measured_call / self.predicted_call
+
+    @property
+    def last_ratio(self) -> float | None:
+        """The median call of the last rank to reach it, measured / predicted (collectives)."""
+        if self.last_call is None or not self.predicted_call:
+            return None
+        return self.last_call / self.predicted_call
 
 
 def step_kind(step: str) -> str:
@@ -180,27 +190,62 @@ def compare(
         graph, report = predicted_step(config, wl, strategy, hw, attention, mla)
         predictions[kind] = (graph, report)
         predicted, per_call = predicted_seconds(graph, report, hw)
+        last = _last_arrivals(graph, ranks)
         for r in ranks:
             records = [s for s in r["steps"] if step_kind(s["step"]) == kind]
             got = _median_steps([measured_step(s) for s in records])
             stage = r["coords"].get("pp", 0)
             want, want_call = predicted[stage], per_call.get(stage, {})
             for k in sorted(set(got) | set(want), key=_order):
-                calls = [c["seconds"] for s in records for c in s["collectives"] if c["kind"] == k]
-                call = statistics.median(calls) if calls else None
+                mine = [(s, c) for s in records for c in s["collectives"] if c["kind"] == k]
+                call = statistics.median(c["seconds"] for _, c in mine) if mine else None
+                least = (
+                    statistics.median(last[_call_key(graph, r, s, c)] for s, c in mine)
+                    if mine
+                    else None
+                )
                 row = Row(kind, r["rank"], k, got.get(k, 0.0), want.get(k, 0.0))
-                rows.append(replace(row, measured_call=call, predicted_call=want_call.get(k)))
+                rows.append(
+                    replace(
+                        row, measured_call=call, predicted_call=want_call.get(k), last_call=least
+                    )
+                )
     return {
         "hardware": hw.name,
         "ranks": len(ranks),
         "cores": cores,
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "rows": [asdict(r) | {"ratio": r.ratio, "call_ratio": r.call_ratio} for r in rows],
+        "rows": [
+            asdict(r) | {"ratio": r.ratio, "call_ratio": r.call_ratio, "last_ratio": r.last_ratio}
+            for r in rows
+        ],
         "ratios": ratios(rows),
         "call_ratios": ratios(rows, "call_ratio"),
+        "last_ratios": ratios(rows, "last_ratio"),
         "notes": notes(len(ranks), cores, hw, ranks),
         "_predictions": predictions,  # for the trace; dropped from the JSON (`public`)
     }
+
+
+def _call_key(graph: Graph, r: dict[str, Any], step: dict[str, Any], c: dict[str, Any]) -> tuple:
+    """What names one call of a collective on all its ranks: the step, the node (a recv: its
+    send), the microbatch, and the ranks' coordinates off the collective's mesh axis."""
+    node = c["node"]
+    if node in graph and OPS[c["kind"]].timed_on_peer:
+        node = graph[node].inputs[0].node
+    group = tuple(sorted((k, v) for k, v in r["coords"].items() if k != c["mesh_axis"]))
+    return (step["step"], node, c["microbatch"], group)
+
+
+def _last_arrivals(graph: Graph, ranks: list[dict[str, Any]]) -> dict[tuple, float]:
+    """Per call (`_call_key`), the least seconds any of its ranks took: the last to arrive's."""
+    out: dict[tuple, float] = {}
+    for r in ranks:
+        for s in r["steps"]:
+            for c in s["collectives"]:
+                key = _call_key(graph, r, s, c)
+                out[key] = min(out.get(key, float("inf")), c["seconds"])
+    return out
 
 
 def _order(kind: str) -> tuple[int, str]:
@@ -259,19 +304,26 @@ def public(doc: dict[str, Any]) -> dict[str, Any]:
 def table_lines(doc: dict[str, Any]) -> list[str]:
     """The table as text: one line a step kind, rank and kind; then the ratios and the notes."""
     load = doc["load_average"]
-    head = (
-        f"measured beside predicted ({doc['hardware']}; {doc['ranks']} ranks, {doc['cores']} "
-        f"cores" + (f", load average {load[0]:.2f}" if load else "") + "); a collective's "
-        "median call beside its prediction on the right"
-    )
-    cols = ("step", "rank", "kind", "measured", "predicted", "ratio", "call", "predicted", "ratio")
-    widths = (8, 4, 12, 11, 11, 7, 10, 10, 7)
     lines = [
-        head,
-        " ".join(
-            f"{c:{'<' if i in (0, 2) else '>'}{w}s}" for i, (c, w) in enumerate(zip(cols, widths))
-        ),
+        f"measured beside predicted ({doc['hardware']}; {doc['ranks']} ranks, {doc['cores']} "
+        f"cores" + (f", load average {load[0]:.2f}" if load else "") + "). Per step: measured, "
+        "predicted, ratio; per collective call (medians): this rank's, the last-arriving "
+        "rank's (no wait for peers), predicted, last-arriving / predicted"
     ]
+    cols = (
+        "step",
+        "rank",
+        "kind",
+        "measured",
+        "predicted",
+        "ratio",
+        "call",
+        "last-in",
+        "predicted",
+        "ratio",
+    )
+    widths = (8, 4, 12, 11, 11, 7, 10, 10, 10, 7)
+    lines.append(_cells(cols, widths))
     for r in doc["rows"]:
         cells = (
             r["step"],
@@ -281,21 +333,24 @@ def table_lines(doc: dict[str, Any]) -> list[str]:
             _ms(r["predicted"]),
             _x(r["ratio"]),
             _ms(r["measured_call"]),
+            _ms(r["last_call"]),
             _ms(r["predicted_call"]),
-            _x(r["call_ratio"]),
+            _x(r["last_ratio"]),
         )
-        lines.append(
-            " ".join(
-                f"{c:{'<' if i in (0, 2) else '>'}{w}s}"
-                for i, (c, w) in enumerate(zip(cells, widths))
-            )
-        )
-    for title, key in (("", "ratios"), (" (median call)", "call_ratios")):
+        lines.append(_cells(cells, widths))
+    for title, key in (("per step", "ratios"), ("per call, last-arriving", "last_ratios")):
         for step, by in doc[key].items():
             got = ", ".join(f"{k} {v:.2f}" for k, v in by.items())
-            lines.append(f"{step} measured/predicted{title}, median over ranks: {got}")
+            lines.append(f"{step} measured/predicted {title} (median over ranks): {got}")
     lines += [f"note: {n}" for n in doc["notes"]]
     return lines
+
+
+def _cells(cells: tuple[str, ...], widths: tuple[int, ...]) -> str:
+    # step and kind read left to right; the rank and the figures line up on the right
+    return " ".join(
+        f"{c:{'<' if i in (0, 2) else '>'}{w}s}" for i, (c, w) in enumerate(zip(cells, widths))
+    )
 
 
 def _x(ratio: float | None) -> str:

@@ -139,7 +139,7 @@ def test_ratios_per_step_and_kind():
     assert compute["measured"] == pytest.approx(1e-4) and compute["predicted"] > 0
     assert doc["notes"][0] == "2 ranks on 2 cores: one rank a core"
     text = "\n".join(table_lines(public(doc)))
-    assert "decode measured/predicted, median over ranks: compute" in text
+    assert "decode measured/predicted per step (median over ranks): compute" in text
     assert "all_reduce 2.00" in text
 
 
@@ -200,3 +200,14 @@ def test_strategy_and_step_names_refused_in_one_line():
     ranks[0]["steps"][0]["step"] = "warmup"
     with pytest.raises(GraphllmError, match="unknown step"):
         compare(CFG, ranks, HW, cores=2)
+
+
+def test_last_arriving_rank_times_the_call_without_the_wait():
+    ranks = _tp_ranks()
+    for c in ranks[0]["steps"][0]["collectives"]:
+        c["seconds"] *= 4  # rank 0 came first and waited for rank 1 at every prefill call
+    doc = compare(CFG, ranks, HW, cores=2)
+    mine = _row(doc, "prefill", 0, "all_reduce")
+    assert mine["call_ratio"] == pytest.approx(10.0)
+    assert mine["last_ratio"] == pytest.approx(2.5)  # rank 1's calls, the last to arrive
+    assert doc["last_ratios"]["prefill"]["all_reduce"] == pytest.approx(2.5)
