@@ -139,7 +139,7 @@ def run(
         cmd = "torchrun --nproc-per-node N --nnodes M ... -m graphllm.runtime.dist.worker"
         click.echo(f"wrote {write_job}; on every machine: {cmd} {shlex.quote(str(write_job))}")
         return
-    hw = run_measured.prepare(hardware, trace_path, config_path)
+    hw = run_measured.prepare(hardware, trace_path, config_path, strategy.devices)
     doc = run_job(job, nproc)
     lines = run_measured.measure(doc, hw, trace_path, mla)
     if as_json:

@@ -36,13 +36,22 @@ def measured_options(f: Callable) -> Callable:
     )(f)
 
 
-def prepare(hardware: str | None, trace_path: Path | None, source: Path | None) -> Hardware | None:
+def prepare(
+    hardware: str | None, trace_path: Path | None, source: Path | None, devices: int
+) -> Hardware | None:
     """The device to predict on, refused before the run rather than after it."""
     if trace_path is not None:
         if hardware is None:
             raise ConfigError("--trace draws the prediction beside the run: give --hardware NAME")
         check_target(trace_path, inputs=(source,) if source else ())
-    return load_hardware(hardware) if hardware else None
+    hw = load_hardware(hardware) if hardware else None
+    if hw is not None and devices > 1 and hw.interconnect_bandwidth is None:
+        how = "graphllm calibrate --link" if hw.name == "local" else "a spec with a link"
+        raise ConfigError(
+            f"--hardware {hardware} has no link between devices to predict the collectives on: "
+            f"time one first ({how})"
+        )
+    return hw
 
 
 def measure(

@@ -277,12 +277,13 @@ def notes(n: int, cores: int, hw: Hardware, ranks: list[dict[str, Any]]) -> list
             "waiting for a core and for the other ranks' compute, so communication reads high "
             "and the ratios are not the link's"
         )
-    else:
+    elif n > 1:
         out.append(f"{n} ranks on {cores} cores: one rank a core")
-    out.append(
-        "a collective's wall time holds its wait for the peers to reach it (gloo's send too "
-        "waits for its recv): the first one of a step absorbs the ranks' skew"
-    )
+    if n > 1:
+        out.append(
+            "a collective's wall time holds its wait for the peers to reach it (gloo's send too "
+            "waits for its recv): the first one of a step absorbs the ranks' skew"
+        )
     if any(r["coords"].get("pp", 0) > 0 for r in ranks):
         out.append(
             "a later pipeline stage's recv waits for the stages before it to compute: its "

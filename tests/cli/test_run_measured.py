@@ -55,3 +55,11 @@ def test_trace_without_hardware_is_refused_before_the_run(tmp_path):
     )
     assert r.exit_code == 2 and "give --hardware" in r.stderr
     assert "Traceback" not in r.output and not (tmp_path / "t.json").exists()
+
+
+def test_hardware_without_links_is_refused_before_the_run(tmp_path):
+    hw = tmp_path / "one.yaml"
+    hw.write_text(yaml.safe_dump(HW | {"interconnect_bandwidth": None, "links": {}}))
+    r = CliRunner().invoke(main, ["run", "--config", TINY, "--tp", "2", "--hardware", str(hw)])
+    assert r.exit_code == 2 and "no link between devices" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
