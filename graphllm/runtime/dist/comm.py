@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -51,7 +52,7 @@ def coords_of(world: Mesh, rank: int) -> dict[str, int]:
 class Comm:
     """This rank's process groups and the torch.distributed calls of the cut points."""
 
-    def __init__(self, world: Mesh, rank: int, device: str = "cpu") -> None:
+    def __init__(self, world: Mesh, rank: int, timeout: float, device: str = "cpu") -> None:
         import torch.distributed as dist
 
         self.world, self.rank, self.device = world, rank, device
@@ -66,7 +67,8 @@ class Comm:
                     continue
                 seen.add(key)
                 ranks = [rank_of(world, c | {name: j}) for j in range(size)]
-                g = dist.new_group(ranks)
+                # a group's own timeout: new_group does not take the world's (30 min by default)
+                g = dist.new_group(ranks, timeout=timedelta(seconds=timeout))
                 if all(c[n] == self.coords[n] for n in others):
                     self.groups[name] = g
 

@@ -42,17 +42,24 @@ def free_port() -> int:
 
 
 def launch(
-    jobs: list[Job], nproc: int, env: dict[str, str] | None = None, started: int | None = None
+    jobs: list[Job],
+    nproc: int,
+    env: dict[str, str] | None = None,
+    started: int | None = None,
+    pids: list[int] | None = None,
 ) -> list[dict[str, Any]]:
     """Run `jobs` one after another on `nproc` ranks; each job's result (rank 0's), with its
-    whole logits per step under "logits" where the job keeps them. `started` (tests) starts
-    fewer workers than the world size they are told."""
+    whole logits per step under "logits" where the job keeps them. For tests: `env` adds to
+    the workers' environment, `started` starts fewer workers than the world size they are
+    told, `pids` gets the workers' process ids."""
     timeout = max(j.timeout for j in jobs)
     with temporary_folder("graphllm-run") as tmp:
         job_file = tmp / "jobs.json"
         write_text_atomic(job_file, json.dumps([j.to_dict() for j in jobs]))
         port = free_port()
         procs = _start(job_file, tmp, nproc, port, env or {}, nproc if started is None else started)
+        if pids is not None:
+            pids.extend(p.pid for p in procs)
         try:
             _watch(procs, tmp, timeout)
         finally:
@@ -120,12 +127,15 @@ def _watch(procs: list[subprocess.Popen], tmp: Path, timeout: float) -> None:
         if not failed and all(p.poll() == 0 for p in procs):
             return
         time.sleep(POLL_SECONDS)
-    lines = [_cause(tmp, rank, code) for rank, code in failed]
     if os.environ.get("GRAPHLLM_DIST_DEBUG"):
         for rank in range(len(procs)):
             with contextlib.suppress(OSError):
                 sys.stderr.write((tmp / f"rank{rank}.log").read_text())
-    raise GraphllmError("; ".join(lines))
+    # the first to fail is the cause; those after it mostly lost their peer
+    rank, code = failed[0]
+    after = [str(r) for r, _ in failed[1:]]
+    more = f" (then rank {', '.join(after)} failed too)" if after else ""
+    raise GraphllmError(_cause(tmp, rank, code) + more)
 
 
 def _cause(tmp: Path, rank: int, code: int) -> str:

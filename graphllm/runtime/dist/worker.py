@@ -113,7 +113,7 @@ def run_jobs(jobs: list[Job], out: Path | None, rank: int) -> None:
                 f"{Strategy(**job.strategy).describe()} needs {mesh.devices} ranks, "
                 f"{world} were started"
             )
-        comm = Comm(mesh, r, device)
+        comm = Comm(mesh, r, job.timeout, device)
         dist.barrier()
         clock = time.perf_counter()
         gen = generate(job, comm, clock, hook=_hook(fault))
