@@ -19,7 +19,7 @@ from graphllm.models.workload import Workload
 from graphllm.passes import run
 from graphllm.runtime.calibrate import calibrate as measure
 from graphllm.runtime.calibrate import check_local_writable, save_local
-from graphllm.runtime.calibrate_link import sizes_up_to, with_links
+from graphllm.runtime.calibrate_link import require_ranks, sizes_up_to, with_links
 from graphllm.runtime.calibrate_link import sweep as link_sweep
 from graphllm.runtime.calibrate_link import table as link_table
 
@@ -57,6 +57,8 @@ def calibrate(
     """Measure this machine (matmul FLOP/s, read bandwidth) for `--hardware local`."""
 
     check_local_writable()  # a cache that is a file: refused now, not after measuring
+    if link:
+        require_ranks()  # and a link sweep that cannot run, before the quick figures
     weights = None
     if preset or config_path:
         cfg = load_config(config_path or preset)

@@ -13,6 +13,7 @@ as a `Link` (bus bandwidth, step latency = alpha over the kind's fewest algorith
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import statistics
@@ -150,15 +151,9 @@ def _calls(torch: Any, dist: Any, size: int, rank: int, ranks: int) -> dict[str,
     }
 
 
-def sweep(ranks: int | None = None, sizes: Sequence[int] = SIZES, repeats: int = 5) -> list[Sample]:
-    """Time every kind at every size over `ranks` local gloo ranks (default: one per core)."""
-    try:
-        import torch.multiprocessing as mp
-    except ImportError as e:
-        raise GraphllmError(
-            "calibrate --link times torch.distributed collectives: install the dist extra "
-            "(pip install 'graphllm[dist]')"
-        ) from e
+def require_ranks(ranks: int | None = None) -> int:
+    """The ranks a sweep starts (default: one a core), refused in one line before anything is
+    measured: more than the cores, fewer than two, or no torch."""
     have = cores()
     ranks = ranks or have
     if ranks > have:
@@ -170,6 +165,19 @@ def sweep(ranks: int | None = None, sizes: Sequence[int] = SIZES, repeats: int =
         raise GraphllmError(
             f"calibrate --link needs two ranks, one a core; this process has {have}"
         )
+    if importlib.util.find_spec("torch") is None:
+        raise GraphllmError(
+            "calibrate --link times torch.distributed collectives: install the dist extra "
+            "(pip install 'graphllm[dist]')"
+        )
+    return ranks
+
+
+def sweep(ranks: int | None = None, sizes: Sequence[int] = SIZES, repeats: int = 5) -> list[Sample]:
+    """Time every kind at every size over `ranks` local gloo ranks (default: one per core)."""
+    ranks = require_ranks(ranks)
+    import torch.multiprocessing as mp
+
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
     args = (ranks, _free_port(), tuple(sizes), repeats, out)

@@ -115,3 +115,18 @@ def test_latency_bound_fit_is_refused_before_saving(cache_dir):
     samples = [Sample("all_reduce", s, 1e-3, 2) for s in (4, 16)]
     with pytest.raises(GraphllmError, match="latency-bound"):
         with_links(hw, samples)
+
+
+def test_without_torch_or_two_cores_refused_in_one_line(monkeypatch):
+    import graphllm.runtime.calibrate_link as cl
+
+    monkeypatch.setattr(cl, "cores", lambda: 1)
+    with pytest.raises(GraphllmError, match="needs two ranks"):
+        cl.require_ranks()
+    monkeypatch.setattr(cl, "cores", lambda: 2)
+    real = cl.importlib.util.find_spec
+    monkeypatch.setattr(
+        cl.importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name)
+    )
+    with pytest.raises(GraphllmError, match="dist extra"):
+        cl.sweep()
