@@ -90,7 +90,7 @@ class Comm:
                 raise GraphllmError(f"{node.name}: no torch.distributed call for op {node.op}")
             y, peer = lower(self, program, node, x, n)
         seconds = time.perf_counter() - start
-        moved = y if spec.payload == "output" else x
+        moved = y if spec.payload == "output" or x is None else x  # a recv: what came
         rec = CollectiveTime(
             node=node.name,
             kind=node.op,

@@ -139,6 +139,12 @@ def generate(
             what, int(g.bindings["T"]), int(g.bindings.get("P", 0)), plan.strategy.describe()
         )
         past = _pasts(prog, prev, held, comm, world) if prev is not None else {}
+        if comm is not None:
+            # the ranks start the step together, so that the first collective's time is the
+            # link's and not the others' program build (outside the timed compute and comm)
+            import torch.distributed as dist
+
+            dist.barrier()
         feeds = _feeds(g, step_ids)
         held = _run_step(prog, world, coords, feeds, past, weights, factory, comm, clock, rec)
         logits = _whole_output(prog, "logits", held, comm, world)
@@ -403,6 +409,7 @@ def preflight(job: Job, nproc: int) -> Strategy:
         )
     if job.new_tokens < 1:
         raise ConfigError("--new-tokens must be at least 1")
+    require_runner(job.runtime)
     config = load_config(job.source)
     whole = step_graph(job, config, job.seq_len, 0)
     program = partition(whole, strategy)

@@ -54,6 +54,11 @@ class Segment:
     inputs: tuple[str, ...]  # boundary values fed by name (graph inputs, earlier values)
     outputs: tuple[str, ...]  # values read after the segment (by later steps, or graph outputs)
     graph: Graph  # standalone: inputs as `input` nodes, params, the nodes with this rank's attrs
+    # the same, on the rank's program (for an exporter that works on it, as dist-ort's does)
+    program: Graph | None = None
+    coords: dict[str, int] | None = None  # the rank's mesh coordinates, `mb` included
+    in_refs: tuple[Ref, ...] = ()  # what `inputs` name, in the same order
+    out_refs: tuple[Ref, ...] = ()  # what `outputs` name, in the same order
 
 
 @dataclass(frozen=True)
@@ -139,6 +144,8 @@ def _segment(
     sub.meta = {k: v for k, v in program.meta.items() if k in ("config", "workload")}
     params: list[str] = []
     inputs: list[str] = []
+    in_refs: list[Ref] = []
+    out_refs: list[Ref] = []
     refs: dict[Ref, Ref] = {}
     for n in nodes:
         for r in n.inputs:
@@ -153,6 +160,7 @@ def _segment(
                 name = value_name(r)
                 sub.input(name, program.type_of(r))
                 inputs.append(name)
+                in_refs.append(r)
                 refs[r] = Ref(name)
     outputs: list[str] = []
     for n in nodes:
@@ -170,8 +178,18 @@ def _segment(
             if name in read:
                 sub.set_output(name, Ref(n.name, i))
                 outputs.append(name)
+                out_refs.append(Ref(n.name, i))
     return Segment(
-        index, tuple(n.name for n in nodes), tuple(params), tuple(inputs), tuple(outputs), sub
+        index,
+        tuple(n.name for n in nodes),
+        tuple(params),
+        tuple(inputs),
+        tuple(outputs),
+        sub,
+        program,
+        dict(coords),
+        tuple(in_refs),
+        tuple(out_refs),
     )
 
 
