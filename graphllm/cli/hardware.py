@@ -19,6 +19,9 @@ from graphllm.models.workload import Workload
 from graphllm.passes import run
 from graphllm.runtime.calibrate import calibrate as measure
 from graphllm.runtime.calibrate import check_local_writable, save_local
+from graphllm.runtime.calibrate_link import require_ranks, sizes_up_to, with_links
+from graphllm.runtime.calibrate_link import sweep as link_sweep
+from graphllm.runtime.calibrate_link import table as link_table
 
 
 @click.command()
@@ -27,13 +30,35 @@ from graphllm.runtime.calibrate import check_local_writable, save_local
 @click.option("--dtype", type=click.Choice(DTYPE_NAMES), default="bf16", show_default=True)
 @click.option("--repeats", type=REPEATS, default=5, show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option(
+    "--link/--no-link",
+    default=False,
+    show_default=True,
+    help="Also time gloo all_reduce, all_gather and send/recv between one rank a core "
+    "(4 B..64 MiB, nccl-tests' bus bandwidth) for partitions on --hardware local.",
+)
+@click.option(
+    "--link-max",
+    type=click.IntRange(min=16, max=1 << 30),  # three buffers of it a rank
+    default=64 << 20,
+    show_default=True,
+    help="The largest message of the --link sweep, bytes (from 4 B, every factor of 4).",
+)
 @user_errors
 def calibrate(
-    preset: str | None, config_path: Path | None, dtype: str, repeats: int, threads: int
+    preset: str | None,
+    config_path: Path | None,
+    dtype: str,
+    repeats: int,
+    threads: int,
+    link: bool,
+    link_max: int,
 ) -> None:
     """Measure this machine (matmul FLOP/s, read bandwidth) for `--hardware local`."""
 
     check_local_writable()  # a cache that is a file: refused now, not after measuring
+    if link:
+        require_ranks()  # and a link sweep that cannot run, before the quick figures
     weights = None
     if preset or config_path:
         cfg = load_config(config_path or preset)
@@ -42,6 +67,17 @@ def calibrate(
     # progress bars for a terminal; in a log stderr holds nothing but an error line, if any
     bars = sys.stderr is not None and sys.stderr.isatty()
     hw = measure(weights_bytes=weights, repeats=repeats, threads=threads, progress=bars)
+    if link:  # issue 21: the links between local ranks (graphllm/runtime/calibrate_link.py)
+        samples = link_sweep(sizes=sizes_up_to(link_max), repeats=repeats)
+        hw = with_links(hw, samples)
+        click.echo("\n".join(link_table(samples)))
+        click.echo(
+            f"{hw.devices_per_node} ranks, one a core (more would time their wait for a core): "
+            + ", ".join(
+                f"{k} {v.bus_bandwidth / 1e9:.3g} GB/s busbw, {v.step_latency * 1e6:.3g} us/step"
+                for k, v in hw.links.items()
+            )
+        )
     path = save_local(hw)
     click.echo(
         f"matmul {hw.peak_flops['fp32'] / 1e9:.1f} GFLOP/s, read {hw.memory_bandwidth / 1e9:.1f} "

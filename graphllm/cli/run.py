@@ -9,6 +9,7 @@ from typing import Any
 import click
 from rich.table import Table
 
+from graphllm.cli import run_measured  # issue 21 point 4: measured beside predicted
 from graphllm.cli.common import SEED, source_options, user_errors
 from graphllm.cli.layout import strategy_from, strategy_options
 from graphllm.errors import ConfigError
@@ -85,6 +86,7 @@ CONFIG_HELP = "HF config.json, a checkpoint folder, or a YAML file (default: the
     "the first rank to fail ends the run.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead.")
+@run_measured.measured_options
 @click.option(
     "--write-job",
     type=click.Path(path_type=Path),
@@ -106,6 +108,8 @@ def run(
     timeout: float,
     as_json: bool,
     write_job: Path | None,
+    hardware: str | None,
+    trace_path: Path | None,
     **options: Any,
 ) -> None:
     """Run a greedy generation on --nproc ranks over torch.distributed (gloo, or NCCL on GPUs)."""
@@ -135,11 +139,15 @@ def run(
         cmd = "torchrun --nproc-per-node N --nnodes M ... -m graphllm.runtime.dist.worker"
         click.echo(f"wrote {write_job}; on every machine: {cmd} {shlex.quote(str(write_job))}")
         return
+    hw = run_measured.prepare(hardware, trace_path, config_path, strategy.devices)
     doc = run_job(job, nproc)
+    lines = run_measured.measure(doc, hw, trace_path, mla)
     if as_json:
         click.echo(json_text(doc, indent=2))
         return
     print_run(doc)
+    for line in lines:
+        click.echo(line)
 
 
 def print_run(doc: dict[str, Any]) -> None:

@@ -143,6 +143,9 @@ class Hardware:
     extra: dict[str, float] = field(default_factory=dict)  # further measurements (calibrate)
     achievable: Achievable | None = None  # None: the ideal roofline on the peaks above
     cuda_graphs: bool | None = None  # kernels launched through CUDA graphs; None: decode only
+    # issue 21: collectives measured inside a node, per op kind (`graphllm calibrate --link`):
+    # they price their kind under either rate model, since they are measurements, not peaks
+    links: dict[str, Link] = field(default_factory=dict)
 
     @property
     def rate_model(self) -> str:
@@ -197,7 +200,10 @@ class Hardware:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain fields, loadable again by `hardware_from_dict`."""
-        return asdict(self)
+        d = asdict(self)
+        if not self.links:  # a spec without measured links reads as it did before they existed
+            del d["links"]
+        return d
 
 
 def _positive(label: str, value: Any, *, integer: bool = False) -> float:
@@ -278,6 +284,8 @@ def hardware_from_dict(d: dict, name: str, where: str = "hardware") -> Hardware:
         if not isinstance(d["cuda_graphs"], bool):
             raise ConfigError(f"{where}: cuda_graphs must be true or false")
         kw["cuda_graphs"] = d["cuda_graphs"]
+    if d.get("links"):
+        kw["links"] = _links(d["links"], f"{where}: links")
     return Hardware(**kw)
 
 
@@ -326,6 +334,21 @@ def _link(value: Any, where: str) -> Link | None:
         bus_bandwidth=_figure(f"{where}.bus_bandwidth", d["bus_bandwidth"], "network_bandwidth"),
         step_latency=_latency(f"{where}.step_latency", d["step_latency"]),
     )
+
+
+# the collectives `links` may price (rows of the op table with latency steps; a test holds them
+# to it): the kinds `graphllm calibrate --link` times, and those a spec file may give
+LINK_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send")
+
+
+def _links(value: Any, where: str) -> dict[str, Link]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where} must be a mapping of collective to link, got {shown(value)}")
+    for key in value:
+        if key not in LINK_KINDS:
+            raise _unknown(where, key, LINK_KINDS)
+    out = {k: _link(v, f"{where}.{k}") for k, v in value.items()}
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def _achievable(value: Any, where: str) -> Achievable:

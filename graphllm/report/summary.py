@@ -156,6 +156,12 @@ def print_costs(doc: dict[str, Any], con: Console) -> None:
 
 def hardware_model_line(hw: dict[str, Any]) -> str:
     """Which model a device's times come from (a report's `hardware` entry), in one line."""
+    if hw.get("achievable") is None and hw.get("links"):  # issue 21: calibrate --link's
+        return (
+            f"times: {hw['name']}'s measured peaks; {', '.join(hw['links'])} at their measured "
+            "bus bandwidth plus latency (graphllm calibrate --link), other collectives at the "
+            "line rate"
+        )
     if hw.get("achievable") is None:
         return "times: ideal model (data-sheet peaks and line rates, no latencies or launches)"
     return (

@@ -66,9 +66,15 @@ def collective_seconds(
 ) -> float:
     """The alpha-beta time of one collective of op `kind` over `group` ranks of mesh axis `axis`:
     latency (the fewest steps of the op's algorithms x the link's step latency; achievable model
-    only) + the bytes one device sends over the link's bandwidth."""
+    only) + the bytes one device sends over the link's bandwidth. A kind measured on this machine
+    (`hw.links`, inside a node) is priced by its own link under either model."""
     if not wire:
         return 0.0
+    measured = hw.links.get(kind) if _inside_node(mesh, axis, hw) else None
+    if measured is not None and OPS[kind].latency_steps is not None:
+        # this kind timed on this machine (calibrate --link): its own alpha and beta
+        alpha = min(OPS[kind].latency_steps(group).values()) * measured.step_latency
+        return alpha + wire / measured.bus_bandwidth
     beta = wire / link_bandwidth(mesh, axis, hw)
     ach, steps = hw.achievable, OPS[kind].latency_steps
     if ach is None or steps is None:
