@@ -11,8 +11,9 @@ Three fp32 Llamas with random weights, exported with the default lowering (`ort`
 
 Each round, for each model: `calibrate` measures this machine (its read sweep over working sets
 around the model's steps, its GEMM table at the model's shapes and at M = 1 and the prompt's
-length), then `bench` runs the model and predicts it on those tables; the ratio is taken on the
-pair, so a load that comes and goes between rounds weighs on both sides of it. `--local` reads
+length) just before and just after `bench` runs the model, which is predicted on the geometric
+mean of the two; the ratio is taken on that pair, so a load that comes and goes between rounds
+weighs on both sides of it. `--local` reads
 the local file instead (`graphllm calibrate --model ...` first) for every round. The figures
 printed are medians over the rounds, beside the load average at the start and the end: the
 machine is shared, and its load moves every figure.
@@ -24,22 +25,21 @@ machine is shared, and its load moves every figure.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-import yaml
-
 from graphllm.build.builder import build_export_graph
-from graphllm.exporters.onnx import export_onnx
+from graphllm.exporters.onnx import export_onnx, read_metadata
 from graphllm.models.config import config_from_dict, load_config
-from graphllm.models.hardware import load_hardware
+from graphllm.models.hardware import Hardware, hardware_from_dict, load_hardware
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload
 from graphllm.passes import run
-from graphllm.runtime.bench import bench, predicted_graph
+from graphllm.runtime.bench import bench, export_storage, predict, predicted_graph
 from graphllm.runtime.calibrate import calibrate, gemm_shapes_of
 
 PROMPT, NEW = 128, 32
@@ -87,21 +87,45 @@ def step_bytes(cfg: ModelConfig) -> list[float]:
     return out
 
 
-def measure_machine(cfg: ModelConfig, threads: int, path: Path) -> None:
-    """calibrate at this model's sizes, saved as a spec file `bench` reads."""
+def measure_machine(cfg: ModelConfig, threads: int) -> dict:
+    """calibrate at this model's sizes: its read sweep around the model's steps, its GEMM table
+    at the model's shapes and M = 1 and the prompt's length (the peak figures, which the
+    calibrated roofline does not read for matmuls, at small sizes)."""
     sizes = step_bytes(cfg)
     hw = calibrate(
-        repeats=5,
+        repeats=3,
         threads=threads,
         progress=False,
-        matmul_size=1024,
-        buffer_bytes=512 << 20,
-        sweep=(int(min(sizes) / 2), int(max(sizes) * 2)),
+        matmul_size=256,
+        buffer_bytes=64 << 20,
+        sweep=(int(min(sizes) / 1.5), int(max(sizes) * 1.5)),
         gemm_shapes=gemm_shapes_of(cfg),
         gemm_ms=(1, PROMPT),
         budget=60.0,
     )
-    path.write_text(yaml.safe_dump(hw.to_dict(), sort_keys=False, width=100))
+    return hw.to_dict()
+
+
+def mean_of(before: dict, after: dict) -> Hardware:
+    """The machine as measured just before and just after a bench: each table's figures the
+    geometric mean of the two (the same sizes and shapes, measured twice)."""
+    d = dict(before)
+    cal = dict(before["calibration"])
+    for table, key in (("read_bandwidth", "bandwidth"), ("gemm", "flops")):
+        pairs = zip(before["calibration"][table], after["calibration"][table], strict=True)
+        cal[table] = [a | {key: math.sqrt(a[key] * b[key])} for a, b in pairs]
+    d["calibration"] = cal
+    return hardware_from_dict(d, "local")
+
+
+def predicted(path: Path, hw: Hardware) -> tuple[float, float]:
+    """bench's prediction of the export at `path` on `hw` (prefill s, decode s per step)."""
+    meta = read_metadata(path)
+    wl = meta.workload
+    return predict(
+        meta.config, meta.lowering, wl.act_dtype, wl.logits, 1, PROMPT, NEW, hw, meta.build,
+        export_storage(meta),
+    )  # fmt: skip
 
 
 def load() -> str:
@@ -132,28 +156,18 @@ def main() -> int:
         for n, cfg in cfgs.items():
             paths[n] = Path(tmp) / f"{n}.onnx"
             export_onnx(build_export_graph(cfg, "fp32"), paths[n])
-        spec = Path(tmp) / "local.yaml"
         for r in range(args.rounds):
             for n in names:
-                if args.local:
-                    hw = "local"
-                else:
-                    measure_machine(cfgs[n], args.threads, spec)
-                    hw = str(spec)
+                before = None if args.local else measure_machine(cfgs[n], args.threads)
                 rep = bench(
-                    paths[n],
-                    PROMPT,
-                    NEW,
-                    repeats=args.repeats,
-                    threads=args.threads,
-                    hardware=hw,
+                    paths[n], PROMPT, NEW, repeats=args.repeats, threads=args.threads, hardware=None
                 )
-                row = (
-                    rep.prefill_s,
-                    rep.predicted_prefill_s,
-                    rep.decode_s,
-                    rep.predicted_decode_s,
-                )
+                if args.local:
+                    hw = load_hardware("local")
+                else:
+                    hw = mean_of(before, measure_machine(cfgs[n], args.threads))
+                pre, dec = predicted(paths[n], hw)
+                row = (rep.prefill_s, pre, rep.decode_s, dec)
                 ratios[n].append(row)
                 print(
                     f"round {r + 1} {n:6s} prefill {1e3 * row[0]:8.2f} ms / predicted "

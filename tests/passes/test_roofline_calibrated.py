@@ -6,10 +6,13 @@ from dataclasses import replace
 import pytest
 
 from graphllm import Workload, build_graph
-from graphllm.models.config import config_from_dict
+from graphllm.files import json_text
+from graphllm.models.config import config_from_dict, load_config
 from graphllm.models.hardware import hardware_from_dict, load_hardware
 from graphllm.passes.registry import meta_result, run
 from graphllm.passes.roofline import _output_mnk
+from graphllm.report.reuse import reused_report
+from graphllm.report.trace_report import trace_report
 from tests.support import tiny_configs
 from tests.support.calibration import OLD_LOCAL, TABLE
 
@@ -86,3 +89,15 @@ def test_presets_and_old_local_files_time_as_before():
     for hw in (old, load_hardware("h100"), load_hardware("h100").ideal()):
         r = run(tiny(), ["cost", "roofline"], hardware=hw)["roofline"]
         assert r.bandwidth == hw.bandwidth() and r.rate_model != "calibrated"
+
+
+@pytest.mark.parametrize("workload", [{"seq_len": 300}, {"seq_len": 1, "past_len": 500}])
+def test_one_layer_for_all_prices_the_full_steps_working_set(workload):
+    # the working set is the whole step's bytes: reuse.py's unrolled layers must sum to it
+    config = load_config("llama3.2-1b")
+    wl = Workload(batch=1, **workload)
+    hw = calibrated()
+    got = reused_report(config, wl, hw)
+    want, _ = trace_report(config, wl, hw)
+    assert json_text(got) == json_text(want)
+    assert got["roofline"]["bandwidth"] == 16e9  # 2.5 GB of bf16 weights: past the sweep
