@@ -93,7 +93,7 @@ def measure_machine(cfg: ModelConfig, threads: int) -> dict:
     calibrated roofline does not read for matmuls, at small sizes)."""
     sizes = step_bytes(cfg)
     hw = calibrate(
-        repeats=3,
+        repeats=5,
         threads=threads,
         progress=False,
         matmul_size=256,
@@ -101,7 +101,7 @@ def measure_machine(cfg: ModelConfig, threads: int) -> dict:
         sweep=(int(min(sizes) / 1.5), int(max(sizes) * 1.5)),
         gemm_shapes=gemm_shapes_of(cfg),
         gemm_ms=(1, PROMPT),
-        budget=60.0,
+        budget=600.0,
     )
     return hw.to_dict()
 
@@ -112,8 +112,13 @@ def mean_of(before: dict, after: dict) -> Hardware:
     d = dict(before)
     cal = dict(before["calibration"])
     for table, key in (("read_bandwidth", "bandwidth"), ("gemm", "flops")):
-        pairs = zip(before["calibration"][table], after["calibration"][table], strict=True)
-        cal[table] = [a | {key: math.sqrt(a[key] * b[key])} for a, b in pairs]
+        # the points measured both times (a budget may cut one sweep short)
+        later = {tuple(v for k, v in b.items() if k != key): b for b in after["calibration"][table]}
+        cal[table] = [
+            a | {key: math.sqrt(a[key] * b[key])}
+            for a in before["calibration"][table]
+            if (b := later.get(tuple(v for k, v in a.items() if k != key)))
+        ]
     d["calibration"] = cal
     return hardware_from_dict(d, "local")
 

@@ -30,7 +30,8 @@ from graphllm.runtime import hugepages
 CHUNK = 1024  # the sweep's matrices: 1024 x 1024 fp32, 4 MiB each
 SWEEP_STEP = math.sqrt(2)  # two sizes per octave: enough to place the cache's edge
 GEMM_MS = (1, 2, 4, 8, 128, 512, 2048)  # decode-like rows, then prefill-like ones
-SAMPLE_BYTES = 64 << 20  # a timed sample reads at least this much (many runs of a small set)
+SAMPLE_BYTES = 256 << 20  # a timed sample reads at least this much: a tenth of a second or so,
+# long enough that a load passing on a shared machine does not decide it
 SAMPLE_SECONDS = 0.02  # a GEMM's timed sample lasts at least this long
 
 
@@ -161,11 +162,12 @@ def read_sweep(
         if out and time.perf_counter() - start > budget:
             break
         count, side = _chain_shape(s)
-        rng = np.random.default_rng(len(out))
-        # values of about 1/side keep the chained products finite; np.ones-like pages touched
+        # each matrix filled with its own value (onnxruntime stores equal initializers once,
+        # which would shrink the working set), each about 1/side so that the products stay
+        # near 1; a fill is quick where a random draw of gigabytes is not
         mats = [
-            (rng.random((side, side), dtype=np.float32) * (2.0 / side)).astype(np.float32)
-            for _ in range(count)
+            np.full((side, side), (1 + (-1) ** i * (i + 1) * 2.0**-20) / side, np.float32)
+            for i in range(count)
         ]
         runner = _Runner(mats, 1, threads)
         inner = max(1, math.ceil(SAMPLE_BYTES / s))
