@@ -33,6 +33,9 @@ GEMM_MS = (1, 2, 4, 8, 128, 512, 2048)  # decode-like rows, then prefill-like on
 SAMPLE_BYTES = 256 << 20  # a timed sample reads at least this much: a tenth of a second or so,
 # long enough that a load passing on a shared machine does not decide it
 SAMPLE_SECONDS = 0.02  # a GEMM's timed sample lasts at least this long
+# a GEMM of more FLOPs is not measured (M > 1): an LM head of 128k columns at M = 2048 is a
+# TFLOP, seconds a run; one that large runs at the rate of the largest M measured below it
+GEMM_MAX_FLOP = 64e9
 
 
 def sweep_sizes(low: int, high: int) -> list[int]:
@@ -185,13 +188,14 @@ def gemm_table(
     budget: float,
     step: Callable[[], None] = lambda: None,
 ) -> list[tuple[int, int, int, float]]:
-    """(M, K, N, FLOP/s) for each (K, N) of `shapes` and each M of `ms`; once `budget` seconds
-    are spent, the Ms not reached yet at each shape are left out (its smallest M and largest,
-    the two ends of the interpolation, always measured)."""
+    """(M, K, N, FLOP/s) for each (K, N) of `shapes` and each M of `ms` up to GEMM_MAX_FLOP;
+    once `budget` seconds are spent, the Ms not reached yet at each shape are left out (its
+    smallest M and largest, the two ends of the interpolation, always measured)."""
     start, out = time.perf_counter(), []
     for k, n in shapes:
         w = np.random.default_rng(0).random((k, n), dtype=np.float32)
-        order = [ms[0], ms[-1], *ms[1:-1]] if len(ms) > 1 else list(ms)
+        fits = [m for m in ms if m == ms[0] or 2.0 * m * k * n <= GEMM_MAX_FLOP]
+        order = [fits[0], fits[-1], *fits[1:-1]] if len(fits) > 1 else fits
         for i, m in enumerate(order):
             if i >= 2 and time.perf_counter() - start > budget:
                 break

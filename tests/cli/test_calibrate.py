@@ -48,3 +48,12 @@ def test_calibrate_with_a_model_measures_its_gemm_shapes(cache_dir):
     # a budget of 0 still measures the sweep's largest size and each shape's two ends of M
     assert [s for s, _ in cal.read_bandwidth] == [4 << 20]
     assert sorted(m for m, k, n, _ in cal.gemm if (k, n) == (64, 128)) == [1, 128]
+
+
+def test_a_gemm_too_large_to_time_quickly_is_left_to_the_largest_m_below_it(monkeypatch):
+    from graphllm.runtime import calibrate_tables
+
+    monkeypatch.setattr(calibrate_tables, "GEMM_MAX_FLOP", 2.0 * 8 * 64 * 64)
+    got = calibrate_tables.gemm_table([(64, 64)], (1, 4, 8, 128), 1, 1, 60.0)
+    assert [m for m, *_ in got] == [1, 4, 8]  # 128 rows would be past the cap
+    assert all(r > 0 for *_, r in got)
