@@ -6,8 +6,11 @@ bandwidth the peak scaled by the hardware's fractions. Under the achievable mode
 a preset that has `achievable` rates) a matmul runs at the measured large-shape GEMM rate, core
 attention's matmuls at the measured FlashAttention rate, the rest at the peak, and bytes move at
 the measured streaming bandwidth; a small or skinny GEMM is then bandwidth-bound below the ridge,
-which is how decode GEMMs measure. Each op is one kernel launch (a flash attention region one for
-all its ops): launched on its own a kernel takes at least the host's enqueue time per kernel;
+which is how decode GEMMs measure. On a calibrated machine (`graphllm calibrate`'s tables, rate
+model 'calibrated') a matmul runs at the rate measured for its shape and every byte of a step at
+the read bandwidth measured for the step's working set (models/calibration.py). Under the
+achievable model each op is one kernel launch (a flash attention region one for all its ops):
+launched on its own a kernel takes at least the host's enqueue time per kernel;
 inside a CUDA graph it costs the graph's per-kernel gap, and the step one replay. Ops run one after
 another; the step's time is their sum. With fused (flash) attention
 the masked (query, key) blocks are skipped, so attention ops are timed on the FLOPs the mask
@@ -117,9 +120,11 @@ class Timer:
         flops = oc.flops - (oc.matmul - oc.matmul_causal) if self.flash else oc.flops
         core = _core(scopes)
         rate = self.peak if not oc.matmul else (self.attn if core is not None else self.gemm)
-        ach = self.hardware.achievable
+        ach, cal = self.hardware.achievable, self.hardware.calibration
         if oc.matmul and core is None and ach is not None:
             rate *= ach.gemm_efficiency(*_output_mnk(self.graph, n, oc.matmul))
+        elif oc.matmul and core is None and cal is not None:
+            rate = cal.gemm_rate(*_output_mnk(self.graph, n, oc.matmul))
         return flops / rate, oc.bytes / self._dequant_share(n, oc)
 
     # issue 20: a weight-only quantized matmul streams its weights through a dequantising kernel
@@ -132,6 +137,13 @@ class Timer:
             return 1.0
         shares = [ach.dequant_efficiency.get(self.graph.type_of(r).dtype) for r in n.inputs]
         return min((s for s in shares if s is not None), default=1.0)
+
+    def bandwidth(self, step_bytes: float) -> float:
+        """Bytes/s of every op of a step that moves `step_bytes` in all: a calibration's figure
+        for that working set (models/calibration.py says why the step's, not the op's), else
+        the device's one bandwidth."""
+        cal = self.hardware.calibration
+        return self.bw if cal is None else cal.bandwidth_at(step_bytes)
 
 
 def time_all(
@@ -154,8 +166,14 @@ def time_all(
     fused: set[str] = set()  # the flash attention regions already launched
     by_scope: dict[str, float] = defaultdict(float)
     by_op: dict[str, float] = defaultdict(float)
-    for name, op, tc, moved, core, scopes in timings:
-        tm = byte_factor * moved / timer.bw
+    rows = list(timings)
+    bw = (
+        timer.bw
+        if hardware.calibration is None
+        else timer.bandwidth(byte_factor * sum(r[3] for r in rows))
+    )
+    for name, op, tc, moved, core, scopes in rows:
+        tm = byte_factor * moved / bw
         t = max(tc, tm)
         bound = "none" if t == 0 else ("compute" if tc >= tm else "memory")
         if t > 0 and ach is not None:
@@ -181,7 +199,7 @@ def time_all(
     if graphs and ach is not None:
         overhead += ach.graph_replay_seconds or 0.0
         total += ach.graph_replay_seconds or 0.0
-    peak, bw = timer.peak, timer.bw
+    peak = timer.peak
     return RooflineReport(
         hardware=hardware.name,
         seconds=total,

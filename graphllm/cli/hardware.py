@@ -17,8 +17,14 @@ from graphllm.models.config import load_config
 from graphllm.models.hardware import list_hardware
 from graphllm.models.workload import Workload
 from graphllm.passes import run
+from graphllm.runtime.calibrate import (
+    QUICK,
+    check_local_writable,
+    gemm_shapes_of,
+    save_local,
+    tables_line,
+)
 from graphllm.runtime.calibrate import calibrate as measure
-from graphllm.runtime.calibrate import check_local_writable, save_local
 from graphllm.runtime.calibrate_link import require_ranks, sizes_up_to, with_links
 from graphllm.runtime.calibrate_link import sweep as link_sweep
 from graphllm.runtime.calibrate_link import table as link_table
@@ -44,6 +50,14 @@ from graphllm.runtime.calibrate_link import table as link_table
     show_default=True,
     help="The largest message of the --link sweep, bytes (from 4 B, every factor of 4).",
 )
+@click.option(
+    "--budget",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    help="Seconds the read sweep and the GEMM table may take, each.",
+)
+@click.option("--quick", is_flag=True, hidden=True, help="Tiny sizes, for tests.")
 @user_errors
 def calibrate(
     preset: str | None,
@@ -53,20 +67,27 @@ def calibrate(
     threads: int,
     link: bool,
     link_max: int,
+    budget: float,
+    quick: bool,
 ) -> None:
-    """Measure this machine (matmul FLOP/s, read bandwidth) for `--hardware local`."""
+    """Measure this machine (read bandwidth by working set, GEMM rates by shape) for
+    `--hardware local`."""
 
     check_local_writable()  # a cache that is a file: refused now, not after measuring
     if link:
         require_ranks()  # and a link sweep that cannot run, before the quick figures
-    weights = None
+    weights, shapes = None, None
     if preset or config_path:
         cfg = load_config(config_path or preset)
         graph = build_graph(cfg, Workload(dtype=dtype))
         weights = run(graph, ["memory"])["memory"].weights
+        shapes = gemm_shapes_of(cfg)
     # progress bars for a terminal; in a log stderr holds nothing but an error line, if any
     bars = sys.stderr is not None and sys.stderr.isatty()
-    hw = measure(weights_bytes=weights, repeats=repeats, threads=threads, progress=bars)
+    sizes = (QUICK if quick else {}) | {"budget": budget}
+    if shapes:
+        sizes["gemm_shapes"] = shapes  # the model's, in place of --quick's
+    hw = measure(weights_bytes=weights, repeats=repeats, threads=threads, progress=bars, **sizes)
     if link:  # issue 21: the links between local ranks (graphllm/runtime/calibrate_link.py)
         samples = link_sweep(sizes=sizes_up_to(link_max), repeats=repeats)
         hw = with_links(hw, samples)
@@ -83,6 +104,7 @@ def calibrate(
         f"matmul {hw.peak_flops['fp32'] / 1e9:.1f} GFLOP/s, read {hw.memory_bandwidth / 1e9:.1f} "
         f"GB/s ({threads} threads); saved {path}"
     )
+    click.echo(tables_line(hw))
 
 
 @click.command("hardware")

@@ -116,6 +116,8 @@ def serving(
         )
     if hw.rate_model == "ideal":
         con.print("times: ideal model (data-sheet peaks, no latencies or launch costs)")
+    elif hw.rate_model == "calibrated":
+        con.print("times: calibrated model (graphllm calibrate's tables); --ideal for peaks")
     else:
         con.print(
             "times: achievable model (measured rates, latencies, launches); --ideal for peaks"

@@ -21,6 +21,7 @@ from typing import Any
 from graphllm.echo import cut, shown, shown_path
 from graphllm.errors import ConfigError
 from graphllm.files import folder_problem
+from graphllm.models.calibration import Calibration, calibration_from_dict
 from graphllm.models.parse import file_mode, read_mapping
 from graphllm.models.workload import DTYPE_ALIASES, WEIGHT_ONLY
 
@@ -47,7 +48,7 @@ REQUIRED = (
 )
 NULLABLE = ("interconnect_bandwidth", "network_bandwidth")
 PRESET_ONLY = ("aliases", "description", "_note")  # _note: what a preset lacks, and why
-RATE_MODELS = ("achievable", "ideal")
+RATE_MODELS = ("achievable", "ideal", "calibrated")
 # The sane range of each figure: far outside what any device has, so that a typo (a subnormal
 # 5e-324 for 5e14, which printed "inf s, nan%") is refused rather than divided by. A CPU core's
 # scalar FP32 is ~1e9 FLOP/s and the fastest accelerators' dense FP8 ~5e15.
@@ -146,15 +147,20 @@ class Hardware:
     # issue 21: collectives measured inside a node, per op kind (`graphllm calibrate --link`):
     # they price their kind under either rate model, since they are measurements, not peaks
     links: dict[str, Link] = field(default_factory=dict)
+    # calibrate's tables: bandwidth by working set, GEMM rate by shape (None: one of each)
+    calibration: Calibration | None = None
 
     @property
     def rate_model(self) -> str:
-        """Which rates produce the times: 'achievable' (measured) or 'ideal' (peaks)."""
-        return "achievable" if self.achievable is not None else "ideal"
+        """Which rates produce the times: 'achievable' (measured), 'calibrated' (this machine's
+        tables by working set and shape) or 'ideal' (peaks)."""
+        if self.achievable is not None:
+            return "achievable"
+        return "calibrated" if self.calibration is not None else "ideal"
 
     def ideal(self) -> Hardware:
         """This device on its data-sheet peaks, with no latencies or launch costs."""
-        return replace(self, achievable=None)
+        return replace(self, achievable=None, calibration=None)
 
     def graphs_for(self, phase: str) -> bool:
         """Whether a step of `phase` launches its kernels through a CUDA graph."""
@@ -203,6 +209,10 @@ class Hardware:
         d = asdict(self)
         if not self.links:  # a spec without measured links reads as it did before they existed
             del d["links"]
+        if self.calibration is None:
+            del d["calibration"]  # a file without the tables reads as before them
+        else:
+            d["calibration"] = self.calibration.to_dict()
         return d
 
 
@@ -286,6 +296,8 @@ def hardware_from_dict(d: dict, name: str, where: str = "hardware") -> Hardware:
         kw["cuda_graphs"] = d["cuda_graphs"]
     if d.get("links"):
         kw["links"] = _links(d["links"], f"{where}: links")
+    if d.get("calibration") is not None:
+        kw["calibration"] = calibration_from_dict(d["calibration"], f"{where}: calibration")
     return Hardware(**kw)
 
 

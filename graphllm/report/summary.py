@@ -174,6 +174,11 @@ def rate_model_line(r: dict[str, Any]) -> str:
     """Which model produced a roofline's times, in one line."""
     if r.get("rate_model", "ideal") == "ideal":
         return "times: ideal model (data-sheet peaks, no latencies or launch costs; --ideal)"
+    if r["rate_model"] == "calibrated":
+        return (
+            f"times: calibrated model (graphllm calibrate's GEMM rates by shape, read bandwidth "
+            f"{r['bandwidth'] / 1e9:.1f} GB/s at this step's working set); --ideal for peaks"
+        )
     launch = "CUDA graphs" if r["cuda_graphs"] else "one launch each"
     return (
         f"times: achievable model (measured GEMM, attention and HBM rates; {r['kernels']:,} "

@@ -30,7 +30,7 @@ from graphllm.models.workload import Workload
 from graphllm.passes import run
 from graphllm.runtime import hugepages
 from graphllm.runtime.budget import require_bench, require_threads
-from graphllm.runtime.calibrate import calibrate, save_local
+from graphllm.runtime.calibrate import calibrate, gemm_shapes_of, save_local
 from graphllm.runtime.session import PROVIDERS, BoundCache, OnnxModel
 
 
@@ -296,7 +296,8 @@ def _open(path: str | Path, device: str, threads: int) -> tuple[OnnxModel, Expor
 
 def _hardware(name: str, meta: Any, threads: int, say: Callable[[str], None] | None) -> tuple:
     """The Hardware to predict on; `local` without a calibration is calibrated (modest sizes:
-    a 1024^3 matmul, a 512 MiB read and a read of the model's weights, 3 repeats each)."""
+    a 1024^3 matmul, a 512 MiB read and a read of the model's weights, 3 repeats each; the
+    read sweep and the GEMM table at the model's shapes, 30 s each at most)."""
 
     if name.strip().lower() != "local" or local_path().is_file():
         return load_hardware(name), False
@@ -312,6 +313,8 @@ def _hardware(name: str, meta: Any, threads: int, say: Callable[[str], None] | N
         progress=say is not None,
         matmul_size=1024,
         buffer_bytes=512 << 20,
+        gemm_shapes=gemm_shapes_of(meta.config),
+        budget=30.0,
     )
     save_local(hw)
     return hw, True

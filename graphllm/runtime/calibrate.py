@@ -1,6 +1,10 @@
-"""Measure this machine with numpy, for roofline analysis against `--hardware local`.
+"""Measure this machine, for roofline analysis against `--hardware local`.
 
-Two figures: fp32 matmul throughput (numpy's BLAS, its default thread count) and memory read
+Two tables (calibrate_tables.py, on onnxruntime as bench runs): read bandwidth over a sweep of
+working sets, so that the cache levels show, and fp32 GEMM rates over shapes, decode-like and
+prefill-like; the roofline picks from them by each step's working set and each GEMM's shape
+(models/calibration.py). Two single figures beside them, with numpy, for the peak model
+(`--ideal`): fp32 matmul throughput (numpy's BLAS, its default thread count) and memory read
 bandwidth (Python threads each summing their own slice of a buffer far larger than the last-level
 cache; numpy's reductions release the GIL, so the threads read in parallel). The result is a
 `Hardware` named `local`, saved by `save_local` where `load_hardware("local")` finds it.
@@ -12,7 +16,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from datetime import date
@@ -27,9 +31,13 @@ from graphllm.errors import GraphllmError
 from graphllm.files import check_target, folder_problem, make_folder, write_text_atomic
 from graphllm.limits import human_bytes, memory_available, require_memory
 from graphllm.models.hardware import Hardware, hardware_from_dict, local_path
+from graphllm.models.model_config import ModelConfig
+from graphllm.runtime import calibrate_tables as tables
 from graphllm.runtime.budget import require_threads
 
 GiB = 1 << 30
+SWEEP_LOW, SWEEP_HIGH = 1 << 20, 4 * GiB
+DEFAULT_GEMM_SHAPES = ((1024, 4096), (4096, 1024))  # a 1B-class model's FFN, in and out
 MIN_BUFFER = 64 << 20  # a read this small on a machine with a tiny cache still leaves it
 
 
@@ -110,6 +118,10 @@ def calibrate(
     *,
     matmul_size: int = 2048,
     buffer_bytes: int | None = None,
+    sweep: tuple[int, int] | None = None,
+    gemm_shapes: Sequence[tuple[int, int]] | None = None,
+    gemm_ms: Sequence[int] = tables.GEMM_MS,
+    budget: float = 60.0,
 ) -> Hardware:
     """Measure matmul FLOP/s and memory read bandwidth of this machine.
 
@@ -122,6 +134,14 @@ def calibrate(
         matmul_size: n of the n x n fp32 matmuls.
         buffer_bytes: bandwidth buffer; default max(1 GiB, 8 x last-level cache), capped at half
             the memory this process may use (graphllm.limits.memory_available).
+        sweep: (smallest, largest) working set of the read-bandwidth sweep; default 1 MiB to
+            max(1 GiB, 16 x last-level cache), at most 4 GiB and a quarter of the memory this
+            process may use (the weights and onnxruntime's prepacked copy of them).
+        gemm_shapes: (K, N) of the GEMM table; default DEFAULT_GEMM_SHAPES (a model's own from
+            `gemm_shapes_of`).
+        gemm_ms: the Ms measured at each shape.
+        budget: seconds each table may take; past it the sweep and the GEMM table stop (the
+            sweep's largest size and each shape's smallest and largest M measured first).
     """
     require_threads(threads, "calibrate")
     require_memory(3 * 4 * matmul_size**2, f"calibrate's fp32 {matmul_size}^3 matmul")
@@ -135,6 +155,12 @@ def calibrate(
     flops, bandwidth, extra = _measure(
         matmul_size, buffer_bytes, model_bytes, threads, repeats, progress
     )
+    low, high = sweep or (SWEEP_LOW, max(GiB, 16 * llc))
+    high = min(high, SWEEP_HIGH, memory_available() // 4)
+    shapes = tuple(gemm_shapes or DEFAULT_GEMM_SHAPES)
+    cal = _tables(
+        tables.sweep_sizes(low, max(low, high)), shapes, gemm_ms, threads, repeats, budget, progress
+    )
     d = {
         "name": "local",
         "peak_flops": {"fp32": flops, "bf16": flops, "fp16": flops},
@@ -143,10 +169,84 @@ def calibrate(
         "interconnect_bandwidth": None,
         "network_bandwidth": None,
         "devices_per_node": 1,
-        "source": _source(repeats, matmul_size, buffer_bytes, model_bytes, threads, llc),
+        "source": _source(repeats, matmul_size, buffer_bytes, model_bytes, threads, llc)
+        + _tables_source(cal),
         "extra": extra,
+        "calibration": cal,
     }
     return hardware_from_dict(d, "local", "calibrate")
+
+
+# `calibrate --quick`: sizes that measure in a second, for tests of the command
+QUICK: dict = {
+    "matmul_size": 64,
+    "buffer_bytes": 1 << 20,
+    "sweep": (1 << 20, 4 << 20),
+    "gemm_shapes": ((64, 64),),
+    "gemm_ms": (1, 128),
+}
+
+
+def tables_line(hw: Hardware) -> str:
+    """One line of a calibration's tables: the read bandwidth at its ends, the GEMM's range."""
+    cal = hw.calibration
+    if cal is None:
+        return "no calibration tables (the peak model alone)"
+    (s0, r0), (s1, r1) = cal.read_bandwidth[0], cal.read_bandwidth[-1]
+    rates = [r for *_, r in cal.gemm]
+    return (
+        f"read {r0 / 1e9:.1f} GB/s at {human_bytes(s0)} to {r1 / 1e9:.1f} GB/s at "
+        f"{human_bytes(s1)} ({len(cal.read_bandwidth)} working sets); GEMM {min(rates) / 1e9:.1f}"
+        f"-{max(rates) / 1e9:.1f} GFLOP/s over {len(rates)} shapes ({cal.runtime})"
+    )
+
+
+def gemm_shapes_of(config: ModelConfig) -> tuple[tuple[int, int], ...]:
+    """The (K, N) of a model's GEMMs that the table measures: into and out of its FFN (the
+    expert's width where it has no dense one), and its LM head."""
+    d = config.hidden_size
+    ffn = config.intermediate_size or config.moe_intermediate_size or 4 * d
+    return tuple(dict.fromkeys(((d, ffn), (ffn, d), (d, config.vocab_size))))
+
+
+def _tables(
+    sizes: list[int],
+    shapes: tuple[tuple[int, int], ...],
+    ms: Sequence[int],
+    threads: int,
+    repeats: int,
+    budget: float,
+    progress: bool,
+) -> dict:
+    """The `calibration` mapping of a Hardware: the read sweep and the GEMM table."""
+    bars = _progress() if progress else None
+    with bars or nullcontext():
+        step = _counter(bars, f"read sweep, {len(sizes)} working sets", len(sizes))
+        read = tables.read_sweep(sizes, threads, repeats, budget, step)
+        step = _counter(bars, f"GEMM table, {len(shapes)} shapes", len(shapes) * len(ms))
+        gemm = tables.gemm_table(shapes, ms, threads, repeats, budget, step)
+    return {
+        "runtime": tables.runtime_name(),
+        "read_bandwidth": [{"bytes": b, "bandwidth": r} for b, r in read],
+        "gemm": [{"m": m, "k": k, "n": n, "flops": r} for m, k, n, r in gemm],
+    }
+
+
+def _tables_source(cal: dict) -> str:
+    read, gemm = cal["read_bandwidth"], cal["gemm"]
+    return (
+        f"; calibration = {cal['runtime']}: read bandwidth of {len(read)} working sets "
+        f"({human_bytes(read[0]['bytes'])} to {human_bytes(read[-1]['bytes'])}, chained "
+        f"one-row fp32 MatMuls over 1024^2 weights), {len(gemm)} fp32 MatMul shapes (M x K x N), "
+        f"medians less an idle run"
+    )
+
+
+def _counter(bars, label: str, total: int) -> Callable[[], None]:
+    if bars is None:
+        return lambda: None
+    task = bars.add_task(label, total=total)
+    return lambda: bars.advance(task)
 
 
 def _buffer_cap(llc: int) -> int:

@@ -104,7 +104,7 @@ def test_bench_calibrates_local_first(tiny_onnx, tmp_path, monkeypatch):
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     real = cal.calibrate
-    sizes = {"matmul_size": 64, "buffer_bytes": 1 << 20, "repeats": 1}
+    sizes = cal.QUICK | {"repeats": 1}
     monkeypatch.setattr(cal, "calibrate", lambda **kw: real(**(kw | sizes)))
     said: list[str] = []
     r = bench(tiny_onnx, 6, 3, repeats=1, hardware="local", say=said.append)

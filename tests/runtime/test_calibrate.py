@@ -1,13 +1,11 @@
 """`graphllm calibrate` at tiny sizes: the measured spec saved as `local` and loaded back."""
 
 from graphllm.models.hardware import list_hardware, load_hardware
-from graphllm.runtime.calibrate import calibrate, save_local
+from graphllm.runtime.calibrate import QUICK, calibrate, save_local
 
 
 def test_calibrate_round_trip(cache_dir):
-    hw = calibrate(
-        weights_bytes=2 << 20, repeats=2, progress=False, matmul_size=64, buffer_bytes=1 << 20
-    )
+    hw = calibrate(weights_bytes=2 << 20, repeats=2, progress=False, **QUICK)
     assert hw.name == "local" and hw.devices_per_node == 1
     assert hw.peak("fp32") > 0 and hw.peak("bf16") == hw.peak("fp32")
     assert hw.memory_bandwidth > 0 and hw.memory_bytes > 0

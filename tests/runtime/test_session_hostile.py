@@ -206,9 +206,19 @@ def test_calibrate_sizes_its_buffers_from_the_memory_this_process_may_use(monkey
         seen.update(buffer=buffer, model=model)
         return 1e12, 1e11, {}  # figures a real device could have
 
+    def tables(sizes, *_):
+        seen.update(sweep=sizes[-1])
+        return {
+            "runtime": "test",
+            "read_bandwidth": [{"bytes": 1 << 20, "bandwidth": 1e11}],
+            "gemm": [{"m": 1, "k": 8, "n": 8, "flops": 1e12}],
+        }
+
     monkeypatch.setattr(calibrate, "_measure", measure)
+    monkeypatch.setattr(calibrate, "_tables", tables)
     calibrate.calibrate(weights_bytes=800e9, repeats=1, progress=False, matmul_size=64)
-    assert seen == {"buffer": 300 << 20, "model": 300 << 20}
+    # the sweep holds its weights and onnxruntime's prepacked copy: a quarter of 600 MiB
+    assert seen == {"buffer": 300 << 20, "model": 300 << 20, "sweep": 148 << 20}
 
 
 def test_calibrate_without_room_to_read_past_the_cache_is_refused(monkeypatch):

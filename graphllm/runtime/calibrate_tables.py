@@ -1,0 +1,209 @@
+"""calibrate's tables: read bandwidth over a sweep of working sets, GEMM rates over shapes.
+
+Both are measured with the runtime `bench` runs, onnxruntime's CPU provider, when it is installed
+(numpy's BLAS otherwise, and the table says which):
+
+- a working set of S bytes is a chain of fp32 MatMuls of one row (a decode step's GEMV) through
+  S bytes of weights, 1024 x 1024 matrices as a model's are (one smaller square one below 4 MiB),
+  stored as initializers so that onnxruntime prepacks them as it does an export's, and moved onto
+  huge pages as bench moves an export's: what a decode step reads, read the way it reads them,
+  in the same cyclic order step after step;
+- a GEMM of (M, K, N) is one MatMul of an M x K input by a K x N initializer.
+
+The time of one run of a session that does nothing (an Identity of the same input) is taken off
+each run's, so the table holds the kernels' time and not Python's call into onnxruntime, which
+bench's one call per step spreads over every op of the step.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from graphllm.runtime import hugepages
+
+CHUNK = 1024  # the sweep's matrices: 1024 x 1024 fp32, 4 MiB each
+SWEEP_STEP = math.sqrt(2)  # two sizes per octave: enough to place the cache's edge
+GEMM_MS = (1, 2, 4, 8, 128, 512, 2048)  # decode-like rows, then prefill-like ones
+SAMPLE_BYTES = 256 << 20  # a timed sample reads at least this much: a tenth of a second or so,
+# long enough that a load passing on a shared machine does not decide it
+SAMPLE_SECONDS = 0.02  # a GEMM's timed sample lasts at least this long
+# a GEMM of more FLOPs is not measured (M > 1): an LM head of 128k columns at M = 2048 is a
+# TFLOP, seconds a run; one that large runs at the rate of the largest M measured below it
+GEMM_MAX_FLOP = 64e9
+
+
+def sweep_sizes(low: int, high: int) -> list[int]:
+    """Working sets from `low` to `high` bytes, SWEEP_STEP apart, each as the chain holds it."""
+    sizes, s = [chain_bytes(high)], float(low)
+    while s < high:
+        sizes.append(chain_bytes(int(s)))
+        s *= SWEEP_STEP
+    return sorted(set(sizes))
+
+
+def _chain_shape(nbytes: int) -> tuple[int, int]:
+    """(matrices, side) of the chain that holds about `nbytes` of fp32 weights."""
+    if nbytes >= 4 * CHUNK * CHUNK:
+        return nbytes // (4 * CHUNK * CHUNK), CHUNK
+    return 1, max(16, int(math.sqrt(nbytes / 4)) // 16 * 16)
+
+
+def chain_bytes(nbytes: int) -> int:
+    """The bytes the chain for `nbytes` really holds."""
+    count, side = _chain_shape(nbytes)
+    return 4 * count * side * side
+
+
+def runtime_name() -> str:
+    """What runs the measurements: onnxruntime where installed, else numpy."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return f"numpy {np.__version__}"
+    return f"onnxruntime {ort.__version__} (CPUExecutionProvider)"
+
+
+class _Runner:
+    """One measured program: `run()` once; `idle()` the same call doing nothing."""
+
+    def __init__(self, mats: list[np.ndarray], rows: int, threads: int) -> None:
+        self.x = np.ones((rows, mats[0].shape[0]), np.float32)
+        self.mats = mats
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError:
+            self.run, self.idle = self._numpy(), lambda: None
+            return
+        self.run = self._session(mats, threads)
+        self.idle = self._session([], threads)
+
+    def _numpy(self) -> Callable[[], object]:
+        outs = [np.empty((self.x.shape[0], m.shape[1]), np.float32) for m in self.mats]
+
+        def run() -> None:
+            y = self.x
+            for m, out in zip(self.mats, outs):
+                y = np.matmul(y, m, out=out)
+
+        return run
+
+    def _session(self, mats: list[np.ndarray], threads: int) -> Callable[[], object]:
+        import onnxruntime as ort
+
+        nodes, inits, prev = [], [], "x"
+        for i, m in enumerate(mats):
+            t = TensorProto(name=f"w{i}", data_type=TensorProto.FLOAT, dims=list(m.shape))
+            t.data_location = TensorProto.EXTERNAL  # the array itself, handed over below
+            t.external_data.add(key="location", value="calibrate")
+            inits.append(t)
+            nodes.append(helper.make_node("MatMul", [prev, t.name], [f"y{i}"]))
+            prev = f"y{i}"
+        if not mats:
+            nodes.append(helper.make_node("Identity", ["x"], ["y"]))
+            prev = "y"
+        rows, cols = self.x.shape
+        out_cols = mats[-1].shape[1] if mats else cols
+        graph = helper.make_graph(
+            nodes,
+            "calibrate",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, cols])],
+            [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [rows, out_cols])],
+            inits,
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        if mats:
+            values = [ort.OrtValue.ortvalue_from_numpy(m) for m in mats]
+            so.add_external_initializers([t.name for t in inits], values)
+        sess = ort.InferenceSession(
+            model.SerializeToString(), so, providers=["CPUExecutionProvider"]
+        )
+        if mats:
+            hugepages.collapse()  # the prepacked copy onto huge pages, as bench moves an export's
+        feed = {"x": self.x}
+        return lambda: sess.run(None, feed)
+
+
+def _seconds(runner: _Runner, inner: int, repeats: int) -> float:
+    """Median seconds of one run over `repeats` samples of `inner` runs each, less an idle run's."""
+
+    def sample(f: Callable[[], object]) -> float:
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            f()
+        return (time.perf_counter() - t0) / inner
+
+    runner.run()
+    runner.idle()
+    busy = statistics.median(sample(runner.run) for _ in range(repeats))
+    idle = statistics.median(sample(runner.idle) for _ in range(repeats))
+    # a load spike in the idle samples must not make a run free
+    return max(busy - idle, 0.5 * busy)
+
+
+def read_sweep(
+    sizes: Sequence[int],
+    threads: int,
+    repeats: int,
+    budget: float,
+    step: Callable[[], None] = lambda: None,
+) -> list[tuple[int, float]]:
+    """(bytes, bytes/s) per working set: the largest first (the figure past every cache, which
+    a model larger than the cache needs), then the rest from the smallest up while `budget`
+    seconds last."""
+    order = [sizes[-1], *sizes[:-1]]
+    start, out = time.perf_counter(), []
+    for s in order:
+        if out and time.perf_counter() - start > budget:
+            break
+        count, side = _chain_shape(s)
+        # each matrix filled with its own value (onnxruntime stores equal initializers once,
+        # which would shrink the working set), each about 1/side so that the products stay
+        # near 1; a fill is quick where a random draw of gigabytes is not
+        mats = [
+            np.full((side, side), (1 + (-1) ** i * (i + 1) * 2.0**-20) / side, np.float32)
+            for i in range(count)
+        ]
+        runner = _Runner(mats, 1, threads)
+        inner = max(1, math.ceil(SAMPLE_BYTES / s))
+        out.append((s, s / _seconds(runner, inner, repeats)))
+        del runner, mats
+        step()
+    return sorted(out)
+
+
+def gemm_table(
+    shapes: Sequence[tuple[int, int]],
+    ms: Sequence[int],
+    threads: int,
+    repeats: int,
+    budget: float,
+    step: Callable[[], None] = lambda: None,
+) -> list[tuple[int, int, int, float]]:
+    """(M, K, N, FLOP/s) for each (K, N) of `shapes` and each M of `ms` up to GEMM_MAX_FLOP;
+    once `budget` seconds are spent, the Ms not reached yet at each shape are left out (its
+    smallest M and largest, the two ends of the interpolation, always measured)."""
+    start, out = time.perf_counter(), []
+    for k, n in shapes:
+        w = np.random.default_rng(0).random((k, n), dtype=np.float32)
+        fits = [m for m in ms if m == ms[0] or 2.0 * m * k * n <= GEMM_MAX_FLOP]
+        order = [fits[0], fits[-1], *fits[1:-1]] if len(fits) > 1 else fits
+        for i, m in enumerate(order):
+            if i >= 2 and time.perf_counter() - start > budget:
+                break
+            runner = _Runner([w], m, threads)
+            t0 = time.perf_counter()
+            runner.run()
+            once = max(time.perf_counter() - t0, 1e-6)
+            inner = max(1, math.ceil(SAMPLE_SECONDS / once))
+            out.append((m, k, n, 2.0 * m * k * n / _seconds(runner, inner, repeats)))
+            step()
+    return sorted(out, key=lambda p: (p[1], p[2], p[0]))
