@@ -51,7 +51,26 @@ from graphllm.ir import Node
 # -- one lowering per op row -----------------------------------------------------------------
 @lowers("embedding")
 def _embedding(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
-    c.final("Gather", [i[1], i[0]], n, o, axis=0)  # (B, T, d): row of each token id
+    shard = c.offsets(n).get("v")
+    if shard is None:
+        c.final("Gather", [i[1], i[0]], n, o, axis=0)  # (B, T, d): row of each token id
+        return
+    # a vocab-parallel rank's block of the table: ids it does not hold read zeros (the other
+    # ranks' rows, summed in by the all-reduce after it)
+    s, rows = n.name, int(c.graph.type_of(n.inputs[1]).dims[0].size)  # type: ignore[arg-type]
+    local = c.op("Sub", [i[0], c.const(shard[0], hint="vocab_first")], s)
+    held = c.op(
+        "And",
+        [
+            c.op("GreaterOrEqual", [local, c.const(0, hint="zero")], s),
+            c.op("Less", [local, c.const(rows, hint="vocab_rows")], s),
+        ],
+        s,
+    )
+    row = c.op("Where", [held, local, c.const(0, hint="zero")], s)
+    picked = c.op("Gather", [i[1], row], s, axis=0)  # (B, T, d)
+    zero = c.const(0.0, c.dtype, "zero")
+    c.final("Where", [c.op("Unsqueeze", [held, c.const([-1])], s), picked, zero], n, o)
 
 
 @lowers("linear")
