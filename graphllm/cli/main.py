@@ -64,6 +64,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "Build the model's op graph, verify and analyse it: params, token mixing, cost, memory.",
     ),
     "verify": ("graphllm.cli.verify", "verify", "Check an analysis against execution."),
+    "run": (
+        "graphllm.cli.run",
+        "run",
+        "Run a greedy generation on --nproc ranks over torch.distributed (gloo, or NCCL on GPUs).",
+    ),
 }
 
 

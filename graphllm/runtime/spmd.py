@@ -147,31 +147,48 @@ class SPMDInterpreter:
         return v[ref.index] if isinstance(v, tuple) else v
 
     def _letter_axes(self, node: Node) -> dict[str, tuple[int, int]]:
-        """Letter -> (input, axis) for every split axis of the node's inputs."""
         hit = self._letters.get(node.name)
         if hit is None:
-            hit = {}
-            sig = OPS[node.op].signature
-            bind_node(self.graph, node)  # the signature fits
-            for i, (op, r) in enumerate(zip(sig.inputs, node.inputs)):
-                sh = self.graph[r.node].meta["sharding"][r.index]
-                for j, x in enumerate(operand_letters(op, len(sh.axes))):
-                    if sh.axes[j] and x not in hit:
-                        hit[x] = (i, j)
-            self._letters[node.name] = hit
+            hit = self._letters[node.name] = letter_axes(self.graph, node)
         return hit
 
     def _offsets(
         self, node: Node, letters: dict, args: list[np.ndarray], c: dict[str, int]
     ) -> dict[str, tuple[int, int]]:
-        """For each split letter: (first index this rank holds, the whole axis's size)."""
-        out = {}
-        for x, (i, j) in letters.items():
-            r = node.inputs[i]
-            sh = self.graph[r.node].meta["sharding"][r.index]
-            size = args[i].shape[j]
-            out[x] = (block_index(sh.axes[j], self.mesh, c) * size, size * sh.blocks(j))
-        return out
+        shapes = [a.shape for a in args]
+        return shard_offsets(self.graph, node, letters, shapes, self.mesh, c)
+
+
+def letter_axes(graph: Graph, node: Node) -> dict[str, tuple[int, int]]:
+    """Letter -> (input, axis) for every split axis of the node's inputs."""
+    hit: dict[str, tuple[int, int]] = {}
+    sig = OPS[node.op].signature
+    bind_node(graph, node)  # the signature fits
+    for i, (op, r) in enumerate(zip(sig.inputs, node.inputs)):
+        sh = graph[r.node].meta["sharding"][r.index]
+        for j, x in enumerate(operand_letters(op, len(sh.axes))):
+            if sh.axes[j] and x not in hit:
+                hit[x] = (i, j)
+    return hit
+
+
+def shard_offsets(
+    graph: Graph,
+    node: Node,
+    letters: dict[str, tuple[int, int]],
+    shapes: list[tuple[int, ...]],
+    mesh: Mesh,
+    c: dict[str, int],
+) -> dict[str, tuple[int, int]]:
+    """For each split letter: (first index rank `c` holds, the whole axis's size), from the
+    local `shapes` of the node's inputs (runtime/dist bakes them into a rank's segments)."""
+    out = {}
+    for x, (i, j) in letters.items():
+        r = node.inputs[i]
+        sh = graph[r.node].meta["sharding"][r.index]
+        size = int(shapes[i][j])
+        out[x] = (block_index(sh.axes[j], mesh, c) * size, size * sh.blocks(j))
+    return out
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,204 @@
+"""The cut points of a rank's program carried out on torch.distributed.
+
+Each collective row of the op table has one torch.distributed call here (its lowering onto the
+library, as graphllm.exporters has lowerings onto ONNX), over the process group of the node's
+mesh axis: the ranks whose device coordinates differ on that axis alone. Every group of every
+axis is made on every rank in the same order (torch.distributed requires it). numpy arrays go to
+torch through `torch.from_numpy` (no copy; a view is copied first, since the in-place
+collectives would write through it into a weight or an earlier value) and come back through
+`.numpy()`; on CUDA (NCCL) they go to the device and back, the path this machine cannot run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+
+from graphllm.errors import GraphllmError
+from graphllm.ir import Graph, Node
+from graphllm.ops import COMMUNICATION, OPS
+from graphllm.passes.parallel.sharding import Mesh
+from graphllm.runtime.dist.records import CollectiveTime
+
+DEVICE_AXES = ("dp", "pp", "cp", "ep", "tp")  # MESH_ORDER less `mb`: the device mesh
+
+
+def device_mesh(mesh: Mesh) -> Mesh:
+    """The device axes of a program's mesh (microbatches run one after another on a rank)."""
+    return Mesh(tuple((n, s) for n, s in mesh.axes if n != "mb"))
+
+
+def rank_of(world: Mesh, coords: dict[str, int]) -> int:
+    """The global rank of device coordinates: row-major, the innermost axis (tp) fastest, the
+    order of the partition report's devices."""
+    r = 0
+    for name, size in world.axes:
+        r = r * size + coords.get(name, 0)
+    return r
+
+
+def coords_of(world: Mesh, rank: int) -> dict[str, int]:
+    out = {}
+    for name, size in reversed(world.axes):
+        out[name] = rank % size
+        rank //= size
+    return {n: out[n] for n in world.names}
+
+
+class Comm:
+    """This rank's process groups and the torch.distributed calls of the cut points."""
+
+    def __init__(self, world: Mesh, rank: int, timeout: float, device: str = "cpu") -> None:
+        import torch.distributed as dist
+
+        self.world, self.rank, self.device = world, rank, device
+        self.coords = coords_of(world, rank)
+        self.groups: dict[str, Any] = {}
+        for name, size in world.axes:
+            others = [n for n in world.names if n != name]
+            seen: set[tuple[int, ...]] = set()
+            for c in world.coords():  # every group of the axis, same order on every rank
+                key = tuple(c[n] for n in others)
+                if key in seen:
+                    continue
+                seen.add(key)
+                ranks = [rank_of(world, c | {name: j}) for j in range(size)]
+                # a group's own timeout: new_group does not take the world's (30 min by default)
+                g = dist.new_group(ranks, timeout=timedelta(seconds=timeout))
+                if all(c[n] == self.coords[n] for n in others):
+                    self.groups[name] = g
+
+    def run(
+        self, program: Graph, node: Node, x: Any, mb: int, clock: float
+    ) -> tuple[Any, CollectiveTime]:
+        """Carry out cut point `node` on this rank's input `x`; its output and timing record."""
+        spec = OPS[node.op]
+        axis = node.attrs["mesh"]
+        n = self.world.size(axis)
+        j = self.coords[axis]
+        start = time.perf_counter()
+        if spec.category != COMMUNICATION:  # shard_slice: every rank of the group holds x whole
+            y = spec.impl([x] * n, node.attrs)[j]  # type: ignore[misc]
+            peer = None
+        else:
+            lower = LOWERINGS.get(node.op)
+            if lower is None:
+                raise GraphllmError(f"{node.name}: no torch.distributed call for op {node.op}")
+            y, peer = lower(self, program, node, x, n)
+        seconds = time.perf_counter() - start
+        moved = y if spec.payload == "output" or x is None else x  # a recv: what came
+        rec = CollectiveTime(
+            node=node.name,
+            kind=node.op,
+            mesh_axis=axis,
+            group_size=n,
+            bytes=int(getattr(moved, "nbytes", 0)),
+            microbatch=mb,
+            start=start - clock,
+            seconds=seconds,
+            peer=peer,
+        )
+        return y, rec
+
+    # numpy <-> torch
+    def tensor(self, x: np.ndarray) -> Any:
+        import torch
+
+        a = np.require(x, dtype=_dtype(x), requirements=["C", "W", "O"])
+        t = torch.from_numpy(a)
+        return t.to(self.device) if self.device != "cpu" else t
+
+    def empty_like(self, t: Any) -> Any:
+        import torch
+
+        return torch.empty_like(t)
+
+    @staticmethod
+    def array(t: Any) -> np.ndarray:
+        return t.cpu().numpy() if t.device.type != "cpu" else t.numpy()
+
+    def peer(self, stage: int) -> int:
+        """The global rank of the rank at pipeline stage `stage` with this rank's other coords."""
+        return rank_of(self.world, self.coords | {"pp": stage})
+
+
+def _dtype(x: np.ndarray) -> np.dtype:
+    """Values travel in fp32 (the interpreter computes in fp32) or as the integers they are."""
+    return np.dtype(np.int64) if np.issubdtype(x.dtype, np.integer) else np.dtype(np.float32)
+
+
+Lowering = Callable[[Comm, Graph, Node, Any, int], tuple[Any, int | None]]
+
+
+def _all_reduce(c: Comm, g: Graph, node: Node, x: Any, n: int) -> tuple[Any, None]:
+    import torch.distributed as dist
+
+    t = c.tensor(x)
+    dist.all_reduce(t, group=c.groups[node.attrs["mesh"]])
+    return c.array(t), None
+
+
+def _all_gather(c: Comm, g: Graph, node: Node, x: Any, n: int) -> tuple[Any, None]:
+    import torch.distributed as dist
+
+    t = c.tensor(x)
+    out = [c.empty_like(t) for _ in range(n)]
+    dist.all_gather(out, t, group=c.groups[node.attrs["mesh"]])
+    return np.concatenate([c.array(o) for o in out], axis=node.attrs["axis"]), None
+
+
+def _reduce_scatter(c: Comm, g: Graph, node: Node, x: Any, n: int) -> tuple[Any, None]:
+    import torch.distributed as dist
+
+    blocks = [c.tensor(b) for b in np.split(np.asarray(x), n, axis=node.attrs["axis"])]
+    out = c.empty_like(blocks[0])
+    dist.reduce_scatter(out, blocks, group=c.groups[node.attrs["mesh"]])
+    return c.array(out), None
+
+
+def _all_to_all(c: Comm, g: Graph, node: Node, x: Any, n: int) -> tuple[Any, None]:
+    import torch.distributed as dist
+
+    a = node.attrs
+    blocks = [c.tensor(b) for b in np.split(np.asarray(x), n, axis=a["split_axis"])]
+    out = [c.empty_like(b) for b in blocks]
+    dist.all_to_all(out, blocks, group=c.groups[a["mesh"]])
+    return np.concatenate([c.array(o) for o in out], axis=a["concat_axis"]), None
+
+
+def _send(c: Comm, g: Graph, node: Node, x: Any, n: int) -> tuple[Any, int]:
+    import torch.distributed as dist
+
+    peer = c.peer(node.attrs["dst"])
+    dist.send(c.tensor(x), dst=peer)
+    return x, peer
+
+
+def _recv(c: Comm, g: Graph, node: Node, x: Any, n: int) -> tuple[Any, int]:
+    """The buffer's shape and dtype come from the node's local type: the sender sends exactly
+    that (values in fp32, integers as int64)."""
+    import torch
+    import torch.distributed as dist
+
+    peer = c.peer(node.attrs["src"])
+    t = node.out
+    shape = tuple(int(s) for s in t.shape(g.bindings))
+    dtype = torch.int64 if t.dtype in ("int64", "int32") else torch.float32
+    buf = torch.empty(shape, dtype=dtype, device=c.device)
+    dist.recv(buf, src=peer)
+    return c.array(buf), peer
+
+
+# op -> its torch.distributed call (the recv's input is its send on the peer: never read here)
+LOWERINGS: dict[str, Lowering] = {
+    "all_reduce": _all_reduce,
+    "all_gather": _all_gather,
+    "reduce_scatter": _reduce_scatter,
+    "all_to_all": _all_to_all,
+    "send": _send,
+    "recv": _recv,
+}

@@ -1,0 +1,79 @@
+"""`graphllm run`'s ranks, on gloo: logits and greedy tokens equal to one device's (fp32, within
+1e-4) for every strategy, on a dense, an MoE and a DeepSeek (MLA) tiny config, prefill and 16
+cached decode steps. One launch a world size runs its strategies in turn (torch's import and the
+rendezvous cost some seconds a launch)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None, reason="torch (the dist extra) is not installed"
+)
+
+from graphllm.runtime.dist.launch import launch  # noqa: E402
+from tests.runtime.dist.support import (  # noqa: E402
+    assert_equal_to_reference,
+    job,
+    write_configs,
+    write_moe_checkpoint,
+)
+
+
+@pytest.fixture(scope="module")
+def configs(tmp_path_factory):
+    return write_configs(tmp_path_factory.mktemp("configs"))
+
+
+def _check(jobs, nproc):
+    cases = launch(jobs, nproc)
+    assert [c["name"] for c in cases] == [j.name for j in jobs]
+    for case, j in zip(cases, jobs):
+        assert len(case["ranks"]) == nproc
+        assert_equal_to_reference(case, j)
+    return cases
+
+
+def test_two_ranks(configs, tmp_path):
+    ckpt = write_moe_checkpoint(tmp_path / "moe", configs["moe"])
+    jobs = [
+        job(configs["dense"], "dense tp", strategy={"tp": 2}),
+        job(configs["dense"], "dense tp sp", strategy={"tp": 2, "sp": True}),
+        job(configs["dense"], "dense cp", strategy={"cp": 2}),
+        job(configs["dense"], "dense pp mb", strategy={"pp": 2, "microbatches": 2}),
+        job(configs["dense"], "dense dp", strategy={"dp": 2}),
+        job(configs["moe"], "moe ep", strategy={"ep": 2}),
+        job(str(ckpt), "moe ep checkpoint", strategy={"ep": 2}, weights=str(ckpt)),
+        job(configs["deepseek"], "deepseek tp", strategy={"tp": 2}),
+        job(configs["deepseek"], "deepseek ep", strategy={"ep": 2}),
+    ]
+    cases = _check(jobs, 2)
+    tp = cases[0]["ranks"]
+    # every rank timed its all-reduces, and its blocks of the weights are half the tp-cut ones
+    assert all(r["comm_seconds"] > 0 and r["compute_seconds"] > 0 for r in tp)
+    kinds = {c["kind"] for s in tp[0]["steps"] for c in s["collectives"]}
+    assert {"all_reduce", "all_gather"} <= kinds
+    assert [s["step"] for s in tp[0]["steps"]][:2] == ["prefill", "decode 1"]
+    dp = cases[4]["ranks"]
+    assert all(r["comm_seconds"] == 0 for r in dp)  # replicas never talk in inference
+
+
+def test_four_ranks(configs):
+    jobs = [
+        job(configs["dense"], "dense tp pp mb", strategy={"tp": 2, "pp": 2, "microbatches": 2}),
+        job(configs["dense"], "dense cp tp sp", strategy={"cp": 2, "tp": 2, "sp": True}),
+        job(configs["moe"], "moe ep tp", strategy={"ep": 2, "tp": 2}),
+        job(configs["deepseek"], "deepseek ep pp", strategy={"ep": 2, "pp": 2}),
+        job(configs["dense"], "dense dp tp", strategy={"dp": 2, "tp": 2}),
+    ]
+    _check(jobs, 4)
+
+
+def test_eight_ranks_tp_pp_ep(configs):
+    jobs = [
+        job(configs["moe"], "moe tp pp ep", strategy={"tp": 2, "pp": 2, "ep": 2}),
+        job(configs["deepseek"], "deepseek tp pp ep", strategy={"tp": 2, "pp": 2, "ep": 2}),
+    ]
+    _check(jobs, 8)
