@@ -341,7 +341,8 @@ class SegmentCache:
     where those read no length-specific value."""
 
     def __init__(self) -> None:
-        self._models: dict[str, bytes] = {}
+        # key -> (the weights it was made from, held so that their id is not reused; the model)
+        self._models: dict[str, tuple[Mapping[str, np.ndarray], bytes]] = {}
 
     def __len__(self) -> int:
         return len(self._models)
@@ -366,8 +367,8 @@ class SegmentCache:
             model = export_segment(
                 graph, nodes, inputs, outputs, weights=weights, coords=coords, ops=ops, dtype=dtype
             )
-            hit = self._models[key] = model.SerializeToString()
-        return hit
+            hit = self._models[key] = (weights, model.SerializeToString())
+        return hit[1]
 
 
 def segment_key(

@@ -1,0 +1,169 @@
+"""The onnxruntime segment runner (runtime/dist/ort.py): each segment dist-run's `cut` makes, on
+onnxruntime, equals the numpy run of the same nodes on that rank; what the export cannot express
+runs on numpy, said once; the DLPack/IO-binding path gives the same values; and `graphllm run`'s
+ranks on gloo with `--runtime onnxruntime` equal one device, as the numpy runtime's do."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from graphllm import Workload, build_graph
+from graphllm.build.weights import random_weights
+from graphllm.models.config import config_from_dict
+from graphllm.passes.parallel.partition import Strategy, partition
+from graphllm.runtime.dist import ort as ort_runner
+from graphllm.runtime.dist.ort import OrtRunner, threads_per_rank
+from graphllm.runtime.dist.segments import NumpyRunner, Segment, cut
+from graphllm.runtime.spmd import SPMDInterpreter
+from tests.runtime.dist.support import CONFIGS
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+
+
+class _Recording(SPMDInterpreter):
+    """The SPMD interpreter, keeping every rank's values: what each segment reads and makes."""
+
+    def _run_node(self, node, ranks, env, feeds):
+        self.env = env
+        return super()._run_node(node, ranks, env, feeds)
+
+
+def _program(family, strategy, past):
+    cfg = config_from_dict(dict(CONFIGS[family]), family)
+    t = 1 if past else 8
+    g = build_graph(cfg, Workload.with_dtype(batch=4, seq_len=t, past_len=past, dtype="fp32"))
+    program = partition(g, strategy)
+    rng = np.random.default_rng(0)
+    b, p = 4, past
+    feeds = {
+        "input_ids": rng.integers(0, 256, (b, t)),
+        "position_ids": np.broadcast_to(np.arange(p, p + t), (b, t)).copy(),
+    }
+    for n in g.nodes("input"):
+        if n.name not in feeds:
+            shape = tuple(int(s) for s in n.out.shape(g.bindings))
+            feeds[n.name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
+    rec = _Recording(program, random_weights(g, seed=1))
+    rec.run(feeds)
+    return program, rec
+
+
+def _rank_segments(program, rec):
+    """(segment, the rank's weights, its env) for every segment of every rank."""
+    for r in rec.ranks:
+        env = rec.env[r]
+        weights = {p.name: env[p.name] for p in program.params() if p.name in env}
+        for st in cut(program, rec.coords[r]):
+            if isinstance(st, Segment):
+                yield st, weights, env
+
+
+def _value(env, name):
+    node, _, k = name.partition(":")
+    v = env[node]
+    return v[int(k)] if isinstance(v, tuple) else v
+
+
+CASES = [
+    ("dense", Strategy(tp=2), 0),
+    ("dense", Strategy(tp=2, sp=True, pp=2, microbatches=2), 0),
+    ("dense", Strategy(dp=2, tp=2), 6),
+    ("moe", Strategy(ep=2, tp=2), 6),
+    ("deepseek", Strategy(ep=2, tp=2), 0),
+    ("deepseek", Strategy(tp=2, pp=2), 6),
+]
+
+
+@pytest.mark.parametrize(("family", "strategy", "past"), CASES, ids=str)
+def test_each_segment_on_onnxruntime_equals_numpy(family, strategy, past):
+    program, rec = _program(family, strategy, past)
+    runs = 0
+    for st, weights, env in _rank_segments(program, rec):
+        runner = OrtRunner(st, weights)
+        assert runner._fallback is None, st.index  # every segment ran on onnxruntime
+        got = runner.run({k: _value(env, k) for k in st.inputs})
+        assert list(got) == list(st.outputs)
+        for k, y in got.items():
+            assert y.shape == np.shape(_value(env, k)), k
+            assert np.max(np.abs(y - _value(env, k)), initial=0.0) < 1e-5, k
+        runs += 1
+    assert runs >= strategy.devices
+
+
+def test_what_the_export_cannot_express_runs_on_numpy_said_once(capsys):
+    program, rec = _program("dense", Strategy(cp=2), 0)
+    ort_runner._SAID.clear()
+    fell_back = 0
+    for st, weights, env in _rank_segments(program, rec):
+        runner = OrtRunner(st, weights)
+        fell_back += runner._fallback is not None
+        got = runner.run({k: _value(env, k) for k in st.inputs})
+        want = NumpyRunner(st, weights).run({k: _value(env, k) for k in st.inputs})
+        assert all(np.max(np.abs(got[k] - want[k]), initial=0.0) < 1e-5 for k in want)
+    assert fell_back >= 2  # the attention segments of both ranks
+    notes = [x for x in capsys.readouterr().err.splitlines() if x.startswith("note:")]
+    assert len(notes) == 1 and "such segments run on numpy" in notes[0], notes
+
+
+def test_a_decode_step_reuses_the_sessions_of_the_step_before():
+    """The program is rebuilt for every step (its past grows); its segments' models and
+    sessions are not."""
+    cfg = config_from_dict(dict(CONFIGS["dense"]), "dense")
+    sessions, weights = [], None
+    for past in (6, 7):
+        g = build_graph(cfg, Workload.with_dtype(batch=4, seq_len=1, past_len=past, dtype="fp32"))
+        program = partition(g, Strategy(tp=2))
+        if weights is None:  # a rank loads its blocks once, for every step
+            weights = {
+                p.name: np.zeros(p.out.shape(g.bindings), np.float32) for p in program.params()
+            }
+        segs = [s for s in cut(program, {"tp": 0}) if isinstance(s, Segment)]
+        sessions.append([OrtRunner(s, weights)._session for s in segs])
+    assert all(a is b for a, b in zip(*sessions)) and len(sessions[0]) > 2
+
+
+def test_threads_share_the_cores_between_the_ranks(monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    two = threads_per_rank()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    one = threads_per_rank()
+    assert two == max(1, one // 2)
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch (the dist extra) is not installed")
+def test_the_dlpack_path_gives_the_same_values_on_the_cpu():
+    """run_device binds torch tensors by pointer and hands outputs back through DLPack: the
+    CUDA path's code, run here on the CPU provider with CPU tensors."""
+    import torch
+
+    program, rec = _program("moe", Strategy(ep=2, tp=2), 6)
+    for st, weights, env in list(_rank_segments(program, rec))[:6]:
+        runner = OrtRunner(st, weights)
+        host = runner.run({k: _value(env, k) for k in st.inputs})
+        dev = runner.run_device(
+            {k: torch.from_numpy(np.asarray(_value(env, k))) for k in st.inputs}
+        )
+        for k in host:
+            assert isinstance(dev[k], torch.Tensor)
+            assert np.array_equal(dev[k].numpy(), host[k]), k
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch (the dist extra) is not installed")
+def test_two_ranks_on_onnxruntime_equal_one_device(tmp_path):
+    from graphllm.runtime.dist.launch import launch
+    from tests.runtime.dist.support import assert_equal_to_reference, job, write_configs
+
+    configs = write_configs(tmp_path)
+    jobs = [
+        job(configs["dense"], "dense tp", strategy={"tp": 2}, runtime="onnxruntime"),
+        job(configs["moe"], "moe ep", strategy={"ep": 2}, runtime="onnxruntime"),
+        job(configs["deepseek"], "deepseek tp", strategy={"tp": 2}, runtime="onnxruntime"),
+        job(configs["dense"], "dense cp", strategy={"cp": 2}, runtime="onnxruntime"),
+    ]
+    cases = launch(jobs, 2)
+    for case, j in zip(cases, jobs):
+        assert {r["runtime"] for r in case["ranks"]} == {"onnxruntime"}
+        assert_equal_to_reference(case, j)
