@@ -409,6 +409,7 @@ def preflight(job: Job, nproc: int) -> Strategy:
         )
     if job.new_tokens < 1:
         raise ConfigError("--new-tokens must be at least 1")
+    require_runner(job.runtime)
     config = load_config(job.source)
     whole = step_graph(job, config, job.seq_len, 0)
     program = partition(whole, strategy)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -54,6 +55,14 @@ def job(source: str, name: str = "", **kw) -> Job:
 def reference(j: Job) -> tuple[list[np.ndarray], np.ndarray]:
     """Each step's logits and the greedy tokens of the unpartitioned graph on one numpy
     process (run_graph with the past K/V fed back), independent of graphllm.runtime.dist."""
+    return _reference(j.source, j.batch, j.seq_len, j.new_tokens, j.seed, j.mla, j.weights)
+
+
+@functools.cache  # the strategies of one config share it
+def _reference(
+    source: str, batch: int, seq_len: int, new_tokens: int, seed: int, mla: str, ckpt: str | None
+) -> tuple[list[np.ndarray], np.ndarray]:
+    j = Job(source, {}, batch, seq_len, new_tokens, seed, mla, ckpt)
     cfg = load_config(j.source)
 
     def graph(t: int, p: int):

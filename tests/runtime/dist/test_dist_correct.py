@@ -21,6 +21,13 @@ from tests.runtime.dist.support import (  # noqa: E402
     write_moe_checkpoint,
 )
 
+STRATEGIES = {
+    "tp sp": {"tp": 2, "sp": True},
+    "cp": {"cp": 2},
+    "pp mb": {"pp": 2, "microbatches": 2},
+    "dp": {"dp": 2},
+}
+
 
 @pytest.fixture(scope="module")
 def configs(tmp_path_factory):
@@ -47,8 +54,12 @@ def test_two_ranks(configs, tmp_path):
         job(configs["moe"], "moe ep", strategy={"ep": 2}),
         job(str(ckpt), "moe ep checkpoint", strategy={"ep": 2}, weights=str(ckpt)),
         job(configs["deepseek"], "deepseek tp", strategy={"tp": 2}),
+        job(configs["moe"], "moe tp", strategy={"tp": 2}),
         job(configs["deepseek"], "deepseek ep", strategy={"ep": 2}),
     ]
+    for family in ("moe", "deepseek"):  # the dense strategies on the other two families
+        for name, strategy in STRATEGIES.items():
+            jobs.append(job(configs[family], f"{family} {name}", strategy=strategy))
     cases = _check(jobs, 2)
     tp = cases[0]["ranks"]
     # every rank timed its all-reduces, and its blocks of the weights are half the tp-cut ones
