@@ -51,6 +51,8 @@ from graphllm.ops import COMMUNICATION, OPS
 from graphllm.passes.parallel.sharding import Mesh, block_index, operand_letters
 from graphllm.passes.registry import meta_result
 
+# the lowerings a segment exports with (their rows honour Lowering.offsets)
+SEGMENT_LOWERINGS = ("decomposed",)
 # the names the whole-model lowerings read without an IR node in the segment reading them
 _MODEL_INPUTS = ("input_ids", "attention_mask")
 
@@ -134,13 +136,21 @@ def export_segment(
     `inputs` are the values the nodes read from outside the segment (the program's inputs
     among them), `outputs` the values it hands on; `weights` holds the rank's block of every
     param the nodes read (each of the param's shape in `graph`), `coords` the rank's mesh
-    coordinates (`{"tp": 1}`), which fix its offsets into split axes. `ops` is the lowering
-    (decomposed, standard, ort: a fused region that the segment cuts is lowered node by node).
+    coordinates (`{"tp": 1}`), which fix its offsets into split axes. `ops` is the lowering:
+    decomposed (SEGMENT_LOWERINGS); a fused region that a segment cuts would be lowered node by
+    node, but the fused op sets are refused until their regions take a rank's program.
     """
     if dtype not in EXPORT_DTYPES:
         raise ConfigError(f"ONNX export runs in {' or '.join(EXPORT_DTYPES)}, not {dtype}")
     if ops not in LOWERINGS:
         raise ConfigError(f"unknown ONNX op set {ops!r}; known: {', '.join(LOWERINGS)}")
+    if ops not in SEGMENT_LOWERINGS:
+        # tried on onnxruntime 1.32: the fused regions want a whole layer's past K input, find
+        # an all_to_all where their expert pattern expects a linear, and read the whole vocab
+        raise ConfigError(
+            f"a segment exports with the {' or '.join(SEGMENT_LOWERINGS)} lowering; the {ops} "
+            "one's fused regions assume a whole model, not one rank's cut of it"
+        )
     members = [graph[name] for name in dict.fromkeys(nodes)]
     inside = {n.name for n in members}
     ins, outs = list(dict.fromkeys(inputs)), list(dict.fromkeys(outputs))

@@ -217,3 +217,13 @@ def test_positions_on_a_cut_token_axis_are_refused():
     weights = random_weights(g, seed=0)
     with pytest.raises(ConfigError, match="--runtime numpy"):
         export_segment(local, *seg, weights=weights, coords={"cp": 0})
+
+
+@pytest.mark.parametrize("ops", ["standard", "ort"])
+def test_the_fused_lowerings_are_refused_in_one_line(ops):
+    """Their regions read a whole model (all the vocab's rows, a layer's past K input): tried,
+    they fail or read out of bounds on a rank's program, so they are refused up front."""
+    _, local = _graph(TINY, DECODE, Strategy(tp=2))
+    seg = _segments(local)[1]
+    with pytest.raises(ConfigError, match="fused regions assume a whole model"):
+        export_segment(local, *seg, weights={}, ops=ops)
