@@ -271,7 +271,14 @@ def _cache_indices(c: Lowering) -> tuple[str, str]:
         n_new = c.scalar(c.dim("input_ids", 1, s), s)  # T
         one = c.const(1, hint="one")
         k = c.op("Range", [c.const(0, hint="zero"), n_key, one], s)  # (S,) key index
-        q = c.op("Range", [c.op("Sub", [n_key, n_new], s), n_key, one], s)  # (T,) query index
+        block, blocks = c.query_block
+        if blocks == 1:
+            q = c.op("Range", [c.op("Sub", [n_key, n_new], s), n_key, one], s)  # (T,) query index
+            return k, q
+        # a rank's block of the tokens (issue 21): n_new is the block's; the call has blocks x
+        # as many, and this block starts `block` blocks into them
+        first = c.op("Sub", [n_key, c.op("Mul", [n_new, c.const(blocks - block, hint="b")], s)], s)
+        q = c.op("Range", [first, c.op("Add", [first, n_new], s), one], s)  # (T/blocks,)
         return k, q
 
     return c.shared(("cache_indices",), make)

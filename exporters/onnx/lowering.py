@@ -120,6 +120,9 @@ class Lowering:
         # and a value of its own with the same axis, where it has no model input to ask the
         # batch or a length of: (model input, axis) -> (tensor, axis)
         self.dim_sources: dict[tuple[str, int], tuple[str, int]] = {}
+        # a rank holding block k of `blocks` of the new tokens (cp, ep on the tokens): the
+        # queries' cache index starts k blocks into the call's, not at its first position
+        self.query_block: tuple[int, int] = (0, 1)
 
     # emitting
     def _unique(self, name: str) -> str:

@@ -14,8 +14,10 @@ plain compute, which runs on onnxruntime through the lowerings of the whole-mode
 - Weights: the rank's own blocks, given by the caller, as initializers (made as the lowering
   stores them: transposed, packed).
 - A node whose op needs the rank's offset into a split axis (the vocab-parallel embedding) gets
-  it from the rank's mesh coordinates, as the numpy impls get `shard` in the SPMD interpreter.
-  Position-dependent ops on a cut token axis (context parallelism, ep on T) are refused.
+  it from the rank's mesh coordinates, as the numpy impls get `shard` in the SPMD interpreter;
+  a rank holding a block of the new tokens (cp, ep on T) gives the mask its block
+  (`Lowering.query_block`). longrope on a block of the tokens and a block of the keys are
+  refused (ConfigError), as are the fused lowerings.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
@@ -84,12 +87,30 @@ class _Offsets:
     graph: Graph
     coords: dict[str, int]
     _seen: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
+    query_block: tuple[int, int] | None = None  # (block, blocks) of a cut token axis
 
     def __call__(self, node: Node) -> dict[str, tuple[int, int]]:
         hit = self._seen.get(node.name)
         if hit is None:
             hit = self._seen[node.name] = self._compute(node)
         return hit
+
+    def _token_block(self, node: Node, role: str, splits: Any, blocks: int, mesh: Mesh) -> None:
+        """A position-dependent op on a block of the new tokens: the lowerings read the
+        queries' cache index (`Lowering.query_block`), the same block for every such op of a
+        rank; a block of the keys, or longrope's whole-call choice, they cannot express."""
+        block = (block_index(splits, mesh, self.coords), blocks)
+        if (
+            role != "token"
+            or "long_inv_freq" in node.attrs
+            or self.query_block not in (None, block)
+        ):
+            raise ConfigError(
+                f"{node.name} ({node.op}) reads absolute positions on a {role} axis cut over "
+                "ranks, which the onnxruntime segments do not express yet; run it with "
+                "--runtime numpy"
+            )
+        self.query_block = block
 
     def _compute(self, node: Node) -> dict[str, tuple[int, int]]:
         plan = self.graph.meta.get("partition")
@@ -107,13 +128,8 @@ class _Offsets:
                     continue
                 size = dims[j].size
                 if size is None:  # a cut batch or token axis: its offset depends on the run
-                    token = dims[j].role in TOKEN_ROLES
-                    if token and (needs_positions(OPS[node.op]) or "long_inv_freq" in node.attrs):
-                        raise ConfigError(
-                            f"{node.name} ({node.op}) reads absolute positions on a token axis "
-                            "cut over ranks (cp, or ep on the tokens), which the onnxruntime "
-                            "segments do not express yet; run it with --runtime numpy"
-                        )
+                    if dims[j].role in TOKEN_ROLES and needs_positions(OPS[node.op]):
+                        self._token_block(node, dims[j].role, sh.axes[j], sh.blocks(j), mesh)
                     continue
                 k = block_index(sh.axes[j], mesh, self.coords)
                 out[x] = (k * int(size), int(size) * sh.blocks(j))
@@ -161,9 +177,11 @@ def export_segment(
     names = {ref: tensor_name(graph, ref) for n in members for ref in (*n.inputs, *_refs(n))}
     regions = _whole_regions(graph, opset, inside, set(outs))
     c = Lowering(graph, dtype)
-    c.offsets = rank_offsets(graph, coords)
+    offsets = rank_offsets(graph, coords)
+    c.offsets = offsets
     for n in members:  # every node's, not only those a lowering asks: refuse what cannot run
-        c.offsets(n)
+        offsets(n)
+    c.query_block = offsets.query_block or (0, 1)
     c.dim_sources = _dim_sources(graph, members, ins, names)
     value_info = lower_nodes(c, opset, members, names, regions)
     out_names = {names[r] for r in outs}
@@ -263,7 +281,9 @@ def _dim_sources(
     wanted = {
         ("input_ids", 1): (tokens.name,),
         ("attention_mask", 0): (batch.name,),
-        ("attention_mask", 1): ("S", tokens.name),
+        # a rank's block of the tokens is `T/k` (the partition's name for a block); the keys of
+        # a prefill are the whole call's
+        ("attention_mask", 1): ("S", tokens.name.split("/")[0]),
     }
     out = {}
     for (model_input, axis), dim_names in wanted.items():

@@ -4,8 +4,8 @@ Each distinct segment is exported once per process (graphllm.exporters.onnx.segm
 program, its mesh coordinates and its weight blocks) and gets one InferenceSession, kept for the
 rest of the run: a decode step's program is rebuilt each step, but its segments print the same
 (the lengths are symbolic), so every step after the first decode reuses the first one's
-sessions. A segment the export cannot express (a position-dependent op on a token axis cut over
-ranks: cp, ep on the tokens) runs on the numpy interpreter instead, said once on stderr.
+sessions. A segment the export cannot express (longrope on a block of the tokens, a block of
+the keys) runs on the numpy interpreter instead, said once on stderr.
 
 CPU: the CPU provider, with the machine's cores shared between the ranks on it (intra-op
 threads = usable cores / local ranks, from torchrun's LOCAL_WORLD_SIZE or the launcher's

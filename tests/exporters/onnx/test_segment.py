@@ -11,7 +11,13 @@ import pytest
 import graphllm
 from graphllm.build.weights import random_weights
 from graphllm.errors import ConfigError, GraphllmError
-from graphllm.exporters.onnx.segment import SegmentCache, cut_point, export_segment, tensor_name
+from graphllm.exporters.onnx.segment import (
+    SegmentCache,
+    cut_point,
+    export_segment,
+    rank_offsets,
+    tensor_name,
+)
 from graphllm.ir import Ref
 from graphllm.models.config import config_from_dict
 from graphllm.ops import OPS, SOURCE
@@ -211,12 +217,36 @@ def test_a_missing_or_misshapen_weight_is_one_line():
         export_segment(local, *first, weights=whole, coords={"tp": 0})
 
 
-def test_positions_on_a_cut_token_axis_are_refused():
-    g, local = _graph(TINY, PREFILL, Strategy(cp=2))
-    seg = next(s for s in _segments(local) if any(local[x].op == "mask" for x in s[0]))
-    weights = random_weights(g, seed=0)
+@pytest.mark.parametrize("workload", [PREFILL, DECODE | {"seq_len": 2}], ids=["prefill", "decode"])
+@pytest.mark.parametrize(
+    ("config", "strategy"),
+    [
+        (TINY, Strategy(cp=2)),
+        (TINY, Strategy(cp=2, tp=2)),
+        (DEEPSEEK, Strategy(cp=2)),
+        (MOE, Strategy(ep=4)),  # batch 2: ep cuts the tokens
+    ],
+    ids=["cp", "cp-tp", "mla-cp", "moe-ep-on-tokens"],
+)
+def test_a_ranks_block_of_the_tokens_masks_from_its_own_queries(config, strategy, workload):
+    """cp (and ep on the tokens): each rank's queries are a block of the call's, K/V whole; its
+    mask starts its cache index that many blocks in (Lowering.query_block), as the numpy mask's
+    `shard` does."""
+    if strategy.ep > 1:
+        workload = workload | {"seq_len": 8 if workload is PREFILL else 4}
+    g, local = _graph(config, workload, strategy)
+    worst, runs = _compare(g, local)
+    assert runs >= strategy.devices
+    assert worst < 1e-5
+
+
+def test_a_block_of_the_keys_is_refused():
+    _, local = _graph(TINY, PREFILL, Strategy(cp=2))
+    mask = next(n for n in local.nodes() if n.op == "mask")
+    offsets = rank_offsets(local, {"cp": 0})
+    offsets.query_block = (1, 2)  # another block than this rank's: one rank, two blocks
     with pytest.raises(ConfigError, match="--runtime numpy"):
-        export_segment(local, *seg, weights=weights, coords={"cp": 0})
+        offsets(mask)
 
 
 @pytest.mark.parametrize("ops", ["standard", "ort"])
