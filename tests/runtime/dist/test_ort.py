@@ -186,3 +186,28 @@ def test_two_ranks_on_onnxruntime_equal_one_device(tmp_path):
     for case, j in zip(cases, jobs):
         assert {r["runtime"] for r in case["ranks"]} == {"onnxruntime"}
         assert_equal_to_reference(case, j)
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch (the dist extra) is not installed")
+def test_four_and_eight_ranks_on_onnxruntime_equal_one_device(tmp_path):
+    """dist-run's 4- and 8-rank cases (tests/runtime/dist/test_dist_correct.py) on onnxruntime."""
+    from graphllm.runtime.dist.launch import launch
+    from tests.runtime.dist.support import assert_equal_to_reference, job, write_configs
+
+    configs = write_configs(tmp_path)
+    ort = {"runtime": "onnxruntime"}
+    four = [
+        job(
+            configs["dense"],
+            "dense tp pp mb",
+            strategy={"tp": 2, "pp": 2, "microbatches": 2},
+            **ort,
+        ),
+        job(configs["dense"], "dense cp tp sp", strategy={"cp": 2, "tp": 2, "sp": True}, **ort),
+        job(configs["moe"], "moe ep tp", strategy={"ep": 2, "tp": 2}, **ort),
+        job(configs["deepseek"], "deepseek ep pp", strategy={"ep": 2, "pp": 2}, **ort),
+    ]
+    eight = [job(configs["moe"], "moe tp pp ep", strategy={"tp": 2, "pp": 2, "ep": 2}, **ort)]
+    for jobs, nproc in ((four, 4), (eight, 8)):
+        for case, j in zip(launch(jobs, nproc), jobs):
+            assert_equal_to_reference(case, j)
