@@ -130,7 +130,7 @@ def run(
     )
     if write_job is not None:
         check_target(write_job)
-        preflight(job, nproc)
+        preflight(job, nproc, local=False)
         write_text_atomic(write_job, json_text([job.to_dict()], indent=2))
         cmd = "torchrun --nproc-per-node N --nnodes M ... -m graphllm.runtime.dist.worker"
         click.echo(f"wrote {write_job}; on every machine: {cmd} {shlex.quote(str(write_job))}")

@@ -11,6 +11,7 @@ collectives would write through it into a weight or an earlier value) and come b
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -23,8 +24,6 @@ from graphllm.ir import Graph, Node
 from graphllm.ops import COMMUNICATION, OPS
 from graphllm.passes.parallel.sharding import Mesh
 from graphllm.runtime.dist.records import CollectiveTime
-
-DEVICE_AXES = ("dp", "pp", "cp", "ep", "tp")  # MESH_ORDER less `mb`: the device mesh
 
 
 def device_mesh(mesh: Mesh) -> Mesh:
@@ -88,7 +87,12 @@ class Comm:
             lower = LOWERINGS.get(node.op)
             if lower is None:
                 raise GraphllmError(f"{node.name}: no torch.distributed call for op {node.op}")
-            y, peer = lower(self, program, node, x, n)
+            try:
+                y, peer = lower(self, program, node, x, n)
+            except Exception as e:  # a peer gone or silent: say which call waited on whom
+                raise GraphllmError(
+                    f"{node.op} {node.name} over {axis} (group of {n}): {one_line(e)}"
+                ) from None
         seconds = time.perf_counter() - start
         moved = y if spec.payload == "output" or x is None else x  # a recv: what came
         rec = CollectiveTime(
@@ -124,6 +128,24 @@ class Comm:
     def peer(self, stage: int) -> int:
         """The global rank of the rank at pipeline stage `stage` with this rank's other coords."""
         return rank_of(self.world, self.coords | {"pp": stage})
+
+
+def one_line(e: BaseException) -> str:
+    """An exception as one line: its message's last non-empty line, without the C++ source
+    location torch and gloo put first."""
+    if isinstance(e, GraphllmError):
+        return str(e)
+    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+    last = re.sub(r"^\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", lines[-1]) if lines else ""
+    return f"{type(e).__name__}: {last[:300]}" if last else type(e).__name__
+
+
+def world_call(what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """A call over the world group (a barrier, pooling objects), its failure one line."""
+    try:
+        return fn(*args)
+    except Exception as e:
+        raise GraphllmError(f"{what}: {one_line(e)}") from None
 
 
 def _dtype(x: np.ndarray) -> np.dtype:

@@ -22,14 +22,16 @@ from graphllm.build.builder import build_graph
 from graphllm.build.weights import SafetensorsFolder, random_weights
 from graphllm.errors import ConfigError, GraphllmError, WeightsError
 from graphllm.ir import Graph, Node
+from graphllm.ir.opspec import position_origins
 from graphllm.models.config import load_config
 from graphllm.models.workload import Workload
 from graphllm.passes.parallel.partition import Strategy, partition
 from graphllm.passes.parallel.sharding import Mesh, Sharding
 from graphllm.passes.registry import meta_result
-from graphllm.runtime.dist.comm import Comm, device_mesh
+from graphllm.runtime.budget import require_interpreted
+from graphllm.runtime.dist.comm import Comm, device_mesh, world_call
 from graphllm.runtime.dist.records import RankRecord, SegmentTime, StepRecord
-from graphllm.runtime.dist.segments import Segment, cut, on_rank, require_runner, value_name
+from graphllm.runtime.dist.segments import Segment, Step, cut, on_rank, require_runner, value_name
 from graphllm.runtime.interpret import default_feeds
 from graphllm.runtime.spmd import assemble, block_index, shard
 
@@ -118,6 +120,9 @@ def generate(
     held: dict[tuple, dict[str, np.ndarray]] = {}
     prev: Graph | None = None
     step_ids = ids
+    last: Graph = whole
+    cuts: dict[tuple, list[Step]] = {}  # the step program's steps, per mesh coords
+    runners: dict[tuple, Any] = {}
     for k in range(job.new_tokens):
         start = time.perf_counter()
         if hook is not None:
@@ -126,8 +131,12 @@ def generate(
             g, prog, what = whole, program, "prefill"
         else:
             g = step_graph(job, config, 1, job.seq_len + k - 1)
-            prog = partition(g, decode_strategy(strategy))
             what = f"decode {k}"
+            if k > 1 and _rebinds(g, last, prog):
+                _rebind(prog, cuts, g.bindings)  # the same program, one more past position
+            else:
+                prog = partition(g, decode_strategy(strategy))
+                cuts, runners = {}, {}
             if meta_result(prog, "partition").stages != stages:
                 raise GraphllmError(
                     f"{what}: the pipeline balances the layers into other stages than the "
@@ -144,19 +153,49 @@ def generate(
             # link's and not the others' program build (outside the timed compute and comm)
             import torch.distributed as dist
 
-            dist.barrier()
+            world_call(f"the barrier starting {what}", dist.barrier)
         feeds = _feeds(g, step_ids)
-        held = _run_step(prog, world, coords, feeds, past, weights, factory, comm, clock, rec)
+        held = _run_step(
+            prog, world, coords, feeds, past, weights, factory, comm, clock, rec, cuts, runners
+        )
         logits = _whole_output(prog, "logits", held, comm, world)
         nxt = np.argmax(logits[:, -1, :], axis=-1).astype(np.int64)[:, None]
         out.tokens = np.concatenate([out.tokens, nxt], axis=1)
         if job.keep_logits:
             out.logits.append(logits)
-        step_ids, prev = nxt, prog
+        step_ids, prev, last = nxt, prog, g
         rec.seconds = time.perf_counter() - start
         rec.other_seconds = rec.seconds - rec.compute_seconds - rec.comm_seconds
         record.steps.append(rec)
     return out
+
+
+REBOUND = ("P", "S")  # what one more decode step changes: the past and whole lengths
+
+
+def _rebinds(g: Graph, last: Graph, prog: Graph) -> bool:
+    """Whether decode graph `g` is the previous step's graph `last` with P and S moved on, so
+    that its program is the previous one with those bindings moved on (no window or chunk size
+    that P passed, no rank axis cut on them): rebuilding and partitioning every step costs more
+    than a small model's step."""
+    if set(g.bindings) != set(last.bindings) or len(g) != len(last):
+        return False
+    if any(g.bindings[k] != last.bindings[k] for k in g.bindings if k not in REBOUND):
+        return False
+    return not any(k.split("/")[0] in REBOUND and "/" in k for k in prog.bindings)
+
+
+def _rebind(prog: Graph, cuts: dict[tuple, list[Step]], bindings: dict[str, Any]) -> None:
+    """Move the program's and its segments' P and S on, and the origins baked in them."""
+    moved = {k: bindings[k] for k in REBOUND if k in bindings}
+    prog.bindings.update(moved)
+    for steps in cuts.values():
+        for st in steps:
+            if isinstance(st, Segment):
+                st.graph.bindings.update(moved)
+                for n in st.graph.nodes():
+                    if "origin" in n.attrs:
+                        n.attrs["origin"] = position_origins(prog, prog[n.name])
 
 
 def _feeds(g: Graph, ids: np.ndarray) -> dict[str, np.ndarray]:
@@ -198,6 +237,8 @@ def _run_step(
     comm: Comm | None,
     clock: float,
     rec: StepRecord,
+    cuts: dict[tuple, list[Step]],
+    runners: dict[tuple, Any],
 ) -> dict[tuple, dict[str, np.ndarray]]:
     """Every microbatch of one step on this rank; the graph outputs it holds, per mesh coords."""
     mesh = meta_result(prog, "partition").mesh
@@ -213,9 +254,16 @@ def _run_step(
                 env[n.name] = shard(feeds[n.name], n.meta["sharding"][0], mesh, c)
             else:
                 env[n.name] = past[_key(mesh, c)][n.name]
-        for st in cut(prog, c):
+        key = _key(mesh, c)
+        if key not in cuts:
+            cuts[key] = cut(prog, c)
+        for st in cuts[key]:
             if isinstance(st, Segment):
-                runner = factory(st, weights)
+                runner = runners.get((key, st.index))
+                if runner is None:
+                    runner = factory(st, weights)
+                    if getattr(runner, "rebindable", False):  # it reads the rebound graph
+                        runners[(key, st.index)] = runner
                 t = time.perf_counter()
                 env.update(runner.run({k: env[k] for k in st.inputs}))
                 dt = time.perf_counter() - t
@@ -260,7 +308,7 @@ def _gather(
         import torch.distributed as dist
 
         pooled = [None] * dist.get_world_size()
-        dist.all_gather_object(pooled, mine)
+        world_call("pooling the ranks' outputs", dist.all_gather_object, pooled, mine)
     parts: dict[str, dict[tuple, np.ndarray]] = {k: {} for k in names}
     for got in pooled:
         for (k, key), v in got.items():  # type: ignore[union-attr]
@@ -397,10 +445,11 @@ def _read(
     return np.asarray(ckpt.stored(name)[idx], dtype=np.float32)
 
 
-def preflight(job: Job, nproc: int) -> Strategy:
+def preflight(job: Job, nproc: int, local: bool = True) -> Strategy:
     """What the ranks would refuse, refused here in one line before any starts: a strategy the
     model or workload cannot take (prefill or decode), a rank count that is not the mesh's, a
-    checkpoint that does not open."""
+    checkpoint that does not open; and (`local`: every rank on this machine) ranks that would
+    not fit in its memory together."""
     strategy = Strategy(**job.strategy)
     if strategy.devices != nproc:
         raise ConfigError(
@@ -422,6 +471,11 @@ def preflight(job: Job, nproc: int) -> Strategy:
             )
     if job.weights is not None:
         rank_weights_check(job, whole)
+    if local and job.runtime == "numpy":
+        # each rank holds its program's values; with random weights it draws them all first
+        held = whole if job.weights is None else program
+        what = f"graphllm run of {config.name} on {nproc} numpy rank(s)"
+        require_interpreted(held, what, runs=nproc)
     return strategy
 
 

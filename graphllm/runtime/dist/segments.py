@@ -85,6 +85,11 @@ RunnerFactory = Callable[[Segment, dict[str, np.ndarray]], SegmentRunner]
 class NumpyRunner:
     """A segment on the numpy interpreter (the op table's reference impls)."""
 
+    # it reads the segment's graph at each run, so it serves the next decode step too when the
+    # rank moves that graph's P and S on in place (rank._rebind); a runner without this
+    # attribute is made anew each step
+    rebindable = True
+
     def __init__(self, segment: Segment, weights: dict[str, np.ndarray]) -> None:
         self.segment = segment
         self._interp = Interpreter(segment.graph, {k: weights[k] for k in segment.params})

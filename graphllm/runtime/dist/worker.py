@@ -29,7 +29,7 @@ import numpy as np
 from graphllm.errors import GraphllmError
 from graphllm.files import json_text, write_atomic, write_text_atomic
 from graphllm.passes.parallel.partition import Strategy, make_mesh
-from graphllm.runtime.dist.comm import Comm, device_mesh
+from graphllm.runtime.dist.comm import Comm, device_mesh, one_line
 from graphllm.runtime.dist.rank import Job, generate
 
 # a test's hook: "K:KIND[:STEP]" makes rank K fail: raise (an error), exit (dies at once, no
@@ -61,14 +61,6 @@ def _hook(fault: tuple[str, str] | None) -> Any:
             time.sleep(1e6)
 
     return at
-
-
-def one_line(e: BaseException) -> str:
-    """An exception as one line: its message's last non-empty line (torch's carry a C++ trace)."""
-    if isinstance(e, GraphllmError):
-        return str(e)
-    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
-    return f"{type(e).__name__}: {lines[-1][:300] if lines else ''}".rstrip(": ")
 
 
 def _init(timeout: float, fault: tuple[str, str] | None) -> tuple[int, int, str]:

@@ -67,8 +67,15 @@ def test_two_ranks(configs, tmp_path):
     kinds = {c["kind"] for s in tp[0]["steps"] for c in s["collectives"]}
     assert {"all_reduce", "all_gather"} <= kinds
     assert [s["step"] for s in tp[0]["steps"]][:2] == ["prefill", "decode 1"]
-    dp = cases[4]["ranks"]
-    assert all(r["comm_seconds"] == 0 for r in dp)  # replicas never talk in inference
+    by = {c["name"]: c["ranks"] for c in cases}
+    assert all(r["comm_seconds"] == 0 for r in by["dense dp"])  # replicas never talk
+    # each rank holds its blocks only: tp halves every matrix (norms stay whole), ep the
+    # experts, read as slices of the checkpoint just as cut from the random weights
+    whole = by["dense dp"][0]["weight_bytes"]
+    assert all(r["weight_bytes"] < 0.55 * whole for r in by["dense tp"])
+    ep = [r["weight_bytes"] for r in by["moe ep checkpoint"]]
+    assert ep == [r["weight_bytes"] for r in by["moe ep"]]
+    assert all(b < 0.8 * by["moe dp"][0]["weight_bytes"] for b in ep)
 
 
 def test_four_ranks(configs):
