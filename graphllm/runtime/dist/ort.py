@@ -83,6 +83,11 @@ class OrtRunner:
     """A segment on onnxruntime, behind dist-run's SegmentRunner protocol: boundary values in
     by `Segment.inputs` name, `Segment.outputs` out."""
 
+    # the rank may keep it for the next decode step with P and S moved on (rank._rebind): the
+    # model's past and total lengths are symbolic, the positions are fed, and its mask reads
+    # the cache index from the shapes, never the baked `origin` attrs that the rebind updates
+    rebindable = True
+
     def __init__(
         self,
         segment: Segment,
