@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from graphllm.errors import ConfigError, GraphllmError
+from graphllm.exporters.onnx import LoweringError
 from graphllm.exporters.onnx.segment import SegmentCache, tensor_name
 from graphllm.runtime.dist.segments import NumpyRunner, Segment
 
@@ -111,7 +112,7 @@ class OrtRunner:
                 coords=segment.coords,
                 ops=ops,
             )
-        except ConfigError as e:  # what the export cannot express yet runs on numpy
+        except (ConfigError, LoweringError) as e:  # what it cannot express yet runs on numpy
             if not _SAID:  # once a process: every rank and step would say the same
                 _SAID.add(str(e))
                 why = str(e).split("; ")[0]
@@ -123,6 +124,12 @@ class OrtRunner:
         self._in = {tensor_name(program, r): v for r, v in zip(segment.in_refs, segment.inputs)}
         self._out = [tensor_name(program, r) for r in segment.out_refs]
         self._wanted = [i.name for i in self._session.get_inputs()]
+        unfed = [k for k in self._wanted if k not in self._in]
+        if unfed:  # a model input its lowering reads that the segment has no value for
+            raise GraphllmError(
+                f"segment {segment.index} of {program.name}: its ONNX model reads {unfed[0]}, "
+                "which is not among the segment's inputs"
+            )
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The segment's outputs for its boundary values (numpy arrays, on the host)."""
