@@ -88,6 +88,7 @@ class _Offsets:
     coords: dict[str, int]
     _seen: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
     query_block: tuple[int, int] | None = None  # (block, blocks) of a cut token axis
+    query_dim: str | None = None
 
     def __call__(self, node: Node) -> dict[str, tuple[int, int]]:
         hit = self._seen.get(node.name)
@@ -95,13 +96,17 @@ class _Offsets:
             hit = self._seen[node.name] = self._compute(node)
         return hit
 
-    def _token_block(self, node: Node, role: str, splits: Any, blocks: int, mesh: Mesh) -> None:
+    def _token_block(self, node: Node, dim: Dim, splits: Any, blocks: int, mesh: Mesh) -> None:
         """A position-dependent op on a block of the new tokens: the lowerings read the
         queries' cache index (`Lowering.query_block`), the same block for every such op of a
         rank; a block of the keys, or longrope's whole-call choice, they cannot express."""
-        block = (block_index(splits, mesh, self.coords), blocks)
+        block, role = (block_index(splits, mesh, self.coords), blocks), dim.role
+        # the queries come first among an op's position axes (b h t s): a later one cut is a
+        # block of the keys (sp's MLA prefill cuts its keys, where queries and keys are both T)
+        queries = next((d for d in node.out.dims if d.role in TOKEN_ROLES), None)
         if (
             role != "token"
+            or dim != queries
             or "long_inv_freq" in node.attrs
             or self.query_block not in (None, block)
         ):
@@ -111,6 +116,7 @@ class _Offsets:
                 "--runtime numpy"
             )
         self.query_block = block
+        self.query_dim = dim.name  # the block's own axis (`T/2`), which the mask counts
 
     def _compute(self, node: Node) -> dict[str, tuple[int, int]]:
         plan = self.graph.meta.get("partition")
@@ -129,7 +135,7 @@ class _Offsets:
                 size = dims[j].size
                 if size is None:  # a cut batch or token axis: its offset depends on the run
                     if dims[j].role in TOKEN_ROLES and needs_positions(OPS[node.op]):
-                        self._token_block(node, dims[j].role, sh.axes[j], sh.blocks(j), mesh)
+                        self._token_block(node, dims[j], sh.axes[j], sh.blocks(j), mesh)
                     continue
                 k = block_index(sh.axes[j], mesh, self.coords)
                 out[x] = (k * int(size), int(size) * sh.blocks(j))
@@ -182,7 +188,7 @@ def export_segment(
     for n in members:  # every node's, not only those a lowering asks: refuse what cannot run
         offsets(n)
     c.query_block = offsets.query_block or (0, 1)
-    c.dim_sources = _dim_sources(graph, members, ins, names)
+    c.dim_sources = _dim_sources(graph, members, ins, names, offsets.query_dim)
     value_info = lower_nodes(c, opset, members, names, regions)
     out_names = {names[r] for r in outs}
     _drop_unread_weight_reads(c, out_names)
@@ -267,7 +273,11 @@ def _whole_regions(graph: Graph, opset, inside: set[str], outs: set[Ref]) -> dic
 
 
 def _dim_sources(
-    graph: Graph, members: list[Node], ins: list[Ref], names: dict[Ref, str]
+    graph: Graph,
+    members: list[Node],
+    ins: list[Ref],
+    names: dict[Ref, str],
+    query_dim: str | None = None,
 ) -> dict[tuple[str, int], tuple[str, int]]:
     """Where the segment reads the batch, the new tokens' count and the keys' count that the
     mask's lowering asks `input_ids` and `attention_mask` for, when they are not its inputs:
@@ -279,7 +289,9 @@ def _dim_sources(
     refs = [*ins, *(ref for n in members for ref in _refs(n))]
     # the keys: S, or in a graph without a past (a prefill's) the new tokens themselves
     wanted = {
-        ("input_ids", 1): (tokens.name,),
+        # the queries a position-dependent op holds: a block of them where the segment's are
+        # cut (sp cuts them where the program's ids are whole, cp where they are cut too)
+        ("input_ids", 1): (query_dim or tokens.name,),
         ("attention_mask", 0): (batch.name,),
         # a rank's block of the tokens is `T/k` (the partition's name for a block); the keys of
         # a prefill are the whole call's
@@ -287,7 +299,7 @@ def _dim_sources(
     }
     out = {}
     for (model_input, axis), dim_names in wanted.items():
-        if model_input in held:
+        if model_input in held and query_dim is None:
             continue
         found = [
             (names[r], dims.index(d))
