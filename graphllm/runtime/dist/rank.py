@@ -11,6 +11,7 @@ cache that changes hands) goes through the world group, outside the timed cut po
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from graphllm.build.builder import build_graph
-from graphllm.build.weights import SafetensorsFolder, random_weights
+from graphllm.build.weights import SafetensorsFolder, random_tensors
 from graphllm.errors import ConfigError, GraphllmError, WeightsError
 from graphllm.ir import Graph, Node
 from graphllm.ir.opspec import position_origins
@@ -114,6 +115,9 @@ def generate(
         load_seconds=time.perf_counter() - t0,
     )
     factory = require_runner(job.runtime)
+    if comm is not None and comm.device != "cpu" and job.runtime == "onnxruntime":
+        # dist-ort's runner on onnxruntime's CUDA provider (no GPU here: never run)
+        factory = functools.partial(factory, device="cuda")
     ids = prompt_ids(job, vocab_of(whole))
     out = Generation(np.zeros((job.batch, 0), np.int64), record, prompt=ids)
     stages = meta_result(program, "partition").stages
@@ -377,8 +381,14 @@ def rank_weights(
     c = _mesh_coords(mesh, coords, 0)
     mine = [p for p in program.params() if on_rank(p, c)]
     if job.weights is None:
-        full = random_weights(whole, seed=job.seed)
-        return {p.name: _block(_rows(p, full[p.name]), p, mesh, c) for p in mine}
+        # drawn in the whole graph's order (each tensor's values depend on those before it),
+        # one tensor at a time: a rank holds its blocks and one whole tensor at most
+        want = {p.name: p for p in mine}
+        return {
+            n.name: _block(_rows(want[n.name], arr), want[n.name], mesh, c)
+            for n, arr in random_tensors(whole, job.seed, "fp32")
+            if n.name in want
+        }
     return _checkpoint_blocks(job.weights, whole, mine, mesh, c)
 
 
@@ -463,7 +473,10 @@ def preflight(job: Job, nproc: int, local: bool = True) -> Strategy:
     whole = step_graph(job, config, job.seq_len, 0)
     program = partition(whole, strategy)
     if job.new_tokens > 1:
-        decode = partition(step_graph(job, config, 1, job.seq_len), decode_strategy(strategy))
+        try:
+            decode = partition(step_graph(job, config, 1, job.seq_len), decode_strategy(strategy))
+        except ConfigError as e:
+            raise ConfigError(f"the decode steps (one new token): {e}") from None
         if meta_result(decode, "partition").stages != meta_result(program, "partition").stages:
             raise ConfigError(
                 f"--pp {strategy.pp}: the decode steps balance the layers into other stages "
@@ -472,8 +485,8 @@ def preflight(job: Job, nproc: int, local: bool = True) -> Strategy:
     if job.weights is not None:
         rank_weights_check(job, whole)
     if local and job.runtime == "numpy":
-        # each rank holds its program's values; with random weights it draws them all first
-        held = whole if job.weights is None else program
+        # each rank holds its program's values (its blocks of the weights among them)
+        held = program
         what = f"graphllm run of {config.name} on {nproc} numpy rank(s)"
         require_interpreted(held, what, runs=nproc)
     return strategy
