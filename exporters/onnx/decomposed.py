@@ -51,7 +51,26 @@ from graphllm.ir import Node
 # -- one lowering per op row -----------------------------------------------------------------
 @lowers("embedding")
 def _embedding(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
-    c.final("Gather", [i[1], i[0]], n, o, axis=0)  # (B, T, d): row of each token id
+    shard = c.offsets(n).get("v")
+    if shard is None:
+        c.final("Gather", [i[1], i[0]], n, o, axis=0)  # (B, T, d): row of each token id
+        return
+    # a vocab-parallel rank's block of the table: ids it does not hold read zeros (the other
+    # ranks' rows, summed in by the all-reduce after it)
+    s, rows = n.name, int(c.graph.type_of(n.inputs[1]).dims[0].size)  # type: ignore[arg-type]
+    local = c.op("Sub", [i[0], c.const(shard[0], hint="vocab_first")], s)
+    held = c.op(
+        "And",
+        [
+            c.op("GreaterOrEqual", [local, c.const(0, hint="zero")], s),
+            c.op("Less", [local, c.const(rows, hint="vocab_rows")], s),
+        ],
+        s,
+    )
+    row = c.op("Where", [held, local, c.const(0, hint="zero")], s)
+    picked = c.op("Gather", [i[1], row], s, axis=0)  # (B, T, d)
+    zero = c.const(0.0, c.dtype, "zero")
+    c.final("Where", [c.op("Unsqueeze", [held, c.const([-1])], s), picked, zero], n, o)
 
 
 @lowers("linear")
@@ -252,7 +271,14 @@ def _cache_indices(c: Lowering) -> tuple[str, str]:
         n_new = c.scalar(c.dim("input_ids", 1, s), s)  # T
         one = c.const(1, hint="one")
         k = c.op("Range", [c.const(0, hint="zero"), n_key, one], s)  # (S,) key index
-        q = c.op("Range", [c.op("Sub", [n_key, n_new], s), n_key, one], s)  # (T,) query index
+        block, blocks = c.query_block
+        if blocks == 1:
+            q = c.op("Range", [c.op("Sub", [n_key, n_new], s), n_key, one], s)  # (T,) query index
+            return k, q
+        # a rank's block of the tokens (issue 21): n_new is the block's; the call has blocks x
+        # as many, and this block starts `block` blocks into them
+        first = c.op("Sub", [n_key, c.op("Mul", [n_new, c.const(blocks - block, hint="b")], s)], s)
+        q = c.op("Range", [first, c.op("Add", [first, n_new], s), one], s)  # (T/blocks,)
         return k, q
 
     return c.shared(("cache_indices",), make)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,6 +113,16 @@ class Lowering:
         # and the positions they cover (a run past them is refused before onnxruntime sees it)
         self.tables: dict[str, int] = {}
         self.table_positions: int | None = None
+        # issue 21: a segment of one rank's program (graphllm.exporters.onnx.segment) gives each
+        # node the rank's block offsets of its split axes, as the SPMD interpreter gives the
+        # numpy impls attrs['shard']: letter -> (first index held, the whole axis's size)
+        self.offsets: Callable[[Node], dict[str, tuple[int, int]]] = lambda node: {}
+        # and a value of its own with the same axis, where it has no model input to ask the
+        # batch or a length of: (model input, axis) -> (tensor, axis)
+        self.dim_sources: dict[tuple[str, int], tuple[str, int]] = {}
+        # a rank holding block k of `blocks` of the new tokens (cp, ep on the tokens): the
+        # queries' cache index starts k blocks into the call's, not at its first position
+        self.query_block: tuple[int, int] = (0, 1)
 
     # emitting
     def _unique(self, name: str) -> str:
@@ -179,6 +189,7 @@ class Lowering:
 
     def dim(self, tensor: str, axis: int, scope: str) -> str:
         """Size of one axis of a tensor, as a 1-element int64 vector."""
+        tensor, axis = self.dim_sources.get((tensor, axis), (tensor, axis))
         return self.shared(
             ("dim", tensor, axis),
             lambda: self.op("Shape", [tensor], scope, start=axis, end=axis + 1),
@@ -285,19 +296,8 @@ def lower(
     except LoweringError as e:
         raise LoweringError(f"the {ops} lowering cannot express {graph.name}: {e}") from None
     c = Lowering(graph, dtype, quantize, stored_format)
-    inputs, value_info = [], []
-    for n in graph.nodes():
-        if n.op == "input":
-            inputs += _input_infos(n)
-            continue
-        if n.op == "param":
-            continue
-        if n.name not in regions:
-            value_info += _lower_node(c, opset, n, names)
-            continue
-        region = regions[n.name]
-        if region is not None:  # the region's last node: emit it here
-            region.emit(c, names)
+    inputs = [info for n in graph.nodes() if n.op == "input" for info in _input_infos(n)]
+    value_info = lower_nodes(c, opset, graph.nodes(), names, regions)
     _drop_unread_weight_reads(c, set(graph.outputs))
     plan = _plan(graph, c)
     if weights_as_inputs:
@@ -329,6 +329,28 @@ def lower(
         stored = {k: v for k, v in c.nbits_stored.items() if k not in plain}  # not a tied table
         model.metadata_props.add(key="graphllm.stored", value=json.dumps(stored))
     return model, plan
+
+
+def lower_nodes(
+    c: Lowering,
+    opset: OpSet,
+    nodes: Iterable[Node],
+    names: dict[Ref, str],
+    regions: dict[str, Region | None],
+) -> list[onnx.ValueInfoProto]:
+    """Emit `nodes` (in graph order; sources are skipped) into `c`, a fused region where its last
+    node is; the types of the values that are not graph outputs."""
+    value_info = []
+    for n in nodes:
+        if n.op in ("input", "param"):
+            continue
+        if n.name not in regions:
+            value_info += _lower_node(c, opset, n, names)
+            continue
+        region = regions[n.name]
+        if region is not None:  # the region's last node: emit it here
+            region.emit(c, names)
+    return value_info
 
 
 def _drop_unread_weight_reads(c: Lowering, outputs: set[str]) -> None:

@@ -18,20 +18,12 @@ from graphllm.errors import GraphError, GraphllmError
 from graphllm.ir import Graph, Node
 from graphllm.ir.opspec import needs_positions, position_origins
 from graphllm.ops import OPS, bind_node
-from graphllm.passes.parallel.sharding import Mesh, Sharding, operand_letters
+from graphllm.passes.parallel.sharding import Mesh, Sharding, block_index, operand_letters
 from graphllm.passes.registry import meta_result
 from graphllm.runtime.budget import require_interpreted
 from graphllm.runtime.interpret import Interpreter
 
 Coords = tuple[int, ...]
-
-
-def block_index(sh_axis: tuple[tuple[str, int], ...], mesh: Mesh, c: dict[str, int]) -> int:
-    """Which block of an axis rank `c` holds: its splits read outermost first."""
-    idx = 0
-    for m, blocks in sh_axis:
-        idx = idx * blocks + c[m] // (mesh.size(m) // blocks)
-    return idx
 
 
 def shard(full: np.ndarray, sh: Sharding, mesh: Mesh, c: dict[str, int]) -> np.ndarray:

@@ -670,3 +670,11 @@ def hoist_gathers(g: Graph) -> Graph:
         if gathered.name != name:
             g.rename(gathered, a.name)
     return g
+
+
+def block_index(sh_axis: tuple[Split, ...], mesh: Mesh, c: dict[str, int]) -> int:
+    """Which block of an axis rank `c` holds: its splits read outermost first."""
+    idx = 0
+    for m, blocks in sh_axis:
+        idx = idx * blocks + c[m] // (mesh.size(m) // blocks)
+    return idx

@@ -31,7 +31,9 @@ def test_one_process_is_the_reference(tmp_path):
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["tokens"] == _tokens(source)
-    assert doc["nproc"] == 1 and doc["backend"] == "none" and doc["runtime"] == "numpy"
+    assert (
+        doc["nproc"] == 1 and doc["backend"] == "none" and doc["runtime"] == "onnxruntime"
+    )  # auto, with the ort runner built in
     assert [s["step"] for s in doc["ranks"][0]["steps"]] == ["prefill", "decode 1", "decode 2"]
 
 

@@ -1,0 +1,185 @@
+"""Segments of a rank's program on onnxruntime (`graphllm run --runtime onnxruntime`).
+
+Each distinct segment is exported once per process (graphllm.exporters.onnx.segment: the rank's
+program, its mesh coordinates and its weight blocks) and gets one InferenceSession, kept for the
+rest of the run: a decode step's program is rebuilt each step, but its segments print the same
+(the lengths are symbolic), so every step after the first decode reuses the first one's
+sessions. A segment the export cannot express (longrope on a block of the tokens, a block of
+the keys) runs on the numpy interpreter instead, said once on stderr.
+
+CPU: the CPU provider, with the machine's cores shared between the ranks on it (intra-op
+threads = usable cores / local ranks, from torchrun's LOCAL_WORLD_SIZE or the launcher's
+WORLD_SIZE). CUDA (`device="cuda"`, onnxruntime-gpu): the CUDA provider on the rank's
+LOCAL_RANK device, inputs and outputs bound on the device through IO binding, and
+`run_device` takes and gives torch CUDA tensors through DLPack, so NCCL collectives read what
+onnxruntime wrote without a copy to the host. The CUDA path is written but has not run: no GPU
+was at hand (docs/run.md says what ran where).
+
+torch is never imported here: the CUDA path reaches it only through the tensors handed in.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from graphllm.errors import ConfigError, GraphllmError
+from graphllm.exporters.onnx import LoweringError
+from graphllm.exporters.onnx.segment import SegmentCache, tensor_name
+from graphllm.runtime.dist.segments import NumpyRunner, Segment
+
+_EXPORTS = SegmentCache()
+# sessions by the exported model's bytes' identity (the cache hands back the same object): a
+# few hundred segments at most per rank and run; bounded so that a test process running many
+# configs one after another does not keep every one's sessions
+_SESSIONS: OrderedDict[int, tuple[bytes, Any]] = OrderedDict()
+_MAX_SESSIONS = 512
+_SAID: set[str] = set()
+
+
+def threads_per_rank() -> int:
+    """The cores this process may use, shared evenly between the ranks of this machine."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    local = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or "1"
+    try:
+        ranks = max(1, int(local))
+    except ValueError:
+        ranks = 1
+    return max(1, (cores or 1) // ranks)
+
+
+def _session(model: bytes, device: str) -> Any:
+    import onnxruntime as ort  # an optional extra: only when a segment runs on it
+
+    key = id(model)
+    hit = _SESSIONS.get(key)
+    if hit is not None and hit[0] is model:
+        _SESSIONS.move_to_end(key)
+        return hit[1]
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads_per_rank()
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3  # warnings about unused initializers are not the user's
+    if device == "cuda":
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise GraphllmError(
+                "--device cuda: this onnxruntime has no CUDA provider (install onnxruntime-gpu)"
+            )
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        providers: list[Any] = [("CUDAExecutionProvider", {"device_id": local_rank})]
+    else:
+        providers = ["CPUExecutionProvider"]
+    sess = ort.InferenceSession(model, opts, providers=providers)
+    _SESSIONS[key] = (model, sess)  # the bytes held with it: their id is not reused meanwhile
+    while len(_SESSIONS) > _MAX_SESSIONS:
+        _SESSIONS.popitem(last=False)
+    return sess
+
+
+class OrtRunner:
+    """A segment on onnxruntime, behind dist-run's SegmentRunner protocol: boundary values in
+    by `Segment.inputs` name, `Segment.outputs` out."""
+
+    # the rank may keep it for the next decode step with P and S moved on (rank._rebind): the
+    # model's past and total lengths are symbolic, the positions are fed, and its mask reads
+    # the cache index from the shapes, never the baked `origin` attrs that the rebind updates
+    rebindable = True
+
+    def __init__(
+        self,
+        segment: Segment,
+        weights: dict[str, np.ndarray],
+        device: str = "cpu",
+        ops: str = "decomposed",
+    ) -> None:
+        if segment.program is None:
+            raise GraphllmError(f"segment {segment.index} carries no rank program to export")
+        self.segment = segment
+        self.device = device
+        self._fallback: NumpyRunner | None = None
+        program = segment.program
+        try:
+            model = _EXPORTS.get(
+                program,
+                segment.nodes,
+                segment.in_refs,
+                segment.out_refs,
+                weights=weights,
+                coords=segment.coords,
+                ops=ops,
+            )
+        except (ConfigError, LoweringError) as e:  # what it cannot express yet runs on numpy
+            if not _SAID:  # once a process: every rank and step would say the same
+                _SAID.add(str(e))
+                why = str(e).split("; ")[0]
+                print(f"note: {why}: such segments run on numpy", file=sys.stderr)
+            self._fallback = NumpyRunner(segment, weights)
+            return
+        self._session = _session(model, device)
+        # ONNX names <-> the protocol's value names (they differ for graph outputs: `logits`)
+        self._in = {tensor_name(program, r): v for r, v in zip(segment.in_refs, segment.inputs)}
+        self._out = [tensor_name(program, r) for r in segment.out_refs]
+        self._wanted = [i.name for i in self._session.get_inputs()]
+        unfed = [k for k in self._wanted if k not in self._in]
+        if unfed:  # a model input its lowering reads that the segment has no value for
+            raise GraphllmError(
+                f"segment {segment.index} of {program.name}: its ONNX model reads {unfed[0]}, "
+                "which is not among the segment's inputs"
+            )
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The segment's outputs for its boundary values (numpy arrays, on the host)."""
+        if self._fallback is not None:
+            return self._fallback.run(feeds)
+        given = {k: np.ascontiguousarray(feeds[self._in[k]]) for k in self._wanted}
+        if self.device == "cuda":
+            binding = self._session.io_binding()
+            for k, v in given.items():
+                binding.bind_cpu_input(k, v)
+            for k in self._out:
+                binding.bind_output(k, "cuda")
+            self._session.run_with_iobinding(binding)
+            got = binding.copy_outputs_to_cpu()
+        else:
+            got = self._session.run(self._out, given)
+        return dict(zip(self.segment.outputs, got))
+
+    def run_device(self, feeds: dict[str, Any]) -> dict[str, Any]:
+        """Boundary values as torch tensors on the runner's device in, torch tensors on it out,
+        never through the host (on CUDA: what the NCCL collectives take). Inputs are bound by
+        their data pointers; outputs are bound on the device, onnxruntime allocates them, and
+        each goes to torch through DLPack (an OrtValue has `__dlpack__`), so the next
+        collective reads onnxruntime's buffer in place. Run here on the CPU with CPU tensors
+        (tests/runtime/dist/test_ort.py); on CUDA it has not run (no GPU at hand)."""
+        if self._fallback is not None:
+            raise GraphllmError(
+                f"segment {self.segment.index} runs on numpy, which takes host arrays"
+            )
+        binding = self._session.io_binding()
+        # a binding holds a pointer, not the tensor: a strided input's contiguous copy must
+        # outlive the run (seen: freed copies read as garbage when only the pointer was kept)
+        held = [feeds[self._in[k]].contiguous() for k in self._wanted]
+        for k, x in zip(self._wanted, held):
+            np_type = _NP_OF_TORCH[str(x.dtype)]
+            index = x.device.index or 0
+            binding.bind_input(k, self.device, index, np_type, tuple(x.shape), x.data_ptr())
+        for k in self._out:
+            binding.bind_output(k, self.device)
+        self._session.run_with_iobinding(binding)
+        del held
+        from_dlpack = _from_dlpack(next(iter(feeds.values())))
+        return {v: from_dlpack(o) for v, o in zip(self.segment.outputs, binding.get_outputs())}
+
+
+# the dtypes a segment's boundary holds
+_NP_OF_TORCH = {"torch.float32": np.float32, "torch.float16": np.float16, "torch.int64": np.int64}
+
+
+def _from_dlpack(like: Any) -> Any:
+    """torch.from_dlpack, reached through the module of a tensor the caller handed in (so this
+    module never imports torch)."""
+    return sys.modules[type(like).__module__.split(".")[0]].from_dlpack
