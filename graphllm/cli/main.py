@@ -25,7 +25,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "calibrate": (
         "graphllm.cli.hardware",
         "calibrate",
-        "Measure this machine (matmul FLOP/s, read bandwidth) for `--hardware local`.",
+        "Measure this machine (read bandwidth by working set, GEMM rates by shape) for "
+        "`--hardware local`.",
     ),
     "export": (
         "graphllm.cli.export",
@@ -61,7 +62,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "serving": (
         "graphllm.cli.serving",
         "serving",
-        "Serving figures of one replica: TTFT, time per output token, tokens/s, largest batch.",
+        "Serving figures: TTFT, time per output token, tokens/s, the largest batch, the curve.",
     ),
     "trace": (
         "graphllm.cli.trace",

@@ -224,7 +224,9 @@ def _tables(
         step = _counter(bars, f"read sweep, {len(sizes)} working sets", len(sizes))
         read = tables.read_sweep(sizes, threads, repeats, budget, step)
         step = _counter(bars, f"GEMM table, {len(shapes)} shapes", len(shapes) * len(ms))
-        gemm = tables.gemm_table(shapes, ms, threads, repeats, budget, step)
+        gemm = tables.gemm_table(
+            shapes, ms, threads, repeats, budget, step, max_bytes=memory_available() // 4
+        )
     return {
         "runtime": tables.runtime_name(),
         "read_bandwidth": [{"bytes": b, "bandwidth": r} for b, r in read],

@@ -180,6 +180,12 @@ def read_sweep(
     return sorted(out)
 
 
+# copies of a GEMM's weight (and of its activations) alive at once while onnxruntime builds and
+# runs its session: the array, the serialized model, the parsed initializer, the prepacked
+# matrix, with headroom for its arena and the address space its thread pools reserve
+COPIES = 8
+
+
 def gemm_table(
     shapes: Sequence[tuple[int, int]],
     ms: Sequence[int],
@@ -187,14 +193,31 @@ def gemm_table(
     repeats: int,
     budget: float,
     step: Callable[[], None] = lambda: None,
+    max_bytes: int | None = None,
 ) -> list[tuple[int, int, int, float]]:
     """(M, K, N, FLOP/s) for each (K, N) of `shapes` and each M of `ms` up to GEMM_MAX_FLOP;
     once `budget` seconds are spent, the Ms not reached yet at each shape are left out (its
-    smallest M and largest, the two ends of the interpolation, always measured)."""
+    smallest M and largest, the two ends of the interpolation, always measured).
+
+    Within `max_bytes`, N is cut so that COPIES fp32 weights fit (a 405B's 16384 x 53248 FFN is
+    3.25 GiB a copy) and an M whose input and output do not fit COPIES times is left out; the
+    table records the (K, N) it timed, so the roofline reads a shape that was measured."""
     start, out = time.perf_counter(), []
+    if max_bytes is not None:
+        shapes = list(
+            dict.fromkeys((k, max(1, min(n, max_bytes // (4 * COPIES * k)))) for k, n in shapes)
+        )
     for k, n in shapes:
         w = np.random.default_rng(0).random((k, n), dtype=np.float32)
-        fits = [m for m in ms if m == ms[0] or 2.0 * m * k * n <= GEMM_MAX_FLOP]
+        fits = [
+            m
+            for m in ms
+            if m == ms[0]
+            or (
+                2.0 * m * k * n <= GEMM_MAX_FLOP
+                and (max_bytes is None or 4 * COPIES * m * (k + n) <= max_bytes)
+            )
+        ]
         order = [fits[0], fits[-1], *fits[1:-1]] if len(fits) > 1 else fits
         for i, m in enumerate(order):
             if i >= 2 and time.perf_counter() - start > budget:

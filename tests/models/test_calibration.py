@@ -96,3 +96,14 @@ def test_tables_round_trip_through_the_local_file_and_ideal_drops_them(cache_dir
         ideal = load_hardware("local")
     assert ideal.calibration is None and ideal.rate_model == "ideal"
     assert ideal.bandwidth() == 17.4e9  # the peak model's one figure, as before the tables
+
+
+def test_gemm_table_cuts_shapes_to_the_memory_it_may_use():
+    """A shape whose weight would not fit is timed with N cut to what fits, and an M whose
+    activations would not fit is left out (405B's FFN in 1.5 GiB died of bad_alloc before)."""
+    from graphllm.runtime.calibrate_tables import COPIES, gemm_table
+
+    cap = 4 * COPIES * 64 * 512
+    rows = gemm_table([(64, 4096), (64, 8192)], [1, 2, 128], 1, 1, 0.1, max_bytes=cap)
+    assert {(m, k, n) for m, k, n, _ in rows} == {(1, 64, 512), (2, 64, 512)}
+    assert all(rate > 0 for *_, rate in rows)
