@@ -23,7 +23,7 @@ Conventions (README, "Costs"):
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -302,14 +302,17 @@ def cost_pass(
     training: bool = False,
 ) -> CostReport:
     """Cost every node (into node.meta['cost']) and roll the totals up."""
+    cost_nodes(graph, attention, training)
+    costs = ((n.name, n.op, n.meta["cost"]) for n in graph.nodes())
+    return roll_up(costs, lambda name: scopes_of(graph, name), attention, training)
+
+
+def cost_nodes(graph: Graph, attention: str = "flash", training: bool = False) -> None:
+    """Cost every node into node.meta['cost'], without the totals: for a caller that reads
+    the nodes' costs alone (plan, on hundreds of rank programs)."""
     c = _Costing(graph, attention, training)
-
-    def costed() -> Iterator[tuple[str, str, OpCost]]:
-        for n in graph.nodes():
-            oc = n.meta["cost"] = c.cost(n)
-            yield n.name, n.op, oc
-
-    return roll_up(costed(), lambda name: scopes_of(graph, name), attention, training)
+    for n in graph.nodes():
+        n.meta["cost"] = c.cost(n)
 
 
 def roll_up(

@@ -189,7 +189,8 @@ def analyse(
         users = graph.users(n)  # a weight goes with the first node that reads it
         return (slots[at[users[0].name]] if users else slots[0],)
 
-    tally(graph, hw, attention, training is not None, part_of)
+    # partition verified the program it built, last: not again
+    tally(graph, hw, attention, training is not None, part_of, verified=True)
     for p in slots:
         for c in p.collectives:
             p.comm[(c.kind, c.axis)] = p.comm.get((c.kind, c.axis), 0.0) + (c.seconds or 0.0)
@@ -499,8 +500,10 @@ def _program(
         try:
             # one unpartitioned graph per microbatch size: partition leaves its input as it was
             if ("graph", b_mb) not in memo:
-                memo["graph", b_mb] = build_graph(small, dataclasses.replace(wl, batch=b_mb))
-            g = partition(memo["graph", b_mb], sub, hw)  # type: ignore[arg-type]
+                built = build_graph(small, dataclasses.replace(wl, batch=b_mb))
+                built.verify()  # once: partition leaves it as it was
+                memo["graph", b_mb] = built
+            g = partition(memo["graph", b_mb], sub, hw, verified=True)  # type: ignore[arg-type]
             memo[key] = analyse(g, hw, attention, training)
         except GraphllmError as e:
             memo[key] = e
