@@ -444,7 +444,8 @@ def partition(
     if strategy.cp > 1 and wl.past_len:
         notes.append("cp with a KV cache: each rank holds the whole past K/V")
     scatter = frozenset({"tp"}) if strategy.sp else frozenset()
-    local = hoist_gathers(spmd(graph, mesh, seeded, scatter))
+    # verified whole below: the op table's types need not be inferred as each node is added
+    local = hoist_gathers(spmd(graph, mesh, seeded, scatter, checked=False))
     n_layers = cfg.num_hidden_layers
     plan = PartitionPlan(strategy, mesh, ((0, n_layers - 1),), split, tuple(notes))
     local.meta["partition"] = plan

@@ -226,8 +226,10 @@ class _SPMD:
         seeds: dict[str, Sharding],
         scatter: frozenset[str],
         keep_split: frozenset[str],
+        checked: bool = True,
     ) -> None:
         self.src, self.mesh, self.seeds = graph, mesh, seeds
+        self.checked = checked  # each node's local types against the op table's, as it is added
         self.scatter = scatter  # mesh axes with sequence parallelism: reduce-scatter on tokens
         self.keep_split = keep_split  # roles whose splits graph outputs keep (tokens, batch)
         self.g = graph.derive()
@@ -584,7 +586,10 @@ class _SPMD:
         if "sizes" in attrs:
             attrs["sizes"] = [int(lt.dims[-1].size) for lt in local_outs]  # type: ignore[arg-type]
         refs = [a.ref for a in args]
-        node = self.g.add(n.op, n.name, refs, attrs)  # type: ignore[arg-type]
+        if not self.checked:  # the caller verifies the whole program after (partition)
+            node = self.g.add(n.op, n.name, refs, attrs, tuple(local_outs))  # type: ignore[arg-type]
+        else:
+            node = self.g.add(n.op, n.name, refs, attrs)  # type: ignore[arg-type]
         if node.outputs != tuple(local_outs):
             got = ", ".join(str(t) for t in node.outputs)
             want = ", ".join(str(t) for t in local_outs)
@@ -617,9 +622,13 @@ def spmd(
     seeds: dict[str, Sharding],
     scatter: frozenset[str] = frozenset(),
     keep_split: frozenset[str] = frozenset({"batch", *TOKEN_ROLES}),
+    checked: bool = True,
 ) -> Graph:
-    """The program of one rank of `mesh` for `graph`, its sources laid out as `seeds` say."""
-    t = _SPMD(graph, mesh, seeds, scatter, keep_split)
+    """The program of one rank of `mesh` for `graph`, its sources laid out as `seeds` say.
+    `checked`: infer each node's outputs from the op table as it is added and compare them with
+    the layout's local types; False for a caller that verifies the program it gets (partition),
+    which checks the same thing once."""
+    t = _SPMD(graph, mesh, seeds, scatter, keep_split, checked)
     for n in graph.nodes():
         t.node(n)
     return t.finish()
