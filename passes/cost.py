@@ -250,7 +250,7 @@ def scopes_of(graph: Graph, name: str) -> list[tuple[str, str]]:
     """(prefix, kind) of every declared scope that contains node `name`."""
     cached = graph.meta.get("_scopes_of")
     if cached is None or cached[0] != graph.version:
-        cached = graph.meta["_scopes_of"] = (graph.version, {})
+        cached = graph.meta["_scopes_of"] = (graph.version, _names_cache(graph))
     cache = cached[1]
     hit = cache.get(name)
     if hit is None:
@@ -264,6 +264,22 @@ def scopes_of(graph: Graph, name: str) -> list[tuple[str, str]]:
                 hit.append((prefix, kind))
         cache[name] = hit
     return hit
+
+
+# name -> its scopes, per distinct scopes table: a name's scopes depend on the table alone, and
+# plan's hundreds of rank programs (and a graph after each change) share one table's names
+_BY_TABLE: dict[tuple, dict[str, list[tuple[str, str]]]] = {}
+_TABLES_KEPT = 8
+
+
+def _names_cache(graph: Graph) -> dict[str, list[tuple[str, str]]]:
+    table = tuple(graph.meta.get("scopes", {}).items())
+    cache = _BY_TABLE.get(table)
+    if cache is None:
+        if len(_BY_TABLE) >= _TABLES_KEPT:  # the oldest goes: a process may build many models
+            del _BY_TABLE[next(iter(_BY_TABLE))]
+        cache = _BY_TABLE[table] = {}
+    return cache
 
 
 def layer_of(graph: Graph, name: str) -> str:
