@@ -359,11 +359,8 @@ class _SPMD:
                 raise GraphError(f"{n.name} ({n.op}): a seed on a node that is no weight's view")
             return
         rel = _related(spec.carries)
-        sig = spec.signature
-        ins = [_letters(op, t.rank) for op, t in zip(sig.inputs, self.src.input_types(n))]
-        outs = [_letters(op, t.rank) for op, t in zip(sig.outputs, n.outputs)]
+        ins, outs, flat = self._node_letters(n, spec)
         args = [self._arg(n, i, ins[i]) for i in range(len(n.inputs))]
-        flat = [x for o in outs for x in o]
         targets = {m: self._decide(n, spec, args, flat, rel, m) for m in self.mesh.names}
         for a in args:
             self._place(a)
@@ -380,6 +377,21 @@ class _SPMD:
             )
             out_sh.append(Sharding(axes, partial))
         self._emit(n, args, out_sh)
+
+    def _node_letters(self, n: Node, spec: Any) -> tuple[list, list, list[str]]:
+        """The letters of a source node's inputs and outputs, and the outputs' flattened: the
+        same in every program partitioned from one graph, so kept with it (plan partitions one
+        graph for every layout)."""
+        cached = self.src.meta.get("_spmd_letters")
+        if cached is None or cached[0] != self.src.version:
+            cached = self.src.meta["_spmd_letters"] = (self.src.version, {})
+        hit = cached[1].get(n.name)
+        if hit is None:
+            sig = spec.signature
+            ins = [_letters(op, t.rank) for op, t in zip(sig.inputs, self.src.input_types(n))]
+            outs = [_letters(op, t.rank) for op, t in zip(sig.outputs, n.outputs)]
+            hit = cached[1][n.name] = (ins, outs, [x for o in outs for x in o])
+        return hit
 
     def _loads_rows(self, n: Node) -> bool:
         """A seeded view of a weight's rows (Mamba2's in_proj read per group) read straight
@@ -409,12 +421,16 @@ class _SPMD:
     ) -> tuple[Split, ...]:
         """The splits of the output axis of letter `y` (dim `d`): each mesh axis whose target
         cuts `y`, as it cuts an input axis of a letter related to it."""
+        # the mesh axes whose target `y` is related to: most output letters have none
+        live = {m: t for m, (t, _) in targets.items() if t is not None and rel(y, t)}
+        if not live:
+            return ()
         splits: list[Split] = []
         for a in args:
             for i, x in enumerate(a.letters):
                 for s in a.sh.axes[i]:
-                    t = targets[s[0]][0]
-                    if t is None or not (rel(x, t) and rel(y, t)):
+                    t = live.get(s[0])
+                    if t is None or not rel(x, t):
                         continue
                     if s[0] not in [q for q, _ in splits]:
                         splits.append(self._carry(s, d, x != y))
