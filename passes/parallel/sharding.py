@@ -237,6 +237,16 @@ class _SPMD:
         self.memo: dict[tuple, tuple[Ref, Sharding]] = {}
         self.reduced: dict[tuple[Ref, str], tuple[Ref, Sharding]] = {}
         self.sliced: dict[Ref, tuple[tuple[str, int], tuple[Ref, Sharding]]] = {}
+        self._types: dict[tuple[TensorType, tuple[int, ...]], TensorType] = {}
+
+    def _local(self, t: TensorType, sh: Sharding, where: str) -> TensorType:
+        """`local_type` of this program (one bindings): a collective asks it for the same
+        tensor and layout as the nodes around it; a failure is raised afresh, naming `where`."""
+        key = (t, sh._blocks)  # the type depends on the blocks of each axis alone
+        hit = self._types.get(key)
+        if hit is None:
+            hit = self._types[key] = local_type(t, sh, self.g.bindings, where)
+        return hit
 
     # -- values ------------------------------------------------------------------------------
     def _arg(self, n: Node, i: int, letters: list[str]) -> _Arg:
@@ -256,14 +266,14 @@ class _SPMD:
         if a.ref is not None:
             return
         src = self.src[a.src]
-        t = local_type(a.gtype, a.sh, self.g.bindings, a.src)
+        t = self._local(a.gtype, a.sh, a.src)
         node = self.g.add(src.op, src.name, (), {**src.attrs, "type": t})
         node.meta["sharding"] = (a.sh,)
         a.ref = Ref(node.name)
         self.val[a.ref] = (a.ref, a.sh)
 
     def _ltype(self, a: _Arg, sh: Sharding) -> TensorType:
-        return local_type(a.gtype, sh, self.g.bindings, a.src)
+        return self._local(a.gtype, sh, a.src)
 
     # -- collectives -------------------------------------------------------------------------
     def _collective(self, op: str, a: _Arg, m: str, sh: Sharding, **attrs: Any) -> None:
@@ -589,9 +599,8 @@ class _SPMD:
 
     def _emit(self, n: Node, args: list[_Arg], out_sh: list[Sharding]) -> None:
         spec = OPS[n.op]
-        b = self.g.bindings
         attrs = dict(n.attrs)
-        local_outs = [local_type(t, sh, b, n.name) for t, sh in zip(n.outputs, out_sh)]
+        local_outs = [self._local(t, sh, n.name) for t, sh in zip(n.outputs, out_sh)]
         if "axes" in attrs:  # dims the signature takes from attrs: their local blocks
             axes = dict(attrs["axes"])
             for op, t, lt in zip(spec.signature.outputs, n.outputs, local_outs):
