@@ -248,10 +248,7 @@ def _whole_values(d: dict[str, Any]) -> dict[str, Any]:
 
 def scopes_of(graph: Graph, name: str) -> list[tuple[str, str]]:
     """(prefix, kind) of every declared scope that contains node `name`."""
-    cached = graph.meta.get("_scopes_of")
-    if cached is None or cached[0] != graph.version:
-        cached = graph.meta["_scopes_of"] = (graph.version, _names_cache(graph))
-    cache = cached[1]
+    cache = _names_cache(graph)[0]
     hit = cache.get(name)
     if hit is None:
         scopes = graph.meta.get("scopes", {})
@@ -268,24 +265,35 @@ def scopes_of(graph: Graph, name: str) -> list[tuple[str, str]]:
 
 # name -> its scopes, per distinct scopes table: a name's scopes depend on the table alone, and
 # plan's hundreds of rank programs (and a graph after each change) share one table's names
-_BY_TABLE: dict[tuple, dict[str, list[tuple[str, str]]]] = {}
+_Names = tuple[dict[str, list[tuple[str, str]]], dict[str, str]]  # scopes_of's, layer_of's
+_BY_TABLE: dict[tuple, _Names] = {}
 _TABLES_KEPT = 8
 
 
-def _names_cache(graph: Graph) -> dict[str, list[tuple[str, str]]]:
+def _names_cache(graph: Graph) -> _Names:
+    """The caches of names of the graph's scopes table, found again while the graph is as it
+    was (its version)."""
+    cached = graph.meta.get("_scopes_of")
+    if cached is not None and cached[0] == graph.version:
+        return cached[1]
     table = tuple(graph.meta.get("scopes", {}).items())
-    cache = _BY_TABLE.get(table)
-    if cache is None:
+    caches = _BY_TABLE.get(table)
+    if caches is None:
         if len(_BY_TABLE) >= _TABLES_KEPT:  # the oldest goes: a process may build many models
             del _BY_TABLE[next(iter(_BY_TABLE))]
-        cache = _BY_TABLE[table] = {}
-    return cache
+        caches = _BY_TABLE[table] = ({}, {})
+    graph.meta["_scopes_of"] = (graph.version, caches)
+    return caches
 
 
 def layer_of(graph: Graph, name: str) -> str:
     """The layer scope holding node `name`; '' outside every layer (embedding, final norm, LM
     head)."""
-    return next((p for p, k in scopes_of(graph, name) if k == LAYER), "")
+    cache = _names_cache(graph)[1]
+    hit = cache.get(name)
+    if hit is None:
+        hit = cache[name] = next((p for p, k in scopes_of(graph, name) if k == LAYER), "")
+    return hit
 
 
 def layer_scopes(graph: Graph) -> list[str]:
