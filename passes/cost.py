@@ -239,6 +239,8 @@ class _Costing:
 def whole(x: Any) -> Any:
     """An exact count as an int where it is whole; a Fraction only where it is an expectation
     (one rank's share of balanced routing's B*T*k/E slots)."""
+    if type(x) is int:  # most counts: Fraction's isinstance goes through its ABC's check
+        return x
     return int(x) if isinstance(x, Fraction) and x.denominator == 1 else x
 
 

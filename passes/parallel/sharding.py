@@ -544,9 +544,9 @@ class _SPMD:
         gathered off another letter, then cut locally; a summand of a contraction whose target
         is contracted is held by one rank."""
         j = a.sh.axis_of(m)
-        t = a.pos(target, rel)
         if j is not None and rel(a.letters[j], target):
             return  # already there
+        t = a.pos(target, rel)
         if j is not None and t is not None and a.ref is not None:
             self._all_to_all(a, m, j, t, blocks)
             return
