@@ -23,7 +23,7 @@ Conventions (README, "Costs"):
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -239,6 +239,8 @@ class _Costing:
 def whole(x: Any) -> Any:
     """An exact count as an int where it is whole; a Fraction only where it is an expectation
     (one rank's share of balanced routing's B*T*k/E slots)."""
+    if type(x) is int:  # most counts: Fraction's isinstance goes through its ABC's check
+        return x
     return int(x) if isinstance(x, Fraction) and x.denominator == 1 else x
 
 
@@ -248,10 +250,7 @@ def _whole_values(d: dict[str, Any]) -> dict[str, Any]:
 
 def scopes_of(graph: Graph, name: str) -> list[tuple[str, str]]:
     """(prefix, kind) of every declared scope that contains node `name`."""
-    cached = graph.meta.get("_scopes_of")
-    if cached is None or cached[0] != graph.version:
-        cached = graph.meta["_scopes_of"] = (graph.version, {})
-    cache = cached[1]
+    cache = _names_cache(graph)[0]
     hit = cache.get(name)
     if hit is None:
         scopes = graph.meta.get("scopes", {})
@@ -266,10 +265,37 @@ def scopes_of(graph: Graph, name: str) -> list[tuple[str, str]]:
     return hit
 
 
+# name -> its scopes, per distinct scopes table: a name's scopes depend on the table alone, and
+# plan's hundreds of rank programs (and a graph after each change) share one table's names
+_Names = tuple[dict[str, list[tuple[str, str]]], dict[str, str]]  # scopes_of's, layer_of's
+_BY_TABLE: dict[tuple, _Names] = {}
+_TABLES_KEPT = 8
+
+
+def _names_cache(graph: Graph) -> _Names:
+    """The caches of names of the graph's scopes table, found again while the graph is as it
+    was (its version)."""
+    cached = graph.meta.get("_scopes_of")
+    if cached is not None and cached[0] == graph.version:
+        return cached[1]
+    table = tuple(graph.meta.get("scopes", {}).items())
+    caches = _BY_TABLE.get(table)
+    if caches is None:
+        if len(_BY_TABLE) >= _TABLES_KEPT:  # the oldest goes: a process may build many models
+            del _BY_TABLE[next(iter(_BY_TABLE))]
+        caches = _BY_TABLE[table] = ({}, {})
+    graph.meta["_scopes_of"] = (graph.version, caches)
+    return caches
+
+
 def layer_of(graph: Graph, name: str) -> str:
     """The layer scope holding node `name`; '' outside every layer (embedding, final norm, LM
     head)."""
-    return next((p for p, k in scopes_of(graph, name) if k == LAYER), "")
+    cache = _names_cache(graph)[1]
+    hit = cache.get(name)
+    if hit is None:
+        hit = cache[name] = next((p for p, k in scopes_of(graph, name) if k == LAYER), "")
+    return hit
 
 
 def layer_scopes(graph: Graph) -> list[str]:
@@ -302,14 +328,17 @@ def cost_pass(
     training: bool = False,
 ) -> CostReport:
     """Cost every node (into node.meta['cost']) and roll the totals up."""
+    cost_nodes(graph, attention, training)
+    costs = ((n.name, n.op, n.meta["cost"]) for n in graph.nodes())
+    return roll_up(costs, lambda name: scopes_of(graph, name), attention, training)
+
+
+def cost_nodes(graph: Graph, attention: str = "flash", training: bool = False) -> None:
+    """Cost every node into node.meta['cost'], without the totals: for a caller that reads
+    the nodes' costs alone (plan, on hundreds of rank programs)."""
     c = _Costing(graph, attention, training)
-
-    def costed() -> Iterator[tuple[str, str, OpCost]]:
-        for n in graph.nodes():
-            oc = n.meta["cost"] = c.cost(n)
-            yield n.name, n.op, oc
-
-    return roll_up(costed(), lambda name: scopes_of(graph, name), attention, training)
+    for n in graph.nodes():
+        n.meta["cost"] = c.cost(n)
 
 
 def roll_up(

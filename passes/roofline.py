@@ -85,7 +85,14 @@ def roofline_pass(
     if hardware is None:
         return None
     cost = results["cost"]
-    timer = Timer(graph, hardware, cost.attention == "flash")
+    return time_nodes(graph, hardware, cost.attention == "flash", cost.training)
+
+
+def time_nodes(graph: Graph, hardware: Hardware, flash: bool, training: bool) -> RooflineReport:
+    """Time every node already costed (node.meta['cost']) into node.meta['time']; the report of
+    their sum. The roofline pass without the registry, for a caller that costed the nodes
+    itself (plan)."""
+    timer = Timer(graph, hardware, flash)
 
     def timed() -> Iterator[tuple[str, str, float, str, str | None]]:
         for n in graph.nodes():
@@ -96,7 +103,7 @@ def roofline_pass(
     def write(name: str, t: OpTime) -> None:
         graph[name].meta["time"] = t
 
-    return time_all(timed(), timer, graph.meta["workload"], cost.training, write)
+    return time_all(timed(), timer, graph.meta["workload"], training, write)
 
 
 def _core(scopes: list[tuple[str, str]]) -> str | None:

@@ -17,9 +17,11 @@ from graphllm.ir import Graph, Node
 from graphllm.models.hardware import Hardware
 from graphllm.models.workload import nbytes
 from graphllm.ops import COMMUNICATION, OPS, SOURCE
+from graphllm.passes.cost import cost_nodes
 from graphllm.passes.memory import cache_bytes
 from graphllm.passes.parallel.sharding import Mesh
 from graphllm.passes.registry import meta_result, run
+from graphllm.passes.roofline import time_nodes
 from graphllm.passes.stored import param_bytes
 from graphllm.passes.training import keeps_master
 
@@ -135,11 +137,19 @@ def tally(
     attention: str,
     training: bool,
     groups_of: Callable[[Node], Iterable[Figures]],
+    verified: bool = False,
 ) -> list[Collective]:
     """Add every node of a partitioned graph into the groups `groups_of` gives it (a weight may be
     held by several); returns the timed collectives in node order. Runs cost and roofline first
-    (forward and backward when `training`)."""
-    run(graph, ["cost", "roofline"], hardware=hardware, attention=attention, training=training)
+    (forward and backward when `training`). `verified`: the caller verified the graph as it
+    stands (partition does, last), so its nodes are costed and timed without the verify pass
+    and without the passes' totals, which nothing here reads."""
+    if verified:
+        cost_nodes(graph, attention, training)
+        if hardware is not None:
+            time_nodes(graph, hardware, attention == "flash", training)
+    else:
+        run(graph, ["cost", "roofline"], hardware=hardware, attention=attention, training=training)
     mesh = meta_result(graph, "partition").mesh
     presents = {r.node for r in graph.cache_outputs().values()}
     timed: list[Collective] = []

@@ -415,10 +415,14 @@ def _no_sequence_ops_cut_on_t(graph: Graph, how: str, hint: str) -> None:
             )
 
 
-def partition(graph: Graph, strategy: Strategy, hardware: Hardware | None = None) -> Graph:
+def partition(
+    graph: Graph, strategy: Strategy, hardware: Hardware | None = None, verified: bool = False
+) -> Graph:
     """The program of one rank under `strategy`, a new graph: its meta['partition'] holds the
     plan, and each node's meta its `sharding` (per output), `stage` (the pipeline stage that runs
-    it; a weight or input: the first that reads it) and `stages` (every stage that holds it)."""
+    it; a weight or input: the first that reads it) and `stages` (every stage that holds it).
+    `verified`: the caller verified `graph` and has not changed it since (plan partitions one
+    graph for every layout), so it is not verified again; the program built is, always."""
     cfg, wl = graph.meta["config"], graph.meta["workload"]
     split = validate(cfg, wl, strategy)
     if hardware is not None and strategy.devices > 1 and hardware.interconnect_bandwidth is None:
@@ -426,7 +430,8 @@ def partition(graph: Graph, strategy: Strategy, hardware: Hardware | None = None
             f"hardware {hardware.name} has no interconnect: partition analyses need one device "
             "there, or a device preset such as h100"
         )
-    graph.verify()
+    if not verified:
+        graph.verify()
     if strategy.cp > 1:
         _no_sequence_ops_cut_on_t(graph, "--cp", "partition it with --tp, --pp, --ep or --dp")
     elif split.get("ep") == "token":
@@ -439,7 +444,8 @@ def partition(graph: Graph, strategy: Strategy, hardware: Hardware | None = None
     if strategy.cp > 1 and wl.past_len:
         notes.append("cp with a KV cache: each rank holds the whole past K/V")
     scatter = frozenset({"tp"}) if strategy.sp else frozenset()
-    local = hoist_gathers(spmd(graph, mesh, seeded, scatter))
+    # verified whole below: the op table's types need not be inferred as each node is added
+    local = hoist_gathers(spmd(graph, mesh, seeded, scatter, checked=False))
     n_layers = cfg.num_hidden_layers
     plan = PartitionPlan(strategy, mesh, ((0, n_layers - 1),), split, tuple(notes))
     local.meta["partition"] = plan

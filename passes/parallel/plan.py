@@ -189,7 +189,8 @@ def analyse(
         users = graph.users(n)  # a weight goes with the first node that reads it
         return (slots[at[users[0].name]] if users else slots[0],)
 
-    tally(graph, hw, attention, training is not None, part_of)
+    # partition verified the program it built, last: not again
+    tally(graph, hw, attention, training is not None, part_of, verified=True)
     for p in slots:
         for c in p.collectives:
             p.comm[(c.kind, c.axis)] = p.comm.get((c.kind, c.axis), 0.0) + (c.seconds or 0.0)
@@ -261,6 +262,7 @@ def assemble(
     groups = balance(weights, pp) if pp > 1 else [(0, len(full) - 1)]
     stages = []
     comm: dict[tuple[str, str], float] = defaultdict(float)  # a step of the average stage
+    held: dict[tuple, tuple[dict[str, float], float]] = {}  # stages of the same layer kinds
     for st, (a, z) in enumerate(groups):
         parts = full[a : z + 1] + [prog.pre] * (st == 0) + [prog.post] * (st == pp - 1)
         per_mb = sum(weights[a : z + 1])
@@ -279,7 +281,10 @@ def assemble(
             "compute_seconds": m * sum(p.compute_seconds for p in parts),
         }
         if training is not None:
-            entry |= _training_memory(parts, s, mesh, hw, training, min(pp - st, m))
+            key = (tuple(kinds[a : z + 1]), st == 0, st == pp - 1)
+            if key not in held:
+                held[key] = _training_state(parts, s, mesh, hw, training)
+            entry |= _training_memory(parts, training, min(pp - st, m), *held[key])
             grads = comm[("gradients", "dp")]
             comm[("gradients", "dp")] = max(grads, entry["gradient_seconds"])
         else:
@@ -327,15 +332,12 @@ def _inference_memory(prog: Program, parts: list[Part], m: int) -> dict[str, Any
     }
 
 
-def _training_memory(
-    parts: list[Part],
-    s: Strategy,
-    mesh: Any,
-    hw: Hardware,
-    opts: TrainingOptions,
-    in_flight: int,
-) -> dict[str, Any]:
-    """Training memory of a stage (as passes/training.training_memory) and its gradient time."""
+def _training_state(
+    parts: list[Part], s: Strategy, mesh: Any, hw: Hardware, opts: TrainingOptions
+) -> tuple[dict[str, float], float]:
+    """A stage's weights, gradients and optimizer state (as passes/training.training_memory)
+    and its gradient time: the same for every stage of the same layers, whatever it holds in
+    flight."""
     wb = sum(p.weight_bytes for p in parts)
     ep_wb = sum(p.ep_weight_bytes for p in parts)
     master = any(p.master for p in parts)
@@ -352,6 +354,27 @@ def _training_memory(
         out["weights"] += byts / on_weights
         out["gradients"] += byts / on_grads
         out["optimizer"] += adam_state_bytes(master) * numel / on_optim
+    groups = {}
+    if n_all > 1 and wb - ep_wb:
+        groups[axes_all] = (wb - ep_wb, wb - ep_wb, n_all)
+    if n_ep > 1 and ep_wb:
+        groups[axes_ep] = (ep_wb, ep_wb, n_ep)
+    grad_seconds = 0.0
+    for c in gradient_collectives(groups, z):
+        grad_seconds += gradient_seconds(c, mesh, hw)
+    return out, grad_seconds
+
+
+def _training_memory(
+    parts: list[Part],
+    opts: TrainingOptions,
+    in_flight: int,
+    state: dict[str, float],
+    grad_seconds: float,
+) -> dict[str, Any]:
+    """Training memory of a stage (as passes/training.training_memory) and its gradient time,
+    from its `_training_state`."""
+    out: dict[str, Any] = dict(state)
     saved = sum(p.saved for p in parts)
     working = max((p.full_saved for p in parts), default=0.0) if opts.recompute == "full" else 0.0
     out["activations"] = in_flight * saved
@@ -360,14 +383,7 @@ def _training_memory(
     out["memory_bytes"] = sum(out[k] for k in ("weights", "gradients", "optimizer")) + (
         in_flight * saved + working
     )
-    groups = {}
-    if n_all > 1 and wb - ep_wb:
-        groups[axes_all] = (wb - ep_wb, wb - ep_wb, n_all)
-    if n_ep > 1 and ep_wb:
-        groups[axes_ep] = (ep_wb, ep_wb, n_ep)
-    out["gradient_seconds"] = 0.0
-    for c in gradient_collectives(groups, z):
-        out["gradient_seconds"] += gradient_seconds(c, mesh, hw)
+    out["gradient_seconds"] = grad_seconds
     return out
 
 
@@ -499,8 +515,10 @@ def _program(
         try:
             # one unpartitioned graph per microbatch size: partition leaves its input as it was
             if ("graph", b_mb) not in memo:
-                memo["graph", b_mb] = build_graph(small, dataclasses.replace(wl, batch=b_mb))
-            g = partition(memo["graph", b_mb], sub, hw)  # type: ignore[arg-type]
+                built = build_graph(small, dataclasses.replace(wl, batch=b_mb))
+                built.verify()  # once: partition leaves it as it was
+                memo["graph", b_mb] = built
+            g = partition(memo["graph", b_mb], sub, hw, verified=True)  # type: ignore[arg-type]
             memo[key] = analyse(g, hw, attention, training)
         except GraphllmError as e:
             memo[key] = e

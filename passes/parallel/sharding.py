@@ -226,8 +226,10 @@ class _SPMD:
         seeds: dict[str, Sharding],
         scatter: frozenset[str],
         keep_split: frozenset[str],
+        checked: bool = True,
     ) -> None:
         self.src, self.mesh, self.seeds = graph, mesh, seeds
+        self.checked = checked  # each node's local types against the op table's, as it is added
         self.scatter = scatter  # mesh axes with sequence parallelism: reduce-scatter on tokens
         self.keep_split = keep_split  # roles whose splits graph outputs keep (tokens, batch)
         self.g = graph.derive()
@@ -235,6 +237,16 @@ class _SPMD:
         self.memo: dict[tuple, tuple[Ref, Sharding]] = {}
         self.reduced: dict[tuple[Ref, str], tuple[Ref, Sharding]] = {}
         self.sliced: dict[Ref, tuple[tuple[str, int], tuple[Ref, Sharding]]] = {}
+        self._types: dict[tuple[TensorType, tuple[int, ...]], TensorType] = {}
+
+    def _local(self, t: TensorType, sh: Sharding, where: str) -> TensorType:
+        """`local_type` of this program (one bindings): a collective asks it for the same
+        tensor and layout as the nodes around it; a failure is raised afresh, naming `where`."""
+        key = (t, sh._blocks)  # the type depends on the blocks of each axis alone
+        hit = self._types.get(key)
+        if hit is None:
+            hit = self._types[key] = local_type(t, sh, self.g.bindings, where)
+        return hit
 
     # -- values ------------------------------------------------------------------------------
     def _arg(self, n: Node, i: int, letters: list[str]) -> _Arg:
@@ -254,14 +266,14 @@ class _SPMD:
         if a.ref is not None:
             return
         src = self.src[a.src]
-        t = local_type(a.gtype, a.sh, self.g.bindings, a.src)
+        t = self._local(a.gtype, a.sh, a.src)
         node = self.g.add(src.op, src.name, (), {**src.attrs, "type": t})
         node.meta["sharding"] = (a.sh,)
         a.ref = Ref(node.name)
         self.val[a.ref] = (a.ref, a.sh)
 
     def _ltype(self, a: _Arg, sh: Sharding) -> TensorType:
-        return local_type(a.gtype, sh, self.g.bindings, a.src)
+        return self._local(a.gtype, sh, a.src)
 
     # -- collectives -------------------------------------------------------------------------
     def _collective(self, op: str, a: _Arg, m: str, sh: Sharding, **attrs: Any) -> None:
@@ -357,11 +369,8 @@ class _SPMD:
                 raise GraphError(f"{n.name} ({n.op}): a seed on a node that is no weight's view")
             return
         rel = _related(spec.carries)
-        sig = spec.signature
-        ins = [_letters(op, t.rank) for op, t in zip(sig.inputs, self.src.input_types(n))]
-        outs = [_letters(op, t.rank) for op, t in zip(sig.outputs, n.outputs)]
+        ins, outs, flat = self._node_letters(n, spec)
         args = [self._arg(n, i, ins[i]) for i in range(len(n.inputs))]
-        flat = [x for o in outs for x in o]
         targets = {m: self._decide(n, spec, args, flat, rel, m) for m in self.mesh.names}
         for a in args:
             self._place(a)
@@ -378,6 +387,21 @@ class _SPMD:
             )
             out_sh.append(Sharding(axes, partial))
         self._emit(n, args, out_sh)
+
+    def _node_letters(self, n: Node, spec: Any) -> tuple[list, list, list[str]]:
+        """The letters of a source node's inputs and outputs, and the outputs' flattened: the
+        same in every program partitioned from one graph, so kept with it (plan partitions one
+        graph for every layout)."""
+        cached = self.src.meta.get("_spmd_letters")
+        if cached is None or cached[0] != self.src.version:
+            cached = self.src.meta["_spmd_letters"] = (self.src.version, {})
+        hit = cached[1].get(n.name)
+        if hit is None:
+            sig = spec.signature
+            ins = [_letters(op, t.rank) for op, t in zip(sig.inputs, self.src.input_types(n))]
+            outs = [_letters(op, t.rank) for op, t in zip(sig.outputs, n.outputs)]
+            hit = cached[1][n.name] = (ins, outs, [x for o in outs for x in o])
+        return hit
 
     def _loads_rows(self, n: Node) -> bool:
         """A seeded view of a weight's rows (Mamba2's in_proj read per group) read straight
@@ -407,12 +431,16 @@ class _SPMD:
     ) -> tuple[Split, ...]:
         """The splits of the output axis of letter `y` (dim `d`): each mesh axis whose target
         cuts `y`, as it cuts an input axis of a letter related to it."""
+        # the mesh axes whose target `y` is related to: most output letters have none
+        live = {m: t for m, (t, _) in targets.items() if t is not None and rel(y, t)}
+        if not live:
+            return ()
         splits: list[Split] = []
         for a in args:
             for i, x in enumerate(a.letters):
                 for s in a.sh.axes[i]:
-                    t = targets[s[0]][0]
-                    if t is None or not (rel(x, t) and rel(y, t)):
+                    t = live.get(s[0])
+                    if t is None or not rel(x, t):
                         continue
                     if s[0] not in [q for q, _ in splits]:
                         splits.append(self._carry(s, d, x != y))
@@ -516,9 +544,9 @@ class _SPMD:
         gathered off another letter, then cut locally; a summand of a contraction whose target
         is contracted is held by one rank."""
         j = a.sh.axis_of(m)
-        t = a.pos(target, rel)
         if j is not None and rel(a.letters[j], target):
             return  # already there
+        t = a.pos(target, rel)
         if j is not None and t is not None and a.ref is not None:
             self._all_to_all(a, m, j, t, blocks)
             return
@@ -571,9 +599,8 @@ class _SPMD:
 
     def _emit(self, n: Node, args: list[_Arg], out_sh: list[Sharding]) -> None:
         spec = OPS[n.op]
-        b = self.g.bindings
         attrs = dict(n.attrs)
-        local_outs = [local_type(t, sh, b, n.name) for t, sh in zip(n.outputs, out_sh)]
+        local_outs = [self._local(t, sh, n.name) for t, sh in zip(n.outputs, out_sh)]
         if "axes" in attrs:  # dims the signature takes from attrs: their local blocks
             axes = dict(attrs["axes"])
             for op, t, lt in zip(spec.signature.outputs, n.outputs, local_outs):
@@ -584,7 +611,10 @@ class _SPMD:
         if "sizes" in attrs:
             attrs["sizes"] = [int(lt.dims[-1].size) for lt in local_outs]  # type: ignore[arg-type]
         refs = [a.ref for a in args]
-        node = self.g.add(n.op, n.name, refs, attrs)  # type: ignore[arg-type]
+        if not self.checked:  # the caller verifies the whole program after (partition)
+            node = self.g.add(n.op, n.name, refs, attrs, tuple(local_outs))  # type: ignore[arg-type]
+        else:
+            node = self.g.add(n.op, n.name, refs, attrs)  # type: ignore[arg-type]
         if node.outputs != tuple(local_outs):
             got = ", ".join(str(t) for t in node.outputs)
             want = ", ".join(str(t) for t in local_outs)
@@ -617,9 +647,13 @@ def spmd(
     seeds: dict[str, Sharding],
     scatter: frozenset[str] = frozenset(),
     keep_split: frozenset[str] = frozenset({"batch", *TOKEN_ROLES}),
+    checked: bool = True,
 ) -> Graph:
-    """The program of one rank of `mesh` for `graph`, its sources laid out as `seeds` say."""
-    t = _SPMD(graph, mesh, seeds, scatter, keep_split)
+    """The program of one rank of `mesh` for `graph`, its sources laid out as `seeds` say.
+    `checked`: infer each node's outputs from the op table as it is added and compare them with
+    the layout's local types; False for a caller that verifies the program it gets (partition),
+    which checks the same thing once."""
+    t = _SPMD(graph, mesh, seeds, scatter, keep_split, checked)
     for n in graph.nodes():
         t.node(n)
     return t.finish()
