@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch is pinned here, not in the package: 2.13.0 is the CPU wheel this machine carries
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,parity,plot,render,genai,explorer]'
+	$(PY) -m pip install -q -e '.[dev,parity,dist,plot,render,genai,explorer]'
 	touch $(STAMP)
 
 demo: $(STAMP)
