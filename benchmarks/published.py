@@ -122,7 +122,7 @@ def predict_seconds(row: dict[str, Any]) -> float:
     graph = build_graph(_config(row), wl)
     if row["tp"] == 1:
         return run(graph, ["cost", "roofline"], hardware=hw)["roofline"].seconds
-    pg = partition(graph, Strategy(tp=row["tp"]), hw)
+    pg = partition(graph, Strategy(tp=row["tp"], whole_vocab=row.get("whole_vocab", False)), hw)
     return partition_report(pg, hw).to_dict()["stages"][0]["seconds"]
 
 

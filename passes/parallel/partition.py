@@ -59,7 +59,10 @@ WHY_DEVICES = "about the largest published training clusters, 100,000 GPUs"
 
 @dataclass(frozen=True)
 class Strategy:
-    """Sizes of each kind of parallelism (1: none); `sp` adds sequence parallelism to tp."""
+    """Sizes of each kind of parallelism (1: none); `sp` adds sequence parallelism to tp.
+    `whole_vocab`: tp leaves the embedding table and the LM head whole on every rank, as an
+    engine that shards only the layers does (gpt-fast's tp.py); each rank then reads the whole
+    LM head every step and the logits need no gather."""
 
     tp: int = 1
     sp: bool = False
@@ -68,6 +71,7 @@ class Strategy:
     ep: int = 1
     dp: int = 1
     microbatches: int = 1
+    whole_vocab: bool = False
 
     @property
     def devices(self) -> int:
@@ -80,10 +84,15 @@ class Strategy:
             parts.append("sp")
         if self.microbatches > 1:
             parts.append(f"microbatches={self.microbatches}")
+        if self.whole_vocab and self.tp > 1:
+            parts.append("whole vocab")
         return " ".join(parts) or "one device"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if not self.whole_vocab:  # a report of the default reads as it did before the option
+            del d["whole_vocab"]
+        return d
 
 
 @dataclass(frozen=True)
@@ -111,6 +120,9 @@ def validate(cfg: ModelConfig, wl: Workload, s: Strategy) -> dict[str, str]:
     axes = [f"--{k} {shown(getattr(s, k))}" for k in ("tp", "cp", "pp", "ep", "dp")]
     mesh = " x ".join(a for a in axes if not a.endswith(" 1"))
     require_at_most(s.devices, MAX_DEVICES, f"the mesh size of {mesh}", WHY_DEVICES, ConfigError)
+    _check(
+        isinstance(s.whole_vocab, bool), f"whole_vocab must be true or false, got {s.whole_vocab!r}"
+    )
     _check(not s.sp or s.tp > 1, "--sp shards the tensor-parallel group: give --tp N with N > 1")
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
     _check(heads % s.tp == 0, f"--tp {s.tp} does not divide the {heads} attention heads")
@@ -219,7 +231,7 @@ def seeds(
         if how == "column" and _fused(graph, p):
             fused = True
         elif how is not None:
-            axis, blocks = _tp_cut(graph, p, how, s.tp, notes)
+            axis, blocks = _tp_cut(graph, p, how, s.tp, notes, s.whole_vocab)
             if blocks:
                 cuts[axis].append(("tp", blocks))
         if any(cuts):
@@ -259,7 +271,9 @@ def _tp_role(p: Node, width: Dim) -> str | None:
     return None
 
 
-def _tp_cut(graph: Graph, p: Node, how: str, tp: int, notes: list[str]) -> tuple[int, int]:
+def _tp_cut(
+    graph: Graph, p: Node, how: str, tp: int, notes: list[str], whole_vocab: bool = False
+) -> tuple[int, int]:
     """(axis, blocks) of weight `p` under tp (0 blocks: whole), noting what stays whole."""
     dims = p.out.dims
     in_axis, out_axis = len(dims) - 1, len(dims) - 2
@@ -268,6 +282,8 @@ def _tp_cut(graph: Graph, p: Node, how: str, tp: int, notes: list[str]) -> tuple
     if how == "row":
         return in_axis, tp
     if how == "vocab":
+        if whole_vocab:
+            return 0, 0
         if dims[0].size % tp == 0:  # type: ignore[operator]
             return 0, tp
         notes.append(f"vocab {dims[0].size} is not a multiple of tp: {p.name} is whole")

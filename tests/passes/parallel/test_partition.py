@@ -151,6 +151,24 @@ def test_tp_two_all_reduces_per_layer_plus_embedding_and_lm_head():
     assert dev[0]["params"] == (total - norms) / 8 + norms
 
 
+def test_whole_vocab_keeps_the_embedding_and_lm_head_on_every_rank():
+    # issue 20: gpt-fast's tp.py shards the layers only; every rank reads the whole LM head
+    # and needs neither the embedding's all-reduce nor the logits' all-gather
+    g = build_graph(load_config("llama3-8b"), Workload(seq_len=1, past_len=100))
+    _, cut = collectives(g, Strategy(tp=8))
+    _, whole = collectives(g, Strategy(tp=8, whole_vocab=True))
+    assert by_kind(whole) == {"all_reduce": 2 * 32}
+    assert by_kind(cut) == {"all_reduce": 2 * 32 + 1, "all_gather": 1}
+    vocab = 128256 * 4096  # the embedding table and the (untied) LM head, each
+    assert whole["devices"][0]["params"] - cut["devices"][0]["params"] == 2 * vocab * 7 / 8
+    assert "whole vocab" in Strategy(tp=8, whole_vocab=True).describe()
+    assert "whole_vocab" not in Strategy(tp=8).to_dict()  # default reports read as before
+    # the step reads the whole bf16 LM head, not an eighth, less the two collectives' latency
+    lm_head = 2 * vocab * 7 / 8 / load_hardware("h100").bandwidth()
+    slower = whole["stages"][0]["seconds"] - cut["stages"][0]["seconds"]
+    assert 0.8 * lm_head < slower < lm_head
+
+
 def test_sp_turns_each_all_reduce_into_reduce_scatter_and_all_gather():
     g = build_graph(load_config("llama3-70b"), Workload(seq_len=2048))
     _, r = collectives(g, Strategy(tp=8, sp=True))
@@ -303,6 +321,7 @@ def test_balance_minimises_the_slowest_stage():
         ("smollm3", Strategy(cp=4, tp=2), {"past_len": 6, "seq_len": 4}),  # rolling window
         ("cohere2", Strategy(tp=2, sp=True), {}),
         ("cohere2", Strategy(cp=2), {}),
+        ("llama", Strategy(tp=2, whole_vocab=True), {}),  # issue 20: gpt-fast's tp
     ],
     ids=lambda v: v.describe().replace(" ", ",") if isinstance(v, Strategy) else None,
 )
