@@ -121,7 +121,8 @@ def validate(cfg: ModelConfig, wl: Workload, s: Strategy) -> dict[str, str]:
     mesh = " x ".join(a for a in axes if not a.endswith(" 1"))
     require_at_most(s.devices, MAX_DEVICES, f"the mesh size of {mesh}", WHY_DEVICES, ConfigError)
     _check(
-        isinstance(s.whole_vocab, bool), f"whole_vocab must be true or false, got {s.whole_vocab!r}"
+        isinstance(s.whole_vocab, bool),
+        f"whole_vocab must be true or false, got {shown(s.whole_vocab)}",
     )
     _check(not s.sp or s.tp > 1, "--sp shards the tensor-parallel group: give --tp N with N > 1")
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
