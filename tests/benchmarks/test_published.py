@@ -95,3 +95,19 @@ def test_an_fp8_engine_with_fp16_attention_times_attention_at_the_fp16_rate():
     slower = pub.predict_seconds(row)
     plain = pub.predict_seconds({k: v for k, v in row.items() if k != "attention"})
     assert slower > plain
+
+
+def test_gpt_fast_rows_keep_the_lm_head_whole_and_attend_over_the_whole_cache():
+    # issue 20: gpt-fast's tp.py shards the layers only, so each rank reads the whole LM head;
+    # and its decode attends over the whole 208-position cache generate.py allocates
+    from graphllm.models.hardware import load_hardware
+
+    pub = _module()
+    row = next(r for r in pub.load_rows() if r["id"] == "gpt-fast llama3.1-8b bf16 tp8")
+    assert row["whole_vocab"] is True and row["past"] == 207
+    cut = pub.predict_seconds(row | {"whole_vocab": False})
+    lm_head = 128256 * 4096 * 2 * 7 / 8  # bytes a rank reads beyond its eighth
+    added = lm_head / load_hardware(row["hardware"]).bandwidth()
+    assert 0.8 * added < pub.predict_seconds(row) - cut < added  # less the logits' gather
+    short = pub.predict_seconds(row | {"past": 105})
+    assert pub.predict_seconds(row) > short
