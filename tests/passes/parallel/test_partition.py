@@ -162,6 +162,8 @@ def test_whole_vocab_keeps_the_embedding_and_lm_head_on_every_rank():
     vocab = 128256 * 4096  # the embedding table and the (untied) LM head, each
     assert whole["devices"][0]["params"] - cut["devices"][0]["params"] == 2 * vocab * 7 / 8
     assert "whole vocab" in Strategy(tp=8, whole_vocab=True).describe()
+    with pytest.raises(ConfigError, match="whole_vocab must be true or false, got 'yes'"):
+        partition(g, Strategy(tp=8, whole_vocab="yes"))
     assert "whole_vocab" not in Strategy(tp=8).to_dict()  # default reports read as before
     # the step reads the whole bf16 LM head, not an eighth, less the two collectives' latency
     lm_head = 2 * vocab * 7 / 8 / load_hardware("h100").bandwidth()
