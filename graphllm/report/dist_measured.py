@@ -88,8 +88,8 @@ def strategy_of(text: str) -> Strategy:
     """The Strategy that `Strategy.describe()` wrote as `text` ('pp=2 tp=2 sp')."""
     kw: dict[str, Any] = {}
     for part in text.split():
-        if part == "sp":
-            kw["sp"] = True
+        if part in ("sp", "whole_vocab"):
+            kw[part] = True
         elif "=" in part and part.split("=")[0] in Strategy.__dataclass_fields__:
             k, v = part.split("=", 1)
             kw[k] = int(v)

@@ -85,7 +85,7 @@ class Strategy:
         if self.microbatches > 1:
             parts.append(f"microbatches={self.microbatches}")
         if self.whole_vocab and self.tp > 1:
-            parts.append("whole vocab")
+            parts.append("whole_vocab")
         return " ".join(parts) or "one device"
 
     def to_dict(self) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from graphllm.models.hardware import load_hardware
 from graphllm.ops import COMMUNICATION, OPS
 from graphllm.passes import run
 from graphllm.passes.parallel.partition import Strategy, balance, partition, partition_report
+from graphllm.report.dist_measured import strategy_of
 from graphllm.runtime.spmd import check_partition
 from tests.support import tiny_configs
 from tests.support.paths import EXAMPLES
@@ -161,7 +162,8 @@ def test_whole_vocab_keeps_the_embedding_and_lm_head_on_every_rank():
     assert by_kind(cut) == {"all_reduce": 2 * 32 + 1, "all_gather": 1}
     vocab = 128256 * 4096  # the embedding table and the (untied) LM head, each
     assert whole["devices"][0]["params"] - cut["devices"][0]["params"] == 2 * vocab * 7 / 8
-    assert "whole vocab" in Strategy(tp=8, whole_vocab=True).describe()
+    assert Strategy(tp=8, whole_vocab=True).describe() == "tp=8 whole_vocab"
+    assert strategy_of("tp=8 whole_vocab") == Strategy(tp=8, whole_vocab=True)  # reads it back
     with pytest.raises(ConfigError, match="whole_vocab must be true or false, got 'yes'"):
         partition(g, Strategy(tp=8, whole_vocab="yes"))
     assert "whole_vocab" not in Strategy(tp=8).to_dict()  # default reports read as before
