@@ -7,7 +7,8 @@ axis is made on every rank in the same order (torch.distributed requires it). Th
 torch tensors on the rank's device (graphllm.runtime.dist.tensors), as the segments hand them
 over: an all_reduce sums into its input in place (into a copy where a later step reads that
 input too), the others fill buffers made on the same device, so on NCCL nothing goes through
-the host.
+the host. `shard_slice` is local (a rank keeps its block of a value its group holds whole) and
+is sliced here too, on the device.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from typing import Any
 
 from graphllm.errors import GraphllmError
 from graphllm.ir import Graph, Node
-from graphllm.ops import COMMUNICATION, OPS
+from graphllm.ops import OPS
 from graphllm.passes.parallel.sharding import Mesh
 from graphllm.runtime.dist.records import CollectiveTime
-from graphllm.runtime.dist.tensors import to_numpy, to_torch
+from graphllm.runtime.dist.tensors import to_torch
 
 
 def device_mesh(mesh: Mesh) -> Mesh:
@@ -80,25 +81,19 @@ class Comm:
         spec = OPS[node.op]
         axis = node.attrs["mesh"]
         n = self.world.size(axis)
-        j = self.coords[axis]
+        lower = LOWERINGS.get(node.op)
+        if lower is None:
+            raise GraphllmError(f"{node.name}: no torch.distributed call for op {node.op}")
         start = time.perf_counter()
-        if spec.category != COMMUNICATION:  # shard_slice: every rank of the group holds x whole
-            # the op table's impl, on a host view (a copy from and to a GPU)
-            y = to_torch(spec.impl([to_numpy(x)] * n, node.attrs)[j], self.device)  # type: ignore[misc]
-            peer = None
-        else:
-            lower = LOWERINGS.get(node.op)
-            if lower is None:
-                raise GraphllmError(f"{node.name}: no torch.distributed call for op {node.op}")
-            if x is not None:
-                x = to_torch(x, self.device)
-                x = x.clone() if kept and node.op in IN_PLACE else x
-            try:
-                y, peer = lower(self, program, node, x, n)
-            except Exception as e:  # a peer gone or silent: say which call waited on whom
-                raise GraphllmError(
-                    f"{node.op} {node.name} over {axis} (group of {n}): {one_line(e)}"
-                ) from None
+        if x is not None:
+            x = to_torch(x, self.device)
+            x = x.clone() if kept and node.op in IN_PLACE else x
+        try:
+            y, peer = lower(self, program, node, x, n)
+        except Exception as e:  # a peer gone or silent: say which call waited on whom
+            raise GraphllmError(
+                f"{node.op} {node.name} over {axis} (group of {n}): {one_line(e)}"
+            ) from None
         seconds = time.perf_counter() - start
         moved = y if spec.payload == "output" or x is None else x  # a recv: what came
         rec = CollectiveTime(
@@ -203,8 +198,16 @@ def _recv(c: Comm, g: Graph, node: Node, x: Any, n: int) -> tuple[Any, int]:
     return buf, peer
 
 
+def _shard_slice(c: Comm, g: Graph, node: Node, x: Any, n: int) -> tuple[Any, None]:
+    """Local: every rank of the group holds x whole and keeps its block (its own buffer, which
+    a later collective may write in place)."""
+    block = x.tensor_split(n, dim=node.attrs["axis"])[c.coords[node.attrs["mesh"]]]
+    return (block.clone() if block.is_contiguous() else block.contiguous()), None
+
+
 # op -> its torch.distributed call (the recv's input is its send on the peer: never read here)
 LOWERINGS: dict[str, Lowering] = {
+    "shard_slice": _shard_slice,
     "all_reduce": _all_reduce,
     "all_gather": _all_gather,
     "reduce_scatter": _reduce_scatter,
