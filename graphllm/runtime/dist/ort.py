@@ -1,21 +1,26 @@
 """Segments of a rank's program on onnxruntime (`graphllm run --runtime onnxruntime`).
 
 Each distinct segment is exported once per process (graphllm.exporters.onnx.segment: the rank's
-program, its mesh coordinates and its weight blocks) and gets one InferenceSession, kept for the
-rest of the run: a decode step's program is rebuilt each step, but its segments print the same
-(the lengths are symbolic), so every step after the first decode reuses the first one's
+program, its mesh coordinates, its weights as inputs) and gets one InferenceSession, kept for
+the rest of the run: a decode step's program is rebuilt each step, but its segments print the
+same (the lengths are symbolic), so every step after the first decode reuses the first one's
 sessions. A segment the export cannot express (longrope on a block of the tokens, a block of
 the keys) runs on the numpy interpreter instead, said once on stderr.
 
+Weights: one OrtValue a weight and device for the rank (over its own array on the CPU, one
+copy on a GPU), bound once to every runner that reads it: the models' bytes and the sessions
+hold none. The price on the CPU: a weight that is an input is not prepacked (docs/run.md).
+
+Values: `run_device` (what a rank of a multi-rank run calls) binds torch tensors by pointer and
+hands onnxruntime's outputs, allocated on the device, to torch through DLPack, so a collective
+works on the buffer onnxruntime wrote; `run` takes and gives numpy arrays (a one-rank run).
 CPU: the CPU provider, with the machine's cores shared between the ranks on it (intra-op
 threads = usable cores / local ranks, from torchrun's LOCAL_WORLD_SIZE or the launcher's
 WORLD_SIZE). CUDA (`device="cuda"`, onnxruntime-gpu): the CUDA provider on the rank's
-LOCAL_RANK device, inputs and outputs bound on the device through IO binding, and
-`run_device` takes and gives torch CUDA tensors through DLPack, so NCCL collectives read what
-onnxruntime wrote without a copy to the host. The CUDA path is written but has not run: no GPU
-was at hand (docs/run.md says what ran where).
+LOCAL_RANK device, the same calls. The CUDA path is written but has not run: no GPU was at hand
+(docs/run.md says what ran where).
 
-torch is never imported here: the CUDA path reaches it only through the tensors handed in.
+torch is never imported here: the values reach it only through the tensors handed in.
 """
 
 from __future__ import annotations
