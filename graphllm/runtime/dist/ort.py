@@ -112,6 +112,7 @@ class OrtRunner:
         self.segment = segment
         self.device = device
         self._fallback: NumpyRunner | None = None
+        self.model: bytes | None = None  # the exported model (the cache's, not a copy)
         program = segment.program
         try:
             model = _EXPORTS.get(
@@ -131,6 +132,7 @@ class OrtRunner:
                 print(f"note: {why}: such segments run on numpy", file=sys.stderr)
             self._fallback = NumpyRunner(segment, weights)
             return
+        self.model = model
         self._session = _session(model, device)
         # ONNX names <-> the protocol's value names (they differ for graph outputs: `logits`)
         self._in = {tensor_name(program, r): v for r, v in zip(segment.in_refs, segment.inputs)}

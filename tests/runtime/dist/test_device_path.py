@@ -20,7 +20,7 @@ import pytest
 from graphllm import Workload, build_graph
 from graphllm.models.config import config_from_dict
 from graphllm.passes.parallel.partition import Strategy, partition
-from graphllm.runtime.dist.ort import _EXPORTS, OrtRunner, rank_weight_values
+from graphllm.runtime.dist.ort import OrtRunner, rank_weight_values
 from graphllm.runtime.dist.segments import NumpyRunner, Segment, cut
 from tests.runtime.dist.support import CONFIGS, write_configs
 
@@ -61,17 +61,7 @@ def test_each_weight_is_held_once_per_rank():
     read = 0
     for st in segments:
         runner = OrtRunner(st, weights)
-        model = onnx.load_from_string(
-            _EXPORTS.get(
-                program,
-                st.nodes,
-                st.in_refs,
-                st.out_refs,
-                weights=weights,
-                coords=st.coords,
-                weights_as_inputs=True,
-            )
-        )
+        model = onnx.load_from_string(runner.model)
         inits = {t.name for t in model.graph.initializer}
         assert not inits & set(st.params), inits & set(st.params)
         assert set(st.params) <= {i.name for i in model.graph.input}
