@@ -122,7 +122,7 @@ def generate(
     ids = prompt_ids(job, vocab_of(whole))
     out = Generation(np.zeros((job.batch, 0), np.int64), record, prompt=ids)
     stages = meta_result(program, "partition").stages
-    held: dict[tuple, dict[str, np.ndarray]] = {}
+    held: dict[tuple, dict[str, Any]] = {}
     prev: Graph | None = None
     step_ids = ids
     last: Graph = whole
@@ -249,7 +249,7 @@ def _run_step(
     (numpy arrays in a one-rank run, else torch tensors on the rank's device)."""
     mesh = meta_result(prog, "partition").mesh
     microbatches = mesh.size("mb")
-    held: dict[tuple, dict[str, np.ndarray]] = {}
+    held: dict[tuple, dict[str, Any]] = {}
     for mb in range(microbatches):
         c = _mesh_coords(mesh, coords, mb)
         env: dict[str, Any] = {}
