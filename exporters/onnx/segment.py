@@ -12,7 +12,10 @@ plain compute, which runs on onnxruntime through the lowerings of the whole-mode
 - Outputs: the values asked for, named by `tensor_name` (a graph output's name, `present.0.key`;
   else the node's name, `name:k` for its k-th output).
 - Weights: the rank's own blocks, given by the caller, as initializers (made as the lowering
-  stores them: transposed, packed).
+  stores them: transposed, packed); or, `weights_as_inputs`, each param the lowering reads as
+  it is becomes a graph input of its own name, and the model holds none of the weights' bytes:
+  the distributed runtime binds the rank's one copy of each weight to every session that reads
+  it (tables the lowering computes at export stay initializers).
 - A node whose op needs the rank's offset into a split axis (the vocab-parallel embedding) gets
   it from the rank's mesh coordinates, as the numpy impls get `shard` in the SPMD interpreter;
   a rank holding a block of the new tokens (cp, ep on T) gives the mask its block
@@ -37,6 +40,7 @@ from graphllm.exporters.onnx.lowering import (
     EXPORT_DTYPES,
     LOWERINGS,
     MS_DOMAIN,
+    ONNX_TYPES,
     PROTO_LIMIT,
     Lowering,
     LoweringError,
@@ -152,6 +156,7 @@ def export_segment(
     coords: Mapping[str, int] | None = None,
     ops: str = "decomposed",
     dtype: str = "fp32",
+    weights_as_inputs: bool = False,
 ) -> onnx.ModelProto:
     """The nodes `nodes` of `graph` (one rank's program, or any graph) as an ONNX model.
 
@@ -161,6 +166,8 @@ def export_segment(
     coordinates (`{"tp": 1}`), which fix its offsets into split axes. `ops` is the lowering:
     decomposed (SEGMENT_LOWERINGS); a fused region that a segment cuts would be lowered node by
     node, but the fused op sets are refused until their regions take a rank's program.
+    `weights_as_inputs`: the params read as they are become graph inputs (after the boundary
+    values), their blocks in `weights` checked for shape only.
     """
     if dtype not in EXPORT_DTYPES:
         raise ConfigError(f"ONNX export runs in {' or '.join(EXPORT_DTYPES)}, not {dtype}")
@@ -196,6 +203,13 @@ def export_segment(
     inputs_info = _inputs(graph, c, ins, names)
     value_info = [v for v in value_info if v.name not in out_names]
     plan = _plan(graph, c)
+    if weights_as_inputs:  # a param read as it is: an input; what is made from one stays made
+        fed = [i for i in plan if i.make is None and i.sources == (i.name,)]
+        for init in fed:
+            _weight(graph[init.name], weights)
+            kind = ONNX_TYPES[init.dtype or dtype]
+            inputs_info.append(helper.make_tensor_value_info(init.name, kind, list(init.shape)))
+        plan = [i for i in plan if i not in fed]
     params = [
         (p, _weight(p, weights)) for p in graph.params() if any(p.name in i.sources for i in plan)
     ]
@@ -400,14 +414,27 @@ class SegmentCache:
         coords: Mapping[str, int] | None = None,
         ops: str = "decomposed",
         dtype: str = "fp32",
+        weights_as_inputs: bool = False,
     ) -> bytes:
         """The serialised model of the segment, exported the first time it is asked for."""
         nodes, inputs, outputs = list(nodes), list(inputs), list(outputs)
-        key = segment_key(graph, nodes, inputs, outputs, coords, ops, dtype, id(weights))
+        # the weights' identity stands for the run they belong to, whose sharding the nodes'
+        # printout does not show (with weights as inputs the model holds none of their bytes)
+        key = segment_key(
+            graph, nodes, inputs, outputs, coords, ops, dtype, id(weights), weights_as_inputs
+        )
         hit = self._models.get(key)
         if hit is None:
             model = export_segment(
-                graph, nodes, inputs, outputs, weights=weights, coords=coords, ops=ops, dtype=dtype
+                graph,
+                nodes,
+                inputs,
+                outputs,
+                weights=weights,
+                coords=coords,
+                ops=ops,
+                dtype=dtype,
+                weights_as_inputs=weights_as_inputs,
             )
             hit = self._models[key] = (weights, model.SerializeToString())
         return hit[1]
@@ -422,6 +449,7 @@ def segment_key(
     ops: str,
     dtype: str,
     weights_id: int,
+    weights_as_inputs: bool = False,
 ) -> str:
     """A digest of what the exported model depends on."""
     h = hashlib.sha256()
@@ -433,5 +461,6 @@ def segment_key(
         h.update(f"out {tensor_name(graph, ref)} {graph.type_of(ref)}\n".encode())
     plan = graph.meta.get("partition")
     mesh = meta_result(graph, "partition").mesh.axes if plan is not None else ()
-    h.update(repr((sorted((coords or {}).items()), mesh, ops, dtype, weights_id)).encode())
+    what = (sorted((coords or {}).items()), mesh, ops, dtype, weights_id, weights_as_inputs)
+    h.update(repr(what).encode())
     return h.hexdigest()

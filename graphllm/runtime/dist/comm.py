@@ -3,10 +3,12 @@
 Each collective row of the op table has one torch.distributed call here (its lowering onto the
 library, as graphllm.exporters has lowerings onto ONNX), over the process group of the node's
 mesh axis: the ranks whose device coordinates differ on that axis alone. Every group of every
-axis is made on every rank in the same order (torch.distributed requires it). numpy arrays go to
-torch through `torch.from_numpy` (no copy; a view is copied first, since the in-place
-collectives would write through it into a weight or an earlier value) and come back through
-`.numpy()`; on CUDA (NCCL) they go to the device and back, the path this machine cannot run.
+axis is made on every rank in the same order (torch.distributed requires it). The values are
+torch tensors on the rank's device (graphllm.runtime.dist.tensors), as the segments hand them
+over: an all_reduce sums into its input in place (into a copy where a later step reads that
+input too), the others fill buffers made on the same device, so on NCCL nothing goes through
+the host. `shard_slice` is local (a rank keeps its block of a value its group holds whole) and
+is sliced here too, on the device.
 """
 
 from __future__ import annotations
@@ -17,13 +19,12 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-import numpy as np
-
 from graphllm.errors import GraphllmError
 from graphllm.ir import Graph, Node
-from graphllm.ops import COMMUNICATION, OPS
+from graphllm.ops import OPS
 from graphllm.passes.parallel.sharding import Mesh
 from graphllm.runtime.dist.records import CollectiveTime
+from graphllm.runtime.dist.tensors import to_torch
 
 
 def device_mesh(mesh: Mesh) -> Mesh:
@@ -72,27 +73,27 @@ class Comm:
                     self.groups[name] = g
 
     def run(
-        self, program: Graph, node: Node, x: Any, mb: int, clock: float
+        self, program: Graph, node: Node, x: Any, mb: int, clock: float, kept: bool = False
     ) -> tuple[Any, CollectiveTime]:
-        """Carry out cut point `node` on this rank's input `x`; its output and timing record."""
+        """Carry out cut point `node` on this rank's input `x` (a tensor on the rank's device;
+        `kept`: a later step reads it too, so it is not written in place); its output and
+        timing record."""
         spec = OPS[node.op]
         axis = node.attrs["mesh"]
         n = self.world.size(axis)
-        j = self.coords[axis]
+        lower = LOWERINGS.get(node.op)
+        if lower is None:
+            raise GraphllmError(f"{node.name}: no torch.distributed call for op {node.op}")
         start = time.perf_counter()
-        if spec.category != COMMUNICATION:  # shard_slice: every rank of the group holds x whole
-            y = spec.impl([x] * n, node.attrs)[j]  # type: ignore[misc]
-            peer = None
-        else:
-            lower = LOWERINGS.get(node.op)
-            if lower is None:
-                raise GraphllmError(f"{node.name}: no torch.distributed call for op {node.op}")
-            try:
-                y, peer = lower(self, program, node, x, n)
-            except Exception as e:  # a peer gone or silent: say which call waited on whom
-                raise GraphllmError(
-                    f"{node.op} {node.name} over {axis} (group of {n}): {one_line(e)}"
-                ) from None
+        if x is not None:
+            x = to_torch(x, self.device)
+            x = x.clone() if kept and node.op in IN_PLACE else x
+        try:
+            y, peer = lower(self, program, node, x, n)
+        except Exception as e:  # a peer gone or silent: say which call waited on whom
+            raise GraphllmError(
+                f"{node.op} {node.name} over {axis} (group of {n}): {one_line(e)}"
+            ) from None
         seconds = time.perf_counter() - start
         moved = y if spec.payload == "output" or x is None else x  # a recv: what came
         rec = CollectiveTime(
@@ -107,23 +108,6 @@ class Comm:
             peer=peer,
         )
         return y, rec
-
-    # numpy <-> torch
-    def tensor(self, x: np.ndarray) -> Any:
-        import torch
-
-        a = np.require(x, dtype=_dtype(x), requirements=["C", "W", "O"])
-        t = torch.from_numpy(a)
-        return t.to(self.device) if self.device != "cpu" else t
-
-    def empty_like(self, t: Any) -> Any:
-        import torch
-
-        return torch.empty_like(t)
-
-    @staticmethod
-    def array(t: Any) -> np.ndarray:
-        return t.cpu().numpy() if t.device.type != "cpu" else t.numpy()
 
     def peer(self, stage: int) -> int:
         """The global rank of the rank at pipeline stage `stage` with this rank's other coords."""
@@ -148,55 +132,54 @@ def world_call(what: str, fn: Callable[..., Any], *args: Any) -> Any:
         raise GraphllmError(f"{what}: {one_line(e)}") from None
 
 
-def _dtype(x: np.ndarray) -> np.dtype:
-    """Values travel in fp32 (the interpreter computes in fp32) or as the integers they are."""
-    return np.dtype(np.int64) if np.issubdtype(x.dtype, np.integer) else np.dtype(np.float32)
-
-
 Lowering = Callable[[Comm, Graph, Node, Any, int], tuple[Any, int | None]]
+IN_PLACE = {"all_reduce"}  # the calls that write their input
 
 
 def _all_reduce(c: Comm, g: Graph, node: Node, x: Any, n: int) -> tuple[Any, None]:
     import torch.distributed as dist
 
-    t = c.tensor(x)
+    t = x.contiguous()  # x itself, as the segments make their outputs
     dist.all_reduce(t, group=c.groups[node.attrs["mesh"]])
-    return c.array(t), None
+    return t, None
 
 
 def _all_gather(c: Comm, g: Graph, node: Node, x: Any, n: int) -> tuple[Any, None]:
+    import torch
     import torch.distributed as dist
 
-    t = c.tensor(x)
-    out = [c.empty_like(t) for _ in range(n)]
+    t = x.contiguous()
+    out = [torch.empty_like(t) for _ in range(n)]
     dist.all_gather(out, t, group=c.groups[node.attrs["mesh"]])
-    return np.concatenate([c.array(o) for o in out], axis=node.attrs["axis"]), None
+    return torch.cat(out, dim=node.attrs["axis"]), None
 
 
 def _reduce_scatter(c: Comm, g: Graph, node: Node, x: Any, n: int) -> tuple[Any, None]:
+    import torch
     import torch.distributed as dist
 
-    blocks = [c.tensor(b) for b in np.split(np.asarray(x), n, axis=node.attrs["axis"])]
-    out = c.empty_like(blocks[0])
+    blocks = [b.contiguous() for b in x.tensor_split(n, dim=node.attrs["axis"])]
+    out = torch.empty_like(blocks[0])
     dist.reduce_scatter(out, blocks, group=c.groups[node.attrs["mesh"]])
-    return c.array(out), None
+    return out, None
 
 
 def _all_to_all(c: Comm, g: Graph, node: Node, x: Any, n: int) -> tuple[Any, None]:
+    import torch
     import torch.distributed as dist
 
     a = node.attrs
-    blocks = [c.tensor(b) for b in np.split(np.asarray(x), n, axis=a["split_axis"])]
-    out = [c.empty_like(b) for b in blocks]
+    blocks = [b.contiguous() for b in x.tensor_split(n, dim=a["split_axis"])]
+    out = [torch.empty_like(b) for b in blocks]
     dist.all_to_all(out, blocks, group=c.groups[a["mesh"]])
-    return np.concatenate([c.array(o) for o in out], axis=a["concat_axis"]), None
+    return torch.cat(out, dim=a["concat_axis"]), None
 
 
 def _send(c: Comm, g: Graph, node: Node, x: Any, n: int) -> tuple[Any, int]:
     import torch.distributed as dist
 
     peer = c.peer(node.attrs["dst"])
-    dist.send(c.tensor(x), dst=peer)
+    dist.send(x.contiguous(), dst=peer)
     return x, peer
 
 
@@ -212,11 +195,19 @@ def _recv(c: Comm, g: Graph, node: Node, x: Any, n: int) -> tuple[Any, int]:
     dtype = torch.int64 if t.dtype in ("int64", "int32") else torch.float32
     buf = torch.empty(shape, dtype=dtype, device=c.device)
     dist.recv(buf, src=peer)
-    return c.array(buf), peer
+    return buf, peer
+
+
+def _shard_slice(c: Comm, g: Graph, node: Node, x: Any, n: int) -> tuple[Any, None]:
+    """Local: every rank of the group holds x whole and keeps its block (its own buffer, which
+    a later collective may write in place)."""
+    block = x.tensor_split(n, dim=node.attrs["axis"])[c.coords[node.attrs["mesh"]]]
+    return (block.clone() if block.is_contiguous() else block.contiguous()), None
 
 
 # op -> its torch.distributed call (the recv's input is its send on the peer: never read here)
 LOWERINGS: dict[str, Lowering] = {
+    "shard_slice": _shard_slice,
     "all_reduce": _all_reduce,
     "all_gather": _all_gather,
     "reduce_scatter": _reduce_scatter,

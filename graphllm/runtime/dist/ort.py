@@ -1,21 +1,26 @@
 """Segments of a rank's program on onnxruntime (`graphllm run --runtime onnxruntime`).
 
 Each distinct segment is exported once per process (graphllm.exporters.onnx.segment: the rank's
-program, its mesh coordinates and its weight blocks) and gets one InferenceSession, kept for the
-rest of the run: a decode step's program is rebuilt each step, but its segments print the same
-(the lengths are symbolic), so every step after the first decode reuses the first one's
+program, its mesh coordinates, its weights as inputs) and gets one InferenceSession, kept for
+the rest of the run: a decode step's program is rebuilt each step, but its segments print the
+same (the lengths are symbolic), so every step after the first decode reuses the first one's
 sessions. A segment the export cannot express (longrope on a block of the tokens, a block of
 the keys) runs on the numpy interpreter instead, said once on stderr.
 
+Weights: one OrtValue a weight and device for the rank (over its own array on the CPU, one
+copy on a GPU), bound once to every runner that reads it: the models' bytes and the sessions
+hold none. The price on the CPU: a weight that is an input is not prepacked (docs/run.md).
+
+Values: `run_device` (what a rank of a multi-rank run calls) binds torch tensors by pointer and
+hands onnxruntime's outputs, allocated on the device, to torch through DLPack, so a collective
+works on the buffer onnxruntime wrote; `run` takes and gives numpy arrays (a one-rank run).
 CPU: the CPU provider, with the machine's cores shared between the ranks on it (intra-op
 threads = usable cores / local ranks, from torchrun's LOCAL_WORLD_SIZE or the launcher's
 WORLD_SIZE). CUDA (`device="cuda"`, onnxruntime-gpu): the CUDA provider on the rank's
-LOCAL_RANK device, inputs and outputs bound on the device through IO binding, and
-`run_device` takes and gives torch CUDA tensors through DLPack, so NCCL collectives read what
-onnxruntime wrote without a copy to the host. The CUDA path is written but has not run: no GPU
-was at hand (docs/run.md says what ran where).
+LOCAL_RANK device, the same calls. The CUDA path is written but has not run: no GPU was at hand
+(docs/run.md says what ran where).
 
-torch is never imported here: the CUDA path reaches it only through the tensors handed in.
+torch is never imported here: the values reach it only through the tensors handed in.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import os
 import sys
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -82,7 +88,12 @@ def _session(model: bytes, device: str) -> Any:
 
 class OrtRunner:
     """A segment on onnxruntime, behind dist-run's SegmentRunner protocol: boundary values in
-    by `Segment.inputs` name, `Segment.outputs` out."""
+    by `Segment.inputs` name, `Segment.outputs` out.
+
+    Its model reads the weights as inputs (export_segment's `weights_as_inputs`), and one IO
+    binding, kept for the runner's life, binds the rank's own buffer of each weight once
+    (`rank_weight_values`): the model's bytes and the session hold no copy of them. Each run
+    binds the boundary values and lets onnxruntime allocate the outputs on the device."""
 
     # the rank may keep it for the next decode step with P and S moved on (rank._rebind): the
     # model's past and total lengths are symbolic, the positions are fed, and its mask reads
@@ -101,6 +112,7 @@ class OrtRunner:
         self.segment = segment
         self.device = device
         self._fallback: NumpyRunner | None = None
+        self.model: bytes | None = None  # the exported model (the cache's, not a copy)
         program = segment.program
         try:
             model = _EXPORTS.get(
@@ -111,6 +123,7 @@ class OrtRunner:
                 weights=weights,
                 coords=segment.coords,
                 ops=ops,
+                weights_as_inputs=True,
             )
         except (ConfigError, LoweringError) as e:  # what it cannot express yet runs on numpy
             if not _SAID:  # once a process: every rank and step would say the same
@@ -119,33 +132,36 @@ class OrtRunner:
                 print(f"note: {why}: such segments run on numpy", file=sys.stderr)
             self._fallback = NumpyRunner(segment, weights)
             return
+        self.model = model
         self._session = _session(model, device)
         # ONNX names <-> the protocol's value names (they differ for graph outputs: `logits`)
         self._in = {tensor_name(program, r): v for r, v in zip(segment.in_refs, segment.inputs)}
         self._out = [tensor_name(program, r) for r in segment.out_refs]
-        self._wanted = [i.name for i in self._session.get_inputs()]
+        names = [i.name for i in self._session.get_inputs()]
+        params = set(segment.params)
+        self._wanted = [k for k in names if k not in params]
         unfed = [k for k in self._wanted if k not in self._in]
         if unfed:  # a model input its lowering reads that the segment has no value for
             raise GraphllmError(
                 f"segment {segment.index} of {program.name}: its ONNX model reads {unfed[0]}, "
                 "which is not among the segment's inputs"
             )
+        self._binding = self._session.io_binding()
+        values = rank_weight_values(weights, device)
+        for k in names:
+            if k in params:
+                self._binding.bind_ortvalue_input(k, values(k))
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The segment's outputs for its boundary values (numpy arrays, on the host)."""
         if self._fallback is not None:
             return self._fallback.run(feeds)
-        given = {k: np.ascontiguousarray(feeds[self._in[k]]) for k in self._wanted}
-        if self.device == "cuda":
-            binding = self._session.io_binding()
-            for k, v in given.items():
-                binding.bind_cpu_input(k, v)
-            for k in self._out:
-                binding.bind_output(k, "cuda")
-            self._session.run_with_iobinding(binding)
-            got = binding.copy_outputs_to_cpu()
-        else:
-            got = self._session.run(self._out, given)
+        held = [np.ascontiguousarray(feeds[self._in[k]]) for k in self._wanted]
+        for k, v in zip(self._wanted, held):
+            self._binding.bind_cpu_input(k, v)
+        self._run()
+        got = self._binding.copy_outputs_to_cpu()
+        self._binding.clear_binding_outputs()
         return dict(zip(self.segment.outputs, got))
 
     def run_device(self, feeds: dict[str, Any]) -> dict[str, Any]:
@@ -154,25 +170,58 @@ class OrtRunner:
         their data pointers; outputs are bound on the device, onnxruntime allocates them, and
         each goes to torch through DLPack (an OrtValue has `__dlpack__`), so the next
         collective reads onnxruntime's buffer in place. Run here on the CPU with CPU tensors
-        (tests/runtime/dist/test_ort.py); on CUDA it has not run (no GPU at hand)."""
+        (tests/runtime/dist/test_ort.py, test_device_path.py); on CUDA it has not run (no GPU
+        at hand)."""
         if self._fallback is not None:
-            raise GraphllmError(
-                f"segment {self.segment.index} runs on numpy, which takes host arrays"
-            )
-        binding = self._session.io_binding()
+            return self._fallback.run_device(feeds)
         # a binding holds a pointer, not the tensor: a strided input's contiguous copy must
         # outlive the run (seen: freed copies read as garbage when only the pointer was kept)
         held = [feeds[self._in[k]].contiguous() for k in self._wanted]
         for k, x in zip(self._wanted, held):
             np_type = _NP_OF_TORCH[str(x.dtype)]
             index = x.device.index or 0
-            binding.bind_input(k, self.device, index, np_type, tuple(x.shape), x.data_ptr())
-        for k in self._out:
-            binding.bind_output(k, self.device)
-        self._session.run_with_iobinding(binding)
+            self._binding.bind_input(k, self.device, index, np_type, tuple(x.shape), x.data_ptr())
+        self._run()
+        got = self._binding.get_outputs()
+        self._binding.clear_binding_outputs()
         del held
         from_dlpack = _from_dlpack(next(iter(feeds.values())))
-        return {v: from_dlpack(o) for v, o in zip(self.segment.outputs, binding.get_outputs())}
+        return {v: from_dlpack(o) for v, o in zip(self.segment.outputs, got)}
+
+    def _run(self) -> None:
+        for k in self._out:  # allocated by onnxruntime each run: the last run's are handed on
+            self._binding.bind_output(k, self.device)
+        self._session.run_with_iobinding(self._binding)
+
+
+# the weights of the last few ranks' runs this process made (a test process runs many), held
+# with the OrtValues over their buffers: one per weight and device, for every session of a rank
+_VALUES: OrderedDict[tuple[int, str], tuple[dict[str, np.ndarray], dict[str, Any]]] = OrderedDict()
+_MAX_VALUES = 4
+
+
+def rank_weight_values(weights: dict[str, np.ndarray], device: str) -> Callable[[str], Any]:
+    """The OrtValue of each of the rank's weights on `device`, made once per weight: on the
+    CPU over the rank's own array (no copy), on CUDA one copy on the rank's device."""
+    import onnxruntime as ort
+
+    key = (id(weights), device)
+    hit = _VALUES.get(key)
+    if hit is None or hit[0] is not weights:
+        hit = _VALUES[key] = (weights, {})
+        while len(_VALUES) > _MAX_VALUES:
+            _VALUES.popitem(last=False)
+    _VALUES.move_to_end(key)
+    made = hit[1]
+    index = int(os.environ.get("LOCAL_RANK", "0")) if device == "cuda" else 0
+
+    def value(name: str) -> Any:
+        if name not in made:
+            arr = np.ascontiguousarray(weights[name], dtype=np.float32)
+            made[name] = ort.OrtValue.ortvalue_from_numpy(arr, device, index)
+        return made[name]
+
+    return value
 
 
 # the dtypes a segment's boundary holds

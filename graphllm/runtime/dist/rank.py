@@ -33,6 +33,7 @@ from graphllm.runtime.budget import require_interpreted
 from graphllm.runtime.dist.comm import Comm, device_mesh, world_call
 from graphllm.runtime.dist.records import RankRecord, SegmentTime, StepRecord
 from graphllm.runtime.dist.segments import Segment, Step, cut, on_rank, require_runner, value_name
+from graphllm.runtime.dist.tensors import to_numpy, to_torch
 from graphllm.runtime.interpret import default_feeds
 from graphllm.runtime.spmd import assemble, block_index, shard
 
@@ -121,7 +122,7 @@ def generate(
     ids = prompt_ids(job, vocab_of(whole))
     out = Generation(np.zeros((job.batch, 0), np.int64), record, prompt=ids)
     stages = meta_result(program, "partition").stages
-    held: dict[tuple, dict[str, np.ndarray]] = {}
+    held: dict[tuple, dict[str, Any]] = {}
     prev: Graph | None = None
     step_ids = ids
     last: Graph = whole
@@ -235,7 +236,7 @@ def _run_step(
     world: Mesh,
     coords: dict[str, int],
     feeds: dict[str, np.ndarray],
-    past: dict[tuple, dict[str, np.ndarray]],
+    past: dict[tuple, dict[str, Any]],
     weights: dict[str, np.ndarray],
     factory: Any,
     comm: Comm | None,
@@ -243,11 +244,12 @@ def _run_step(
     rec: StepRecord,
     cuts: dict[tuple, list[Step]],
     runners: dict[tuple, Any],
-) -> dict[tuple, dict[str, np.ndarray]]:
-    """Every microbatch of one step on this rank; the graph outputs it holds, per mesh coords."""
+) -> dict[tuple, dict[str, Any]]:
+    """Every microbatch of one step on this rank; the graph outputs it holds, per mesh coords
+    (numpy arrays in a one-rank run, else torch tensors on the rank's device)."""
     mesh = meta_result(prog, "partition").mesh
     microbatches = mesh.size("mb")
-    held: dict[tuple, dict[str, np.ndarray]] = {}
+    held: dict[tuple, dict[str, Any]] = {}
     for mb in range(microbatches):
         c = _mesh_coords(mesh, coords, mb)
         env: dict[str, Any] = {}
@@ -255,9 +257,11 @@ def _run_step(
             if not on_rank(n, c):
                 continue
             if n.name in feeds:
-                env[n.name] = shard(feeds[n.name], n.meta["sharding"][0], mesh, c)
+                v = shard(feeds[n.name], n.meta["sharding"][0], mesh, c)
             else:
-                env[n.name] = past[_key(mesh, c)][n.name]
+                v = past[_key(mesh, c)][n.name]
+            # a rank of many holds torch tensors on its device from here to the step's end
+            env[n.name] = v if comm is None else to_torch(v, comm.device)
         key = _key(mesh, c)
         if key not in cuts:
             cuts[key] = cut(prog, c)
@@ -268,8 +272,9 @@ def _run_step(
                     runner = factory(st, weights)
                     if getattr(runner, "rebindable", False):  # it reads the rebound graph
                         runners[(key, st.index)] = runner
+                run = runner.run if comm is None else runner.run_device
                 t = time.perf_counter()
-                env.update(runner.run({k: env[k] for k in st.inputs}))
+                env.update(run({k: env[k] for k in st.inputs}))
                 dt = time.perf_counter() - t
                 rec.segments.append(SegmentTime(st.index, mb, t - clock, dt, len(st.nodes)))
                 rec.compute_seconds += dt
@@ -277,7 +282,7 @@ def _run_step(
                 if comm is None:
                     raise GraphllmError(f"{st.node}: a cut point in a one-rank run")
                 x = env.get(st.inputs[0])  # a recv's input is its send, on the peer
-                y, crec = comm.run(prog, prog[st.node], x, mb, clock)
+                y, crec = comm.run(prog, prog[st.node], x, mb, clock, st.kept)
                 env[st.node] = y
                 rec.collectives.append(crec)
                 rec.comm_seconds += crec.seconds
@@ -306,7 +311,7 @@ def _gather(
     for key, outs in held.items():
         for k in names:
             if k in outs and (comm is None or _holder(sh[k], mesh, world, comm.coords)):
-                mine[(k, key)] = outs[k]
+                mine[(k, key)] = to_numpy(outs[k])
     pooled = [mine]
     if comm is not None:
         import torch.distributed as dist
@@ -361,7 +366,7 @@ def _pasts(
     return out
 
 
-def _window(prog: Graph, node: Node, v: np.ndarray) -> np.ndarray:
+def _window(prog: Graph, node: Node, v: Any) -> Any:
     """The past positions a layer's cache holds (a window layer's last W-1), as default_feeds
     cuts them; a carried state whole."""
     if prog.output_role(node.name.replace("past_key_values.", "present.", 1)) == "state":

@@ -17,7 +17,7 @@ import importlib
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from graphllm.ir.opspec import needs_positions, position_origins
 from graphllm.ops import COMMUNICATION, OPS, SOURCE
 from graphllm.passes.parallel.sharding import Mesh
 from graphllm.passes.registry import meta_result
+from graphllm.runtime.dist.tensors import to_numpy, to_torch
 from graphllm.runtime.interpret import Interpreter
 from graphllm.runtime.spmd import letter_axes, shard_offsets
 
@@ -67,15 +68,20 @@ class Cut:
 
     node: str
     inputs: tuple[str, ...]  # value names it reads
+    kept: bool = False  # a later step (or the program's outputs) reads its input too
 
 
 Step = Segment | Cut
 
 
 class SegmentRunner(Protocol):
-    """Runs one segment: boundary values in, by `Segment.inputs` name; `Segment.outputs` out."""
+    """Runs one segment: boundary values in, by `Segment.inputs` name; `Segment.outputs` out:
+    numpy arrays (`run`, a one-rank run), or torch tensors on the rank's device (`run_device`,
+    what a rank of a multi-rank run hands its segments and collectives)."""
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    def run_device(self, feeds: dict[str, Any]) -> dict[str, Any]: ...
 
 
 # segment, the rank's weights (param name -> this rank's block) -> a runner
@@ -96,6 +102,12 @@ class NumpyRunner:
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self._interp.run(feeds)
+
+    def run_device(self, feeds: dict[str, Any]) -> dict[str, Any]:
+        """Tensors in and out, through host views (the interpreter computes in numpy)."""
+        device = str(next(iter(feeds.values())).device) if feeds else "cpu"
+        got = self.run({k: to_numpy(v) for k, v in feeds.items()})
+        return {k: to_torch(v, device) for k, v in got.items()}
 
 
 def on_rank(node: Node, coords: dict[str, int]) -> bool:
@@ -135,7 +147,8 @@ def cut(program: Graph, coords: dict[str, int]) -> list[Step]:
     steps: list[Step] = []
     for i, g in enumerate(groups):
         if isinstance(g, Node):
-            steps.append(Cut(g.name, tuple(value_name(r) for r in g.inputs)))
+            reads = tuple(value_name(r) for r in g.inputs)
+            steps.append(Cut(g.name, reads, bool(reads) and reads[0] in later[i]))
         else:
             steps.append(_segment(program, mesh, coords, len(steps), g, later[i]))
     return steps

@@ -217,6 +217,42 @@ def test_a_missing_or_misshapen_weight_is_one_line():
         export_segment(local, *first, weights=whole, coords={"tp": 0})
 
 
+def test_weights_as_inputs_hold_no_weight_bytes_and_compute_the_same():
+    """`weights_as_inputs`: the params become graph inputs (fed by the caller, as dist-run binds
+    the rank's arrays), the model carries none of their bytes, and the outputs are those of the
+    export with initializers; a misshapen weight is still one line."""
+    g, local = _graph(TINY, DECODE, Strategy(tp=2))
+    names, ins, outs = _segments(local)[1]  # the first layer's attention
+    rec = _Recording(local, random_weights(g, seed=0))
+    rec.run(_feeds(g))
+    env = rec.env[(0,)]
+    weights = {p.name: env[p.name] for p in local.params() if p.name in env}
+    inits = export_segment(local, names, ins, outs, weights=weights, coords={"tp": 0})
+    fed = export_segment(
+        local, names, ins, outs, weights=weights, coords={"tp": 0}, weights_as_inputs=True
+    )
+    params = {p.name for p in local.params()}
+    read = {i.name for i in inits.graph.initializer} & params
+    assert read and not {i.name for i in fed.graph.initializer} & params
+    assert read <= {i.name for i in fed.graph.input}
+    assert fed.ByteSize() < inits.ByteSize() - sum(weights[k].nbytes for k in read) + 4096
+    got = []
+    for model in (inits, fed):
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        by_name = {tensor_name(local, x): x for x in ins}
+        feeds = {}
+        for i in sess.get_inputs():
+            v = weights[i.name] if i.name in read else env[by_name[i.name].node]
+            feeds[i.name] = np.asarray(v[by_name[i.name].index] if isinstance(v, tuple) else v)
+        got.append(sess.run(None, feeds))
+    assert all(np.array_equal(a, b) for a, b in zip(*got))
+    bad = dict(weights) | {k: weights[k][:1] for k in read}
+    with pytest.raises(GraphllmError, match="the rank's block is"):
+        export_segment(
+            local, names, ins, outs, weights=bad, coords={"tp": 0}, weights_as_inputs=True
+        )
+
+
 @pytest.mark.parametrize("workload", [PREFILL, DECODE | {"seq_len": 2}], ids=["prefill", "decode"])
 @pytest.mark.parametrize(
     ("config", "strategy"),
