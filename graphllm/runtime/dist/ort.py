@@ -1,15 +1,16 @@
 """Segments of a rank's program on onnxruntime (`graphllm run --runtime onnxruntime`).
 
 Each distinct segment is exported once per process (graphllm.exporters.onnx.segment: the rank's
-program, its mesh coordinates, its weights as inputs) and gets one InferenceSession, kept for
+program, its mesh coordinates, on CUDA its weights as inputs) and gets one InferenceSession, kept for
 the rest of the run: a decode step's program is rebuilt each step, but its segments print the
 same (the lengths are symbolic), so every step after the first decode reuses the first one's
 sessions. A segment the export cannot express (longrope on a block of the tokens, a block of
 the keys) runs on the numpy interpreter instead, said once on stderr.
 
-Weights: one OrtValue a weight and device for the rank (over its own array on the CPU, one
-copy on a GPU), bound once to every runner that reads it: the models' bytes and the sessions
-hold none. The price on the CPU: a weight that is an input is not prepacked (docs/run.md).
+Weights on CUDA (or with `weights_once`): one OrtValue a weight and device for the rank (over
+its own array on the CPU, one copy on a GPU), bound once to every runner that reads it: the
+models' bytes and the sessions hold none. On the CPU they stay initializers by default: a
+weight that is an input is not prepacked, and decode ran 1.5-1.7x slower so (docs/run.md).
 
 Values: `run_device` (what a rank of a multi-rank run calls) binds torch tensors by pointer and
 hands onnxruntime's outputs, allocated on the device, to torch through DLPack, so a collective
@@ -90,10 +91,13 @@ class OrtRunner:
     """A segment on onnxruntime, behind dist-run's SegmentRunner protocol: boundary values in
     by `Segment.inputs` name, `Segment.outputs` out.
 
-    Its model reads the weights as inputs (export_segment's `weights_as_inputs`), and one IO
-    binding, kept for the runner's life, binds the rank's own buffer of each weight once
-    (`rank_weight_values`): the model's bytes and the session hold no copy of them. Each run
-    binds the boundary values and lets onnxruntime allocate the outputs on the device."""
+    With `weights_once` (the default on CUDA) its model reads the weights as inputs
+    (export_segment's `weights_as_inputs`), and one IO binding, kept for the runner's life,
+    binds the rank's own buffer of each weight once (`rank_weight_values`): the model's bytes
+    and the session hold no copy of them. On the CPU the default keeps them as initializers:
+    onnxruntime prepacks only constant MatMul weights, and without that a decode step ran
+    1.5-1.7x slower here (docs/run.md), for a copy the CPU's memory can usually afford. Each
+    run binds the boundary values and lets onnxruntime allocate the outputs on the device."""
 
     # the rank may keep it for the next decode step with P and S moved on (rank._rebind): the
     # model's past and total lengths are symbolic, the positions are fed, and its mask reads
@@ -106,12 +110,14 @@ class OrtRunner:
         weights: dict[str, np.ndarray],
         device: str = "cpu",
         ops: str = "decomposed",
+        weights_once: bool | None = None,
     ) -> None:
         if segment.program is None:
             raise GraphllmError(f"segment {segment.index} carries no rank program to export")
         self.segment = segment
         self.device = device
         self._fallback: NumpyRunner | None = None
+        once = device != "cpu" if weights_once is None else weights_once
         self.model: bytes | None = None  # the exported model (the cache's, not a copy)
         program = segment.program
         try:
@@ -123,7 +129,7 @@ class OrtRunner:
                 weights=weights,
                 coords=segment.coords,
                 ops=ops,
-                weights_as_inputs=True,
+                weights_as_inputs=once,
             )
         except (ConfigError, LoweringError) as e:  # what it cannot express yet runs on numpy
             if not _SAID:  # once a process: every rank and step would say the same
@@ -138,7 +144,7 @@ class OrtRunner:
         self._in = {tensor_name(program, r): v for r, v in zip(segment.in_refs, segment.inputs)}
         self._out = [tensor_name(program, r) for r in segment.out_refs]
         names = [i.name for i in self._session.get_inputs()]
-        params = set(segment.params)
+        params = set(segment.params) if once else set()
         self._wanted = [k for k in names if k not in params]
         unfed = [k for k in self._wanted if k not in self._in]
         if unfed:  # a model input its lowering reads that the segment has no value for
@@ -147,10 +153,11 @@ class OrtRunner:
                 "which is not among the segment's inputs"
             )
         self._binding = self._session.io_binding()
-        values = rank_weight_values(weights, device)
-        for k in names:
-            if k in params:
-                self._binding.bind_ortvalue_input(k, values(k))
+        if params:
+            values = rank_weight_values(weights, device)
+            for k in names:
+                if k in params:
+                    self._binding.bind_ortvalue_input(k, values(k))
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The segment's outputs for its boundary values (numpy arrays, on the host)."""

@@ -60,7 +60,7 @@ def test_each_weight_is_held_once_per_rank():
     rng = np.random.default_rng(1)
     read = 0
     for st in segments:
-        runner = OrtRunner(st, weights)
+        runner = OrtRunner(st, weights, weights_once=True)
         model = onnx.load_from_string(runner.model)
         inits = {t.name for t in model.graph.initializer}
         assert not inits & set(st.params), inits & set(st.params)
