@@ -24,7 +24,7 @@ Seeds (nothing else is decided per layer):
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from graphllm.echo import shown
@@ -84,6 +84,11 @@ class Strategy:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def decode_strategy(s: Strategy) -> Strategy:
+    """The strategy of a one-token step: cp and sp cut the tokens, and there is one."""
+    return replace(s, cp=1, sp=False)
 
 
 @dataclass(frozen=True)
