@@ -167,7 +167,7 @@ def serving_report(
         "model": config.name,
         "hardware": hw.name,
         "rate_model": hw.rate_model,
-        "strategy": str(strategy),
+        "strategy": strategy.describe(),
         "devices": strategy.devices,
         "prompt": prompt,
         "output": output,
