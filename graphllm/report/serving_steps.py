@@ -100,7 +100,7 @@ def combine_seconds(graph: Graph, replica: Strategy, hw: Hardware) -> list[float
         ins = [graph.type_of(r) for r in n.inputs]
         reads_keys = any(d.role == "key_token" for t in ins for d in t.dims)
         if not reads_keys or any(d.role == "key_token" for d in n.out.dims):
-            continue  # not core attention's output: it contracts the positions attended over
+            continue  # core attention's output is what contracts the positions attended over
         numel = n.out.numel(binds)
         width = math.prod(int(d.size) for d in n.out.dims if d.role == "head_dim")
         share = nbytes(n.out.dtype, numel) + nbytes("fp32", numel / width)  # output and LSE
@@ -147,12 +147,11 @@ def prefill_chunks(
             "each microbatch of a prompt's prefill is an equal chunk of it"
         )
     c = prompt // chunks
-    return [
-        [st["seconds"] for st in programs(
-            config, dataclasses.replace(wl, seq_len=c, past_len=j * c), replica, hw, attention
-        )[1]]
-        for j in range(chunks)
-    ]  # fmt: skip
+    times = []
+    for j in range(chunks):
+        step = dataclasses.replace(wl, seq_len=c, past_len=j * c)
+        times.append([st["seconds"] for st in programs(config, step, replica, hw, attention)[1]])
+    return times
 
 
 def pipelined(times: list[list[float]]) -> float:

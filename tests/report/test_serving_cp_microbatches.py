@@ -31,15 +31,23 @@ def _combine(batch, heads, group, link):
     return (group - 1) * link.step_latency + (group - 1) * share / link.bus_bandwidth
 
 
+def _serve(cfg, s, batch):
+    return serving_report(cfg, Workload(), s, H100, prompt=PROMPT, output=OUTPUT, batch=batch)
+
+
+def _decode_seconds(cfg, batch, s):
+    """Each stage's step on a microbatch of `batch` at the average context, without cp."""
+    wl = Workload(batch=batch, seq_len=1, past_len=PROMPT + OUTPUT // 2, logits="last")
+    return [st["seconds"] for st in _stages(cfg, wl, s)]
+
+
 @pytest.fixture(scope="module")
 def cfg():
     return load_config("llama3-8b")
 
 
 def test_cp_prefill_decode_and_cache_by_hand(cfg):
-    doc = serving_report(
-        cfg, Workload(), Strategy(tp=2, cp=2), H100, prompt=PROMPT, output=OUTPUT, batch=8
-    )
+    doc = _serve(cfg, Strategy(tp=2, cp=2), 8)
     # prefill: the partition report's cp program, its gathers of K and V included
     pre = _stages(cfg, Workload(seq_len=PROMPT, logits="last"), Strategy(tp=2, cp=2))[0]
     assert pre["comm_bytes"]["all_gather"] > 0
@@ -73,17 +81,13 @@ def test_cp_prefill_decode_and_cache_by_hand(cfg):
 
 def test_a_cp_group_across_nodes_combines_over_the_network(cfg):
     # tp 8 fills a node of 8, so the two cp ranks of a group sit in two nodes
-    doc = serving_report(
-        cfg, Workload(), Strategy(tp=8, cp=2), H100, prompt=PROMPT, output=OUTPUT, batch=4
-    )
+    doc = _serve(cfg, Strategy(tp=8, cp=2), 4)
     combine = LAYERS * _combine(4, HEADS // 8, 2, H100.achievable.network)
     assert doc["stages"][0]["cp_combine_seconds"] == pytest.approx(combine, rel=1e-9)
 
 
 def test_cp_with_pp_combines_each_stage_s_own_layers(cfg):
-    doc = serving_report(
-        cfg, Workload(), Strategy(cp=2, pp=2), H100, prompt=PROMPT, output=OUTPUT, batch=4
-    )
+    doc = _serve(cfg, Strategy(cp=2, pp=2), 4)
     for st in doc["stages"]:
         first, last = st["layers"]
         # 2 microbatches of 2 in flight: each stage's step is on a microbatch of 2 sequences
@@ -92,15 +96,7 @@ def test_cp_with_pp_combines_each_stage_s_own_layers(cfg):
 
 
 def test_microbatches_pipeline_the_prompt_and_keep_m_in_flight(cfg):
-    doc = serving_report(
-        cfg,
-        Workload(),
-        Strategy(pp=2, microbatches=4),
-        H100,
-        prompt=PROMPT,
-        output=OUTPUT,
-        batch=8,
-    )
+    doc = _serve(cfg, Strategy(pp=2, microbatches=4), 8)
     # the prompt in 4 chunks of 1024 tokens, chunk j over a past of j chunks; t[j][s]
     c = PROMPT // 4
     t = [
@@ -119,12 +115,7 @@ def test_microbatches_pipeline_the_prompt_and_keep_m_in_flight(cfg):
     whole = _stages(cfg, Workload(seq_len=PROMPT, logits="last"), Strategy(pp=2))
     assert doc["ttft_seconds"] < sum(st["seconds"] for st in whole)  # the fill overlaps
     # decode: 4 microbatches of 2 in flight: the slowest stage takes a turn on each
-    dec = _stages(
-        cfg,
-        Workload(batch=2, seq_len=1, past_len=PROMPT + OUTPUT // 2, logits="last"),
-        Strategy(pp=2),
-    )
-    secs = [st["seconds"] for st in dec]
+    secs = _decode_seconds(cfg, 2, Strategy(pp=2))
     turn = max(t[0][0] + t[1][0] + t[2][0] + t[3][0], t[0][1] + t[1][1] + t[2][1] + t[3][1])
     tpot = 4 * max(secs) + 8 / OUTPUT * turn
     assert doc["tpot_seconds"] == pytest.approx(tpot, rel=1e-12)
@@ -133,21 +124,8 @@ def test_microbatches_pipeline_the_prompt_and_keep_m_in_flight(cfg):
 
 def test_fewer_microbatches_than_stages_wait_for_a_lap_of_the_ring(cfg):
     # 4 stages, 2 microbatches: each microbatch's token needs all 4 stages in turn
-    doc = serving_report(
-        cfg,
-        Workload(),
-        Strategy(pp=4, microbatches=2),
-        H100,
-        prompt=PROMPT,
-        output=OUTPUT,
-        batch=4,
-    )
-    dec = _stages(
-        cfg,
-        Workload(batch=2, seq_len=1, past_len=PROMPT + OUTPUT // 2, logits="last"),
-        Strategy(pp=4),
-    )
-    secs = [st["seconds"] for st in dec]
+    doc = _serve(cfg, Strategy(pp=4, microbatches=2), 4)
+    secs = _decode_seconds(cfg, 2, Strategy(pp=4))
     assert sum(secs) > 2 * max(secs)  # the lap, not two turns of the slowest stage
     turn = max(st["prefill_seconds"] for st in doc["stages"])
     assert doc["tpot_seconds"] == pytest.approx(sum(secs) + 4 / OUTPUT * turn, rel=1e-12)
