@@ -32,6 +32,10 @@ steps) on a microbatch of batch / (dp M), so M = pp is the default's figure, few
 idle and more make each stage's turn longer with smaller microbatches; and a prompt's prefill is
 pipelined over the stages in M chunks (serving_steps.py), the first token after the fill.
 
+`--ep E`: partition cuts a decode batch over the E ranks (each attends for its own sequences),
+so a replica's batch is a multiple of E x the microbatches in flight, and each device's cache
+holds 1/E of the sequences: the replica holds E times what one device's cache does.
+
 `--cp N` (serving_steps.py): the prompt's tokens split over N ranks for prefill (the partition
 report's cp program, its gathers of K and V included); at decode each cp rank holds 1/N of
 every sequence's cache, so the replica holds N times the sequences, and a step attends over
@@ -96,7 +100,7 @@ def serving_report(
         raise ConfigError(f"--memory-fraction must be in (0, 1], got {memory_fraction}")
     dtypes = {k: getattr(base, k) for k in ("weight_dtype", "act_dtype", "kv_dtype")}
     avg = prompt + output // 2
-    dp, pp = strategy.dp, strategy.pp
+    dp, pp, ep = strategy.dp, strategy.pp, strategy.ep
     flight = strategy.microbatches if strategy.microbatches > 1 else pp  # decode microbatches
     chunks = strategy.microbatches  # of a prompt's prefill
     # each replica's program is the same; serving pipelines the microbatches itself
@@ -110,8 +114,10 @@ def serving_report(
     prefill = prefill_chunks(
         config, Workload(logits="last", **dtypes), replica, hw, attention, prompt, chunks
     )  # [chunk][stage]
-    full = decode(1, prompt + output)  # a sequence at its full length, per stage
-    room = []  # per stage: (sequences its cache holds, its cache budget, one sequence's cache)
+    # a sequence at its full length, per stage; partition cuts a decode batch over the ep
+    # ranks, so ep sequences leave one in each ep rank's cache
+    full = decode(ep, prompt + output)
+    room = []  # per stage: (sequences a device's cache holds, its budget, one sequence's cache)
     for st in full:
         budget = memory_fraction * hw.memory_bytes - st["weight_bytes"] - st["activation_bytes"]
         per_seq = st["kv_cache_bytes"]
@@ -119,8 +125,11 @@ def serving_report(
     tight = min(range(pp), key=lambda i: room[i][0])  # the fullest stage bounds the replica
     held, budget, per_seq = room[tight]
     one = full[tight]
-    largest = held // flight * flight  # the microbatches in flight are of equal size
+    unit = flight * ep  # equal microbatches in flight, each cut over the ep ranks
+    largest = held // flight * unit
     in_flight = f"--pp {pp}" if strategy.microbatches == 1 else f"--microbatches {flight}"
+    if ep > 1:
+        in_flight += f" x --ep {ep}"
     if largest < 1:
         where = f" stage {tight}'s" if pp > 1 else ""
         raise ConfigError(
@@ -131,10 +140,11 @@ def serving_report(
             f"{hw.memory_bytes / 1e9:g} GB; add --tp, or `graphllm plan`"
         )
     want = dp * largest if batch is None else batch
-    if want % (dp * flight):
+    if want % (dp * unit):
         raise ConfigError(
             f"--batch {want} must be a multiple of --dp {dp} x {in_flight}: each of the {dp} "
             f"replicas keeps {flight} equal microbatches in flight"
+            + (f", each cut over the {ep} ep ranks" if ep > 1 else "")
         )
     if want > dp * largest:
         raise ConfigError(
@@ -159,7 +169,7 @@ def serving_report(
             "tokens_per_second": dp * b / step,
         }
 
-    grid = (flight * 2**i for i in range(int(math.log2(largest // flight)) + 1))
+    grid = (unit * 2**i for i in range(int(math.log2(largest // unit)) + 1))
     sizes = sorted({*grid, largest, want // dp})
     curve = [point(b) for b in sizes]
     at = next(p for p in curve if p["batch"] == want)
