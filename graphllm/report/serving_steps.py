@@ -13,7 +13,8 @@ all-gathering Q and lse, then correcting the attn out" (https://github.com/vllm-
 pull/24864), with "Multiplying the GPU KV cache size by the dcp_world_size"; its all-to-all
 backend "exchanges partial attention outputs and their LSE values across ranks, then combines
 them with exact LSE-weighted reduction", the fp32 LSE "packed into a single output-dtype
-buffer" (https://docs.vllm.ai/en/latest/api/vllm/v1/attention/ops/dcp_alltoall/). Here:
+buffer" (vllm/v1/attention/ops/dcp_alltoall.py's API page, as built for vLLM pull 42262:
+https://vllm--42262.org.readthedocs.build/en/42262/api/vllm/v1/attention/ops/dcp_alltoall/). Here:
 - each cp rank holds ceil(keys / cp) of a sequence's positions of every layer's cache, and
   its decode step attends over them (the step of `decode_strategy` at that past length);
 - the token's projections, FFN and LM head run whole on every cp rank (cp cuts no weight, and
