@@ -81,7 +81,7 @@ def serving(
     con = new_console()
     con.print(
         f"[bold]{doc['model']}[/bold] on {doc['devices']} {doc['hardware']} "
-        f"({doc['strategy'] or 'one device'}), {prompt_len} tokens in, {output_len} out"
+        f"({doc['strategy']}), {prompt_len} tokens in, {output_len} out"
     )
     con.print(
         f"KV cache: {_b(doc['kv_capacity_bytes_per_device'])} a device after "
@@ -109,10 +109,24 @@ def serving(
         "output-len prompts; queueing is not modelled"
     )
     if doc["replicas"] > 1 or doc["pipeline_stages"] > 1:
+        m, chunks = doc["microbatches_in_flight"], doc["prefill_chunks"]
+        prefill = (
+            "the sum of the stages' prefill"
+            if chunks == 1
+            else f"the prompt in {chunks} chunks pipelined over the stages, with the fill"
+        )
         con.print(
             f"{doc['replicas']} replica(s) of {doc['pipeline_stages']} stage(s), batch / "
-            "replicas sequences each: time to first token is the sum of the stages' prefill; "
-            "pp microbatches in flight, a token every pp x the slowest stage's step"
+            f"replicas sequences each: time to first token is {prefill}; {m} microbatches in "
+            f"flight, a token every max({m} x the slowest stage's step, the stages' sum)"
+        )
+    if doc["context_parallel"] > 1:
+        cp = doc["context_parallel"]
+        combine = max(st["cp_combine_seconds"] for st in doc["stages"])
+        con.print(
+            f"cp {cp}: the prompt's tokens split over {cp} ranks for prefill; at decode each "
+            f"holds 1/{cp} of every sequence's cache, attends over it and all-gathers the "
+            f"partial outputs and LSEs ({_t(combine)} a step on the slowest stage)"
         )
     if hw.rate_model == "ideal":
         con.print("times: ideal model (data-sheet peaks, no latencies or launch costs)")

@@ -25,6 +25,21 @@ largest batch dp times a replica's. `--pp` cuts a replica into stages (the parti
 - each stage's KV cache holds its own layers' cache of all the replica's sequences, in what
   that stage's weights and activations leave: the replica holds as many sequences as its
   fullest stage.
+
+`--microbatches M` (with `--pp`) sets how many microbatches decode keeps in flight, M in place
+of pp: a sequence's token comes every max(M x the slowest stage's step, the sum of the stages'
+steps) on a microbatch of batch / (dp M), so M = pp is the default's figure, fewer leave stages
+idle and more make each stage's turn longer with smaller microbatches; and a prompt's prefill is
+pipelined over the stages in M chunks (serving_steps.py), the first token after the fill.
+
+`--ep E`: partition cuts a decode batch over the E ranks (each attends for its own sequences),
+so a replica's batch is a multiple of E x the microbatches in flight, and each device's cache
+holds 1/E of the sequences: the replica holds E times what one device's cache does.
+
+`--cp N` (serving_steps.py): the prompt's tokens split over N ranks for prefill (the partition
+report's cp program, its gathers of K and V included); at decode each cp rank holds 1/N of
+every sequence's cache, so the replica holds N times the sequences, and a step attends over
+its shard and all-gathers the partial outputs and their log-sum-exps over the cp group.
 """
 
 from __future__ import annotations
@@ -33,24 +48,36 @@ import dataclasses
 import math
 from typing import Any
 
-from graphllm.build.builder import build_graph
 from graphllm.errors import ConfigError
 from graphllm.files import write_atomic
 from graphllm.models.hardware import Hardware
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload
-from graphllm.passes.parallel.partition import Strategy, partition, partition_report
+from graphllm.passes.parallel.partition import Strategy
 from graphllm.report.plot import pyplot_for
+from graphllm.report.serving_steps import (
+    decode_stages,
+    pipelined,
+    prefill_chunks,
+    require_cp_cache,
+)
 
 MEMORY_FRACTION = 0.9  # vLLM's default gpu_memory_utilization
 
 
-def _stages(
-    config: ModelConfig, wl: Workload, s: Strategy, hw: Hardware, attention: str
-) -> list[dict]:
-    """One device's figures of a step in each pipeline stage (partition report)."""
-    graph = partition(build_graph(config, wl), s, hw)
-    return partition_report(graph, hw, attention).to_dict()["stages"]
+def _require_combination(s: Strategy) -> None:
+    """One line for a strategy serving does not model."""
+    if s.microbatches > 1 and s.pp == 1:
+        raise ConfigError(
+            "serving --microbatches sets the microbatches in flight through the --pp stages; "
+            "give --pp N with N > 1"
+        )
+    if s.microbatches > 1 and s.cp > 1:
+        raise ConfigError(
+            "serving --cp with --microbatches: a prompt's chunks after the first would attend "
+            "over a past that cp holds sharded, which the cp prefill program does not model; "
+            "drop one of them"
+        )
 
 
 def serving_report(
@@ -67,28 +94,30 @@ def serving_report(
 ) -> dict[str, Any]:
     """The serving figures of `config` on `strategy` x `hw` for requests of `prompt` tokens in
     and `output` out; `batch` concurrent sequences (None: the largest that fits)."""
-    if strategy.cp > 1 or strategy.microbatches > 1:
-        raise ConfigError(
-            "graphllm serving models replicas (--dp) of --tp (with --sp), --ep and --pp; --cp "
-            "and --microbatches are not modelled yet"
-        )
+    _require_combination(strategy)
+    require_cp_cache(config, strategy.cp, prompt)
     if not 0 < memory_fraction <= 1:
         raise ConfigError(f"--memory-fraction must be in (0, 1], got {memory_fraction}")
     dtypes = {k: getattr(base, k) for k in ("weight_dtype", "act_dtype", "kv_dtype")}
     avg = prompt + output // 2
-    dp, pp = strategy.dp, strategy.pp
-    replica = dataclasses.replace(strategy, dp=1)  # each replica's program is the same
+    dp, pp, ep = strategy.dp, strategy.pp, strategy.ep
+    flight = strategy.microbatches if strategy.microbatches > 1 else pp  # decode microbatches
+    chunks = strategy.microbatches  # of a prompt's prefill
+    # each replica's program is the same; serving pipelines the microbatches itself
+    replica = dataclasses.replace(strategy, dp=1, microbatches=1)
 
-    def decode(b: int, past: int = avg) -> list[dict]:
-        """Each stage's step on a microbatch of `b` sequences."""
-        wl = Workload(batch=b, seq_len=1, past_len=past, logits="last", **dtypes)
-        return _stages(config, wl, replica, hw, attention)
+    def decode(b: int, keys: int = avg + 1) -> list[dict]:
+        """Each stage's step on a microbatch of `b` sequences attending over `keys` positions."""
+        wl = Workload(batch=b, seq_len=1, logits="last", **dtypes)
+        return decode_stages(config, wl, replica, hw, attention, keys)
 
-    prefill = _stages(
-        config, Workload(seq_len=prompt, logits="last", **dtypes), replica, hw, attention
-    )
-    full = decode(1, prompt + output - 1)  # a sequence at its full length, per stage
-    room = []  # per stage: (sequences its cache holds, its cache budget, one sequence's cache)
+    prefill = prefill_chunks(
+        config, Workload(logits="last", **dtypes), replica, hw, attention, prompt, chunks
+    )  # [chunk][stage]
+    # a sequence at its full length, per stage; partition cuts a decode batch over the ep
+    # ranks, so ep sequences leave one in each ep rank's cache
+    full = decode(ep, prompt + output)
+    room = []  # per stage: (sequences a device's cache holds, its budget, one sequence's cache)
     for st in full:
         budget = memory_fraction * hw.memory_bytes - st["weight_bytes"] - st["activation_bytes"]
         per_seq = st["kv_cache_bytes"]
@@ -96,34 +125,43 @@ def serving_report(
     tight = min(range(pp), key=lambda i: room[i][0])  # the fullest stage bounds the replica
     held, budget, per_seq = room[tight]
     one = full[tight]
-    largest = held // pp * pp  # pp microbatches of equal size in flight
+    unit = flight * ep  # equal microbatches in flight, each cut over the ep ranks
+    largest = held // flight * unit
+    in_flight = f"--pp {pp}" if strategy.microbatches == 1 else f"--microbatches {flight}"
+    if ep > 1:
+        in_flight += f" x --ep {ep}"
     if largest < 1:
         where = f" stage {tight}'s" if pp > 1 else ""
         raise ConfigError(
             f"{config.name} on {strategy.devices} {hw.name}:{where} weights "
             f"({one['weight_bytes'] / 1e9:.2f} GB a device) leave no room for "
-            f"{'one sequence' if pp == 1 else f'{pp} sequences (one a microbatch)'}'s KV "
-            f"cache ({per_seq / 1e9:.3f} GB a sequence) in {memory_fraction:.0%} of "
+            f"{'one sequence' if flight == 1 else f'{flight} sequences (one a microbatch)'}'s "
+            f"KV cache ({per_seq / 1e9:.3f} GB a sequence) in {memory_fraction:.0%} of "
             f"{hw.memory_bytes / 1e9:g} GB; add --tp, or `graphllm plan`"
         )
     want = dp * largest if batch is None else batch
-    if want % (dp * pp):
+    if want % (dp * unit):
         raise ConfigError(
-            f"--batch {want} must be a multiple of --dp {dp} x --pp {pp}: each of the {dp} "
-            f"replicas keeps {pp} equal microbatches in flight"
+            f"--batch {want} must be a multiple of --dp {dp} x {in_flight}: each of the {dp} "
+            f"replicas keeps {flight} equal microbatches in flight"
+            + (f", each cut over the {ep} ep ranks" if ep > 1 else "")
         )
     if want > dp * largest:
         raise ConfigError(
             f"--batch {want} does not fit: the KV cache holds at most {dp * largest} sequences "
             f"of {prompt + output} tokens"
         )
-    ttft = sum(st["seconds"] for st in prefill)  # the prompt passes each stage in turn
-    prefill_turn = max(st["seconds"] for st in prefill)  # a prompt's turn on the slowest stage
+    ttft = pipelined(prefill)  # one chunk: the prompt passes each stage in turn
+    # a prompt's turn on the slowest stage: every chunk of it
+    prefill_turn = max(sum(col) for col in zip(*prefill))
+    steps: dict[int, list[dict]] = {}
 
     def point(b: int) -> dict[str, Any]:
-        """The steady state of a replica serving `b` sequences in pp microbatches."""
-        slowest = max(st["seconds"] for st in decode(b // pp))
-        step = pp * slowest + b / output * prefill_turn
+        """The steady state of a replica serving `b` sequences in `flight` microbatches."""
+        steps[b] = decode(b // flight)
+        secs = [st["seconds"] for st in steps[b]]
+        # the slowest stage's turn on every microbatch, or one microbatch's lap of the ring
+        step = max(flight * max(secs), sum(secs)) + b / output * prefill_turn
         return {
             "batch": dp * b,
             "tpot_seconds": step,
@@ -131,7 +169,7 @@ def serving_report(
             "tokens_per_second": dp * b / step,
         }
 
-    grid = (pp * 2**i for i in range(int(math.log2(largest // pp)) + 1))
+    grid = (unit * 2**i for i in range(int(math.log2(largest // unit)) + 1))
     sizes = sorted({*grid, largest, want // dp})
     curve = [point(b) for b in sizes]
     at = next(p for p in curve if p["batch"] == want)
@@ -139,7 +177,7 @@ def serving_report(
         "model": config.name,
         "hardware": hw.name,
         "rate_model": hw.rate_model,
-        "strategy": str(strategy),
+        "strategy": strategy.describe(),
         "devices": strategy.devices,
         "prompt": prompt,
         "output": output,
@@ -156,16 +194,21 @@ def serving_report(
         "curve": curve,
         "replicas": dp,
         "pipeline_stages": pp,
+        "context_parallel": strategy.cp,
+        "microbatches_in_flight": flight,
+        "prefill_chunks": chunks,
         "stages": [
             {
                 "stage": i,
-                "layers": pre["layers"],
-                "prefill_seconds": pre["seconds"],
+                "layers": full[i]["layers"],
+                "prefill_seconds": sum(row[i] for row in prefill),
+                "decode_seconds": steps[want // dp][i]["seconds"],
+                "cp_combine_seconds": steps[want // dp][i]["combine_seconds"],
                 "kv_capacity_bytes": room[i][1],
                 "kv_bytes_per_sequence": room[i][2],
                 "sequences_held": room[i][0],
             }
-            for i, pre in enumerate(prefill)
+            for i in range(pp)
         ],
     }
 

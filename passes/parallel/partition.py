@@ -24,7 +24,7 @@ Seeds (nothing else is decided per layer):
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from graphllm.echo import shown
@@ -93,6 +93,11 @@ class Strategy:
         if not self.whole_vocab:  # a report of the default reads as it did before the option
             del d["whole_vocab"]
         return d
+
+
+def decode_strategy(s: Strategy) -> Strategy:
+    """The strategy of a one-token step: cp and sp cut the tokens, and there is one."""
+    return replace(s, cp=1, sp=False)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""mi300x's achievable figures (issue 20), each sourced; the figures no measurement was found for
-left at the fallback rule and named in the preset's _note; l40s still on its peaks."""
+"""mi300x's and l40s's achievable figures (issue 20), each sourced; the figures no measurement was
+found for left at the fallback rule and named in the preset's _note."""
 
 import pytest
 
@@ -84,7 +84,23 @@ def test_a_spec_file_may_leave_a_figure_null():
     assert (ach.launch_seconds, ach.sm_count, ach.gemm_tile) == (None, None, None)
 
 
-def test_l40s_stays_on_its_peaks_and_says_why():
+def test_l40s_carries_measured_rates_with_their_sources():
     l40s = load_hardware("l40s")
-    assert l40s.rate_model == "ideal" and l40s.achievable is None
-    assert "No achievable figures" in read_mapping(PRESETS_PATH)["l40s"]["_note"]
+    ach = l40s.achievable
+    assert ach is not None and l40s.rate_model == "achievable"
+    for word in ("GEMM", "Memory", "torch-performance-test-data", "issue 43", "gpu-benches"):
+        assert word in ach.source, word
+    assert (l40s.gemm_rate("bf16"), l40s.gemm_rate("fp16")) == (269.15e12, 264.02e12)
+    assert l40s.bandwidth() == 830e9
+    assert l40s.ideal().bandwidth() == 864e9  # --ideal: the data sheet's
+
+
+def test_l40s_unmeasured_figures_fall_back_and_the_note_names_them():
+    note = read_mapping(PRESETS_PATH)["l40s"]["_note"]
+    for word in ("attention", "FP8 GEMM", "nccl-tests over PCIe", "network", "launch", "tile"):
+        assert word in note, word
+    l40s = load_hardware("l40s")
+    assert l40s.attention_rate("bf16") == l40s.peak("bf16") == 362.05e12  # no measurement
+    assert l40s.gemm_rate("fp8") == l40s.peak("fp8")
+    mesh = Mesh((("tp", 2),))  # PCIe inside the node: the line rate and no latency
+    assert collective_seconds("all_reduce", 2, 1e6, mesh, "tp", l40s) == 1e6 / 32e9

@@ -54,7 +54,7 @@ def test_the_curve_covers_powers_of_two_up_to_the_largest_batch(doc):
 @pytest.mark.parametrize(
     ("kw", "says"),
     [
-        ({"strategy": Strategy(cp=2)}, "--cp"),
+        ({"strategy": Strategy(microbatches=2)}, "give --pp"),
         ({"batch": 10**6}, "does not fit"),
         ({"memory_fraction": 0.001}, "no room"),
     ],

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,7 +26,7 @@ from graphllm.ir import Graph, Node
 from graphllm.ir.opspec import position_origins
 from graphllm.models.config import load_config
 from graphllm.models.workload import Workload
-from graphllm.passes.parallel.partition import Strategy, partition
+from graphllm.passes.parallel.partition import Strategy, decode_strategy, partition
 from graphllm.passes.parallel.sharding import Mesh, Sharding
 from graphllm.passes.registry import meta_result
 from graphllm.runtime.budget import require_interpreted
@@ -67,11 +67,6 @@ class Generation:
     record: RankRecord
     logits: list[np.ndarray] = field(default_factory=list)
     prompt: np.ndarray | None = None
-
-
-def decode_strategy(s: Strategy) -> Strategy:
-    """The strategy of a one-token step: cp and sp cut the tokens, and there is one."""
-    return replace(s, cp=1, sp=False)
 
 
 def prompt_ids(job: Job, vocab: int) -> np.ndarray:
