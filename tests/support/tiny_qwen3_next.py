@@ -63,14 +63,7 @@ class TinyQwen3Next(TinyModel):
     cases = CASES
     small = SMALL
 
-    def run(self, ids: np.ndarray, past: dict | None = None, **build) -> dict[str, np.ndarray]:
-        # the past's length is the attention layers' (a state says nothing of it)
-        kv = [v.shape[2] for k, v in (past or {}).items() if k.endswith((".key", ".value"))]
-        g = self.graph(ids.shape[1], max(kv, default=0), **build)
-        if self.weights is None:
-            from graphllm.build.weights import load_weights
-
-            self.weights = load_weights(g, self.folder)
-        from graphllm.runtime.interpret import run_graph
-
-        return run_graph(g, self.weights, ids, past)
+    def past_len(self, past: dict) -> int:
+        # the attention layers' (a state says nothing of it)
+        kv = [v.shape[2] for k, v in past.items() if k.endswith((".key", ".value"))]
+        return max(kv, default=0)
