@@ -4,9 +4,8 @@ norms, the MoE with its gated shared expert (issue 19)."""
 
 from __future__ import annotations
 
-import numpy as np
-
 from tests.support.tiny_models import BATCH, SEQ, TinyModel
+from tests.support.tiny_models import presents as carried  # the states are presents too
 
 __all__ = ["BATCH", "CASES", "LONG", "SEQ", "SMALL", "TinyQwen3Next", "carried"]
 
@@ -52,11 +51,6 @@ CASES: dict[str, tuple[str, dict]] = {
         {"full_attention_interval": 2, "mlp_only_layers": [1], "num_hidden_layers": 2},
     ),
 }
-
-
-def carried(out: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A step's KV cache and states, to feed the next step as its past."""
-    return {k: v for k, v in out.items() if k.startswith("present.")}
 
 
 class TinyQwen3Next(TinyModel):
