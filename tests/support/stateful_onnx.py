@@ -5,9 +5,11 @@ tests/support (its `model`, `run` and `cfg`), `session` a runtime.session.OnnxMo
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
-from graphllm.runtime.session import positions
+from graphllm.runtime.session import OnnxModel, positions
 from tests.support.tiny_models import presents as carried
 
 
@@ -81,6 +83,17 @@ def assert_generate_matches(m, session, ids: np.ndarray, new_tokens: int) -> Non
         ref.append(theirs.logits.numpy()[:, -1].argmax(-1)[:, None])
         theirs = hf(m, ref[-1], cache=theirs.cache)
     np.testing.assert_array_equal(new, np.concatenate(ref, axis=1))
+
+
+def exported_decomposed(m, folder: Path) -> tuple:
+    """(m, the path, an OnnxModel session) of `m`'s export with the decomposed lowering to
+    folder/model.onnx: what StatefulExportParity's `exported` fixture gives."""
+    from graphllm.build.builder import build_export_graph
+    from graphllm.exporters.onnx import export_onnx
+
+    path = folder / "model.onnx"
+    export_onnx(build_export_graph(m.cfg), path, weights=m.folder, ops="decomposed")
+    return m, path, OnnxModel(path, device="cpu")
 
 
 class StatefulExportParity:

@@ -23,6 +23,7 @@ from tests.support.stateful_onnx import (  # noqa: E402
     StatefulExportParity,
     assert_left_padded,
     carried,
+    exported_decomposed,
     hf,
 )
 from tests.support.tiny_nemotron import SMALL  # noqa: E402
@@ -33,10 +34,7 @@ STATES = ("conv_state", "recurrent_state")
 
 @pytest.fixture(scope="module")
 def exported(tiny_nemotron, tmp_path_factory):
-    m = tiny_nemotron("hybrid")
-    path = tmp_path_factory.mktemp("nemotron_h-onnx") / "model.onnx"
-    export_onnx(build_export_graph(m.cfg), path, weights=m.folder, ops="decomposed")
-    return m, path, OnnxModel(path, device="cpu")
+    return exported_decomposed(tiny_nemotron("hybrid"), tmp_path_factory.mktemp("nemotron_h-onnx"))
 
 
 def test_the_states_are_inputs_and_outputs_of_their_own(exported):

@@ -13,19 +13,16 @@ pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
 
 from graphllm.build.builder import build_export_graph  # noqa: E402
-from graphllm.exporters.onnx import export_onnx  # noqa: E402
 from graphllm.exporters.onnx.lowering import LoweringError, lower  # noqa: E402
-from graphllm.runtime.session import OnnxModel  # noqa: E402
-from tests.support.stateful_onnx import StatefulExportParity  # noqa: E402
+from tests.support.stateful_onnx import StatefulExportParity, exported_decomposed  # noqa: E402
 from tests.support.tiny_qwen3_next import LONG, SMALL  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def exported(tiny_qwen3_next, tmp_path_factory):
-    m = tiny_qwen3_next("qwen3_next")
-    path = tmp_path_factory.mktemp("qwen3_next-onnx") / "model.onnx"
-    export_onnx(build_export_graph(m.cfg), path, weights=m.folder, ops="decomposed")
-    return m, path, OnnxModel(path, device="cpu")
+    return exported_decomposed(
+        tiny_qwen3_next("qwen3_next"), tmp_path_factory.mktemp("qwen3_next-onnx")
+    )
 
 
 def test_the_states_are_inputs_and_outputs_of_their_own(exported):
