@@ -32,15 +32,20 @@ import sys
 import tempfile
 from pathlib import Path
 
-from graphllm.build.builder import build_export_graph
-from graphllm.exporters.onnx import export_onnx, read_metadata
-from graphllm.models.config import config_from_dict, load_config
-from graphllm.models.hardware import Hardware, hardware_from_dict, load_hardware
-from graphllm.models.model_config import ModelConfig
-from graphllm.models.workload import Workload
-from graphllm.passes import run
-from graphllm.runtime.bench import bench, export_storage, predict, predicted_graph
-from graphllm.runtime.calibrate import calibrate, gemm_shapes_of
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run standalone from a checkout: benchmarks.common
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import LLAMA_56M  # noqa: E402
+from graphllm.build.builder import build_export_graph  # noqa: E402
+from graphllm.exporters.onnx import export_onnx, read_metadata  # noqa: E402
+from graphllm.models.config import config_from_dict, load_config  # noqa: E402
+from graphllm.models.hardware import Hardware, hardware_from_dict, load_hardware  # noqa: E402
+from graphllm.models.model_config import ModelConfig  # noqa: E402
+from graphllm.models.workload import Workload  # noqa: E402
+from graphllm.passes import run  # noqa: E402
+from graphllm.runtime.bench import bench, export_storage, predict, predicted_graph  # noqa: E402
+from graphllm.runtime.calibrate import calibrate, gemm_shapes_of  # noqa: E402
 
 PROMPT, NEW = 128, 32
 LLAMA = {"model_type": "llama", "max_position_embeddings": 2048, "rms_norm_eps": 1e-5}
@@ -54,15 +59,7 @@ MODELS = {
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
     },
-    "small": LLAMA
-    | {
-        "vocab_size": 32000,
-        "hidden_size": 512,
-        "intermediate_size": 1408,
-        "num_hidden_layers": 8,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 4,
-    },
+    "small": LLAMA | LLAMA_56M,
     "large": LLAMA
     | {
         "vocab_size": 32000,

@@ -42,24 +42,20 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-import graphllm
-from graphllm.build.builder import build_export_graph
-from graphllm.exporters.onnx import export_onnx
-from graphllm.exporters.onnx.quantize import Quantization
-from graphllm.runtime.calibrate import calibrate
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run standalone from a checkout: benchmarks.common
+    sys.path.insert(0, str(ROOT))
+
+import graphllm  # noqa: E402
+from benchmarks.common import LLAMA_56M, read_bandwidth  # noqa: E402
+from graphllm.build.builder import build_export_graph  # noqa: E402
+from graphllm.exporters.onnx import export_onnx  # noqa: E402
+from graphllm.exporters.onnx.quantize import Quantization  # noqa: E402
 
 THREADS, PROMPT, NEW = 2, 128, 64
 BURST = 1  # decode steps a model runs before the next takes its turn (1: step by step)
 GENAI, SYM, ASYM, FP32 = "genai int4", "graphllm int4 sym", "graphllm int4", "graphllm fp32"
-LLAMA = {
-    "vocab_size": 32000,
-    "hidden_size": 512,
-    "intermediate_size": 1408,
-    "num_hidden_layers": 8,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
-    "max_position_embeddings": 2048,
-}
+LLAMA = LLAMA_56M
 HEAD_DIM = LLAMA["hidden_size"] // LLAMA["num_attention_heads"]
 
 
@@ -184,18 +180,6 @@ def load_average() -> str:
     return f"{one:.2f} {five:.2f} {fifteen:.2f}"
 
 
-def bandwidth(nbytes: int) -> float:
-    hw = calibrate(
-        weights_bytes=nbytes,
-        repeats=9,
-        threads=THREADS,
-        progress=False,
-        matmul_size=64,
-        buffer_bytes=1 << 20,
-    )
-    return hw.extra["memory_bandwidth_model"]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=11, help="rounds after the warm-up one")
@@ -229,7 +213,7 @@ def main() -> int:
         prefill: dict[str, list[float]] = {k: [] for k in loops}
         floors, last = [], {}
         for r in range(args.repeats + 1):
-            bw = bandwidth(floor_bytes)
+            bw = read_bandwidth(floor_bytes, THREADS)
             spent = dict.fromkeys(loops, 0.0)
             for label in turn_order(labels, r):
                 p, last[label] = loops[label].prefill(ids)
@@ -242,7 +226,7 @@ def main() -> int:
                     spent[label] += t
                     if r:
                         bursts[label].append(t)
-            bw = (bw + bandwidth(floor_bytes)) / 2
+            bw = (bw + read_bandwidth(floor_bytes, THREADS)) / 2
             if r:
                 floors.append(floor_bytes / bw)
                 for label in loops:

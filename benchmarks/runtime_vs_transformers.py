@@ -34,26 +34,23 @@ from pathlib import Path
 
 import numpy as np
 
-import graphllm
-from graphllm.build.builder import build_export_graph
-from graphllm.exporters.onnx import default_lowering, export_onnx
-from graphllm.passes import run
-from graphllm.runtime import hugepages
-from graphllm.runtime.bench import predict, time_generation
-from graphllm.runtime.calibrate import calibrate
-from graphllm.runtime.session import OnnxModel
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run standalone from a checkout: benchmarks.common
+    sys.path.insert(0, str(ROOT))
+
+import graphllm  # noqa: E402
+from benchmarks.common import LLAMA_56M, read_bandwidth  # noqa: E402
+from graphllm.build.builder import build_export_graph  # noqa: E402
+from graphllm.exporters.onnx import default_lowering, export_onnx  # noqa: E402
+from graphllm.passes import run  # noqa: E402
+from graphllm.runtime import hugepages  # noqa: E402
+from graphllm.runtime.bench import predict, time_generation  # noqa: E402
+from graphllm.runtime.calibrate import calibrate  # noqa: E402
+from graphllm.runtime.session import OnnxModel  # noqa: E402
 
 THREADS, PROMPT, NEW = 2, 128, 64
 PAUSE = 0.5  # seconds between runs: idle threads of the one before stop spinning
-LLAMA = {
-    "vocab_size": 32000,
-    "hidden_size": 512,
-    "intermediate_size": 1408,
-    "num_hidden_layers": 8,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
-    "max_position_embeddings": 2048,
-}
+LLAMA = LLAMA_56M
 
 
 def transformers_run(model, ids: np.ndarray) -> tuple[float, float]:
@@ -73,20 +70,6 @@ def transformers_run(model, ids: np.ndarray) -> tuple[float, float]:
             nxt = out.logits[:, -1:].argmax(-1)
             spent += time.perf_counter() - s0
     return t1 - t0, spent / NEW
-
-
-def read_bandwidth(nbytes: float) -> float:
-    """Read bandwidth over a buffer of `nbytes`, THREADS threads, as `graphllm calibrate` measures
-    it (its other figures taken as small as they go)."""
-    hw = calibrate(
-        weights_bytes=nbytes,
-        repeats=9,  # a read takes ~5 ms: a few more of them outlast a passing load
-        threads=THREADS,
-        progress=False,
-        matmul_size=64,
-        buffer_bytes=1 << 20,
-    )
-    return hw.extra["memory_bandwidth_model"]
 
 
 def main() -> int:
@@ -176,9 +159,9 @@ def run_rounds(hf, hf_label: str, ids: np.ndarray, models: dict, repeats: int, s
         got = [transformers_run(hf, ids)]
         for label, m in models.items():
             time.sleep(PAUSE)  # torch's OpenMP workers spin a while after its last op
-            before = read_bandwidth(streamed)
+            before = read_bandwidth(streamed, THREADS)
             t = time_generation(m, PROMPT, NEW, repeats=1, warmup=0)
-            read = (before + read_bandwidth(streamed)) / 2  # reads around the run
+            read = (before + read_bandwidth(streamed, THREADS)) / 2  # reads around the run
             got.append((t.prefill[0], t.decode[0]))
             if r:
                 out.reads.append(read)

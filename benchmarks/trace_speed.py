@@ -264,11 +264,9 @@ def _table(title: str, key: str, *figures: str) -> Any:
 
 
 def print_report(models: list[dict], startup: list[dict]) -> None:
-    from rich.console import Console
+    from graphllm.report.console import console as new_console
 
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=120)  # no wrapping of the FLOP counts in a pipe or log
+    console = new_console()  # full width in a pipe or log: no header cut, no FLOP count wrapped
     ok = {True: "[green]pass[/]", False: "[red]FAIL[/]"}
 
     t = _table(

@@ -18,6 +18,7 @@ from graphllm.build.dims import T
 from graphllm.build.recurrent import (
     MIXERS,
     causal_conv,
+    per_group,
     recurrent_state,
     set_recurrent_state,
     zero_padding,
@@ -26,11 +27,6 @@ from graphllm.ir import Dim, Node, Ref
 
 if TYPE_CHECKING:
     from graphllm.build.builder import _Builder
-
-
-def _per_group(groups: int, per: int, start: int, width: int) -> list[int]:
-    """Channels start .. start + width of each of `groups` blocks of `per`, group by group."""
-    return [j * per + start + e for j in range(groups) for e in range(width)]
 
 
 def gated_deltanet(b: _Builder, p: str, x: Node, i: int) -> Node:
@@ -59,10 +55,10 @@ def gated_deltanet(b: _Builder, p: str, x: Node, i: int) -> Node:
         attrs = {"axes": {"c": out}, "index": index, "groups": n_k}
         return g.add("select_blocked", name, (src,), attrs)
 
-    mixed = select(f"{p}.qkv", qkvz, _per_group(n_k, per, 0, group), conv_dim)  # (B, T, C)
-    z = select(f"{p}.z", qkvz, _per_group(n_k, per, group, r * d_v), d_value)
-    beta_in = select(f"{p}.b", ba, _per_group(n_k, 2 * r, 0, r), heads_v)  # (B, T, value heads)
-    a_in = select(f"{p}.a", ba, _per_group(n_k, 2 * r, r, r), heads_v)
+    mixed = select(f"{p}.qkv", qkvz, per_group(n_k, per, 0, group), conv_dim)  # (B, T, C)
+    z = select(f"{p}.z", qkvz, per_group(n_k, per, group, r * d_v), d_value)
+    beta_in = select(f"{p}.b", ba, per_group(n_k, 2 * r, 0, r), heads_v)  # (B, T, value heads)
+    a_in = select(f"{p}.a", ba, per_group(n_k, 2 * r, r, r), heads_v)
     # the checkpoint's conv weight holds q (all groups), then k, then v: its rows regrouped
     rows = [
         [j * d_k + e for e in range(d_k)]

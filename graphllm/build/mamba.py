@@ -27,6 +27,7 @@ from graphllm.build.dims import T
 from graphllm.build.recurrent import (
     MIXERS,
     causal_conv,
+    per_group,
     recurrent_state,
     set_recurrent_state,
     zero_padding,
@@ -35,11 +36,6 @@ from graphllm.ir import Dim, Node, Ref
 
 if TYPE_CHECKING:
     from graphllm.build.builder import _Builder
-
-
-def _per_group(groups: int, per: int, start: int, width: int) -> list[int]:
-    """Channels start .. start + width of each of `groups` blocks of `per`, group by group."""
-    return [j * per + start + e for j in range(groups) for e in range(width)]
 
 
 def scan_form(b: _Builder) -> str:
@@ -88,7 +84,7 @@ def mamba_mixer(b: _Builder, p: str, x: Node, i: int) -> Node:
     per = 2 * hp + 2 * n + r  # one group's [z, x, B, C, dt]
 
     def select(what: str, first: int, width: int, out: Dim) -> Node:
-        attrs = {"axes": {"c": out}, "index": _per_group(n_g, per, first, width), "groups": n_g}
+        attrs = {"axes": {"c": out}, "index": per_group(n_g, per, first, width), "groups": n_g}
         return g.add("select_blocked", f"{p}.in_proj_{what}", (zxbcdt,), attrs)
 
     z = select("z", 0, hp, inner)  # head order: each group's heads are consecutive

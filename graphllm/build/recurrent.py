@@ -27,6 +27,12 @@ def conv_bindings(kernel: int, seq_len: int) -> dict[str, float]:
     return {S_CONV: kernel - 1 + seq_len}
 
 
+def per_group(groups: int, per: int, start: int, width: int) -> list[int]:
+    """Channels start .. start + width of each of `groups` blocks of `per`, group by group: the
+    rows of a projection laid out per head group, as both recurrent mixers' are."""
+    return [j * per + start + e for j in range(groups) for e in range(width)]
+
+
 def attention_mask(b: _Builder) -> Node:
     """The graph input `attention_mask` (B, S) int64, 0 on padded positions (added once)."""
     if "attention_mask" in b.g:

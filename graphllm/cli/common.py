@@ -27,6 +27,11 @@ from graphllm.models.workload import Workload
 
 DTYPE_NAMES = ["fp32", "bf16", "fp16", "fp8", "int8", "int4", "int4g32"]
 PRESET_HELP = "A preset name (see `graphllm presets`)."
+# the commands that can read a checkpoint's weights (export, run) find its config beside them
+WEIGHTS_CONFIG_HELP = (
+    "HF config.json, a checkpoint folder, or a YAML file (default: the --weights folder)."
+)
+ATTENTION_HELP = "Fused core attention, or every op through memory."
 # numpy's generators take a non-negative seed
 SEED = click.IntRange(min=0, max=2**63 - 1)
 # timed repetitions: a median of more than this many says nothing more, and takes hours
@@ -201,9 +206,32 @@ def user_errors(fn: Callable) -> Callable:
     return wrapper
 
 
+def options(*decorators: Callable) -> Callable:
+    """One decorator of several click options (or decorators of them), listed by `--help` in
+    the order given."""
+
+    def deco(fn: Callable) -> Callable:
+        for d in reversed(decorators):
+            fn = d(fn)
+        return fn
+
+    return deco
+
+
+def logits_option(fn: Callable) -> Callable:
+    """--logits: the LM head for every new position or the last."""
+    return click.option(
+        "--logits",
+        type=click.Choice(["all", "last"]),
+        help="LM head for every new position, or the last only (as a server).",
+    )(fn)
+
+
 def model_options(fn: Callable) -> Callable:
     """--config / --model and the workload flags, shared by every command that builds a graph."""
-    opts = [
+    config_help = "HF config.json, a checkpoint folder, or a YAML file (with optional workload:)."
+    return options(
+        source_options(config_help),
         click.option("--batch", "-b", type=click.IntRange(min=1), help="Batch size B."),
         click.option(
             "--seq-len", "-t", type=IntList(), help="New tokens T (a list sweeps: 128,1024)."
@@ -217,16 +245,8 @@ def model_options(fn: Callable) -> Callable:
         click.option("--weight-dtype", type=click.Choice(DTYPE_NAMES)),
         click.option("--act-dtype", type=click.Choice(DTYPE_NAMES)),
         click.option("--kv-dtype", type=click.Choice(DTYPE_NAMES)),
-        click.option(
-            "--logits",
-            type=click.Choice(["all", "last"]),
-            help="LM head for every new position, or the last only (as a server).",
-        ),
-    ]
-    for opt in reversed(opts):
-        fn = opt(fn)
-    config_help = "HF config.json, a checkpoint folder, or a YAML file (with optional workload:)."
-    return source_options(config_help)(fn)
+        logits_option,
+    )(fn)
 
 
 def source_options(config_help: str, model_help: str = PRESET_HELP) -> Callable:
@@ -321,40 +341,78 @@ def hardware_option(default: str | None) -> Callable:
             with rate_model(ideal=ideal, cuda_graphs=cuda_graphs):
                 return fn(*args, **kwargs)
 
-        command = click.option(
-            "--cuda-graphs/--no-cuda-graphs",
-            default=None,
-            help="Launch kernels through CUDA graphs (achievable rates) [default: for decode].",
-        )(command)
-        command = click.option(
-            "--ideal",
-            is_flag=True,
-            help="Time on the data sheet's peaks with no latencies or launch costs, not on the "
-            "device's measured (achievable) rates.",
-        )(command)
-        return click.option(
-            "--hardware",
-            default=default,
-            show_default=True,
-            help="Device preset (see `graphllm hardware`), a YAML/JSON spec file, or `local`.",
+        return options(
+            click.option(
+                "--hardware",
+                default=default,
+                show_default=True,
+                help="Device preset (see `graphllm hardware`), a YAML/JSON spec file, or `local`.",
+            ),
+            click.option(
+                "--ideal",
+                is_flag=True,
+                help="Time on the data sheet's peaks with no latencies or launch costs, not on "
+                "the device's measured (achievable) rates.",
+            ),
+            click.option(
+                "--cuda-graphs/--no-cuda-graphs",
+                default=None,
+                help="Launch kernels through CUDA graphs (achievable rates) [default: for decode].",
+            ),
         )(command)
 
     return decorate
 
 
-def deepseek_options(fn: Callable) -> Callable:
-    """--mla and --mtp: how a DeepSeek model attends, and whether its MTP modules are built."""
-    fn = click.option(
-        "--mtp",
-        is_flag=True,
-        help="DeepSeek-V3: include the multi-token-prediction modules (inputs "
-        "mtp.{k}.input_ids, outputs mtp.{k}.logits).",
-    )(fn)
+def device_options(attention_help: str = ATTENTION_HELP) -> Callable:
+    """--hardware (default h100) with its rate model, and --attention: what the costs are
+    timed on and how core attention is counted."""
+    return options(hardware_option("h100"), attention_option(attention_help))
+
+
+def mla_option(help_text: str) -> Callable:
+    """--mla: how a DeepSeek model's latent attention is computed."""
     return click.option(
         "--mla",
         type=click.Choice(["naive", "absorbed"]),
         default="naive",
         show_default=True,
-        help="DeepSeek latent attention: re-expand the cached latent (as transformers), or fold "
-        "the up projections into the query and output.",
+        help=help_text,
+    )
+
+
+def deepseek_options(fn: Callable) -> Callable:
+    """--mla and --mtp: how a DeepSeek model attends, and whether its MTP modules are built."""
+    return options(
+        mla_option(
+            "DeepSeek latent attention: re-expand the cached latent (as transformers), or fold "
+            "the up projections into the query and output."
+        ),
+        click.option(
+            "--mtp",
+            is_flag=True,
+            help="DeepSeek-V3: include the multi-token-prediction modules (inputs "
+            "mtp.{k}.input_ids, outputs mtp.{k}.logits).",
+        ),
     )(fn)
+
+
+def json_option(fn: Callable) -> Callable:
+    """--json: the command's document instead of its tables."""
+    flag = click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead.")
+    return flag(fn)
+
+
+def seed_option(help_text: str | None = None) -> Callable:
+    """--seed of the random draws (weights, prompts), 0 by default."""
+    return click.option("--seed", type=SEED, default=0, show_default=True, help=help_text)
+
+
+def repeats_option(fn: Callable) -> Callable:
+    """--repeats: timed runs, of which the median is reported."""
+    return click.option("--repeats", type=REPEATS, default=5, show_default=True)(fn)
+
+
+def renderer_option(help_text: str) -> Callable:
+    """--renderer: Graphviz's dot binary or the graphviz-pure wheel (graphllm.exporters.render)."""
+    return click.option("--renderer", type=click.Choice(["auto", "dot", "pure"]), help=help_text)

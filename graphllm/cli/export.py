@@ -13,12 +13,16 @@ import click
 from graphllm.build.builder import build_export_graph, build_graph
 from graphllm.build.weights import unmodelled_tensors
 from graphllm.cli.common import (
-    REPEATS,
-    SEED,
     WARMUPS,
+    WEIGHTS_CONFIG_HELP,
     deepseek_options,
     hardware_option,
+    json_option,
+    logits_option,
+    options,
+    repeats_option,
     resolve,
+    seed_option,
     source_options,
     user_errors,
 )
@@ -81,36 +85,32 @@ def provider_kind(device: str) -> str:
 
 def quantize_options(fn: Any) -> Any:
     """--quantize and its settings (defaults: onnxruntime-genai's model builder's for the CPU)."""
-    for option in reversed(
-        [
-            click.option(
-                "--quantize",
-                type=click.Choice(list(BITS)),
-                help="Linear weights as onnxruntime's MatMulNBits, quantized blockwise from the "
-                "float weights (embeddings and routed experts stay float); a GPTQ/AWQ "
-                "checkpoint's integers are kept as stored.",
-            ),
-            click.option(
-                "--block-size",
-                type=click.Choice([str(b) for b in BLOCK_SIZES]),
-                help="Values per quantization block along the input axis [default: 32; a "
-                "GPTQ/AWQ checkpoint's group size].",
-            ),
-            click.option(
-                "--accuracy-level",
-                type=click.Choice([str(a) for a in ACCURACY_LEVELS]),
-                help="MatMulNBits compute: 0/1 fp32, 4 int8 activations [default: 4].",
-            ),
-            click.option(
-                "--symmetric",
-                is_flag=True,
-                default=None,
-                help="Symmetric blocks, no zero points [default: asymmetric, uint8 zero points].",
-            ),
-        ]
-    ):
-        fn = option(fn)
-    return fn
+    return options(
+        click.option(
+            "--quantize",
+            type=click.Choice(list(BITS)),
+            help="Linear weights as onnxruntime's MatMulNBits, quantized blockwise from the "
+            "float weights (embeddings and routed experts stay float); a GPTQ/AWQ "
+            "checkpoint's integers are kept as stored.",
+        ),
+        click.option(
+            "--block-size",
+            type=click.Choice([str(b) for b in BLOCK_SIZES]),
+            help="Values per quantization block along the input axis [default: 32; a "
+            "GPTQ/AWQ checkpoint's group size].",
+        ),
+        click.option(
+            "--accuracy-level",
+            type=click.Choice([str(a) for a in ACCURACY_LEVELS]),
+            help="MatMulNBits compute: 0/1 fp32, 4 int8 activations [default: 4].",
+        ),
+        click.option(
+            "--symmetric",
+            is_flag=True,
+            default=None,
+            help="Symmetric blocks, no zero points [default: asymmetric, uint8 zero points].",
+        ),
+    )(fn)
 
 
 def quantization(
@@ -146,7 +146,7 @@ EXPLORER_HARDWARE = "h100"  # trace's default device: the time overlay's
 
 def explorer_options(fn: Any) -> Any:
     """--format, and the workload and device Model Explorer's cost overlays are computed at."""
-    opts = [
+    return options(
         click.option(
             "--format",
             "fmt",
@@ -169,10 +169,7 @@ def explorer_options(fn: Any) -> Any:
         click.option(
             "--past-len", type=click.IntRange(min=0), help="model-explorer: past tokens P."
         ),
-    ]
-    for opt in reversed(opts):
-        fn = opt(fn)
-    return fn
+    )(fn)
 
 
 def export_explorer(
@@ -258,9 +255,7 @@ def export_genai_folder(
 
 
 @click.command()
-@source_options(
-    "HF config.json, a checkpoint folder, or a YAML file (default: the --weights folder)."
-)
+@source_options(WEIGHTS_CONFIG_HELP)
 @click.option(
     "--weights",
     type=click.Path(path_type=Path, file_okay=False),
@@ -272,12 +267,8 @@ def export_genai_folder(
     type=click.Choice(["fp32", "fp16"]),
     help="Activations and weights [default: fp32; model-explorer: the config's].",
 )
-@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of random weights.")
-@click.option(
-    "--logits",
-    type=click.Choice(["all", "last"]),
-    help="LM head for every new position, or the last only (as a server).",
-)
+@seed_option("Seed of random weights.")
+@logits_option
 @ops_options
 @quantize_options
 @deepseek_options
@@ -410,7 +401,7 @@ def export(
 @click.option("--prompt-len", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--batch", "-b", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--repeats", type=REPEATS, default=5, show_default=True)
+@repeats_option
 @click.option("--warmup", type=WARMUPS, default=1, show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), help="intra-op threads [default: CPUs]")
 @hardware_option("local")
@@ -421,7 +412,7 @@ def export(
     help="Leave the loaded weights on the pages they got (by default they are moved onto "
     "transparent huge pages, as numpy's buffers are; graphllm.hugepages).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead.")
+@json_option
 @user_errors
 def bench(
     model_path: Path | None,

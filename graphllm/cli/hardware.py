@@ -8,11 +8,7 @@ from pathlib import Path
 import click
 
 from graphllm.build.builder import build_graph
-from graphllm.cli.common import (
-    DTYPE_NAMES,
-    REPEATS,
-    user_errors,
-)
+from graphllm.cli.common import DTYPE_NAMES, repeats_option, user_errors
 from graphllm.models.config import load_config
 from graphllm.models.hardware import list_hardware
 from graphllm.models.workload import Workload
@@ -34,7 +30,7 @@ from graphllm.runtime.calibrate_link import table as link_table
 @click.option("--model", "preset", help="Also read a buffer the size of this preset's weights.")
 @click.option("--config", "config_path", type=click.Path(path_type=Path))
 @click.option("--dtype", type=click.Choice(DTYPE_NAMES), default="bf16", show_default=True)
-@click.option("--repeats", type=REPEATS, default=5, show_default=True)
+@repeats_option
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option(
     "--link/--no-link",

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from graphllm.cli.common import deepseek_options, device_options, model_options, options
 from graphllm.errors import ConfigError
 from graphllm.passes.parallel.partition import Strategy
 from graphllm.passes.training import TrainingOptions
@@ -17,7 +18,7 @@ from graphllm.passes.training import TrainingOptions
 def strategy_options(fn: Callable) -> Callable:
     """--tp --sp --cp --pp --ep --dp --microbatches (partition, verify partition, render)."""
     size = click.IntRange(min=1)
-    opts = [
+    return options(
         click.option("--tp", type=size, default=1, help="Tensor parallel ranks (Megatron)."),
         click.option("--sp", is_flag=True, help="Sequence parallel with --tp: norms on T/tp."),
         click.option("--cp", type=size, default=1, help="Context parallel ranks: tokens split."),
@@ -27,15 +28,12 @@ def strategy_options(fn: Callable) -> Callable:
         click.option(
             "--microbatches", type=size, default=1, help="Microbatches per step (pipelining)."
         ),
-    ]
-    for opt in reversed(opts):
-        fn = opt(fn)
-    return fn
+    )(fn)
 
 
 def training_options(fn: Callable) -> Callable:
     """--training --recompute --zero (partition, plan)."""
-    opts = [
+    return options(
         click.option(
             "--training", is_flag=True, help="A training step: forward + backward, Adam state."
         ),
@@ -50,10 +48,15 @@ def training_options(fn: Callable) -> Callable:
             help="ZeRO stage over the data parallel group (with --training): 1 optimizer state, "
             "2 + gradients, 3 (FSDP) + weights [default: 0].",
         ),
-    ]
-    for opt in reversed(opts):
-        fn = opt(fn)
-    return fn
+    )(fn)
+
+
+def partition_options(fn: Callable) -> Callable:
+    """The options of a partitioned model on a device (partition, report): the model and its
+    workload, the strategy, the device, a training step, DeepSeek's attention."""
+    return options(
+        model_options, strategy_options, device_options(), training_options, deepseek_options
+    )(fn)
 
 
 def training_from(options: dict[str, Any]) -> TrainingOptions | None:

@@ -13,15 +13,14 @@ from rich.table import Table
 
 from graphllm.build.builder import build_graph
 from graphllm.cli.common import (
-    SEED,
-    attention_option,
     deepseek_options,
-    hardware_option,
+    json_option,
     model_options,
     resolve,
+    seed_option,
     user_errors,
 )
-from graphllm.cli.layout import strategy_from, strategy_options, training_from, training_options
+from graphllm.cli.layout import partition_options, strategy_from, strategy_options, training_from
 from graphllm.errors import ConfigError
 from graphllm.exporters.trace import chrome_trace, require_traceable, write_trace
 from graphllm.files import check_target, json_text
@@ -38,13 +37,8 @@ MAX_VERIFY_PARAMS = 200_000_000  # numpy runs every rank on one CPU: keep verifi
 
 
 @click.command()
-@model_options
-@strategy_options
-@hardware_option("h100")
-@attention_option("Fused core attention, or every op through memory.")
-@training_options
-@deepseek_options
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead.")
+@partition_options
+@json_option
 @click.option("--print-graph", is_flag=True, help="Print one rank's program, one line a node.")
 @click.option(
     "--trace",
@@ -222,7 +216,7 @@ def _collective_table(collectives: list[dict[str, Any]], timed: bool) -> Table:
 @model_options
 @strategy_options
 @deepseek_options
-@click.option("--seed", type=SEED, default=0, show_default=True)
+@seed_option()
 @user_errors
 def verify_partition(seed: int, mla: str, mtp: bool, **options: Any) -> None:
     """Run the partitioned graph rank by rank in numpy and compare its logits with one device's.

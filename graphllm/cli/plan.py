@@ -8,8 +8,10 @@ import click
 from rich.table import Table
 
 from graphllm.cli.common import (
+    ATTENTION_HELP,
     attention_option,
     hardware_option,
+    json_option,
     model_options,
     resolve,
     user_errors,
@@ -28,14 +30,14 @@ from graphllm.report.summary import _b, _t, hardware_model_line
 @click.option("--devices", "-n", type=int, required=True, help="Devices to lay the model out on.")
 @hardware_option("h100")
 @training_options
-@attention_option("Fused core attention, or every op through memory.")
+@attention_option(ATTENTION_HELP)
 @click.option("--top", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option("--tp", type=click.IntRange(min=1), help="Pin the tensor parallel size.")
 @click.option("--cp", type=click.IntRange(min=1), help="Pin the context parallel size.")
 @click.option("--pp", type=click.IntRange(min=1), help="Pin the pipeline stages.")
 @click.option("--ep", type=click.IntRange(min=1), help="Pin the expert parallel size.")
 @click.option("--dp", type=click.IntRange(min=1), help="Pin the data parallel size.")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead.")
+@json_option
 @user_errors
 def plan(
     devices: int, hardware: str, attention: str, top: int, as_json: bool, **options: Any

@@ -10,10 +10,10 @@ import click
 
 from graphllm.build.builder import build_graph
 from graphllm.cli.common import (
-    attention_option,
     deepseek_options,
-    hardware_option,
+    device_options,
     model_options,
+    renderer_option,
     resolve,
     user_errors,
 )
@@ -54,8 +54,7 @@ VIEWS = ["model", "block", "attention", "ffn", "tokens"]
     type=click.Choice(["flops", "bytes", "time"]),
     help="Shade ops by cost (time: roofline on --hardware).",
 )
-@hardware_option("h100")
-@attention_option("For --color bytes/time: fused core attention, or every op through memory.")
+@device_options("For --color bytes/time: fused core attention, or every op through memory.")
 @strategy_options
 @deepseek_options
 @click.option(
@@ -65,11 +64,7 @@ VIEWS = ["model", "block", "attention", "ffn", "tokens"]
     show_default=True,
     help="Draw every head (expert) up to this many, else one representative.",
 )
-@click.option(
-    "--renderer",
-    type=click.Choice(["auto", "dot", "pure"]),
-    help="dot binary or graphviz-pure [default: $GRAPHLLM_RENDERER, else auto].",
-)
+@renderer_option("dot binary or graphviz-pure [default: $GRAPHLLM_RENDERER, else auto].")
 @user_errors
 def render(
     view: str,

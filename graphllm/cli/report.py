@@ -7,16 +7,8 @@ from typing import Any
 
 import click
 
-from graphllm.cli.common import (
-    IntList,
-    attention_option,
-    deepseek_options,
-    hardware_option,
-    model_options,
-    resolve_sweep,
-    user_errors,
-)
-from graphllm.cli.layout import strategy_from, strategy_options, training_from, training_options
+from graphllm.cli.common import IntList, renderer_option, resolve_sweep, user_errors
+from graphllm.cli.layout import partition_options, strategy_from, training_from
 from graphllm.errors import ConfigError
 from graphllm.exporters.html import write_page
 from graphllm.exporters.render import find_renderer
@@ -26,12 +18,7 @@ from graphllm.report.html import report_data
 
 
 @click.command()
-@model_options
-@strategy_options
-@hardware_option("h100")
-@attention_option("Fused core attention, or every op through memory.")
-@training_options
-@deepseek_options
+@partition_options
 @click.option(
     "--sweep",
     "sweep_lens",
@@ -41,11 +28,7 @@ from graphllm.report.html import report_data
 @click.option(
     "--output", "-o", type=click.Path(path_type=Path), required=True, help="FILE.html to write."
 )
-@click.option(
-    "--renderer",
-    type=click.Choice(["auto", "dot", "pure"]),
-    help="Diagrams: dot binary or graphviz-pure [default: $GRAPHLLM_RENDERER, else auto].",
-)
+@renderer_option("Diagrams: dot binary or graphviz-pure [default: $GRAPHLLM_RENDERER, else auto].")
 @user_errors
 def report(
     hardware: str | None,

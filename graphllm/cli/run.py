@@ -10,7 +10,14 @@ import click
 from rich.table import Table
 
 from graphllm.cli import run_measured  # issue 21 point 4: measured beside predicted
-from graphllm.cli.common import SEED, source_options, user_errors
+from graphllm.cli.common import (
+    WEIGHTS_CONFIG_HELP,
+    json_option,
+    mla_option,
+    seed_option,
+    source_options,
+    user_errors,
+)
 from graphllm.cli.layout import strategy_from, strategy_options
 from graphllm.errors import ConfigError
 from graphllm.files import check_target, json_text, write_text_atomic
@@ -19,11 +26,9 @@ from graphllm.runtime.dist.launch import run_job
 from graphllm.runtime.dist.rank import Job, preflight
 from graphllm.runtime.dist.segments import default_runtime
 
-CONFIG_HELP = "HF config.json, a checkpoint folder, or a YAML file (default: the --weights folder)."
-
 
 @click.command()
-@source_options(CONFIG_HELP)
+@source_options(WEIGHTS_CONFIG_HELP)
 @click.option(
     "--weights",
     type=click.Path(path_type=Path),
@@ -55,20 +60,8 @@ CONFIG_HELP = "HF config.json, a checkpoint folder, or a YAML file (default: the
     show_default=True,
     help="Tokens to generate: the prefill's, then one per cached decode step.",
 )
-@click.option(
-    "--seed",
-    type=SEED,
-    default=0,
-    show_default=True,
-    help="Seed of the prompt and of random weights.",
-)
-@click.option(
-    "--mla",
-    type=click.Choice(["naive", "absorbed"]),
-    default="naive",
-    show_default=True,
-    help="DeepSeek latent attention (as `partition --mla`).",
-)
+@seed_option("Seed of the prompt and of random weights.")
+@mla_option("DeepSeek latent attention (as `partition --mla`).")
 @click.option(
     "--runtime",
     type=click.Choice(["auto", "numpy", "onnxruntime"]),
@@ -85,7 +78,7 @@ CONFIG_HELP = "HF config.json, a checkpoint folder, or a YAML file (default: the
     help="Seconds any rank waits (rendezvous, each collective) before it gives up; "
     "the first rank to fail ends the run.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead.")
+@json_option
 @run_measured.measured_options
 @click.option(
     "--write-job",

@@ -10,13 +10,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from graphllm.cli.common import (
-    attention_option,
-    hardware_option,
-    model_options,
-    resolve,
-    user_errors,
-)
+from graphllm.cli.common import device_options, json_option, model_options, resolve, user_errors
 from graphllm.cli.layout import strategy_from, strategy_options
 from graphllm.errors import ConfigError
 from graphllm.files import check_target, json_text
@@ -29,8 +23,7 @@ from graphllm.report.summary import _b, _t
 @click.command("serving")
 @model_options
 @strategy_options
-@hardware_option("h100")
-@attention_option("Fused core attention, or every op through memory.")
+@device_options()
 @click.option("--prompt-len", type=click.IntRange(min=1), default=1024, show_default=True)
 @click.option("--output-len", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option(
@@ -41,7 +34,7 @@ from graphllm.report.summary import _b, _t
     help="Share of device memory for weights and KV cache (vLLM's gpu_memory_utilization).",
 )
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Draw the curve.")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead.")
+@json_option
 @user_errors
 def serving(
     hardware: str,

@@ -8,9 +8,9 @@ from typing import Any
 import click
 
 from graphllm.cli.common import (
-    attention_option,
     deepseek_options,
-    hardware_option,
+    device_options,
+    json_option,
     model_options,
     resolve_sweep,
     user_errors,
@@ -27,11 +27,10 @@ from graphllm.report.trace_report import per_op_text, sweep, trace_report
 
 @click.command()
 @model_options
-@hardware_option("h100")
-@attention_option("Fused core attention, or every op through memory (the score matrix included).")
+@device_options("Fused core attention, or every op through memory (the score matrix included).")
 @click.option("--training", is_flag=True, help="Forward + backward FLOPs.")
 @deepseek_options
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead.")
+@json_option
 @click.option("--print-graph", is_flag=True, help="Print the graph, one line per node.")
 @click.option(
     "--per-op",

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from graphllm.cli.common import SEED, model_options, resolve, user_errors
+from graphllm.cli.common import model_options, resolve, seed_option, user_errors
 from graphllm.cli.partition import verify_partition
 from graphllm.errors import ConfigError, GraphllmError
 from graphllm.models.config import load_workload_section
@@ -32,7 +32,7 @@ def verify() -> None:
 
 @verify.command("tokens")
 @model_options
-@click.option("--seed", type=SEED, default=0, show_default=True)
+@seed_option()
 @click.option("--full-size", is_flag=True, help="Run the config as given, not a small instance.")
 @click.option("--onnx", "use_onnx", is_flag=True, help="Observe on onnxruntime, exported to ONNX.")
 @user_errors

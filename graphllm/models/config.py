@@ -347,16 +347,22 @@ def _qwen2_moe_window(v: dict) -> tuple[tuple[str, ...], int | None]:
     return tuple(SLIDING if w and (i + 1) % 2 and i < last else FULL for i in range(n)), w
 
 
-def _mixtral_moe(v: dict) -> dict:
-    # every layer routes, and the top-k weights are always renormalised to sum to 1
-    n = v["num_hidden_layers"]
+def _every_layer_routes(v: dict) -> dict:
+    """Mixtral's MoE layout, which gpt-oss keeps: every layer routes over num_local_experts
+    experts as wide as intermediate_size, and no layer has a dense MLP."""
     return {
         "num_experts": v["num_local_experts"],
         "num_experts_per_tok": v["num_experts_per_tok"],
         "moe_intermediate_size": v["intermediate_size"],
         "intermediate_size": 0,
+        "moe_layers": (True,) * v["num_hidden_layers"],
+    }
+
+
+def _mixtral_moe(v: dict) -> dict:
+    # every layer routes, and the top-k weights are always renormalised to sum to 1
+    return _every_layer_routes(v) | {
         "norm_topk_prob": True,
-        "moe_layers": (True,) * n,
         "moe_names": MoENames(
             block="block_sparse_moe", expert_gate="w1", expert_up="w3", expert_down="w2"
         ),
@@ -1242,13 +1248,7 @@ def _gpt_oss_moe(v: dict) -> dict:
     # GptOssMLP: every layer routes; GptOssTopKRouter takes the top-k of the biased router
     # logits and softmaxes the k chosen; GptOssExperts keeps each projection stacked for all
     # experts (E, in, out) with biases, gate and up interleaved, through a clamped SwiGLU
-    n = v["num_hidden_layers"]
-    return {
-        "num_experts": v["num_local_experts"],
-        "num_experts_per_tok": v["num_experts_per_tok"],
-        "moe_intermediate_size": v["intermediate_size"],
-        "intermediate_size": 0,
-        "moe_layers": (True,) * n,
+    return _every_layer_routes(v) | {
         "moe_names": MoENames(
             router="router", expert_gate="gate_up_proj", expert_up="gate_up_proj"
         ),

@@ -27,15 +27,14 @@ from graphllm.ir import Graph
 from graphllm.models.hardware import Hardware
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload
-from graphllm.passes import run
 from graphllm.passes.cost import layer_of, layer_scopes
 from graphllm.passes.parallel.partition import Strategy, partition, partition_report
 from graphllm.passes.parallel.plan import reduced_config
 from graphllm.passes.training import TrainingOptions
 from graphllm.report.fit import fit_section
-from graphllm.report.reuse import ANALYSES, trace_document
+from graphllm.report.reuse import trace_document
 from graphllm.report.summary import _b, _n, _t
-from graphllm.report.trace_report import per_op_rows, sweep
+from graphllm.report.trace_report import analysed, per_op_rows, sweep
 
 ATTENTION_KINDS = ("attention", "linear_attention", "mamba")  # what exporters.dot draws as such
 FFN_KINDS = ("mlp", "moe")
@@ -247,8 +246,7 @@ def _op_table(
     """One row per op of each kind of layer (and of the ops outside the layers), named as in
     the first layer of its kind, with the number of layers that run it."""
     small_cfg, index = reduced_config(config)
-    small = build_graph(small_cfg, workload, mla=mla, mtp=mtp)
-    res = run(small, ANALYSES, hardware=hw, attention=attention, training=training)
+    small, res = analysed(small_cfg, workload, hw, attention, training, mla, mtp)
     verdicts = res["tokens"].verdicts
     count: dict[int, int] = {}
     first: dict[int, int] = {}

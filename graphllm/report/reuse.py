@@ -21,13 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from graphllm.build.builder import build_graph
 from graphllm.ir import Graph, Node
 from graphllm.models.hardware import Hardware
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload, nbytes
 from graphllm.ops import OPS, SOURCE
-from graphllm.passes import run
 from graphllm.passes import tokens as tk
 from graphllm.passes.attention_region import core_attention_region
 from graphllm.passes.cost import layer_of, layer_scopes, roll_up, scopes_of
@@ -43,9 +41,7 @@ from graphllm.passes.parallel.plan import reduced_config
 from graphllm.passes.params import tally
 from graphllm.passes.roofline import Timer, _core, time_all
 from graphllm.passes.stored import param_bytes
-from graphllm.report.trace_report import document, trace_report
-
-ANALYSES = ["verify", "params", "tokens", "cost", "memory", "roofline"]
+from graphllm.report.trace_report import analysed, document, trace_report
 
 
 @dataclass
@@ -224,8 +220,7 @@ def reused_report(
     small_cfg, index = reduced_config(config)
     if small_cfg is config:
         return None
-    small = build_graph(small_cfg, workload, mla=mla, mtp=mtp)
-    res = run(small, ANALYSES, hardware=hardware, attention=attention, training=training)
+    small, res = analysed(small_cfg, workload, hardware, attention, training, mla, mtp)
     u = unroll(small, index)
     if u is None:
         return None
@@ -273,21 +268,11 @@ def reused_report(
     )
 
 
-def trace_document(
-    config: ModelConfig,
-    workload: Workload,
-    hardware: Hardware | None = None,
-    attention: str = "flash",
-    training: bool = False,
-    mla: str = "naive",
-    mtp: bool = False,
-) -> dict[str, Any]:
-    """`trace_report`'s document, analysed on one layer of each kind where that stands for the
-    full graph, else on the full graph."""
-    doc = reused_report(config, workload, hardware, attention, training, mla, mtp)
-    if doc is None:
-        doc = trace_report(config, workload, hardware, attention, training, mla, mtp)[0]
-    return doc
+def trace_document(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    """`trace_report`'s document (of its arguments), analysed on one layer of each kind where
+    that stands for the full graph, else on the full graph."""
+    doc = reused_report(*args, **kwargs)
+    return doc if doc is not None else trace_report(*args, **kwargs)[0]
 
 
 def _memory(u: Unrolled, attention: str) -> MemoryReport:

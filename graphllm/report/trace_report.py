@@ -32,8 +32,7 @@ def trace_report(
     mtp: bool = False,
 ) -> tuple[dict[str, Any], Graph]:
     """Build and verify the graph, run every analysis; returns the document and the graph."""
-    graph = build_graph(config, workload, mla=mla, mtp=mtp)
-    res = run(graph, ANALYSES, hardware=hardware, attention=attention, training=training)
+    graph, res = analysed(config, workload, hardware, attention, training, mla, mtp)
     section = {
         "nodes": len(graph),
         "edges": graph.num_edges(),
@@ -52,6 +51,22 @@ def trace_report(
         *(res[k] for k in ("params", "tokens", "cost", "memory", "roofline")),
     )
     return doc, graph
+
+
+def analysed(
+    config: ModelConfig,
+    workload: Workload,
+    hardware: Hardware | None,
+    attention: str,
+    training: bool,
+    mla: str,
+    mtp: bool,
+    passes: list[str] = ANALYSES,
+) -> tuple[Graph, dict[str, Any]]:
+    """The model's graph and the results of `passes` on it (trace's analyses by default)."""
+    graph = build_graph(config, workload, mla=mla, mtp=mtp)
+    res = run(graph, passes, hardware=hardware, attention=attention, training=training)
+    return graph, res
 
 
 def document(
@@ -200,9 +215,9 @@ def sweep(
     """FLOPs, bytes and predicted time for each workload (a sweep over T)."""
     out = []
     for wl in workloads:
-        graph = build_graph(config, wl, mla=mla, mtp=mtp)
-        res = run(graph, ["cost", "roofline"], hardware=hardware, attention=attention,
-                  training=training)  # fmt: skip
+        graph, res = analysed(
+            config, wl, hardware, attention, training, mla, mtp, ["cost", "roofline"]
+        )
         cost, roof = res["cost"], res["roofline"]
         by_op: dict[str, dict[str, float]] = {}
         for n in graph.nodes():

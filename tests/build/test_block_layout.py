@@ -180,20 +180,9 @@ def test_the_block_places_its_norms_and_residuals_as_the_layout_says(case):
 def test_the_default_layout_builds_the_graph_the_llama_family_loads():
     from graphllm.models.config import load_config
 
-    loaded = load_config(
-        {
-            "model_type": "llama",
-            "vocab_size": 64,
-            "hidden_size": 32,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 8,
-            "intermediate_size": 48,
-            "rms_norm_eps": 1e-6,
-            "max_position_embeddings": 4096,
-        }
-    )
+    # tiny()'s fields as a config.json spells them, with the two the llama family reads besides
+    as_json = {k: v for k, v in MODEL_CONFIG_FIELDS.items() if k != "name"}
+    loaded = load_config(as_json | {"rms_norm_eps": 1e-6, "max_position_embeddings": 4096})
     assert loaded.block == BlockLayout() and loaded.rope_layers == ()
     hand = tiny()
     assert graph(hand).print().replace("tiny", "llama") == graph(loaded).print()

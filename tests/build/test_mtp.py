@@ -8,7 +8,6 @@ FlopCounterMode on the meta device.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -24,44 +23,30 @@ from tests.support.flop_counter import (  # noqa: E402
 )
 from tests.support.mtp import (  # noqa: E402
     MTPReference,
+    assert_mtp_matches_reference,
     assert_mtp_tokens_move_only_later,
     counted_mtp_flops,
+    draw_ids,
     mtp_matmul_flops,
     mtp_mixing,
 )
-from tests.support.tiny_deepseek import BATCH, SEQ, SMALL  # noqa: E402
+from tests.support.tiny_deepseek import SEQ, SMALL  # noqa: E402
 
 ATOL, STEPS = 1e-4, 3
-
-
-def _ids(seed: int, seq: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, SMALL["vocab_size"], (BATCH, seq))
+VOCAB = SMALL["vocab_size"]
 
 
 @pytest.mark.parametrize("mla", ["naive", "absorbed"])
 def test_mtp_logits_equal_the_reference_prefill_and_cached_steps(tiny_mtp, mla):
-    ids, mids = _ids(1, SEQ), _ids(2, SEQ)
-    ours = tiny_mtp.run(ids, mids, mla=mla)
-    np.testing.assert_allclose(ours["mtp.1.logits"], tiny_mtp.hf(ids, mids), atol=ATOL, rtol=0)
-    np.testing.assert_allclose(
-        ours["logits"], tiny_mtp.base.hf(ids).logits.numpy(), atol=ATOL, rtol=0
-    )  # the main model is untouched
-    for step in range(STEPS):
-        past = {k: v for k, v in ours.items() if k.startswith("present.")}
-        assert f"present.{tiny_mtp.layer}.key" in past  # the MTP block's own latent cache
-        nxt, mnxt = _ids(100 + step, 1), _ids(200 + step, 1)
-        ids, mids = np.concatenate([ids, nxt], 1), np.concatenate([mids, mnxt], 1)
-        ours = tiny_mtp.run(nxt, mnxt, past=past, mla=mla)
-        want = tiny_mtp.hf(ids, mids)[:, -1:]
-        np.testing.assert_allclose(
-            ours["mtp.1.logits"], want, atol=ATOL, rtol=0, err_msg=f"step {step}"
-        )
+    assert_mtp_matches_reference(tiny_mtp, VOCAB, SEQ, STEPS, ATOL, mla=mla)
 
 
 def test_mtp_tokens_move_only_their_own_and_later_positions(tiny_mtp):
     """Perturbing one position of either token input changes the MTP logits at that position
     and after it only (causal attention is the only mixing, also in the MTP block)."""
-    assert_mtp_tokens_move_only_later(tiny_mtp, _ids(3, SEQ), _ids(4, SEQ), SMALL["vocab_size"])
+    assert_mtp_tokens_move_only_later(
+        tiny_mtp, draw_ids(VOCAB, 3, SEQ), draw_ids(VOCAB, 4, SEQ), VOCAB
+    )
     g, mixing = mtp_mixing(tiny_mtp.base.cfg, SEQ)
     assert {g[n].op for n in mixing} == {"scores", "softmax", "pv"}
     assert any(n.startswith(f"model.layers.{tiny_mtp.layer}.self_attn.core") for n in mixing)

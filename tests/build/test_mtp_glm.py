@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -22,19 +21,18 @@ transformers = pytest.importorskip("transformers")
 from transformers.models.glm4_moe import modeling_glm4_moe as hf_glm  # noqa: E402
 
 import graphllm  # noqa: E402
-from graphllm.build.builder import build_export_graph  # noqa: E402
-from graphllm.exporters.onnx import export_onnx  # noqa: E402
 from graphllm.models.config import PRESETS_DIR, config_from_dict  # noqa: E402
 from graphllm.passes import run  # noqa: E402
-from graphllm.runtime.session import OnnxModel  # noqa: E402
 from tests.support.flop_counter import DEEPSEEK_WORKLOADS  # noqa: E402
 from tests.support.mtp import (  # noqa: E402
     MTPReference,
     TinyMTP,
+    assert_mtp_export_matches,
+    assert_mtp_matches_reference,
     counted_mtp_flops,
     mtp_matmul_flops,
 )
-from tests.support.tiny_models import BATCH, SEQ, SMALL, TinyModel  # noqa: E402
+from tests.support.tiny_models import SEQ, SMALL, TinyModel  # noqa: E402
 
 ATOL, STEPS = 1e-4, 3
 GLM = (hf_glm.Glm4MoeDecoderLayer, hf_glm.Glm4MoeRMSNorm)
@@ -47,48 +45,12 @@ def glm_mtp(tmp_path_factory):
     return TinyMTP(base, *GLM)
 
 
-def _ids(seed: int, seq: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, SMALL["vocab_size"], (BATCH, seq))
-
-
-def _presents(out: dict) -> dict:
-    return {k: v for k, v in out.items() if k.startswith("present.")}
-
-
 def test_glm_mtp_logits_equal_the_reference_prefill_and_cached_steps(glm_mtp):
-    ids, mids = _ids(1, SEQ), _ids(2, SEQ)
-    ours = glm_mtp.run(ids, mids)
-    np.testing.assert_allclose(ours["mtp.1.logits"], glm_mtp.hf(ids, mids), atol=ATOL, rtol=0)
-    np.testing.assert_allclose(
-        ours["logits"], glm_mtp.base.hf(ids).logits.numpy(), atol=ATOL, rtol=0
-    )  # the main model is untouched
-    for step in range(STEPS):
-        past = _presents(ours)
-        assert f"present.{glm_mtp.layer}.key" in past  # the MTP block's own cache
-        nxt, mnxt = _ids(100 + step, 1), _ids(200 + step, 1)
-        ids, mids = np.concatenate([ids, nxt], 1), np.concatenate([mids, mnxt], 1)
-        ours = glm_mtp.run(nxt, mnxt, past=past)
-        want = glm_mtp.hf(ids, mids)[:, -1:]
-        np.testing.assert_allclose(
-            ours["mtp.1.logits"], want, atol=ATOL, rtol=0, err_msg=f"step {step}"
-        )
+    assert_mtp_matches_reference(glm_mtp, SMALL["vocab_size"], SEQ, STEPS, ATOL)
 
 
-def test_glm_mtp_export_equals_the_interpreter(glm_mtp, tmp_path):
-    path = tmp_path / "glm-mtp.onnx"
-    graph = build_export_graph(glm_mtp.base.cfg, mtp=True)
-    export_onnx(graph, path, weights=glm_mtp.base.folder, ops="decomposed")
-    session = OnnxModel(path, device="cpu")
-    ids, mids = _ids(1, SEQ), _ids(2, SEQ)
-    ours = session.forward(ids, extra={"mtp.1.input_ids": mids})
-    interp = glm_mtp.run(ids, mids)
-    for step in range(STEPS):
-        for k in ("logits", "mtp.1.logits", f"present.{glm_mtp.layer}.key"):
-            np.testing.assert_allclose(ours[k], interp[k], atol=ATOL, rtol=0, err_msg=k)
-        nxt, mnxt = _ids(100 + step, 1), _ids(200 + step, 1)
-        past, ipast = _presents(ours), _presents(interp)
-        ours = session.forward(nxt, past=past, extra={"mtp.1.input_ids": mnxt})
-        interp = glm_mtp.run(nxt, mnxt, ipast)
+def test_glm_mtp_export_equals_the_interpreter_and_the_reference(glm_mtp, tmp_path):
+    assert_mtp_export_matches(glm_mtp, tmp_path / "glm-mtp.onnx", SMALL["vocab_size"], SEQ)
 
 
 # -- FLOPs: GLM-4.5 cut to 2 layers (a dense one, a MoE one); the MTP layer is layer 2 --------

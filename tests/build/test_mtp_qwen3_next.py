@@ -11,29 +11,29 @@ states and the MTP layer's own KV cache), and the MTP part's matmul FLOPs under 
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import graphllm  # noqa: E402
-from graphllm.build.builder import build_export_graph  # noqa: E402
 from graphllm.errors import ConfigError  # noqa: E402
-from graphllm.exporters.onnx import export_onnx  # noqa: E402
 from graphllm.passes import run  # noqa: E402
-from graphllm.runtime.session import OnnxModel  # noqa: E402
 from tests.support.flop_counter import DEEPSEEK_WORKLOADS, qwen3_next_models  # noqa: E402
 from tests.support.mtp import (  # noqa: E402
+    assert_mtp_export_matches,
+    assert_mtp_matches_reference,
     assert_mtp_tokens_move_only_later,
     counted_mtp_flops,
+    draw_ids,
     mtp_matmul_flops,
     mtp_mixing,
 )
 from tests.support.mtp_qwen3_next import Qwen3NextMTPReference, TinyQwen3NextMTP  # noqa: E402
-from tests.support.tiny_qwen3_next import BATCH, LONG, SMALL, carried  # noqa: E402
+from tests.support.tiny_qwen3_next import LONG, SMALL  # noqa: E402
 
 ATOL, STEPS = 1e-4, 3
+VOCAB = SMALL["vocab_size"]
 
 
 @pytest.fixture(scope="module")
@@ -43,27 +43,8 @@ def next_mtp(tiny_qwen3_next):
     return TinyQwen3NextMTP(base)
 
 
-def _ids(seed: int, seq: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, SMALL["vocab_size"], (BATCH, seq))
-
-
 def test_mtp_logits_equal_the_reference_prefill_and_cached_steps(next_mtp):
-    ids, mids = _ids(1, LONG), _ids(2, LONG)
-    ours = next_mtp.run(ids, mids)
-    np.testing.assert_allclose(ours["mtp.1.logits"], next_mtp.hf(ids, mids), atol=ATOL, rtol=0)
-    np.testing.assert_allclose(
-        ours["logits"], next_mtp.base.hf(ids).logits.numpy(), atol=ATOL, rtol=0
-    )  # the main model is untouched
-    for step in range(STEPS):
-        past = carried(ours)
-        assert f"present.{next_mtp.layer}.key" in past  # the MTP block's own cache
-        nxt, mnxt = _ids(100 + step, 1), _ids(200 + step, 1)
-        ids, mids = np.concatenate([ids, nxt], 1), np.concatenate([mids, mnxt], 1)
-        ours = next_mtp.run(nxt, mnxt, past=past)
-        want = next_mtp.hf(ids, mids)[:, -1:]
-        np.testing.assert_allclose(
-            ours["mtp.1.logits"], want, atol=ATOL, rtol=0, err_msg=f"step {step}"
-        )
+    assert_mtp_matches_reference(next_mtp, VOCAB, LONG, STEPS, ATOL)
 
 
 def test_mtp_tokens_move_only_their_own_and_later_positions(next_mtp):
@@ -71,27 +52,16 @@ def test_mtp_tokens_move_only_their_own_and_later_positions(next_mtp):
     and after it only; the MTP block mixes by its attention, the main model also by its conv
     and recurrences, as the tokens pass finds."""
     seq = 8
-    assert_mtp_tokens_move_only_later(next_mtp, _ids(3, seq), _ids(4, seq), SMALL["vocab_size"])
+    assert_mtp_tokens_move_only_later(
+        next_mtp, draw_ids(VOCAB, 3, seq), draw_ids(VOCAB, 4, seq), VOCAB
+    )
     g, mixing = mtp_mixing(next_mtp.base.cfg, seq)
     assert any(n.startswith("mtp.layers.0.self_attn.") for n in mixing)
     assert {g[n].op for n in mixing if n.startswith("mtp.")} == {"scores", "softmax", "pv"}
 
 
 def test_mtp_export_equals_the_interpreter_and_the_reference(next_mtp, tmp_path):
-    path = tmp_path / "qwen3-next-mtp.onnx"
-    graph = build_export_graph(next_mtp.base.cfg, mtp=True)
-    export_onnx(graph, path, weights=next_mtp.base.folder, ops="decomposed")
-    session = OnnxModel(path, device="cpu")
-    ids, mids = _ids(1, LONG), _ids(2, LONG)
-    ours = session.forward(ids, extra={"mtp.1.input_ids": mids})
-    np.testing.assert_allclose(ours["mtp.1.logits"], next_mtp.hf(ids, mids), atol=ATOL, rtol=0)
-    interp = next_mtp.run(ids, mids)
-    for step in range(STEPS):
-        for k in ("logits", "mtp.1.logits", f"present.{next_mtp.layer}.key"):
-            np.testing.assert_allclose(ours[k], interp[k], atol=ATOL, rtol=0, err_msg=k)
-        nxt, mnxt = _ids(100 + step, 1), _ids(200 + step, 1)
-        ours = session.forward(nxt, past=carried(ours), extra={"mtp.1.input_ids": mnxt})
-        interp = next_mtp.run(nxt, mnxt, carried(interp))
+    assert_mtp_export_matches(next_mtp, tmp_path / "qwen3-next-mtp.onnx", VOCAB, LONG, STEPS, ATOL)
 
 
 def test_mtp_follows_the_main_model_shares_its_head_and_is_counted_apart():

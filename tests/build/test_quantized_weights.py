@@ -37,33 +37,14 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 BATCH, SEQ = 2, 8
-SMALL = {
-    "vocab_size": 128,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 256,
-    "tie_word_embeddings": False,
-    "dtype": "float32",
-}
+SMALL = qc.SMALL
 FP8 = {  # Qwen3-8B-FP8's, at a block that divides the tiny matrices (transformers requires it)
     "quant_method": "fp8",
     "fmt": "e4m3",
     "activation_scheme": "dynamic",
     "weight_block_size": [16, 32],
 }
-MXFP4 = {  # gpt-oss-20b's
-    "quant_method": "mxfp4",
-    "modules_to_not_convert": [
-        "model.layers.*.self_attn",
-        "model.layers.*.mlp.router",
-        "model.embed_tokens",
-        "lm_head",
-    ],
-}
+MXFP4 = qc.MXFP4_CONFIG
 
 
 def _config(model_type: str, **extra: object) -> dict:

@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 from click.testing import CliRunner
 
 from graphllm import build_graph, load_config
 from graphllm.cli import main
-from graphllm.passes import run
+from tests.support import quantized_checkpoints as qc
 
 # deepseek-ai/DeepSeek-V3's model.safetensors.index.json `total_size` (revision afb92e1f...),
 # which ships the MTP module (model.layers.61); quoted in public code that records the
@@ -66,14 +65,7 @@ def test_quantized_presets_are_their_checkpoints_size(preset):
 )
 def test_params_and_scales_add_up_to_the_stored_values(preset, mtp, stored_values):
     cfg = load_config(preset)
-    graph = build_graph(cfg, mtp=mtp)
-    params = run(graph, ["params"])["params"].total
-    scales = 0
-    for n in graph.params():
-        fmt = n.attrs.get("stored")
-        if fmt is not None:
-            *lead, rows, cols = (d.size for d in n.out.dims)
-            scales += math.prod(lead) * fmt.scales(rows, cols)
+    params, scales = qc.stored_values(build_graph(cfg, mtp=mtp))
     assert params + scales == stored_values
 
 

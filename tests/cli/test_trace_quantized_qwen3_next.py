@@ -7,14 +7,13 @@ published checkpoint as a public per-tensor report lists it (GitHub; find_string
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 from click.testing import CliRunner
 
 from graphllm import build_graph, load_config
 from graphllm.cli import main
-from graphllm.passes import run
+from tests.support import quantized_checkpoints as qc
 
 GIB = 1 << 30
 TENSORS = 76.40 * GIB  # the report's sum of tensor sizes (its files: 76.42 GiB)
@@ -27,13 +26,7 @@ def graph():
 
 
 def test_params_and_scales_add_up_to_the_stored_values(graph):
-    params = run(graph, ["params"])["params"].total
-    scales = 0
-    for n in graph.params():
-        fmt = n.attrs.get("stored")
-        if fmt is not None:
-            *lead, rows, cols = (d.size for d in n.out.dims)
-            scales += math.prod(lead) * fmt.scales(rows, cols)
+    params, scales = qc.stored_values(graph)
     assert params == 81_324_862_720
     assert params + scales == STORED_VALUES
 

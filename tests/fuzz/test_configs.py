@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 
 from tests.support.hostile import Case, cases_params, check_case
 from tests.support.paths import EXAMPLES
+from tests.support.sandbox_files import both, fifo, folder, link, text, unix_socket
 from tests.support.tiny_configs import LLAMA
 
 TINY = LLAMA | {"rms_norm_eps": 1e-5, "max_position_embeddings": 128, "rope_theta": 10000.0}
@@ -27,14 +27,6 @@ BOMB_LEVELS = 9  # nine levels of nine aliases: 9**9 = 387M strings if expanded
 
 def trace(name: str) -> list[str]:
     return ["trace", "--config", name]
-
-
-def text(name: str, body: str | bytes) -> Callable[[Path], None]:
-    def make(root: Path) -> None:
-        path = root / name
-        path.write_bytes(body if isinstance(body, bytes) else body.encode())
-
-    return make
 
 
 def json_config(name: str = "c.json", **over) -> Callable[[Path], None]:
@@ -61,43 +53,6 @@ def sparse(name: str, prefix: str, size: int) -> Callable[[Path], None]:
         path = root / name
         path.write_text(prefix)
         os.truncate(path, size)
-
-    return make
-
-
-def fifo(name: str) -> Callable[[Path], None]:
-    return lambda root: os.mkfifo(root / name)
-
-
-def link(name: str, target: str | Callable[[Path], str]) -> Callable[[Path], None]:
-    def make(root: Path) -> None:
-        (root / name).symlink_to(target(root) if callable(target) else target)
-
-    return make
-
-
-def both(*makes: Callable[[Path], None]) -> Callable[[Path], None]:
-    def make(root: Path) -> None:
-        for m in makes:
-            m(root)
-
-    return make
-
-
-def unix_socket(name: str) -> Callable[[Path], None]:
-    def make(root: Path) -> None:
-        s = socket.socket(socket.AF_UNIX)
-        s.bind(str(root / name))  # the file stays after close; nobody listens
-        s.close()
-
-    return make
-
-
-def folder(name: str, inner: Callable[[Path], None] | None = None) -> Callable[[Path], None]:
-    def make(root: Path) -> None:
-        (root / name).mkdir()
-        if inner is not None:
-            inner(root / name)
 
     return make
 

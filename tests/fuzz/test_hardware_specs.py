@@ -5,7 +5,6 @@ field, and a spec file is read as carefully as a config."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 
 from tests.support.hostile import Case, cases_params, check_case
 from tests.support.paths import EXAMPLES
+from tests.support.sandbox_files import fifo, text
 from tests.support.tiny_configs import HARDWARE_SPEC
 
 SPEC = HARDWARE_SPEC
@@ -27,10 +27,6 @@ def spec(**over) -> Callable[[Path], None]:
         (root / "hw.json").write_text(json.dumps({**SPEC, **over}))
 
     return make
-
-
-def raw(name: str, body: str) -> Callable[[Path], None]:
-    return lambda root: (root / name).write_text(body)
 
 
 def figure(id: str, expect: str, **over) -> Case:
@@ -65,29 +61,27 @@ CASES = [
     Case(
         "yaml-nan",
         trace("hw.yaml"),
-        make=raw("hw.yaml", "memory_bandwidth: .nan\n"),
+        make=text("hw.yaml", "memory_bandwidth: .nan\n"),
         expect="not a finite",
     ),
     Case(
         "json-infinity",
         trace("hw.json"),
-        make=raw("hw.json", '{"memory_bytes": Infinity}'),
+        make=text("hw.json", '{"memory_bytes": Infinity}'),
         expect="Infinity",
     ),
     Case(
         "yaml-alias-bomb",
         trace("hw.yaml"),
-        make=raw("hw.yaml", 'a: &a ["x", "x"]\nb: [*a, *a]\n'),
+        make=text("hw.yaml", 'a: &a ["x", "x"]\nb: [*a, *a]\n'),
         expect="anchors are not accepted",
     ),
-    Case(
-        "fifo", trace("hw.yaml"), make=lambda root: os.mkfifo(root / "hw.yaml"), expect="is a FIFO"
-    ),
+    Case("fifo", trace("hw.yaml"), make=fifo("hw.yaml"), expect="is a FIFO"),
     Case("dev-zero", trace("/dev/zero"), expect="character device"),
     Case("name-5000", trace("h" * 5000), expect="unknown hardware"),
     Case("file-name-too-long", trace("h" * 5000 + ".yaml"), expect="file name too long"),
     Case("folder", trace("./"), expect="is a folder"),
-    Case("top-level-list", trace("hw.yaml"), make=raw("hw.yaml", "- 1\n"), expect="a mapping"),
+    Case("top-level-list", trace("hw.yaml"), make=text("hw.yaml", "- 1\n"), expect="a mapping"),
 ]
 
 

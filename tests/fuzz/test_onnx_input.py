@@ -20,6 +20,7 @@ from tests.support.onnx_files import (
     with_config,
     with_metadata,
 )
+from tests.support.sandbox_files import both, fifo, folder, link
 
 BENCH = ["bench", "m.onnx", "--no-predict", "--prompt-len", "2", "--new-tokens", "1"]
 
@@ -37,29 +38,26 @@ def _half() -> bytes:
     return data[: len(data) // 2]
 
 
-def _fifo(root: Path) -> None:
-    os.mkfifo(root / "m.onnx")
-
-
-def _link_to_fifo(root: Path) -> None:
-    os.mkfifo(root / "pipe")
-    (root / "m.onnx").symlink_to(root / "pipe")
-
-
-def _dangling(root: Path) -> None:
-    (root / "m.onnx").symlink_to(root / "gone.onnx")
-
-
-def _folder_link(root: Path) -> None:
-    (root / "dir").mkdir()
-    (root / "m.onnx").symlink_to(root / "dir")
-
-
 NOT_FILES = [
-    Case("fifo", BENCH, make=_fifo, expect="m.onnx: is a FIFO, not an ONNX model"),
-    Case("symlink-to-fifo", BENCH, make=_link_to_fifo, expect="not an ONNX model"),
-    Case("symlink-to-folder", BENCH, make=_folder_link, expect="is a directory"),
-    Case("dangling-symlink", BENCH, make=_dangling, expect="no such ONNX model"),
+    Case("fifo", BENCH, make=fifo("m.onnx"), expect="m.onnx: is a FIFO, not an ONNX model"),
+    Case(
+        "symlink-to-fifo",
+        BENCH,
+        make=both(fifo("pipe"), link("m.onnx", lambda root: root / "pipe")),
+        expect="not an ONNX model",
+    ),
+    Case(
+        "symlink-to-folder",
+        BENCH,
+        make=both(folder("dir"), link("m.onnx", lambda root: root / "dir")),
+        expect="is a directory",
+    ),
+    Case(
+        "dangling-symlink",
+        BENCH,
+        make=link("m.onnx", lambda root: root / "gone.onnx"),
+        expect="no such ONNX model",
+    ),
     Case("missing", BENCH, expect="m.onnx"),
     Case(
         "dev-null",

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -18,25 +17,10 @@ from hypothesis import strategies as st
 
 from tests.support.hostile import Case, cases_params, check_case, run_cli
 from tests.support.paths import REPO
+from tests.support.sandbox_files import both, fifo, folder, link, text, unix_socket
 
 TINY = str(REPO / "examples" / "tiny.yaml")
 LONG = "x" * 300 + ".onnx"
-
-
-def _fifo(name: str) -> Callable[[Path], None]:
-    return lambda root: os.mkfifo(root / name)
-
-
-def _link(name: str, to: str) -> Callable[[Path], None]:
-    return lambda root: os.symlink(to, root / name)
-
-
-def _folder(name: str) -> Callable[[Path], None]:
-    return lambda root: (root / name).mkdir()
-
-
-def _file(name: str) -> Callable[[Path], None]:
-    return lambda root: (root / name).write_text("a file, not a folder")
 
 
 def _null_copy(name: str) -> Callable[[Path], None]:
@@ -51,44 +35,19 @@ def _null_copy(name: str) -> Callable[[Path], None]:
     return make
 
 
-def _socket(name: str) -> Callable[[Path], None]:
-    def make(root: Path) -> None:
-        s = socket.socket(socket.AF_UNIX)
-        s.bind(str(root / name))  # the socket file stays after close
-        s.close()
-
-    return make
-
-
-def _link_to_fifo(name: str) -> Callable[[Path], None]:
-    def make(root: Path) -> None:
-        os.mkfifo(root / "pipe")
-        os.symlink(root / "pipe", root / name)
-
-    return make
-
-
-def _link_to_folder(name: str) -> Callable[[Path], None]:
-    def make(root: Path) -> None:
-        (root / "d").mkdir()
-        os.symlink(root / "d", root / name)
-
-    return make
-
-
 # how each kind of bad target is made, its file name, and the fragment the line must hold
 TARGETS: list[tuple[str, Callable[[Path], None] | None, str, str]] = [
     ("char-device", _null_copy("dev"), "dev", "character device"),
-    ("fifo", _fifo("pipe"), "pipe", "FIFO"),
-    ("socket", _socket("sock"), "sock", "socket"),
-    ("link-dev-null", _link("null", "/dev/null"), "null", "character device (through a symlink"),
-    ("link-dev-full", _link("full", "/dev/full"), "full", "character device"),
-    ("link-stdout", _link("out", "/proc/self/fd/1"), "out", "not a regular file"),
-    ("link-fifo", _link_to_fifo("lpipe"), "lpipe", "FIFO"),
-    ("folder", _folder("d"), "d", "folder"),
-    ("link-folder", _link_to_folder("ld"), "ld", "folder"),
+    ("fifo", fifo("pipe"), "pipe", "FIFO"),
+    ("socket", unix_socket("sock"), "sock", "socket"),
+    ("link-dev-null", link("null", "/dev/null"), "null", "character device (through a symlink"),
+    ("link-dev-full", link("full", "/dev/full"), "full", "character device"),
+    ("link-stdout", link("out", "/proc/self/fd/1"), "out", "not a regular file"),
+    ("link-fifo", both(fifo("pipe"), link("lpipe", lambda root: root / "pipe")), "lpipe", "FIFO"),
+    ("folder", folder("d"), "d", "folder"),
+    ("link-folder", both(folder("d"), link("ld", lambda root: root / "d")), "ld", "folder"),
     ("missing-folder", None, "nope/out", "does not exist"),
-    ("parent-is-file", _file("f"), "f/out", "is not a folder"),
+    ("parent-is-file", text("f", "a file, not a folder"), "f/out", "is not a folder"),
     ("name-300", None, LONG, "at most 255"),
     ("proc", None, "/proc/graphllm-out", "cannot write"),
 ]
@@ -132,7 +91,7 @@ def _cases() -> list[Case]:
         out.append(Case(f"partition-trace-{kind}", _partition_trace(name), make, expect=expect))
     for kind, name, expect in [("missing-folder", "nope/p", "does not exist")]:
         out.append(Case(f"plot-{kind}", _plot(name), None, expect=expect))
-    out.append(Case("plot-fifo", _plot("pipe"), _fifo("pipe.png"), expect="FIFO"))
+    out.append(Case("plot-fifo", _plot("pipe"), fifo("pipe.png"), expect="FIFO"))
     return out + CACHE_CASES + BENCH_CASES
 
 
@@ -217,7 +176,7 @@ def test_the_corpus_is_large_enough():
 
 def test_a_device_target_is_left_a_device(tmp_path):
     """A symlink to the real /dev/null is refused, and /dev/null is still the device."""
-    check_case(Case("dev-null", _export("null"), _link("null", "/dev/null")), tmp_path)
+    check_case(Case("dev-null", _export("null"), link("null", "/dev/null")), tmp_path)
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
     assert (tmp_path / "null").is_symlink() and os.readlink(tmp_path / "null") == "/dev/null"
 

@@ -11,6 +11,7 @@ from graphllm.passes.parallel.figures import collective_seconds, link_bandwidth
 from graphllm.passes.parallel.sharding import Mesh
 from graphllm.passes.registry import run
 from tests.support import tiny_configs
+from tests.support.achievable_spec import with_achievable
 
 MI300X = load_hardware("mi300x")
 
@@ -59,27 +60,15 @@ def test_null_launch_costs_add_no_launch_time():
 
 
 def test_a_spec_file_may_leave_a_figure_null():
-    spec = {
-        "peak_flops": {"bf16": 1000e12},
-        "memory_bandwidth": 4e12,
-        "memory_bytes": 80e9,
-        "interconnect_bandwidth": 450e9,
-        "network_bandwidth": 50e9,
-        "devices_per_node": 8,
-        "achievable": {
-            "gemm_flops": {"bf16": 800e12},
-            "attention_flops": {"bf16": 600e12},
-            "memory_bandwidth": 3e12,
-            "interconnect": None,
-            "network": None,
-            "launch_seconds": None,
-            "graph_launch_seconds": None,
-            "graph_replay_seconds": None,
-            "sm_count": None,
-            "gemm_tile": None,
-            "source": "hand-made",
-        },
-    }
+    spec = with_achievable(
+        interconnect=None,
+        network=None,
+        launch_seconds=None,
+        graph_launch_seconds=None,
+        graph_replay_seconds=None,
+        sm_count=None,
+        gemm_tile=None,
+    )
     ach = hardware_from_dict(spec, "t").achievable
     assert (ach.launch_seconds, ach.sm_count, ach.gemm_tile) == (None, None, None)
 

@@ -14,30 +14,9 @@ from graphllm.models.hardware import hardware_from_dict, load_hardware
 from graphllm.models.workload import nbytes
 from graphllm.passes.registry import meta_result, run
 from tests.support import tiny_configs
+from tests.support.achievable_spec import SPEC, US, with_achievable
 
-US = 1e-6
-SPEC = {
-    "peak_flops": {"bf16": 1000e12, "fp32": 50e12},
-    "memory_bandwidth": 4e12,
-    "memory_bytes": 80e9,
-    "interconnect_bandwidth": 450e9,
-    "network_bandwidth": 50e9,
-    "devices_per_node": 8,
-    "achievable": {
-        "gemm_flops": {"bf16": 800e12},
-        "attention_flops": {"bf16": 600e12},
-        "memory_bandwidth": 3e12,
-        "interconnect": {"bus_bandwidth": 300e9, "step_latency": 2 * US},
-        "network": {"bus_bandwidth": 40e9, "step_latency": 5 * US},
-        "launch_seconds": 4 * US,
-        "graph_launch_seconds": 1 * US,
-        "graph_replay_seconds": 10 * US,
-        "sm_count": 1,  # 1x1 tiles on one SM: no GEMM loses to tile or wave quantisation
-        "gemm_tile": [1, 1],
-        "source": "hand-made figures for the tests",
-    },
-}
-HALF = SPEC | {"achievable": SPEC["achievable"] | {"dequant_efficiency": {"int4g32": 0.5}}}
+HALF = with_achievable(dequant_efficiency={"int4g32": 0.5})
 
 
 def _decode(weight_dtype: str, **shape):
@@ -108,7 +87,7 @@ def test_the_a100_preset_prices_tinygemm_at_its_published_share():
     ],
 )
 def test_a_bad_dequant_share_is_one_line_naming_it(table, says):
-    spec = SPEC | {"achievable": SPEC["achievable"] | {"dequant_efficiency": table}}
+    spec = with_achievable(dequant_efficiency=table)
     with pytest.raises(ConfigError, match=says) as e:
         hardware_from_dict(spec, "bad")
     assert "\n" not in str(e.value) and "dequant_efficiency" in str(e.value)

@@ -7,6 +7,7 @@ import pytest
 from graphllm import Workload, build_graph, load_config
 from graphllm.models.config import PRESETS_DIR
 from graphllm.passes import run
+from tests.support.meta_models import published_meta_model
 
 # every stored tensor of the main model (V3: without the multi-token-prediction layer 61)
 PUBLISHED = {"deepseek-v2-lite": 15_706_484_224, "deepseek-v3": 671_026_419_200}
@@ -41,14 +42,7 @@ def test_active_is_k_of_e_routed_experts_plus_everything_else():
 
 @pytest.mark.parametrize("preset", sorted(BUFFERS))
 def test_total_matches_transformers_meta_model(preset):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    d = json.loads((PRESETS_DIR / f"{preset}.json").read_text())
-    d = {k: v for k, v in d.items() if not k.startswith("_") and k != "quantization_config"}
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(
-            transformers.AutoConfig.for_model(**d)
-        )
+    model = published_meta_model(preset)
     hf = sum(t.numel() for t in model.parameters())
     assert params(preset).total == hf + BUFFERS[preset]
     bias = sum(b.numel() for n, b in model.named_buffers() if "correction_bias" in n)

@@ -10,13 +10,11 @@ OpenAI's published figures under OpenAI's own convention, and the MXFP4 checkpoi
   rest bf16: graphllm's stored bytes equal both to the byte.
 """
 
-import json
-
 import pytest
 
 from graphllm import Workload, build_graph, load_config
-from graphllm.models.config import PRESETS_DIR
 from graphllm.passes import run
+from tests.support.meta_models import published_meta_model
 
 TOTAL = {"gpt-oss-20b": 20_914_757_184, "gpt-oss-120b": 116_829_156_672}
 ACTIVE_WITHOUT_EMBEDDING = {"gpt-oss-20b": 3_608_307_264, "gpt-oss-120b": 5_132_849_472}
@@ -47,14 +45,7 @@ def test_mxfp4_checkpoint_bytes_match_the_published_index(preset):
 
 @pytest.mark.parametrize("preset", sorted(TOTAL))
 def test_total_matches_transformers_meta_model(preset):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    d = json.loads((PRESETS_DIR / f"{preset}.json").read_text())
-    d = {k: v for k, v in d.items() if not k.startswith("_") and k != "quantization_config"}
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(
-            transformers.AutoConfig.for_model(**d)
-        )
+    model = published_meta_model(preset)
     assert sum(t.numel() for t in model.parameters()) == TOTAL[preset]
 
 

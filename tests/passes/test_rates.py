@@ -15,29 +15,8 @@ from graphllm.passes.parallel.figures import collective_seconds, link_bandwidth
 from graphllm.passes.parallel.sharding import Mesh
 from graphllm.passes.registry import meta_result, run
 from tests.support import tiny_configs
+from tests.support.achievable_spec import SPEC, US, with_achievable
 
-US = 1e-6
-SPEC = {
-    "peak_flops": {"bf16": 1000e12, "fp32": 50e12},
-    "memory_bandwidth": 4e12,
-    "memory_bytes": 80e9,
-    "interconnect_bandwidth": 450e9,
-    "network_bandwidth": 50e9,
-    "devices_per_node": 8,
-    "achievable": {
-        "gemm_flops": {"bf16": 800e12},
-        "attention_flops": {"bf16": 600e12},
-        "memory_bandwidth": 3e12,
-        "interconnect": {"bus_bandwidth": 300e9, "step_latency": 2 * US},
-        "network": {"bus_bandwidth": 40e9, "step_latency": 5 * US},
-        "launch_seconds": 4 * US,
-        "graph_launch_seconds": 1 * US,
-        "graph_replay_seconds": 10 * US,
-        "sm_count": 1,  # with 1x1 tiles on one SM no GEMM loses to tile or wave quantisation
-        "gemm_tile": [1, 1],
-        "source": "hand-made figures for the tests",
-    },
-}
 HW = hardware_from_dict(SPEC, "test")
 MB = 1e6
 
@@ -250,7 +229,7 @@ def test_every_nvidia_preset_with_achievable_figures_names_its_sources():
     ],
 )
 def test_a_bad_achievable_figure_is_one_line_naming_it(change, says):
-    spec = SPEC | {"achievable": SPEC["achievable"] | change}
+    spec = with_achievable(**change)
     with pytest.raises(ConfigError, match=says) as e:
         hardware_from_dict(spec, "bad")
     assert "\n" not in str(e.value)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.support.quantized_checkpoints import MXFP4_CONFIG
 from tests.support.tiny_models import BATCH, SEQ, SMALL, presents
 
 ATOL = 1e-4
@@ -136,15 +137,7 @@ def test_mxfp4_checkpoint_as_openai_ships_it(tiny_model, tmp_path):
     folder.mkdir()
     save_file(stored, str(folder / "model.safetensors"), metadata={"format": "pt"})
     cfg = json.loads((m.folder / "config.json").read_text())
-    cfg["quantization_config"] = {
-        "quant_method": "mxfp4",
-        "modules_to_not_convert": [
-            "model.layers.*.self_attn",
-            "model.layers.*.mlp.router",
-            "model.embed_tokens",
-            "lm_head",
-        ],
-    }
+    cfg["quantization_config"] = MXFP4_CONFIG
     (folder / "config.json").write_text(json.dumps(cfg))
     try:
         c = graphllm.load_config(folder)

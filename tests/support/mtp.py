@@ -19,7 +19,7 @@ from graphllm.build.weights import load_weights
 from graphllm.passes import run
 from graphllm.passes.cost import scopes_of
 from graphllm.runtime.interpret import run_graph
-from tests.support.tiny_models import BATCH
+from tests.support.tiny_models import BATCH, presents
 
 
 class MTPReference(torch.nn.Module):
@@ -103,6 +103,60 @@ def reference_logits(
     pe = base.model.model.rotary_emb(hidden, pos)
     mask = torch.full((t.shape[1],) * 2, float("-inf")).triu(1)[None, None]
     return ref(torch.from_numpy(mtp_ids), hidden, pe, mask).numpy()
+
+
+def draw_ids(vocab: int, seed: int, seq: int) -> np.ndarray:
+    """BATCH rows of `seq` token ids below `vocab`, seeded."""
+    return np.random.default_rng(seed).integers(0, vocab, (BATCH, seq))
+
+
+def assert_mtp_matches_reference(
+    tiny, vocab: int, seq: int, steps: int = 3, atol: float = 1e-4, **run_kw: object
+) -> None:
+    """`tiny.run`'s MTP logits on a prefill of `seq` tokens and `steps` cached steps == the
+    reference's on the whole sequence (`tiny.hf`), its main logits == transformers' own; each
+    step's past holds the MTP block's own cache. run_kw go to `tiny.run` (mla=...)."""
+    ids, mids = draw_ids(vocab, 1, seq), draw_ids(vocab, 2, seq)
+    ours = tiny.run(ids, mids, **run_kw)
+    np.testing.assert_allclose(ours["mtp.1.logits"], tiny.hf(ids, mids), atol=atol, rtol=0)
+    np.testing.assert_allclose(
+        ours["logits"], tiny.base.hf(ids).logits.numpy(), atol=atol, rtol=0
+    )  # the main model is untouched
+    for step in range(steps):
+        past = presents(ours)
+        assert f"present.{tiny.layer}.key" in past  # the MTP block's own cache
+        nxt, mnxt = draw_ids(vocab, 100 + step, 1), draw_ids(vocab, 200 + step, 1)
+        ids, mids = np.concatenate([ids, nxt], 1), np.concatenate([mids, mnxt], 1)
+        ours = tiny.run(nxt, mnxt, past=past, **run_kw)
+        want = tiny.hf(ids, mids)[:, -1:]
+        np.testing.assert_allclose(
+            ours["mtp.1.logits"], want, atol=atol, rtol=0, err_msg=f"step {step}"
+        )
+
+
+def assert_mtp_export_matches(
+    tiny, path, vocab: int, seq: int, steps: int = 3, atol: float = 1e-4
+) -> None:
+    """The ONNX export of `tiny`'s main model and MTP layer at `path` (decomposed) == the
+    reference's MTP logits on the prefill, and == the interpreter's logits, MTP logits and MTP
+    cache over the prefill and `steps` cached steps."""
+    from graphllm.build.builder import build_export_graph
+    from graphllm.exporters.onnx import export_onnx
+    from graphllm.runtime.session import OnnxModel
+
+    graph = build_export_graph(tiny.base.cfg, mtp=True)
+    export_onnx(graph, path, weights=tiny.base.folder, ops="decomposed")
+    session = OnnxModel(path, device="cpu")
+    ids, mids = draw_ids(vocab, 1, seq), draw_ids(vocab, 2, seq)
+    ours = session.forward(ids, extra={"mtp.1.input_ids": mids})
+    np.testing.assert_allclose(ours["mtp.1.logits"], tiny.hf(ids, mids), atol=atol, rtol=0)
+    interp = tiny.run(ids, mids)
+    for step in range(steps):
+        for k in ("logits", "mtp.1.logits", f"present.{tiny.layer}.key"):
+            np.testing.assert_allclose(ours[k], interp[k], atol=atol, rtol=0, err_msg=k)
+        nxt, mnxt = draw_ids(vocab, 100 + step, 1), draw_ids(vocab, 200 + step, 1)
+        ours = session.forward(nxt, past=presents(ours), extra={"mtp.1.input_ids": mnxt})
+        interp = tiny.run(nxt, mnxt, presents(interp))
 
 
 def assert_mtp_tokens_move_only_later(tiny, ids: np.ndarray, mids: np.ndarray, vocab: int) -> None:

@@ -20,6 +20,7 @@ Quantizers (random weights in, the stored tensors out):
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -31,10 +32,34 @@ import graphllm
 from graphllm.build.builder import build_export_graph
 from graphllm.build.weights import random_weights
 from graphllm.models.quantization import QuantFormat
+from graphllm.passes import run
 
 E4M3_MAX = 448.0
 E2M1_GRID = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+# the tiny checkpoints' sizes, as a config.json gives them: head_dim 16 and hidden 64, so that
+# FP8's blocks and the groups of GPTQ, AWQ and MXFP4 divide their matrices
+SMALL = {
+    "vocab_size": 128,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+    "dtype": "float32",
+}
+MXFP4_CONFIG = {  # gpt-oss-20b's quantization_config: the experts MXFP4, the rest as it was
+    "quant_method": "mxfp4",
+    "modules_to_not_convert": [
+        "model.layers.*.self_attn",
+        "model.layers.*.mlp.router",
+        "model.embed_tokens",
+        "lm_head",
+    ],
+}
 
 
 # --- quantizers: one [out, in] float32 matrix in, the stored tensors out -----------------------
@@ -325,3 +350,16 @@ def write_dense(folder: Path, config: dict, weights: dict[str, np.ndarray]) -> P
     (folder / "config.json").write_text(json.dumps(config))
     save_tensors(weights, folder / "model.safetensors")
     return folder
+
+
+def stored_values(graph: object) -> tuple[int, int]:
+    """(parameters, block scales) of the graph's params as the checkpoint stores them: each
+    quantized param's scales counted from its stored format, per matrix of a stacked tensor."""
+    params = run(graph, ["params"])["params"].total
+    scales = 0
+    for n in graph.params():
+        fmt = n.attrs.get("stored")
+        if fmt is not None:
+            *lead, rows, cols = (d.size for d in n.out.dims)
+            scales += math.prod(lead) * fmt.scales(rows, cols)
+    return params, scales

@@ -5,9 +5,11 @@ tests/support (its `model`, `run` and `cfg`), `session` a runtime.session.OnnxMo
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
-from graphllm.runtime.session import positions
+from graphllm.runtime.session import OnnxModel, positions
 from tests.support.tiny_models import presents as carried
 
 
@@ -81,3 +83,39 @@ def assert_generate_matches(m, session, ids: np.ndarray, new_tokens: int) -> Non
         ref.append(theirs.logits.numpy()[:, -1].argmax(-1)[:, None])
         theirs = hf(m, ref[-1], cache=theirs.cache)
     np.testing.assert_array_equal(new, np.concatenate(ref, axis=1))
+
+
+def exported_decomposed(m, folder: Path) -> tuple:
+    """(m, the path, an OnnxModel session) of `m`'s export with the decomposed lowering to
+    folder/model.onnx: what StatefulExportParity's `exported` fixture gives."""
+    from graphllm.build.builder import build_export_graph
+    from graphllm.exporters.onnx import export_onnx
+
+    path = folder / "model.onnx"
+    export_onnx(build_export_graph(m.cfg), path, weights=m.folder, ops="decomposed")
+    return m, path, OnnxModel(path, device="cpu")
+
+
+class StatefulExportParity:
+    """The parity tests every stateful export passes, for a test module to subclass as
+    `TestParity` beside its module-scoped `exported` fixture ((tiny model, path, session)):
+    `vocab` its model's vocabulary, `long` a prefill longer than one chunk of its scan."""
+
+    vocab: int
+    long: int
+    atol, steps, pad = 1e-4, 16, 3
+
+    def test_prefill_longer_than_a_chunk_and_16_decode_steps(self, exported) -> None:
+        m, _, session = exported
+        ids = np.random.default_rng(0).integers(3, self.vocab, (2, self.long))
+        assert_prefill_and_decode(m, session, ids, self.steps, self.atol)
+
+    def test_left_padded_batch(self, exported) -> None:
+        m, _, session = exported
+        ids = np.random.default_rng(1).integers(3, self.vocab, (2, 8))
+        assert_left_padded(m, session, ids, self.pad, self.steps, self.atol, alone=True)
+
+    def test_generate_feeds_the_states_back(self, exported) -> None:
+        m, _, session = exported
+        ids = np.random.default_rng(2).integers(3, self.vocab, (1, 6))
+        assert_generate_matches(m, session, ids, 5)

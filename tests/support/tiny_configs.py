@@ -138,3 +138,16 @@ GPT_OSS = {
     "max_position_embeddings": 256,
     "swiglu_limit": 0.5,
 }
+
+# Phi-4-mini's rotary in small: RoPE on half of each head, longrope whose short factors serve an
+# 8-token prefill and whose long ones take over once a position passes 16
+PARTIAL_LONGROPE = {
+    "partial_rotary_factor": 0.5,
+    "original_max_position_embeddings": 16,
+    "rope_parameters": {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "short_factor": [1.0, 1.3, 1.7, 2.1],
+        "long_factor": [1.5, 3.0, 6.5, 11.0],
+    },
+}

@@ -19,6 +19,7 @@ import transformers
 import graphllm
 from graphllm.build.weights import load_weights
 from graphllm.runtime.interpret import run_graph
+from tests.support.tiny_configs import PARTIAL_LONGROPE
 
 BATCH, SEQ = 2, 8
 SMALL = {
@@ -50,6 +51,16 @@ YARN_ROPE = {
     "original_max_position_embeddings": 64,
 }
 MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48}
+
+# Llama 4's MoE in small, every other layer: top 1 of 4 experts and a shared one
+LLAMA4_MOE = {
+    "head_dim": 16,
+    "intermediate_size": 24,
+    "intermediate_size_mlp": 48,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 1,
+    "interleave_moe_layer_step": 2,
+}
 
 # id -> (model_type, config overrides on top of SMALL)
 CASES: dict[str, tuple[str, dict]] = {
@@ -91,20 +102,7 @@ CASES: dict[str, tuple[str, dict]] = {
     # Phi-4-mini's attention in small: RoPE on half of each 16-wide head, longrope whose short
     # factors serve the 8-token prefill and whose long ones take over once a decode step's
     # position passes original_max_position_embeddings (16), the cached keys keeping theirs
-    "phi3-partial-longrope": (
-        "phi3",
-        {
-            "hidden_size": 64,
-            "partial_rotary_factor": 0.5,
-            "original_max_position_embeddings": 16,
-            "rope_parameters": {
-                "rope_type": "longrope",
-                "rope_theta": 10000.0,
-                "short_factor": [1.0, 1.3, 1.7, 2.1],
-                "long_factor": [1.5, 3.0, 6.5, 11.0],
-            },
-        },
-    ),
+    "phi3-partial-longrope": ("phi3", {"hidden_size": 64, **PARTIAL_LONGROPE}),
     # granite's muP multipliers, each off its default and off any other (a tied head, as
     # Granite 3.3 has)
     "granite": (
@@ -210,12 +208,7 @@ CASES: dict[str, tuple[str, dict]] = {
         "llama4_text",
         {
             "num_hidden_layers": 4,
-            "head_dim": 16,
-            "intermediate_size": 24,
-            "intermediate_size_mlp": 48,
-            "num_local_experts": 4,
-            "num_experts_per_tok": 1,
-            "interleave_moe_layer_step": 2,
+            **LLAMA4_MOE,
             "no_rope_layer_interval": 2,
             "attention_chunk_size": 4,
             "floor_scale": 3,
@@ -229,12 +222,7 @@ CASES: dict[str, tuple[str, dict]] = {
         "llama4_text",
         {
             "num_hidden_layers": 2,
-            "head_dim": 16,
-            "intermediate_size": 24,
-            "intermediate_size_mlp": 48,
-            "num_local_experts": 4,
-            "num_experts_per_tok": 1,
-            "interleave_moe_layer_step": 2,
+            **LLAMA4_MOE,
             "use_qk_norm": False,
             "attention_chunk_size": None,
             "attn_temperature_tuning": False,
@@ -354,11 +342,13 @@ class TinyModel:
         )
         return graphllm.build_graph(self.cfg, wl, **build)
 
+    def past_len(self, past: dict) -> int:
+        """P of a step whose past is `past`: the longest cache is a full layer's, all P past
+        positions (a window or chunk layer's rolls to fewer once P passes it)."""
+        return max(v.shape[2] for v in past.values())
+
     def run(self, ids: np.ndarray, past: dict | None = None, **build) -> dict[str, np.ndarray]:
-        # the longest cache is a full layer's, all P past positions (a window or chunk layer's
-        # rolls to fewer once P passes it)
-        p = 0 if past is None else max(v.shape[2] for v in past.values())
-        g = self.graph(ids.shape[1], p, **build)
+        g = self.graph(ids.shape[1], 0 if past is None else self.past_len(past), **build)
         if self.weights is None:
             self.weights = load_weights(g, self.folder)
         return run_graph(g, self.weights, ids, past)

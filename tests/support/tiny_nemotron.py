@@ -4,9 +4,6 @@ expert), and graphllm's config and weights for each."""
 
 from __future__ import annotations
 
-import numpy as np
-import torch
-
 from tests.support.tiny_models import BATCH, SEQ, TinyModel
 
 __all__ = ["BATCH", "CASES", "SEQ", "SMALL", "TinyNemotron"]
@@ -62,18 +59,7 @@ class TinyNemotron(TinyModel):
             if name.endswith("mixer.dt_bias"):
                 param[::2] = -8.0
 
-    def run(self, ids: np.ndarray, past: dict | None = None, **build) -> dict[str, np.ndarray]:
-        from graphllm.build.weights import load_weights
-        from graphllm.runtime.interpret import run_graph
-
-        # the past length is an attention layer's cache's (a state has no length)
-        keys = [v for k, v in (past or {}).items() if k.endswith(".key")]
-        p = keys[0].shape[2] if keys else 0
-        g = self.graph(ids.shape[1], p, **build)
-        if self.weights is None:
-            self.weights = load_weights(g, self.folder)
-        return run_graph(g, self.weights, ids, past)
-
-    @torch.no_grad()
-    def hf(self, ids: np.ndarray, past=None):
-        return self.model(torch.from_numpy(ids), cache=past, use_cache=True)
+    def past_len(self, past: dict) -> int:
+        # an attention layer's cache's (a state has no length)
+        keys = [v for k, v in past.items() if k.endswith(".key")]
+        return keys[0].shape[2] if keys else 0

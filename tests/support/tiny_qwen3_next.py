@@ -4,9 +4,8 @@ norms, the MoE with its gated shared expert (issue 19)."""
 
 from __future__ import annotations
 
-import numpy as np
-
 from tests.support.tiny_models import BATCH, SEQ, TinyModel
+from tests.support.tiny_models import presents as carried  # the states are presents too
 
 __all__ = ["BATCH", "CASES", "LONG", "SEQ", "SMALL", "TinyQwen3Next", "carried"]
 
@@ -54,23 +53,11 @@ CASES: dict[str, tuple[str, dict]] = {
 }
 
 
-def carried(out: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A step's KV cache and states, to feed the next step as its past."""
-    return {k: v for k, v in out.items() if k.startswith("present.")}
-
-
 class TinyQwen3Next(TinyModel):
     cases = CASES
     small = SMALL
 
-    def run(self, ids: np.ndarray, past: dict | None = None, **build) -> dict[str, np.ndarray]:
-        # the past's length is the attention layers' (a state says nothing of it)
-        kv = [v.shape[2] for k, v in (past or {}).items() if k.endswith((".key", ".value"))]
-        g = self.graph(ids.shape[1], max(kv, default=0), **build)
-        if self.weights is None:
-            from graphllm.build.weights import load_weights
-
-            self.weights = load_weights(g, self.folder)
-        from graphllm.runtime.interpret import run_graph
-
-        return run_graph(g, self.weights, ids, past)
+    def past_len(self, past: dict) -> int:
+        # the attention layers' (a state says nothing of it)
+        kv = [v.shape[2] for k, v in past.items() if k.endswith((".key", ".value"))]
+        return max(kv, default=0)

@@ -20,10 +20,10 @@ from graphllm.exporters.onnx import export_onnx  # noqa: E402
 from graphllm.exporters.onnx.lowering import LoweringError, lower  # noqa: E402
 from graphllm.runtime.session import OnnxModel  # noqa: E402
 from tests.support.stateful_onnx import (  # noqa: E402
-    assert_generate_matches,
+    StatefulExportParity,
     assert_left_padded,
-    assert_prefill_and_decode,
     carried,
+    exported_decomposed,
     hf,
 )
 from tests.support.tiny_nemotron import SMALL  # noqa: E402
@@ -34,10 +34,7 @@ STATES = ("conv_state", "recurrent_state")
 
 @pytest.fixture(scope="module")
 def exported(tiny_nemotron, tmp_path_factory):
-    m = tiny_nemotron("hybrid")
-    path = tmp_path_factory.mktemp("nemotron_h-onnx") / "model.onnx"
-    export_onnx(build_export_graph(m.cfg), path, weights=m.folder, ops="decomposed")
-    return m, path, OnnxModel(path, device="cpu")
+    return exported_decomposed(tiny_nemotron("hybrid"), tmp_path_factory.mktemp("nemotron_h-onnx"))
 
 
 def test_the_states_are_inputs_and_outputs_of_their_own(exported):
@@ -65,22 +62,8 @@ def test_the_states_are_inputs_and_outputs_of_their_own(exported):
     assert "Conv" in {n.op_type for n in model.graph.node}
 
 
-def test_prefill_longer_than_a_chunk_and_16_decode_steps(exported):
-    m, _, session = exported
-    ids = np.random.default_rng(0).integers(3, SMALL["vocab_size"], (2, LONG))
-    assert_prefill_and_decode(m, session, ids, STEPS, ATOL)
-
-
-def test_left_padded_batch(exported):
-    m, _, session = exported
-    ids = np.random.default_rng(1).integers(3, SMALL["vocab_size"], (2, 8))
-    assert_left_padded(m, session, ids, PAD, STEPS, ATOL, alone=True)
-
-
-def test_generate_feeds_the_states_back(exported):
-    m, _, session = exported
-    ids = np.random.default_rng(2).integers(3, SMALL["vocab_size"], (1, 6))
-    assert_generate_matches(m, session, ids, 5)
+class TestParity(StatefulExportParity):
+    vocab, long, atol, steps, pad = SMALL["vocab_size"], LONG, ATOL, STEPS, PAD
 
 
 @pytest.mark.parametrize(

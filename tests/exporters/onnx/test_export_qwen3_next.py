@@ -5,7 +5,6 @@ batch of 2 (the padded positions zeroed before each linear layer, from attention
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
 import pytest
 
@@ -14,25 +13,16 @@ pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
 
 from graphllm.build.builder import build_export_graph  # noqa: E402
-from graphllm.exporters.onnx import export_onnx  # noqa: E402
 from graphllm.exporters.onnx.lowering import LoweringError, lower  # noqa: E402
-from graphllm.runtime.session import OnnxModel  # noqa: E402
-from tests.support.stateful_onnx import (  # noqa: E402
-    assert_generate_matches,
-    assert_left_padded,
-    assert_prefill_and_decode,
-)
+from tests.support.stateful_onnx import StatefulExportParity, exported_decomposed  # noqa: E402
 from tests.support.tiny_qwen3_next import LONG, SMALL  # noqa: E402
-
-ATOL, STEPS, PAD = 1e-4, 16, 3
 
 
 @pytest.fixture(scope="module")
 def exported(tiny_qwen3_next, tmp_path_factory):
-    m = tiny_qwen3_next("qwen3_next")
-    path = tmp_path_factory.mktemp("qwen3_next-onnx") / "model.onnx"
-    export_onnx(build_export_graph(m.cfg), path, weights=m.folder, ops="decomposed")
-    return m, path, OnnxModel(path, device="cpu")
+    return exported_decomposed(
+        tiny_qwen3_next("qwen3_next"), tmp_path_factory.mktemp("qwen3_next-onnx")
+    )
 
 
 def test_the_states_are_inputs_and_outputs_of_their_own(exported):
@@ -57,22 +47,8 @@ def test_the_states_are_inputs_and_outputs_of_their_own(exported):
     assert "Conv" in {n.op_type for n in model.graph.node}
 
 
-def test_prefill_longer_than_a_chunk_and_16_decode_steps(exported):
-    m, _, session = exported
-    ids = np.random.default_rng(0).integers(3, SMALL["vocab_size"], (2, LONG))
-    assert_prefill_and_decode(m, session, ids, STEPS, ATOL)
-
-
-def test_left_padded_batch(exported):
-    m, _, session = exported
-    ids = np.random.default_rng(1).integers(3, SMALL["vocab_size"], (2, 8))
-    assert_left_padded(m, session, ids, PAD, STEPS, ATOL, alone=True)
-
-
-def test_generate_feeds_the_states_back(exported):
-    m, _, session = exported
-    ids = np.random.default_rng(2).integers(3, SMALL["vocab_size"], (1, 6))
-    assert_generate_matches(m, session, ids, 5)
+class TestParity(StatefulExportParity):
+    vocab, long = SMALL["vocab_size"], LONG
 
 
 @pytest.mark.parametrize("ops", ["standard", "ort"])

@@ -31,18 +31,9 @@ pytest.importorskip("onnxruntime")
 LLAMA = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
-    "vocab_size": 128,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 256,
+    **qc.SMALL,
     "rms_norm_eps": 1e-6,
     "rope_theta": 10000.0,
-    "tie_word_embeddings": False,
-    "dtype": "float32",
 }
 
 

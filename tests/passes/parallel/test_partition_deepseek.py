@@ -11,6 +11,7 @@ from graphllm.models.config import config_from_dict
 from graphllm.passes.parallel.partition import Strategy, partition
 from graphllm.runtime.spmd import check_partition
 from tests.support import tiny_configs
+from tests.support.mtp_partition import assert_partitioned_mtp_equals_single_device
 
 V3 = tiny_configs.DEEPSEEK_V3
 V2 = {
@@ -62,13 +63,7 @@ def test_partitioned_mtp_equals_single_device(strategy):
     """With the MTP module (--mtp): its logits and cache agree too, and it runs on the last
     pipeline stage."""
     cfg = config_from_dict(V3, "deepseek_v3")
-    g = build_graph(cfg, Workload(batch=4, seq_len=8, dtype="fp32"), mtp=True)
-    local = partition(g, strategy)
-    check = check_partition(g, local, seed=1)
-    assert check.max_diff <= 1e-5, check.differences(3)
-    assert check.others["mtp.1.logits"] <= 1e-5 and check.others["present.2.key"] <= 1e-5
-    last = strategy.pp - 1
-    assert {n.meta["stage"] for n in local.scope("model.layers.2") if n.op != "param"} == {last}
+    assert_partitioned_mtp_equals_single_device(cfg, strategy, "present.2.key", "model.layers.2")
 
 
 def test_verify_partition_command_with_mtp(tmp_path):

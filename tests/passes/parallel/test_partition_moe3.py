@@ -11,6 +11,7 @@ from graphllm.models.config import config_from_dict
 from graphllm.passes.parallel.partition import Strategy, partition
 from graphllm.runtime.spmd import check_partition
 from tests.support import tiny_configs
+from tests.support.mtp_partition import assert_partitioned_mtp_equals_single_device
 
 CONFIGS = {
     "glm4_moe": tiny_configs.GLM4_MOE,
@@ -46,13 +47,7 @@ def test_partitioned_run_equals_single_device(family, strategy, workload):
 def test_partitioned_glm_mtp_equals_single_device(strategy):
     """GLM-4.5's MTP layer (--mtp): its logits and cache agree too, on the last stage."""
     cfg = config_from_dict(tiny_configs.GLM4_MOE, "glm4_moe")
-    g = build_graph(cfg, Workload(batch=4, seq_len=8, dtype="fp32"), mtp=True)
-    local = partition(g, strategy)
-    check = check_partition(g, local, seed=1)
-    assert check.max_diff <= 1e-5, check.differences(3)
-    assert check.others["mtp.1.logits"] <= 1e-5 and check.others["present.2.key"] <= 1e-5
-    last = strategy.pp - 1
-    assert {n.meta["stage"] for n in local.scope("model.layers.2") if n.op != "param"} == {last}
+    assert_partitioned_mtp_equals_single_device(cfg, strategy, "present.2.key", "model.layers.2")
 
 
 @pytest.mark.parametrize("family", CONFIGS)

@@ -5,12 +5,11 @@ graph, the carried states included; context parallelism refused in one line."""
 import pytest
 from click.testing import CliRunner
 
-from graphllm import Workload, build_graph
 from graphllm.cli import main
 from graphllm.errors import ConfigError
 from graphllm.models.config import config_from_dict
 from graphllm.passes.parallel.partition import Strategy, partition
-from graphllm.runtime.spmd import check_partition
+from tests.support.mtp_partition import assert_partitioned_mtp_equals_single_device
 from tests.support.stateful_partition import (
     assert_partition_equals_single_device,
     assert_verify_partition_command,
@@ -101,10 +100,4 @@ def test_partitioned_mtp_equals_single_device(strategy):
     """With the MTP layer (--mtp): its logits and its own KV cache agree, it runs on the last
     pipeline stage, and the embedding and head it shares with the main model serve both."""
     cfg = config_from_dict(dict(TINY), "qwen3_next")
-    g = build_graph(cfg, Workload(batch=4, seq_len=8, dtype="fp32"), mtp=True)
-    local = partition(g, strategy)
-    check = check_partition(g, local, seed=1)
-    assert check.max_diff <= 1e-5, check.differences(3)
-    assert check.others["mtp.1.logits"] <= 1e-5 and check.others["present.4.key"] <= 1e-5
-    last = strategy.pp - 1
-    assert {n.meta["stage"] for n in local.scope("mtp") if n.op != "param"} == {last}
+    assert_partitioned_mtp_equals_single_device(cfg, strategy, "present.4.key", "mtp")

@@ -19,6 +19,7 @@ from graphllm.runtime.dist.ort import OrtRunner, threads_per_rank
 from graphllm.runtime.dist.segments import NumpyRunner, Segment, cut
 from graphllm.runtime.spmd import SPMDInterpreter
 from tests.runtime.dist.support import CONFIGS
+from tests.support.tiny_configs import PARTIAL_LONGROPE
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
@@ -104,19 +105,7 @@ def test_each_segment_on_onnxruntime_equals_numpy(family, strategy, past):
     assert (on_numpy > 0) == ((family, strategy, past) in KEY_BLOCKS), on_numpy
 
 
-LONGROPE = {
-    **CONFIGS["dense"],
-    "model_type": "phi3",
-    "pad_token_id": 0,
-    "partial_rotary_factor": 0.5,
-    "original_max_position_embeddings": 16,
-    "rope_parameters": {
-        "rope_type": "longrope",
-        "rope_theta": 10000.0,
-        "short_factor": [1.0, 1.3, 1.7, 2.1],
-        "long_factor": [1.5, 3.0, 6.5, 11.0],
-    },
-}
+LONGROPE = {**CONFIGS["dense"], "model_type": "phi3", "pad_token_id": 0, **PARTIAL_LONGROPE}
 
 
 def test_what_the_export_cannot_express_runs_on_numpy_said_once(capsys):
