@@ -3,7 +3,6 @@ set, each GEMM at the rate of its shape, fused attention at the rate of its head
 presets and --ideal untouched."""
 
 import math
-
 from dataclasses import replace
 
 import pytest
