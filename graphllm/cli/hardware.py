@@ -56,7 +56,7 @@ from graphllm.runtime.calibrate_link import table as link_table
     type=click.FloatRange(min=0),
     default=60.0,
     show_default=True,
-    help="Seconds the read sweep and the GEMM table may take, each.",
+    help="Seconds the read sweep, the GEMM table and the attention table may take, each.",
 )
 @click.option("--quick", is_flag=True, hidden=True, help="Tiny sizes, for tests.")
 @user_errors
@@ -71,8 +71,8 @@ def calibrate(
     budget: float,
     quick: bool,
 ) -> None:
-    """Measure this machine (read bandwidth by working set, GEMM rates by shape) for
-    `--hardware local`."""
+    """Measure this machine (read bandwidth by working set, GEMM rates by shape, fused
+    attention by step) for `--hardware local`."""
 
     check_local_writable()  # a cache that is a file: refused now, not after measuring
     if link:
