@@ -27,9 +27,10 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from graphllm.models.calibration import attention_flops
 from graphllm.runtime import hugepages
@@ -165,7 +166,7 @@ class _Attention:
             1.0, 1e-4, head_dim // 2, dtype=np.float32
         )
         tables = [
-            helper.make_tensor(name, f, list(angles.shape), fn(angles).ravel().tolist())
+            numpy_helper.from_array(fn(angles), name)
             for name, fn in (("cos_cache", np.cos), ("sin_cache", np.sin))
         ]
         names = [i.name for i in inputs[:7]]
@@ -217,7 +218,7 @@ class _Attention:
         self.idle = lambda: nothing.run_with_iobinding(io_idle)
 
 
-def _ort_session(model: bytes, threads: int, so: object = None) -> object:
+def _ort_session(model: bytes, threads: int, so: Any = None) -> Any:
     """An onnxruntime CPU session on `model` with `threads` intra-op threads and one inter-op."""
     import onnxruntime as ort
 
@@ -249,14 +250,19 @@ def attention_table(
             if i and time.perf_counter() - start > budget:
                 break
             runner = _Attention(h, kv, d, seq, past, threads)
-            t0 = time.perf_counter()
-            runner.run()
-            once = max(time.perf_counter() - t0, 1e-6)
-            inner = max(1, math.ceil(SAMPLE_SECONDS / once))
             flops = attention_flops(h, d, seq, past)
-            out.append((h, kv, d, seq, past, flops / _seconds(runner, inner, repeats)))
+            out.append((h, kv, d, seq, past, flops / _timed(runner, repeats)))
             step()
     return sorted(out)
+
+
+def _timed(runner: _Runner | _Attention, repeats: int) -> float:
+    """`_seconds` of a kernel in samples of enough runs to last SAMPLE_SECONDS each (one untimed
+    run sizes them)."""
+    t0 = time.perf_counter()
+    runner.run()
+    once = max(time.perf_counter() - t0, 1e-6)
+    return _seconds(runner, max(1, math.ceil(SAMPLE_SECONDS / once)), repeats)
 
 
 def _seconds(runner: _Runner | _Attention, inner: int, repeats: int) -> float:
@@ -350,10 +356,6 @@ def gemm_table(
             if i >= 2 and time.perf_counter() - start > budget:
                 break
             runner = _Runner([w], m, threads)
-            t0 = time.perf_counter()
-            runner.run()
-            once = max(time.perf_counter() - t0, 1e-6)
-            inner = max(1, math.ceil(SAMPLE_SECONDS / once))
-            out.append((m, k, n, 2.0 * m * k * n / _seconds(runner, inner, repeats)))
+            out.append((m, k, n, 2.0 * m * k * n / _timed(runner, repeats)))
             step()
     return sorted(out, key=lambda p: (p[1], p[2], p[0]))
