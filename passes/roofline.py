@@ -122,11 +122,10 @@ class Timer:
         if self.peak <= 0 or self.bw <= 0:
             raise PassError(f"hardware {hardware.name}: peak and bandwidth must be positive")
         self.gemm, self.attn = hardware.gemm_rate(dtype), hardware.attention_rate(dtype)
-        cal = hardware.calibration
-        if cal is not None and flash:
+        cal, cfg, wl = hardware.calibration, graph.meta.get("config"), graph.meta.get("workload")
+        if cal is not None and flash and cfg is not None and wl is not None:
             # the fused kernel timed at this model's heads and this step (calibrate's
             # GroupQueryAttention); a head shape it did not time keeps the rate above
-            cfg, wl = graph.meta["config"], graph.meta["workload"]
             heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
             self.attn = cal.attention_rate(*heads, wl.seq_len, wl.past_len) or self.attn
 
