@@ -236,9 +236,11 @@ def gemm_shapes_of(config: ModelConfig) -> tuple[tuple[int, int], ...]:
 
 def attention_heads_of(config: ModelConfig) -> tuple[tuple[int, int, int], ...]:
     """The (heads, kv heads, head_dim) the attention table measures for a model: its own (none
-    where GroupQueryAttention cannot take them: kv heads that do not divide the heads)."""
+    where its export has no GroupQueryAttention: latent attention, which only the decomposed
+    lowering has, or kv heads that do not divide the heads)."""
     h, kv = config.num_attention_heads, config.num_key_value_heads
-    return ((h, kv, config.head_dim),) if h and kv and h % kv == 0 else ()
+    gqa = h and kv and h % kv == 0 and not config.is_mla
+    return ((h, kv, config.head_dim),) if gqa else ()
 
 
 def _tables(
@@ -263,7 +265,9 @@ def _tables(
         )
         heads, steps = attention
         step = _counter(bars, f"attention, {len(heads)} head shapes", len(heads) * len(steps))
-        att = tables.attention_table(heads, steps, threads, repeats, budget, step)
+        att = tables.attention_table(
+            heads, steps, threads, repeats, budget, step, max_bytes=memory_available() // 4
+        )
     out = {
         "runtime": tables.runtime_name(),
         "read_bandwidth": [{"bytes": b, "bandwidth": r} for b, r in read],

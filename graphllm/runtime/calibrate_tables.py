@@ -235,11 +235,13 @@ def attention_table(
     repeats: int,
     budget: float,
     step: Callable[[], None] = lambda: None,
+    max_bytes: int | None = None,
 ) -> list[tuple[int, int, int, int, int, float]]:
     """(heads, kv heads, head_dim, seq, past, FLOP/s) of GroupQueryAttention for each head shape
     and each (seq, past) of `steps`, the rate over `attention_flops`; empty without
     onnxruntime. Past `budget` seconds the steps not reached yet are left out (the first step
-    of each head shape always measured)."""
+    of each head shape always measured); so is a step whose cache, inputs and bias do not fit
+    COPIES times in `max_bytes` (the roofline then reads its nearest measured step)."""
     try:
         import onnxruntime  # noqa: F401
     except ImportError:
@@ -249,6 +251,10 @@ def attention_table(
         for i, (seq, past) in enumerate(steps):
             if i and time.perf_counter() - start > budget:
                 break
+            total = past + seq
+            need = 4 * COPIES * (2 * kv * total * d + seq * (2 * h + 2 * kv) * d + seq * total)
+            if max_bytes is not None and need > max_bytes:
+                continue
             runner = _Attention(h, kv, d, seq, past, threads)
             flops = attention_flops(h, d, seq, past)
             out.append((h, kv, d, seq, past, flops / _timed(runner, repeats)))

@@ -162,3 +162,12 @@ def test_gemm_table_cuts_shapes_to_the_memory_it_may_use():
     rows = gemm_table([(64, 4096), (64, 8192)], [1, 2, 128], 1, 1, 0.1, max_bytes=cap)
     assert {(m, k, n) for m, k, n, _ in rows} == {(1, 64, 512), (2, 64, 512)}
     assert all(rate > 0 for *_, rate in rows)
+
+
+def test_attention_table_leaves_out_a_step_whose_cache_does_not_fit():
+    from graphllm.runtime.calibrate_tables import COPIES, attention_table
+
+    # a cache of 8 positions fits; one of 65536 (2 x 8 MiB of fp32 K and V, 8 copies) does not
+    cap = 4 * COPIES * (2 * 16 * 64 + 2 * 16 * 4 + 64)
+    rows = attention_table([(2, 1, 16)], [(1, 7), (1, 65535)], 1, 1, 10.0, max_bytes=cap)
+    assert [p[:5] for p in rows] == [(2, 1, 16, 1, 7)] and rows[0][5] > 0
