@@ -11,9 +11,9 @@ Three fp32 Llamas with random weights, exported with the default lowering (`ort`
 
 Each round, for each model: `calibrate` measures this machine (its read sweep over working sets
 around the model's steps, its GEMM table at the model's shapes and at M = 1 and the prompt's
-length) just before and just after `bench` runs the model, which is predicted on the geometric
-mean of the two; the ratio is taken on that pair, so a load that comes and goes between rounds
-weighs on both sides of it. `--local` reads
+length, its attention table at the model's heads and steps) just before and just after `bench`
+runs the model, which is predicted on the geometric mean of the two; the ratio is taken on that
+pair, so a load that comes and goes between rounds weighs on both sides of it. `--local` reads
 the local file instead (`graphllm calibrate --model ...` first) for every round. The figures
 printed are medians over the rounds, beside the load average at the start and the end: the
 machine is shared, and its load moves every figure.
@@ -45,7 +45,7 @@ from graphllm.models.model_config import ModelConfig  # noqa: E402
 from graphllm.models.workload import Workload  # noqa: E402
 from graphllm.passes import run  # noqa: E402
 from graphllm.runtime.bench import bench, export_storage, predict, predicted_graph  # noqa: E402
-from graphllm.runtime.calibrate import calibrate, gemm_shapes_of  # noqa: E402
+from graphllm.runtime.calibrate import attention_heads_of, calibrate, gemm_shapes_of  # noqa: E402
 
 PROMPT, NEW = 128, 32
 LLAMA = {"model_type": "llama", "max_position_embeddings": 2048, "rms_norm_eps": 1e-5}
@@ -86,8 +86,9 @@ def step_bytes(cfg: ModelConfig) -> list[float]:
 
 def measure_machine(cfg: ModelConfig, threads: int) -> dict:
     """calibrate at this model's sizes: its read sweep around the model's steps, its GEMM table
-    at the model's shapes and M = 1 and the prompt's length (the peak figures, which the
-    calibrated roofline does not read for matmuls, at small sizes)."""
+    at the model's shapes and M = 1 and the prompt's length, its attention table at the
+    model's heads for the prefill and the first and last decode step (the peak figures, which
+    the calibrated roofline does not read for matmuls, at small sizes)."""
     sizes = step_bytes(cfg)
     hw = calibrate(
         repeats=5,
@@ -98,6 +99,8 @@ def measure_machine(cfg: ModelConfig, threads: int) -> dict:
         sweep=(int(min(sizes) / 1.5), int(max(sizes) * 1.5)),
         gemm_shapes=gemm_shapes_of(cfg),
         gemm_ms=(1, PROMPT),
+        attention_heads=attention_heads_of(cfg),
+        attention_steps=((1, PROMPT), (1, PROMPT + NEW), (PROMPT, 0)),
         budget=600.0,
     )
     return hw.to_dict()
@@ -108,7 +111,9 @@ def mean_of(before: dict, after: dict) -> Hardware:
     geometric mean of the two (the same sizes and shapes, measured twice)."""
     d = dict(before)
     cal = dict(before["calibration"])
-    for table, key in (("read_bandwidth", "bandwidth"), ("gemm", "flops")):
+    for table, key in (("read_bandwidth", "bandwidth"), ("gemm", "flops"), ("attention", "flops")):
+        if table not in before["calibration"]:
+            continue
         # the points measured both times (a budget may cut one sweep short)
         later = {tuple(v for k, v in b.items() if k != key): b for b in after["calibration"][table]}
         cal[table] = [

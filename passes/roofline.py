@@ -7,8 +7,9 @@ a preset that has `achievable` rates) a matmul runs at the measured large-shape 
 attention's matmuls at the measured FlashAttention rate, the rest at the peak, and bytes move at
 the measured streaming bandwidth; a small or skinny GEMM is then bandwidth-bound below the ridge,
 which is how decode GEMMs measure. On a calibrated machine (`graphllm calibrate`'s tables, rate
-model 'calibrated') a matmul runs at the rate measured for its shape and every byte of a step at
-the read bandwidth measured for the step's working set (models/calibration.py). Under the
+model 'calibrated') a matmul runs at the rate measured for its shape, core attention's matmuls
+under flash attention at the rate measured for the model's heads at the step, and every byte of
+a step at the read bandwidth measured for the step's working set (models/calibration.py). Under the
 achievable model each op is one kernel launch (a flash attention region one for all its ops):
 launched on its own a kernel takes at least the host's enqueue time per kernel;
 inside a CUDA graph it costs the graph's per-kernel gap, and the step one replay. Ops run one after
@@ -121,6 +122,12 @@ class Timer:
         if self.peak <= 0 or self.bw <= 0:
             raise PassError(f"hardware {hardware.name}: peak and bandwidth must be positive")
         self.gemm, self.attn = hardware.gemm_rate(dtype), hardware.attention_rate(dtype)
+        cal, cfg, wl = hardware.calibration, graph.meta.get("config"), graph.meta.get("workload")
+        if cal is not None and flash and cfg is not None and wl is not None:
+            # the fused kernel timed at this model's heads and this step (calibrate's
+            # GroupQueryAttention); a head shape it did not time keeps the rate above
+            heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+            self.attn = cal.attention_rate(*heads, wl.seq_len, wl.past_len) or self.attn
 
     def base(self, n: Node, oc: Any, scopes: list[tuple[str, str]]) -> tuple[float, float]:
         """(compute seconds, bytes moved)."""

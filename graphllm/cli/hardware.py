@@ -15,6 +15,7 @@ from graphllm.models.workload import Workload
 from graphllm.passes import run
 from graphllm.runtime.calibrate import (
     QUICK,
+    attention_heads_of,
     check_local_writable,
     gemm_shapes_of,
     save_local,
@@ -51,7 +52,7 @@ from graphllm.runtime.calibrate_link import table as link_table
     type=click.FloatRange(min=0),
     default=60.0,
     show_default=True,
-    help="Seconds the read sweep and the GEMM table may take, each.",
+    help="Seconds the read sweep, the GEMM table and the attention table may take, each.",
 )
 @click.option("--quick", is_flag=True, hidden=True, help="Tiny sizes, for tests.")
 @user_errors
@@ -66,23 +67,26 @@ def calibrate(
     budget: float,
     quick: bool,
 ) -> None:
-    """Measure this machine (read bandwidth by working set, GEMM rates by shape) for
-    `--hardware local`."""
+    """Measure this machine (read bandwidth by working set, GEMM rates by shape, fused
+    attention by step) for `--hardware local`."""
 
     check_local_writable()  # a cache that is a file: refused now, not after measuring
     if link:
         require_ranks()  # and a link sweep that cannot run, before the quick figures
-    weights, shapes = None, None
+    weights, shapes, heads = None, None, None
     if preset or config_path:
         cfg = load_config(config_path or preset)
         graph = build_graph(cfg, Workload(dtype=dtype))
         weights = run(graph, ["memory"])["memory"].weights
         shapes = gemm_shapes_of(cfg)
+        heads = attention_heads_of(cfg)
     # progress bars for a terminal; in a log stderr holds nothing but an error line, if any
     bars = sys.stderr is not None and sys.stderr.isatty()
     sizes = (QUICK if quick else {}) | {"budget": budget}
     if shapes:
         sizes["gemm_shapes"] = shapes  # the model's, in place of --quick's
+    if heads is not None:
+        sizes["attention_heads"] = heads
     hw = measure(weights_bytes=weights, repeats=repeats, threads=threads, progress=bars, **sizes)
     if link:  # issue 21: the links between local ranks (graphllm/runtime/calibrate_link.py)
         samples = link_sweep(sizes=sizes_up_to(link_max), repeats=repeats)

@@ -25,8 +25,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "calibrate": (
         "graphllm.cli.hardware",
         "calibrate",
-        "Measure this machine (read bandwidth by working set, GEMM rates by shape) for "
-        "`--hardware local`.",
+        "Measure this machine (read bandwidth by working set, GEMM rates by shape, fused "
+        "attention by step) for `--hardware local`.",
     ),
     "export": (
         "graphllm.cli.export",

@@ -1,5 +1,6 @@
 """This machine's measured rate tables (`graphllm calibrate`): read bandwidth by working set, GEMM
-rate by shape, and how the roofline picks from them.
+rate by shape, fused attention's rate by head shape and step, and how the roofline picks from
+them.
 
 The rule for bandwidth: an op's bytes move at the bandwidth the sweep measured for a working set
 of the whole step's bytes (`bandwidth_at(step bytes)`), not of the op's own. A step runs again
@@ -17,6 +18,16 @@ The rule for GEMMs: an op's compute ceiling is the rate measured for its shape, 
 clamped at the ends of the measured M. A skinny (decode) GEMM's measured rate is its kernel's
 read of its own matrix; the roofline takes the larger of that time and the bytes over the step's
 bandwidth, so a step that does not fit the cache is bound by the streaming read.
+
+The rule for fused attention: onnxruntime's GroupQueryAttention, the ort lowering's core
+attention (its rotary, cache append, scores, softmax and values in one kernel), is timed at the
+model's heads for each step, prefill and decode. Its rate is the FLOPs the cost pass counts for
+that step's core-attention matmuls under flash attention (`attention_flops`: the causal pairs
+only) over the kernel's time, so the roofline, dividing the same FLOPs by it, gives back the
+time measured. A prefill's batched 128 x 64 matmuls per head, and a decode step's one-row ones,
+run far below the GEMM table's rates; an op of the measured head shape takes the rate at the
+measured query length nearest its own (in log), interpolated over the key length (log-log,
+clamped at the ends). A head shape not measured has no table rate: the matmul peak, as before.
 """
 
 from __future__ import annotations
@@ -31,7 +42,8 @@ from graphllm.errors import ConfigError
 
 READ_FIELDS = ("bytes", "bandwidth")
 GEMM_FIELDS = ("m", "k", "n", "flops")
-CALIBRATION_FIELDS = ("runtime", "read_bandwidth", "gemm")
+ATTENTION_FIELDS = ("heads", "kv_heads", "head_dim", "seq", "past", "flops")
+CALIBRATION_FIELDS = ("runtime", "read_bandwidth", "gemm", "attention")
 BANDWIDTH_RANGE = (1e6, 1e15)  # bytes/s, as a device's memory_bandwidth
 FLOPS_RANGE = (1e6, 1e18)
 SIZE_RANGE = (1, 1 << 50)  # a working set or a GEMM dimension
@@ -45,6 +57,9 @@ class Calibration:
     runtime: str  # what ran the measurements: 'onnxruntime <version>' or 'numpy <version>'
     read_bandwidth: tuple[tuple[int, float], ...]  # (working-set bytes, bytes/s), by size
     gemm: tuple[tuple[int, int, int, float], ...]  # (M, K, N, FLOP/s), by (K, N, M)
+    # (heads, kv heads, head_dim, query tokens, past tokens, FLOP/s), sorted; () in a file
+    # written before the table (core attention then at the matmul peak, as it was)
+    attention: tuple[tuple[int, int, int, int, int, float], ...] = ()
 
     def bandwidth_at(self, working_set: float) -> float:
         """Read bandwidth for a working set of `working_set` bytes: log-log interpolation between
@@ -61,13 +76,38 @@ class Calibration:
         points = sorted((mm, r) for mm, kk, nn, r in self.gemm if (kk, nn) == near)
         return _interpolate([p for p, _ in points], [r for _, r in points], m)
 
+    def attention_rate(
+        self, heads: int, kv_heads: int, head_dim: int, seq: int, past: int
+    ) -> float | None:
+        """FLOP/s (as `attention_flops` counts them) of fused attention of this head shape over
+        `seq` new tokens after `past`: at the measured query length nearest `seq` (in log; the
+        shorter on a tie), interpolated over the key length; None where the head shape was not
+        measured."""
+        points = [p[3:] for p in self.attention if p[:3] == (heads, kv_heads, head_dim)]
+        if not points:
+            return None
+        near = min(sorted({s for s, _, _ in points}), key=lambda s: abs(math.log(s / seq)))
+        row = sorted((s + p, r) for s, p, r in points if s == near)
+        return _interpolate([k for k, _ in row], [r for _, r in row], seq + past)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain lists of mappings (YAML has no tuples), loadable by `calibration_from_dict`."""
-        return {
+        d: dict[str, Any] = {
             "runtime": self.runtime,
             "read_bandwidth": [dict(zip(READ_FIELDS, p)) for p in self.read_bandwidth],
             "gemm": [dict(zip(GEMM_FIELDS, p)) for p in self.gemm],
         }
+        if self.attention:  # a file without the table reads as before it
+            d["attention"] = [dict(zip(ATTENTION_FIELDS, p)) for p in self.attention]
+        return d
+
+
+def attention_flops(heads: int, head_dim: int, seq: int, past: int) -> int:
+    """The FLOPs of causal attention's two matmuls (Q K^T and P V) over `seq` new tokens after
+    `past`, each query with the keys up to its own position only: what the cost pass counts for
+    a step's core attention under flash attention (its matmul FLOPs times the allowed share)."""
+    pairs = seq * past + seq * (seq + 1) // 2
+    return 2 * 2 * heads * head_dim * pairs
 
 
 def _interpolate(xs: list[float], ys: list[float], x: float) -> float:
@@ -113,10 +153,23 @@ def calibration_from_dict(value: Any, where: str) -> Calibration:
         raise ConfigError(f"{where}.read_bandwidth: a working-set size is measured twice")
     if len({s for s, _ in gemm_points}) < len(gemm_points):
         raise ConfigError(f"{where}.gemm: a shape (m, k, n) is measured twice")
+    attention = []
+    if "attention" in value:
+        for p in _table(value["attention"], f"{where}.attention", ATTENTION_FIELDS):
+            low = {"past": 0}  # a prefill has no past; every other count is at least 1
+            sizes = tuple(
+                int(_num(p[f], f"{where}.attention.{f}", (low.get(f, 1), SIZE_RANGE[1]), True))
+                for f in ATTENTION_FIELDS[:5]
+            )
+            attention.append((*sizes, _num(p["flops"], f"{where}.attention.flops", FLOPS_RANGE)))
+        attention.sort()
+        if len({p[:5] for p in attention}) < len(attention):
+            raise ConfigError(f"{where}.attention: a head shape and step is measured twice")
     return Calibration(
         runtime=runtime,
         read_bandwidth=tuple(read_points),
         gemm=tuple((m, k, n, r) for (m, k, n), r in gemm_points),
+        attention=tuple(attention),  # type: ignore[arg-type]
     )
 
 

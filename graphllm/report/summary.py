@@ -176,7 +176,8 @@ def rate_model_line(r: dict[str, Any]) -> str:
         return "times: ideal model (data-sheet peaks, no latencies or launch costs; --ideal)"
     if r["rate_model"] == "calibrated":
         return (
-            f"times: calibrated model (graphllm calibrate's GEMM rates by shape, read bandwidth "
+            f"times: calibrated model (graphllm calibrate's GEMM rates by shape, attention by "
+            f"step, read bandwidth "
             f"{r['bandwidth'] / 1e9:.1f} GB/s at this step's working set); --ideal for peaks"
         )
     launch = "CUDA graphs" if r["cuda_graphs"] else "one launch each"

@@ -30,7 +30,12 @@ from graphllm.models.workload import Workload
 from graphllm.passes import run
 from graphllm.runtime import hugepages
 from graphllm.runtime.budget import require_bench, require_threads
-from graphllm.runtime.calibrate import calibrate, gemm_shapes_of, save_local
+from graphllm.runtime.calibrate import (
+    attention_heads_of,
+    calibrate,
+    gemm_shapes_of,
+    save_local,
+)
 from graphllm.runtime.session import PROVIDERS, BoundCache, OnnxModel
 
 
@@ -237,7 +242,7 @@ def bench(
         hugepages.collapse()
     hw, calibrated = None, False
     if hardware is not None:
-        hw, calibrated = _hardware(hardware, meta, threads, say)
+        hw, calibrated = _hardware(hardware, meta, threads, say, prompt_len, new_tokens)
     total = (warmup + repeats) * (1 + new_tokens)
     with _bar(progress, total) as tick:
         t = time_generation(model, prompt_len, new_tokens, batch, repeats, warmup, tick=tick)
@@ -294,10 +299,18 @@ def _open(path: str | Path, device: str, threads: int) -> tuple[OnnxModel, Expor
     return model, meta
 
 
-def _hardware(name: str, meta: Any, threads: int, say: Callable[[str], None] | None) -> tuple:
+def _hardware(
+    name: str,
+    meta: Any,
+    threads: int,
+    say: Callable[[str], None] | None,
+    prompt_len: int,
+    new_tokens: int,
+) -> tuple:
     """The Hardware to predict on; `local` without a calibration is calibrated (modest sizes:
     a 1024^3 matmul, a 512 MiB read and a read of the model's weights, 3 repeats each; the
-    read sweep and the GEMM table at the model's shapes, 30 s each at most)."""
+    read sweep, the GEMM table at the model's shapes and the attention table at its heads and
+    this run's steps, 30 s each at most)."""
 
     if name.strip().lower() != "local" or local_path().is_file():
         return load_hardware(name), False
@@ -314,6 +327,8 @@ def _hardware(name: str, meta: Any, threads: int, say: Callable[[str], None] | N
         matmul_size=1024,
         buffer_bytes=512 << 20,
         gemm_shapes=gemm_shapes_of(meta.config),
+        attention_heads=attention_heads_of(meta.config),
+        attention_steps=((1, prompt_len), (1, prompt_len + new_tokens), (prompt_len, 0)),
         budget=30.0,
     )
     save_local(hw)

@@ -1,8 +1,9 @@
 """Measure this machine, for roofline analysis against `--hardware local`.
 
-Two tables (calibrate_tables.py, on onnxruntime as bench runs): read bandwidth over a sweep of
-working sets, so that the cache levels show, and fp32 GEMM rates over shapes, decode-like and
-prefill-like; the roofline picks from them by each step's working set and each GEMM's shape
+Three tables (calibrate_tables.py, on onnxruntime as bench runs): read bandwidth over a sweep of
+working sets, so that the cache levels show, fp32 GEMM rates over shapes, decode-like and
+prefill-like, and fused attention's rate at a model's heads, decode and prefill; the roofline
+picks from them by each step's working set, each GEMM's shape and each step's attention
 (models/calibration.py). Two single figures beside them, with numpy, for the peak model
 (`--ideal`): fp32 matmul throughput (numpy's BLAS, its default thread count) and memory read
 bandwidth (Python threads each summing their own slice of a buffer far larger than the last-level
@@ -30,6 +31,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from graphllm.errors import GraphllmError
 from graphllm.files import check_target, folder_problem, make_folder, write_text_atomic
 from graphllm.limits import human_bytes, memory_available, require_memory
+from graphllm.models.calibration import ATTENTION_FIELDS
 from graphllm.models.hardware import Hardware, hardware_from_dict, local_path
 from graphllm.models.model_config import ModelConfig
 from graphllm.runtime import calibrate_tables as tables
@@ -38,6 +40,7 @@ from graphllm.runtime.budget import require_threads
 GiB = 1 << 30
 SWEEP_LOW, SWEEP_HIGH = 1 << 20, 4 * GiB
 DEFAULT_GEMM_SHAPES = ((1024, 4096), (4096, 1024))  # a 1B-class model's FFN, in and out
+DEFAULT_ATTENTION_HEADS = ((32, 8, 64),)  # Llama-3.2-1B's heads, kv heads and head_dim
 MIN_BUFFER = 64 << 20  # a read this small on a machine with a tiny cache still leaves it
 
 
@@ -121,6 +124,8 @@ def calibrate(
     sweep: tuple[int, int] | None = None,
     gemm_shapes: Sequence[tuple[int, int]] | None = None,
     gemm_ms: Sequence[int] = tables.GEMM_MS,
+    attention_heads: Sequence[tuple[int, int, int]] | None = None,
+    attention_steps: Sequence[tuple[int, int]] = tables.ATTENTION_STEPS,
     budget: float = 60.0,
 ) -> Hardware:
     """Measure matmul FLOP/s and memory read bandwidth of this machine.
@@ -140,8 +145,12 @@ def calibrate(
         gemm_shapes: (K, N) of the GEMM table; default DEFAULT_GEMM_SHAPES (a model's own from
             `gemm_shapes_of`).
         gemm_ms: the Ms measured at each shape.
-        budget: seconds each table may take; past it the sweep and the GEMM table stop (the
-            sweep's largest size and each shape's smallest and largest M measured first).
+        attention_heads: (heads, kv heads, head_dim) of the attention table; default
+            DEFAULT_ATTENTION_HEADS (a model's own from `attention_heads_of`).
+        attention_steps: the (new tokens, past tokens) measured at each head shape.
+        budget: seconds each table may take; past it the sweep, the GEMM table and the
+            attention table stop (the sweep's largest size, each shape's smallest and largest M
+            and each head shape's first step measured first).
     """
     require_threads(threads, "calibrate")
     require_memory(3 * 4 * matmul_size**2, f"calibrate's fp32 {matmul_size}^3 matmul")
@@ -158,8 +167,16 @@ def calibrate(
     low, high = sweep or (SWEEP_LOW, max(GiB, 16 * llc))
     high = min(high, SWEEP_HIGH, memory_available() // 4)
     shapes = tuple(gemm_shapes or DEFAULT_GEMM_SHAPES)
+    heads = tuple(DEFAULT_ATTENTION_HEADS if attention_heads is None else attention_heads)
     cal = _tables(
-        tables.sweep_sizes(low, max(low, high)), shapes, gemm_ms, threads, repeats, budget, progress
+        tables.sweep_sizes(low, max(low, high)),
+        shapes,
+        gemm_ms,
+        (heads, tuple(attention_steps)),
+        threads,
+        repeats,
+        budget,
+        progress,
     )
     d = {
         "name": "local",
@@ -184,6 +201,8 @@ QUICK: dict = {
     "sweep": (1 << 20, 4 << 20),
     "gemm_shapes": ((64, 64),),
     "gemm_ms": (1, 128),
+    "attention_heads": ((2, 1, 16),),
+    "attention_steps": ((1, 8), (8, 0)),
 }
 
 
@@ -194,10 +213,16 @@ def tables_line(hw: Hardware) -> str:
         return "no calibration tables (the peak model alone)"
     (s0, r0), (s1, r1) = cal.read_bandwidth[0], cal.read_bandwidth[-1]
     rates = [r for *_, r in cal.gemm]
+    att = [r for *_, r in cal.attention]
+    attention = (
+        f"; attention {min(att) / 1e9:.1f}-{max(att) / 1e9:.1f} GFLOP/s over {len(att)} steps"
+        if att
+        else ""
+    )
     return (
         f"read {r0 / 1e9:.1f} GB/s at {human_bytes(s0)} to {r1 / 1e9:.1f} GB/s at "
         f"{human_bytes(s1)} ({len(cal.read_bandwidth)} working sets); GEMM {min(rates) / 1e9:.1f}"
-        f"-{max(rates) / 1e9:.1f} GFLOP/s over {len(rates)} shapes ({cal.runtime})"
+        f"-{max(rates) / 1e9:.1f} GFLOP/s over {len(rates)} shapes{attention} ({cal.runtime})"
     )
 
 
@@ -209,16 +234,27 @@ def gemm_shapes_of(config: ModelConfig) -> tuple[tuple[int, int], ...]:
     return tuple(dict.fromkeys(((d, ffn), (ffn, d), (d, config.vocab_size))))
 
 
+def attention_heads_of(config: ModelConfig) -> tuple[tuple[int, int, int], ...]:
+    """The (heads, kv heads, head_dim) the attention table measures for a model: its own (none
+    where its export has no GroupQueryAttention: latent attention, which only the decomposed
+    lowering has, or kv heads that do not divide the heads)."""
+    h, kv = config.num_attention_heads, config.num_key_value_heads
+    gqa = h and kv and h % kv == 0 and not config.is_mla
+    return ((h, kv, config.head_dim),) if gqa else ()
+
+
 def _tables(
     sizes: list[int],
     shapes: tuple[tuple[int, int], ...],
     ms: Sequence[int],
+    attention: tuple[tuple[tuple[int, int, int], ...], tuple[tuple[int, int], ...]],
     threads: int,
     repeats: int,
     budget: float,
     progress: bool,
 ) -> dict:
-    """The `calibration` mapping of a Hardware: the read sweep and the GEMM table."""
+    """The `calibration` mapping of a Hardware: the read sweep, the GEMM table and the
+    attention table ((head shapes, steps))."""
     bars = _progress() if progress else None
     with bars or nullcontext():
         step = _counter(bars, f"read sweep, {len(sizes)} working sets", len(sizes))
@@ -227,11 +263,19 @@ def _tables(
         gemm = tables.gemm_table(
             shapes, ms, threads, repeats, budget, step, max_bytes=memory_available() // 4
         )
-    return {
+        heads, steps = attention
+        step = _counter(bars, f"attention, {len(heads)} head shapes", len(heads) * len(steps))
+        att = tables.attention_table(
+            heads, steps, threads, repeats, budget, step, max_bytes=memory_available() // 4
+        )
+    out = {
         "runtime": tables.runtime_name(),
         "read_bandwidth": [{"bytes": b, "bandwidth": r} for b, r in read],
         "gemm": [{"m": m, "k": k, "n": n, "flops": r} for m, k, n, r in gemm],
     }
+    if att:
+        out["attention"] = [dict(zip(ATTENTION_FIELDS, p)) for p in att]
+    return out
 
 
 def _tables_source(cal: dict) -> str:
@@ -240,7 +284,7 @@ def _tables_source(cal: dict) -> str:
         f"; calibration = {cal['runtime']}: read bandwidth of {len(read)} working sets "
         f"({human_bytes(read[0]['bytes'])} to {human_bytes(read[-1]['bytes'])}, chained "
         f"one-row fp32 MatMuls over 1024^2 weights), {len(gemm)} fp32 MatMul shapes (M x K x N), "
-        f"medians less an idle run"
+        f"{len(cal.get('attention', []))} GroupQueryAttention steps, medians less an idle run"
     )
 
 

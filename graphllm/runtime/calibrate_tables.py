@@ -1,4 +1,5 @@
-"""calibrate's tables: read bandwidth over a sweep of working sets, GEMM rates over shapes.
+"""calibrate's tables: read bandwidth over a sweep of working sets, GEMM rates over shapes, and
+fused attention's rate by head shape and step.
 
 Both are measured with the runtime `bench` runs, onnxruntime's CPU provider, when it is installed
 (numpy's BLAS otherwise, and the table says which):
@@ -8,7 +9,12 @@ Both are measured with the runtime `bench` runs, onnxruntime's CPU provider, whe
   stored as initializers so that onnxruntime prepacks them as it does an export's, and moved onto
   huge pages as bench moves an export's: what a decode step reads, read the way it reads them,
   in the same cyclic order step after step;
-- a GEMM of (M, K, N) is one MatMul of an M x K input by a K x N initializer.
+- a GEMM of (M, K, N) is one MatMul of an M x K input by a K x N initializer;
+- attention of a head shape at a step (S new tokens after P) is one com.microsoft
+  GroupQueryAttention as the ort lowering emits it (rotary fused where its CPU kernel rotates
+  the head width, a padding bias over the keys) on a cache of P + S positions bound as both its
+  past and its present, as bench binds an export's (onnxruntime only: numpy has no such kernel,
+  and the table is then left out).
 
 The time of one run of a session that does nothing (an Identity of the same input) is taken off
 each run's, so the table holds the kernels' time and not Python's call into onnxruntime, which
@@ -21,10 +27,12 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
+from graphllm.models.calibration import attention_flops
 from graphllm.runtime import hugepages
 
 CHUNK = 1024  # the sweep's matrices: 1024 x 1024 fp32, 4 MiB each
@@ -36,6 +44,10 @@ SAMPLE_SECONDS = 0.02  # a GEMM's timed sample lasts at least this long
 # a GEMM of more FLOPs is not measured (M > 1): an LM head of 128k columns at M = 2048 is a
 # TFLOP, seconds a run; one that large runs at the rate of the largest M measured below it
 GEMM_MAX_FLOP = 64e9
+# attention's steps (new tokens, past tokens) by default: decode at a short and a long cache, a
+# prefill; a model's bench measures its own (benchmarks/bench_calibration.py)
+ATTENTION_STEPS = ((1, 512), (1, 4096), (512, 0))
+GQA_ROTARY_MULTIPLE = 16  # its CPU kernel rotates heads of a multiple of 16 (exporters fused.py)
 
 
 def sweep_sizes(low: int, high: int) -> list[int]:
@@ -118,21 +130,148 @@ class _Runner:
         )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
         so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
         if mats:
             values = [ort.OrtValue.ortvalue_from_numpy(m) for m in mats]
             so.add_external_initializers([t.name for t in inits], values)
-        sess = ort.InferenceSession(
-            model.SerializeToString(), so, providers=["CPUExecutionProvider"]
-        )
+        sess = _ort_session(model.SerializeToString(), threads, so)
         if mats:
             hugepages.collapse()  # the prepacked copy onto huge pages, as bench moves an export's
         feed = {"x": self.x}
         return lambda: sess.run(None, feed)
 
 
-def _seconds(runner: _Runner, inner: int, repeats: int) -> float:
+class _Attention:
+    """One GroupQueryAttention of `heads` query and `kv_heads` key/value heads of `head_dim`
+    over `seq` new tokens after `past`, run through an IO binding; `idle()` an Identity."""
+
+    def __init__(
+        self, heads: int, kv_heads: int, head_dim: int, seq: int, past: int, threads: int
+    ) -> None:
+        import onnxruntime as ort
+
+        total, f = past + seq, TensorProto.FLOAT
+        rotary = head_dim % GQA_ROTARY_MULTIPLE == 0
+        cache = [1, kv_heads, total, head_dim]
+        inputs = [
+            helper.make_tensor_value_info("query", f, [1, seq, heads * head_dim]),
+            helper.make_tensor_value_info("key", f, [1, seq, kv_heads * head_dim]),
+            helper.make_tensor_value_info("value", f, [1, seq, kv_heads * head_dim]),
+            helper.make_tensor_value_info("past_key", f, cache),
+            helper.make_tensor_value_info("past_value", f, cache),
+            helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [1]),
+            helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
+            helper.make_tensor_value_info("attention_bias", f, [1, 1, seq, total]),
+        ]
+        angles = np.arange(total, dtype=np.float32)[:, None] * np.geomspace(
+            1.0, 1e-4, head_dim // 2, dtype=np.float32
+        )
+        tables = [
+            numpy_helper.from_array(fn(angles), name)
+            for name, fn in (("cos_cache", np.cos), ("sin_cache", np.sin))
+        ]
+        names = [i.name for i in inputs[:7]]
+        names += ["cos_cache", "sin_cache"] if rotary else ["", ""]
+        node = helper.make_node(
+            "GroupQueryAttention",
+            [*names, "", "attention_bias"],
+            ["out", "present_key", "present_value"],
+            domain="com.microsoft",
+            num_heads=heads,
+            kv_num_heads=kv_heads,
+            scale=head_dim**-0.5,
+            do_rotary=int(rotary),
+        )
+        outputs = [
+            helper.make_tensor_value_info("out", f, [1, seq, heads * head_dim]),
+            helper.make_tensor_value_info("present_key", f, cache),
+            helper.make_tensor_value_info("present_value", f, cache),
+        ]
+        graph = helper.make_graph([node], "attention", inputs, outputs, tables if rotary else [])
+        model = helper.make_model(
+            graph,
+            opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+        )
+        sess = _ort_session(model.SerializeToString(), threads)
+        rng = np.random.default_rng(0)
+        value = ort.OrtValue.ortvalue_from_numpy
+        io = sess.io_binding()
+        for i in inputs[:3]:
+            dims = [d.dim_value for d in i.type.tensor_type.shape.dim]
+            io.bind_ortvalue_input(i.name, value(rng.random(dims, dtype=np.float32)))
+        for name in ("key", "value"):  # one buffer past and present: appended in place
+            buf = value(rng.random(cache, dtype=np.float32))
+            io.bind_ortvalue_input(f"past_{name}", buf)
+            io.bind_ortvalue_output(f"present_{name}", buf)
+        io.bind_ortvalue_input("seqlens_k", value(np.array([total - 1], np.int32)))
+        io.bind_ortvalue_input("total_sequence_length", value(np.array(total, np.int32)))
+        io.bind_ortvalue_input("attention_bias", value(np.zeros([1, 1, seq, total], np.float32)))
+        io.bind_output("out", "cpu")
+        self.run = lambda: sess.run_with_iobinding(io)
+        # the same call doing nothing: an Identity of the query, bound as the kernel's inputs are
+        shape = [1, seq, heads * head_dim]
+        x, y = (helper.make_tensor_value_info(n, f, shape) for n in ("x", "y"))
+        idle = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "idle", [x], [y])
+        nothing = _ort_session(helper.make_model(idle).SerializeToString(), threads)
+        io_idle = nothing.io_binding()
+        io_idle.bind_ortvalue_input("x", value(np.zeros(shape, np.float32)))
+        io_idle.bind_output("y", "cpu")
+        self.idle = lambda: nothing.run_with_iobinding(io_idle)
+
+
+def _ort_session(model: bytes, threads: int, so: Any = None) -> Any:
+    """An onnxruntime CPU session on `model` with `threads` intra-op threads and one inter-op."""
+    import onnxruntime as ort
+
+    so = so or ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+
+
+def attention_table(
+    heads: Sequence[tuple[int, int, int]],
+    steps: Sequence[tuple[int, int]],
+    threads: int,
+    repeats: int,
+    budget: float,
+    step: Callable[[], None] = lambda: None,
+    max_bytes: int | None = None,
+) -> list[tuple[int, int, int, int, int, float]]:
+    """(heads, kv heads, head_dim, seq, past, FLOP/s) of GroupQueryAttention for each head shape
+    and each (seq, past) of `steps`, the rate over `attention_flops`; empty without
+    onnxruntime. Past `budget` seconds the steps not reached yet are left out (the first step
+    of each head shape always measured); so is a step whose cache, inputs and bias do not fit
+    COPIES times in `max_bytes` (the roofline then reads its nearest measured step)."""
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return []
+    start, out = time.perf_counter(), []
+    for h, kv, d in heads:
+        for i, (seq, past) in enumerate(steps):
+            if i and time.perf_counter() - start > budget:
+                break
+            total = past + seq
+            need = 4 * COPIES * (2 * kv * total * d + seq * (2 * h + 2 * kv) * d + seq * total)
+            if max_bytes is not None and need > max_bytes:
+                continue
+            runner = _Attention(h, kv, d, seq, past, threads)
+            flops = attention_flops(h, d, seq, past)
+            out.append((h, kv, d, seq, past, flops / _timed(runner, repeats)))
+            step()
+    return sorted(out)
+
+
+def _timed(runner: _Runner | _Attention, repeats: int) -> float:
+    """`_seconds` of a kernel in samples of enough runs to last SAMPLE_SECONDS each (one untimed
+    run sizes them)."""
+    t0 = time.perf_counter()
+    runner.run()
+    once = max(time.perf_counter() - t0, 1e-6)
+    return _seconds(runner, max(1, math.ceil(SAMPLE_SECONDS / once)), repeats)
+
+
+def _seconds(runner: _Runner | _Attention, inner: int, repeats: int) -> float:
     """Median seconds of one run over `repeats` samples of `inner` runs each, less an idle run's."""
 
     def sample(f: Callable[[], object]) -> float:
@@ -223,10 +362,6 @@ def gemm_table(
             if i >= 2 and time.perf_counter() - start > budget:
                 break
             runner = _Runner([w], m, threads)
-            t0 = time.perf_counter()
-            runner.run()
-            once = max(time.perf_counter() - t0, 1e-6)
-            inner = max(1, math.ceil(SAMPLE_SECONDS / once))
-            out.append((m, k, n, 2.0 * m * k * n / _seconds(runner, inner, repeats)))
+            out.append((m, k, n, 2.0 * m * k * n / _timed(runner, repeats)))
             step()
     return sorted(out, key=lambda p: (p[1], p[2], p[0]))

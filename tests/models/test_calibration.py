@@ -1,5 +1,6 @@
 """calibrate's tables: which read bandwidth a step's working set gets, GEMM rates interpolated
-over M at the nearest measured (K, N), validation, and local files from before the tables."""
+over M at the nearest measured (K, N), fused attention's rate by head shape and step,
+validation, and local files from before the tables."""
 
 import math
 
@@ -7,7 +8,7 @@ import pytest
 import yaml
 
 from graphllm.errors import ConfigError
-from graphllm.models.calibration import calibration_from_dict
+from graphllm.models.calibration import attention_flops, calibration_from_dict
 from graphllm.models.hardware import hardware_from_dict, load_hardware, local_path, rate_model
 from tests.support.calibration import OLD_LOCAL, TABLE, GiB, MiB
 
@@ -51,6 +52,44 @@ def test_a_gemm_gets_the_rate_of_its_shape(m, n, k, rate):
 
 
 @pytest.mark.parametrize(
+    ("heads", "seq", "past", "rate"),
+    [
+        ((4, 2, 16), 1, 3, 1e9),  # a measured step: its figure (4 keys)
+        ((4, 2, 16), 1, 15, geo(1e9, 4e9, 0.5)),  # 16 keys: halfway from 4 to 64 in log
+        ((4, 2, 16), 1, 500, 4e9),  # past the longest cache measured: its rate
+        ((4, 2, 16), 2, 0, 1e9),  # 2 new tokens: nearer 1 than 128 in log, at 2 keys
+        ((4, 2, 16), 100, 0, 20e9),  # a prefill: the prefill row
+        ((32, 8, 64), 1, 2000, 9e9),  # another head shape: its own row
+        ((4, 4, 16), 1, 3, None),  # a head shape not measured: no table rate
+    ],
+)
+def test_attention_gets_the_rate_of_its_heads_and_step(heads, seq, past, rate):
+    got = CAL.attention_rate(*heads, seq, past)
+    assert got == (rate if rate is None else pytest.approx(rate, rel=1e-12))
+
+
+def test_attention_flops_are_the_causal_pairs_the_cost_pass_counts():
+    """The table's rate is over `attention_flops`; the roofline divides the FLOPs the cost pass
+    gives core attention's matmuls under flash attention by it: the two must be the same count."""
+    from graphllm import Workload, build_graph
+    from graphllm.models.config import config_from_dict
+    from graphllm.passes.cost import scopes_of
+    from graphllm.passes.registry import meta_result, run
+    from tests.support import tiny_configs
+
+    cfg = config_from_dict(tiny_configs.LLAMA, "tiny")
+    for seq, past in ((1, 7), (5, 3), (16, 0)):
+        g = build_graph(cfg, Workload(batch=1, seq_len=seq, past_len=past))
+        run(g, ["cost"], attention="flash")
+        layer0 = 0
+        for n in g.nodes():
+            scopes = [s for s, k in scopes_of(g, n.name) if k == "core_attention"]
+            if scopes and ".layers.0." in scopes[0]:
+                layer0 += meta_result(n, "cost").matmul_causal
+        assert layer0 == attention_flops(4, 16, seq, past) > 0
+
+
+@pytest.mark.parametrize(
     ("change", "match"),
     [
         ({"read_bandwidth": []}, "read_bandwidth must be a non-empty list"),
@@ -67,6 +106,14 @@ def test_a_gemm_gets_the_rate_of_its_shape(m, n, k, rate):
             "measured twice",
         ),
         ({"speed": 1}, "unknown field 'speed'"),
+        ({"attention": []}, "attention must be a non-empty list"),
+        (
+            {"attention": [TABLE["attention"][0] | {"past": -1}]},
+            r"attention.past must be an integer in \[0, ",
+        ),
+        ({"attention": [TABLE["attention"][0] | {"seq": 0}]}, r"attention.seq must be"),
+        ({"attention": [TABLE["attention"][0] | {"flops": 0.0}]}, r"attention.flops must be"),
+        ({"attention": TABLE["attention"][:1] * 2}, "head shape and step is measured twice"),
         ({"runtime": None}, "runtime must be a line of text"),
     ],
 )
@@ -88,6 +135,7 @@ def test_an_old_local_file_loads_and_predicts_as_before(cache_dir):
 def test_tables_round_trip_through_the_local_file_and_ideal_drops_them(cache_dir):
     hw = hardware_from_dict(OLD_LOCAL | {"calibration": TABLE}, "local")
     assert hw.rate_model == "calibrated" and hw.calibration == CAL
+    assert len(CAL.attention) == 4 and hw.to_dict()["calibration"]["attention"][0]["past"] == 3
     path = local_path()
     path.parent.mkdir(parents=True)
     path.write_text(yaml.safe_dump(hw.to_dict()))
@@ -96,6 +144,13 @@ def test_tables_round_trip_through_the_local_file_and_ideal_drops_them(cache_dir
         ideal = load_hardware("local")
     assert ideal.calibration is None and ideal.rate_model == "ideal"
     assert ideal.bandwidth() == 17.4e9  # the peak model's one figure, as before the tables
+
+
+def test_a_table_from_before_the_attention_table_loads_without_one():
+    old = {k: v for k, v in TABLE.items() if k != "attention"}
+    cal = calibration_from_dict(old, "local: calibration")
+    assert cal.attention == () and cal.attention_rate(4, 2, 16, 1, 3) is None
+    assert "attention" not in cal.to_dict() and cal.gemm == CAL.gemm
 
 
 def test_gemm_table_cuts_shapes_to_the_memory_it_may_use():
@@ -107,3 +162,12 @@ def test_gemm_table_cuts_shapes_to_the_memory_it_may_use():
     rows = gemm_table([(64, 4096), (64, 8192)], [1, 2, 128], 1, 1, 0.1, max_bytes=cap)
     assert {(m, k, n) for m, k, n, _ in rows} == {(1, 64, 512), (2, 64, 512)}
     assert all(rate > 0 for *_, rate in rows)
+
+
+def test_attention_table_leaves_out_a_step_whose_cache_does_not_fit():
+    from graphllm.runtime.calibrate_tables import COPIES, attention_table
+
+    # a cache of 8 positions fits; one of 65536 (2 x 8 MiB of fp32 K and V, 8 copies) does not
+    cap = 4 * COPIES * (2 * 16 * 64 + 2 * 16 * 4 + 64)
+    rows = attention_table([(2, 1, 16)], [(1, 7), (1, 65535)], 1, 1, 10.0, max_bytes=cap)
+    assert [p[:5] for p in rows] == [(2, 1, 16, 1, 7)] and rows[0][5] > 0

@@ -1,6 +1,8 @@
 """The roofline on calibrate's tables: every byte of a step at the bandwidth of the step's working
-set, each GEMM at the rate of its shape; the presets and --ideal untouched."""
+set, each GEMM at the rate of its shape, fused attention at the rate of its heads and step; the
+presets and --ideal untouched."""
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -9,6 +11,7 @@ from graphllm import Workload, build_graph
 from graphllm.files import json_text
 from graphllm.models.config import config_from_dict, load_config
 from graphllm.models.hardware import hardware_from_dict, load_hardware
+from graphllm.passes.cost import scopes_of
 from graphllm.passes.registry import meta_result, run
 from graphllm.passes.roofline import _output_mnk
 from graphllm.report.reuse import reused_report
@@ -81,6 +84,54 @@ def test_a_prefill_gemm_runs_at_its_shapes_rate_not_the_peak():
     run(ideal, ["cost", "roofline"], hardware=hw.ideal())
     t0 = meta_result(ideal[q.name], "time").seconds
     assert t0 == pytest.approx(max(oc.flops / 44.7e9, oc.bytes / 17.4e9), rel=1e-12)
+
+
+def core_matmuls(g):
+    """Layer 0's core-attention nodes that multiply (Q K^T and P V)."""
+    return [
+        n
+        for n in g.nodes()
+        if meta_result(n, "cost").matmul
+        and any(k == "core_attention" and ".layers.0." in s for s, k in scopes_of(g, n.name))
+    ]
+
+
+@pytest.mark.parametrize(
+    ("workload", "rate"),
+    [
+        # 8 keys: a quarter of the way from the 4-key to the 64-key row, in log
+        ({"seq_len": 1, "past_len": 7}, math.exp(0.75 * math.log(1e9) + 0.25 * math.log(4e9))),
+        ({"seq_len": 128, "past_len": 0}, 20e9),  # the prefill row
+    ],
+)
+def test_fused_attention_runs_at_the_rate_measured_for_its_heads_and_step(workload, rate):
+    hw = calibrated()
+    assert hw.calibration.attention_rate(4, 2, 16, workload["seq_len"], workload["past_len"]) == (
+        pytest.approx(rate, rel=1e-12)
+    )
+    without = hardware_from_dict(
+        OLD_LOCAL | {"calibration": {k: v for k, v in TABLE.items() if k != "attention"}}, "local"
+    )
+    times = {}
+    for name, h, attention in (("table", hw, "flash"), ("none", without, "flash"),
+                               ("naive", hw, "naive")):  # fmt: skip
+        g = tiny(**workload)
+        run(g, ["cost", "roofline"], hardware=h, attention=attention)
+        step = sum(meta_result(n, "cost").bytes for n in g.nodes())
+        bw = hw.calibration.bandwidth_at(step)
+        nodes = core_matmuls(g)
+        assert len(nodes) == 2  # scores and values
+        for n in nodes:
+            oc = meta_result(n, "cost")
+            flops = oc.matmul_causal if attention == "flash" else oc.flops
+            # the table's rate under fused attention; the matmul peak without it, and for the
+            # decomposed lowering's attention (its MatMuls, not the fused kernel timed)
+            r = rate if name == "table" else 44.7e9
+            want = max(flops / r, oc.bytes / bw)
+            assert meta_result(n, "time").seconds == pytest.approx(want, rel=1e-12)
+            assert flops / r > oc.bytes / bw  # compute-bound: the rate decides the time
+        times[name] = sum(meta_result(n, "time").seconds for n in nodes)
+    assert times["table"] > 2 * times["none"]  # the kernel measured far below the peak
 
 
 def test_presets_and_old_local_files_time_as_before():

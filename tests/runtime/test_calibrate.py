@@ -11,6 +11,10 @@ def test_calibrate_round_trip(cache_dir):
     assert hw.memory_bandwidth > 0 and hw.memory_bytes > 0
     assert hw.extra["memory_bandwidth_model"] > 0 and hw.extra["model_buffer_bytes"] == 2 << 20
     assert hw.interconnect_bandwidth is None and hw.network_bandwidth is None
+    # GroupQueryAttention at --quick's heads, a decode step and a prefill, each timed
+    att = hw.calibration.attention
+    assert [p[:5] for p in att] == [(2, 1, 16, 1, 8), (2, 1, 16, 8, 0)]
+    assert all(rate > 0 for *_, rate in att)
     path = save_local(hw)
     assert path == cache_dir / "graphllm" / "hardware-local.yaml"
     assert load_hardware("local") == hw

@@ -17,6 +17,14 @@ TABLE = {
         {"m": 1, "k": 512, "n": 32000, "flops": 3e9},
         {"m": 2048, "k": 512, "n": 32000, "flops": 30e9},
     ],
+    # fused attention at the tiny Llama's heads (4 heads, 2 kv heads, head_dim 16): decode at
+    # two cache lengths, a prefill; and Llama-3.2-1B's at one decode step
+    "attention": [
+        {"heads": 4, "kv_heads": 2, "head_dim": 16, "seq": 1, "past": 63, "flops": 4e9},
+        {"heads": 4, "kv_heads": 2, "head_dim": 16, "seq": 1, "past": 3, "flops": 1e9},
+        {"heads": 4, "kv_heads": 2, "head_dim": 16, "seq": 128, "past": 0, "flops": 20e9},
+        {"heads": 32, "kv_heads": 8, "head_dim": 64, "seq": 1, "past": 511, "flops": 9e9},
+    ],
 }
 OLD_LOCAL = {  # a local file as calibrate wrote it before the tables
     "name": "local",
