@@ -91,7 +91,7 @@ class Comm:
         try:
             y, peer = lower(self, program, node, x, n)
         except Exception as e:  # a peer gone or silent: say which call waited on whom
-            raise GraphllmError(
+            raise PeerError(
                 f"{node.op} {node.name} over {axis} (group of {n}): {one_line(e)}"
             ) from None
         seconds = time.perf_counter() - start
@@ -114,6 +114,14 @@ class Comm:
         return rank_of(self.world, self.coords | {"pp": stage})
 
 
+PEER_STATUS = 4  # a rank's exit status when its failure is a PeerError (2: its own)
+
+
+class PeerError(GraphllmError):
+    """A torch.distributed call that failed: most often a peer rank died or went silent, so
+    the launcher names a rank that failed on its own before it (PEER_STATUS)."""
+
+
 def one_line(e: BaseException) -> str:
     """An exception as one line: its message's last non-empty line, without the C++ source
     location torch and gloo put first."""
@@ -129,7 +137,7 @@ def world_call(what: str, fn: Callable[..., Any], *args: Any) -> Any:
     try:
         return fn(*args)
     except Exception as e:
-        raise GraphllmError(f"{what}: {one_line(e)}") from None
+        raise PeerError(f"{what}: {one_line(e)}") from None
 
 
 Lowering = Callable[[Comm, Graph, Node, Any, int], tuple[Any, int | None]]

@@ -27,6 +27,7 @@ import numpy as np
 
 from graphllm.errors import GraphllmError
 from graphllm.files import temporary_folder, write_text_atomic
+from graphllm.runtime.dist.comm import PEER_STATUS
 from graphllm.runtime.dist.rank import Job, generate, preflight
 
 POLL_SECONDS = 0.05
@@ -131,7 +132,10 @@ def _watch(procs: list[subprocess.Popen], tmp: Path, timeout: float) -> None:
         for rank in range(len(procs)):
             with contextlib.suppress(OSError):
                 sys.stderr.write((tmp / f"rank{rank}.log").read_text())
-    # the first to fail is the cause; those after it mostly lost their peer
+    # the cause: the first to fail on its own (two ranks seen in one poll are in rank order,
+    # and a rank whose collective lost its peer often exits within the same 50 ms), else the
+    # first to fail; those after it mostly lost their peer
+    failed.sort(key=lambda f: f[1] == PEER_STATUS)  # stable: the order they were seen in
     rank, code = failed[0]
     after = [str(r) for r, _ in failed[1:]]
     more = f" (then rank {', '.join(after)} failed too)" if after else ""

@@ -29,7 +29,7 @@ import numpy as np
 from graphllm.errors import GraphllmError
 from graphllm.files import json_text, write_atomic, write_text_atomic
 from graphllm.passes.parallel.partition import Strategy, make_mesh
-from graphllm.runtime.dist.comm import Comm, device_mesh, one_line
+from graphllm.runtime.dist.comm import PEER_STATUS, Comm, PeerError, device_mesh, one_line
 from graphllm.runtime.dist.rank import Job, generate
 
 # a test's hook: "K:KIND[:STEP]" makes rank K fail: raise (an error), exit (dies at once, no
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
             if os.environ.get(DEBUG_ENV):  # the whole trace, for whoever debugs graphllm
                 traceback.print_exc()
         # no interpreter teardown: a process group whose peers died can block in its destructor
-        os._exit(2)
+        os._exit(PEER_STATUS if isinstance(e, PeerError) else 2)
     sys.stdout.flush()
     os._exit(0)
 

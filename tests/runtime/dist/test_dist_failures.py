@@ -18,7 +18,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 from graphllm.errors import GraphllmError  # noqa: E402
-from graphllm.runtime.dist.launch import launch  # noqa: E402
+from graphllm.runtime.dist.comm import PEER_STATUS  # noqa: E402
+from graphllm.runtime.dist.launch import _watch, launch  # noqa: E402
 from graphllm.runtime.dist.worker import FAULT_ENV  # noqa: E402
 from tests.runtime.dist.support import job, write_configs  # noqa: E402
 
@@ -81,3 +82,26 @@ def test_every_failure_is_one_line_naming_the_rank_and_no_worker_survives(tmp_pa
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith("error: rank 1: fault injected at prefill (GRAPHLLM_DIST_FAULT)")
     assert r.stderr.count("\n") == 1 and r.stdout == ""
+
+
+class _Exited:
+    """A rank process that has already exited with `code` (what _watch polls)."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+    def poll(self) -> int:
+        return self.code
+
+
+def test_a_rank_that_failed_on_its_own_is_named_before_one_that_lost_its_peer(tmp_path):
+    """Both seen in one poll: rank 0's all-reduce lost rank 1, which died; the line names rank
+    1, and rank 0 after it. With only peer failures, the first seen stays the cause."""
+    (tmp_path / "rank0.error").write_text("rank 0: all_reduce ar over tp: Connection closed\n")
+    with pytest.raises(GraphllmError) as e:
+        _watch([_Exited(PEER_STATUS), _Exited(3)], tmp_path, timeout=5.0)
+    assert str(e.value) == "rank 1: died (status 3) without a word (then rank 0 failed too)"
+    (tmp_path / "rank1.error").write_text("rank 1: all_reduce ar over tp: Connection closed\n")
+    with pytest.raises(GraphllmError) as e:
+        _watch([_Exited(PEER_STATUS), _Exited(PEER_STATUS)], tmp_path, timeout=5.0)
+    assert str(e.value).startswith("rank 0: all_reduce ar over tp")
