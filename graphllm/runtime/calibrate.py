@@ -127,6 +127,7 @@ def calibrate(
     attention_heads: Sequence[tuple[int, int, int]] | None = None,
     attention_steps: Sequence[tuple[int, int]] = tables.ATTENTION_STEPS,
     budget: float = 60.0,
+    settle: float = tables.SETTLE_SECONDS,
 ) -> Hardware:
     """Measure matmul FLOP/s and memory read bandwidth of this machine.
 
@@ -151,6 +152,7 @@ def calibrate(
         budget: seconds each table may take; past it the sweep, the GEMM table and the
             attention table stop (the sweep's largest size, each shape's smallest and largest M
             and each head shape's first step measured first).
+        settle: seconds each table's kernel runs untimed after its session is built.
     """
     require_threads(threads, "calibrate")
     require_memory(3 * 4 * matmul_size**2, f"calibrate's fp32 {matmul_size}^3 matmul")
@@ -177,6 +179,7 @@ def calibrate(
         repeats,
         budget,
         progress,
+        settle,
     )
     d = {
         "name": "local",
@@ -187,7 +190,7 @@ def calibrate(
         "network_bandwidth": None,
         "devices_per_node": 1,
         "source": _source(repeats, matmul_size, buffer_bytes, model_bytes, threads, llc)
-        + _tables_source(cal),
+        + _tables_source(cal, settle),
         "extra": extra,
         "calibration": cal,
     }
@@ -203,6 +206,7 @@ QUICK: dict = {
     "gemm_ms": (1, 128),
     "attention_heads": ((2, 1, 16),),
     "attention_steps": ((1, 8), (8, 0)),
+    "settle": 0.0,
 }
 
 
@@ -252,21 +256,22 @@ def _tables(
     repeats: int,
     budget: float,
     progress: bool,
+    settle: float,
 ) -> dict:
     """The `calibration` mapping of a Hardware: the read sweep, the GEMM table and the
     attention table ((head shapes, steps))."""
     bars = _progress() if progress else None
     with bars or nullcontext():
         step = _counter(bars, f"read sweep, {len(sizes)} working sets", len(sizes))
-        read = tables.read_sweep(sizes, threads, repeats, budget, step)
+        read = tables.read_sweep(sizes, threads, repeats, budget, step, settle)
         step = _counter(bars, f"GEMM table, {len(shapes)} shapes", len(shapes) * len(ms))
         gemm = tables.gemm_table(
-            shapes, ms, threads, repeats, budget, step, max_bytes=memory_available() // 4
+            shapes, ms, threads, repeats, budget, step, memory_available() // 4, settle
         )
         heads, steps = attention
         step = _counter(bars, f"attention, {len(heads)} head shapes", len(heads) * len(steps))
         att = tables.attention_table(
-            heads, steps, threads, repeats, budget, step, max_bytes=memory_available() // 4
+            heads, steps, threads, repeats, budget, step, memory_available() // 4, settle
         )
     out = {
         "runtime": tables.runtime_name(),
@@ -278,13 +283,14 @@ def _tables(
     return out
 
 
-def _tables_source(cal: dict) -> str:
+def _tables_source(cal: dict, settle: float) -> str:
     read, gemm = cal["read_bandwidth"], cal["gemm"]
     return (
         f"; calibration = {cal['runtime']}: read bandwidth of {len(read)} working sets "
         f"({human_bytes(read[0]['bytes'])} to {human_bytes(read[-1]['bytes'])}, chained "
         f"one-row fp32 MatMuls over 1024^2 weights), {len(gemm)} fp32 MatMul shapes (M x K x N), "
-        f"{len(cal.get('attention', []))} GroupQueryAttention steps, medians less an idle run"
+        f"{len(cal.get('attention', []))} GroupQueryAttention steps, medians less an idle run, "
+        f"each timed after {settle:g} s of untimed runs"
     )
 
 

@@ -41,6 +41,11 @@ GEMM_MS = (1, 2, 4, 8, 128, 512, 2048)  # decode-like rows, then prefill-like on
 SAMPLE_BYTES = 256 << 20  # a timed sample reads at least this much: a tenth of a second or so,
 # long enough that a load passing on a shared machine does not decide it
 SAMPLE_SECONDS = 0.02  # a GEMM's timed sample lasts at least this long
+# a kernel runs untimed this long after its session is built, as bench's warm-up generation
+# runs its model: a thread pool just made may still be spinning or placed on one core with the
+# caller's thread (a session's first 60-80 ms ran the small Llama's GEMV chain at half speed on
+# 2 cores while the idle session's worker spun beside it; idle sessions are single-threaded now)
+SETTLE_SECONDS = 0.1
 # a GEMM of more FLOPs is not measured (M > 1): an LM head of 128k columns at M = 2048 is a
 # TFLOP, seconds a run; one that large runs at the rate of the largest M measured below it
 GEMM_MAX_FLOP = 64e9
@@ -93,7 +98,9 @@ class _Runner:
             self.run, self.idle = self._numpy(), lambda: None
             return
         self.run = self._session(mats, threads)
-        self.idle = self._session([], threads)
+        # one thread: an Identity runs on the caller's, and a pool's worker spinning idle
+        # beside the timed kernel's would be a third runnable thread on a 2-core machine
+        self.idle = self._session([], 1)
 
     def _numpy(self) -> Callable[[], object]:
         outs = [np.empty((self.x.shape[0], m.shape[1]), np.float32) for m in self.mats]
@@ -211,7 +218,7 @@ class _Attention:
         shape = [1, seq, heads * head_dim]
         x, y = (helper.make_tensor_value_info(n, f, shape) for n in ("x", "y"))
         idle = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "idle", [x], [y])
-        nothing = _ort_session(helper.make_model(idle).SerializeToString(), threads)
+        nothing = _ort_session(helper.make_model(idle).SerializeToString(), 1)  # as _Runner's
         io_idle = nothing.io_binding()
         io_idle.bind_ortvalue_input("x", value(np.zeros(shape, np.float32)))
         io_idle.bind_output("y", "cpu")
@@ -236,6 +243,7 @@ def attention_table(
     budget: float,
     step: Callable[[], None] = lambda: None,
     max_bytes: int | None = None,
+    settle: float = SETTLE_SECONDS,
 ) -> list[tuple[int, int, int, int, int, float]]:
     """(heads, kv heads, head_dim, seq, past, FLOP/s) of GroupQueryAttention for each head shape
     and each (seq, past) of `steps`, the rate over `attention_flops`; empty without
@@ -257,22 +265,23 @@ def attention_table(
                 continue
             runner = _Attention(h, kv, d, seq, past, threads)
             flops = attention_flops(h, d, seq, past)
-            out.append((h, kv, d, seq, past, flops / _timed(runner, repeats)))
+            out.append((h, kv, d, seq, past, flops / _timed(runner, repeats, settle)))
             step()
     return sorted(out)
 
 
-def _timed(runner: _Runner | _Attention, repeats: int) -> float:
+def _timed(runner: _Runner | _Attention, repeats: int, settle: float) -> float:
     """`_seconds` of a kernel in samples of enough runs to last SAMPLE_SECONDS each (one untimed
     run sizes them)."""
     t0 = time.perf_counter()
     runner.run()
     once = max(time.perf_counter() - t0, 1e-6)
-    return _seconds(runner, max(1, math.ceil(SAMPLE_SECONDS / once)), repeats)
+    return _seconds(runner, max(1, math.ceil(SAMPLE_SECONDS / once)), repeats, settle - once)
 
 
-def _seconds(runner: _Runner | _Attention, inner: int, repeats: int) -> float:
-    """Median seconds of one run over `repeats` samples of `inner` runs each, less an idle run's."""
+def _seconds(runner: _Runner | _Attention, inner: int, repeats: int, settle: float) -> float:
+    """Median seconds of one run over `repeats` samples of `inner` runs each, less an idle run's,
+    after `settle` seconds of untimed runs (one at least)."""
 
     def sample(f: Callable[[], object]) -> float:
         t0 = time.perf_counter()
@@ -280,7 +289,10 @@ def _seconds(runner: _Runner | _Attention, inner: int, repeats: int) -> float:
             f()
         return (time.perf_counter() - t0) / inner
 
+    start = time.perf_counter()
     runner.run()
+    while time.perf_counter() - start < settle:
+        runner.run()
     runner.idle()
     busy = statistics.median(sample(runner.run) for _ in range(repeats))
     idle = statistics.median(sample(runner.idle) for _ in range(repeats))
@@ -294,6 +306,7 @@ def read_sweep(
     repeats: int,
     budget: float,
     step: Callable[[], None] = lambda: None,
+    settle: float = SETTLE_SECONDS,
 ) -> list[tuple[int, float]]:
     """(bytes, bytes/s) per working set: the largest first (the figure past every cache, which
     a model larger than the cache needs), then the rest from the smallest up while `budget`
@@ -313,7 +326,7 @@ def read_sweep(
         ]
         runner = _Runner(mats, 1, threads)
         inner = max(1, math.ceil(SAMPLE_BYTES / s))
-        out.append((s, s / _seconds(runner, inner, repeats)))
+        out.append((s, s / _seconds(runner, inner, repeats, settle)))
         del runner, mats
         step()
     return sorted(out)
@@ -333,6 +346,7 @@ def gemm_table(
     budget: float,
     step: Callable[[], None] = lambda: None,
     max_bytes: int | None = None,
+    settle: float = SETTLE_SECONDS,
 ) -> list[tuple[int, int, int, float]]:
     """(M, K, N, FLOP/s) for each (K, N) of `shapes` and each M of `ms` up to GEMM_MAX_FLOP;
     once `budget` seconds are spent, the Ms not reached yet at each shape are left out (its
@@ -362,6 +376,6 @@ def gemm_table(
             if i >= 2 and time.perf_counter() - start > budget:
                 break
             runner = _Runner([w], m, threads)
-            out.append((m, k, n, 2.0 * m * k * n / _timed(runner, repeats)))
+            out.append((m, k, n, 2.0 * m * k * n / _timed(runner, repeats, settle)))
             step()
     return sorted(out, key=lambda p: (p[1], p[2], p[0]))
