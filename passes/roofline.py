@@ -28,7 +28,7 @@ from typing import Any
 from graphllm.build.kinds import LAYER, SCOPE_KINDS
 from graphllm.errors import PassError
 from graphllm.ir import Graph, Node
-from graphllm.models.hardware import Hardware
+from graphllm.models.hardware import Achievable, Hardware
 from graphllm.passes.cost import scopes_of
 from graphllm.passes.registry import meta_result, register
 
@@ -95,7 +95,7 @@ def time_nodes(graph: Graph, hardware: Hardware, flash: bool, training: bool) ->
     itself (plan)."""
     timer = Timer(graph, hardware, flash)
 
-    def timed() -> Iterator[tuple[str, str, float, str, str | None]]:
+    def timed() -> Iterator[tuple[str, str, float, float, bool, str | None, list]]:
         for n in graph.nodes():
             oc = meta_result(n, "cost")
             scopes = scopes_of(graph, n.name)
@@ -129,8 +129,9 @@ class Timer:
             heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
             self.attn = cal.attention_rate(*heads, wl.seq_len, wl.past_len) or self.attn
 
-    def base(self, n: Node, oc: Any, scopes: list[tuple[str, str]]) -> tuple[float, float]:
-        """(compute seconds, bytes moved)."""
+    def base(self, n: Node, oc: Any, scopes: list[tuple[str, str]]) -> tuple[float, float, bool]:
+        """(compute seconds, bytes moved, whether the kernel streams from DRAM: a matmul of a
+        weight, or core attention over the keys and values)."""
         flops = oc.flops - (oc.matmul - oc.matmul_causal) if self.flash else oc.flops
         core = _core(scopes)
         rate = self.peak if not oc.matmul else (self.attn if core is not None else self.gemm)
@@ -139,7 +140,10 @@ class Timer:
             rate *= ach.gemm_efficiency(*_output_mnk(self.graph, n, oc.matmul))
         elif oc.matmul and core is None and cal is not None:
             rate = cal.gemm_rate(*_output_mnk(self.graph, n, oc.matmul))
-        return flops / rate, oc.bytes / self._dequant_share(n, oc)
+        streams = core is not None or (
+            bool(oc.matmul) and any(self.graph[r.node].op == "param" for r in n.inputs)
+        )
+        return flops / rate, oc.bytes / self._dequant_share(n, oc), streams
 
     # issue 20: a weight-only quantized matmul streams its weights through a dequantising kernel
     # that reaches a measured share of the bandwidth (the preset's `dequant_efficiency`, per
@@ -161,13 +165,14 @@ class Timer:
 
 
 def time_all(
-    timings: Iterable[tuple[str, str, float, float, str | None, list[tuple[str, str]]]],
+    timings: Iterable[tuple[str, str, float, float, bool, str | None, list[tuple[str, str]]]],
     timer: Timer,
     wl: Any,
     training: bool,
     write: Callable[[str, OpTime], None],
 ) -> RooflineReport:
-    """The roofline report of (name, op, compute s, bytes, fused region, scopes) in graph
+    """The roofline report of (name, op, compute s, bytes, streams from DRAM, fused region,
+    scopes) in graph
     order, each op's OpTime handed to `write`; in this order, so that one layer standing for
     every layer of its kind (report/reuse.py) sums the same floats."""
     hardware = timer.hardware
@@ -186,7 +191,7 @@ def time_all(
         if hardware.calibration is None
         else timer.bandwidth(byte_factor * sum(r[3] for r in rows))
     )
-    for name, op, tc, moved, core, scopes in rows:
+    for name, op, tc, moved, streams, core, scopes in rows:
         tm = byte_factor * moved / bw
         t = max(tc, tm)
         bound = "none" if t == 0 else ("compute" if tc >= tm else "memory")
@@ -194,8 +199,7 @@ def time_all(
             launches = not (skip_masked and core is not None and core in fused)
             if skip_masked and core is not None:
                 fused.add(core)
-            eager, in_graph = ach.launch_seconds or 0.0, ach.graph_launch_seconds or 0.0
-            extra = _launch(t, launches, graphs, eager, in_graph)  # unmeasured: no cost
+            extra = _launch(t, launches, graphs, streams, ach)
             kernels += launches
             overhead += extra
             t += extra
@@ -241,10 +245,16 @@ def _output_mnk(graph: Graph, n: Node, flops: float) -> tuple[float, float, floa
     return rows, cols, flops / (2 * rows * cols)
 
 
-def _launch(t: float, launches: bool, graphs: bool, eager: float, in_graph: float) -> float:
-    """Seconds a kernel of `t` seconds takes beyond `t` for its launch: inside a CUDA graph the
-    graph's gap between kernels; launched on its own, the host enqueues a kernel every `eager`
-    seconds, so a shorter kernel waits for the next launch (a longer one hides it)."""
+def _launch(t: float, launches: bool, graphs: bool, streams: bool, ach: Achievable) -> float:
+    """Seconds a kernel of `t` seconds takes beyond `t` for its launch (an unmeasured figure
+    costs nothing). Inside a CUDA graph: the gap between the graph's kernels, or a streaming
+    kernel's larger fixed cost. Launched on its own: the host enqueues a kernel every
+    `launch_seconds`, so a shorter kernel waits for the next launch (a longer one hides it),
+    and a streaming kernel pays its fixed cost outside a graph whatever its length."""
     if not launches:
         return 0.0
-    return in_graph if graphs else max(0.0, eager - t)
+    if graphs:
+        fixed = ach.graph_stream_launch_seconds if streams else None
+        return fixed if fixed is not None else ach.graph_launch_seconds or 0.0
+    host = max(0.0, (ach.launch_seconds or 0.0) - t)
+    return max(host, ach.stream_launch_seconds or 0.0) if streams else host

@@ -94,6 +94,12 @@ class Achievable:
     # issue 20: weight-only storage dtype -> the share of `memory_bandwidth` that the kernel
     # dequantising it streams its weights at in a batch-1 GEMV (absent: the full bandwidth)
     dequant_efficiency: dict[str, float] = field(default_factory=dict)
+    # a kernel that streams a weight or the KV cache from DRAM pays DRAM's latency and ramp on
+    # top of a launch: its fixed cost, launched on its own and inside a graph, as the intercept
+    # of time = fixed + bytes / bandwidth over working sets past the L2 (None: the two launch
+    # figures above, as for a kernel whose data the L2 holds)
+    stream_launch_seconds: float | None = None
+    graph_stream_launch_seconds: float | None = None
 
     def gemm_efficiency(self, m: float, n: float, k: float) -> float:
         """The share of the large-shape GEMM rate an (m x n)-output GEMM over k reaches, from tile
@@ -302,6 +308,11 @@ def hardware_from_dict(d: dict, name: str, where: str = "hardware") -> Hardware:
 
 
 ACHIEVABLE_FIELDS = tuple(Achievable.__dataclass_fields__)
+OPTIONAL_ACHIEVABLE = (
+    "dequant_efficiency",
+    "stream_launch_seconds",
+    "graph_stream_launch_seconds",
+)
 LINK_FIELDS = tuple(Link.__dataclass_fields__)
 # a kernel launch or a link's hop takes between a nanosecond and a tenth of a second
 LATENCY_RANGE = (1e-9, 0.1)
@@ -366,7 +377,7 @@ def _links(value: Any, where: str) -> dict[str, Link]:
 
 def _achievable(value: Any, where: str) -> Achievable:
     """The measured rates of a preset or spec file, each figure in its sane range."""
-    d = _mapping(value, where, ACHIEVABLE_FIELDS, optional=("dequant_efficiency",))
+    d = _mapping(value, where, ACHIEVABLE_FIELDS, optional=OPTIONAL_ACHIEVABLE)
     return Achievable(
         gemm_flops=_rates(d["gemm_flops"], f"{where}.gemm_flops"),
         attention_flops=_rates(d["attention_flops"], f"{where}.attention_flops"),
@@ -386,6 +397,10 @@ def _achievable(value: Any, where: str) -> Achievable:
         gemm_tile=_unmeasured(_tile, f"{where}.gemm_tile", d["gemm_tile"]),
         source=_text(where, "source", d["source"]),
         dequant_efficiency=_shares(d.get("dequant_efficiency"), f"{where}.dequant_efficiency"),
+        **{
+            k: _unmeasured(_latency, f"{where}.{k}", d.get(k))
+            for k in ("stream_launch_seconds", "graph_stream_launch_seconds")
+        },
     )
 
 

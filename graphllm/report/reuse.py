@@ -234,7 +234,7 @@ def reused_report(
     roof = None
     if hardware is not None:
         timer = Timer(small, hardware, attention == "flash")
-        base: dict[int, tuple[float, float]] = {}
+        base: dict[int, tuple[float, float, bool]] = {}
 
         def timings() -> Any:
             for name, n, sc in zip(u.names, u.reps, u.scopes, strict=True):

@@ -82,11 +82,15 @@ def test_l40s_carries_measured_rates_with_their_sources():
     assert (l40s.gemm_rate("bf16"), l40s.gemm_rate("fp16")) == (269.15e12, 264.02e12)
     assert l40s.bandwidth() == 830e9
     assert l40s.ideal().bandwidth() == 864e9  # --ideal: the data sheet's
+    # gpu-small-kernels' L40 (the same AD102): its smallest kernel, launched and in a graph
+    assert (ach.launch_seconds, ach.graph_launch_seconds) == (1.64e-6, 0.94e-6)
+    assert "gpu-small-kernels" in ach.source
+    assert ach.graph_stream_launch_seconds is None  # its runs past the L2 give no fit
 
 
 def test_l40s_unmeasured_figures_fall_back_and_the_note_names_them():
     note = read_mapping(PRESETS_PATH)["l40s"]["_note"]
-    for word in ("attention", "FP8 GEMM", "nccl-tests over PCIe", "network", "launch", "tile"):
+    for word in ("attention", "FP8 GEMM", "nccl-tests over PCIe", "network", "replay", "tile"):
         assert word in note, word
     l40s = load_hardware("l40s")
     assert l40s.attention_rate("bf16") == l40s.peak("bf16") == 362.05e12  # no measurement
