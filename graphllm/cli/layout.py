@@ -16,7 +16,8 @@ from graphllm.passes.training import TrainingOptions
 
 
 def strategy_options(fn: Callable) -> Callable:
-    """--tp --sp --cp --pp --ep --dp --microbatches (partition, verify partition, render)."""
+    """--tp --sp --cp --pp --ep --dp --microbatches --whole-vocab (partition, verify partition,
+    render, report, serving, run)."""
     size = click.IntRange(min=1)
     return options(
         click.option("--tp", type=size, default=1, help="Tensor parallel ranks (Megatron)."),
@@ -27,6 +28,11 @@ def strategy_options(fn: Callable) -> Callable:
         click.option("--dp", type=size, default=1, help="Data parallel replicas: batch split."),
         click.option(
             "--microbatches", type=size, default=1, help="Microbatches per step (pipelining)."
+        ),
+        click.option(
+            "--whole-vocab",
+            is_flag=True,
+            help="With --tp: the embedding and LM head whole on every rank (gpt-fast's tp).",
         ),
     )(fn)
 
@@ -71,6 +77,9 @@ def training_from(options: dict[str, Any]) -> TrainingOptions | None:
 
 
 def strategy_from(options: dict[str, Any]) -> Strategy:
-    """The Strategy of the --tp ... --microbatches flags (taken out of `options`)."""
-    keys = ("tp", "sp", "cp", "pp", "ep", "dp", "microbatches")
-    return Strategy(**{k: options.pop(k) for k in keys})
+    """The Strategy of the --tp ... --whole-vocab flags (taken out of `options`)."""
+    keys = ("tp", "sp", "cp", "pp", "ep", "dp", "microbatches", "whole_vocab")
+    s = Strategy(**{k: options.pop(k) for k in keys})
+    if s.whole_vocab and s.tp == 1:
+        raise ConfigError("--whole-vocab keeps the vocabulary whole across --tp ranks: add --tp")
+    return s

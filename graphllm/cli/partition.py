@@ -131,6 +131,7 @@ def _headline(doc: dict[str, Any]) -> str:
         f"[bold]{doc['model']['name']}[/bold], {w['phase']} B={w['batch']} T={w['seq_len']} "
         f"P={w['past_len']}: {len(p['devices'])}{where} devices ({mesh}"
         + (", sequence parallel" if p["strategy"]["sp"] else "")
+        + (", embedding and LM head whole" if p["strategy"].get("whole_vocab") else "")
         + ")"
     )
 

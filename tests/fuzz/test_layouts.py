@@ -64,6 +64,7 @@ PARTITIONS = [
     Case("ep-dense", partition("--ep", "2"), expect="mixture-of-experts"),
     Case("ep-not-dividing", partition("--ep", "3", model=MIXTRAL), expect="8 experts"),
     Case("sp-without-tp", partition("--sp"), expect="--sp"),
+    Case("whole-vocab-without-tp", partition("--whole-vocab"), expect="--whole-vocab"),
     Case("microbatches-huge", partition("--microbatches", str(10**20)), expect="--microbatches"),
     Case("microbatches-zero", partition("--microbatches", "0"), expect="--microbatches"),
     Case("dp-1e9", partition("--dp", str(10**9)), expect="mesh size of --dp 1,000,000,000"),

@@ -48,6 +48,7 @@ def test_two_ranks(configs, tmp_path):
     jobs = [
         job(configs["dense"], "dense tp", strategy={"tp": 2}),
         job(configs["dense"], "dense tp sp", strategy={"tp": 2, "sp": True}),
+        job(configs["dense"], "dense tp whole vocab", strategy={"tp": 2, "whole_vocab": True}),
         job(configs["dense"], "dense cp", strategy={"cp": 2}),
         job(configs["dense"], "dense pp mb", strategy={"pp": 2, "microbatches": 2}),
         job(configs["dense"], "dense dp", strategy={"dp": 2}),
