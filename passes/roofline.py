@@ -9,10 +9,12 @@ the measured streaming bandwidth; a small or skinny GEMM is then bandwidth-bound
 which is how decode GEMMs measure. On a calibrated machine (`graphllm calibrate`'s tables, rate
 model 'calibrated') a matmul runs at the rate measured for its shape, core attention's matmuls
 under flash attention at the rate measured for the model's heads at the step, and every byte of
-a step at the read bandwidth measured for the step's working set (models/calibration.py). Under the
-achievable model each op is one kernel launch (a flash attention region one for all its ops):
-launched on its own a kernel takes at least the host's enqueue time per kernel;
-inside a CUDA graph it costs the graph's per-kernel gap, and the step one replay. Ops run one after
+a step at the read bandwidth measured for the step's working set (models/calibration.py), each op
+adding the runtime's measured dispatch. Under the achievable model each op is one kernel launch
+(a flash attention region one for all its ops): launched on its own a kernel takes at least the
+host's enqueue time per kernel; inside a CUDA graph it costs the graph's per-kernel gap, and the
+step one replay; a kernel streaming a weight or the cache from DRAM pays DRAM's fixed cost
+instead. Ops run one after
 another; the step's time is their sum. With fused (flash) attention
 the masked (query, key) blocks are skipped, so attention ops are timed on the FLOPs the mask
 allows. For a training step (cost pass with training=True) the bytes are taken 3x (see cost.py).
@@ -56,9 +58,9 @@ class RooflineReport:
 
     new_tokens: int = 1  # T: tokens each sequence gains per step
     rate_model: str = "ideal"  # 'achievable' (measured rates) or 'ideal' (peaks, no overheads)
-    kernels: int = 0  # kernel launches a step takes (achievable model)
+    kernels: int = 0  # kernel launches a step takes (achievable model; ops dispatched, calibrated)
     cuda_graphs: bool = False
-    launch_seconds: float = 0.0  # of `seconds`: what the launches add over the kernels' own time
+    launch_seconds: float = 0.0  # of `seconds`: what the launches (dispatch) add over the kernels
 
     @property
     def ms_per_token(self) -> float:
@@ -180,6 +182,8 @@ def time_all(
     byte_factor = 3.0 if training else 1.0
     ach = hardware.achievable
     graphs = ach is not None and hardware.graphs_for(wl.phase)
+    # a calibrated machine's runtime costs its measured dispatch per op (models/calibration.py)
+    dispatch = hardware.calibration.dispatch if ach is None and hardware.calibration else None
     total = comp = mem = overhead = 0.0
     kernels = 0
     fused: set[str] = set()  # the flash attention regions already launched
@@ -195,11 +199,14 @@ def time_all(
         tm = byte_factor * moved / bw
         t = max(tc, tm)
         bound = "none" if t == 0 else ("compute" if tc >= tm else "memory")
-        if t > 0 and ach is not None:
+        if t > 0 and (ach is not None or dispatch):
             launches = not (skip_masked and core is not None and core in fused)
             if skip_masked and core is not None:
                 fused.add(core)
-            extra = _launch(t, launches, graphs, streams, ach)
+            if ach is not None:
+                extra = _launch(t, launches, graphs, streams, ach)
+            else:
+                extra = dispatch if launches else 0.0
             kernels += launches
             overhead += extra
             t += extra

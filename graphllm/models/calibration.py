@@ -28,6 +28,13 @@ time measured. A prefill's batched 128 x 64 matmuls per head, and a decode step'
 run far below the GEMM table's rates; an op of the measured head shape takes the rate at the
 measured query length nearest its own (in log), interpolated over the key length (log-log,
 clamped at the ends). A head shape not measured has no table rate: the matmul peak, as before.
+
+The rule for dispatch: every op of the graph with time to take (a flash attention region one for
+all its ops, as a launch under the achievable model) adds the runtime's measured cost per node,
+onnxruntime's scheduling of a node beyond its kernel (about 0.5 us on the project's 2-core VM).
+The graph's ops are not the export's nodes one for one (the ort lowering fuses Q, K and V, gate
+and up, norms with residual adds, and adds Splits), so this prices their number roughly; it is
+what a cache-sized model's decode step, tens of kernels of microseconds, misses without it.
 """
 
 from __future__ import annotations
@@ -43,7 +50,8 @@ from graphllm.errors import ConfigError
 READ_FIELDS = ("bytes", "bandwidth")
 GEMM_FIELDS = ("m", "k", "n", "flops")
 ATTENTION_FIELDS = ("heads", "kv_heads", "head_dim", "seq", "past", "flops")
-CALIBRATION_FIELDS = ("runtime", "read_bandwidth", "gemm", "attention")
+CALIBRATION_FIELDS = ("runtime", "read_bandwidth", "gemm", "attention", "dispatch")
+DISPATCH_RANGE = (1e-9, 0.1)  # seconds a node, as a kernel launch
 BANDWIDTH_RANGE = (1e6, 1e15)  # bytes/s, as a device's memory_bandwidth
 FLOPS_RANGE = (1e6, 1e18)
 SIZE_RANGE = (1, 1 << 50)  # a working set or a GEMM dimension
@@ -60,6 +68,9 @@ class Calibration:
     # (heads, kv heads, head_dim, query tokens, past tokens, FLOP/s), sorted; () in a file
     # written before the table (core attention then at the matmul peak, as it was)
     attention: tuple[tuple[int, int, int, int, int, float], ...] = ()
+    # seconds the runtime spends on each op beyond its kernel's work (a chain of tiny nodes,
+    # less one); None in a file written before it (ops then cost their kernels' time alone)
+    dispatch: float | None = None
 
     def bandwidth_at(self, working_set: float) -> float:
         """Read bandwidth for a working set of `working_set` bytes: log-log interpolation between
@@ -99,6 +110,8 @@ class Calibration:
         }
         if self.attention:  # a file without the table reads as before it
             d["attention"] = [dict(zip(ATTENTION_FIELDS, p)) for p in self.attention]
+        if self.dispatch is not None:
+            d["dispatch"] = self.dispatch
         return d
 
 
@@ -165,7 +178,11 @@ def calibration_from_dict(value: Any, where: str) -> Calibration:
         attention.sort()
         if len({p[:5] for p in attention}) < len(attention):
             raise ConfigError(f"{where}.attention: a head shape and step is measured twice")
+    dispatch = value.get("dispatch")
+    if dispatch is not None:
+        dispatch = _num(dispatch, f"{where}.dispatch", DISPATCH_RANGE)
     return Calibration(
+        dispatch=dispatch,
         runtime=runtime,
         read_bandwidth=tuple(read_points),
         gemm=tuple((m, k, n, r) for (m, k, n), r in gemm_points),

@@ -175,10 +175,16 @@ def rate_model_line(r: dict[str, Any]) -> str:
     if r.get("rate_model", "ideal") == "ideal":
         return "times: ideal model (data-sheet peaks, no latencies or launch costs; --ideal)"
     if r["rate_model"] == "calibrated":
+        dispatch = (
+            f"; {r['kernels']:,} ops, {_t(r['launch_seconds'])} of dispatch"
+            if r.get("launch_seconds")
+            else ""
+        )
         return (
             f"times: calibrated model (graphllm calibrate's GEMM rates by shape, attention by "
             f"step, read bandwidth "
-            f"{r['bandwidth'] / 1e9:.1f} GB/s at this step's working set); --ideal for peaks"
+            f"{r['bandwidth'] / 1e9:.1f} GB/s at this step's working set{dispatch}); --ideal for "
+            f"peaks"
         )
     launch = "CUDA graphs" if r["cuda_graphs"] else "one launch each"
     return (

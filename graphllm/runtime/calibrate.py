@@ -280,6 +280,9 @@ def _tables(
     }
     if att:
         out["attention"] = [dict(zip(ATTENTION_FIELDS, p)) for p in att]
+    dispatch = tables.dispatch_seconds(threads, repeats, settle)
+    if dispatch is not None:
+        out["dispatch"] = dispatch
     return out
 
 
@@ -291,6 +294,11 @@ def _tables_source(cal: dict, settle: float) -> str:
         f"one-row fp32 MatMuls over 1024^2 weights), {len(gemm)} fp32 MatMul shapes (M x K x N), "
         f"{len(cal.get('attention', []))} GroupQueryAttention steps, medians less an idle run, "
         f"each timed after {settle:g} s of untimed runs"
+        + (
+            f"; {cal['dispatch'] * 1e6:.2f} us a node (a chain of {tables.DISPATCH_NODES} Adds)"
+            if "dispatch" in cal
+            else ""
+        )
     )
 
 

@@ -1,5 +1,5 @@
-"""calibrate's tables: read bandwidth over a sweep of working sets, GEMM rates over shapes, and
-fused attention's rate by head shape and step.
+"""calibrate's tables: read bandwidth over a sweep of working sets, GEMM rates over shapes,
+fused attention's rate by head shape and step, and the runtime's cost per node.
 
 Both are measured with the runtime `bench` runs, onnxruntime's CPU provider, when it is installed
 (numpy's BLAS otherwise, and the table says which):
@@ -223,6 +223,71 @@ class _Attention:
         io_idle.bind_ortvalue_input("x", value(np.zeros(shape, np.float32)))
         io_idle.bind_output("y", "cpu")
         self.idle = lambda: nothing.run_with_iobinding(io_idle)
+
+
+DISPATCH_NODES = 64  # the chain whose per-node time is the runtime's dispatch cost
+
+
+class _Dispatch:
+    """A chain of DISPATCH_NODES + 1 Adds of one short row (`run`) and of one Add (`idle`),
+    graph optimisations off so that none is folded or fused: their difference over
+    DISPATCH_NODES is what onnxruntime spends on a node beyond its kernel's work."""
+
+    def __init__(self, threads: int) -> None:
+        self.run = self._chain(DISPATCH_NODES + 1, threads)
+        self.idle = self._chain(1, threads)
+
+    @staticmethod
+    def _chain(count: int, threads: int) -> Callable[[], object]:
+        import onnxruntime as ort
+
+        width, f = 512, TensorProto.FLOAT
+        nodes, inits, prev = [], [], "x"
+        for i in range(count):
+            c = np.full((1, width), 1e-3 * (i + 1), np.float32)
+            inits.append(numpy_helper.from_array(c, f"c{i}"))
+            nodes.append(helper.make_node("Add", [prev, f"c{i}"], [f"y{i}"]))
+            prev = f"y{i}"
+        graph = helper.make_graph(
+            nodes,
+            "dispatch",
+            [helper.make_tensor_value_info("x", f, [1, width])],
+            [helper.make_tensor_value_info(prev, f, [1, width])],
+            inits,
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        sess = _ort_session(model.SerializeToString(), threads, so)
+        feed = {"x": np.ones((1, width), np.float32)}
+        return lambda: sess.run(None, feed)
+
+
+def dispatch_seconds(threads: int, repeats: int, settle: float = SETTLE_SECONDS) -> float | None:
+    """Seconds onnxruntime spends on each node of a step beyond its kernel's work (None without
+    onnxruntime: numpy's calls are not what bench runs)."""
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return None
+    runner = _Dispatch(threads)
+    t0 = time.perf_counter()
+    runner.run()
+    inner = max(1, math.ceil(SAMPLE_SECONDS / max(time.perf_counter() - t0, 1e-6)))
+    start = time.perf_counter()
+    while time.perf_counter() - start < settle:
+        runner.run()
+        runner.idle()
+
+    def sample(f: Callable[[], object]) -> float:
+        t = time.perf_counter()
+        for _ in range(inner):
+            f()
+        return (time.perf_counter() - t) / inner
+
+    busy = statistics.median(sample(runner.run) for _ in range(repeats))
+    idle = statistics.median(sample(runner.idle) for _ in range(repeats))
+    return max(busy - idle, 0.0) / DISPATCH_NODES or None  # 0: below the clock's reach
 
 
 def _ort_session(model: bytes, threads: int, so: Any = None) -> Any:
