@@ -268,20 +268,11 @@ def reused_report(
     )
 
 
-def trace_document(
-    config: ModelConfig,
-    workload: Workload,
-    hardware: Hardware | None = None,
-    attention: str = "flash",
-    training: bool = False,
-    mla: str = "naive",
-    mtp: bool = False,
-) -> dict[str, Any]:
-    """`trace_report`'s document, analysed on one layer of each kind where that stands for the
-    full graph, else on the full graph."""
-    args = (config, workload, hardware, attention, training, mla, mtp)
-    doc = reused_report(*args)
-    return doc if doc is not None else trace_report(*args)[0]
+def trace_document(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    """`trace_report`'s document (of its arguments), analysed on one layer of each kind where
+    that stands for the full graph, else on the full graph."""
+    doc = reused_report(*args, **kwargs)
+    return doc if doc is not None else trace_report(*args, **kwargs)[0]
 
 
 def _memory(u: Unrolled, attention: str) -> MemoryReport:

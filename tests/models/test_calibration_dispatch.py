@@ -28,7 +28,7 @@ def test_every_op_timed_adds_the_dispatch_a_flash_region_once():
     with_dispatch = hardware_from_dict(
         OLD_LOCAL | {"calibration": TABLE | {"dispatch": DISPATCH}}, "local"
     )
-    g0, before = _decode(plain)
+    _, before = _decode(plain)
     g1, after = _decode(with_dispatch)
     assert before.launch_seconds == 0 and before.kernels == 0
     timed = [n for n in g1.nodes() if meta_result(n, "time").seconds > 0]
