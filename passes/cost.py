@@ -354,30 +354,38 @@ def roll_up(
     by_op: dict[str, Any] = defaultdict(int)
     bytes_by_scope: dict[str, float] = defaultdict(float)
     layers: dict[str, dict[str, Any]] = {}
-    tot: dict[str, Any] = dict.fromkeys(("flops", "matmul", "matmul_causal"), 0)
-    tot |= dict.fromkeys(("read", "written", "w", "kv"), 0.0)
+    flops_sum: Any = 0
+    matmul_sum: Any = 0
+    causal_sum: Any = 0
+    read = written = weights = kv = 0.0
+    # by the scopes' list (a module's ops share one under reuse): its layers and other kinds,
+    # the list held beside them so that its id is not reused while this runs
+    split: dict[int, tuple[list, list[str], tuple[str, ...]]] = {}
     for name, op, oc in costs:
         if oc is ZERO:
             continue
-        tot["flops"] += oc.flops
-        tot["matmul"] += oc.matmul
-        tot["matmul_causal"] += oc.matmul_causal
-        tot["read"] += oc.bytes_read
-        tot["written"] += oc.bytes_written
-        tot["w"] += oc.weight_bytes
-        tot["kv"] += oc.kv_bytes
+        flops_sum += oc.flops
+        matmul_sum += oc.matmul
+        causal_sum += oc.matmul_causal
+        read += oc.bytes_read
+        written += oc.bytes_written
+        weights += oc.weight_bytes
+        kv += oc.kv_bytes
         by_op[op] += oc.flops
-        kinds = set()
-        for prefix, kind in scopes(name):
-            if kind == LAYER:
-                lay = layers.setdefault(prefix, {"flops": 0, "bytes": 0.0})
-                lay["flops"] += oc.flops
-                lay["bytes"] += oc.bytes
-            else:
-                kinds.add(kind)
-        for kind in kinds:
+        sc = scopes(name)
+        hit = split.get(id(sc))
+        if hit is None:
+            lays = [prefix for prefix, kind in sc if kind == LAYER]
+            hit = split[id(sc)] = (sc, lays, tuple({k for _, k in sc if k != LAYER}))
+        for prefix in hit[1]:
+            lay = layers.setdefault(prefix, {"flops": 0, "bytes": 0.0})
+            lay["flops"] += oc.flops
+            lay["bytes"] += oc.bytes
+        for kind in hit[2]:
             by_scope[kind] += oc.flops
             bytes_by_scope[kind] += oc.bytes
+    tot = {"flops": flops_sum, "matmul": matmul_sum, "matmul_causal": causal_sum}
+    tot |= {"read": read, "written": written, "w": weights, "kv": kv}
     total_bytes = tot["read"] + tot["written"]
     flops = {
         "total": whole(tot["flops"]),

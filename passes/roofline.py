@@ -189,7 +189,8 @@ def time_all(
     fused: set[str] = set()  # the flash attention regions already launched
     by_scope: dict[str, float] = defaultdict(float)
     by_op: dict[str, float] = defaultdict(float)
-    rows = list(timings)
+    rows = list(timings)  # held to the end: the ids kinds_of keys on stay those of live lists
+    kinds_of: dict[int, tuple[str, ...]] = {}
     bw = (
         timer.bw
         if hardware.calibration is None
@@ -219,7 +220,11 @@ def time_all(
         else:
             mem += t
         by_op[op] += t
-        for kind in {k for _, k in scopes if k != LAYER}:
+        key = id(scopes)  # the ops of one module share their scopes' list: its kinds once
+        kinds = kinds_of.get(key)
+        if kinds is None:
+            kinds = kinds_of[key] = tuple({k for _, k in scopes if k != LAYER})
+        for kind in kinds:
             by_scope[kind] += t
     if graphs and ach is not None:
         overhead += ach.graph_replay_seconds or 0.0

@@ -127,6 +127,9 @@ def unroll(small: Graph, index: list[int]) -> Unrolled | None:
     seen: set[str] = set()
     full_block: list[str] = []
     renamed: dict[tuple, list[tuple[str, str]]] = {}
+    # each reduced node's scopes once, equal ones one object: renamed keys on its id
+    scopes_by_node: dict[int, tuple] = {}
+    interned: dict[tuple, tuple] = {}
 
     def stream_in(i: int) -> str:
         return stream0 if i == 0 else full_block[i - 1]
@@ -137,10 +140,13 @@ def unroll(small: Graph, index: list[int]) -> Unrolled | None:
         u.reps.append(n)
         u.inputs.append(ins)
         u.layer.append(layer)
-        sc = tuple(scopes_of(small, n.name))
-        hit = renamed.get((layer, sc))
+        sc = scopes_by_node.get(id(n))
+        if sc is None:
+            t = tuple(scopes_of(small, n.name))
+            sc = scopes_by_node[id(n)] = interned.setdefault(t, t)
+        hit = renamed.get((layer, id(sc)))
         if hit is None:  # the nodes of one module share their scopes
-            hit = renamed[(layer, sc)] = [(rename(p), k) for p, k in sc]
+            hit = renamed[(layer, id(sc))] = [(rename(p), k) for p, k in sc]
         u.scopes.append(hit)
 
     def same(x: str) -> str:
@@ -236,12 +242,17 @@ def reused_report(
         timer = Timer(small, hardware, attention == "flash")
         base: dict[int, tuple[float, float, bool]] = {}
 
+        cores: dict[int, str | None] = {}  # by the scopes' list, which a module's ops share
+
         def timings() -> Any:
             for name, n, sc in zip(u.names, u.reps, u.scopes, strict=True):
                 b = base.get(id(n))
                 if b is None:
                     b = base[id(n)] = timer.base(n, n.meta["cost"], scopes_of(small, n.name))
-                yield name, n.op, *b, _core(sc), sc
+                core = cores.get(id(sc), False)
+                if core is False:
+                    core = cores[id(sc)] = _core(sc)
+                yield name, n.op, *b, core, sc
 
         roof = time_all(timings(), timer, small.meta["workload"], training, lambda *_: None)
     in_mtp = {
