@@ -45,7 +45,12 @@ from graphllm.models.model_config import ModelConfig  # noqa: E402
 from graphllm.models.workload import Workload  # noqa: E402
 from graphllm.passes import run  # noqa: E402
 from graphllm.runtime.bench import bench, export_storage, predict, predicted_graph  # noqa: E402
-from graphllm.runtime.calibrate import attention_heads_of, calibrate, gemm_shapes_of  # noqa: E402
+from graphllm.runtime.calibrate import (  # noqa: E402
+    attention_heads_of,
+    calibrate,
+    gemm_shapes_of,
+    sweep_side_of,
+)
 
 PROMPT, NEW = 128, 32
 LLAMA = {"model_type": "llama", "max_position_embeddings": 2048, "rms_norm_eps": 1e-5}
@@ -98,6 +103,7 @@ def measure_machine(cfg: ModelConfig, threads: int) -> dict:
         buffer_bytes=64 << 20,
         sweep=(int(min(sizes) / 1.5), int(max(sizes) * 1.5)),
         gemm_shapes=gemm_shapes_of(cfg),
+        sweep_side=sweep_side_of(cfg),
         gemm_ms=(1, PROMPT),
         attention_heads=attention_heads_of(cfg),
         attention_steps=((1, PROMPT), (1, PROMPT + NEW), (PROMPT, 0)),

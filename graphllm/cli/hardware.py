@@ -19,6 +19,7 @@ from graphllm.runtime.calibrate import (
     check_local_writable,
     gemm_shapes_of,
     save_local,
+    sweep_side_of,
     tables_line,
 )
 from graphllm.runtime.calibrate import calibrate as measure
@@ -73,13 +74,14 @@ def calibrate(
     check_local_writable()  # a cache that is a file: refused now, not after measuring
     if link:
         require_ranks()  # and a link sweep that cannot run, before the quick figures
-    weights, shapes, heads = None, None, None
+    weights, shapes, heads, side = None, None, None, None
     if preset or config_path:
         cfg = load_config(config_path or preset)
         graph = build_graph(cfg, Workload(dtype=dtype))
         weights = run(graph, ["memory"])["memory"].weights
         shapes = gemm_shapes_of(cfg)
         heads = attention_heads_of(cfg)
+        side = sweep_side_of(cfg)
     # progress bars for a terminal; in a log stderr holds nothing but an error line, if any
     bars = sys.stderr is not None and sys.stderr.isatty()
     sizes = (QUICK if quick else {}) | {"budget": budget}
@@ -87,6 +89,8 @@ def calibrate(
         sizes["gemm_shapes"] = shapes  # the model's, in place of --quick's
     if heads is not None:
         sizes["attention_heads"] = heads
+    if side is not None and not quick:
+        sizes["sweep_side"] = side  # the model's matrices, its kernels a byte
     hw = measure(weights_bytes=weights, repeats=repeats, threads=threads, progress=bars, **sizes)
     if link:  # issue 21: the links between local ranks (graphllm/runtime/calibrate_link.py)
         samples = link_sweep(sizes=sizes_up_to(link_max), repeats=repeats)

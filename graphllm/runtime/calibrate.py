@@ -13,6 +13,7 @@ cache; numpy's reductions release the GIL, so the threads read in parallel). The
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import statistics
@@ -128,6 +129,7 @@ def calibrate(
     attention_steps: Sequence[tuple[int, int]] = tables.ATTENTION_STEPS,
     budget: float = 60.0,
     settle: float = tables.SETTLE_SECONDS,
+    sweep_side: int = tables.CHUNK,
 ) -> Hardware:
     """Measure matmul FLOP/s and memory read bandwidth of this machine.
 
@@ -153,6 +155,8 @@ def calibrate(
             attention table stop (the sweep's largest size, each shape's smallest and largest M
             and each head shape's first step measured first).
         settle: seconds each table's kernel runs untimed after its session is built.
+        sweep_side: the side of the sweep's square fp32 matrices (a model's from
+            `sweep_side_of`).
     """
     require_threads(threads, "calibrate")
     require_memory(3 * 4 * matmul_size**2, f"calibrate's fp32 {matmul_size}^3 matmul")
@@ -171,7 +175,7 @@ def calibrate(
     shapes = tuple(gemm_shapes or DEFAULT_GEMM_SHAPES)
     heads = tuple(DEFAULT_ATTENTION_HEADS if attention_heads is None else attention_heads)
     cal = _tables(
-        tables.sweep_sizes(low, max(low, high)),
+        tables.sweep_sizes(low, max(low, high), sweep_side),
         shapes,
         gemm_ms,
         (heads, tuple(attention_steps)),
@@ -180,6 +184,7 @@ def calibrate(
         budget,
         progress,
         settle,
+        sweep_side,
     )
     d = {
         "name": "local",
@@ -190,7 +195,7 @@ def calibrate(
         "network_bandwidth": None,
         "devices_per_node": 1,
         "source": _source(repeats, matmul_size, buffer_bytes, model_bytes, threads, llc)
-        + _tables_source(cal, settle),
+        + _tables_source(cal, settle, sweep_side),
         "extra": extra,
         "calibration": cal,
     }
@@ -238,6 +243,17 @@ def gemm_shapes_of(config: ModelConfig) -> tuple[tuple[int, int], ...]:
     return tuple(dict.fromkeys(((d, ffn), (ffn, d), (d, config.vocab_size))))
 
 
+def sweep_side_of(config: ModelConfig) -> int:
+    """The side of the square fp32 matrix that holds a layer's mean linear weight (Q, K, V, O
+    and the FFN's three, an expert's width where there is no dense one): a read sweep in such
+    matrices runs as many kernels a byte as the model's step (a multiple of 16, 64 to 4096)."""
+    d, hd = config.hidden_size, config.head_dim
+    h, kv = config.num_attention_heads or 1, config.num_key_value_heads or 1
+    ffn = config.intermediate_size or config.moe_intermediate_size or 4 * d
+    mean = (2 * d * h * hd + 2 * d * kv * hd + 3 * d * ffn) / 7
+    return min(4096, max(64, int(math.sqrt(mean)) // 16 * 16))
+
+
 def attention_heads_of(config: ModelConfig) -> tuple[tuple[int, int, int], ...]:
     """The (heads, kv heads, head_dim) the attention table measures for a model: its own (none
     where its export has no GroupQueryAttention: latent attention, which only the decomposed
@@ -257,13 +273,14 @@ def _tables(
     budget: float,
     progress: bool,
     settle: float,
+    sweep_side: int,
 ) -> dict:
     """The `calibration` mapping of a Hardware: the read sweep, the GEMM table and the
     attention table ((head shapes, steps))."""
     bars = _progress() if progress else None
     with bars or nullcontext():
         step = _counter(bars, f"read sweep, {len(sizes)} working sets", len(sizes))
-        read = tables.read_sweep(sizes, threads, repeats, budget, step, settle)
+        read = tables.read_sweep(sizes, threads, repeats, budget, step, settle, sweep_side)
         step = _counter(bars, f"GEMM table, {len(shapes)} shapes", len(shapes) * len(ms))
         gemm = tables.gemm_table(
             shapes, ms, threads, repeats, budget, step, memory_available() // 4, settle
@@ -286,12 +303,12 @@ def _tables(
     return out
 
 
-def _tables_source(cal: dict, settle: float) -> str:
+def _tables_source(cal: dict, settle: float, side: int) -> str:
     read, gemm = cal["read_bandwidth"], cal["gemm"]
     return (
         f"; calibration = {cal['runtime']}: read bandwidth of {len(read)} working sets "
         f"({human_bytes(read[0]['bytes'])} to {human_bytes(read[-1]['bytes'])}, chained "
-        f"one-row fp32 MatMuls over 1024^2 weights), {len(gemm)} fp32 MatMul shapes (M x K x N), "
+        f"one-row fp32 MatMuls over {side}^2 weights), {len(gemm)} fp32 MatMul shapes (M x K x N), "
         f"{len(cal.get('attention', []))} GroupQueryAttention steps, medians less an idle run, "
         f"each timed after {settle:g} s of untimed runs"
         + (

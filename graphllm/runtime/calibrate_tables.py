@@ -5,7 +5,9 @@ Both are measured with the runtime `bench` runs, onnxruntime's CPU provider, whe
 (numpy's BLAS otherwise, and the table says which):
 
 - a working set of S bytes is a chain of fp32 MatMuls of one row (a decode step's GEMV) through
-  S bytes of weights, 1024 x 1024 matrices as a model's are (one smaller square one below 4 MiB),
+  S bytes of weights, 1024 x 1024 matrices (with a model, squares of its layers' mean linear
+  weight, so that the chain has the step's number of kernels a byte; one smaller square one
+  below a matrix's size),
   stored as initializers so that onnxruntime prepacks them as it does an export's, and moved onto
   huge pages as bench moves an export's: what a decode step reads, read the way it reads them,
   in the same cyclic order step after step;
@@ -55,25 +57,26 @@ ATTENTION_STEPS = ((1, 512), (1, 4096), (512, 0))
 GQA_ROTARY_MULTIPLE = 16  # its CPU kernel rotates heads of a multiple of 16 (exporters fused.py)
 
 
-def sweep_sizes(low: int, high: int) -> list[int]:
-    """Working sets from `low` to `high` bytes, SWEEP_STEP apart, each as the chain holds it."""
-    sizes, s = [chain_bytes(high)], float(low)
+def sweep_sizes(low: int, high: int, chunk: int = CHUNK) -> list[int]:
+    """Working sets from `low` to `high` bytes, SWEEP_STEP apart, each as the chain of
+    `chunk` x `chunk` matrices holds it."""
+    sizes, s = [chain_bytes(high, chunk)], float(low)
     while s < high:
-        sizes.append(chain_bytes(int(s)))
+        sizes.append(chain_bytes(int(s), chunk))
         s *= SWEEP_STEP
     return sorted(set(sizes))
 
 
-def _chain_shape(nbytes: int) -> tuple[int, int]:
+def _chain_shape(nbytes: int, chunk: int = CHUNK) -> tuple[int, int]:
     """(matrices, side) of the chain that holds about `nbytes` of fp32 weights."""
-    if nbytes >= 4 * CHUNK * CHUNK:
-        return nbytes // (4 * CHUNK * CHUNK), CHUNK
+    if nbytes >= 4 * chunk * chunk:
+        return nbytes // (4 * chunk * chunk), chunk
     return 1, max(16, int(math.sqrt(nbytes / 4)) // 16 * 16)
 
 
-def chain_bytes(nbytes: int) -> int:
+def chain_bytes(nbytes: int, chunk: int = CHUNK) -> int:
     """The bytes the chain for `nbytes` really holds."""
-    count, side = _chain_shape(nbytes)
+    count, side = _chain_shape(nbytes, chunk)
     return 4 * count * side * side
 
 
@@ -372,6 +375,7 @@ def read_sweep(
     budget: float,
     step: Callable[[], None] = lambda: None,
     settle: float = SETTLE_SECONDS,
+    chunk: int = CHUNK,
 ) -> list[tuple[int, float]]:
     """(bytes, bytes/s) per working set: the largest first (the figure past every cache, which
     a model larger than the cache needs), then the rest from the smallest up while `budget`
@@ -381,7 +385,7 @@ def read_sweep(
     for s in order:
         if out and time.perf_counter() - start > budget:
             break
-        count, side = _chain_shape(s)
+        count, side = _chain_shape(s, chunk)
         # each matrix filled with its own value (onnxruntime stores equal initializers once,
         # which would shrink the working set), each about 1/side so that the products stay
         # near 1; a fill is quick where a random draw of gigabytes is not
