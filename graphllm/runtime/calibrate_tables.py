@@ -274,22 +274,8 @@ def dispatch_seconds(threads: int, repeats: int, settle: float = SETTLE_SECONDS)
     except ImportError:
         return None
     runner = _Dispatch(threads)
-    t0 = time.perf_counter()
-    runner.run()
-    inner = max(1, math.ceil(SAMPLE_SECONDS / max(time.perf_counter() - t0, 1e-6)))
-    start = time.perf_counter()
-    while time.perf_counter() - start < settle:
-        runner.run()
-        runner.idle()
-
-    def sample(f: Callable[[], object]) -> float:
-        t = time.perf_counter()
-        for _ in range(inner):
-            f()
-        return (time.perf_counter() - t) / inner
-
-    busy = statistics.median(sample(runner.run) for _ in range(repeats))
-    idle = statistics.median(sample(runner.idle) for _ in range(repeats))
+    inner, once = _sized(runner)
+    busy, idle = _busy_idle(runner, inner, repeats, settle - once)
     return max(busy - idle, 0.0) / DISPATCH_NODES or None  # 0: below the clock's reach
 
 
@@ -341,14 +327,30 @@ def attention_table(
 def _timed(runner: _Runner | _Attention, repeats: int, settle: float) -> float:
     """`_seconds` of a kernel in samples of enough runs to last SAMPLE_SECONDS each (one untimed
     run sizes them)."""
+    inner, once = _sized(runner)
+    return _seconds(runner, inner, repeats, settle - once)
+
+
+def _sized(runner: _Runner | _Attention | _Dispatch) -> tuple[int, float]:
+    """(runs a sample of SAMPLE_SECONDS holds, seconds of the one untimed run that says so)."""
     t0 = time.perf_counter()
     runner.run()
     once = max(time.perf_counter() - t0, 1e-6)
-    return _seconds(runner, max(1, math.ceil(SAMPLE_SECONDS / once)), repeats, settle - once)
+    return max(1, math.ceil(SAMPLE_SECONDS / once)), once
 
 
 def _seconds(runner: _Runner | _Attention, inner: int, repeats: int, settle: float) -> float:
     """Median seconds of one run over `repeats` samples of `inner` runs each, less an idle run's,
+    after `settle` seconds of untimed runs (one at least)."""
+    busy, idle = _busy_idle(runner, inner, repeats, settle)
+    # a load spike in the idle samples must not make a run free
+    return max(busy - idle, 0.5 * busy)
+
+
+def _busy_idle(
+    runner: _Runner | _Attention | _Dispatch, inner: int, repeats: int, settle: float
+) -> tuple[float, float]:
+    """(run, idle): median seconds of one call over `repeats` samples of `inner` calls each,
     after `settle` seconds of untimed runs (one at least)."""
 
     def sample(f: Callable[[], object]) -> float:
@@ -364,8 +366,7 @@ def _seconds(runner: _Runner | _Attention, inner: int, repeats: int, settle: flo
     runner.idle()
     busy = statistics.median(sample(runner.run) for _ in range(repeats))
     idle = statistics.median(sample(runner.idle) for _ in range(repeats))
-    # a load spike in the idle samples must not make a run free
-    return max(busy - idle, 0.5 * busy)
+    return busy, idle
 
 
 def read_sweep(
