@@ -155,7 +155,10 @@ class Timer:
         ach = self.hardware.achievable
         if not oc.matmul or ach is None or not ach.dequant_efficiency:
             return 1.0
-        shares = [ach.dequant_efficiency.get(self.graph.type_of(r).dtype) for r in n.inputs]
+        dtypes = {self.graph.type_of(r).dtype for r in n.inputs}
+        if len(dtypes) < 2:  # both operands in one dtype (W8A8): a plain GEMM, no dequantising
+            return 1.0
+        shares = [ach.dequant_efficiency.get(d) for d in dtypes]
         return min((s for s in shares if s is not None), default=1.0)
 
     def bandwidth(self, step_bytes: float) -> float:

@@ -413,6 +413,11 @@ def _count(label: str, value: Any) -> int:
     return int(_positive(label, value, integer=True))
 
 
+# int8 is an activation dtype too (W8A8): its share prices only a matmul of two dtypes, a
+# dequantising kernel (roofline's _dequant_share)
+DEQUANT_DTYPES = WEIGHT_ONLY | {"int8"}
+
+
 def _shares(value: Any, where: str) -> dict[str, float]:
     """Weight-only dtype -> a share of the bandwidth in (MIN_EFFICIENCY, 1]."""
     if value is None:
@@ -423,8 +428,8 @@ def _shares(value: Any, where: str) -> dict[str, float]:
         )
     out = {}
     for key, share in value.items():
-        if key not in WEIGHT_ONLY:
-            raise _unknown(where, key, sorted(WEIGHT_ONLY))
+        if key not in DEQUANT_DTYPES:
+            raise _unknown(where, key, sorted(DEQUANT_DTYPES))
         figure = _positive(f"{where}.{key}", share)
         if not MIN_EFFICIENCY <= figure <= 1:
             raise ConfigError(

@@ -66,8 +66,9 @@ def test_the_ideal_model_ignores_the_kernel_share():
 
 def test_the_a100_preset_prices_tinygemm_at_its_published_share():
     a100 = replace(load_hardware("a100"), cuda_graphs=True)
-    assert a100.achievable.dequant_efficiency == {"int4g32": 0.95}
+    assert a100.achievable.dequant_efficiency == {"int4g32": 0.95, "int8": 0.86}
     assert "tinygemm" in a100.achievable.source and "Marlin" in a100.achievable.source
+    assert "128002" in a100.achievable.source  # pytorch's gemv_int8 microbenchmark
     # Llama-2-7B's q_proj (4096 x 4096): at batch 1 its 10.5 MB of weights bound it
     g = _decode("int4g32", hidden_size=4096, num_attention_heads=32, num_key_value_heads=32)
     run(g, ["cost", "roofline"], hardware=a100)
@@ -99,3 +100,30 @@ def test_a_spec_without_the_table_loads_and_round_trips():
     assert hw.achievable.dequant_efficiency == {}
     d = hardware_from_dict(HALF, "half").to_dict()
     assert hardware_from_dict(d, "again").achievable.dequant_efficiency == {"int4g32": 0.5}
+
+
+def test_an_int8_weight_only_gemv_streams_at_torch_compiles_measured_share():
+    # pytorch#128002's A100 gemv microbenchmark: int8 984.06 GB/s, bf16 1137.92 GB/s
+    a100 = replace(load_hardware("a100"), cuda_graphs=True)
+    g = _decode("int8", hidden_size=4096, num_attention_heads=32, num_key_value_heads=32)
+    run(g, ["cost", "roofline"], hardware=a100)
+    q = g["model.layers.0.self_attn.q_proj"]
+    oc = meta_result(q, "cost")
+    assert oc.bytes > 4096 * 4096  # the int8 weight, a byte each, and the bf16 vectors
+    assert meta_result(q, "time").seconds == pytest.approx(oc.bytes / (1.70e12 * 0.86) + 3.33 * US)
+
+
+def test_int8_times_int8_is_a_plain_gemm_not_a_dequantising_one():
+    # W8A8: both operands int8, no kernel dequantises the weight, so int8's share stays unused
+    hw = hardware_from_dict(with_achievable(dequant_efficiency={"int8": 0.5}), "half-int8")
+    cfg = config_from_dict(tiny_configs.LLAMA, "tiny")
+    w8a8 = build_graph(cfg, Workload(batch=1, seq_len=1, past_len=4, weight_dtype="int8",
+                                     act_dtype="int8"))  # fmt: skip
+    w8a16 = _decode("int8")
+    for g in (w8a8, w8a16):
+        run(g, ["cost", "roofline"], hardware=hw)
+    q8, q16 = (g["model.layers.0.self_attn.q_proj"] for g in (w8a8, w8a16))
+    assert {w8a8.type_of(r).dtype for r in q8.inputs} == {"int8"}
+    oc8, oc16 = meta_result(q8, "cost"), meta_result(q16, "cost")
+    assert meta_result(q8, "time").seconds == pytest.approx(oc8.bytes / 3e12 + 1 * US)
+    assert meta_result(q16, "time").seconds == pytest.approx(oc16.bytes / 1.5e12 + 1 * US)
