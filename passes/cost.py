@@ -22,7 +22,7 @@ Conventions (README, "Costs"):
 
 from __future__ import annotations
 
-from collections import defaultdict
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
@@ -347,60 +347,99 @@ def roll_up(
     attention: str,
     training: bool,
 ) -> CostReport:
-    """The cost report of (node name, op, cost) in graph order; `scopes`: a name's scopes. One
-    layer's costs can stand for every layer of its kind (report/reuse.py): the float sums stay
-    in this order, so its report is the full graph's to the last bit."""
-    by_scope: dict[str, Any] = defaultdict(int)
-    by_op: dict[str, Any] = defaultdict(int)
-    bytes_by_scope: dict[str, float] = defaultdict(float)
-    layers: dict[str, dict[str, Any]] = {}
-    flops_sum: Any = 0
-    matmul_sum: Any = 0
-    causal_sum: Any = 0
-    read = written = weights = kv = 0.0
-    # by the scopes' list (a module's ops share one under reuse): its layers and other kinds,
-    # the list held beside them so that its id is not reused while this runs
-    split: dict[int, tuple[list, list[str], tuple[str, ...]]] = {}
+    """The cost report of (node name, op, cost) in graph order; `scopes`: a name's scopes."""
+    tally = CostTally()
     for name, op, oc in costs:
+        tally.add(op, oc, scopes(name))
+    return tally.report(attention, training)
+
+
+@dataclass
+class CostTally:
+    """The sums a cost report is made of, over a run of ops. Counts are exact; each float sum is
+    kept as its addends and added by math.fsum, correctly rounded, so that it does not depend
+    on their order: one layer's tally stands for every layer of its kind (report/reuse.py)
+    and its report is the full graph's to the last bit."""
+
+    counts: list[Any] = field(default_factory=lambda: [0, 0, 0])  # flops, matmul, causal
+    floats: list[list[float]] = field(default_factory=lambda: [[], [], [], []])  # r, w, wt, kv
+    by_op: dict[str, Any] = field(default_factory=dict)
+    by_scope: dict[str, Any] = field(default_factory=dict)
+    bytes_by_scope: dict[str, list[float]] = field(default_factory=dict)
+    layers: dict[str, tuple[list[Any], list[float]]] = field(default_factory=dict)
+    # by the scopes' list (a module's ops share one): its layers and other kinds, the list
+    # held beside them so that its id is not reused while the tally lives
+    _split: dict[int, tuple[list, list[str], tuple[str, ...]]] = field(default_factory=dict)
+
+    def add(self, op: str, oc: OpCost, sc: list[tuple[str, str]]) -> None:
         if oc is ZERO:
-            continue
-        flops_sum += oc.flops
-        matmul_sum += oc.matmul
-        causal_sum += oc.matmul_causal
-        read += oc.bytes_read
-        written += oc.bytes_written
-        weights += oc.weight_bytes
-        kv += oc.kv_bytes
-        by_op[op] += oc.flops
-        sc = scopes(name)
-        hit = split.get(id(sc))
+            return
+        c, f = self.counts, self.floats
+        c[0] += oc.flops
+        c[1] += oc.matmul
+        c[2] += oc.matmul_causal
+        f[0].append(oc.bytes_read)
+        f[1].append(oc.bytes_written)
+        f[2].append(oc.weight_bytes)
+        f[3].append(oc.kv_bytes)
+        self.by_op[op] = self.by_op.get(op, 0) + oc.flops
+        hit = self._split.get(id(sc))
         if hit is None:
             lays = [prefix for prefix, kind in sc if kind == LAYER]
-            hit = split[id(sc)] = (sc, lays, tuple({k for _, k in sc if k != LAYER}))
+            hit = self._split[id(sc)] = (sc, lays, tuple({k for _, k in sc if k != LAYER}))
+        moved = oc.bytes
         for prefix in hit[1]:
-            lay = layers.setdefault(prefix, {"flops": 0, "bytes": 0.0})
-            lay["flops"] += oc.flops
-            lay["bytes"] += oc.bytes
+            lay = self.layers.get(prefix)
+            if lay is None:
+                lay = self.layers[prefix] = ([0], [])
+            lay[0][0] += oc.flops
+            lay[1].append(moved)
         for kind in hit[2]:
-            by_scope[kind] += oc.flops
-            bytes_by_scope[kind] += oc.bytes
-    tot = {"flops": flops_sum, "matmul": matmul_sum, "matmul_causal": causal_sum}
-    tot |= {"read": read, "written": written, "w": weights, "kv": kv}
-    total_bytes = tot["read"] + tot["written"]
-    flops = {
-        "total": whole(tot["flops"]),
-        "matmul": whole(tot["matmul"]),
-        "matmul_causal": whole(tot["matmul_causal"]),
-        "by_scope": _whole_values({k: by_scope[k] for k in SCOPE_KINDS if k in by_scope}),
-        "by_op": _whole_values(dict(sorted(by_op.items(), key=lambda kv: -kv[1]))),
-    }
-    nbytes = {
-        "total": total_bytes,
-        "weights": tot["w"],
-        "kv_cache": tot["kv"],
-        "activations": total_bytes - tot["w"] - tot["kv"],
-        "by_scope": {k: bytes_by_scope[k] for k in SCOPE_KINDS if k in bytes_by_scope},
-        "pass": "forward",  # also under training (the roofline scales them, see above)
-    }
-    per_layer = [{"layer": i, **_whole_values(v)} for i, v in enumerate(layers.values())]
-    return CostReport(attention, training, flops, nbytes, per_layer)
+            self.by_scope[kind] = self.by_scope.get(kind, 0) + oc.flops
+            self.bytes_by_scope.setdefault(kind, []).append(moved)
+
+    def extend(self, other: CostTally, layer: Callable[[str], str] | None = None) -> None:
+        """Add `other`'s ops after this tally's, its layer scopes renamed by `layer`."""
+        for i in range(3):
+            self.counts[i] += other.counts[i]
+        for mine, theirs in zip(self.floats, other.floats, strict=True):
+            mine.extend(theirs)
+        for op, x in other.by_op.items():
+            self.by_op[op] = self.by_op.get(op, 0) + x
+        for kind, x in other.by_scope.items():
+            self.by_scope[kind] = self.by_scope.get(kind, 0) + x
+            self.bytes_by_scope.setdefault(kind, []).extend(other.bytes_by_scope[kind])
+        for prefix, (flops, moved) in other.layers.items():
+            name = layer(prefix) if layer is not None else prefix
+            lay = self.layers.get(name)
+            if lay is None:
+                lay = self.layers[name] = ([0], [])
+            lay[0][0] += flops[0]
+            lay[1].extend(moved)
+
+    def report(self, attention: str, training: bool) -> CostReport:
+        read, written, weights, kv = (math.fsum(x) for x in self.floats)
+        total_bytes = read + written
+        flops = {
+            "total": whole(self.counts[0]),
+            "matmul": whole(self.counts[1]),
+            "matmul_causal": whole(self.counts[2]),
+            "by_scope": _whole_values(
+                {k: self.by_scope[k] for k in SCOPE_KINDS if k in self.by_scope}
+            ),
+            "by_op": _whole_values(dict(sorted(self.by_op.items(), key=lambda kv: -kv[1]))),
+        }
+        by_scope = self.bytes_by_scope
+        nbytes = {
+            "total": total_bytes,
+            "weights": weights,
+            "kv_cache": kv,
+            "activations": total_bytes - weights - kv,
+            "by_scope": {k: math.fsum(by_scope[k]) for k in SCOPE_KINDS if k in by_scope},
+            "pass": "forward",  # also under training (the roofline scales them, see above)
+        }
+        per_layer = [
+            {"layer": i, **_whole_values({"flops": f[0], "bytes": math.fsum(b)})}
+            for i, (f, b) in enumerate(self.layers.values())
+        ]
+        return CostReport(attention, training, flops, nbytes, per_layer)

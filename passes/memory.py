@@ -19,6 +19,8 @@ from collections.abc import Container, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
 from graphllm.ir import TOKEN_ROLES, Graph, Node, TensorType
 from graphllm.models.workload import nbytes
 from graphllm.ops import OPS, SOURCE
@@ -146,38 +148,45 @@ def walk_peak(
     outputs: Iterable[str],
 ) -> tuple[float, str]:
     """`_peak_activations` over (name, node, the names of its inputs) in topological order: a
-    node may stand for the same node of another layer (report/reuse.py)."""
+    node may stand for the same node of another layer (report/reuse.py). Sizes are whole
+    bytes (or eighths of one), so the running sums are exact in any order."""
     root: dict[str, str] = {}  # a view's memory belongs to its source
-    size: dict[str, float] = {}
+    born_at: dict[str, int] = {}
     last_use: dict[str, int] = {}
+    born = [0.0] * (len(order) + 1)
     sizes: dict[int, float] = {}  # by node: one node may stand for many
+    kinds: dict[str, int] = {}  # by op: 0 holds no memory, 1 a view, 2 its own
     for i, (name, n, inputs) in enumerate(order):
-        spec = OPS[n.op]
         for r in inputs:
             last_use[root.get(r, r)] = i
-        if spec.category == SOURCE or name in skip or spec.in_place:
+        kind = kinds.get(n.op)
+        if kind is None:
+            spec = OPS[n.op]
+            kind = kinds[n.op] = (
+                0 if spec.category == SOURCE or spec.in_place else (1 if spec.view else 2)
+            )
+        if kind == 0 or name in skip:
             continue
-        if spec.view and inputs:
+        if kind == 1 and inputs:
             root[name] = root.get(inputs[0], inputs[0])
             continue
         nb = sizes.get(id(n))
         if nb is None:
             nb = sizes[id(n)] = sum(nbytes(t.dtype, t.numel(bindings)) for t in n.outputs)
-        size[name] = nb
-    for i, (name, _, _) in enumerate(order):
-        if name in size:
-            last_use.setdefault(name, i)  # written and never read: freed at once
+        born[i] = nb
+        born_at[name] = last_use[name] = i  # written and never read: freed at once
     for out in outputs:
         last_use[root.get(out, out)] = len(order)
-    live = peak = 0.0
-    peak_at = ""
-    ends: dict[int, list[str]] = {}
+    freed = [0.0] * (len(order) + 1)
     for name, i in last_use.items():
-        ends.setdefault(i, []).append(name)
-    for i, (name, _, _) in enumerate(order):
-        live += size.get(name, 0.0)
-        if live > peak:
-            peak, peak_at = live, name
-        for gone in ends.get(i, ()):
-            live -= size.get(gone, 0.0)
-    return peak, peak_at
+        j = born_at.get(name)
+        if j is not None:
+            freed[i] += born[j]
+    if not order:
+        return 0.0, ""
+    # live after each node's output is made, before what it last read is freed
+    live = np.cumsum(born[:-1]) - np.concatenate(([0.0], np.cumsum(freed[:-2])))
+    at = int(np.argmax(live))
+    if live[at] <= 0:
+        return 0.0, ""
+    return float(live[at]), order[at][0]

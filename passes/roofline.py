@@ -22,9 +22,9 @@ allows. For a training step (cost pass with training=True) the bytes are taken 3
 
 from __future__ import annotations
 
-from collections import defaultdict
+import math
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from graphllm.build.kinds import LAYER, SCOPE_KINDS
@@ -169,87 +169,133 @@ class Timer:
         return self.bw if cal is None else cal.bandwidth_at(step_bytes)
 
 
+Timing = tuple[str, str, float, float, bool, "str | None", list[tuple[str, str]]]
+
+
 def time_all(
-    timings: Iterable[tuple[str, str, float, float, bool, str | None, list[tuple[str, str]]]],
+    timings: Iterable[Timing],
     timer: Timer,
     wl: Any,
     training: bool,
-    write: Callable[[str, OpTime], None],
+    write: Callable[[str, OpTime], None] | None,
 ) -> RooflineReport:
     """The roofline report of (name, op, compute s, bytes, streams from DRAM, fused region,
-    scopes) in graph
-    order, each op's OpTime handed to `write`; in this order, so that one layer standing for
-    every layer of its kind (report/reuse.py) sums the same floats."""
-    hardware = timer.hardware
-    skip_masked = timer.flash
-    byte_factor = 3.0 if training else 1.0
-    ach = hardware.achievable
-    graphs = ach is not None and hardware.graphs_for(wl.phase)
-    # a calibrated machine's runtime costs its measured dispatch per op (models/calibration.py)
-    dispatch = hardware.calibration.dispatch if ach is None and hardware.calibration else None
-    total = comp = mem = overhead = 0.0
-    kernels = 0
-    fused: set[str] = set()  # the flash attention regions already launched
-    by_scope: dict[str, float] = defaultdict(float)
-    by_op: dict[str, float] = defaultdict(float)
-    rows = list(timings)  # held to the end: the ids kinds_of keys on stay those of live lists
-    kinds_of: dict[int, tuple[str, ...]] = {}
-    bw = (
-        timer.bw
-        if hardware.calibration is None
-        else timer.bandwidth(byte_factor * sum(r[3] for r in rows))
-    )
-    for name, op, tc, moved, streams, core, scopes in rows:
-        tm = byte_factor * moved / bw
-        t = max(tc, tm)
-        bound = "none" if t == 0 else ("compute" if tc >= tm else "memory")
-        if t > 0 and (ach is not None or dispatch):
-            launches = not (skip_masked and core is not None and core in fused)
-            if skip_masked and core is not None:
-                fused.add(core)
-            if ach is not None:
-                extra = _launch(t, launches, graphs, streams, ach)
-            else:
-                extra = dispatch if launches else 0.0
-            kernels += launches
-            overhead += extra
-            t += extra
-        write(name, OpTime(t, bound))
-        if t == 0:
-            continue
-        total += t
-        if bound == "compute":
-            comp += t
-        else:
-            mem += t
-        by_op[op] += t
-        key = id(scopes)  # the ops of one module share their scopes' list: its kinds once
-        kinds = kinds_of.get(key)
-        if kinds is None:
-            kinds = kinds_of[key] = tuple({k for _, k in scopes if k != LAYER})
-        for kind in kinds:
-            by_scope[kind] += t
-    if graphs and ach is not None:
-        overhead += ach.graph_replay_seconds or 0.0
-        total += ach.graph_replay_seconds or 0.0
-    peak = timer.peak
-    return RooflineReport(
-        hardware=hardware.name,
-        seconds=total,
-        compute_bound_seconds=comp,
-        memory_bound_seconds=mem,
-        by_scope={k: by_scope[k] for k in SCOPE_KINDS if k in by_scope},
-        by_op=dict(sorted(by_op.items(), key=lambda kv: -kv[1])),
-        phase=wl.phase,
-        tokens_per_step=wl.batch * wl.seq_len,
-        new_tokens=wl.seq_len,
-        peak_flops=peak,
-        bandwidth=bw,
-        rate_model=hardware.rate_model,
-        kernels=kernels,
-        cuda_graphs=graphs,
-        launch_seconds=overhead,
-    )
+    scopes) in graph order, each op's OpTime handed to `write` (None: not wanted)."""
+    rows = list(timings)  # held to the end: the ids the tally keys on stay those of live lists
+    bw = step_bandwidth(timer, training, [r[3] for r in rows])
+    tally = TimeTally()
+    tally.add(rows, timer, wl, training, bw, write)
+    return tally.report(timer, wl, training, bw)
+
+
+def step_bandwidth(timer: Timer, training: bool, moved: list[float]) -> float:
+    """The bandwidth every op of a step moving `moved` bytes runs at (Timer.bandwidth)."""
+    if timer.hardware.calibration is None:
+        return timer.bw
+    return timer.bandwidth((3.0 if training else 1.0) * math.fsum(moved))
+
+
+@dataclass
+class TimeTally:
+    """The sums a roofline report is made of, over a run of ops. Each float sum is kept as its
+    addends and added by math.fsum, correctly rounded, so that it does not depend on their
+    order: one layer's tally stands for every layer of its kind (report/reuse.py) and its
+    report is the full graph's to the last bit."""
+
+    total: list[float] = field(default_factory=list)
+    comp: list[float] = field(default_factory=list)
+    mem: list[float] = field(default_factory=list)
+    overhead: list[float] = field(default_factory=list)
+    kernels: int = 0
+    by_scope: dict[str, list[float]] = field(default_factory=dict)
+    by_op: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(
+        self,
+        rows: list[Timing],
+        timer: Timer,
+        wl: Any,
+        training: bool,
+        bw: float,
+        write: Callable[[str, OpTime], None] | None,
+    ) -> None:
+        """Time `rows` (their flash attention regions their own) at bandwidth `bw`."""
+        hardware = timer.hardware
+        skip_masked = timer.flash
+        byte_factor = 3.0 if training else 1.0
+        ach = hardware.achievable
+        graphs = ach is not None and hardware.graphs_for(wl.phase)
+        # a calibrated machine's runtime costs its measured dispatch per op
+        # (models/calibration.py)
+        dispatch = hardware.calibration.dispatch if ach is None and hardware.calibration else None
+        fused: set[str] = set()  # the flash attention regions already launched
+        kinds_of: dict[int, tuple[str, ...]] = {}
+        for name, op, tc, moved, streams, core, scopes in rows:
+            tm = byte_factor * moved / bw
+            t = max(tc, tm)
+            bound = "none" if t == 0 else ("compute" if tc >= tm else "memory")
+            if t > 0 and (ach is not None or dispatch):
+                launches = not (skip_masked and core is not None and core in fused)
+                if skip_masked and core is not None:
+                    fused.add(core)
+                if ach is not None:
+                    extra = _launch(t, launches, graphs, streams, ach)
+                else:
+                    extra = dispatch if launches else 0.0
+                self.kernels += launches
+                self.overhead.append(extra)
+                t += extra
+            if write is not None:
+                write(name, OpTime(t, bound))
+            if t == 0:
+                continue
+            self.total.append(t)
+            (self.comp if bound == "compute" else self.mem).append(t)
+            self.by_op.setdefault(op, []).append(t)
+            key = id(scopes)  # the ops of one module share their scopes' list: its kinds once
+            kinds = kinds_of.get(key)
+            if kinds is None:
+                kinds = kinds_of[key] = tuple({k for _, k in scopes if k != LAYER})
+            for kind in kinds:
+                self.by_scope.setdefault(kind, []).append(t)
+
+    def extend(self, other: TimeTally) -> None:
+        """Add `other`'s ops after this tally's."""
+        for mine, theirs in (
+            (self.total, other.total),
+            (self.comp, other.comp),
+            (self.mem, other.mem),
+            (self.overhead, other.overhead),
+        ):
+            mine.extend(theirs)
+        self.kernels += other.kernels
+        for d, od in ((self.by_scope, other.by_scope), (self.by_op, other.by_op)):
+            for k, x in od.items():
+                d.setdefault(k, []).extend(x)
+
+    def report(self, timer: Timer, wl: Any, training: bool, bw: float) -> RooflineReport:
+        hardware = timer.hardware
+        ach = hardware.achievable
+        graphs = ach is not None and hardware.graphs_for(wl.phase)
+        replay = [ach.graph_replay_seconds or 0.0] if graphs and ach is not None else []
+        by_op = {k: math.fsum(v) for k, v in self.by_op.items()}
+        return RooflineReport(
+            hardware=hardware.name,
+            seconds=math.fsum(self.total + replay),
+            compute_bound_seconds=math.fsum(self.comp),
+            memory_bound_seconds=math.fsum(self.mem),
+            by_scope={k: math.fsum(self.by_scope[k]) for k in SCOPE_KINDS if k in self.by_scope},
+            by_op=dict(sorted(by_op.items(), key=lambda kv: -kv[1])),
+            phase=wl.phase,
+            tokens_per_step=wl.batch * wl.seq_len,
+            new_tokens=wl.seq_len,
+            peak_flops=timer.peak,
+            bandwidth=bw,
+            rate_model=hardware.rate_model,
+            kernels=self.kernels,
+            cuda_graphs=graphs,
+            launch_seconds=math.fsum(self.overhead + replay),
+        )
 
 
 def _output_mnk(graph: Graph, n: Node, flops: float) -> tuple[float, float, float]:

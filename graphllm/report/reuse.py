@@ -3,12 +3,16 @@
 The layers of a model repeat: `plan.reduced_config` keeps one layer of each kind (the values of
 the per-layer config fields). Its graph is built and analysed as the full one would be, then its
 node sequence is unrolled to the full model's: each real layer runs its kind's nodes with the
-layer index substituted in their names, its residual input the previous real layer's output. The
-reports are rolled up over that sequence by the passes' own roll-up code (cost.roll_up,
-roofline.time_all, params.tally, memory.walk_peak, tokens.step), in the full graph's order, so
-that the float sums and the first-seen orders are the full analysis's to the last bit
-(tests/report/test_reuse.py). The token sets are propagated layer by layer as the pass does,
-a layer whose inputs' sets were seen before on a layer of its kind reusing that layer's result.
+layer index substituted in their names, its residual input the previous real layer's output.
+The cost and roofline reports are tallies (cost.CostTally, roofline.TimeTally) whose float sums
+are correctly rounded (math.fsum) and so do not depend on the order of their addends: each run
+of the sequence (what comes before the layers, each layer, what comes after) is tallied once per
+kind of run and its tally added for every run of that kind. The params, memory and token
+figures walk the sequence with the passes' own code (params.tally, memory.walk_peak, whose sums
+of whole bytes are exact in any order, tokens.step). Either way the document is the full
+analysis's to the last bit (tests/report/test_reuse.py). The token sets are propagated layer by
+layer as the pass does, a layer whose inputs' sets were seen before on a layer of its kind
+reusing that layer's result.
 
 What needs the real graph (render, export, partition, --per-op, --print-graph) builds it.
 """
@@ -28,7 +32,7 @@ from graphllm.models.workload import Workload, nbytes
 from graphllm.ops import OPS, SOURCE
 from graphllm.passes import tokens as tk
 from graphllm.passes.attention_region import core_attention_region
-from graphllm.passes.cost import layer_of, layer_scopes, roll_up, scopes_of
+from graphllm.passes.cost import CostReport, CostTally, layer_of, layer_scopes, scopes_of
 from graphllm.passes.memory import (
     MemoryReport,
     _full_attention_bytes,
@@ -39,7 +43,14 @@ from graphllm.passes.memory import (
 )
 from graphllm.passes.parallel.plan import reduced_config
 from graphllm.passes.params import tally
-from graphllm.passes.roofline import Timer, _core, time_all
+from graphllm.passes.roofline import (
+    RooflineReport,
+    Timer,
+    TimeTally,
+    Timing,
+    _core,
+    step_bandwidth,
+)
 from graphllm.passes.stored import param_bytes
 from graphllm.report.trace_report import analysed, document, trace_report
 
@@ -53,30 +64,44 @@ class Unrolled:
     reps: list[Node]  # the reduced graph's node each stands for
     inputs: list[list[str]]  # full names of each node's inputs
     layer: list[int | None]  # the real layer each belongs to (None: before or after them)
-    scopes: list[list[tuple[str, str]]]  # each node's (prefix, kind) scopes, renamed
+    spans: list[tuple[int, int, int | None]]  # (start, end, real layer): the runs of one layer
     outputs: list[tuple[str, Any, str]]  # (full output name, the reduced Ref, full node name)
     blocks: list[str]  # each real layer's output, full names
     index: list[int]  # each real layer's reduced layer
 
 
 _SPLITS: dict[int, dict[str, tuple[str, str] | None]] = {}  # by layer: name -> around it
+_PARTS: dict[int, Callable[[str], tuple[str, str] | None]] = {}  # by layer: reading _SPLITS
+
+
+def _parts(r: int) -> Callable[[str], tuple[str, str] | None]:
+    """A name of reduced layer r cut around its layer index (the first dotted component `r`):
+    (before, after), or None for a name without it."""
+    table = _SPLITS.get(r)
+    if table is not None and len(table) <= 100_000:
+        return _PARTS[r]
+    table = _SPLITS[r] = {}
+    pat = re.compile(rf"(?<=\.){r}(?=\.|$)")
+
+    def parts(name: str) -> tuple[str, str] | None:
+        got = table.get(name, False)
+        if got is False:
+            m = pat.search(name)
+            got = table[name] = (name[: m.start()], name[m.end() :]) if m else None
+        return got  # type: ignore[return-value]
+
+    _PARTS[r] = parts
+    return parts
 
 
 def _renamer(r: int, i: int) -> Callable[[str], str]:
     """Reduced layer r's names as real layer i's: the first dotted component `r` (the layer
     index) becomes `i`."""
-    idx = str(i)
-    table = _SPLITS.get(r)
-    if table is None or len(table) > 100_000:
-        table = _SPLITS[r] = {}
-    pat = re.compile(rf"(?<=\.){r}(?=\.|$)")
+    idx, parts = str(i), _parts(r)
 
     def rename(name: str) -> str:
-        parts = table.get(name, False)
-        if parts is False:
-            m = pat.search(name)
-            parts = table[name] = (name[: m.start()], name[m.end() :]) if m else None
-        return name if parts is None else parts[0] + idx + parts[1]  # type: ignore[index]
+        p = parts(name)
+        return name if p is None else p[0] + idx + p[1]
 
     return rename
 
@@ -126,58 +151,85 @@ def unroll(small: Graph, index: list[int]) -> Unrolled | None:
     u = Unrolled(small, [], [], [], [], [], [], [], index)
     seen: set[str] = set()
     full_block: list[str] = []
-    renamed: dict[tuple, list[tuple[str, str]]] = {}
-    # each reduced node's scopes once, equal ones one object: renamed keys on its id
-    scopes_by_node: dict[int, tuple] = {}
-    interned: dict[tuple, tuple] = {}
 
     def stream_in(i: int) -> str:
         return stream0 if i == 0 else full_block[i - 1]
 
-    def emit(n: Node, name: str, ins: list[str], layer: int | None, rename: Any) -> None:
-        seen.add(name)
-        u.names.append(name)
-        u.reps.append(n)
-        u.inputs.append(ins)
-        u.layer.append(layer)
-        sc = scopes_by_node.get(id(n))
-        if sc is None:
-            t = tuple(scopes_of(small, n.name))
-            sc = scopes_by_node[id(n)] = interned.setdefault(t, t)
-        hit = renamed.get((layer, id(sc)))
-        if hit is None:  # the nodes of one module share their scopes
-            hit = renamed[(layer, id(sc))] = [(rename(p), k) for p, k in sc]
-        u.scopes.append(hit)
+    add_seen, add_name, add_rep, add_ins, add_layer = (
+        seen.add,
+        u.names.append,
+        u.reps.append,
+        u.inputs.append,
+        u.layer.append,
+    )
 
-    def same(x: str) -> str:
-        return x
+    def emit(n: Node, name: str, ins: list[str], layer: int | None) -> None:
+        add_seen(name)
+        add_name(name)
+        add_rep(n)
+        add_ins(ins)
+        add_layer(layer)
 
     for n in pre:
-        emit(n, n.name, [x.node for x in n.inputs], None, same)
-    for i, r in enumerate(index):
-        rename = _renamer(r, i)
+        emit(n, n.name, [x.node for x in n.inputs], None)
+    u.spans.append((0, len(u.names), None))
+    templates: dict[int, list[tuple[Node, Any, list[tuple[int, str, Any]]]]] = {}
+
+    def template(r: int) -> list[tuple[Node, Any, list[tuple[int, str, Any]]]]:
+        """Reduced layer r's nodes, each with its name cut around the layer index and where
+        each input comes from: 0 the stream, 1 the layer itself (the name cut), 2 a node
+        outside every layer, 3 a shared input another layer made (or, failing that, a read
+        one layer cannot stand for)."""
+        parts = _parts(r)
         prev = blocks[r - 1] if r > 0 else stream0
+        rows = []
         for n in nodes[starts[r] : ends[r] + 1]:
-            name = rename(n.name)
+            ins: list[tuple[int, str, Any]] = []
+            for x in n.inputs:
+                s = seg_of.get(x.node)
+                if x.node == prev:
+                    ins.append((0, x.node, None))
+                elif s == r:
+                    ins.append((1, x.node, parts(x.node)))
+                elif s is None and x.node != stream0:
+                    ins.append((2, x.node, None))
+                else:
+                    ins.append((3, x.node, parts(x.node)))
+            rows.append((n, parts(n.name), ins))
+        return rows
+
+    for i, r in enumerate(index):
+        rows = templates.get(r)
+        if rows is None:
+            rows = templates[r] = template(r)
+        idx, same = str(i), str(i) == str(r)
+        start = len(u.names)
+        for n, cut, ins_of in rows:
+            name = n.name if cut is None else cut[0] + idx + cut[1]
             if name in seen:  # a shared input made on first use belongs to no layer
                 if name != n.name:
                     return None
                 continue
             ins = []
-            for x in n.inputs:
-                s = seg_of.get(x.node)
-                if x.node == prev:
+            for where, x, xcut in ins_of:
+                if where == 0:
                     ins.append(stream_in(i))
-                elif s == r:
-                    ins.append(rename(x.node))
-                elif s is None and x.node != stream0:
-                    ins.append(x.node)
-                elif rename(x.node) == x.node and x.node in seen:
-                    ins.append(x.node)  # a shared input another layer made
+                elif where == 2:
+                    ins.append(x)
+                elif where == 1:
+                    ins.append(x if xcut is None else xcut[0] + idx + xcut[1])
+                elif (xcut is None or same) and x in seen:
+                    ins.append(x)  # a shared input another layer made
                 else:
                     return None
-            emit(n, name, ins, i, rename)
-        full_block.append(rename(blocks[r]))
+            add_seen(name)  # emit, inlined: the loop runs for every node of the model
+            add_name(name)
+            add_rep(n)
+            add_ins(ins)
+            add_layer(i)
+        full_block.append(_renamer(r, i)(blocks[r]))
+        u.spans.append((start, len(u.names), i))
+    start = len(u.names)
     for n in post:
         ins = []
         for x in n.inputs:
@@ -188,7 +240,8 @@ def unroll(small: Graph, index: list[int]) -> Unrolled | None:
                 ins.append(x.node)
             else:
                 return None
-        emit(n, n.name, ins, None, same)
+        emit(n, n.name, ins, None)
+    u.spans.append((start, len(u.names), None))
     u.blocks = full_block
 
     # outputs: those before the layers, each layer's, those after, in the reduced graph's order
@@ -230,31 +283,8 @@ def reused_report(
     u = unroll(small, index)
     if u is None:
         return None
-    scopes = dict(zip(u.names, u.scopes, strict=True))
-    cost = roll_up(
-        ((name, n.op, n.meta["cost"]) for name, n in zip(u.names, u.reps, strict=True)),
-        scopes.__getitem__,
-        attention,
-        training,
-    )
-    roof = None
-    if hardware is not None:
-        timer = Timer(small, hardware, attention == "flash")
-        base: dict[int, tuple[float, float, bool]] = {}
-
-        cores: dict[int, str | None] = {}  # by the scopes' list, which a module's ops share
-
-        def timings() -> Any:
-            for name, n, sc in zip(u.names, u.reps, u.scopes, strict=True):
-                b = base.get(id(n))
-                if b is None:
-                    b = base[id(n)] = timer.base(n, n.meta["cost"], scopes_of(small, n.name))
-                core = cores.get(id(sc), False)
-                if core is False:
-                    core = cores[id(sc)] = _core(sc)
-                yield name, n.op, *b, core, sc
-
-        roof = time_all(timings(), timer, small.meta["workload"], training, lambda *_: None)
+    cost = _cost(u, attention, training)
+    roof = _roofline(u, hardware, attention, training) if hardware is not None else None
     in_mtp = {
         n.name for n in small.params() if any(k == "mtp" for _, k in scopes_of(small, n.name))
     }
@@ -279,6 +309,63 @@ def reused_report(
     )
 
 
+def _run_keys(u: Unrolled) -> list[tuple]:
+    """Each run of `u.spans` by what it holds: a layer's by its kind and its nodes (the first
+    layer of a kind may hold a shared input the others read), before and after by place."""
+    keys: list[tuple] = []
+    for s, e, lay in u.spans:
+        kind = ("at", s) if lay is None else ("layer", u.index[lay])
+        keys.append((*kind, tuple(map(id, u.reps[s:e]))))
+    return keys
+
+
+def _layer_names(u: Unrolled, lay: int | None) -> Callable[[str], str] | None:
+    return None if lay is None else _renamer(u.index[lay], lay)
+
+
+def _cost(u: Unrolled, attention: str, training: bool) -> CostReport:
+    """The cost pass's report over the unrolled sequence: each run's tally once per kind."""
+    g = u.small
+    made: dict[tuple, CostTally] = {}
+    full = CostTally()
+    for key, (s, e, lay) in zip(_run_keys(u), u.spans, strict=True):
+        t = made.get(key)
+        if t is None:
+            t = made[key] = CostTally()
+            for n in u.reps[s:e]:
+                t.add(n.op, n.meta["cost"], scopes_of(g, n.name))
+        full.extend(t, _layer_names(u, lay))
+    return full.report(attention, training)
+
+
+def _roofline(u: Unrolled, hardware: Hardware, attention: str, training: bool) -> RooflineReport:
+    """The roofline pass's report over the unrolled sequence: each run's tally once per kind."""
+    g = u.small
+    timer = Timer(g, hardware, attention == "flash")
+    wl = g.meta["workload"]
+    rows_of: dict[tuple, list[Timing]] = {}
+    runs = []
+    for key, (s, e, _) in zip(_run_keys(u), u.spans, strict=True):
+        rows = rows_of.get(key)
+        if rows is None:
+            rows = rows_of[key] = []
+            for n in u.reps[s:e]:
+                sc = scopes_of(g, n.name)
+                rows.append((n.name, n.op, *timer.base(n, n.meta["cost"], sc), _core(sc), sc))
+        runs.append((key, rows))
+    moved = [r[3] for _, rows in runs for r in rows] if hardware.calibration is not None else []
+    bw = step_bandwidth(timer, training, moved)
+    made: dict[tuple, TimeTally] = {}
+    full = TimeTally()
+    for key, rows in runs:
+        t = made.get(key)
+        if t is None:
+            t = made[key] = TimeTally()
+            t.add(rows, timer, wl, training, bw, None)
+        full.extend(t)
+    return full.report(timer, wl, training, bw)
+
+
 def trace_document(*args: Any, **kwargs: Any) -> dict[str, Any]:
     """`trace_report`'s document (of its arguments), analysed on one layer of each kind where
     that stands for the full graph, else on the full graph."""
@@ -293,10 +380,13 @@ def _memory(u: Unrolled, attention: str) -> MemoryReport:
     cfg = g.meta.get("config")
     weights = active = 0.0
     by_dtype: dict[str, float] = {}
+    stored: dict[int, float] = {}  # by node: one stands for the same weight of many layers
     for n in u.reps:
         if n.op != "param":
             continue
-        nb = param_bytes(n, b)
+        nb = stored.get(id(n))
+        if nb is None:
+            nb = stored[id(n)] = param_bytes(n, b)
         weights += nb
         by_dtype[n.out.dtype] = by_dtype.get(n.out.dtype, 0.0) + nb
         experts = n.attrs.get("stacked") == "expert"
@@ -305,9 +395,13 @@ def _memory(u: Unrolled, attention: str) -> MemoryReport:
     presents: dict[str, Any] = {}
     for k, ref in cache:
         presents.setdefault(k, ref)
-    kv = sum(cache_bytes(g, g.type_of(r)) for r in presents.values())
-    full = sum(_full_attention_bytes(g, g.type_of(r)) for r in presents.values())
-    kept = sum(_kept_bytes(g, _reduced_key(g, r), r) for _, r in cache)
+    # each reduced output's figures once: it stands for the same output of many layers
+    sized = _once(lambda r: cache_bytes(g, g.type_of(r)))
+    whole = _once(lambda r: _full_attention_bytes(g, g.type_of(r)))
+    kept_of = _once(lambda r: _kept_bytes(g, _reduced_key(g, r), r))
+    kv = sum(sized(r) for r in presents.values())
+    full = sum(whole(r) for r in presents.values())
+    kept = sum(kept_of(r) for _, r in cache)
     held_small = {r.node for r in g.carried_outputs().values()}
     if attention == "flash":
         region = core_attention_region(g)
@@ -321,6 +415,18 @@ def _memory(u: Unrolled, attention: str) -> MemoryReport:
     count = sum(1 for r in u.index if r in small_layers)
     full += _stateful_as_attention(g, count)
     return MemoryReport(weights, active, by_dtype, kv, peak, at, full, kept, state)
+
+
+def _once(f: Callable[[Any], float]) -> Callable[[Any], float]:
+    memo: dict[Any, float] = {}
+
+    def once(x: Any) -> float:
+        hit = memo.get(x)
+        if hit is None:
+            hit = memo[x] = f(x)
+        return hit
+
+    return once
 
 
 def _reduced_key(g: Graph, ref: Any) -> str:
@@ -362,20 +468,44 @@ def _tokens(u: Unrolled, small: tk.TokenReport) -> tk.TokenReport | None:
     b = g.bindings
     letters: dict[int, tuple] = {}
     narrower: dict[Any, Any] = {}
-    names, reps, inputs, layer = u.names, u.reps, u.inputs, u.layer
-    # what each layer's nodes give to later nodes
+    names, reps, inputs = u.names, u.reps, u.inputs
+    # each run's outside inputs once per kind of run: (node, input) of each name it reads from
+    # before it, the first time it reads it (a layer's names are its stand-in's, renamed)
+    reads: dict[tuple, list[tuple[int, int]]] = {}
+    runs = []
+    for key, (s, e, lay) in zip(_run_keys(u), u.spans, strict=True):
+        if lay is not None and key not in reads:
+            inside = set(names[s:e])
+            first: dict[str, tuple[int, int]] = {}
+            for j in range(s, e):
+                for q, x in enumerate(inputs[j]):
+                    if x not in inside:
+                        first.setdefault(x, (j - s, q))
+            reads[key] = list(first.values())
+        runs.append((key, s, e, lay))
+    # what a layer's nodes give to later nodes: what the later layers and the nodes after them
+    # read from outside themselves (a name from before the layers too, which no layer drops)
     read_later: set[str] = set()
-    where = {name: layer[k] for k, name in enumerate(names)}
-    for k, ins in enumerate(inputs):
-        for x in ins:
-            if where.get(x) is not None and where[x] != layer[k]:
-                read_later.add(x)
+    for key, s, e, lay in runs:
+        if lay is None:
+            read_later.update(x for j in range(s, e) for x in inputs[j])
+        else:
+            read_later.update(inputs[s + j][q] for j, q in reads[key])
     logits = next(node for key, _, node in u.outputs if key == "logits")
     read_later.add(logits)
     blocks = set(u.blocks)
     info: dict[str, Any] = {}
     reach: dict[str, tuple[int, int]] = {}
     memo: dict[Any, dict[str, Any]] = {}
+    # a layer's inputs are mostly the sets an earlier layer gave (a memo's own objects): each
+    # object's fingerprint once, the object held so that its id stays its own
+    prints: dict[int, tuple[Any, Any]] = {}
+
+    def printed(v: Any) -> Any:
+        hit = prints.get(id(v))
+        if hit is None:
+            hit = prints[id(v)] = (v, _fingerprint(v))
+        return hit[1]
 
     def one(k: int) -> Any:
         node = reps[k]
@@ -390,49 +520,36 @@ def _tokens(u: Unrolled, small: tk.TokenReport) -> tk.TokenReport | None:
         info[names[k]] = out
         return out
 
-    k = 0
-    total = len(names)
-    while k < total:
-        lay = layer[k]
+    for key, s, e, lay in runs:
         if lay is None:
-            one(k)
-            k += 1
+            for k in range(s, e):
+                one(k)
             continue
-        end = k
-        while end < total and layer[end] == lay:
-            end += 1
-        inside = set(names[k:end])
-        outside = list(
-            dict.fromkeys(x for j in range(k, end) for x in inputs[j] if x not in inside)
-        )
-        key = (u.index[lay], tuple(_fingerprint(info[x]) for x in outside))
-        hit = memo.get(key)
-        rename = _renamer(u.index[lay], lay)
+        outside = [inputs[s + j][q] for j, q in reads[key]]
+        memo_key = (key, tuple(printed(info[x]) for x in outside))
+        hit = memo.get(memo_key)
         if hit is None:
-            for j in range(k, end):
+            for j in range(s, e):
                 one(j)
-            hit = memo[key] = {
-                reps[j].name: (info[names[j]], reach.get(names[j]))
-                for j in range(k, end)
+            # what it gives later nodes, by its place in the run
+            hit = memo[memo_key] = [
+                (j - s, info[names[j]], reach.get(names[j]))
+                for j in range(s, e)
                 if names[j] in read_later or names[j] in blocks
-            }
+            ]
+            for j in range(s, e):  # a layer's own sets are not read after it
+                if names[j] not in read_later:
+                    info.pop(names[j], None)
         else:
-            for j in range(k, end):
-                got = hit.get(reps[j].name)
-                if got is not None and rename(reps[j].name) == names[j]:
-                    info[names[j]] = got[0]
-                    if got[1] is not None:
-                        reach[names[j]] = got[1]
-        for j in range(k, end):  # a layer's own sets are not read after it
-            if names[j] not in read_later:
-                info.pop(names[j], None)
-        k = end
+            for j, got, extent in hit:
+                info[names[s + j]] = got
+                if extent is not None:
+                    reach[names[s + j]] = extent
     out = info.get(logits)
     if not isinstance(out, tk._One):
         return None
-    mixing = [(name, node.op) for name, node in zip(names, reps, strict=True)]
-    mixing = [(name, op) for (name, op), node in zip(mixing, reps, strict=True)
-              if small.verdicts[node.name].mixes]  # fmt: skip
+    mixes = {id(node) for node in g.nodes() if small.verdicts[node.name].mixes}
+    mixing = [(name, node.op) for name, node in zip(names, reps, strict=True) if id(node) in mixes]
     per_layer = [
         {"layer": i, "reach": reach[name][0], "first": reach[name][1]}
         for i, name in enumerate(u.blocks)

@@ -1,7 +1,8 @@
 """trace's document from one layer of each kind (report/reuse.py) is the full analysis's, to the
-last bit: float sums in the same order, names with each layer's index, token sets composed layer
-by layer. Families: dense, sliding/global, MoE with dense first layers, MLA, hybrid linear
-attention, Mamba hybrid; prefill (bit sets and intervals) and decode with a past."""
+last bit: float sums correctly rounded (so one layer's tally stands for its kind's), names with
+each layer's index, token sets composed layer by layer. Families: dense, sliding/global, MoE
+with dense first layers, MLA, hybrid linear attention, Mamba hybrid; prefill (bit sets and
+intervals) and decode with a past."""
 
 from __future__ import annotations
 
