@@ -2,7 +2,7 @@
 only heavy optional packages are imported inside functions.
 
 cli -> report | runtime -> exporters -> passes -> build -> ops -> ir -> models -> base
-(base: graphllm.errors, graphllm.echo, graphllm.files and graphllm.limits). report and runtime share a rank: a report may embed
+(base: graphllm.errors, graphllm.echo, graphllm.files, graphllm.limits and graphllm.forked). report and runtime share a rank: a report may embed
 what a runtime measured and the other way round is not needed, but neither is a layer above
 the other. `graphllm/__init__.py` is the public facade and may import any layer.
 """
@@ -22,6 +22,7 @@ RANKS = {
     "graphllm.echo": 0,
     "graphllm.files": 0,
     "graphllm.limits": 0,
+    "graphllm.forked": 0,
     "graphllm.models": 1,
     "graphllm.ir": 2,
     "graphllm.ops": 3,

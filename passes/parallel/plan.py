@@ -18,16 +18,19 @@ gradient reduction. `tests/passes/parallel/test_plan.py` checks candidates again
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import math
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from graphllm.build.builder import build_graph
 from graphllm.echo import shown
 from graphllm.errors import ConfigError, GraphllmError
+from graphllm.forked import ordered_map, workers
 from graphllm.ir import Graph, Node
 from graphllm.limits import require_at_most
 from graphllm.models.hardware import Hardware
@@ -259,7 +262,7 @@ def assemble(
     weights = [p.compute_seconds + passes * p.comm_seconds for p in full]
     weights[0] += prog.pre.compute_seconds + passes * prog.pre.comm_seconds
     weights[-1] += prog.post.compute_seconds + passes * prog.post.comm_seconds
-    groups = balance(weights, pp) if pp > 1 else [(0, len(full) - 1)]
+    groups = _balanced(tuple(weights), pp) if pp > 1 else [(0, len(full) - 1)]
     stages = []
     comm: dict[tuple[str, str], float] = defaultdict(float)  # a step of the average stage
     held: dict[tuple, tuple[dict[str, float], float]] = {}  # stages of the same layer kinds
@@ -291,6 +294,12 @@ def assemble(
             entry |= _inference_memory(prog, parts, m)
         stages.append(entry)
     return _candidate(s, stages, comm, hw)
+
+
+@functools.lru_cache(maxsize=4096)
+def _balanced(weights: tuple[float, ...], pp: int) -> tuple[tuple[int, int], ...]:
+    # the layouts that differ only in dp share their program and so their layers' weights
+    return tuple(balance(list(weights), pp))
 
 
 def _candidate(
@@ -422,20 +431,25 @@ def plan(
     pinned = _pinned(devices, hw, training, pinned)
     _require_few_layouts(devices, pinned, cfg.is_moe)
     small, kinds = reduced_config(cfg)
-    programs: dict[tuple, Program | GraphllmError] = {}
     ok, big, bad = [], [], []
     layouts = factorisations(devices, pinned, cfg.is_moe)
-    for i, sizes in enumerate(layouts):
-        if progress is not None:
-            progress(i, len(layouts))
+    tried: list[Strategy | GraphllmError] = []
+    for sizes in layouts:
         try:
-            s = _strategy(cfg, wl, sizes, training)
-            prog = _program(programs, small, wl, s, hw, attention, training)
+            tried.append(_strategy(cfg, wl, sizes, training))
         except GraphllmError as e:
-            bad.append({"strategy": sizes, "reason": str(e)})
-            continue
-        c = assemble(prog, kinds, s, hw, training)
-        (ok if c.fits else big).append(_fresh_dict(c))
+            tried.append(e)
+    keys = list(dict.fromkeys(_key(wl, s) for s in tried if isinstance(s, Strategy)))
+    with _programs(keys, small, wl, hw, attention, training) as programs:
+        for i, (sizes, s) in enumerate(zip(layouts, tried, strict=True)):
+            if progress is not None:
+                progress(i, len(layouts))
+            prog = s if isinstance(s, GraphllmError) else programs(_key(wl, s))
+            if isinstance(prog, GraphllmError):
+                bad.append({"strategy": sizes, "reason": str(prog)})
+                continue
+            c = assemble(prog, kinds, s, hw, training)  # type: ignore[arg-type]
+            (ok if c.fits else big).append(_fresh_dict(c))
     if progress is not None:
         progress(len(layouts), len(layouts))
     if not ok and not big:
@@ -497,32 +511,62 @@ def _strategy(
     return dataclasses.replace(s, sp=True)
 
 
-def _program(
-    memo: dict[tuple, Program | GraphllmError | Graph],
+ProgramKey = tuple[int, bool, int, int, int]  # (tp, sp, cp, ep, microbatch size)
+FORK_LEAST = 64  # programs below which forking workers costs more than it saves (28: even)
+
+
+def _key(wl: Workload, s: Strategy) -> ProgramKey:
+    """What `s`'s rank program depends on: (tp, sp, cp, ep, microbatch size)."""
+    return (s.tp, s.sp, s.cp, s.ep, wl.batch // s.dp // s.microbatches)
+
+
+@contextlib.contextmanager
+def _programs(
+    keys: list[ProgramKey],
     small: ModelConfig,
     wl: Workload,
-    s: Strategy,
     hw: Hardware,
     attention: str,
     training: TrainingOptions | None,
-) -> Program:
-    """The per-layer figures of `s`'s rank program, partitioned on the reduced config `small`
-    once per (tp, sp, cp, ep, microbatch size); the error of one that fails, again."""
-    b_mb = wl.batch // s.dp // s.microbatches
-    key = (s.tp, s.sp, s.cp, s.ep, b_mb)
-    if key not in memo:
-        sub = Strategy(tp=s.tp, sp=s.sp, cp=s.cp, ep=s.ep)
-        try:
-            # one unpartitioned graph per microbatch size: partition leaves its input as it was
-            if ("graph", b_mb) not in memo:
-                built = build_graph(small, dataclasses.replace(wl, batch=b_mb))
-                built.verify()  # once: partition leaves it as it was
-                memo["graph", b_mb] = built
-            g = partition(memo["graph", b_mb], sub, hw, verified=True)  # type: ignore[arg-type]
-            memo[key] = analyse(g, hw, attention, training)
-        except GraphllmError as e:
-            memo[key] = e
-    hit = memo[key]
-    if isinstance(hit, GraphllmError):
-        raise hit
-    return hit
+) -> Iterator[Callable[[ProgramKey], Program | GraphllmError]]:
+    """Each key's program (or the error that refuses it), partitioned on the reduced config
+    `small` once; side by side in forked workers where there are many (graphllm/forked.py).
+    The lookup it gives waits for the program asked for."""
+    global _CONTEXT
+    _CONTEXT = (small, wl, hw, attention, training, {})
+    made = ordered_map(_program_of, keys, workers(len(keys), FORK_LEAST))
+    got: dict[ProgramKey, Program | GraphllmError] = {}
+    order = iter(keys)
+
+    def program(key: ProgramKey) -> Program | GraphllmError:
+        while key not in got:  # the results come in the keys' order
+            got[next(order)] = next(made)
+        return got[key]
+
+    try:
+        yield program
+    finally:
+        made.close()  # the workers, if any, stop
+        _CONTEXT = None
+
+
+# what _program_of computes from, set by _programs before any worker forks (a worker reads its
+# copy, its own graph memo with it)
+_CONTEXT: tuple[Any, ...] | None = None
+
+
+def _program_of(key: ProgramKey) -> Program | GraphllmError:
+    """The per-layer figures of key's rank program; the error of one that fails."""
+    assert _CONTEXT is not None
+    small, wl, hw, attention, training, graphs = _CONTEXT
+    tp, sp, cp, ep, b_mb = key
+    try:
+        # one unpartitioned graph per microbatch size: partition leaves its input as it was
+        if b_mb not in graphs:
+            built = build_graph(small, dataclasses.replace(wl, batch=b_mb))
+            built.verify()  # once: partition leaves it as it was
+            graphs[b_mb] = built
+        g = partition(graphs[b_mb], Strategy(tp=tp, sp=sp, cp=cp, ep=ep), hw, verified=True)
+        return analyse(g, hw, attention, training)
+    except GraphllmError as e:
+        return e

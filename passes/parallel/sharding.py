@@ -43,13 +43,28 @@ Split = tuple[str, int]  # (mesh axis, blocks): a rank holds block coord // (siz
 Relation = Callable[[str, str], bool]  # letters one split cuts alike
 
 
+class _cached:
+    """functools.cached_property without its lock (Python 3.11 takes one on every first read):
+    a plan builds tens of thousands of shardings, each asked once. The value lands in the
+    instance's __dict__, where later reads find it before this descriptor."""
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn, self.name = fn, fn.__name__
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
+
+
 @dataclass(frozen=True)
 class Mesh:
     """Named axes of ranks, outermost first. `mb` (microbatches) is not a device axis."""
 
     axes: tuple[tuple[str, int], ...]
 
-    @functools.cached_property
+    @_cached
     def _sizes(self) -> dict[str, int]:
         # the layout rules ask a mesh its sizes and names for every node: built once
         return dict(self.axes)
@@ -57,7 +72,7 @@ class Mesh:
     def size(self, name: str) -> int:
         return self._sizes.get(name, 1)
 
-    @functools.cached_property
+    @_cached
     def names(self) -> tuple[str, ...]:
         return tuple(n for n, _ in self.axes)
 
@@ -87,7 +102,7 @@ class Sharding:
     def whole(cls, rank: int) -> Sharding:
         return cls(((),) * rank)
 
-    @functools.cached_property
+    @_cached
     def _axis_of(self) -> dict[str, int]:
         # a plan partitions one graph hundreds of times and asks each sharding this for every
         # mesh axis of every node: looked up once (the first axis a mesh axis cuts wins)
@@ -101,7 +116,7 @@ class Sharding:
         """The tensor axis split over `mesh`, if any."""
         return self._axis_of.get(mesh)
 
-    @functools.cached_property
+    @_cached
     def _blocks(self) -> tuple[int, ...]:
         return tuple(math.prod(p for _, p in splits) for splits in self.axes)
 

@@ -215,3 +215,42 @@ def test_a_signal_inside_an_import_is_raised_after_it_not_swallowed(tmp_path, mo
         importlib.import_module("slow_module_for_signal_test")
         time.sleep(5)  # the retry raises within a few hundredths of a second
     assert 0.3 <= time.monotonic() - start < 2
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(d.name))
+    return out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_to_the_group_while_plan_runs_its_workers_is_one_line(tmp_path, sig):
+    # plan forks workers for DeepSeek-V3's 164 rank programs (passes/parallel/plan.py): a
+    # Ctrl-C reaches the whole process group, the workers too; they leave it to the parent,
+    # which stops them and says one line
+    p = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, "plan", "--model", "deepseek-v3", "--devices", "256",
+         "--hardware", "h200", "--training", "-t", "4096", "-b", "256"],
+        cwd=tmp_path,
+        env=sandbox_env(tmp_path, {"GRAPHLLM_JOBS": "2"}),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not _children(p.pid) and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _children(p.pid), "plan forked no workers"
+    workers = _children(p.pid)
+    os.killpg(p.pid, sig)
+    code, err = _finish(p)
+    assert (code, err) == (128 + sig, f"error: interrupted ({sig.name})")
+    assert not [w for w in workers if Path(f"/proc/{w}").exists()], "a worker outlived plan"
