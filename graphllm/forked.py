@@ -10,9 +10,11 @@ $GRAPHLLM_JOBS is 1, they run here, one after the other; the results are the sam
 from __future__ import annotations
 
 import concurrent.futures as cf
+import ctypes
 import multiprocessing as mp
 import os
 import signal
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -40,16 +42,14 @@ def _cap() -> int | None:
     raw = os.environ.get(JOBS_ENV)
     if raw is None or raw == "":
         return None
-    try:
-        n = int(raw)
-    except ValueError:
-        n = 0
+    n = int(raw) if raw.isascii() and raw.isdigit() else 0
     if n < 1:
         raise ConfigError(f"${JOBS_ENV} must be a positive integer, got {shown(raw)}")
     return n
 
 
 _QUIETED = {signal.SIGINT, signal.SIGHUP, signal.SIGTERM}
+_PARENT = 0  # the process that forks the workers (a worker checks it still has it)
 
 
 def _quiet_worker() -> None:
@@ -60,7 +60,24 @@ def _quiet_worker() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # a parent killed outright (SIGKILL, the OOM killer) does not stop its workers, which wait
+    # on a queue whose write end they hold themselves: the kernel ends them with it
+    _end_with_parent()
+    if os.getppid() != _PARENT:  # it died before the line above
+        os._exit(1)
+    # nothing a worker writes is read; and the parent's stream, whose lock another thread (a
+    # progress bar) may have held as the worker forked, is flushed as a worker exits
+    sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - the worker's own, to its end
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _QUIETED)
+
+
+def _end_with_parent() -> None:
+    """Linux's PR_SET_PDEATHSIG: SIGTERM this process when its parent dies."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):  # not Linux: the parent's unwinding stops the workers
+        pass
 
 
 def ordered_map(fn: Callable[[Any], Any], items: Iterable[Any], jobs: int) -> Iterator[Any]:
@@ -71,6 +88,8 @@ def ordered_map(fn: Callable[[Any], Any], items: Iterable[Any], jobs: int) -> It
     if jobs <= 1:
         yield from map(fn, items)
         return
+    global _PARENT
+    _PARENT = os.getpid()
     pool = cf.ProcessPoolExecutor(
         jobs,
         mp_context=mp.get_context("fork"),

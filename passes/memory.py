@@ -185,7 +185,7 @@ def walk_peak(
     if not order:
         return 0.0, ""
     # live after each node's output is made, before what it last read is freed
-    live = np.cumsum(born[:-1]) - np.concatenate(([0.0], np.cumsum(freed[:-2])))
+    live = np.cumsum(np.asarray(born[:-1]) - np.concatenate(([0.0], freed[:-2])))
     at = int(np.argmax(live))
     if live[at] <= 0:
         return 0.0, ""

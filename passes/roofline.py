@@ -31,6 +31,7 @@ from graphllm.build.kinds import LAYER, SCOPE_KINDS
 from graphllm.errors import PassError
 from graphllm.ir import Graph, Node
 from graphllm.models.hardware import Achievable, Hardware
+from graphllm.ops import OPS
 from graphllm.passes.cost import scopes_of
 from graphllm.passes.registry import meta_result, register
 
@@ -158,8 +159,20 @@ class Timer:
         dtypes = {self.graph.type_of(r).dtype for r in n.inputs}
         if len(dtypes) < 2:  # both operands in one dtype (W8A8): a plain GEMM, no dequantising
             return 1.0
-        shares = [ach.dequant_efficiency.get(d) for d in dtypes]
+        # the weight's storage: attention over a quantized KV cache is no dequantising GEMV
+        shares = [
+            ach.dequant_efficiency.get(self.graph.type_of(r).dtype)
+            for r in n.inputs
+            if self._weight(r)
+        ]
         return min((s for s in shares if s is not None), default=1.0)
+
+    def _weight(self, r: Any) -> bool:
+        """`r` is a weight, or a view of one (its rows regrouped)."""
+        src = self.graph[r.node]
+        if OPS[src.op].view and len(src.inputs) == 1:
+            src = self.graph[src.inputs[0].node]
+        return src.op == "param"
 
     def bandwidth(self, step_bytes: float) -> float:
         """Bytes/s of every op of a step that moves `step_bytes` in all: a calibration's figure

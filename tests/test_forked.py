@@ -4,6 +4,11 @@ is the same computed in workers or here."""
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -71,7 +76,76 @@ def test_plan_in_workers_is_plan_in_one_process(monkeypatch):
         return real(fn, items, jobs)
 
     monkeypatch.setattr(plan_mod, "ordered_map", spy)
+    here_too = []  # partitions made in this process: none, the workers make them all
+    real_partition = plan_mod.partition
+
+    def counted(*args, **kwargs):
+        if os.getpid() == PARENT:
+            here_too.append(1)
+        return real_partition(*args, **kwargs)
+
+    monkeypatch.setattr(plan_mod, "partition", counted)
     there = plan_mod.plan(cfg, wl, 16, hw).to_dict()
-    assert spawned == [2]
+    assert spawned == [2] and not here_too
     assert json.dumps(there, sort_keys=True) == json.dumps(here, sort_keys=True)
-    assert plan_mod._CONTEXT is None  # nothing of the plan is held after it
+    assert plan_mod._FORKED is None  # nothing of the plan is held after it
+
+
+KILLED_PARENT = """
+import os, sys, time
+from graphllm import forked
+
+def slow(x):
+    time.sleep(60)
+
+def main():
+    out = sys.argv[1]
+    gen = forked.ordered_map(slow, range(4), 2)
+    import threading
+    threading.Thread(target=lambda: next(gen), daemon=True).start()
+    time.sleep(1.0)
+    me = os.getpid()
+    kids = [int(d) for d in os.listdir("/proc") if d.isdigit() and _ppid(d) == me]
+    with open(out, "w") as f:
+        f.write(" ".join(map(str, kids)))
+    time.sleep(60)
+
+def _ppid(d):
+    try:
+        with open(f"/proc/{d}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return -1
+
+main()
+"""
+
+
+def test_workers_end_with_a_parent_killed_outright(tmp_path):
+    # SIGKILL (the OOM killer) gives the parent no chance to stop its workers: the kernel
+    # does (PR_SET_PDEATHSIG), where they would wait on their queue for ever
+    out = tmp_path / "kids"
+    p = subprocess.Popen([sys.executable, "-c", KILLED_PARENT, str(out)])
+    deadline = time.monotonic() + 30
+    while not (out.exists() and out.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    kids = [int(x) for x in out.read_text().split()]
+    assert len(kids) >= 2, kids  # the two workers (and the pool's own helpers, if any)
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    alive = kids
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [k for k in kids if _running(k)]
+    for k in alive:  # left behind: not for the rest of the suite to carry
+        os.kill(k, signal.SIGKILL)
+    assert not alive, "a worker outlived its killed parent"
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

@@ -532,9 +532,18 @@ def _programs(
     """Each key's program (or the error that refuses it), partitioned on the reduced config
     `small` once; side by side in forked workers where there are many (graphllm/forked.py).
     The lookup it gives waits for the program asked for."""
-    global _CONTEXT
-    _CONTEXT = (small, wl, hw, attention, training, {})
-    made = ordered_map(_program_of, keys, workers(len(keys), FORK_LEAST))
+    global _FORKED
+    jobs = workers(len(keys), FORK_LEAST)
+    context: _Context = (small, wl, hw, attention, training, {})
+    before = _FORKED
+    if jobs > 1:
+        for b_mb in dict.fromkeys(k[-1] for k in keys):  # shared with the workers, not rebuilt
+            with contextlib.suppress(GraphllmError):  # its keys' programs give the error
+                _graph(context, b_mb)
+        _FORKED = context
+        made = ordered_map(_program_forked, keys, jobs)
+    else:
+        made = ordered_map(functools.partial(_program_in, context), keys, 1)
     got: dict[ProgramKey, Program | GraphllmError] = {}
     order = iter(keys)
 
@@ -547,26 +556,40 @@ def _programs(
         yield program
     finally:
         made.close()  # the workers, if any, stop
-        _CONTEXT = None
+        _FORKED = before
 
 
-# what _program_of computes from, set by _programs before any worker forks (a worker reads its
-# copy, its own graph memo with it)
-_CONTEXT: tuple[Any, ...] | None = None
+# (reduced config, workload, hardware, attention, training, graph per microbatch size)
+_Context = tuple[ModelConfig, Workload, Hardware, str, "TrainingOptions | None", dict]
+# what the workers of the plan being made compute from: they fork with it (a worker is sent
+# only a key), so it is set while its plan's workers run
+_FORKED: _Context | None = None
 
 
-def _program_of(key: ProgramKey) -> Program | GraphllmError:
+def _program_forked(key: ProgramKey) -> Program | GraphllmError:
+    assert _FORKED is not None
+    return _program_in(_FORKED, key)
+
+
+def _graph(context: _Context, b_mb: int) -> Graph:
+    """The unpartitioned reduced graph of microbatch size `b_mb`, built and verified once:
+    partition leaves its input as it was."""
+    small, wl, graphs = context[0], context[1], context[5]
+    if b_mb not in graphs:
+        built = build_graph(small, dataclasses.replace(wl, batch=b_mb))
+        built.verify()
+        graphs[b_mb] = built
+    return graphs[b_mb]
+
+
+def _program_in(context: _Context, key: ProgramKey) -> Program | GraphllmError:
     """The per-layer figures of key's rank program; the error of one that fails."""
-    assert _CONTEXT is not None
-    small, wl, hw, attention, training, graphs = _CONTEXT
+    _, _, hw, attention, training, _ = context
     tp, sp, cp, ep, b_mb = key
     try:
-        # one unpartitioned graph per microbatch size: partition leaves its input as it was
-        if b_mb not in graphs:
-            built = build_graph(small, dataclasses.replace(wl, batch=b_mb))
-            built.verify()  # once: partition leaves it as it was
-            graphs[b_mb] = built
-        g = partition(graphs[b_mb], Strategy(tp=tp, sp=sp, cp=cp, ep=ep), hw, verified=True)
+        g = partition(
+            _graph(context, b_mb), Strategy(tp=tp, sp=sp, cp=cp, ep=ep), hw, verified=True
+        )
         return analyse(g, hw, attention, training)
     except GraphllmError as e:
         return e

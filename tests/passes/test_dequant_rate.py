@@ -127,3 +127,17 @@ def test_int8_times_int8_is_a_plain_gemm_not_a_dequantising_one():
     oc8, oc16 = meta_result(q8, "cost"), meta_result(q16, "cost")
     assert meta_result(q8, "time").seconds == pytest.approx(oc8.bytes / 3e12 + 1 * US)
     assert meta_result(q16, "time").seconds == pytest.approx(oc16.bytes / 1.5e12 + 1 * US)
+
+
+def test_attention_over_an_int8_cache_is_no_dequantising_gemv():
+    # the share is the weight's kernel's: core attention reading an int8 KV cache (its other
+    # operand bf16) streams at the full bandwidth
+    hw = hardware_from_dict(with_achievable(dequant_efficiency={"int8": 0.5}), "half-int8")
+    cfg = config_from_dict(tiny_configs.LLAMA, "tiny")
+    g = build_graph(cfg, Workload(batch=1, seq_len=1, past_len=64, kv_dtype="int8"))
+    run(g, ["cost", "roofline"], attention="naive", hardware=hw)
+    pv = g["model.layers.0.self_attn.core.pv"]
+    assert "int8" in {g.type_of(r).dtype for r in pv.inputs}
+    oc = meta_result(pv, "cost")
+    t = meta_result(pv, "time").seconds
+    assert t == pytest.approx(max(oc.flops / 1000e12, oc.bytes / 3e12) + 1 * US)
