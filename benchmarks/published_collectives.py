@@ -1,0 +1,184 @@
+"""graphllm's collective times beside published nccl-tests measurements
+(benchmarks/published_collectives.yaml).
+
+Each table is an `all_reduce_perf` run someone else published: its rows quoted, with the
+device, the group, the NCCL version and how the test was launched. Beside each row: graphllm's
+alpha-beta time for the same collective on the row's hardware preset (`collective_seconds`:
+the fewest steps of the op's algorithms x the link's step latency, plus the bytes one device
+sends over the link's bus bandwidth), and measured / predicted (above 1: slower than
+predicted).
+
+It prints, per table, the median ratio over three size bands (below 1 MiB: latency-bound;
+1 MiB to below 256 MiB: the prefill all-reduces of tensor parallelism; 256 MiB and up:
+bandwidth-bound), and the alpha and bus bandwidth that a least-squares fit of
+time = alpha + wire bytes / busbw gives over the table's rows from 1 MiB up, beside the
+preset's. Nothing is fitted into the presets here: the fit is printed to compare.
+
+    python benchmarks/published_collectives.py [--table FILE] [--ideal] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run standalone from a checkout
+    sys.path.insert(0, str(ROOT))
+
+from graphllm.models.hardware import load_hardware, rate_model  # noqa: E402
+from graphllm.models.parse import read_mapping  # noqa: E402
+from graphllm.ops import OPS  # noqa: E402
+from graphllm.passes.parallel.figures import collective_seconds  # noqa: E402
+from graphllm.passes.parallel.sharding import Mesh  # noqa: E402
+
+TABLE = Path(__file__).with_name("published_collectives.yaml")
+REQUIRED = ("id", "gpus", "hardware", "ranks", "collective", "nccl", "launch", "header", "source")
+REQUIRED += ("lines",)
+MIB = 1 << 20
+BANDS = (("below 1 MiB", 0, MIB), ("1-256 MiB", MIB, 256 * MIB), ("256 MiB up", 256 * MIB, None))
+TYPE_BYTES = {"float": 4, "half": 2, "bfloat16": 2, "double": 8, "int8": 1, "uint8": 1}
+
+
+def parse_line(line: str) -> tuple[int, float]:
+    """(size in bytes, out-of-place time in seconds) of one quoted nccl-tests row."""
+    f = line.split()
+    if len(f) < 8 or f[2] not in TYPE_BYTES:
+        raise SystemExit(f"not an nccl-tests row: {line!r}")
+    size, count = int(f[0]), int(f[1])
+    if size != count * TYPE_BYTES[f[2]]:
+        raise SystemExit(f"size is not count x {f[2]}'s bytes: {line!r}")
+    return size, float(f[5]) * 1e-6
+
+
+def load_tables(path: Path = TABLE) -> list[dict[str, Any]]:
+    """The tables, each checked for every field, a source URL and its rows parsed."""
+    tables = read_mapping(path)["tables"]
+    for t in tables:
+        missing = [k for k in REQUIRED if k not in t]
+        if missing:
+            raise SystemExit(f"{path}: table {t.get('id', '?')} lacks {', '.join(missing)}")
+        if not str(t["source"]).startswith("https://"):
+            raise SystemExit(f"{path}: table {t['id']}: source must be a URL")
+        if t["collective"] not in OPS or OPS[t["collective"]].wire is None:
+            raise SystemExit(f"{path}: table {t['id']}: {t['collective']!r} is not a collective")
+        if f"nGpus {t['ranks']}" not in t["header"] and f"-np {t['ranks']}" not in t["launch"]:
+            raise SystemExit(f"{path}: table {t['id']}: its header does not show {t['ranks']}")
+        t["rows"] = [parse_line(line) for line in t["lines"].splitlines() if line.strip()]
+    return tables
+
+
+def predict_seconds(table: dict[str, Any], size: int) -> float:
+    """graphllm's time for the table's collective of `size` bytes over its group, inside a node."""
+    n, kind = table["ranks"], table["collective"]
+    hw = load_hardware(table["hardware"])
+    mesh = Mesh((("tp", n),))
+    return collective_seconds(kind, n, OPS[kind].wire(n) * size, mesh, "tp", hw)
+
+
+def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(alpha seconds, bytes/s) of the least-squares line time = alpha + wire / busbw."""
+    xs, ys = [x for x, _ in points], [y for _, y in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx, 1 / slope
+
+
+def compare(tables: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each table with its rows' predictions and ratios, its band medians and its fit."""
+    out = []
+    for t in tables:
+        n, kind = t["ranks"], t["collective"]
+        rows = []
+        for size, measured in t["rows"]:
+            predicted = predict_seconds(t, size)
+            rows.append(
+                {
+                    "bytes": size,
+                    "measured_us": measured * 1e6,
+                    "predicted_us": predicted * 1e6,
+                    "ratio": measured / predicted,
+                }
+            )
+        bands = {}
+        for name, lo, hi in BANDS:
+            r = [x["ratio"] for x in rows if x["bytes"] >= lo and (hi is None or x["bytes"] < hi)]
+            if r:
+                bands[name] = statistics.median(r)
+        wire = OPS[kind].wire(n)
+        alpha, busbw = fit([(wire * s, m) for s, m in t["rows"] if s >= MIB])
+        ach = load_hardware(t["hardware"]).achievable
+        link = None if ach is None else ach.interconnect
+        out.append(
+            {k: v for k, v in t.items() if k not in ("lines", "rows")}
+            | {
+                "rows": rows,
+                "median_ratio_by_band": bands,
+                "fit_from_1MiB": {"alpha_us": alpha * 1e6, "bus_bandwidth_GBps": busbw / 1e9},
+                "preset_link": None
+                if link is None
+                else {
+                    "step_latency_us": link.step_latency * 1e6,
+                    "bus_bandwidth_GBps": link.bus_bandwidth / 1e9,
+                },
+            }
+        )
+    return out
+
+
+def _size(b: int) -> str:
+    for unit, k in (("GiB", 1 << 30), ("MiB", MIB), ("KiB", 1 << 10)):
+        if b >= k:
+            return f"{b / k:g} {unit}"
+    return f"{b} B"
+
+
+def print_tables(results: list[dict[str, Any]], model: str) -> None:
+    print(f"nccl-tests against graphllm's {model} collective times; ratio = measured / predicted")
+    for t in results:
+        print(f"\n[{t['id']}] {t['gpus']}: {t['collective']} over {t['ranks']} ranks, {t['nccl']}")
+        print(f"  launch: {t['launch']}; preset {t['hardware']}")
+        print(f"  {'size':>9} {'measured us':>12} {'predicted us':>13} {'ratio':>6}")
+        for r in t["rows"]:
+            print(
+                f"  {_size(r['bytes']):>9} {r['measured_us']:>12.2f} "
+                f"{r['predicted_us']:>13.2f} {r['ratio']:>6.2f}"
+            )
+        bands = ", ".join(f"{k}: {v:.2f}" for k, v in t["median_ratio_by_band"].items())
+        print(f"  median ratio by size: {bands}")
+        f, link = t["fit_from_1MiB"], t["preset_link"]
+        preset = (
+            "no link figures"
+            if link is None
+            else f"{link['step_latency_us']:.3g} us a step, {link['bus_bandwidth_GBps']:.4g} GB/s"
+        )
+        print(
+            f"  fit from 1 MiB up: alpha {f['alpha_us']:.1f} us, busbw "
+            f"{f['bus_bandwidth_GBps']:.4g} GB/s (the preset: {preset})"
+        )
+        print(f"  source: {t['source']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--table", type=Path, default=TABLE, help="the YAML tables of measurements")
+    ap.add_argument("--ideal", action="store_true", help="predict on the links' line rates")
+    ap.add_argument("--json", action="store_true", help="print a JSON document instead")
+    args = ap.parse_args(argv)
+    tables = load_tables(args.table)
+    with rate_model(ideal=args.ideal, cuda_graphs=None):
+        results = compare(tables)
+    model = "ideal" if args.ideal else "achievable"
+    if args.json:
+        print(json.dumps({"rate_model": model, "tables": results}, indent=2))
+    else:
+        print_tables(results, model)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
