@@ -37,8 +37,8 @@ from graphllm.passes.parallel.figures import collective_seconds  # noqa: E402
 from graphllm.passes.parallel.sharding import Mesh  # noqa: E402
 
 TABLE = Path(__file__).with_name("published_collectives.yaml")
-REQUIRED = ("id", "gpus", "hardware", "ranks", "collective", "nccl", "launch", "header", "source")
-REQUIRED += ("lines",)
+REQUIRED = ("id", "gpus", "hardware", "ranks", "processes", "collective", "nccl", "launch")
+REQUIRED += ("header", "source", "lines")
 MIB = 1 << 20
 BANDS = (("below 1 MiB", 0, MIB), ("1-256 MiB", MIB, 256 * MIB), ("256 MiB up", 256 * MIB, None))
 TYPE_BYTES = {"float": 4, "half": 2, "bfloat16": 2, "double": 8, "int8": 1, "uint8": 1}
@@ -66,8 +66,13 @@ def load_tables(path: Path = TABLE) -> list[dict[str, Any]]:
             raise SystemExit(f"{path}: table {t['id']}: source must be a URL")
         if t["collective"] not in OPS or OPS[t["collective"]].wire is None:
             raise SystemExit(f"{path}: table {t['id']}: {t['collective']!r} is not a collective")
-        if f"nGpus {t['ranks']}" not in t["header"] and f"-np {t['ranks']}" not in t["launch"]:
-            raise SystemExit(f"{path}: table {t['id']}: its header does not show {t['ranks']}")
+        if t["processes"] not in (1, t["ranks"]) or (
+            f"nGpus {t['ranks'] // t['processes']} " not in t["header"]
+        ):
+            raise SystemExit(
+                f"{path}: table {t['id']}: its header's nGpus x {t['processes']} processes is "
+                f"not its {t['ranks']} ranks"
+            )
         t["rows"] = [parse_line(line) for line in t["lines"].splitlines() if line.strip()]
     return tables
 

@@ -41,7 +41,7 @@ def test_every_table_is_a_sourced_quoted_run_with_its_launch_mode(doc):
         assert t["header"].startswith("# nThread"), t["id"]
         graph = "graph: 1" in t["header"]
         assert graph == ("CUDA graph" in t["launch"]) and (graph or "graph: 0" in t["header"])
-        assert f"nGpus {t['ranks']}" in t["header"], t["id"]
+        assert f"nGpus {t['ranks'] // t['processes']} " in t["header"], t["id"]
         assert len(t["rows"]) >= 10
         sizes = [r["bytes"] for r in t["rows"]]
         assert sizes == sorted(sizes) and sizes[0] == 8 and sizes[-1] >= 16 << 20
@@ -49,6 +49,7 @@ def test_every_table_is_a_sourced_quoted_run_with_its_launch_mode(doc):
             assert r["ratio"] == pytest.approx(r["measured_us"] / r["predicted_us"])
     assert doc["rate_model"] == "achievable"
     assert any("graph: 1" in t["header"] for t in tables)  # a CUDA-graph run among them
+    assert any(t["processes"] == t["ranks"] > 1 for t in tables)  # one process a GPU
 
 
 def test_a_row_is_read_from_its_quote():
@@ -91,4 +92,7 @@ def test_a_table_without_its_fields_or_a_url_is_refused(tmp_path):
     text = pub.TABLE.read_text().replace("source: https://", "source: http://", 1)
     bad.write_text(text)
     with pytest.raises(SystemExit, match="must be a URL"):
+        pub.load_tables(bad)
+    bad.write_text(pub.TABLE.read_text().replace("processes: 8", "processes: 1", 1))
+    with pytest.raises(SystemExit, match="nGpus x 1 processes is not its 8 ranks"):
         pub.load_tables(bad)
