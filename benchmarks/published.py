@@ -21,7 +21,6 @@ goals are reported, not fatal. Nothing is fitted: the rates are the presets' ach
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -33,9 +32,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run standalone from a checkout
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.published_cli import published_main  # noqa: E402
 from graphllm import Workload, build_graph  # noqa: E402
 from graphllm.models.config import config_from_dict  # noqa: E402
-from graphllm.models.hardware import load_hardware, rate_model  # noqa: E402
+from graphllm.models.hardware import load_hardware  # noqa: E402
 from graphllm.models.parse import read_mapping  # noqa: E402
 from graphllm.passes.parallel.partition import Strategy, partition, partition_report  # noqa: E402
 from graphllm.passes.registry import run  # noqa: E402
@@ -182,21 +182,16 @@ def print_table(results: list[dict[str, Any]], summ: dict[str, Any], model: str)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--table", type=Path, default=TABLE, help="the YAML table of measurements")
-    ap.add_argument("--ideal", action="store_true", help="predict on the data-sheet peaks")
-    ap.add_argument("--json", action="store_true", help="print a JSON document instead")
-    args = ap.parse_args(argv)
-    rows = load_rows(args.table)
-    with rate_model(ideal=args.ideal, cuda_graphs=None):
-        results = compare(rows)
-    summ = summary(results)
-    model = "ideal" if args.ideal else "achievable"
-    if args.json:
-        print(json.dumps({"rate_model": model, "rows": results, "summary": summ}, indent=2))
-    else:
-        print_table(results, summ, model)
-    return 0
+    return published_main(
+        argv,
+        description=__doc__.split("\n")[0],
+        table=TABLE,
+        ideal_help="predict on the data-sheet peaks",
+        load=load_rows,
+        compare=compare,
+        document=lambda results: {"rows": results, "summary": summary(results)},
+        show=lambda results, model: print_table(results, summary(results), model),
+    )
 
 
 if __name__ == "__main__":

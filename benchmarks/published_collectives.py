@@ -19,8 +19,6 @@ preset's. Nothing is fitted into the presets here: the fit is printed to compare
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -30,7 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run standalone from a checkout
     sys.path.insert(0, str(ROOT))
 
-from graphllm.models.hardware import load_hardware, rate_model  # noqa: E402
+from benchmarks.published_cli import published_main  # noqa: E402
+from graphllm.models.hardware import load_hardware  # noqa: E402
 from graphllm.models.parse import read_mapping  # noqa: E402
 from graphllm.ops import OPS  # noqa: E402
 from graphllm.passes.parallel.figures import collective_seconds  # noqa: E402
@@ -169,20 +168,16 @@ def print_tables(results: list[dict[str, Any]], model: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--table", type=Path, default=TABLE, help="the YAML tables of measurements")
-    ap.add_argument("--ideal", action="store_true", help="predict on the links' line rates")
-    ap.add_argument("--json", action="store_true", help="print a JSON document instead")
-    args = ap.parse_args(argv)
-    tables = load_tables(args.table)
-    with rate_model(ideal=args.ideal, cuda_graphs=None):
-        results = compare(tables)
-    model = "ideal" if args.ideal else "achievable"
-    if args.json:
-        print(json.dumps({"rate_model": model, "tables": results}, indent=2))
-    else:
-        print_tables(results, model)
-    return 0
+    return published_main(
+        argv,
+        description=__doc__.split("\n")[0],
+        table=TABLE,
+        ideal_help="predict on the links' line rates",
+        load=load_tables,
+        compare=compare,
+        document=lambda results: {"tables": results},
+        show=print_tables,
+    )
 
 
 if __name__ == "__main__":
