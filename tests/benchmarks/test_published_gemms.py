@@ -1,0 +1,87 @@
+"""benchmarks/published_gemms.py: graphllm's roofline time of a matmul beside published GEMM
+microbenchmarks at LLM shapes. Each row's time is read from its quoted TFLOP/s; the prediction is
+the roofline pass's own time of the matmul, checked here against the model by hand."""
+
+import importlib.util
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from graphllm.models.hardware import load_hardware
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "published_gemms.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("published_gemms_under_test", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def doc():
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--json"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_every_row_is_a_quoted_measurement_with_a_prediction(doc):
+    assert doc["rate_model"] == "achievable" and doc["rows"] >= 15
+    ratios = []
+    for t in doc["tables"]:
+        assert t["source"].startswith("https://") and t["header"].startswith("batch_size")
+        assert {r["dtype"] for r in t["rows"]} == {"bf16", "fp8"}
+        assert {1, 128} <= {r["m"] for r in t["rows"]}  # a GEMV and a short prefill's GEMM
+        for r in t["rows"]:
+            tflops = 2 * r["m"] * t["n"] * t["k"] / (r["measured_us"] * 1e-6) / 1e12
+            assert f"{tflops:.6f}" in r["quote"], r  # the time is the quote's TFLOP/s
+            assert r["ratio"] == pytest.approx(r["measured_us"] / r["predicted_us"])
+            ratios.append(r["ratio"])
+        assert t["median_ratio"] == pytest.approx(statistics.median(r["ratio"] for r in t["rows"]))
+    assert doc["median_ratio"] == pytest.approx(statistics.median(ratios))
+
+
+def test_the_prediction_is_the_roofline_by_hand():
+    pub = _module()
+    table = pub.load_tables()[0]
+    h100 = load_hardware("h100")
+    n, k = table["n"], table["k"]
+    # M = 1 in bf16: the weight streams at h100's 2.84 TB/s, plus the 3.43 us fixed cost of a
+    # kernel that streams from DRAM, launched on its own (a prefill is not in a CUDA graph)
+    byts = 2 * (n * k + k + n)
+    assert pub.predict_seconds(table, 1, "bf16") == pytest.approx(byts / 2.84e12 + 3.43e-6)
+    # M = 128 in fp8: still below the ridge; 96 tiles of 128 x 128 on 132 SMs
+    assert h100.achievable.gemm_efficiency(128, n, k) == pytest.approx(96 / 132)
+    flops = 2 * 128 * n * k
+    assert flops / (1402.6e12 * 96 / 132) < (n * k + 128 * (k + n)) / 2.84e12
+    want = (n * k + 128 * (k + n)) / 2.84e12 + 3.43e-6
+    assert pub.predict_seconds(table, 128, "fp8") == pytest.approx(want)
+
+
+def test_a_row_cut_short_gives_the_columns_it_has():
+    pub = _module()
+    gate_up = next(t for t in pub.load_tables() if "gate-up" in t["id"])
+    assert [(m, d) for m, d, _, _ in gate_up["rows"] if m == 256] == [(256, "bf16")]
+
+
+def test_a_table_without_its_fields_a_url_or_its_columns_is_refused(tmp_path):
+    pub = _module()
+    bad = tmp_path / "t.yaml"
+    bad.write_text("tables:\n  - id: x\n    gpus: y\n")
+    with pytest.raises(SystemExit, match="lacks"):
+        pub.load_tables(bad)
+    text = pub.TABLE.read_text()
+    bad.write_text(text.replace("source: https://", "source: http://", 1))
+    with pytest.raises(SystemExit, match="must be a URL"):
+        pub.load_tables(bad)
+    bad.write_text(text.replace("torch-bf16: bf16", "torch-bf17: bf16", 1))
+    with pytest.raises(SystemExit, match="column 'torch-bf17'"):
+        pub.load_tables(bad)
