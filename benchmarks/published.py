@@ -40,6 +40,7 @@ from graphllm.models.parse import read_mapping  # noqa: E402
 from graphllm.passes.parallel.partition import Strategy, partition, partition_report  # noqa: E402
 from graphllm.passes.registry import run  # noqa: E402
 
+IDEAL_HELP = "predict on the data-sheet peaks"
 TABLE = Path(__file__).with_name("published.yaml")
 PRESETS = ROOT / "graphllm" / "models" / "presets"
 METRICS = ("decode_tokens_per_s", "ttft_ms", "itl_ms")
@@ -181,17 +182,19 @@ def print_table(results: list[dict[str, Any]], summ: dict[str, Any], model: str)
         print(f"source [{r['id']}]: {r['source']}")
 
 
+def document(results: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"rows": results, "summary": summary(results)}
+
+
+def show(results: list[dict[str, Any]], model: str) -> None:
+    print_table(results, summary(results), model)
+
+
+load = load_rows
+
+
 def main(argv: list[str] | None = None) -> int:
-    return published_main(
-        argv,
-        description=__doc__.split("\n")[0],
-        table=TABLE,
-        ideal_help="predict on the data-sheet peaks",
-        load=load_rows,
-        compare=compare,
-        document=lambda results: {"rows": results, "summary": summary(results)},
-        show=lambda results, model: print_table(results, summary(results), model),
-    )
+    return published_main(argv, sys.modules[__name__])
 
 
 if __name__ == "__main__":

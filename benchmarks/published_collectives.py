@@ -35,6 +35,7 @@ from graphllm.ops import OPS  # noqa: E402
 from graphllm.passes.parallel.figures import collective_seconds  # noqa: E402
 from graphllm.passes.parallel.sharding import Mesh  # noqa: E402
 
+IDEAL_HELP = "predict on the links' line rates"
 TABLE = Path(__file__).with_name("published_collectives.yaml")
 REQUIRED = ("id", "gpus", "hardware", "ranks", "processes", "collective", "nccl", "launch")
 REQUIRED += ("header", "source", "lines")
@@ -167,17 +168,15 @@ def print_tables(results: list[dict[str, Any]], model: str) -> None:
         print(f"  source: {t['source']}")
 
 
+def document(results: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"tables": results}
+
+
+load, show = load_tables, print_tables
+
+
 def main(argv: list[str] | None = None) -> int:
-    return published_main(
-        argv,
-        description=__doc__.split("\n")[0],
-        table=TABLE,
-        ideal_help="predict on the links' line rates",
-        load=load_tables,
-        compare=compare,
-        document=lambda results: {"tables": results},
-        show=print_tables,
-    )
+    return published_main(argv, sys.modules[__name__])
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from graphllm.models.hardware import load_hardware  # noqa: E402
 from graphllm.models.parse import read_mapping  # noqa: E402
 from graphllm.passes.registry import meta_result, run  # noqa: E402
 
+IDEAL_HELP = "predict on the data-sheet peaks"
 TABLE = Path(__file__).with_name("published_gemms.yaml")
 REQUIRED = ("id", "gpus", "hardware", "n", "k", "what", "columns", "header", "source", "lines")
 DTYPES = ("bf16", "fp16", "fp8")
@@ -143,17 +144,11 @@ def print_tables(results: list[dict[str, Any]], model: str) -> None:
     print(f"\nmedian of measured/predicted over {d['rows']} GEMMs: {d['median_ratio']:.2f}")
 
 
+load, show = load_tables, print_tables
+
+
 def main(argv: list[str] | None = None) -> int:
-    return published_main(
-        argv,
-        description=__doc__.split("\n")[0],
-        table=TABLE,
-        ideal_help="predict on the data-sheet peaks",
-        load=load_tables,
-        compare=compare,
-        document=document,
-        show=print_tables,
-    )
+    return published_main(argv, sys.modules[__name__])
 
 
 if __name__ == "__main__":

@@ -2,25 +2,15 @@
 on its own table; its output has a row per measurement, each with its source, and the summary."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "published.py"
-
-
-def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300
-    )
+from tests.support.benchmark_scripts import load_script, run_script
 
 
 @pytest.fixture(scope="module")
 def doc():
-    out = _run("--json")
+    out = run_script("published", "--json")
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -55,7 +45,7 @@ def test_the_summary_is_the_median_and_the_rows_beyond_one_and_a_half(doc):
 
 
 def test_the_text_prints_each_row_the_median_and_the_sources():
-    out = _run()
+    out = run_script("published")
     assert out.returncode == 0, out.stderr
     text = out.stdout
     assert text.startswith("predictions on the achievable rate model")
@@ -63,17 +53,8 @@ def test_the_text_prints_each_row_the_median_and_the_sources():
     assert text.count("source [") >= 15
 
 
-def _module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("published_under_test", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_an_itl_row_is_the_decode_step_in_milliseconds():
-    pub = _module()
+    pub = load_script("published")
     row = next(r for r in pub.load_rows() if r["metric"] == "itl_ms")
     as_rate = row | {"metric": "decode_tokens_per_s"}
     itl, rate = pub.compare([row])[0], pub.compare([as_rate])[0]
@@ -84,7 +65,7 @@ def test_an_itl_row_is_the_decode_step_in_milliseconds():
 def test_an_fp8_engine_with_fp16_attention_times_attention_at_the_fp16_rate():
     from graphllm.models.hardware import load_hardware
 
-    pub = _module()
+    pub = load_script("published")
     row = next(r for r in pub.load_rows() if r["id"] == "trt-llm h100 llama2-7b fp8 p2048")
     assert row["attention"] == "fp16" and row["precision"]["act"] == "fp8"
     h100 = load_hardware("h100")
@@ -102,7 +83,7 @@ def test_gpt_fast_rows_keep_the_lm_head_whole_and_attend_over_the_whole_cache():
     # and its decode attends over the whole 208-position cache generate.py allocates
     from graphllm.models.hardware import load_hardware
 
-    pub = _module()
+    pub = load_script("published")
     row = next(r for r in pub.load_rows() if r["id"] == "gpt-fast llama3.1-8b bf16 tp8")
     assert row["whole_vocab"] is True and row["past"] == 207
     cut = pub.predict_seconds(row | {"whole_vocab": False})

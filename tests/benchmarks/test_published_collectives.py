@@ -2,31 +2,17 @@
 nccl-tests runs. Each table's rows are quoted and parsed from the quote; the predictions are the
 partition pass's own `collective_seconds`, checked here by hand."""
 
-import importlib.util
 import json
 import statistics
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "published_collectives.py"
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("published_collectives_under_test", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.support.benchmark_scripts import load_script, run_script
 
 
 @pytest.fixture(scope="module")
 def doc():
-    out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--json"], capture_output=True, text=True, timeout=120
-    )
+    out = run_script("published_collectives", "--json")
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -53,7 +39,7 @@ def test_every_table_is_a_sourced_quoted_run_with_its_launch_mode(doc):
 
 
 def test_a_row_is_read_from_its_quote():
-    pub = _module()
+    pub = load_script("published_collectives")
     line = "2097152 524288 float sum -1 31.27 67.06 100.59 0 30.21 69.42 104.12 0"
     assert pub.parse_line(line) == (2097152, pytest.approx(31.27e-6))
     with pytest.raises(SystemExit, match="count x float"):
@@ -65,7 +51,7 @@ def test_a_row_is_read_from_its_quote():
 
 
 def test_the_prediction_is_the_alpha_beta_time_by_hand():
-    pub = _module()
+    pub = load_script("published_collectives")
     table = next(t for t in pub.load_tables() if t["id"] == "h100x4 nccl-collectives-bench")
     # 4 ranks: a tree all-reduce's 2 log2(4) = 4 steps at h100's 3 us, and the ring's
     # 2 (n-1)/n of 2 MiB over NVLink's 370 GB/s bus bandwidth
@@ -74,7 +60,7 @@ def test_the_prediction_is_the_alpha_beta_time_by_hand():
 
 
 def test_band_medians_and_the_fit(doc):
-    pub = _module()
+    pub = load_script("published_collectives")
     for t in doc["tables"]:
         below = [r["ratio"] for r in t["rows"] if r["bytes"] < 1 << 20]
         assert t["median_ratio_by_band"]["below 1 MiB"] == pytest.approx(statistics.median(below))
@@ -84,7 +70,7 @@ def test_band_medians_and_the_fit(doc):
 
 
 def test_a_table_without_its_fields_or_a_url_is_refused(tmp_path):
-    pub = _module()
+    pub = load_script("published_collectives")
     bad = tmp_path / "t.yaml"
     bad.write_text("tables:\n  - id: x\n    gpus: y\n")
     with pytest.raises(SystemExit, match="lacks"):

@@ -2,33 +2,18 @@
 microbenchmarks at LLM shapes. Each row's time is read from its quoted TFLOP/s; the prediction is
 the roofline pass's own time of the matmul, checked here against the model by hand."""
 
-import importlib.util
 import json
 import statistics
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from graphllm.models.hardware import load_hardware
-
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "published_gemms.py"
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("published_gemms_under_test", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.support.benchmark_scripts import load_script, run_script
 
 
 @pytest.fixture(scope="module")
 def doc():
-    out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--json"], capture_output=True, text=True, timeout=120
-    )
+    out = run_script("published_gemms", "--json")
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -50,7 +35,7 @@ def test_every_row_is_a_quoted_measurement_with_a_prediction(doc):
 
 
 def test_the_prediction_is_the_roofline_by_hand():
-    pub = _module()
+    pub = load_script("published_gemms")
     table = pub.load_tables()[0]
     h100 = load_hardware("h100")
     n, k = table["n"], table["k"]
@@ -67,13 +52,13 @@ def test_the_prediction_is_the_roofline_by_hand():
 
 
 def test_a_row_cut_short_gives_the_columns_it_has():
-    pub = _module()
+    pub = load_script("published_gemms")
     gate_up = next(t for t in pub.load_tables() if "gate-up" in t["id"])
     assert [(m, d) for m, d, _, _ in gate_up["rows"] if m == 256] == [(256, "bf16")]
 
 
 def test_a_table_without_its_fields_a_url_or_its_columns_is_refused(tmp_path):
-    pub = _module()
+    pub = load_script("published_gemms")
     bad = tmp_path / "t.yaml"
     bad.write_text("tables:\n  - id: x\n    gpus: y\n")
     with pytest.raises(SystemExit, match="lacks"):
