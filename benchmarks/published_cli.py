@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from types import ModuleType
 
+from graphllm.errors import GraphllmError
 from graphllm.models.hardware import rate_model
 
 
@@ -25,9 +27,18 @@ def published_main(argv: list[str] | None, script: ModuleType) -> int:
     ap.add_argument("--ideal", action="store_true", help=script.IDEAL_HELP)
     ap.add_argument("--json", action="store_true", help="print a JSON document instead")
     args = ap.parse_args(argv)
-    items = script.load(args.table)
-    with rate_model(ideal=args.ideal, cuda_graphs=None):
-        results = script.compare(items)
+    try:
+        items = script.load(args.table)
+        with rate_model(ideal=args.ideal, cuda_graphs=None):
+            results = script.compare(items)
+    except GraphllmError as e:  # an unreadable table: its one line
+        print(e, file=sys.stderr)
+        return 2
+    except SystemExit as e:  # a table's problem, named by its loader
+        if not isinstance(e.code, str):
+            raise
+        print(e.code, file=sys.stderr)
+        return 2
     model = "ideal" if args.ideal else "achievable"
     if args.json:
         print(json.dumps({"rate_model": model} | script.document(results), indent=2))

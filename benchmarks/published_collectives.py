@@ -29,6 +29,7 @@ if str(ROOT) not in sys.path:  # run standalone from a checkout
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.published_cli import published_main  # noqa: E402
+from graphllm.errors import GraphllmError  # noqa: E402
 from graphllm.models.hardware import load_hardware  # noqa: E402
 from graphllm.models.parse import read_mapping  # noqa: E402
 from graphllm.ops import OPS  # noqa: E402
@@ -45,35 +46,73 @@ TYPE_BYTES = {"float": 4, "half": 2, "bfloat16": 2, "double": 8, "int8": 1, "uin
 
 
 def parse_line(line: str) -> tuple[int, float]:
-    """(size in bytes, out-of-place time in seconds) of one quoted nccl-tests row."""
+    """(size in bytes, out-of-place time in seconds) of one quoted nccl-tests row: its 13
+    columns, its size count x the type's bytes, and its algbw the size over its time (to the
+    two decimals printed), so that a slip in copying it shows."""
     f = line.split()
-    if len(f) < 8 or f[2] not in TYPE_BYTES:
-        raise SystemExit(f"not an nccl-tests row: {line!r}")
-    size, count = int(f[0]), int(f[1])
+    if len(f) != 13 or f[2] not in TYPE_BYTES:
+        raise SystemExit(f"not an nccl-tests row of 13 columns: {line!r}")
+    try:
+        size, count, secs, algbw = int(f[0]), int(f[1]), float(f[5]) * 1e-6, float(f[6])
+    except ValueError:
+        raise SystemExit(f"not an nccl-tests row (a column is not a number): {line!r}") from None
     if size != count * TYPE_BYTES[f[2]]:
         raise SystemExit(f"size is not count x {f[2]}'s bytes: {line!r}")
-    return size, float(f[5]) * 1e-6
+    if secs <= 0 or abs(size / secs / 1e9 - algbw) > max(0.011, 0.01 * algbw):
+        raise SystemExit(f"algbw is not size / time: {line!r}")
+    return size, secs
+
+
+def _header(header: str) -> dict[str, str]:
+    """The `key: value` and `key value` pairs of an nccl-tests header line."""
+    words = header.removeprefix("#").replace(":", " ").split()
+    return dict(zip(words[::2], words[1::2], strict=False))
+
+
+def _check(path: Path, t: dict[str, Any]) -> None:
+    where = f"{path}: table {t.get('id', '?')}"
+    missing = [k for k in REQUIRED if k not in t]
+    if missing:
+        raise SystemExit(f"{where} lacks {', '.join(missing)}")
+    if not str(t["source"]).startswith("https://"):
+        raise SystemExit(f"{where}: source must be a URL")
+    for k in ("ranks", "processes"):
+        if type(t[k]) is not int or t[k] < 1:
+            raise SystemExit(f"{where}: {k} must be a positive whole number")
+    if t["collective"] not in OPS or OPS[t["collective"]].wire is None:
+        raise SystemExit(f"{where}: {t['collective']!r} is not a collective")
+    try:
+        load_hardware(t["hardware"])
+    except GraphllmError as e:
+        raise SystemExit(f"{where}: {e}") from None
+    h = _header(str(t["header"]))
+    try:
+        threads, gpus, max_bytes = int(h["nThread"]), int(h["nGpus"]), int(h["maxBytes"])
+        graph = int(h["graph"])
+    except (KeyError, ValueError):
+        raise SystemExit(f"{where}: header lacks nThread, nGpus, maxBytes or graph") from None
+    if threads * gpus * t["processes"] != t["ranks"]:
+        raise SystemExit(
+            f"{where}: its header's nThread {threads} x nGpus {gpus} x {t['processes']} "
+            f"processes is not its {t['ranks']} ranks"
+        )
+    if bool(graph) != ("CUDA graph" in t["launch"]):
+        raise SystemExit(f"{where}: its header's graph: {graph} and its launch disagree")
+    rows = [parse_line(line) for line in str(t["lines"]).splitlines() if line.strip()]
+    if sum(size >= MIB for size, _ in rows) < 2 or max(size for size, _ in rows) > max_bytes:
+        raise SystemExit(f"{where}: needs two rows from 1 MiB up, none past maxBytes")
+    t["rows"] = rows
 
 
 def load_tables(path: Path = TABLE) -> list[dict[str, Any]]:
-    """The tables, each checked for every field, a source URL and its rows parsed."""
-    tables = read_mapping(path)["tables"]
+    """The tables, each checked: every field, a source URL, a preset, a header whose ranks and
+    CUDA-graph flag agree with the table's, and its rows parsed."""
+    doc = read_mapping(path)
+    tables = doc.get("tables") if isinstance(doc, dict) else None
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise SystemExit(f"{path}: needs `tables:`, a list of tables")
     for t in tables:
-        missing = [k for k in REQUIRED if k not in t]
-        if missing:
-            raise SystemExit(f"{path}: table {t.get('id', '?')} lacks {', '.join(missing)}")
-        if not str(t["source"]).startswith("https://"):
-            raise SystemExit(f"{path}: table {t['id']}: source must be a URL")
-        if t["collective"] not in OPS or OPS[t["collective"]].wire is None:
-            raise SystemExit(f"{path}: table {t['id']}: {t['collective']!r} is not a collective")
-        if t["processes"] not in (1, t["ranks"]) or (
-            f"nGpus {t['ranks'] // t['processes']} " not in t["header"]
-        ):
-            raise SystemExit(
-                f"{path}: table {t['id']}: its header's nGpus x {t['processes']} processes is "
-                f"not its {t['ranks']} ranks"
-            )
-        t["rows"] = [parse_line(line) for line in t["lines"].splitlines() if line.strip()]
+        _check(path, t)
     return tables
 
 

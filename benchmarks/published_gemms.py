@@ -28,6 +28,7 @@ if str(ROOT) not in sys.path:  # run standalone from a checkout
 
 from benchmarks.published_cli import published_main  # noqa: E402
 from graphllm import Workload, build_graph  # noqa: E402
+from graphllm.errors import GraphllmError  # noqa: E402
 from graphllm.models.config import config_from_dict  # noqa: E402
 from graphllm.models.hardware import load_hardware  # noqa: E402
 from graphllm.models.parse import read_mapping  # noqa: E402
@@ -40,39 +41,74 @@ DTYPES = ("bf16", "fp16", "fp8")
 HEAD_DIM = 128
 
 
+def _columns(where: str, header: str) -> list[str]:
+    """The TFLOP/s columns a header names, in order (after batch_size)."""
+    unit = " (TFLOP/s (larger is better))"
+    first, _, rest = header.partition(" ")
+    names = [n.strip() for n in rest.split(unit) if n.strip()]
+    if first != "batch_size" or not names or not rest.endswith(unit):
+        raise SystemExit(f"{where}: its header must be batch_size and its TFLOP/s columns")
+    return names
+
+
+def _rows(where: str, t: dict[str, Any], names: list[str]) -> list[tuple[int, str, float, str]]:
+    """(M, dtype, measured seconds, quoted line) of each mapped column of each row. A row
+    has every column, or ends in `...` where the source cuts it short (then the columns it has)."""
+    out = []
+    for line in str(t["lines"]).splitlines():
+        f = line.split()
+        if not f:
+            continue
+        cut = f[-1] == "..."
+        values = f[2:-1] if cut else f[2:]
+        if len(values) > len(names) or (not cut and len(values) != len(names)):
+            raise SystemExit(f"{where}: a row of {len(values)} values for {len(names)}: {line!r}")
+        try:
+            m, tflops = float(f[1]), [float(v) for v in values]
+        except (IndexError, ValueError):
+            raise SystemExit(f"{where}: not a row of numbers: {line!r}") from None
+        if m != int(m) or m < 1 or any(x <= 0 for x in tflops):
+            raise SystemExit(f"{where}: M a whole count, TFLOP/s above 0: {line!r}")
+        for col, dtype in t["columns"].items():
+            i = names.index(col)
+            if i < len(tflops):
+                secs = 2 * int(m) * t["n"] * t["k"] / (tflops[i] * 1e12)
+                out.append((int(m), dtype, secs, line.removesuffix("...").strip()))
+    if not out:
+        raise SystemExit(f"{where}: no measurement in its rows")
+    return out
+
+
+def _check(path: Path, t: dict[str, Any]) -> None:
+    where = f"{path}: table {t.get('id', '?')}"
+    missing = [k for k in REQUIRED if k not in t]
+    if missing:
+        raise SystemExit(f"{where} lacks {', '.join(missing)}")
+    if not str(t["source"]).startswith("https://"):
+        raise SystemExit(f"{where}: source must be a URL")
+    if not all(type(t[k]) is int and t[k] > 0 for k in ("n", "k")) or t["n"] % HEAD_DIM:
+        raise SystemExit(f"{where}: n and k must be whole numbers, n a multiple of {HEAD_DIM}")
+    try:
+        load_hardware(t["hardware"])
+    except GraphllmError as e:
+        raise SystemExit(f"{where}: {e}") from None
+    names = _columns(where, str(t["header"]))
+    if not isinstance(t["columns"], dict) or not t["columns"]:
+        raise SystemExit(f"{where}: columns must map a column to a dtype")
+    for col, dtype in t["columns"].items():
+        if col not in names or dtype not in DTYPES:
+            raise SystemExit(f"{where}: column {col!r} -> {dtype!r}")
+    t["rows"] = _rows(where, t, names)
+
+
 def load_tables(path: Path = TABLE) -> list[dict[str, Any]]:
     """The tables, each checked, with its rows as (M, dtype, measured seconds, quoted line)."""
-    tables = read_mapping(path)["tables"]
+    doc = read_mapping(path)
+    tables = doc.get("tables") if isinstance(doc, dict) else None
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise SystemExit(f"{path}: needs `tables:`, a list of tables")
     for t in tables:
-        missing = [k for k in REQUIRED if k not in t]
-        if missing:
-            raise SystemExit(f"{path}: table {t.get('id', '?')} lacks {', '.join(missing)}")
-        if not str(t["source"]).startswith("https://"):
-            raise SystemExit(f"{path}: table {t['id']}: source must be a URL")
-        if t["n"] % HEAD_DIM:
-            raise SystemExit(f"{path}: table {t['id']}: n must be a multiple of {HEAD_DIM}")
-        names = t["header"].split(" (TFLOP/s (larger is better)) ")
-        names[-1] = names[-1].removesuffix(" (TFLOP/s (larger is better))")
-        if names[0].split()[0] != "batch_size":
-            raise SystemExit(f"{path}: table {t['id']}: its header must start with batch_size")
-        names = [names[0].split()[1], *names[1:]]  # the TFLOP/s columns, in order
-        for col, dtype in t["columns"].items():
-            if col not in names or dtype not in DTYPES:
-                raise SystemExit(f"{path}: table {t['id']}: column {col!r} -> {dtype!r}")
-        t["rows"] = []
-        for line in t["lines"].splitlines():
-            f = line.split()
-            if not f:
-                continue
-            m = float(f[1])
-            if m != int(m) or m < 1:
-                raise SystemExit(f"{path}: table {t['id']}: M must be a whole count: {line!r}")
-            for col, dtype in t["columns"].items():
-                i = 2 + names.index(col)
-                if i < len(f):  # a row the source cuts short gives the columns it has
-                    tflops = float(f[i])
-                    secs = 2 * int(m) * t["n"] * t["k"] / (tflops * 1e12)
-                    t["rows"].append((int(m), dtype, secs, line))
+        _check(path, t)
     return tables
 
 

@@ -3,6 +3,7 @@ nccl-tests runs. Each table's rows are quoted and parsed from the quote; the pre
 partition pass's own `collective_seconds`, checked here by hand."""
 
 import json
+import re
 import statistics
 
 import pytest
@@ -43,9 +44,15 @@ def test_a_row_is_read_from_its_quote():
     line = "2097152 524288 float sum -1 31.27 67.06 100.59 0 30.21 69.42 104.12 0"
     assert pub.parse_line(line) == (2097152, pytest.approx(31.27e-6))
     with pytest.raises(SystemExit, match="count x float"):
-        pub.parse_line("2097152 524287 float sum -1 31.27 67.06 100.59 0")
+        pub.parse_line("2097152 524287 float sum -1 31.27 67.06 100.59 0 30.21 69.42 104.12 0")
     with pytest.raises(SystemExit, match="not an nccl-tests row"):
         pub.parse_line("# Avg bus bandwidth : 124.806")
+    with pytest.raises(SystemExit, match="13 columns"):  # cut short
+        pub.parse_line("2097152 524288 float sum -1 31.27 67.06 100.59 0")
+    with pytest.raises(SystemExit, match="algbw is not size / time"):  # 31.27 copied as 21.27
+        pub.parse_line("2097152 524288 float sum -1 21.27 67.06 100.59 0 30.21 69.42 104.12 0")
+    with pytest.raises(SystemExit, match="not a number"):
+        pub.parse_line("2097152 524288 float sum -1 31.x7 67.06 100.59 0 30.21 69.42 104.12 0")
     table = next(t for t in pub.load_tables() if t["id"] == "h100x4 nccl-collectives-bench")
     assert (2097152, pytest.approx(31.27e-6)) in table["rows"]
 
@@ -57,13 +64,33 @@ def test_the_prediction_is_the_alpha_beta_time_by_hand():
     # 2 (n-1)/n of 2 MiB over NVLink's 370 GB/s bus bandwidth
     want = 4 * 3e-6 + 1.5 * 2097152 / 370e9
     assert pub.predict_seconds(table, 2097152) == pytest.approx(want, rel=1e-12)
+    # 8 ranks: the tree's 2 log2(8) = 6 steps (the ring's 14 are more), 2 (8-1)/8 of 1 GiB
+    eight = next(t for t in pub.load_tables() if t["id"] == "h100x8 dgxc-benchmarking")
+    want = 6 * 3e-6 + 1.75 * (1 << 30) / 370e9
+    assert pub.predict_seconds(eight, 1 << 30) == pytest.approx(want, rel=1e-12)
+    # the A100's NVLink: 200 GB/s
+    a100 = next(t for t in pub.load_tables() if t["hardware"] == "a100-sxm-80gb")
+    assert pub.predict_seconds(a100, 8 << 20) == pytest.approx(4 * 3e-6 + 1.5 * (8 << 20) / 200e9)
 
 
 def test_band_medians_and_the_fit(doc):
     pub = load_script("published_collectives")
     for t in doc["tables"]:
+        bands = t["median_ratio_by_band"]
         below = [r["ratio"] for r in t["rows"] if r["bytes"] < 1 << 20]
-        assert t["median_ratio_by_band"]["below 1 MiB"] == pytest.approx(statistics.median(below))
+        mid = [r["ratio"] for r in t["rows"] if 1 << 20 <= r["bytes"] < 256 << 20]
+        top = [r["ratio"] for r in t["rows"] if r["bytes"] >= 256 << 20]
+        assert bands["below 1 MiB"] == pytest.approx(statistics.median(below))
+        assert bands["1-256 MiB"] == pytest.approx(statistics.median(mid))
+        assert bands.get("256 MiB up") == (pytest.approx(statistics.median(top)) if top else None)
+        # the fit is through the rows from 1 MiB up, against the bytes each device sends
+        n = t["ranks"]
+        pts = [(2 * (n - 1) / n * r["bytes"], r["measured_us"] * 1e-6) for r in t["rows"]]
+        alpha, bw = pub.fit([(x, y) for (x, y), r in zip(pts, t["rows"]) if r["bytes"] >= 1 << 20])
+        assert t["fit_from_1MiB"] == {
+            "alpha_us": pytest.approx(alpha * 1e6),
+            "bus_bandwidth_GBps": pytest.approx(bw / 1e9),
+        }
     # the fit recovers a line it is given
     alpha, bw = pub.fit([(x, 20e-6 + x / 350e9) for x in (1e6, 4e6, 16e6, 64e6)])
     assert (alpha, bw) == (pytest.approx(20e-6), pytest.approx(350e9))
@@ -79,6 +106,35 @@ def test_a_table_without_its_fields_or_a_url_is_refused(tmp_path):
     bad.write_text(text)
     with pytest.raises(SystemExit, match="must be a URL"):
         pub.load_tables(bad)
-    bad.write_text(pub.TABLE.read_text().replace("processes: 8", "processes: 1", 1))
-    with pytest.raises(SystemExit, match="nGpus x 1 processes is not its 8 ranks"):
+    text = pub.TABLE.read_text()
+    for old, new, msg in (
+        ("processes: 8", "processes: 1", "nThread 1 x nGpus 1 x 1 processes is not its 8 ranks"),
+        ("processes: 8", "processes: eight", "processes must be a positive whole number"),
+        ("hardware: h100-sxm", "hardware: h1000", "h1000"),
+        ("each call captured in a CUDA graph (-G)", "eager", "graph: 1 and its launch disagree"),
+        ("collective: all_reduce", "collective: rmsnorm", "'rmsnorm' is not a collective"),
+    ):
+        bad.write_text(text.replace(old, new, 1))
+        with pytest.raises(SystemExit, match=re.escape(msg)):
+            pub.load_tables(bad)
+    bad.write_text("rows: []\n")
+    with pytest.raises(SystemExit, match="needs `tables:`"):
         pub.load_tables(bad)
+
+
+def test_a_bad_table_is_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "t.yaml"
+    bad.write_text("tables: [x]\n")
+    out = run_script("published_collectives", "--table", str(bad))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().endswith("needs `tables:`, a list of tables")
+    assert len(out.stderr.strip().splitlines()) == 1
+    bad.write_text("tables: [\n")
+    out = run_script("published_collectives", "--table", str(bad))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_main_runs_in_process_too(capsys):
+    assert load_script("published_collectives").main(["--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rate_model"] == "achievable"

@@ -24,5 +24,6 @@ def load_script(name: str) -> ModuleType:
     """benchmarks/NAME.py imported under a name of its own, to call its functions."""
     spec = importlib.util.spec_from_file_location(f"{name}_under_test", BENCHMARKS / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its main finds itself there
     spec.loader.exec_module(mod)
     return mod
