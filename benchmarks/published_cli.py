@@ -10,11 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from graphllm.errors import GraphllmError
-from graphllm.models.hardware import rate_model
+from graphllm.models.hardware import load_hardware, rate_model
+from graphllm.models.parse import read_mapping
 
 
 def published_main(argv: list[str] | None, script: ModuleType) -> int:
@@ -45,3 +48,28 @@ def published_main(argv: list[str] | None, script: ModuleType) -> int:
     else:
         script.show(results, model)
     return 0
+
+
+def read_tables(
+    path: Path, required: tuple[str, ...], check: Callable[[str, dict[str, Any]], None]
+) -> list[dict[str, Any]]:
+    """The `tables:` of the YAML file `path`, each with its `required` fields, a source URL and
+    a hardware preset graphllm has, then `check(where, table)` for the script's own fields
+    (`where` names the table in its errors). Every problem is one SystemExit line."""
+    doc = read_mapping(path)
+    tables = doc.get("tables") if isinstance(doc, dict) else None
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise SystemExit(f"{path}: needs `tables:`, a list of tables")
+    for t in tables:
+        where = f"{path}: table {t.get('id', '?')}"
+        missing = [k for k in required if k not in t]
+        if missing:
+            raise SystemExit(f"{where} lacks {', '.join(missing)}")
+        if not str(t["source"]).startswith("https://"):
+            raise SystemExit(f"{where}: source must be a URL")
+        try:
+            load_hardware(t["hardware"])
+        except GraphllmError as e:
+            raise SystemExit(f"{where}: {e}") from None
+        check(where, t)
+    return tables

@@ -28,10 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run standalone from a checkout
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.published_cli import published_main  # noqa: E402
-from graphllm.errors import GraphllmError  # noqa: E402
+from benchmarks.published_cli import published_main, read_tables  # noqa: E402
 from graphllm.models.hardware import load_hardware  # noqa: E402
-from graphllm.models.parse import read_mapping  # noqa: E402
 from graphllm.ops import OPS  # noqa: E402
 from graphllm.passes.parallel.figures import collective_seconds  # noqa: E402
 from graphllm.passes.parallel.sharding import Mesh  # noqa: E402
@@ -63,29 +61,20 @@ def parse_line(line: str) -> tuple[int, float]:
     return size, secs
 
 
-def _header(header: str) -> dict[str, str]:
-    """The `key: value` and `key value` pairs of an nccl-tests header line."""
+def _header(header: str, keys: tuple[str, ...]) -> dict[str, str]:
+    """The word after each of `keys` in an nccl-tests header line (`nGpus 4`, `graph: 0`);
+    its other words (`warmup iters: 5`) do not pair up, so each key is looked up by name."""
     words = header.removeprefix("#").replace(":", " ").split()
-    return dict(zip(words[::2], words[1::2], strict=False))
+    return {k: words[words.index(k) + 1] for k in keys if k in words[:-1]}
 
 
-def _check(path: Path, t: dict[str, Any]) -> None:
-    where = f"{path}: table {t.get('id', '?')}"
-    missing = [k for k in REQUIRED if k not in t]
-    if missing:
-        raise SystemExit(f"{where} lacks {', '.join(missing)}")
-    if not str(t["source"]).startswith("https://"):
-        raise SystemExit(f"{where}: source must be a URL")
+def _check(where: str, t: dict[str, Any]) -> None:
     for k in ("ranks", "processes"):
         if type(t[k]) is not int or t[k] < 1:
             raise SystemExit(f"{where}: {k} must be a positive whole number")
     if t["collective"] not in OPS or OPS[t["collective"]].wire is None:
         raise SystemExit(f"{where}: {t['collective']!r} is not a collective")
-    try:
-        load_hardware(t["hardware"])
-    except GraphllmError as e:
-        raise SystemExit(f"{where}: {e}") from None
-    h = _header(str(t["header"]))
+    h = _header(str(t["header"]), ("nThread", "nGpus", "maxBytes", "graph"))
     try:
         threads, gpus, max_bytes = int(h["nThread"]), int(h["nGpus"]), int(h["maxBytes"])
         graph = int(h["graph"])
@@ -107,13 +96,7 @@ def _check(path: Path, t: dict[str, Any]) -> None:
 def load_tables(path: Path = TABLE) -> list[dict[str, Any]]:
     """The tables, each checked: every field, a source URL, a preset, a header whose ranks and
     CUDA-graph flag agree with the table's, and its rows parsed."""
-    doc = read_mapping(path)
-    tables = doc.get("tables") if isinstance(doc, dict) else None
-    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
-        raise SystemExit(f"{path}: needs `tables:`, a list of tables")
-    for t in tables:
-        _check(path, t)
-    return tables
+    return read_tables(path, REQUIRED, _check)
 
 
 def predict_seconds(table: dict[str, Any], size: int) -> float:

@@ -26,12 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run standalone from a checkout
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.published_cli import published_main  # noqa: E402
+from benchmarks.published_cli import published_main, read_tables  # noqa: E402
 from graphllm import Workload, build_graph  # noqa: E402
-from graphllm.errors import GraphllmError  # noqa: E402
 from graphllm.models.config import config_from_dict  # noqa: E402
 from graphllm.models.hardware import load_hardware  # noqa: E402
-from graphllm.models.parse import read_mapping  # noqa: E402
 from graphllm.passes.registry import meta_result, run  # noqa: E402
 
 IDEAL_HELP = "predict on the data-sheet peaks"
@@ -79,19 +77,9 @@ def _rows(where: str, t: dict[str, Any], names: list[str]) -> list[tuple[int, st
     return out
 
 
-def _check(path: Path, t: dict[str, Any]) -> None:
-    where = f"{path}: table {t.get('id', '?')}"
-    missing = [k for k in REQUIRED if k not in t]
-    if missing:
-        raise SystemExit(f"{where} lacks {', '.join(missing)}")
-    if not str(t["source"]).startswith("https://"):
-        raise SystemExit(f"{where}: source must be a URL")
+def _check(where: str, t: dict[str, Any]) -> None:
     if not all(type(t[k]) is int and t[k] > 0 for k in ("n", "k")) or t["n"] % HEAD_DIM:
         raise SystemExit(f"{where}: n and k must be whole numbers, n a multiple of {HEAD_DIM}")
-    try:
-        load_hardware(t["hardware"])
-    except GraphllmError as e:
-        raise SystemExit(f"{where}: {e}") from None
     names = _columns(where, str(t["header"]))
     if not isinstance(t["columns"], dict) or not t["columns"]:
         raise SystemExit(f"{where}: columns must map a column to a dtype")
@@ -103,13 +91,7 @@ def _check(path: Path, t: dict[str, Any]) -> None:
 
 def load_tables(path: Path = TABLE) -> list[dict[str, Any]]:
     """The tables, each checked, with its rows as (M, dtype, measured seconds, quoted line)."""
-    doc = read_mapping(path)
-    tables = doc.get("tables") if isinstance(doc, dict) else None
-    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
-        raise SystemExit(f"{path}: needs `tables:`, a list of tables")
-    for t in tables:
-        _check(path, t)
-    return tables
+    return read_tables(path, REQUIRED, _check)
 
 
 def predict_seconds(table: dict[str, Any], m: int, dtype: str) -> float:

@@ -138,3 +138,12 @@ def test_a_bad_table_is_one_line_and_exit_2(tmp_path):
 def test_main_runs_in_process_too(capsys):
     assert load_script("published_collectives").main(["--json"]) == 0
     assert json.loads(capsys.readouterr().out)["rate_model"] == "achievable"
+
+
+def test_the_header_is_read_by_key_whatever_words_lie_between():
+    pub = load_script("published_collectives")
+    keys = ("nThread", "nGpus", "maxBytes", "graph")
+    head = "# nThread 1 nGpus 4 maxBytes 64 step: 2(factor) warmup iters: 5 agg iters: 1 graph: 1"
+    assert pub._header(head, keys) == {"nThread": "1", "nGpus": "4", "maxBytes": "64", "graph": "1"}
+    # pairing words two by two would read `iters` as a key and `graph`'s value as a key's
+    assert pub._header(head.replace("agg iters: 1 ", ""), keys)["graph"] == "1"
