@@ -1,18 +1,14 @@
 """benchmarks/published.py: graphllm's predictions beside published measurements. The script runs
 on its own table; its output has a row per measurement, each with its source, and the summary."""
 
-import json
-
 import pytest
 
-from tests.support.benchmark_scripts import load_script, run_script
+from tests.support.benchmark_scripts import load_script, run_script, script_json
 
 
 @pytest.fixture(scope="module")
 def doc():
-    out = run_script("published", "--json")
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    return script_json("published")
 
 
 def test_every_row_is_a_sourced_quoted_measurement_with_a_prediction(doc):

@@ -8,14 +8,12 @@ import statistics
 
 import pytest
 
-from tests.support.benchmark_scripts import load_script, run_script
+from tests.support.benchmark_scripts import load_script, run_script, script_json
 
 
 @pytest.fixture(scope="module")
 def doc():
-    out = run_script("published_collectives", "--json")
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    return script_json("published_collectives")
 
 
 def test_every_table_is_a_sourced_quoted_run_with_its_launch_mode(doc):

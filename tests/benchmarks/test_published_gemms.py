@@ -2,21 +2,18 @@
 microbenchmarks at LLM shapes. Each row's time is read from its quoted TFLOP/s; the prediction is
 the roofline pass's own time of the matmul, checked here against the model by hand."""
 
-import json
 import re
 import statistics
 
 import pytest
 
 from graphllm.models.hardware import load_hardware
-from tests.support.benchmark_scripts import load_script, run_script
+from tests.support.benchmark_scripts import load_script, run_script, script_json
 
 
 @pytest.fixture(scope="module")
 def doc():
-    out = run_script("published_gemms", "--json")
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    return script_json("published_gemms")
 
 
 def test_every_row_is_a_quoted_measurement_with_a_prediction(doc):

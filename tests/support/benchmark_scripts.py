@@ -1,6 +1,7 @@
 """Running the benchmarks/ scripts from their tests: as a program, and as a module to call."""
 
 import importlib.util
+import json
 import subprocess
 import sys
 from types import ModuleType
@@ -27,3 +28,10 @@ def load_script(name: str) -> ModuleType:
     sys.modules[spec.name] = mod  # its main finds itself there
     spec.loader.exec_module(mod)
     return mod
+
+
+def script_json(name: str) -> dict:
+    """The document `python benchmarks/NAME.py --json` prints; the run must succeed."""
+    out = run_script(name, "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
