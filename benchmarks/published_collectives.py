@@ -3,10 +3,11 @@
 
 Each table is an `all_reduce_perf` run someone else published: its rows quoted, with the
 device, the group, the NCCL version and how the test was launched. Beside each row: graphllm's
-alpha-beta time for the same collective on the row's hardware preset (`collective_seconds`:
-the fewest steps of the op's algorithms x the link's step latency, plus the bytes one device
-sends over the link's bus bandwidth), and measured / predicted (above 1: slower than
-predicted).
+time for the same collective on the row's hardware preset (`collective_seconds`, the time
+`partition`, `plan` and the trace use: on a link with an NCCL `tuning`, the cheapest algorithm and
+protocol of NCCL's own tuner model, whose pick the row prints; on another link, the fewest steps
+of the op's algorithms x the link's step latency, plus the bytes one device sends over the
+link's bus bandwidth), and measured / predicted (above 1: slower than predicted).
 
 It prints, per table, the median ratio over three size bands (below 1 MiB: latency-bound;
 1 MiB to below 256 MiB: the prefill all-reduces of tensor parallelism; 256 MiB and up:
@@ -31,7 +32,7 @@ if str(ROOT) not in sys.path:  # run standalone from a checkout
 from benchmarks.published_cli import published_main, read_tables  # noqa: E402
 from graphllm.models.hardware import load_hardware  # noqa: E402
 from graphllm.ops import OPS  # noqa: E402
-from graphllm.passes.parallel.figures import collective_seconds  # noqa: E402
+from graphllm.passes.parallel.figures import collective_seconds, nccl_pick  # noqa: E402
 from graphllm.passes.parallel.sharding import Mesh  # noqa: E402
 
 IDEAL_HELP = "predict on the links' line rates"
@@ -99,12 +100,16 @@ def load_tables(path: Path = TABLE) -> list[dict[str, Any]]:
     return read_tables(path, REQUIRED, _check)
 
 
-def predict_seconds(table: dict[str, Any], size: int) -> float:
-    """graphllm's time for the table's collective of `size` bytes over its group, inside a node."""
+def predict(table: dict[str, Any], size: int) -> tuple[float, str | None]:
+    """graphllm's time for the table's collective of `size` bytes over its group inside a node,
+    and NCCL's tuner's pick ("ring LL128") where the preset's link prices it so."""
     n, kind = table["ranks"], table["collective"]
     hw = load_hardware(table["hardware"])
     mesh = Mesh((("tp", n),))
-    return collective_seconds(kind, n, OPS[kind].wire(n) * size, mesh, "tp", hw)
+    wire = OPS[kind].wire(n) * size
+    pick = nccl_pick(kind, n, wire, mesh, "tp", hw)
+    label = None if pick is None else f"{pick.algorithm} {pick.protocol}"
+    return collective_seconds(kind, n, wire, mesh, "tp", hw), label
 
 
 def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -122,13 +127,14 @@ def compare(tables: list[dict[str, Any]]) -> list[dict[str, Any]]:
         n, kind = t["ranks"], t["collective"]
         rows = []
         for size, measured in t["rows"]:
-            predicted = predict_seconds(t, size)
+            predicted, pick = predict(t, size)
             rows.append(
                 {
                     "bytes": size,
                     "measured_us": measured * 1e6,
                     "predicted_us": predicted * 1e6,
                     "ratio": measured / predicted,
+                    "nccl_pick": pick,
                 }
             )
         bands = {}
@@ -151,6 +157,7 @@ def compare(tables: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 else {
                     "step_latency_us": link.step_latency * 1e6,
                     "bus_bandwidth_GBps": link.bus_bandwidth / 1e9,
+                    "tuning": link.tuning,
                 },
             }
         )
@@ -169,11 +176,11 @@ def print_tables(results: list[dict[str, Any]], model: str) -> None:
     for t in results:
         print(f"\n[{t['id']}] {t['gpus']}: {t['collective']} over {t['ranks']} ranks, {t['nccl']}")
         print(f"  launch: {t['launch']}; preset {t['hardware']}")
-        print(f"  {'size':>9} {'measured us':>12} {'predicted us':>13} {'ratio':>6}")
+        print(f"  {'size':>9} {'measured us':>12} {'predicted us':>13} {'ratio':>6}  NCCL's pick")
         for r in t["rows"]:
             print(
                 f"  {_size(r['bytes']):>9} {r['measured_us']:>12.2f} "
-                f"{r['predicted_us']:>13.2f} {r['ratio']:>6.2f}"
+                f"{r['predicted_us']:>13.2f} {r['ratio']:>6.2f}  {r['nccl_pick'] or '-'}"
             )
         bands = ", ".join(f"{k}: {v:.2f}" for k, v in t["median_ratio_by_band"].items())
         print(f"  median ratio by size: {bands}")
@@ -181,7 +188,8 @@ def print_tables(results: list[dict[str, Any]], model: str) -> None:
         preset = (
             "no link figures"
             if link is None
-            else f"{link['step_latency_us']:.3g} us a step, {link['bus_bandwidth_GBps']:.4g} GB/s"
+            else f"{link['tuning'] or ''}{', ' if link['tuning'] else ''}"
+            f"{link['step_latency_us']:.3g} us a step, {link['bus_bandwidth_GBps']:.4g} GB/s"
         )
         print(
             f"  fit from 1 MiB up: alpha {f['alpha_us']:.1f} us, busbw "

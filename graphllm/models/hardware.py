@@ -22,6 +22,7 @@ from graphllm.echo import cut, shown, shown_path
 from graphllm.errors import ConfigError
 from graphllm.files import folder_problem
 from graphllm.models.calibration import Calibration, calibration_from_dict
+from graphllm.models.nccl_tuning import TUNINGS
 from graphllm.models.parse import file_mode, read_mapping
 from graphllm.models.workload import DTYPE_ALIASES, WEIGHT_ONLY
 
@@ -71,6 +72,9 @@ class Link:
 
     bus_bandwidth: float  # bytes/s
     step_latency: float  # seconds per algorithm step (one hop)
+    # a key of nccl_tuning.TUNINGS: the all-reduce, all-gather and reduce-scatter are priced by
+    # NCCL's own tuner model over it (per algorithm and protocol) instead of steps x step_latency
+    tuning: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -353,10 +357,17 @@ def _rates(value: Any, where: str) -> dict[str, float]:
 def _link(value: Any, where: str) -> Link | None:
     if value is None:
         return None
-    d = _mapping(value, where, LINK_FIELDS)
+    d = _mapping(value, where, LINK_FIELDS, optional=("tuning",))
+    tuning = d.get("tuning")
+    if tuning is not None and (not isinstance(tuning, str) or tuning not in TUNINGS):
+        raise ConfigError(
+            f"{where}.tuning: unknown collective tuning {shown(tuning, 40)}; "
+            f"known: {', '.join(TUNINGS)}"
+        )
     return Link(
         bus_bandwidth=_figure(f"{where}.bus_bandwidth", d["bus_bandwidth"], "network_bandwidth"),
         step_latency=_latency(f"{where}.step_latency", d["step_latency"]),
+        tuning=tuning,
     )
 
 

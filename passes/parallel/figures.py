@@ -14,7 +14,8 @@ from typing import Any
 
 from graphllm.errors import ConfigError
 from graphllm.ir import Graph, Node
-from graphllm.models.hardware import Hardware
+from graphllm.models.hardware import Hardware, Link
+from graphllm.models.nccl_tuning import PRICED, TUNINGS, Choice, Tuning, nccl_choice
 from graphllm.models.workload import nbytes
 from graphllm.ops import COMMUNICATION, OPS, SOURCE
 from graphllm.passes.cost import cost_nodes
@@ -64,15 +65,25 @@ def link_bandwidth(mesh: Mesh, axis: str, hw: Hardware) -> float:
 
 
 def collective_seconds(
-    kind: str, group: int, wire: float, mesh: Mesh, axis: str, hw: Hardware
+    kind: str,
+    group: int,
+    wire: float,
+    mesh: Mesh,
+    axis: str,
+    hw: Hardware,
+    ranks_per_node: int | None = None,
 ) -> float:
-    """The alpha-beta time of one collective of op `kind` over `group` ranks of mesh axis `axis`:
-    latency (the fewest steps of the op's algorithms x the link's step latency; achievable model
-    only) + the bytes one device sends over the link's bandwidth. A kind measured on this machine
-    (`hw.links`, inside a node) is priced by its own link under either model."""
+    """The alpha-beta time of one collective of op `kind` over `group` ranks of mesh axis `axis`
+    that sends `wire` bytes a device. Under the achievable model a link with an NCCL `tuning`
+    prices the all-reduce, all-gather and reduce-scatter as NCCL's tuner does (the cheapest
+    algorithm and protocol: models/nccl_tuning.py); other links and kinds take the latency of the
+    op's fewest steps x the link's step latency, plus the wire bytes over its bus bandwidth. A
+    kind measured on this machine (`hw.links`, inside a node) is priced by its own link under
+    either model. `ranks_per_node`: of the group, on one node (default: from `axis`'s stride)."""
     if not wire:
         return 0.0
-    measured = hw.links.get(kind) if _inside_node(mesh, axis, hw) else None
+    inside = _inside_node(mesh, axis, hw)
+    measured = hw.links.get(kind) if inside else None
     if measured is not None and OPS[kind].latency_steps is not None:
         # this kind timed on this machine (calibrate --link): its own alpha and beta
         alpha = min(OPS[kind].latency_steps(group).values()) * measured.step_latency
@@ -81,8 +92,50 @@ def collective_seconds(
     ach, steps = hw.achievable, OPS[kind].latency_steps
     if ach is None or steps is None:
         return beta
-    link = ach.interconnect if _inside_node(mesh, axis, hw) else ach.network
+    choice = nccl_pick(kind, group, wire, mesh, axis, hw, ranks_per_node)
+    if choice is not None:
+        return choice.seconds
+    link = ach.interconnect if inside else ach.network
     return beta + (0.0 if link is None else min(steps(group).values()) * link.step_latency)
+
+
+def nccl_pick(
+    kind: str,
+    group: int,
+    wire: float,
+    mesh: Mesh,
+    axis: str,
+    hw: Hardware,
+    ranks_per_node: int | None = None,
+) -> Choice | None:
+    """The algorithm, protocol and time NCCL's tuner gives the collective that
+    `collective_seconds` prices, or None where it is not priced so (the ideal model, a link
+    without a `tuning`, a kind measured on this machine or one the tuner does not price)."""
+    ach, inside = hw.achievable, _inside_node(mesh, axis, hw)
+    if ach is None or kind not in PRICED or (inside and kind in hw.links):
+        return None
+    link = ach.interconnect if inside else ach.network
+    if link is None or link.tuning is None:
+        return None
+    ppn = group if inside else ranks_per_node or _ranks_per_node(mesh, axis, group, hw)
+    return nccl_choice(
+        kind,
+        wire / OPS[kind].wire(group),  # the whole tensor, as NCCL counts it
+        group,
+        -(-group // ppn),
+        OPS[kind].latency_steps(group)["ring"],
+        link.bus_bandwidth,
+        *_tuned(ach.interconnect if ppn > 1 else None, None if inside else ach.network),
+    )
+
+
+def _tuned(*links: Link | None) -> list[Tuning | None]:
+    return [None if k is None or k.tuning is None else TUNINGS[k.tuning] for k in links]
+
+
+def _ranks_per_node(mesh: Mesh, axis: str, group: int, hw: Hardware) -> int:
+    """How many of a group of `axis` share a node: every `stride`-th device of it."""
+    return max(1, min(group, hw.devices_per_node // mesh.stride(axis)))
 
 
 def comm_seconds(graph: Graph, n: Node, mesh: Mesh, hw: Hardware) -> float:
@@ -96,8 +149,11 @@ def gradient_seconds(c: dict[str, Any], mesh: Mesh, hw: Hardware) -> float:
     the link of the outermost mesh axis it spans."""
     spans = c["mesh_axis"].split("+")
     axis = next(a for a in mesh.names if a in spans)
-    wire = c["wire_bytes_per_device"]
-    return collective_seconds(c["kind"], c["group_size"], wire, mesh, axis, hw)
+    wire, group = c["wire_bytes_per_device"], c["group_size"]
+    # its ranks that share a node are those of its innermost axis's stride
+    inner = min((a for a in spans if a in mesh.names), key=mesh.stride)
+    ppn = _ranks_per_node(mesh, inner, group, hw)
+    return collective_seconds(c["kind"], group, wire, mesh, axis, hw, ranks_per_node=ppn)
 
 
 # -- groups of nodes ---------------------------------------------------------------------------

@@ -55,20 +55,43 @@ def test_a_row_is_read_from_its_quote():
     assert (2097152, pytest.approx(31.27e-6)) in table["rows"]
 
 
-def test_the_prediction_is_the_alpha_beta_time_by_hand():
+def test_the_prediction_is_nccls_tuner_by_hand():
     pub = load_script("published_collectives")
     table = next(t for t in pub.load_tables() if t["id"] == "h100x4 nccl-collectives-bench")
-    # 4 ranks: a tree all-reduce's 2 log2(4) = 4 steps at h100's 3 us, and the ring's
-    # 2 (n-1)/n of 2 MiB over NVLink's 370 GB/s bus bandwidth
-    want = 4 * 3e-6 + 1.5 * 2097152 / 370e9
-    assert pub.predict_seconds(table, 2097152) == pytest.approx(want, rel=1e-12)
-    # 8 ranks: the tree's 2 log2(8) = 6 steps (the ring's 14 are more), 2 (8-1)/8 of 1 GiB
+    # 2 MiB over 4 H100s: the ring's LL, 6.6 us + 6 NVLink hops of 0.6 us, and 2 MiB over LL's
+    # bandwidth, min(141 GB/s, half of 370) x the ring's 4 / 6
+    got, pick = pub.predict(table, 2097152)
+    assert pick == "ring LL"
+    assert got == pytest.approx(10.2e-6 + 2097152 / (141e9 * 4 / 6), rel=1e-12)
+    # 8 MiB: LL128, 14 us + 6 hops of 1.9 us, at 0.92 of the bus bandwidth
+    got, pick = pub.predict(table, 8 << 20)
+    assert pick == "ring LL128"
+    assert got == pytest.approx(25.4e-6 + (8 << 20) / (0.92 * 370e9 * 4 / 6), rel=1e-12)
+    # 1 GiB over 8 ranks: Simple, 8.4 us + 14 hops of 3.4 us, the whole bus bandwidth
     eight = next(t for t in pub.load_tables() if t["id"] == "h100x8 dgxc-benchmarking")
-    want = 6 * 3e-6 + 1.75 * (1 << 30) / 370e9
-    assert pub.predict_seconds(eight, 1 << 30) == pytest.approx(want, rel=1e-12)
-    # the A100's NVLink: 200 GB/s
+    got, pick = pub.predict(eight, 1 << 30)
+    assert pick == "ring Simple"
+    assert got == pytest.approx(56.0e-6 + (1 << 30) / (370e9 * 8 / 14), rel=1e-12)
+    # the A100's NVLink: 200 GB/s, whose half Ampere's LL cap of 87.7 GB/s holds down
     a100 = next(t for t in pub.load_tables() if t["hardware"] == "a100-sxm-80gb")
-    assert pub.predict_seconds(a100, 8 << 20) == pytest.approx(4 * 3e-6 + 1.5 * (8 << 20) / 200e9)
+    got, pick = pub.predict(a100, 1 << 20)
+    assert pick == "ring LL"
+    assert got == pytest.approx(10.2e-6 + (1 << 20) / (87.7e9 * 4 / 6), rel=1e-12)
+
+
+def test_nccls_tuner_meets_the_runs_launched_as_engines_launch_them(doc):
+    """The one-process-a-GPU run (how engines and torch.distributed launch NCCL) and the 4-GPU
+    runs' mid sizes, where a single bandwidth and step latency had been 1.3-1.7x fast."""
+    tables = {t["id"]: t for t in doc["tables"]}
+    dgx = tables["h100x8 dgxc-benchmarking"]["median_ratio_by_band"]
+    assert 0.9 <= dgx["below 1 MiB"] <= 1.15 and 0.9 <= dgx["1-256 MiB"] <= 1.1
+    for four in ("h100x4 nccl-collectives-bench", "h100x4 lambda"):
+        rows = tables[four]["rows"]
+        mid = [r["ratio"] for r in rows if 2 << 20 <= r["bytes"] < 256 << 20]
+        assert min(mid) >= 0.95 and max(mid) <= 1.1, four
+        # the large ring: Simple at the measured busbw
+        assert 0.97 <= rows[-1]["ratio"] <= 1.06
+        assert {r["nccl_pick"] for r in rows} == {"ring LL", "ring LL128", "ring Simple"}
 
 
 def test_band_medians_and_the_fit(doc):
