@@ -24,7 +24,10 @@ need NCCL's channel count; on the H100 and A100 NVLink rings they sit above the 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
+from types import MappingProxyType
 
 PROTOCOLS = ("LL", "LL128", "Simple")
 # microseconds, per algorithm, one figure a protocol (LL, LL128, Simple): baseLat
@@ -77,6 +80,7 @@ class Choice:
     seconds: float
 
 
+@lru_cache(maxsize=1024)
 def nccl_table(
     kind: str,
     ranks: int,
@@ -85,7 +89,7 @@ def nccl_table(
     bus_bandwidth: float,
     intra: Tuning | None,
     inter: Tuning | None,
-) -> dict[tuple[str, str], tuple[float, float]]:
+) -> Mapping[tuple[str, str], tuple[float, float]]:
     """(algorithm, protocol) -> (latency in microseconds, algorithm bandwidth in bytes/s, before
     the tree's correction by size) of a `kind` collective over `ranks` ranks on `nodes` nodes:
     the table NCCL prints under NCCL_DEBUG_SUBSYS=TUNING, at the link's Simple-protocol
@@ -107,9 +111,10 @@ def nccl_table(
             bw = _algorithm_bandwidth(algorithm, p, bus_bandwidth, cap, nodes, ranks, ring_steps)
             lat = _latency_us(kind, algorithm, p, ranks, nodes, ring_steps, intra, inter)
             out[algorithm, protocol] = (lat, bw)
-    return out
+    return MappingProxyType(out)  # cached: read-only
 
 
+@lru_cache(maxsize=8192)  # plan prices the same collective for every layer of every layout
 def nccl_choice(
     kind: str,
     nbytes: float,
