@@ -31,8 +31,9 @@ if str(ROOT) not in sys.path:  # run standalone from a checkout
 
 from benchmarks.published_cli import published_main, read_tables  # noqa: E402
 from graphllm.models.hardware import load_hardware  # noqa: E402
+from graphllm.models.nccl_tuning import nccl_choice  # noqa: E402
 from graphllm.ops import OPS  # noqa: E402
-from graphllm.passes.parallel.figures import collective_seconds, nccl_pick  # noqa: E402
+from graphllm.passes.parallel.figures import collective_seconds, nccl_group  # noqa: E402
 from graphllm.passes.parallel.sharding import Mesh  # noqa: E402
 
 IDEAL_HELP = "predict on the links' line rates"
@@ -107,7 +108,8 @@ def predict(table: dict[str, Any], size: int) -> tuple[float, str | None]:
     hw = load_hardware(table["hardware"])
     mesh = Mesh((("tp", n),))
     wire = OPS[kind].wire(n) * size
-    pick = nccl_pick(kind, n, wire, mesh, "tp", hw)
+    tuned = nccl_group(kind, n, mesh, "tp", hw)
+    pick = None if tuned is None else nccl_choice(tuned, size)
     label = None if pick is None else f"{pick.algorithm} {pick.protocol}"
     return collective_seconds(kind, n, wire, mesh, "tp", hw), label
 

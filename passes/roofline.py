@@ -31,6 +31,7 @@ from graphllm.build.kinds import LAYER, SCOPE_KINDS
 from graphllm.errors import PassError
 from graphllm.ir import Graph, Node
 from graphllm.models.hardware import Achievable, Hardware
+from graphllm.models.workload import GEMM_ONLY_ACTIVATIONS
 from graphllm.ops import OPS
 from graphllm.passes.cost import scopes_of
 from graphllm.passes.registry import meta_result, register
@@ -157,7 +158,10 @@ class Timer:
         if not oc.matmul or ach is None or not ach.dequant_efficiency:
             return 1.0
         dtypes = {self.graph.type_of(r).dtype for r in n.inputs}
-        if len(dtypes) < 2:  # both operands in one dtype (W8A8): a plain GEMM, no dequantising
+        if len(dtypes) < 2:  # both operands in one dtype: a plain GEMM, no dequantising
+            return 1.0
+        if self.graph.meta.get("act_dtype") in GEMM_ONLY_ACTIVATIONS:
+            # W8A8: the 16-bit stream is quantized to the weights' dtype for a plain GEMM
             return 1.0
         # the weight's storage: attention over a quantized KV cache is no dequantising GEMV
         shares = [

@@ -109,7 +109,8 @@ class _Builder:
             config=cfg,
             workload=wl,
             mla=mla if cfg.is_mla else None,
-            act_dtype=wl.act_dtype,
+            act_dtype=wl.act_dtype,  # the matmuls' compute dtype
+            stream_dtype=wl.stream_dtype,  # what the ops between them write
             weight_dtype=wl.weight_dtype,
             kv_dtype=wl.kv_dtype,
             quantization=cfg.quantization,

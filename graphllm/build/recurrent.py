@@ -73,7 +73,7 @@ def causal_conv(
     if b.wl.past_len > 0:
         past_t = TensorType(
             (B, Dim("conv_w", "key_token", keep, positions=(f"P-{keep}", "P")), c),
-            b.wl.act_dtype,
+            b.wl.stream_dtype,
         )
         past = g.input(f"past_key_values.{layer}.conv_state", past_t)
         s_conv = Dim(S_CONV, "key_token", positions=(f"P-{keep}", "P+T"))

@@ -206,6 +206,7 @@ def infer(graph: Graph, node: Node) -> tuple[TensorType, ...]:
         tuple(a.get("sizes", ())),
         a.get("dtype"),
         graph.meta.get("act_dtype"),
+        graph.meta.get("stream_dtype"),
     )
     hit = _INFER_CACHE.get(key)
     if hit is not None:
@@ -229,8 +230,8 @@ def _infer(graph: Graph, node: Node, spec: OpSpec) -> tuple[TensorType, ...]:
     for dims, rule in zip(output_dims(spec.signature, env, ell, axes, where), spec.out_dtypes):
         if rule == "same":
             dt = in_types[0].dtype
-        elif rule == "act":
-            dt = graph.meta.get("act_dtype", "fp32")
+        elif rule == "act":  # the stream's: a W8A8 graph's fp8 is its GEMMs' inputs alone
+            dt = graph.meta.get("stream_dtype") or graph.meta.get("act_dtype", "fp32")
         else:
             dt = rule
         if spec.retype is not None:

@@ -80,57 +80,54 @@ class Choice:
     seconds: float
 
 
+@dataclass(frozen=True)
+class Group:
+    """A `kind` collective over `ranks` ranks on `nodes` nodes, as NCCL's tuner sees it: the
+    ring's steps (the op table's), the link's Simple-protocol bus bandwidth (bytes/s), and the
+    tunings of the links inside a node (`intra`) and of the network (`inter`, None on one
+    node)."""
+
+    kind: str
+    ranks: int
+    nodes: int
+    ring_steps: int
+    bus_bandwidth: float
+    intra: Tuning | None
+    inter: Tuning | None
+
+
 @lru_cache(maxsize=1024)
-def nccl_table(
-    kind: str,
-    ranks: int,
-    nodes: int,
-    ring_steps: int,
-    bus_bandwidth: float,
-    intra: Tuning | None,
-    inter: Tuning | None,
-) -> Mapping[tuple[str, str], tuple[float, float]]:
+def nccl_table(g: Group) -> Mapping[tuple[str, str], tuple[float, float]]:
     """(algorithm, protocol) -> (latency in microseconds, algorithm bandwidth in bytes/s, before
-    the tree's correction by size) of a `kind` collective over `ranks` ranks on `nodes` nodes:
-    the table NCCL prints under NCCL_DEBUG_SUBSYS=TUNING, at the link's Simple-protocol
-    `bus_bandwidth`. `intra` tunes the links inside a node, `inter` the network (None on one
-    node). Empty when the tuner does not price `kind` or lacks a link it needs."""
-    ppn = ranks // nodes
-    if kind not in PRICED or ranks < 2:
-        return {}
-    if (nodes > 1 and inter is None) or (ppn > 1 and intra is None):
-        return {}
-    link = intra if nodes == 1 else inter
-    cap = link.ll_cap[0] if nodes <= 2 else link.ll_cap[1]
-    ll128 = link.ll128 and (intra is None or intra.ll128)
+    the tree's correction by size): the table NCCL prints under NCCL_DEBUG_SUBSYS=TUNING. Empty
+    when the tuner does not price `g.kind` or lacks a link it needs."""
+    ppn = g.ranks // g.nodes
+    if g.kind not in PRICED or g.ranks < 2:
+        return MappingProxyType({})
+    if (g.nodes > 1 and g.inter is None) or (ppn > 1 and g.intra is None):
+        return MappingProxyType({})
+    link = g.intra if g.nodes == 1 else g.inter
+    cap = link.ll_cap[0] if g.nodes <= 2 else link.ll_cap[1]
+    ll128 = link.ll128 and (g.intra is None or g.intra.ll128)
     out = {}
-    for algorithm in ("ring", "tree") if kind == "all_reduce" else ("ring",):
+    for algorithm in ("ring", "tree") if g.kind == "all_reduce" else ("ring",):
         for p, protocol in enumerate(PROTOCOLS):
             if protocol == "LL128" and not ll128:
                 continue
-            bw = _algorithm_bandwidth(algorithm, p, bus_bandwidth, cap, nodes, ranks, ring_steps)
-            lat = _latency_us(kind, algorithm, p, ranks, nodes, ring_steps, intra, inter)
-            out[algorithm, protocol] = (lat, bw)
+            out[algorithm, protocol] = (
+                _latency_us(g, algorithm, p),
+                _bandwidth(g, algorithm, p, cap),
+            )
     return MappingProxyType(out)  # cached: read-only
 
 
 @lru_cache(maxsize=8192)  # plan prices the same collective for every layer of every layout
-def nccl_choice(
-    kind: str,
-    nbytes: float,
-    ranks: int,
-    nodes: int,
-    ring_steps: int,
-    bus_bandwidth: float,
-    intra: Tuning | None,
-    inter: Tuning | None,
-) -> Choice | None:
+def nccl_choice(g: Group, nbytes: float) -> Choice | None:
     """The cheapest entry of `nccl_table` for a collective of `nbytes` (NCCL's count x type
     size, the whole tensor: the all-gather's output, the reduce-scatter's input), as NCCL's
     `ncclTopoGetAlgoTime` prices it; None where the table is empty."""
     best = None
-    table = nccl_table(kind, ranks, nodes, ring_steps, bus_bandwidth, intra, inter)
-    for (algorithm, protocol), (lat, bw) in table.items():
+    for (algorithm, protocol), (lat, bw) in nccl_table(g).items():
         if algorithm == "tree":
             bw *= _tree_correction(PROTOCOLS.index(protocol), nbytes)
         seconds = lat * 1e-6 + nbytes / bw
@@ -139,15 +136,14 @@ def nccl_choice(
     return best
 
 
-def _algorithm_bandwidth(
-    algorithm: str, p: int, bus: float, cap: float, nodes: int, ranks: int, ring_steps: int
-) -> float:
-    """Bytes/s of the whole tensor (NCCL's algorithm bandwidth)."""
+def _bandwidth(g: Group, algorithm: str, p: int, cap: float) -> float:
+    """Bytes/s of the whole tensor (NCCL's algorithm bandwidth) for protocol index `p`."""
+    bus = g.bus_bandwidth
     if algorithm == "ring":
         bw = (min(cap, bus * 0.5), bus * 0.92, bus)[p]
-        return bw * ranks / ring_steps
+        return bw * g.ranks / g.ring_steps
     bw = bus * 0.92
-    bw = (min(bw / 3.8, cap), bw * (7 / 9 if nodes == 1 else 120 / 128), bw)[p]
+    bw = (min(bw / 3.8, cap), bw * (7 / 9 if g.nodes == 1 else 120 / 128), bw)[p]
     return bw * 0.5
 
 
@@ -157,30 +153,21 @@ def _tree_correction(p: int, nbytes: float) -> float:
     return TREE_CORRECTION[p][level] if 0 <= level < len(TREE_CORRECTION[p]) else 1.0
 
 
-def _latency_us(
-    kind: str,
-    algorithm: str,
-    p: int,
-    ranks: int,
-    nodes: int,
-    ring_steps: int,
-    intra: Tuning | None,
-    inter: Tuning | None,
-) -> float:
-    ppn = ranks // nodes
-    intra_hop = HOP_US[intra.hops][algorithm][p] if intra is not None else 0.0
+def _latency_us(g: Group, algorithm: str, p: int) -> float:
+    ppn = g.ranks // g.nodes
+    intra_hop = HOP_US[g.intra.hops][algorithm][p] if g.intra is not None else 0.0
     # with one rank a node every hop is the network's, priced at the tree's network latency
     inter_hop = HOP_US["net"]["tree" if ppn == 1 else algorithm][p]
     lat = BASE_US[algorithm][p]
     if algorithm == "tree":
-        return lat + 2 * ((ppn - 1) * intra_hop + int(math.log2(nodes)) * inter_hop)
-    if nodes == 1:
-        return lat + ring_steps * intra_hop
+        return lat + 2 * ((ppn - 1) * intra_hop + int(math.log2(g.nodes)) * inter_hop)
+    if g.nodes == 1:
+        return lat + g.ring_steps * intra_hop
     # a ring across nodes posts a network send at every step, intra-node ones included
-    overhead = inter.net_overhead_us * (3 if PROTOCOLS[p] == "Simple" else 1)
-    inter_steps = 2 * (nodes - 1) if kind == "all_reduce" else nodes - 1
-    lat += (ring_steps - inter_steps) * max(intra_hop, overhead) + inter_steps * inter_hop
-    if kind == "all_reduce" and PROTOCOLS[p] == "Simple":
+    overhead = g.inter.net_overhead_us * (3 if PROTOCOLS[p] == "Simple" else 1)
+    inter_steps = 2 * (g.nodes - 1) if g.kind == "all_reduce" else g.nodes - 1
+    lat += (g.ring_steps - inter_steps) * max(intra_hop, overhead) + inter_steps * inter_hop
+    if g.kind == "all_reduce" and PROTOCOLS[p] == "Simple":
         # NCCL applies it from 64 bytes a channel a rank, far below where Simple wins
         lat *= RING_SIMPLE_PLATEAU
     return lat

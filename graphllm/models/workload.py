@@ -56,6 +56,11 @@ DTYPES: dict[str, DType] = {
 }
 # dtypes that only make sense for stored weights (activations need a float format)
 WEIGHT_ONLY = {"int4", "mxfp4", "int4g32"}
+# activation dtypes that are a GEMM's quantized input (W8A8), not a stream's: FP8 and int8
+# engines (TensorRT-LLM, vLLM, SGLang) quantize a linear's input and keep the residual stream,
+# the norms, the attention's inputs and the collectives in 16 bits
+GEMM_ONLY_ACTIVATIONS = {"fp8", "int8"}
+STREAM_DTYPE = "bf16"  # the stream's dtype beside GEMM_ONLY_ACTIVATIONS
 # spellings seen in HF configs
 DTYPE_ALIASES = {
     "float32": "fp32",
@@ -114,6 +119,12 @@ class Workload:
             object.__setattr__(self, name, canon)
 
     @property
+    def stream_dtype(self) -> str:
+        """The dtype the activations between ops are held in: `act_dtype`, or 16-bit when that
+        is a GEMM-only (W8A8) activation dtype (GEMM_ONLY_ACTIVATIONS)."""
+        return STREAM_DTYPE if self.act_dtype in GEMM_ONLY_ACTIVATIONS else self.act_dtype
+
+    @property
     def key_len(self) -> int:
         return self.past_len + self.seq_len
 
@@ -126,7 +137,11 @@ class Workload:
         return {"B": self.batch, "T": self.seq_len, "P": self.past_len, "S": self.key_len}
 
     def to_dict(self) -> dict:
-        return asdict(self) | {"key_len": self.key_len, "phase": self.phase}
+        return asdict(self) | {
+            "key_len": self.key_len,
+            "phase": self.phase,
+            "stream_dtype": self.stream_dtype,
+        }
 
     @staticmethod
     def with_dtype(base: Workload | None = None, **kw: object) -> Workload:

@@ -33,7 +33,7 @@ from graphllm.passes.parallel.plan import reduced_config
 from graphllm.passes.training import TrainingOptions
 from graphllm.report.fit import fit_section
 from graphllm.report.reuse import trace_document
-from graphllm.report.summary import _b, _n, _t
+from graphllm.report.summary import _activations, _b, _n, _t
 from graphllm.report.trace_report import analysed, per_op_rows, sweep
 
 ATTENTION_KINDS = ("attention", "linear_attention", "mamba")  # what exporters.dot draws as such
@@ -145,7 +145,7 @@ def _summary(doc: dict[str, Any]) -> list[list[str]]:
         [
             "workload",
             f"{w['phase']}, B={w['batch']} T={w['seq_len']} P={w['past_len']} (S={w['key_len']});"
-            f" weights {w['weight_dtype']}, activations {w['act_dtype']}, KV cache "
+            f" weights {w['weight_dtype']}, activations {_activations(w)}, KV cache "
             f"{w['kv_dtype']}; {w['attention']} attention"
             + ("; forward + backward" if w.get("training") else ""),
         ],

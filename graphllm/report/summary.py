@@ -32,7 +32,7 @@ def print_trace(doc: dict[str, Any], console: Console | None = None) -> None:
     weights = f"as the checkpoint stores them ({q['method']})" if q else w["weight_dtype"]
     con.print(
         f"workload: {w['phase']}, B={w['batch']} T={w['seq_len']} P={w['past_len']} "
-        f"(S={w['key_len']}); weights {weights}, activations {w['act_dtype']}, "
+        f"(S={w['key_len']}); weights {weights}, activations {_activations(w)}, "
         f"KV cache {w['kv_dtype']}"
     )
     if q:
@@ -270,3 +270,11 @@ def _window_saving(m: dict, limited: str = "windows") -> str:
     if full <= kv * (1 + 1e-9):
         return ""
     return f" ({_b(full)} with full attention on every layer: {limited} save {1 - kv / full:.0%})"
+
+
+def _activations(w: dict) -> str:
+    """The activation dtype, and the stream's where that is a W8A8 GEMM-only dtype."""
+    stream = w.get("stream_dtype", w["act_dtype"])
+    if stream == w["act_dtype"]:
+        return w["act_dtype"]
+    return f"{w['act_dtype']} into the GEMMs, {stream} between them"

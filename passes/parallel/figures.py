@@ -15,7 +15,7 @@ from typing import Any
 from graphllm.errors import ConfigError
 from graphllm.ir import Graph, Node
 from graphllm.models.hardware import Hardware, Link
-from graphllm.models.nccl_tuning import PRICED, TUNINGS, Choice, Tuning, nccl_choice
+from graphllm.models.nccl_tuning import PRICED, TUNINGS, Group, Tuning, nccl_choice
 from graphllm.models.workload import nbytes
 from graphllm.ops import COMMUNICATION, OPS, SOURCE
 from graphllm.passes.cost import cost_nodes
@@ -92,25 +92,21 @@ def collective_seconds(
     ach, steps = hw.achievable, OPS[kind].latency_steps
     if ach is None or steps is None:
         return beta
-    choice = nccl_pick(kind, group, wire, mesh, axis, hw, ranks_per_node)
-    if choice is not None:
-        return choice.seconds
+    tuned = nccl_group(kind, group, mesh, axis, hw, ranks_per_node)
+    if tuned is not None:
+        choice = nccl_choice(tuned, wire / OPS[kind].wire(group))  # NCCL counts the whole tensor
+        if choice is not None:
+            return choice.seconds
     link = ach.interconnect if inside else ach.network
     return beta + (0.0 if link is None else min(steps(group).values()) * link.step_latency)
 
 
-def nccl_pick(
-    kind: str,
-    group: int,
-    wire: float,
-    mesh: Mesh,
-    axis: str,
-    hw: Hardware,
-    ranks_per_node: int | None = None,
-) -> Choice | None:
-    """The algorithm, protocol and time NCCL's tuner gives the collective that
-    `collective_seconds` prices, or None where it is not priced so (the ideal model, a link
-    without a `tuning`, a kind measured on this machine or one the tuner does not price)."""
+def nccl_group(
+    kind: str, group: int, mesh: Mesh, axis: str, hw: Hardware, ranks_per_node: int | None = None
+) -> Group | None:
+    """The collective as NCCL's tuner sees it where `collective_seconds` prices it so, else None
+    (the ideal model, a link without a `tuning`, a kind measured on this machine or one the
+    tuner does not price)."""
     ach, inside = hw.achievable, _inside_node(mesh, axis, hw)
     if ach is None or kind not in PRICED or (inside and kind in hw.links):
         return None
@@ -118,15 +114,9 @@ def nccl_pick(
     if link is None or link.tuning is None:
         return None
     ppn = group if inside else ranks_per_node or _ranks_per_node(mesh, axis, group, hw)
-    return nccl_choice(
-        kind,
-        wire / OPS[kind].wire(group),  # the whole tensor, as NCCL counts it
-        group,
-        -(-group // ppn),
-        OPS[kind].latency_steps(group)["ring"],
-        link.bus_bandwidth,
-        *_tuned(ach.interconnect if ppn > 1 else None, None if inside else ach.network),
-    )
+    intra, inter = _tuned(ach.interconnect if ppn > 1 else None, None if inside else ach.network)
+    steps = OPS[kind].latency_steps(group)["ring"]
+    return Group(kind, group, -(-group // ppn), steps, link.bus_bandwidth, intra, inter)
 
 
 def _tuned(*links: Link | None) -> list[Tuning | None]:

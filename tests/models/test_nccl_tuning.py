@@ -6,9 +6,9 @@ import pytest
 
 from graphllm.errors import ConfigError
 from graphllm.models.hardware import hardware_from_dict, load_hardware
-from graphllm.models.nccl_tuning import TUNINGS, nccl_choice, nccl_table
+from graphllm.models.nccl_tuning import TUNINGS, Group, nccl_choice, nccl_table
 from graphllm.ops import OPS
-from graphllm.passes.parallel.figures import collective_seconds, gradient_seconds, nccl_pick
+from graphllm.passes.parallel.figures import collective_seconds, gradient_seconds, nccl_group
 from graphllm.passes.parallel.sharding import Mesh
 from tests.support.achievable_spec import SPEC, with_achievable
 
@@ -18,9 +18,8 @@ H100 = load_hardware("h100")
 
 def test_the_protocol_moves_with_the_size_inside_a_node():
     hopper = TUNINGS["nccl-nvlink-hopper"]
-    picks = [
-        nccl_choice("all_reduce", b, 4, 1, 6, 370e9, hopper, None) for b in (8, 4 << 20, 1 << 30)
-    ]
+    four = Group("all_reduce", 4, 1, 6, 370e9, hopper, None)
+    picks = [nccl_choice(four, b) for b in (8, 4 << 20, 1 << 30)]
     assert [(c.algorithm, c.protocol) for c in picks] == [
         ("ring", "LL"),
         ("ring", "LL128"),
@@ -32,7 +31,7 @@ def test_the_protocol_moves_with_the_size_inside_a_node():
 
 def test_an_all_gather_takes_the_ring_of_n_minus_1_steps():
     hopper = TUNINGS["nccl-nvlink-hopper"]
-    c = nccl_choice("all_gather", 64 << 20, 8, 1, 7, 370e9, hopper, None)
+    c = nccl_choice(Group("all_gather", 8, 1, 7, 370e9, hopper, None), 64 << 20)
     assert (c.algorithm, c.protocol) == ("ring", "Simple")
     assert c.seconds == pytest.approx(8.4 * US + 7 * 3.4 * US + (64 << 20) / (370e9 * 8 / 7))
     # through the partition's entry point: the wire bytes are (n-1)/n of the gathered tensor
@@ -46,7 +45,7 @@ def test_one_rank_a_node_takes_the_tree_and_the_networks_hops():
     mesh = Mesh((("dp", 4), ("tp", 8)))
     nbytes = 8192
     wire = OPS["all_reduce"].wire(4) * nbytes
-    pick = nccl_pick("all_reduce", 4, wire, mesh, "dp", H100)
+    pick = nccl_choice(nccl_group("all_reduce", 4, mesh, "dp", H100), nbytes)
     assert (pick.algorithm, pick.protocol) == ("tree", "LL")
     # 6.8 us + 2 x log2(4) network hops of 5 us; LL at 0.92 x 40 GB/s / 3.8 (under the Intel
     # host's 20.4 GB/s cap for more than two nodes), halved for the tree, x 0.7 at 2^7 x 64 B
@@ -61,13 +60,14 @@ def test_a_group_over_two_full_nodes_pays_intra_and_inter_hops():
     mesh = Mesh((("tp", 16),))
     nbytes = 16 << 10
     wire = OPS["all_reduce"].wire(16) * nbytes
-    pick = nccl_pick("all_reduce", 16, wire, mesh, "tp", H100)
+    pick = nccl_choice(nccl_group("all_reduce", 16, mesh, "tp", H100), nbytes)
     ring = 6.6 * US + 28 * 1.0 * US + 2 * 2.7 * US + nbytes / (min(39e9, 20e9) * 16 / 30)
     tree = 6.8 * US + 2 * (7 * 0.6 + 1 * 5.0) * US  # NVLink hops inside, one network level
     # LL's tree share at 16 KiB = 2^8 x 64 B: 0.7
     tree += nbytes / (min(0.92 * 40e9 / 3.8, 39e9) * 0.5 * 0.7)
     assert pick.seconds == pytest.approx(min(ring, tree))
     assert pick.algorithm == ("tree" if tree < ring else "ring") and pick.protocol == "LL"
+    assert collective_seconds("all_reduce", 16, wire, mesh, "tp", H100) == pick.seconds
 
 
 def test_a_gradient_over_dp_and_cp_counts_the_ranks_that_share_a_node():
@@ -76,7 +76,9 @@ def test_a_gradient_over_dp_and_cp_counts_the_ranks_that_share_a_node():
     wire = OPS["reduce_scatter"].wire(16) * (256 << 20)
     c = {"mesh_axis": "dp+cp", "kind": "reduce_scatter", "group_size": 16}
     got = gradient_seconds(c | {"wire_bytes_per_device": wire}, mesh, H100)
-    want = nccl_pick("reduce_scatter", 16, wire, mesh, "dp", H100, ranks_per_node=8)
+    tuned = nccl_group("reduce_scatter", 16, mesh, "dp", H100, ranks_per_node=8)
+    assert (tuned.nodes, tuned.ring_steps) == (2, 15)
+    want = nccl_choice(tuned, 256 << 20)
     assert got == pytest.approx(want.seconds)
     # one network step (two nodes), the other 14 inside at max(3.4, 3 x the 1 us overhead)
     lat = (8.4 + 14 * 3.4 + 1 * 14.0) * US
@@ -86,13 +88,13 @@ def test_a_gradient_over_dp_and_cp_counts_the_ranks_that_share_a_node():
 def test_kinds_the_tuner_does_not_price_keep_the_step_model():
     mesh = Mesh((("ep", 8),))
     wire = OPS["all_to_all"].wire(8) * (1 << 20)
-    assert nccl_pick("all_to_all", 8, wire, mesh, "ep", H100) is None
+    assert nccl_group("all_to_all", 8, mesh, "ep", H100) is None
     got = collective_seconds("all_to_all", 8, wire, mesh, "ep", H100)
     assert got == pytest.approx(7 * 3e-6 + wire / 370e9)
     # the ideal model: line rate, no latency, whatever the tuning
     ideal = H100.ideal()
     wire = OPS["all_reduce"].wire(8) * (1 << 20)
-    assert nccl_pick("all_reduce", 8, wire, mesh, "ep", ideal) is None
+    assert nccl_group("all_reduce", 8, mesh, "ep", ideal) is None
     assert collective_seconds("all_reduce", 8, wire, mesh, "ep", ideal) == wire / 450e9
 
 
@@ -100,7 +102,7 @@ def test_a_link_without_a_tuning_keeps_the_step_model():
     hw = hardware_from_dict(SPEC, "test")
     mesh = Mesh((("tp", 8),))
     wire = OPS["all_reduce"].wire(8) * (1 << 20)
-    assert nccl_pick("all_reduce", 8, wire, mesh, "tp", hw) is None
+    assert nccl_group("all_reduce", 8, mesh, "tp", hw) is None
     assert collective_seconds("all_reduce", 8, wire, mesh, "tp", hw) == pytest.approx(
         6 * 2 * US + wire / 300e9
     )
@@ -164,7 +166,7 @@ def test_the_model_prints_nccls_own_tuning_table(ranks):
         ("all_reduce", reduce, 2 * (ranks - 1)),
     ):
         assert steps == OPS[kind].latency_steps(ranks)["ring"]
-        ours = nccl_table(kind, ranks, 1, steps, bus, hopper, None)
+        ours = nccl_table(Group(kind, ranks, 1, steps, bus, hopper, None))
         want = _printed(line)
         assert set(ours) == set(want), (PRINTED + log, kind)
         for key, (lat, bw) in want.items():

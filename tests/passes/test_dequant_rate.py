@@ -114,7 +114,8 @@ def test_an_int8_weight_only_gemv_streams_at_torch_compiles_measured_share():
 
 
 def test_int8_times_int8_is_a_plain_gemm_not_a_dequantising_one():
-    # W8A8: both operands int8, no kernel dequantises the weight, so int8's share stays unused
+    # W8A8: an int8 GEMM of int8 weights and the 16-bit stream quantized to int8; no kernel
+    # dequantises the weight, so int8's share stays unused
     hw = hardware_from_dict(with_achievable(dequant_efficiency={"int8": 0.5}), "half-int8")
     cfg = config_from_dict(tiny_configs.LLAMA, "tiny")
     w8a8 = build_graph(cfg, Workload(batch=1, seq_len=1, past_len=4, weight_dtype="int8",
@@ -123,7 +124,9 @@ def test_int8_times_int8_is_a_plain_gemm_not_a_dequantising_one():
     for g in (w8a8, w8a16):
         run(g, ["cost", "roofline"], hardware=hw)
     q8, q16 = (g["model.layers.0.self_attn.q_proj"] for g in (w8a8, w8a16))
-    assert {w8a8.type_of(r).dtype for r in q8.inputs} == {"int8"}
+    # the stream holds the activation in 16 bits; int8 is the GEMM's input dtype alone
+    assert {w8a8.type_of(r).dtype for r in q8.inputs} == {"bf16", "int8"}
+    assert w8a8.meta["act_dtype"] == "int8" and w8a8.meta["stream_dtype"] == "bf16"
     oc8, oc16 = meta_result(q8, "cost"), meta_result(q16, "cost")
     assert meta_result(q8, "time").seconds == pytest.approx(oc8.bytes / 3e12 + 1 * US)
     assert meta_result(q16, "time").seconds == pytest.approx(oc16.bytes / 1.5e12 + 1 * US)
