@@ -105,8 +105,9 @@ def _engine_attention(hw: Any, row: dict[str, Any]) -> Any:
     if want is None or hw.achievable is None:
         return hw
     rates = hw.achievable.attention_flops
-    act = row["precision"]["act"]
-    fixed = replace(hw.achievable, attention_flops=rates | {act: hw.attention_rate(want)})
+    # the attention runs at the rate of the graph's stream dtype (bf16 beside W8A8's fp8)
+    stream = Workload(act_dtype=row["precision"]["act"]).stream_dtype
+    fixed = replace(hw.achievable, attention_flops=rates | {stream: hw.attention_rate(want)})
     return replace(hw, achievable=fixed)
 
 

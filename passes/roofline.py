@@ -125,7 +125,9 @@ class Timer:
         self.peak, self.bw = hardware.peak(dtype), hardware.bandwidth()
         if self.peak <= 0 or self.bw <= 0:
             raise PassError(f"hardware {hardware.name}: peak and bandwidth must be positive")
-        self.gemm, self.attn = hardware.gemm_rate(dtype), hardware.attention_rate(dtype)
+        # W8A8: the linears take the quantized dtype, the attention the 16-bit stream's
+        stream = graph.meta.get("stream_dtype") or dtype
+        self.gemm, self.attn = hardware.gemm_rate(dtype), hardware.attention_rate(stream)
         cal, cfg, wl = hardware.calibration, graph.meta.get("config"), graph.meta.get("workload")
         if cal is not None and flash and cfg is not None and wl is not None:
             # the fused kernel timed at this model's heads and this step (calibrate's
@@ -160,8 +162,12 @@ class Timer:
         dtypes = {self.graph.type_of(r).dtype for r in n.inputs}
         if len(dtypes) < 2:  # both operands in one dtype: a plain GEMM, no dequantising
             return 1.0
-        if self.graph.meta.get("act_dtype") in GEMM_ONLY_ACTIVATIONS:
-            # W8A8: the 16-bit stream is quantized to the weights' dtype for a plain GEMM
+        act = self.graph.meta.get("act_dtype")
+        if act in GEMM_ONLY_ACTIVATIONS and any(
+            self._weight(r) and self.graph.type_of(r).dtype == act for r in n.inputs
+        ):
+            # W8A8: the 16-bit stream is quantized to the weights' dtype for a plain GEMM (W4A8
+            # still dequantises its weights)
             return 1.0
         # the weight's storage: attention over a quantized KV cache is no dequantising GEMV
         shares = [

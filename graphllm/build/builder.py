@@ -117,7 +117,7 @@ class _Builder:
         )
         if cfg.quantization is not None:  # the weights are the checkpoint's, not wl.weight_dtype
             self.g.meta["weight_dtype"] = cfg.quantization.weights.dtype
-        small = wl.act_dtype if wl.weight_dtype in WEIGHT_ONLY else wl.weight_dtype
+        small = wl.stream_dtype if wl.weight_dtype in WEIGHT_ONLY else wl.weight_dtype
         self.vector_dtype = small  # 1-D weights (norms, biases) are not quantised
         c = cfg
         self.d = Dim("d", "hidden", c.hidden_size)

@@ -26,6 +26,7 @@ import numpy as np
 from graphllm.errors import GraphError
 from graphllm.ir.dims import TOKEN_ROLES, Dim, TensorType
 from graphllm.ir.signature import Signature, bind, output_dims, parse
+from graphllm.models.workload import stream_of
 
 if TYPE_CHECKING:
     from graphllm.ir.graph import Graph, Node
@@ -231,7 +232,7 @@ def _infer(graph: Graph, node: Node, spec: OpSpec) -> tuple[TensorType, ...]:
         if rule == "same":
             dt = in_types[0].dtype
         elif rule == "act":  # the stream's: a W8A8 graph's fp8 is its GEMMs' inputs alone
-            dt = graph.meta.get("stream_dtype") or graph.meta.get("act_dtype", "fp32")
+            dt = graph.meta.get("stream_dtype") or stream_of(graph.meta.get("act_dtype", "fp32"))
         else:
             dt = rule
         if spec.retype is not None:

@@ -61,6 +61,13 @@ WEIGHT_ONLY = {"int4", "mxfp4", "int4g32"}
 # the norms, the attention's inputs and the collectives in 16 bits
 GEMM_ONLY_ACTIVATIONS = {"fp8", "int8"}
 STREAM_DTYPE = "bf16"  # the stream's dtype beside GEMM_ONLY_ACTIVATIONS
+
+
+def stream_of(act_dtype: str) -> str:
+    """The dtype held between ops for an activation dtype: 16-bit beside a W8A8 one."""
+    return STREAM_DTYPE if act_dtype in GEMM_ONLY_ACTIVATIONS else act_dtype
+
+
 # spellings seen in HF configs
 DTYPE_ALIASES = {
     "float32": "fp32",
@@ -122,7 +129,7 @@ class Workload:
     def stream_dtype(self) -> str:
         """The dtype the activations between ops are held in: `act_dtype`, or 16-bit when that
         is a GEMM-only (W8A8) activation dtype (GEMM_ONLY_ACTIVATIONS)."""
-        return STREAM_DTYPE if self.act_dtype in GEMM_ONLY_ACTIVATIONS else self.act_dtype
+        return stream_of(self.act_dtype)
 
     @property
     def key_len(self) -> int:

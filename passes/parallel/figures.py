@@ -8,6 +8,7 @@ collectives' for one pass (forward); the caller scales them to a step.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -113,7 +114,7 @@ def nccl_group(
     link = ach.interconnect if inside else ach.network
     if link is None or link.tuning is None:
         return None
-    ppn = group if inside else ranks_per_node or _ranks_per_node(mesh, axis, group, hw)
+    ppn = group if inside else ranks_per_node or _ranks_per_node(mesh, [axis], hw)
     intra, inter = _tuned(ach.interconnect if ppn > 1 else None, None if inside else ach.network)
     steps = OPS[kind].latency_steps(group)["ring"]
     return Group(kind, group, -(-group // ppn), steps, link.bus_bandwidth, intra, inter)
@@ -123,9 +124,11 @@ def _tuned(*links: Link | None) -> list[Tuning | None]:
     return [None if k is None or k.tuning is None else TUNINGS[k.tuning] for k in links]
 
 
-def _ranks_per_node(mesh: Mesh, axis: str, group: int, hw: Hardware) -> int:
-    """How many of a group of `axis` share a node: every `stride`-th device of it."""
-    return max(1, min(group, hw.devices_per_node // mesh.stride(axis)))
+def _ranks_per_node(mesh: Mesh, axes: Iterable[str], hw: Hardware) -> int:
+    """How many of a group over mesh `axes` share a node: of each axis, those of its devices
+    (every `stride`-th) within a node. The axes need not be adjacent (pp may lie between a
+    gradient's dp and cp)."""
+    return math.prod(max(1, min(mesh.size(a), hw.devices_per_node // mesh.stride(a))) for a in axes)
 
 
 def comm_seconds(graph: Graph, n: Node, mesh: Mesh, hw: Hardware) -> float:
@@ -140,9 +143,7 @@ def gradient_seconds(c: dict[str, Any], mesh: Mesh, hw: Hardware) -> float:
     spans = c["mesh_axis"].split("+")
     axis = next(a for a in mesh.names if a in spans)
     wire, group = c["wire_bytes_per_device"], c["group_size"]
-    # its ranks that share a node are those of its innermost axis's stride
-    inner = min((a for a in spans if a in mesh.names), key=mesh.stride)
-    ppn = _ranks_per_node(mesh, inner, group, hw)
+    ppn = _ranks_per_node(mesh, [a for a in spans if a in mesh.names], hw)
     return collective_seconds(c["kind"], group, wire, mesh, axis, hw, ranks_per_node=ppn)
 
 

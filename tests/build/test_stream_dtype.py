@@ -68,3 +68,32 @@ def test_the_matmuls_run_at_the_quantized_gemm_rate():
     assert meta_result(q, "cost").flops == flops
     # compute-bound at 1e15 B/s, without launch costs: the FP8 GEMM rate, not bf16's
     assert meta_result(q, "time").seconds == pytest.approx(flops / 1600e12)
+
+
+def test_the_attention_runs_at_the_streams_rate_and_w4a8_still_dequantises():
+    spec = SPEC | {
+        "peak_flops": SPEC["peak_flops"] | {"fp8": 2000e12},
+        "achievable": SPEC["achievable"]
+        | {
+            "gemm_flops": {"bf16": 800e12, "fp8": 1600e12},
+            "attention_flops": {"bf16": 600e12, "fp8": 1200e12},
+            "memory_bandwidth": 1e15,
+            "dequant_efficiency": {"int4g32": 0.5},
+        }
+        | dict.fromkeys(("launch_seconds", "graph_launch_seconds", "graph_replay_seconds")),
+    }
+    hw = hardware_from_dict(spec, "fp8-test")
+    g = _graph("fp8")
+    run(g, ["cost", "roofline"], attention="naive", hardware=hw)
+    scores = g["model.layers.0.self_attn.core.scores"]
+    flops = meta_result(scores, "cost").matmul
+    assert flops and meta_result(scores, "time").seconds == pytest.approx(flops / 600e12)
+    # W4A8: int4g32 weights under fp8 activations go through a dequantising kernel
+    cfg = config_from_dict(tiny_configs.LLAMA, "tiny")
+    wl = Workload(batch=1, seq_len=1, past_len=4, weight_dtype="int4g32", act_dtype="fp8")
+    w4 = build_graph(cfg, wl)
+    run(w4, ["cost", "roofline"], hardware=hw)
+    q = w4["model.layers.0.self_attn.q_proj"]
+    assert meta_result(q, "time").seconds == pytest.approx(
+        meta_result(q, "cost").bytes / (0.5 * 1e15)
+    )

@@ -172,3 +172,54 @@ def test_the_model_prints_nccls_own_tuning_table(ranks):
         for key, (lat, bw) in want.items():
             assert round(ours[key][0], 1) == lat, (PRINTED + log, kind, key)
             assert round(ours[key][1] / 1e9, 1) == bw, (PRINTED + log, kind, key)
+
+
+def test_a_gradient_over_axes_that_are_not_adjacent_counts_each_axis_s_ranks_in_a_node():
+    """dp=2, pp=4, cp=2 on 8-GPU nodes: a dp+cp gradient's 4 ranks sit 2 a node on 2 nodes."""
+    mesh = Mesh((("dp", 2), ("pp", 4), ("cp", 2)))
+    nbytes = 64 << 10
+    wire = OPS["all_reduce"].wire(4) * nbytes
+    c = {"mesh_axis": "dp+cp", "kind": "all_reduce", "group_size": 4}
+    got = gradient_seconds(c | {"wire_bytes_per_device": wire}, mesh, H100)
+    tuned = nccl_group("all_reduce", 4, mesh, "dp", H100, ranks_per_node=2)
+    assert (tuned.nodes, tuned.ranks) == (2, 4)
+    assert got == pytest.approx(nccl_choice(tuned, nbytes).seconds)
+
+
+def test_a_ring_across_nodes_pays_the_hosts_overhead_and_simples_plateau():
+    """A large all-reduce over 16 ranks on two nodes: the ring's Simple, its 28 steps inside the
+    nodes at max(3.4, 3 x the Intel host's 1 us) and 2 network steps of 14 us, x 1.4."""
+    g = Group(
+        "all_reduce", 16, 2, 30, 40e9, TUNINGS["nccl-nvlink-hopper"], TUNINGS["nccl-net-intel"]
+    )
+    c = nccl_choice(g, 1 << 30)
+    assert (c.algorithm, c.protocol) == ("ring", "Simple")
+    lat = (8.4 + 28 * 3.4 + 2 * 14.0) * 1.4 * US
+    assert c.seconds == pytest.approx(lat + (1 << 30) / (40e9 * 16 / 30))
+    # the LL ring's latency: the host's 1 us overhead beats NVLink's 0.6 us hop
+    assert nccl_table(g)["ring", "LL"][0] == pytest.approx(6.6 + 28 * 1.0 + 2 * 2.7)
+    amd = Group(
+        "all_reduce", 16, 2, 30, 40e9, TUNINGS["nccl-nvlink-hopper"], TUNINGS["nccl-net-amd"]
+    )
+    assert nccl_table(amd)["ring", "LL"][0] == pytest.approx(6.6 + 28 * 2.0 + 2 * 2.7)
+
+
+@pytest.mark.parametrize(("nodes", "cap"), [(2, 39e9), (3, 20.4e9)])
+def test_lls_cap_across_nodes_is_by_node_count(nodes, cap):
+    net = TUNINGS["nccl-net-intel"]
+    g = Group("all_gather", nodes, nodes, nodes - 1, 400e9, None, net)  # one rank a node
+    assert nccl_table(g)["ring", "LL"][1] == pytest.approx(cap * nodes / (nodes - 1))
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "share"), [(64 * 2**3, 1.0), (64 * 2**4, 0.9), (64 * 2**5, 0.8)]
+)
+def test_the_trees_share_is_indexed_by_log2_of_64_byte_chunks(nbytes, share):
+    """LL's row of NCCL's treeCorrectionFactor: 1.0 at level 3, 0.9 at 4, 0.8 at 5 (small
+    messages over four nodes of one rank each, where the tree wins)."""
+    g = Group("all_reduce", 4, 4, 6, 40e9, None, TUNINGS["nccl-net-intel"])
+    lat, bw = nccl_table(g)["tree", "LL"]
+    tree = lat * 1e-6 + nbytes / (bw * share)
+    got = nccl_choice(g, nbytes)
+    assert (got.algorithm, got.protocol) == ("tree", "LL")
+    assert got.seconds == pytest.approx(tree, rel=1e-12)
