@@ -63,7 +63,9 @@ def _segments(graph: Graph, hw: Hardware, attention: str, training: bool) -> lis
         else:
             out[st][0].append((n.name, COMPUTE, fwd.get(n.name, 0.0)))
             if training:
-                back = total.get(n.name, 0.0) - fwd.get(n.name, 0.0)
+                # an op fused into a longer backward kernel may hide more of its launch than
+                # in the forward one (passes/roofline.py): its kernel grows, the op need not
+                back = max(0.0, total.get(n.name, 0.0) - fwd.get(n.name, 0.0))
                 out[st][1].append((f"{n.name} (backward)", COMPUTE, back))
     for st in out:
         st[1].reverse()

@@ -10,12 +10,18 @@ which is how decode GEMMs measure. On a calibrated machine (`graphllm calibrate`
 model 'calibrated') a matmul runs at the rate measured for its shape, core attention's matmuls
 under flash attention at the rate measured for the model's heads at the step, and every byte of
 a step at the read bandwidth measured for the step's working set (models/calibration.py), each op
-adding the runtime's measured dispatch. Under the achievable model each op is one kernel launch
-(a flash attention region one for all its ops): launched on its own a kernel takes at least the
-host's enqueue time per kernel; inside a CUDA graph it costs the graph's per-kernel gap, and the
-step one replay; a kernel streaming a weight or the cache from DRAM pays DRAM's fixed cost
-instead. Ops run one after
-another; the step's time is their sum. With fused (flash) attention
+adding the runtime's measured dispatch. Under the achievable model the ops launch as the kernels
+that engines fuse them into, read off the op table's categories (`kernel_key`): a flash
+attention region is one kernel for all its ops; every other contraction (a GEMM per weight as
+the checkpoint stores them: engines that concatenate Q, K and V, or gate and up, launch fewer)
+and every collective is a kernel of its own; and a run of elementwise, reduction and movement
+ops between two of those in one layer is one kernel (the residual add with the norm after it,
+SiLU with its gate, RoPE with the heads' split and the cache write), as torch.compile, TensorRT
+and the engines' hand-fused kernels do; each op of a kernel keeps its own bytes, as if it still
+round-tripped DRAM. Launched on its own a kernel takes at least the host's enqueue time; inside a
+CUDA graph it costs the graph's per-kernel gap, and the step one replay; a kernel streaming a
+weight or the cache from DRAM pays DRAM's fixed cost instead; its ops share that cost by their
+times. Ops run one after another; the step's time is their sum. With fused (flash) attention
 the masked (query, key) blocks are skipped, so attention ops are timed on the FLOPs the mask
 allows. For a training step (cost pass with training=True) the bytes are taken 3x (see cost.py).
 """
@@ -32,7 +38,7 @@ from graphllm.errors import PassError
 from graphllm.ir import Graph, Node
 from graphllm.models.hardware import Achievable, Hardware
 from graphllm.models.workload import GEMM_ONLY_ACTIVATIONS
-from graphllm.ops import OPS
+from graphllm.ops import COMMUNICATION, CONTRACTION, OPS
 from graphllm.passes.cost import scopes_of
 from graphllm.passes.registry import meta_result, register
 
@@ -135,9 +141,12 @@ class Timer:
             heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
             self.attn = cal.attention_rate(*heads, wl.seq_len, wl.past_len) or self.attn
 
-    def base(self, n: Node, oc: Any, scopes: list[tuple[str, str]]) -> tuple[float, float, bool]:
+    def base(
+        self, n: Node, oc: Any, scopes: list[tuple[str, str]]
+    ) -> tuple[float, float, bool, str]:
         """(compute seconds, bytes moved, whether the kernel streams from DRAM: a matmul of a
-        weight, or core attention over the keys and values)."""
+        weight, or core attention over the keys and values; the kernel it fuses into,
+        `kernel_key`)."""
         flops = oc.flops - (oc.matmul - oc.matmul_causal) if self.flash else oc.flops
         core = _core(scopes)
         rate = self.peak if not oc.matmul else (self.attn if core is not None else self.gemm)
@@ -149,7 +158,8 @@ class Timer:
         streams = core is not None or (
             bool(oc.matmul) and any(self.graph[r.node].op == "param" for r in n.inputs)
         )
-        return flops / rate, oc.bytes / self._dequant_share(n, oc), streams
+        key = kernel_key(n)
+        return flops / rate, oc.bytes / self._dequant_share(n, oc), streams, key
 
     # issue 20: a weight-only quantized matmul streams its weights through a dequantising kernel
     # that reaches a measured share of the bandwidth (the preset's `dequant_efficiency`, per
@@ -192,7 +202,19 @@ class Timer:
         return self.bw if cal is None else cal.bandwidth_at(step_bytes)
 
 
-Timing = tuple[str, str, float, float, bool, "str | None", list[tuple[str, str]]]
+FUSED = "fused"  # the kernel key of an elementwise, reduction or movement op
+OWN = "own"  # the key of a kernel no other op joins
+
+
+def kernel_key(n: Node) -> str:
+    """The kernel `n` launches in, by its op table category: a contraction (a GEMM, one per
+    weight as the checkpoint stores them) or a collective is a kernel of its own (OWN); an
+    elementwise, reduction or movement op joins the run of such ops it stands in (FUSED). A
+    flash attention region, whatever its ops' keys, is one kernel (TimeTally.add)."""
+    return OWN if OPS[n.op].category in (CONTRACTION, COMMUNICATION) else FUSED
+
+
+Timing = tuple[str, str, float, float, bool, str, "str | None", list[tuple[str, str]]]
 
 
 def time_all(
@@ -202,8 +224,9 @@ def time_all(
     training: bool,
     write: Callable[[str, OpTime], None] | None,
 ) -> RooflineReport:
-    """The roofline report of (name, op, compute s, bytes, streams from DRAM, fused region,
-    scopes) in graph order, each op's OpTime handed to `write` (None: not wanted)."""
+    """The roofline report of (name, op, compute s, bytes, streams from DRAM, kernel key, flash
+    attention region, scopes) in graph order, each op's OpTime handed to `write` (None: not
+    wanted)."""
     rows = list(timings)  # held to the end: the ids the tally keys on stay those of live lists
     bw = step_bandwidth(timer, training, [r[3] for r in rows])
     tally = TimeTally()
@@ -244,28 +267,20 @@ class TimeTally:
     ) -> None:
         """Time `rows` (their flash attention regions their own) at bandwidth `bw`."""
         hardware = timer.hardware
-        skip_masked = timer.flash
         byte_factor = 3.0 if training else 1.0
         ach = hardware.achievable
-        graphs = ach is not None and hardware.graphs_for(wl.phase)
-        # a calibrated machine's runtime costs its measured dispatch per op
-        # (models/calibration.py)
-        dispatch = hardware.calibration.dispatch if ach is None and hardware.calibration else None
-        fused: set[str] = set()  # the flash attention regions already launched
-        kinds_of: dict[int, tuple[str, ...]] = {}
-        for name, op, tc, moved, streams, core, scopes in rows:
+        times: list[tuple[float, str]] = []
+        for _, _, tc, moved, *_ in rows:
             tm = byte_factor * moved / bw
             t = max(tc, tm)
-            bound = "none" if t == 0 else ("compute" if tc >= tm else "memory")
-            if t > 0 and (ach is not None or dispatch):
-                launches = not (skip_masked and core is not None and core in fused)
-                if skip_masked and core is not None:
-                    fused.add(core)
-                if ach is not None:
-                    extra = _launch(t, launches, graphs, streams, ach)
-                else:
-                    extra = dispatch if launches else 0.0
-                self.kernels += launches
+            times.append((t, "none" if t == 0 else ("compute" if tc >= tm else "memory")))
+        if ach is not None:
+            extras = self._launches(rows, times, timer.flash, hardware.graphs_for(wl.phase), ach)
+        else:
+            extras = self._dispatches(rows, times, timer.flash, hardware)
+        kinds_of: dict[int, tuple[str, ...]] = {}
+        for (name, op, *_, scopes), (t, bound), extra in zip(rows, times, extras, strict=True):
+            if extra is not None:
                 self.overhead.append(extra)
                 t += extra
             if write is not None:
@@ -281,6 +296,67 @@ class TimeTally:
                 kinds = kinds_of[key] = tuple({k for _, k in scopes if k != LAYER})
             for kind in kinds:
                 self.by_scope.setdefault(kind, []).append(t)
+
+    def _launches(
+        self,
+        rows: list[Timing],
+        times: list[tuple[float, str]],
+        flash: bool,
+        graphs: bool,
+        ach: Achievable,
+    ) -> list[float | None]:
+        """Each row's share of its kernel's launch cost (`kernel_key`), in proportion to its
+        time (None for an op that takes no time), counting the kernels. A kernel never spans
+        two layers, so that one layer's tally stands for every layer of its kind
+        (report/reuse.py)."""
+        members: list[list[int]] = []  # each kernel's rows
+        regions: dict[str, int] = {}  # the flash attention regions' kernels
+        layer: object = None
+        fusing = False  # the kernel opened last is a run of fusible ops
+        for i, ((*_, key, core, scopes), (t, _)) in enumerate(zip(rows, times, strict=True)):
+            if t == 0:
+                continue
+            here = next((s for s, k in scopes if k == LAYER), None)
+            if flash and core is not None:
+                k = regions.setdefault(core, len(members))
+                fusing = False
+            elif key == FUSED and here == layer and fusing:
+                k = len(members) - 1
+            else:
+                k, fusing = len(members), key == FUSED
+            layer = here
+            if k == len(members):
+                members.append([])
+            members[k].append(i)
+        extras: list[float | None] = [None] * len(rows)
+        for ops in members:
+            seconds = math.fsum(times[i][0] for i in ops)
+            extra = _launch(seconds, graphs, any(rows[i][4] for i in ops), ach)
+            for i in ops:  # each op its share, so that no op's time falls as its own grows
+                extras[i] = extra * times[i][0] / seconds
+        self.kernels += len(members)
+        return extras
+
+    def _dispatches(
+        self, rows: list[Timing], times: list[tuple[float, str]], flash: bool, hardware: Hardware
+    ) -> list[float | None]:
+        """Each row's dispatch on a calibrated machine, whose runtime dispatches every op (a
+        flash attention region once; models/calibration.py); None under the ideal model."""
+        cal = hardware.calibration
+        if cal is None or not cal.dispatch:
+            return [None] * len(rows)
+        seen: set[str] = set()
+        out: list[float | None] = []
+        for (*_, core, _), (t, _) in zip(rows, times, strict=True):
+            if t == 0:
+                out.append(None)
+                continue
+            launches = not (flash and core is not None and core in seen)
+            if flash and core is not None:
+                seen.add(core)
+            self.kernels += launches
+            out.append(cal.dispatch if launches else 0.0)
+        return out
 
     def extend(self, other: TimeTally) -> None:
         """Add `other`'s ops after this tally's."""
@@ -329,14 +405,12 @@ def _output_mnk(graph: Graph, n: Node, flops: float) -> tuple[float, float, floa
     return rows, cols, flops / (2 * rows * cols)
 
 
-def _launch(t: float, launches: bool, graphs: bool, streams: bool, ach: Achievable) -> float:
+def _launch(t: float, graphs: bool, streams: bool, ach: Achievable) -> float:
     """Seconds a kernel of `t` seconds takes beyond `t` for its launch (an unmeasured figure
     costs nothing). Inside a CUDA graph: the gap between the graph's kernels, or a streaming
     kernel's larger fixed cost. Launched on its own: the host enqueues a kernel every
     `launch_seconds`, so a shorter kernel waits for the next launch (a longer one hides it),
     and a streaming kernel pays its fixed cost outside a graph whatever its length."""
-    if not launches:
-        return 0.0
     if graphs:
         fixed = ach.graph_stream_launch_seconds if streams else None
         return fixed if fixed is not None else ach.graph_launch_seconds or 0.0

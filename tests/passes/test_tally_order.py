@@ -60,7 +60,7 @@ def test_a_time_tally_is_the_same_with_its_layers_in_any_order():
     whole = TimeTally()
     whole.add(rows, timer, wl, False, bw, None)
     order = list(runs)
-    random.Random(1).shuffle(order)
+    random.Random(3).shuffle(order)  # an order whose plain sum differs (below)
     joined = TimeTally()
     for lay in order:  # each layer's run tallied on its own, then added in another order
         part = TimeTally()
