@@ -11,6 +11,10 @@ its slots; the idle slots before, between and after a stage's work are `bubble` 
 device they add up to (pp - 1) / (M + pp - 1) of the pipeline's part of the step. The gradient
 reduction of a training step follows on the communication lane.
 
+An op's backward event is its training time less its forward time, at least 0: a longer backward
+kernel can hide more of its launch (passes/roofline.py), so an op's share may come out below its
+forward one, and the clamp makes the lanes overstate the step by that (1e-8 s on a small MoE).
+
 Large programs (more than MAX_EVENTS events) are drawn one event per layer and lane instead of one
 per op; the times are the same.
 """

@@ -13,8 +13,8 @@ a step at the read bandwidth measured for the step's working set (models/calibra
 adding the runtime's measured dispatch. Under the achievable model the ops launch as the kernels
 that engines fuse them into, read off the op table's categories (`kernel_key`): a flash
 attention region is one kernel for all its ops; every other contraction (a GEMM per weight as
-the checkpoint stores them: engines that concatenate Q, K and V, or gate and up, launch fewer)
-and every collective is a kernel of its own; and a run of elementwise, reduction and movement
+the checkpoint stores them: engines that concatenate Q, K and V, or gate and up, launch fewer;
+the MoE combine; a scan or causal convolution) and every collective is a kernel of its own; and a run of elementwise, reduction and movement
 ops between two of those in one layer is one kernel (the residual add with the norm after it,
 SiLU with its gate, RoPE with the heads' split and the cache write), as torch.compile, TensorRT
 and the engines' hand-fused kernels do; each op of a kernel keeps its own bytes, as if it still
@@ -105,7 +105,7 @@ def time_nodes(graph: Graph, hardware: Hardware, flash: bool, training: bool) ->
     itself (plan)."""
     timer = Timer(graph, hardware, flash)
 
-    def timed() -> Iterator[tuple[str, str, float, float, bool, str | None, list]]:
+    def timed() -> Iterator[Timing]:
         for n in graph.nodes():
             oc = meta_result(n, "cost")
             scopes = scopes_of(graph, n.name)
@@ -210,11 +210,39 @@ def kernel_key(n: Node) -> str:
     """The kernel `n` launches in, by its op table category: a contraction (a GEMM, one per
     weight as the checkpoint stores them) or a collective is a kernel of its own (OWN); an
     elementwise, reduction or movement op joins the run of such ops it stands in (FUSED). A
-    flash attention region, whatever its ops' keys, is one kernel (TimeTally.add)."""
+    flash attention region, whatever its ops' keys, is one kernel (`fused_kernels`)."""
     return OWN if OPS[n.op].category in (CONTRACTION, COMMUNICATION) else FUSED
 
 
 Timing = tuple[str, str, float, float, bool, str, "str | None", list[tuple[str, str]]]
+
+
+def fused_kernels(rows: list[Timing], seconds: list[float], flash: bool) -> list[list[int]]:
+    """The kernels `rows` (taking `seconds` each) launch as, each its rows' indices in order: a
+    flash attention region one (with `flash`), a run of FUSED ops one until an op of another
+    kernel or another layer comes, every other op its own; an op that takes no time is in none
+    and breaks no run. A kernel never spans two layers, so that one layer's tally stands for
+    every layer of its kind (report/reuse.py)."""
+    members: list[list[int]] = []
+    regions: dict[str, int] = {}  # the flash attention regions' kernels
+    layer: object = None
+    fusing = False  # the kernel opened last is a run of FUSED ops
+    for i, ((*_, key, core, scopes), t) in enumerate(zip(rows, seconds, strict=True)):
+        if t == 0:
+            continue
+        here = next((s for s, k in scopes if k == LAYER), None)
+        if flash and core is not None:
+            k = regions.setdefault(core, len(members))
+            fusing = False
+        elif key == FUSED and here == layer and fusing:
+            k = len(members) - 1
+        else:
+            k, fusing = len(members), key == FUSED
+        layer = here
+        if k == len(members):
+            members.append([])
+        members[k].append(i)
+    return members
 
 
 def time_all(
@@ -305,29 +333,9 @@ class TimeTally:
         graphs: bool,
         ach: Achievable,
     ) -> list[float | None]:
-        """Each row's share of its kernel's launch cost (`kernel_key`), in proportion to its
-        time (None for an op that takes no time), counting the kernels. A kernel never spans
-        two layers, so that one layer's tally stands for every layer of its kind
-        (report/reuse.py)."""
-        members: list[list[int]] = []  # each kernel's rows
-        regions: dict[str, int] = {}  # the flash attention regions' kernels
-        layer: object = None
-        fusing = False  # the kernel opened last is a run of fusible ops
-        for i, ((*_, key, core, scopes), (t, _)) in enumerate(zip(rows, times, strict=True)):
-            if t == 0:
-                continue
-            here = next((s for s, k in scopes if k == LAYER), None)
-            if flash and core is not None:
-                k = regions.setdefault(core, len(members))
-                fusing = False
-            elif key == FUSED and here == layer and fusing:
-                k = len(members) - 1
-            else:
-                k, fusing = len(members), key == FUSED
-            layer = here
-            if k == len(members):
-                members.append([])
-            members[k].append(i)
+        """Each row's share of its kernel's launch cost (`fused_kernels`), in proportion to its
+        time (None for an op that takes no time), counting the kernels."""
+        members = fused_kernels(rows, [t for t, _ in times], flash)
         extras: list[float | None] = [None] * len(rows)
         for ops in members:
             seconds = math.fsum(times[i][0] for i in ops)
