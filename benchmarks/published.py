@@ -13,7 +13,10 @@ Beside it: graphllm's prediction on the row's hardware preset, and measured time
 - tp > 1: the step of one device under tensor parallelism (`partition`), collectives included.
 
 It prints the median of measured/predicted over the batch-1 decode and TTFT rows, and the rows
-beyond 1.5x either way. The goal is a median within 15% of 1 and no row beyond 1.5x; missed
+beyond 1.5x either way. Where one engine version measured the TTFT of one model on one device at
+two prompt lengths, it also splits both figures into what each further prompt token costs (the
+slope between the two) and what the call costs before its first token (the intercept): a model
+can get the one right and miss the other. The goal is a median within 15% of 1 and no row beyond 1.5x; missed
 goals are reported, not fatal. Nothing is fitted: the rates are the presets' achievable figures.
 
     python benchmarks/published.py [--table FILE] [--ideal] [--json]
@@ -157,19 +160,71 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def prefill_pairs(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each set of batch-1 TTFT rows of one engine version, device, model, parallelism and
+    precision at two or more prompt lengths, as the line through its shortest and longest
+    prompt: milliseconds per further 1000 tokens (slope) and at no tokens (intercept), measured
+    and predicted."""
+    sets: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        if r["metric"] == "ttft_ms" and r["batch"] == 1:
+            same = [r[k] for k in ("engine", "version", "hardware", "model", "tp")]
+            key = json.dumps(same + [r["precision"], r.get("overrides")], sort_keys=True)
+            sets.setdefault(key, []).append(r)
+    out = []
+    for rows in sets.values():
+        short = min(rows, key=lambda r: r["prompt"])
+        long = max(rows, key=lambda r: r["prompt"])
+        if long["prompt"] == short["prompt"]:
+            continue
+        span = (long["prompt"] - short["prompt"]) / 1e3
+        line = {}
+        for side in ("measured", "predicted"):
+            slope = (long[side] - short[side]) / span
+            line[side] = (slope, short[side] - slope * short["prompt"] / 1e3)
+        out.append(
+            {
+                "rows": [short["id"], long["id"]],
+                "hardware": short["hardware"],
+                "prompts": [short["prompt"], long["prompt"]],
+                "ms_per_1000_tokens": {k: v[0] for k, v in line.items()},
+                "intercept_ms": {k: v[1] for k, v in line.items()},
+                "slope_ratio": line["measured"][0] / line["predicted"][0],
+            }
+        )
+    return out
+
+
+def print_pairs(pairs: list[dict[str, Any]]) -> None:
+    if not pairs:
+        return
+    print(
+        "TTFT at two prompt lengths: ms per further 1000 prompt tokens (slope) and ms before the "
+        "first token (intercept), measured / predicted"
+    )
+    print(f"{'rows (shortest prompt)':<44} {'prompts':>10} {'slope':>15} {'ratio':>5} intercept")
+    for p in pairs:
+        s, i = p["ms_per_1000_tokens"], p["intercept_ms"]
+        print(
+            f"{p['rows'][0]:<44} {p['prompts'][0]:>4}-{p['prompts'][1]:<5} "
+            f"{s['measured']:>6.2f} / {s['predicted']:<6.2f} {p['slope_ratio']:5.2f} "
+            f"{i['measured']:.2f} / {i['predicted']:.2f}"
+        )
+
+
 def _unit(metric: str) -> str:
     return {"decode_tokens_per_s": "tok/s", "ttft_ms": "ms TTFT", "itl_ms": "ms/token"}[metric]
 
 
 def print_table(results: list[dict[str, Any]], summ: dict[str, Any], model: str) -> None:
     head = (
-        f"{'row':<40} {'hardware':<14} {'tp':>2} {'measured':>10} {'predicted':>10} unit     ratio"
+        f"{'row':<44} {'hardware':<14} {'tp':>2} {'measured':>10} {'predicted':>10} unit     ratio"
     )
     print(f"predictions on the {model} rate model; ratio = measured time / predicted time")
     print(head)
     for r in results:
         print(
-            f"{r['id']:<40} {r['hardware']:<14} {r['tp']:>2} {r['measured']:>10.2f} "
+            f"{r['id']:<44} {r['hardware']:<14} {r['tp']:>2} {r['measured']:>10.2f} "
             f"{r['predicted']:>10.2f} {_unit(r['metric']):<8} {r['ratio']:5.2f}"
         )
     print(
@@ -179,12 +234,13 @@ def print_table(results: list[dict[str, Any]], summ: dict[str, Any], model: str)
     )
     beyond = summ["beyond_1.5x"]
     print(f"rows beyond {GOAL_ROW}x: {len(beyond)}" + (f" ({', '.join(beyond)})" if beyond else ""))
+    print_pairs(prefill_pairs(results))
     for r in results:
         print(f"source [{r['id']}]: {r['source']}")
 
 
 def document(results: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"rows": results, "summary": summary(results)}
+    return {"rows": results, "summary": summary(results), "prefill_pairs": prefill_pairs(results)}
 
 
 def show(results: list[dict[str, Any]], model: str) -> None:

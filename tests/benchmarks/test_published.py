@@ -88,3 +88,36 @@ def test_gpt_fast_rows_keep_the_lm_head_whole_and_attend_over_the_whole_cache():
     assert 0.8 * added < pub.predict_seconds(row) - cut < added  # less the logits' gather
     short = pub.predict_seconds(row | {"past": 105})
     assert pub.predict_seconds(row) > short
+
+
+def test_prefill_pairs_split_two_ttfts_into_a_slope_and_an_intercept():
+    pub = load_script("published")
+    same = {"engine": "e", "version": "v", "hardware": "h", "model": "m", "tp": 1, "batch": 1}
+    same |= {"metric": "ttft_ms", "precision": {"weight": "fp8"}}
+    rows = [
+        same | {"id": "short", "prompt": 128, "measured": 7.0, "predicted": 4.0},
+        same | {"id": "long", "prompt": 2048, "measured": 36.0, "predicted": 28.0},
+        same | {"id": "alone", "prompt": 128, "measured": 9.0, "predicted": 6.0, "tp": 2},
+    ]
+    (pair,) = pub.prefill_pairs(rows)  # the tp 2 row has no partner
+    assert pair["rows"] == ["short", "long"] and pair["prompts"] == [128, 2048]
+    slope = {"measured": 29.0 / 1.92, "predicted": 24.0 / 1.92}
+    assert pair["ms_per_1000_tokens"] == pytest.approx(slope)
+    assert pair["intercept_ms"]["measured"] == pytest.approx(7.0 - slope["measured"] * 0.128)
+    assert pair["intercept_ms"]["predicted"] == pytest.approx(4.0 - slope["predicted"] * 0.128)
+    assert pair["slope_ratio"] == pytest.approx(29.0 / 24.0)
+
+
+def test_the_table_s_prefill_pairs_are_its_ttft_rows_at_two_lengths(doc):
+    pairs = doc["prefill_pairs"]
+    rows = {r["id"]: r for r in doc["rows"]}
+    assert len(pairs) >= 5
+    for p in pairs:
+        short, long = (rows[i] for i in p["rows"])
+        assert short["metric"] == long["metric"] == "ttft_ms"
+        assert short["hardware"] == long["hardware"] and short["tp"] == long["tp"]
+        assert short["prompt"] < long["prompt"]
+        span = (long["prompt"] - short["prompt"]) / 1e3
+        assert p["ms_per_1000_tokens"]["measured"] == pytest.approx(
+            (long["measured"] - short["measured"]) / span
+        )
