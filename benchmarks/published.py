@@ -16,8 +16,9 @@ It prints the median of measured/predicted over the batch-1 decode and TTFT rows
 beyond 1.5x either way. Where one engine version measured the TTFT of one model on one device at
 two prompt lengths, it also splits both figures into what each further prompt token costs (the
 slope between the two) and what the call costs before its first token (the intercept): a model
-can get the one right and miss the other. The goal is a median within 15% of 1 and no row beyond 1.5x; missed
-goals are reported, not fatal. Nothing is fitted: the rates are the presets' achievable figures.
+can get the one right and miss the other. The goal is a median within 15% of 1 and no row
+beyond 1.5x; missed goals are reported, not fatal. Nothing is fitted: the rates are the presets'
+achievable figures.
 
     python benchmarks/published.py [--table FILE] [--ideal] [--json]
 """

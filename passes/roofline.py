@@ -14,16 +14,17 @@ adding the runtime's measured dispatch. Under the achievable model the ops launc
 that engines fuse them into, read off the op table's categories (`kernel_key`): a flash
 attention region is one kernel for all its ops; every other contraction (a GEMM per weight as
 the checkpoint stores them: engines that concatenate Q, K and V, or gate and up, launch fewer;
-the MoE combine; a scan or causal convolution) and every collective is a kernel of its own; and a run of elementwise, reduction and movement
-ops between two of those in one layer is one kernel (the residual add with the norm after it,
-SiLU with its gate, RoPE with the heads' split and the cache write), as torch.compile, TensorRT
-and the engines' hand-fused kernels do; each op of a kernel keeps its own bytes, as if it still
-round-tripped DRAM. Launched on its own a kernel takes at least the host's enqueue time; inside a
-CUDA graph it costs the graph's per-kernel gap, and the step one replay; a kernel streaming a
-weight or the cache from DRAM pays DRAM's fixed cost instead; its ops share that cost by their
-times. Ops run one after another; the step's time is their sum. With fused (flash) attention
-the masked (query, key) blocks are skipped, so attention ops are timed on the FLOPs the mask
-allows. For a training step (cost pass with training=True) the bytes are taken 3x (see cost.py).
+the MoE combine; a scan or causal convolution) and every collective is a kernel of its own; and
+a run of elementwise, reduction and movement ops between two of those in one layer is one
+kernel (the residual add with the norm after it, SiLU with its gate, RoPE with the heads' split
+and the cache write), as torch.compile, TensorRT and the engines' hand-fused kernels do; each op
+of a kernel keeps its own bytes, as if it still round-tripped DRAM. Launched on its own a kernel
+takes at least the host's enqueue time; inside a CUDA graph it costs the graph's per-kernel gap,
+and the step one replay; a kernel streaming a weight or the cache from DRAM pays DRAM's fixed
+cost instead; its ops share that cost by their times. Ops run one after another; the step's
+time is their sum. With fused (flash) attention the masked (query, key) blocks are skipped, so
+attention ops are timed on the FLOPs the mask allows. For a training step (cost pass with
+training=True) the bytes are taken 3x (see cost.py).
 """
 
 from __future__ import annotations
@@ -141,12 +142,9 @@ class Timer:
             heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
             self.attn = cal.attention_rate(*heads, wl.seq_len, wl.past_len) or self.attn
 
-    def base(
-        self, n: Node, oc: Any, scopes: list[tuple[str, str]]
-    ) -> tuple[float, float, bool, str]:
+    def base(self, n: Node, oc: Any, scopes: list[tuple[str, str]]) -> tuple[float, float, bool]:
         """(compute seconds, bytes moved, whether the kernel streams from DRAM: a matmul of a
-        weight, or core attention over the keys and values; the kernel it fuses into,
-        `kernel_key`)."""
+        weight, or core attention over the keys and values)."""
         flops = oc.flops - (oc.matmul - oc.matmul_causal) if self.flash else oc.flops
         core = _core(scopes)
         rate = self.peak if not oc.matmul else (self.attn if core is not None else self.gemm)
@@ -158,8 +156,7 @@ class Timer:
         streams = core is not None or (
             bool(oc.matmul) and any(self.graph[r.node].op == "param" for r in n.inputs)
         )
-        key = kernel_key(n)
-        return flops / rate, oc.bytes / self._dequant_share(n, oc), streams, key
+        return flops / rate, oc.bytes / self._dequant_share(n, oc), streams
 
     # issue 20: a weight-only quantized matmul streams its weights through a dequantising kernel
     # that reaches a measured share of the bandwidth (the preset's `dequant_efficiency`, per
@@ -206,15 +203,15 @@ FUSED = "fused"  # the kernel key of an elementwise, reduction or movement op
 OWN = "own"  # the key of a kernel no other op joins
 
 
-def kernel_key(n: Node) -> str:
-    """The kernel `n` launches in, by its op table category: a contraction (a GEMM, one per
-    weight as the checkpoint stores them) or a collective is a kernel of its own (OWN); an
-    elementwise, reduction or movement op joins the run of such ops it stands in (FUSED). A
-    flash attention region, whatever its ops' keys, is one kernel (`fused_kernels`)."""
-    return OWN if OPS[n.op].category in (CONTRACTION, COMMUNICATION) else FUSED
+def kernel_key(op: str) -> str:
+    """The kernel an op of kind `op` launches in, by its op table category: a contraction (a
+    GEMM, one per weight as the checkpoint stores them) or a collective is a kernel of its own
+    (OWN); an elementwise, reduction or movement op joins the run of such ops it stands in
+    (FUSED). A flash attention region, whatever its ops' keys, is one kernel (`fused_kernels`)."""
+    return OWN if OPS[op].category in (CONTRACTION, COMMUNICATION) else FUSED
 
 
-Timing = tuple[str, str, float, float, bool, str, "str | None", list[tuple[str, str]]]
+Timing = tuple[str, str, float, float, bool, "str | None", list[tuple[str, str]]]
 
 
 def fused_kernels(rows: list[Timing], seconds: list[float], flash: bool) -> list[list[int]]:
@@ -227,9 +224,10 @@ def fused_kernels(rows: list[Timing], seconds: list[float], flash: bool) -> list
     regions: dict[str, int] = {}  # the flash attention regions' kernels
     layer: object = None
     fusing = False  # the kernel opened last is a run of FUSED ops
-    for i, ((*_, key, core, scopes), t) in enumerate(zip(rows, seconds, strict=True)):
+    for i, ((_, op, *_, core, scopes), t) in enumerate(zip(rows, seconds, strict=True)):
         if t == 0:
             continue
+        key = kernel_key(op)
         here = next((s for s, k in scopes if k == LAYER), None)
         if flash and core is not None:
             k = regions.setdefault(core, len(members))
@@ -252,9 +250,8 @@ def time_all(
     training: bool,
     write: Callable[[str, OpTime], None] | None,
 ) -> RooflineReport:
-    """The roofline report of (name, op, compute s, bytes, streams from DRAM, kernel key, flash
-    attention region, scopes) in graph order, each op's OpTime handed to `write` (None: not
-    wanted)."""
+    """The roofline report of (name, op, compute s, bytes, streams from DRAM, flash attention
+    region, scopes) in graph order, each op's OpTime handed to `write` (None: not wanted)."""
     rows = list(timings)  # held to the end: the ids the tally keys on stay those of live lists
     bw = step_bandwidth(timer, training, [r[3] for r in rows])
     tally = TimeTally()
