@@ -543,10 +543,13 @@ def _in_model(hw: Hardware) -> Hardware:
 def _summary(hw: Hardware) -> str:
     link = hw.interconnect_bandwidth
     links = f", link {link / 1e9:g} GB/s/dir x{hw.devices_per_node}" if link else ""
+    ach = hw.achievable
+    bus = ach.interconnect if ach is not None else None
     measured = (
         f"; achievable {hw.gemm_rate('bf16') / 1e12:g} TFLOP/s GEMM, "
-        f"{hw.achievable.memory_bandwidth / 1e12:.3g} TB/s"
-        if hw.achievable is not None
+        f"{ach.memory_bandwidth / 1e12:.3g} TB/s"
+        + (f", link busbw {bus.bus_bandwidth / 1e9:g} GB/s" if bus is not None else "")
+        if ach is not None
         else ("" if hw.name == "local" else "; peaks only (no achievable figures)")
     )  # calibrate's figures are themselves measured
     return (

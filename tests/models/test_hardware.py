@@ -57,6 +57,9 @@ def test_every_preset_complete():
         assert hw.peak("bf16") >= hw.peak("fp32")
     listed = dict(list_hardware())
     assert set(names) <= set(listed) and "not calibrated" in listed["local"]
+    # the data sheet's line rate, then the collectives' achievable bus bandwidth
+    assert "link 32 GB/s/dir x8" in listed["l40s"] and "link busbw 24 GB/s" in listed["l40s"]
+    assert "link busbw 370 GB/s" in listed["h100-sxm"]
 
 
 @pytest.mark.parametrize("alias", ["H100", "h100-sxm5", "H100_SXM", " h100-80gb "])
