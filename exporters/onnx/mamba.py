@@ -11,7 +11,7 @@ chunk_size), computed at run time: for T below the chunk one unpadded chunk, so 
 step (T = 1) is the recurrent step's arithmetic, not a chunk of zeros. The chunking changes only
 the rounding (the exact sum is the same), and the two forms agree within fp32 rounding.
 
-transformers clamps dt at time_step_min in its chunked form only, not in its recurrent step (one
+transformers clamps dt at time_step_limit's floor in its chunked form only, not in its recurrent step (one
 token after a past): the export applies the clamp unless T = 1 and the attention mask is
 longer than the new tokens (a past), as the interpreter's dispatch does.
 

@@ -228,6 +228,31 @@ def _float_list(name: str, v: Any) -> tuple[float, ...]:
     return tuple(_pos_float(f"{name}[{i}]", x) for i, x in enumerate(v))
 
 
+def _json_float(x: Any) -> Any:
+    """transformers >= 5 writes a non-finite float of a config as {"__float__": "Infinity"}
+    (JSON has no Infinity); the plain number otherwise."""
+    if (
+        isinstance(x, dict)
+        and set(x) == {"__float__"}
+        and x["__float__"] in ("Infinity", "-Infinity")
+    ):
+        return float(x["__float__"].replace("Infinity", "inf"))
+    return x
+
+
+def _dt_limit(name: str, v: Any) -> tuple[float, float]:
+    """Mamba2's dt_limit: [low, high] with 0 <= low < high."""
+    if isinstance(v, (list, tuple)):
+        v = [_json_float(x) for x in v]
+    ok = isinstance(v, (list, tuple)) and len(v) == 2
+    ok = ok and all(_is_int(x) or isinstance(x, float) for x in v)
+    if not ok or math.isnan(v[0]) or math.isnan(v[1]) or not 0 <= v[0] < v[1]:
+        raise _bad(name, "[low, high] with 0 <= low < high", v)
+    if math.isinf(v[0]):
+        raise _bad(name, "[low, high] with a finite low", v)
+    return float(v[0]), float(v[1])  # a finite high: _nemotron_unmodelled names it
+
+
 def _str_list(name: str, v: Any) -> list[str]:
     if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
         raise _bad(name, "a list of strings", v)
@@ -1434,6 +1459,15 @@ def _nemotron_unmodelled(given: dict) -> list[str]:
             f"moe_latent_size={_show(given['moe_latent_size'])} is not modelled (only null: "
             "the latent MoE projections fc1/fc2_latent_proj)"
         )
+    limit = given.get("time_step_limit")
+    if isinstance(limit, (list, tuple)):
+        limit = [_json_float(x) for x in limit]
+    high = limit[1] if isinstance(limit, list) and len(limit) == 2 else None
+    if isinstance(high, (int, float)) and not isinstance(high, bool) and math.isfinite(high):
+        out.append(
+            f"time_step_limit={_show(list(limit))} is not modelled (a finite upper bound on "
+            "dt; only [low, Infinity])"
+        )
     act = given.get("mamba_hidden_act")
     if act is not None and act != "silu":
         out.append(f"mamba_hidden_act={_show(act)} is not modelled (only 'silu')")
@@ -1498,9 +1532,10 @@ def _nemotron_h(v: dict) -> dict:
         "mamba_chunk_size": v["chunk_size"],
         "mamba_conv_bias": v["use_conv_bias"],
         "mamba_proj_bias": v["use_bias"],
-        # NemotronHMamba2Mixer's time_step_limit is (time_step_min, inf) whatever the config's
-        # time_step_limit says; its chunked scan clamps dt there, its recurrent step does not
-        "mamba_dt_min": v["time_step_min"],
+        # transformers >= 5.25's NemotronHMamba2Mixer clamps dt at the config's time_step_limit
+        # in its chunked scan (mamba_ssm's dt_limit), not in its recurrent step; before 5.25 it
+        # took (time_step_min, inf) whatever the config said. time_step_min only initialises
+        "mamba_dt_min": v["time_step_limit"][0],
     }
 
 
@@ -1534,7 +1569,7 @@ FAMILY_TABLE["nemotron_h"] = Family(
         "chunk_size": Spec(_pos_int, 128),
         "use_conv_bias": Spec(_bool, True),
         "mamba_hidden_act": Spec(_str, "silu"),
-        "time_step_min": Spec(_pos_float, 0.001),
+        "time_step_limit": Spec(_dt_limit, (0.0, math.inf)),
         "n_routed_experts": Spec(_pos_int, 8),
         "num_experts_per_tok": Spec(_pos_int, 2),
         "moe_intermediate_size": Spec(_pos_int, 7688),
@@ -1548,16 +1583,15 @@ FAMILY_TABLE["nemotron_h"] = Family(
         "mtp_layers_block_type": Spec(_str_list, None),
         "mtp_hybrid_override_pattern": Spec(_str, None),
         # not read by NemotronHForCausalLM (initialisation, kernels, the bf16 residual dtype,
-        # a derived width that mamba_num_heads * mamba_head_dim replaces, the unread
-        # time_step_limit, a count the one shared MLP ignores, the published configs' second
-        # spelling of the norm's epsilon)
+        # a derived width that mamba_num_heads * mamba_head_dim replaces, a count the one shared
+        # MLP ignores, the published configs' second spelling of the norm's epsilon)
         **{
             k: Spec(_any, None)
             for k in (
                 "expand",
+                "time_step_min",
                 "time_step_max",
                 "time_step_floor",
-                "time_step_limit",
                 "use_mamba_kernels",
                 "mamba_ssm_cache_dtype",
                 "residual_in_fp32",

@@ -25,11 +25,12 @@ def test_published_nano_config_loads_its_layer_pattern():
         128,
         8,
     )
+    # no time_step_limit in the published config: its default [0, Infinity], no clamp
     assert (c.conv_kernel, c.mamba_chunk_size, c.mamba_conv_bias, c.mamba_dt_min) == (
         4,
         128,
         True,
-        0.001,
+        0.0,
     )
     # transformers 5's mixer is mamba_num_heads * mamba_head_dim wide; `expand` is not read
     assert c.mamba_inner == 4096 != NANO_30B_A3B["expand"] * NANO_30B_A3B["hidden_size"]
@@ -80,6 +81,9 @@ def test_older_field_spellings_are_the_same_fields():
         ({"attention_bias": True}, "attention_bias=true is not modelled"),
         ({"layers_block_type": ["mlp"]}, "layers_block_type disagrees"),
         ({"n_routed_experts": 130, "n_group": 4}, "n_routed_experts 130 is not divisible"),
+        ({"time_step_limit": [0.0, 0.1]}, r"time_step_limit=\[0.0, 0.1\] is not modelled"),
+        ({"time_step_limit": [0.5, 0.1]}, "time_step_limit"),
+        ({"time_step_limit": "wide"}, "time_step_limit must be"),
     ],
 )
 def test_refused_in_one_line(change, message):
@@ -105,3 +109,15 @@ def test_other_mamba2_hybrids_are_refused_by_name(model_type):
 def test_mamba_heads_must_fill_the_groups():
     with pytest.raises(ConfigError, match="mamba_num_heads 60 is not a multiple of n_groups 8"):
         config_from_dict(NANO_30B_A3B | {"mamba_num_heads": 60}, "x")
+
+
+def test_dt_is_clamped_at_time_step_limits_floor_not_at_time_step_min():
+    """transformers >= 5.25 clamps the chunked scan's dt at time_step_limit (mamba_ssm's
+    dt_limit); time_step_min only initialises dt_bias. Published configs leave the limit at its
+    default [0, Infinity], which save_pretrained writes as {"__float__": "Infinity"}."""
+    assert config_from_dict(NANO_30B_A3B, "nano").mamba_dt_min == 0.0
+    written = [0.001, {"__float__": "Infinity"}]
+    cfg = config_from_dict(NANO_30B_A3B | {"time_step_limit": written}, "nano")
+    assert cfg.mamba_dt_min == 0.001
+    moved = config_from_dict(NANO_30B_A3B | {"time_step_min": 0.01}, "nano")
+    assert moved.mamba_dt_min == 0.0

@@ -61,7 +61,7 @@ def test_the_graph_takes_each_form_as_transformers_does(tiny_nemotron):
 @torch.no_grad()
 def test_relu2_and_the_dt_clamp_are_live_in_the_cases(tiny_nemotron):
     """relu^2 is not relu on the tiny model's activations, and the chunked scan's clamp of dt at
-    time_step_min bites: parity above is parity of both."""
+    time_step_limit's floor bites: parity above is parity of both."""
     m = tiny_nemotron("hybrid")
     ids = np.random.default_rng(8).integers(0, SMALL["vocab_size"], (BATCH, SEQ))
     base = m.hf(ids).logits.numpy()

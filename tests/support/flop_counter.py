@@ -19,6 +19,10 @@ def count_forward(model: Any, workload: dict) -> FlopCounterMode:
     """FlopCounterMode over one forward of a meta-device model's new tokens, after P cached."""
     b, t, p = workload["batch"], workload["seq_len"], workload.get("past_len", 0)
     kwargs = {"logits_to_keep": 1} if workload.get("logits") == "last" else {}
+    # no parameter needs a gradient here, and with one torch's module tracker hooks the inputs of
+    # every module, transformers>=5.25's hub-kernel wrappers of the causal conv included, where a
+    # parameter's meta view has no gradient function to hook
+    model.requires_grad_(False)
     with torch.device("meta"), torch.no_grad():
         if p:
             prefill = model(input_ids=torch.zeros((b, p), dtype=torch.long), use_cache=True)

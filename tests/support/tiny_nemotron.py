@@ -24,6 +24,9 @@ SMALL = {
     "n_groups": 2,
     "conv_kernel": 4,
     "chunk_size": 4,
+    # the chunked scan clamps dt below at 0.001 (transformers >= 5.25 reads time_step_limit; the
+    # published configs leave it at [0, Infinity], where the clamp never bites)
+    "time_step_limit": [0.001, float("inf")],
     # MoE: top 2 of 8 relu^2 experts with a shared one, scaled
     "n_routed_experts": 8,
     "num_experts_per_tok": 2,
@@ -54,7 +57,7 @@ class TinyNemotron(TinyModel):
 
     def settle(self, model) -> None:
         super().settle(model)  # the routers' correction biases off 0
-        # every other Mamba head's dt below time_step_min, so that the chunked scan's clamp bites
+        # every other Mamba head's dt below time_step_limit's 0.001: the chunked scan's clamp bites
         for name, param in model.named_parameters():
             if name.endswith("mixer.dt_bias"):
                 param[::2] = -8.0
