@@ -5,15 +5,19 @@ Each table is an `all_reduce_perf` run someone else published: its rows quoted, 
 device, the group, the NCCL version and how the test was launched. Beside each row: graphllm's
 time for the same collective on the row's hardware preset (`collective_seconds`, the time
 `partition`, `plan` and the trace use: on a link with an NCCL `tuning`, the cheapest algorithm and
-protocol of NCCL's own tuner model, whose pick the row prints; on another link, the fewest steps
-of the op's algorithms x the link's step latency, plus the bytes one device sends over the
-link's bus bandwidth), and measured / predicted (above 1: slower than predicted).
+protocol of NCCL's own tuner model, whose pick the row prints, or the link's measured NVLS
+where that is cheaper ("nvls"); on another link, the fewest steps of the op's algorithms x the
+link's step latency, plus the bytes one device sends over the link's bus bandwidth), and
+measured / predicted (above 1: slower than predicted).
 
 It prints, per table, the median ratio over three size bands (below 1 MiB: latency-bound;
 1 MiB to below 256 MiB: the prefill all-reduces of tensor parallelism; 256 MiB and up:
 bandwidth-bound), and the alpha and bus bandwidth that a least-squares fit of
 time = alpha + wire bytes / busbw gives over the table's rows from 1 MiB up, beside the
-preset's. Nothing is fitted into the presets here: the fit is printed to compare.
+preset's. The fit is printed to compare, not read by any preset. One table does feed one: the
+h100-sxm and h200-sxm NVLS latency is an intercept over the vpbenchmarking table's rows of
+32 MiB and up, and its 8-GPU NVLS bandwidth is that table's 8 GiB row. So that table is no
+check of them; the dgxc-benchmarking table, a second 8-GPU node measured by others, is.
 
     python benchmarks/published_collectives.py [--table FILE] [--ideal] [--json]
 """
@@ -33,7 +37,11 @@ from benchmarks.published_cli import published_main, read_tables  # noqa: E402
 from graphllm.models.hardware import load_hardware  # noqa: E402
 from graphllm.models.nccl_tuning import nccl_choice  # noqa: E402
 from graphllm.ops import OPS  # noqa: E402
-from graphllm.passes.parallel.figures import collective_seconds, nccl_group  # noqa: E402
+from graphllm.passes.parallel.figures import (  # noqa: E402
+    collective_seconds,
+    nccl_group,
+    nvls_seconds,
+)
 from graphllm.passes.parallel.sharding import Mesh  # noqa: E402
 
 IDEAL_HELP = "predict on the links' line rates"
@@ -111,7 +119,10 @@ def predict(table: dict[str, Any], size: int) -> tuple[float, str | None]:
     tuned = nccl_group(kind, n, mesh, "tp", hw)
     pick = None if tuned is None else nccl_choice(tuned, size)
     label = None if pick is None else f"{pick.algorithm} {pick.protocol}"
-    return collective_seconds(kind, n, wire, mesh, "tp", hw), label
+    seconds = collective_seconds(kind, n, wire, mesh, "tp", hw)
+    if nvls_seconds(kind, n, wire, mesh, "tp", hw) == seconds:
+        label = "nvls"
+    return seconds, label
 
 
 def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -160,6 +171,7 @@ def compare(tables: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "step_latency_us": link.step_latency * 1e6,
                     "bus_bandwidth_GBps": link.bus_bandwidth / 1e9,
                     "tuning": link.tuning,
+                    "nvls": _nvls(link, n),
                 },
             }
         )
@@ -173,12 +185,21 @@ def _size(b: int) -> str:
     return f"{b} B"
 
 
+def _nvls(link: Any, ranks: int) -> dict[str, float] | None:
+    """The link's NVLS at `ranks` (latency, and algbw of the whole tensor), where it has one."""
+    nvls = link.nvls
+    if nvls is None or nvls.seconds(ranks, 0.0) is None:
+        return None
+    algbw = 1 / (nvls.seconds(ranks, 1.0) - nvls.latency)
+    return {"latency_us": nvls.latency * 1e6, "algbw_GBps": algbw / 1e9}
+
+
 def print_tables(results: list[dict[str, Any]], model: str) -> None:
     print(f"nccl-tests against graphllm's {model} collective times; ratio = measured / predicted")
     for t in results:
         print(f"\n[{t['id']}] {t['gpus']}: {t['collective']} over {t['ranks']} ranks, {t['nccl']}")
         print(f"  launch: {t['launch']}; preset {t['hardware']}")
-        print(f"  {'size':>9} {'measured us':>12} {'predicted us':>13} {'ratio':>6}  NCCL's pick")
+        print(f"  {'size':>9} {'measured us':>12} {'predicted us':>13} {'ratio':>6}  algorithm")
         for r in t["rows"]:
             print(
                 f"  {_size(r['bytes']):>9} {r['measured_us']:>12.2f} "
@@ -192,6 +213,12 @@ def print_tables(results: list[dict[str, Any]], model: str) -> None:
             if link is None
             else f"{link['tuning'] or ''}{', ' if link['tuning'] else ''}"
             f"{link['step_latency_us']:.3g} us a step, {link['bus_bandwidth_GBps']:.4g} GB/s"
+            + (
+                f"; NVLS {link['nvls']['latency_us']:.3g} us + bytes / "
+                f"{link['nvls']['algbw_GBps']:.4g} GB/s algbw"
+                if link["nvls"]
+                else ""
+            )
         )
         print(
             f"  fit from 1 MiB up: alpha {f['alpha_us']:.1f} us, busbw "

@@ -66,6 +66,30 @@ MIN_EFFICIENCY = 1e-3  # of the peaks: below it, the figure is a typo, not a mea
 
 
 @dataclass(frozen=True, kw_only=True)
+class Nvls:
+    """NCCL's NVLS all-reduce (NVLink SHARP: the NVSwitch reduces) inside an NVSwitch node, as
+    nccl-tests measures it: time = latency + the tensor's bytes / the algorithm bandwidth at the
+    group's size. Each GPU sends its tensor to the switch once and reads the sum once, so
+    nccl-tests' busbw (algbw x 2(n-1)/n, a ring's traffic) does not describe it: the figures are
+    algbw, by group size, and a size between two measured ones takes the line between them."""
+
+    latency: float  # seconds: the intercept over the sizes NVLS runs at
+    bandwidth: dict[int, float]  # ranks -> bytes/s of the whole tensor (algbw)
+
+    def seconds(self, ranks: int, nbytes: float) -> float | None:
+        """One all-reduce of an `nbytes` tensor over `ranks` GPUs of the node; None outside the
+        measured group sizes (NVLS is not priced there)."""
+        sizes = sorted(self.bandwidth)
+        if not sizes[0] <= ranks <= sizes[-1]:
+            return None
+        hi = next(n for n in sizes if n >= ranks)
+        lo = max(n for n in sizes if n <= ranks)
+        share = 0.0 if hi == lo else (ranks - lo) / (hi - lo)
+        bw = self.bandwidth[lo] + share * (self.bandwidth[hi] - self.bandwidth[lo])
+        return self.latency + nbytes / bw
+
+
+@dataclass(frozen=True, kw_only=True)
 class Link:
     """A link's collectives as nccl-tests measures them: time = steps x step_latency + the bytes
     one device sends / bus_bandwidth (busbw is defined so that this holds for every collective)."""
@@ -75,6 +99,8 @@ class Link:
     # a key of nccl_tuning.TUNINGS: the all-reduce, all-gather and reduce-scatter are priced by
     # NCCL's own tuner model over it (per algorithm and protocol) instead of steps x step_latency
     tuning: str | None = None
+    # an NVSwitch node's NVLS all-reduce, measured: it runs where it beats the ring and the tree
+    nvls: Nvls | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -354,21 +380,50 @@ def _rates(value: Any, where: str) -> dict[str, float]:
     return {k: _figure(f"{where}.{k}", v, "peak_flops") for k, v in value.items()}
 
 
-def _link(value: Any, where: str) -> Link | None:
+def _link(value: Any, where: str, *, switch: bool = False) -> Link | None:
+    """A link's figures; `switch`: inside a node, where an NVSwitch's NVLS may be given."""
     if value is None:
         return None
-    d = _mapping(value, where, LINK_FIELDS, optional=("tuning",))
+    d = _mapping(value, where, LINK_FIELDS, optional=("tuning", "nvls"))
     tuning = d.get("tuning")
     if tuning is not None and (not isinstance(tuning, str) or tuning not in TUNINGS):
         raise ConfigError(
             f"{where}.tuning: unknown collective tuning {shown(tuning, 40)}; "
             f"known: {', '.join(TUNINGS)}"
         )
+    if d.get("nvls") is not None and not switch:
+        # NCCL runs NVLS across nodes only as NVLS tree (or with CollNet), which is not modelled
+        raise ConfigError(f"{where}.nvls: NVLS is given on the achievable interconnect only")
     return Link(
         bus_bandwidth=_figure(f"{where}.bus_bandwidth", d["bus_bandwidth"], "network_bandwidth"),
         step_latency=_latency(f"{where}.step_latency", d["step_latency"]),
         tuning=tuning,
+        nvls=None if d.get("nvls") is None else _nvls(d["nvls"], f"{where}.nvls"),
     )
+
+
+NVLS_FIELDS = tuple(Nvls.__dataclass_fields__)
+MAX_NVLS_RANKS = 32  # NCCL_MAX_NVLS_ARITY: the GPUs one NVLS group spans
+
+
+def _nvls(value: Any, where: str) -> Nvls:
+    d = _mapping(value, where, NVLS_FIELDS)
+    table = d["bandwidth"]
+    if not isinstance(table, dict) or not table:
+        raise ConfigError(
+            f"{where}.bandwidth must be a mapping of group size to bytes/s, got {shown(table)}"
+        )
+    out = {}
+    for key, bw in table.items():
+        ranks = int(key) if isinstance(key, str) and key.isdigit() else key
+        if isinstance(ranks, bool) or not isinstance(ranks, int):
+            raise ConfigError(f"{where}.bandwidth: group size {shown(key)} is not an integer")
+        if not 2 <= ranks <= MAX_NVLS_RANKS:
+            raise ConfigError(
+                f"{where}.bandwidth: group size {ranks} is outside [2, {MAX_NVLS_RANKS}]"
+            )
+        out[ranks] = _figure(f"{where}.bandwidth.{ranks}", bw, "network_bandwidth")
+    return Nvls(latency=_latency(f"{where}.latency", d["latency"]), bandwidth=out)
 
 
 # the collectives `links` may price (rows of the op table with latency steps; a test holds them
@@ -395,7 +450,7 @@ def _achievable(value: Any, where: str) -> Achievable:
         memory_bandwidth=_figure(
             f"{where}.memory_bandwidth", d["memory_bandwidth"], "memory_bandwidth"
         ),
-        interconnect=_link(d["interconnect"], f"{where}.interconnect"),
+        interconnect=_link(d["interconnect"], f"{where}.interconnect", switch=True),
         network=_link(d["network"], f"{where}.network"),
         launch_seconds=_unmeasured(_latency, f"{where}.launch_seconds", d["launch_seconds"]),
         graph_launch_seconds=_unmeasured(
@@ -467,10 +522,13 @@ def _devices(where: str, value: Any) -> int:
     return count
 
 
+MAX_TEXT = 8192  # characters: a preset's source cites a dozen measurements in one line
+
+
 def _text(where: str, key: str, value: Any) -> str:
     """A name or source: a string of printable text that a report can print on one line."""
     text = str(value) if isinstance(value, (str, int, float)) else None
-    if text is None or len(text) > 4096 or not text.isprintable():
+    if text is None or len(text) > MAX_TEXT or not text.isprintable():
         raise ConfigError(f"{where}: {key} must be a line of text, got {shown(value, 40)}")
     return text
 
@@ -543,19 +601,27 @@ def _in_model(hw: Hardware) -> Hardware:
 def _summary(hw: Hardware) -> str:
     link = hw.interconnect_bandwidth
     links = f", link {link / 1e9:g} GB/s/dir x{hw.devices_per_node}" if link else ""
-    ach = hw.achievable
-    bus = ach.interconnect if ach is not None else None
-    measured = (
-        f"; achievable {hw.gemm_rate('bf16') / 1e12:g} TFLOP/s GEMM, "
-        f"{ach.memory_bandwidth / 1e12:.3g} TB/s"
-        + (f", link busbw {bus.bus_bandwidth / 1e9:g} GB/s" if bus is not None else "")
-        if ach is not None
-        else ("" if hw.name == "local" else "; peaks only (no achievable figures)")
-    )  # calibrate's figures are themselves measured
     return (
         f"{hw.peak('bf16') / 1e12:g} TFLOP/s bf16, {hw.memory_bandwidth / 1e12:.3g} TB/s, "
-        f"{hw.memory_bytes / 1e9:g} GB{links}{measured}"
+        f"{hw.memory_bytes / 1e9:g} GB{links}{_measured_summary(hw)}"
     )
+
+
+def _measured_summary(hw: Hardware) -> str:
+    """The achievable figures' part of `_summary` (none for `local`: calibrate's figures are
+    themselves measured)."""
+    ach = hw.achievable
+    if ach is None:
+        return "" if hw.name == "local" else "; peaks only (no achievable figures)"
+    text = (
+        f"; achievable {hw.gemm_rate('bf16') / 1e12:g} TFLOP/s GEMM, "
+        f"{ach.memory_bandwidth / 1e12:.3g} TB/s"
+    )
+    if ach.interconnect is not None:
+        text += f", link busbw {ach.interconnect.bus_bandwidth / 1e9:g} GB/s"
+        if ach.interconnect.nvls is not None:
+            text += " (NVLS all-reduce)"
+    return text
 
 
 def list_hardware() -> list[tuple[str, str]]:

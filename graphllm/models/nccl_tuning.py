@@ -15,10 +15,13 @@ nccl-tests runs in benchmarks/published_collectives.yaml. The bus bandwidth is n
 (nChannels x the topology's per-channel figure) but the link's measured Simple-protocol busbw
 (the preset's `bus_bandwidth`), which is what that product stands for.
 
-Not modelled, and so never picked: NVLS (NVLink SHARP, on NVSwitch systems from Hopper; NCCL
-runs it for large all-reduces over 8 H100s at about 480 GB/s busbw), CollNet, PAT (all-gather and
-reduce-scatter with one GPU a node), and the per-channel caps on LL128 and tree bandwidth (they
-need NCCL's channel count; on the H100 and A100 NVLink rings they sit above the measured busbw).
+Not here: NVLS (NVLink SHARP, on NVSwitch systems from Hopper), which NCCL's tuner prices at
+25 us where nccl-tests on 8 H100s show it no faster than the ring below 32 MiB; an interconnect
+with a measured `nvls` (models/hardware.py) prices it from those measurements instead, beside
+this table (passes/parallel/figures.py, `nvls_seconds`). Not modelled at all: NVLS tree (across
+nodes), CollNet, PAT (all-gather and reduce-scatter with one GPU a node), and the per-channel
+caps on LL128 and tree bandwidth (they need NCCL's channel count; on the H100 and A100 NVLink
+rings they sit above the measured busbw).
 """
 
 from __future__ import annotations

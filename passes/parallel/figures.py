@@ -78,9 +78,11 @@ def collective_seconds(
     that sends `wire` bytes a device. Under the achievable model a link with an NCCL `tuning`
     prices the all-reduce, all-gather and reduce-scatter as NCCL's tuner does (the cheapest
     algorithm and protocol: models/nccl_tuning.py); other links and kinds take the latency of the
-    op's fewest steps x the link's step latency, plus the wire bytes over its bus bandwidth. A
-    kind measured on this machine (`hw.links`, inside a node) is priced by its own link under
-    either model. `ranks_per_node`: of the group, on one node (default: from `axis`'s stride)."""
+    op's fewest steps x the link's step latency, plus the wire bytes over its bus bandwidth. An
+    all-reduce inside a node whose interconnect has a measured NVLS takes it where it is faster
+    (`nvls_seconds`). A kind measured on this machine (`hw.links`, inside a node) is priced by
+    its own link under either model. `ranks_per_node`: of the group, on one node (default: from
+    `axis`'s stride)."""
     if not wire:
         return 0.0
     inside = _inside_node(mesh, axis, hw)
@@ -93,13 +95,31 @@ def collective_seconds(
     ach, steps = hw.achievable, OPS[kind].latency_steps
     if ach is None or steps is None:
         return beta
-    tuned = nccl_group(kind, group, mesh, axis, hw, ranks_per_node)
-    if tuned is not None:
-        choice = nccl_choice(tuned, wire / OPS[kind].wire(group))  # NCCL counts the whole tensor
-        if choice is not None:
-            return choice.seconds
     link = ach.interconnect if inside else ach.network
-    return beta + (0.0 if link is None else min(steps(group).values()) * link.step_latency)
+    tuned = nccl_group(kind, group, mesh, axis, hw, ranks_per_node)
+    choice = None if tuned is None else nccl_choice(tuned, wire / OPS[kind].wire(group))
+    if choice is not None:
+        seconds = choice.seconds  # NCCL counts the whole tensor
+    else:
+        seconds = beta + (0.0 if link is None else min(steps(group).values()) * link.step_latency)
+    nvls = nvls_seconds(kind, group, wire, mesh, axis, hw)
+    return seconds if nvls is None else min(seconds, nvls)
+
+
+def nvls_seconds(
+    kind: str, group: int, wire: float, mesh: Mesh, axis: str, hw: Hardware
+) -> float | None:
+    """The measured NVLS time of an all-reduce that sends `wire` bytes a device over `group`
+    ranks of one node (models/hardware.py's Nvls), where the interconnect has one; else None.
+    NCCL's tuner prices NVLS at 25 us plus the bytes over its own estimate of the bandwidth, but
+    nccl-tests on 8 H100s run 2-16 MiB all-reduces in the ring's time, not that one: so NVLS is
+    not NCCL's pick here but the cheaper of its measured time and the ring's or tree's."""
+    ach = hw.achievable
+    if kind != "all_reduce" or ach is None or not _inside_node(mesh, axis, hw):
+        return None
+    if ach.interconnect is None or ach.interconnect.nvls is None or kind in hw.links:
+        return None
+    return ach.interconnect.nvls.seconds(group, wire / OPS[kind].wire(group))
 
 
 def nccl_group(

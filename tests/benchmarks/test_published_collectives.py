@@ -67,11 +67,17 @@ def test_the_prediction_is_nccls_tuner_by_hand():
     got, pick = pub.predict(table, 8 << 20)
     assert pick == "ring LL128"
     assert got == pytest.approx(25.4e-6 + (8 << 20) / (0.92 * 370e9 * 4 / 6), rel=1e-12)
-    # 1 GiB over 8 ranks: Simple, 8.4 us + 14 hops of 3.4 us, the whole bus bandwidth
+    # 1 GiB over 8 ranks: the preset's NVLS, 80.8 us + 1 GiB at 274.13 GB/s, beats the ring's
+    # Simple (8.4 us + 14 hops of 3.4 us, the whole bus bandwidth x 8 / 14)
     eight = next(t for t in pub.load_tables() if t["id"] == "h100x8 dgxc-benchmarking")
     got, pick = pub.predict(eight, 1 << 30)
-    assert pick == "ring Simple"
-    assert got == pytest.approx(56.0e-6 + (1 << 30) / (370e9 * 8 / 14), rel=1e-12)
+    assert pick == "nvls"
+    assert got == pytest.approx(80.8e-6 + (1 << 30) / 274.13e9, rel=1e-12)
+    assert got < 56.0e-6 + (1 << 30) / (370e9 * 8 / 14)
+    # 16 MiB: NVLS's latency loses to the ring's LL128 there
+    got, pick = pub.predict(eight, 16 << 20)
+    assert pick == "ring LL128"
+    assert got == pytest.approx(40.6e-6 + (16 << 20) / (0.92 * 370e9 * 8 / 14), rel=1e-12)
     # the A100's NVLink: 200 GB/s, whose half Ampere's LL cap of 87.7 GB/s holds down
     a100 = next(t for t in pub.load_tables() if t["hardware"] == "a100-sxm-80gb")
     got, pick = pub.predict(a100, 1 << 20)
@@ -85,6 +91,11 @@ def test_nccls_tuner_meets_the_runs_launched_as_engines_launch_them(doc):
     tables = {t["id"]: t for t in doc["tables"]}
     dgx = tables["h100x8 dgxc-benchmarking"]["median_ratio_by_band"]
     assert 0.9 <= dgx["below 1 MiB"] <= 1.15 and 0.9 <= dgx["1-256 MiB"] <= 1.1
+    # from 32 MiB NVLS: the 8-GPU node nobody's figures went into the preset from (its ring
+    # alone was 0.77 from 1 GiB up, at 370 GB/s busbw where NVLS reached 480)
+    large = tables["h100x8 dgxc-benchmarking"]["rows"]
+    assert all(0.95 <= r["ratio"] <= 1.06 for r in large if r["bytes"] >= 32 << 20)
+    assert {r["nccl_pick"] for r in large if r["bytes"] >= 32 << 20} == {"nvls"}
     for four in ("h100x4 nccl-collectives-bench", "h100x4 lambda"):
         rows = tables[four]["rows"]
         mid = [r["ratio"] for r in rows if 2 << 20 <= r["bytes"] < 256 << 20]
