@@ -181,8 +181,17 @@ def _yaml_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
 
 def _yaml_float(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> float:
     value = loader.construct_yaml_float(node)
-    if not math.isfinite(value):
+    if math.isnan(value):
         raise _Refused(f"{cut(node.value, 40)} is not a finite number", node.start_mark)
+    if math.isinf(value):
+        # the one field that may be infinite (Nemotron-H's time_step_limit) takes the form
+        # transformers writes in config.json, which YAML spells as this mapping
+        sign = "-" if value < 0 else ""
+        raise _Refused(
+            f"{cut(node.value, 40)} is not a finite number; where a config's value may be "
+            f'infinite, write {{__float__: "{sign}Infinity"}}, as transformers does',
+            node.start_mark,
+        )
     return value
 
 

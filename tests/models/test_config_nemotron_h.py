@@ -121,3 +121,22 @@ def test_dt_is_clamped_at_time_step_limits_floor_not_at_time_step_min():
     assert cfg.mamba_dt_min == 0.001
     moved = config_from_dict(NANO_30B_A3B | {"time_step_min": 0.01}, "nano")
     assert moved.mamba_dt_min == 0.0
+
+
+def test_a_yaml_configs_infinite_limit_is_written_as_transformers_writes_it(tmp_path):
+    """YAML's .inf is refused (no other field may be infinite), with the spelling that loads."""
+    import yaml
+
+    from graphllm.models.config import load_config
+
+    bad = tmp_path / "nano.yaml"
+    bad.write_text(yaml.safe_dump(NANO_30B_A3B) + "time_step_limit: [0.001, .inf]\n")
+    with pytest.raises(
+        ConfigError, match=r'\.inf is not a finite number; .*\{__float__: "Infinity"\}'
+    ):
+        load_config(bad)
+    good = tmp_path / "nano2.yaml"
+    good.write_text(
+        yaml.safe_dump(NANO_30B_A3B) + 'time_step_limit: [0.001, {__float__: "Infinity"}]\n'
+    )
+    assert load_config(good).mamba_dt_min == 0.001
