@@ -166,8 +166,8 @@ def hardware_model_line(hw: dict[str, Any]) -> str:
         return "times: ideal model (data-sheet peaks and line rates, no latencies or launches)"
     return (
         "times: achievable model (measured GEMM, attention and HBM rates; collectives at "
-        "latency plus bytes over bus bandwidth, by NCCL's tuner where the link names it; "
-        "kernel launches); --ideal for peaks"
+        "latency plus bytes over bus bandwidth, by NCCL's tuner where the link names it, "
+        "NVLS where measured; kernel launches); --ideal for peaks"
     )
 
 
