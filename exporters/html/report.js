@@ -167,6 +167,7 @@
       ["params", (s) => fmtN(s.params)],
       ["weights", (s) => fmtB(s.weight_bytes)],
       ["KV cache", (s) => fmtB(s.kv_cache_bytes)],
+      ...(p.stages.some((s) => s.state_bytes) ? [["conv and recurrent state", (s) => fmtB(s.state_bytes)]] : []),
       ["activations (peak)", (s) => fmtB(s.activation_bytes)],
       ["memory", (s) => fmtB(s.memory_bytes) + (s.fits === null ? "" : s.fits ? " fits" : " too big")],
       ["FLOPs", (s) => fmtN(s.flops)],

@@ -20,11 +20,18 @@ from onnx import TensorProto, helper
 
 from graphllm.exporters.onnx.lowering import Lowering, axis_size, lowers
 from graphllm.ir import Node
+from graphllm.ops.delta import blocked_index
 
 
 @lowers("select_blocked")
 def _select_blocked(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
-    c.final("Gather", [i[0], c.const(list(n.attrs["index"]))], n, o, axis=2)
+    # a tp rank holds a block of the head groups: its share of the index, from its offset
+    attrs = dict(n.attrs)
+    shard = c.offsets(n).get("f")
+    if shard is not None:
+        attrs["shard"] = {"f": shard}
+    held = int(c.graph.type_of(n.inputs[0]).dims[-1].size)  # type: ignore[arg-type]
+    c.final("Gather", [i[0], c.const(blocked_index(attrs, held))], n, o, axis=2)
 
 
 @lowers("select_rows")

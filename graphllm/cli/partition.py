@@ -147,7 +147,7 @@ def _stage_table(p: dict[str, Any], hw: dict[str, Any] | None) -> Table:
         ("layers", lambda s: f"{s['layers'][0]}-{s['layers'][1]}" if s["layers"] else ""),
         ("devices", lambda s: str(per_stage)),
         ("params", lambda s: _n(s["params"])),
-        *_memory_rows(p.get("training")),
+        *_memory_rows(p.get("training"), any(s.get("state_bytes") for s in p["stages"])),
         (
             "memory" + (f" of {_b(hw['memory_bytes'])}" if hw else ""),
             lambda s: (
@@ -171,13 +171,15 @@ def _stage_table(p: dict[str, Any], hw: dict[str, Any] | None) -> Table:
     return table
 
 
-def _memory_rows(tr: dict[str, Any] | None) -> list[Row]:
-    """What a device keeps in memory: weights, KV cache, activations; in training, also the
-    gradients and optimizer state."""
+def _memory_rows(tr: dict[str, Any] | None, states: bool) -> list[Row]:
+    """What a device keeps in memory: weights, KV cache (and the conv and recurrent `states` of
+    linear-attention or Mamba layers), activations; in training, also the gradients and
+    optimizer state."""
     if not tr:
         return [
             ("weights", lambda s: _b(s["weight_bytes"])),
             ("KV cache", lambda s: _b(s["kv_cache_bytes"])),
+            *([("conv and recurrent state", lambda s: _b(s["state_bytes"]))] if states else []),
             ("activations (peak)", lambda s: _b(s["activation_bytes"])),
         ]
     return [

@@ -76,11 +76,17 @@ def serving(
         f"[bold]{doc['model']}[/bold] on {doc['devices']} {doc['hardware']} "
         f"({doc['strategy']}), {prompt_len} tokens in, {output_len} out"
     )
+    kv, state = doc["kv_bytes_per_sequence_per_device"], doc["state_bytes_per_sequence_per_device"]
     con.print(
         f"KV cache: {_b(doc['kv_capacity_bytes_per_device'])} a device after "
         f"{_b(doc['weight_bytes_per_device'])} of weights, "
-        f"{_b(doc['kv_bytes_per_sequence_per_device'])} a sequence: at most "
-        f"{doc['max_batch']} sequences"
+        + (
+            f"{_b(kv + state)} a sequence ({_b(kv)} of keys and values, {_b(state)} of conv "
+            "and recurrent state)"
+            if state
+            else f"{_b(kv)} a sequence"
+        )
+        + f": at most {doc['max_batch']} sequences"
         + (f" over {doc['replicas']} replicas" if doc["replicas"] > 1 else "")
     )
     con.print(

@@ -279,15 +279,22 @@ def _blocked_check(node: Node, env: dict[str, Dim]) -> str | None:
     return None
 
 
-def _select_blocked(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
-    x, index = xs[0], np.asarray(a["index"])
-    shard = a.get("shard", {}).get("f")  # a block of the groups: (its first channel, all)
+def blocked_index(a: dict[str, Any], held: int) -> list[int]:
+    """The channels of its `held` input channels that a rank's select_blocked reads, counted from
+    the first it holds: attrs['index'] whole, or on a block of the groups (attrs['shard']['f']:
+    its first channel, all of them) the block's own share of it."""
+    index = list(a["index"])
+    shard = a.get("shard", {}).get("f")
     if shard is None:
-        return x[..., index]
+        return index
     f0, f_all = shard
     per_in, per_out = f_all // a["groups"], len(index) // a["groups"]
-    first, count = f0 // per_in, x.shape[-1] // per_in
-    return x[..., index[first * per_out : (first + count) * per_out] - f0]
+    first, count = f0 // per_in, held // per_in
+    return [x - f0 for x in index[first * per_out : (first + count) * per_out]]
+
+
+def _select_blocked(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    return xs[0][..., np.asarray(blocked_index(a, xs[0].shape[-1]))]
 
 
 register(

@@ -9,7 +9,8 @@ prefill. A new request's first token waits for its own prefill (queueing is not 
 
 Memory: the device keeps `memory_fraction` of its memory for weights and cache (vLLM's
 `gpu_memory_utilization`, 0.9 by default); what the weights and one step's activations leave
-holds the KV cache, each sequence's at its full length (prompt + output).
+holds the KV cache, each sequence's at its full length (prompt + output), beside the conv and
+recurrent states of its linear-attention or Mamba layers (a fixed size a sequence).
 
 Replicas and stages (issue 20). `--dp` runs that many replicas, each serving batch / dp of the
 sequences (the batch must divide), so the aggregate tokens/s is dp times one replica's and the
@@ -120,7 +121,7 @@ def serving_report(
     room = []  # per stage: (sequences a device's cache holds, its budget, one sequence's cache)
     for st in full:
         budget = memory_fraction * hw.memory_bytes - st["weight_bytes"] - st["activation_bytes"]
-        per_seq = st["kv_cache_bytes"]
+        per_seq = st["kv_cache_bytes"] + st["state_bytes"]  # hybrid layers' states too
         room.append((math.floor(budget / per_seq) if per_seq > 0 else 0, budget, per_seq))
     tight = min(range(pp), key=lambda i: room[i][0])  # the fullest stage bounds the replica
     held, budget, per_seq = room[tight]
@@ -183,7 +184,8 @@ def serving_report(
         "output": output,
         "memory_fraction": memory_fraction,
         "weight_bytes_per_device": one["weight_bytes"],
-        "kv_bytes_per_sequence_per_device": per_seq,
+        "kv_bytes_per_sequence_per_device": one["kv_cache_bytes"],
+        "state_bytes_per_sequence_per_device": one["state_bytes"],
         "kv_capacity_bytes_per_device": budget,
         "max_batch": dp * largest,
         "batch": want,
@@ -205,7 +207,7 @@ def serving_report(
                 "decode_seconds": steps[want // dp][i]["seconds"],
                 "cp_combine_seconds": steps[want // dp][i]["combine_seconds"],
                 "kv_capacity_bytes": room[i][1],
-                "kv_bytes_per_sequence": room[i][2],
+                "cache_bytes_per_sequence": room[i][2],  # KV cache and state
                 "sequences_held": room[i][0],
             }
             for i in range(pp)

@@ -191,6 +191,9 @@ class Figures:
     ep_weight_bytes: float = 0.0  # of weight_bytes: cut over ep (their gradients skip ep)
     master: bool = False  # weights narrower than fp32: Adam keeps fp32 master weights
     kv_cache_bytes: float = 0.0
+    # issue 19: the conv and recurrent states linear-attention and Mamba layers carry to the next
+    # step in place of keys and values (constant in the sequence length)
+    state_bytes: float = 0.0
     flops: Any = 0  # exact (cost.py): an int, or a Fraction of balanced routing
     bytes: float = 0.0
     compute_seconds: float = 0.0  # 0 without hardware
@@ -219,6 +222,10 @@ def tally(
         run(graph, ["cost", "roofline"], hardware=hardware, attention=attention, training=training)
     mesh = meta_result(graph, "partition").mesh
     presents = {r.node for r in graph.cache_outputs().values()}
+    states: dict[str, float] = {}  # node -> bytes of the states it carries to the next step
+    for r in graph.state_outputs().values():
+        t = graph.type_of(r)
+        states[r.node] = states.get(r.node, 0.0) + nbytes(t.dtype, t.numel(graph.bindings))
     timed: list[Collective] = []
     for n in graph.nodes():
         groups = list(groups_of(n))
@@ -235,10 +242,12 @@ def tally(
         compute = meta_result(n, "time").seconds if computes else 0.0
         cost = meta_result(n, "cost")
         kv = cache_bytes(graph, n.out) if n.name in presents else 0.0
+        state = states.get(n.name, 0.0)
         for f in groups:
             f.flops += cost.flops
             f.bytes += cost.bytes
             f.kv_cache_bytes += kv
+            f.state_bytes += state
             f.compute_seconds += compute
             if c is not None:
                 f.comm_seconds += c.seconds or 0.0

@@ -554,7 +554,9 @@ def partition_report(
         else:
             grads = []
             e["activation_bytes"] = _stage_memory(graph, f.names, attention)
-            e["memory_bytes"] = e["weight_bytes"] + e["kv_cache_bytes"] + e["activation_bytes"]
+            e["memory_bytes"] = (
+                e["weight_bytes"] + e["kv_cache_bytes"] + e["state_bytes"] + e["activation_bytes"]
+            )
         _stage_seconds(e, m, sum((c["seconds"] or 0.0 for c in grads), 0.0), hardware)
         stages.append(e)
     pipe = {
@@ -603,6 +605,7 @@ def _stage_entry(plan: PartitionPlan, st: int, f: Figures, passes: int) -> dict[
         "params": int(f.params),
         "weight_bytes": f.weight_bytes,
         "kv_cache_bytes": f.kv_cache_bytes,
+        "state_bytes": f.state_bytes,
         "flops": m * f.flops,
         "bytes": m * f.bytes,
         "comm_bytes": dict(wire),
@@ -634,7 +637,7 @@ def _training_stage(
     s, st = plan.strategy, e["stage"]
     tm = training_memory(graph, opts, attention, names, min(s.pp - st, s.microbatches))
     e["activation_bytes"] = tm.activations + tm.activations_working
-    e["kv_cache_bytes"] = 0.0  # a training step keeps no cache
+    e["kv_cache_bytes"] = e["state_bytes"] = 0.0  # a training step keeps no cache
     e["training"] = {k: v for k, v in tm.to_dict().items() if k != "collectives"}
     e["memory_bytes"] = tm.total
     out = []

@@ -329,14 +329,16 @@ def _candidate(
 
 
 def _inference_memory(prog: Program, parts: list[Part], m: int) -> dict[str, Any]:
-    """A stage's weights, the K/V cache of its `m` microbatches and the program's peak
-    activations."""
+    """A stage's weights, the K/V cache and the states of its `m` microbatches and the program's
+    peak activations."""
     wb = sum(p.weight_bytes for p in parts)
     kv = m * sum(p.kv_cache_bytes for p in parts)
+    state = m * sum(p.state_bytes for p in parts)
     return {
         "weight_bytes": wb,
         "kv_cache_bytes": kv,
-        "memory_bytes": wb + kv + prog.peak_activations,
+        "state_bytes": state,
+        "memory_bytes": wb + kv + state + prog.peak_activations,
         "gradient_seconds": 0.0,
     }
 

@@ -35,7 +35,7 @@ from fractions import Fraction
 from typing import Any
 
 from graphllm.errors import GraphError
-from graphllm.ir import CACHE, TOKEN_ROLES, Dim, Graph, Node, Ref, TensorType
+from graphllm.ir import CACHE, STATE, TOKEN_ROLES, Dim, Graph, Node, Ref, TensorType
 from graphllm.ir.signature import ELLIPSIS
 from graphllm.ops import MOVEMENT, OPS, SOURCE, linear_groups
 
@@ -645,7 +645,9 @@ class _SPMD:
             a = _Arg(ref, sh, self.src.type_of(r), [], r.node, False, False)
             for m in sorted(sh.partial, key=self.mesh.names.index):
                 self._collective("all_reduce", a, m, a.sh.with_partial(m, False))
-            if self.src.output_role(name) != CACHE:  # a rank keeps its own block of the cache
+            # a rank keeps its own block of the cache and of the conv and recurrent states, as
+            # engines do (a gather of either would be a collective every step that none runs)
+            if self.src.output_role(name) not in (CACHE, STATE):
                 for j, d in enumerate(a.gtype.dims):
                     if d.role in self.keep_split:
                         continue

@@ -20,6 +20,8 @@ from graphllm.runtime.dist.segments import NumpyRunner, Segment, cut
 from graphllm.runtime.spmd import SPMDInterpreter
 from tests.runtime.dist.support import CONFIGS
 from tests.support.tiny_configs import PARTIAL_LONGROPE
+from tests.support.tiny_nemotron import SMALL as NEMOTRON
+from tests.support.tiny_qwen3_next import SMALL as QWEN3_NEXT
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
@@ -44,6 +46,8 @@ def _program(family, strategy, past):
         "input_ids": rng.integers(0, 256, (b, t)),
         "position_ids": np.broadcast_to(np.arange(p, p + t), (b, t)).copy(),
     }
+    if "attention_mask" in g:  # a recurrence zeroes padded positions: none here
+        feeds["attention_mask"] = np.ones((b, p + t), np.int64)
     for n in g.nodes("input"):
         if n.name not in feeds:
             shape = tuple(int(s) for s in n.out.shape(g.bindings))
@@ -80,11 +84,23 @@ CASES = [
     ("deepseek", Strategy(tp=2, pp=2), 6),
     ("dense", Strategy(cp=2, tp=2), 0),
 ]
+# the hybrid families' tp cuts the head groups of their fused input projections (select_blocked
+# reads a rank's share of its index from the rank's offset), prefill and a decode step from states
+NEMOTRON_H = {**NEMOTRON, "model_type": "nemotron_h", "hybrid_override_pattern": "M*-EM"}
+HYBRID = [
+    (dict(family, vocab_size=256), Strategy(tp=2), past)
+    for family in (NEMOTRON_H, {**QWEN3_NEXT, "model_type": "qwen3_next"})
+    for past in (0, 6)
+]
 # sp cuts the keys of MLA's prefill (queries and keys both T): those segments run on numpy
 KEY_BLOCKS = [("deepseek", Strategy(tp=2, sp=True), 0)]
 
 
-@pytest.mark.parametrize(("family", "strategy", "past"), CASES + KEY_BLOCKS, ids=str)
+def _case_id(v):
+    return v["model_type"] if isinstance(v, dict) else str(v)
+
+
+@pytest.mark.parametrize(("family", "strategy", "past"), CASES + HYBRID + KEY_BLOCKS, ids=_case_id)
 def test_each_segment_on_onnxruntime_equals_numpy(family, strategy, past):
     program, rec = _program(family, strategy, past)
     runs, on_numpy = 0, 0
