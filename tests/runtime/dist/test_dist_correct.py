@@ -96,3 +96,35 @@ def test_eight_ranks_tp_pp_ep(configs):
         job(configs["deepseek"], "deepseek tp pp ep", strategy={"tp": 2, "pp": 2, "ep": 2}),
     ]
     _check(jobs, 8)
+
+
+def test_hybrid_families_two_ranks(tmp_path):
+    """Nemotron-H (Mamba2) and Qwen3-Next (Gated DeltaNet): each tp rank keeps its heads' block of
+    the conv and recurrent states from step to step (no gather), on numpy and on onnxruntime,
+    whose segments read a rank's share of the fused projections' regrouped channels."""
+    import json
+
+    from tests.support.tiny_nemotron import SMALL as NEMOTRON
+    from tests.support.tiny_qwen3_next import SMALL as QWEN3_NEXT
+
+    nemotron = {**NEMOTRON, "model_type": "nemotron_h", "hybrid_override_pattern": "M*-EM"}
+    nemotron["time_step_limit"] = [0.001, {"__float__": "Infinity"}]  # JSON has no inf
+    paths = {}
+    for name, fields in (
+        ("nemotron", nemotron),
+        ("qwen3-next", {**QWEN3_NEXT, "model_type": "qwen3_next"}),
+    ):
+        paths[name] = tmp_path / f"{name}.json"
+        paths[name].write_text(json.dumps(fields))
+    jobs = [
+        job(str(paths[name]), f"{name} {label} {runtime}", strategy=strategy, runtime=runtime)
+        for name in paths
+        for label, strategy in (("tp", {"tp": 2}), ("pp mb", {"pp": 2, "microbatches": 2}))
+        for runtime in ("numpy", "onnxruntime")
+    ]
+    cases = _check(jobs, 2)
+    # the states stay cut: no step of a tp rank gathers a state, the decode steps' past included
+    for name in ("nemotron tp numpy", "qwen3-next tp numpy"):
+        tp = next(c for c in cases if c["name"] == name)["ranks"][0]
+        gathers = [c["node"] for s in tp["steps"] for c in s["collectives"]]
+        assert gathers and not [g for g in gathers if "state" in g], gathers
