@@ -48,15 +48,35 @@ def comm_bytes(graph: Graph, n: Node) -> tuple[float, float]:
     return payload, wire(k) * share
 
 
-def _inside_node(mesh: Mesh, axis: str, hw: Hardware) -> bool:
-    """Whether a group of `axis` fits in one node (inner axes vary fastest)."""
-    return mesh.stride(axis) * mesh.size(axis) <= hw.devices_per_node
+Pair = tuple[int, int]  # the two coordinates on its mesh axis of a point-to-point send
 
 
-def link_bandwidth(mesh: Mesh, axis: str, hw: Hardware) -> float:
-    """The interconnect when a group of `axis` fits in one node, else the network: the measured
-    bus bandwidth under the achievable model, the line rate under the ideal one."""
-    inside = _inside_node(mesh, axis, hw)
+def _inside_node(mesh: Mesh, axis: str, hw: Hardware, pair: Pair | None = None) -> bool:
+    """Whether a group of `axis` fits in one node (inner axes vary fastest); for a send between
+    the coordinates `pair` of the axis, whether every such pair of devices shares a node (a
+    pipeline's stages 0-7 of one node send to each other over NVLink, stage 7 to 8 over the
+    network)."""
+    stride, d = mesh.stride(axis), hw.devices_per_node
+    if pair is None:
+        return stride * mesh.size(axis) <= d
+    a, b = pair
+    if abs(b - a) * stride >= d:
+        return False
+    span = stride * mesh.size(axis)  # devices from one block of the outer axes to the next
+    # the outer blocks' offsets modulo the node repeat within d blocks
+    outer = range(min(mesh.devices // span, d))
+    return all(
+        (o * span + a * stride + i) // d == (o * span + b * stride + i) // d
+        for o in outer
+        for i in range(stride)
+    )
+
+
+def link_bandwidth(mesh: Mesh, axis: str, hw: Hardware, pair: Pair | None = None) -> float:
+    """The interconnect when a group of `axis` (or the send between `pair`) fits in one node,
+    else the network: the measured bus bandwidth under the achievable model, the line rate under
+    the ideal one."""
+    inside = _inside_node(mesh, axis, hw, pair)
     bw = hw.interconnect_bandwidth if inside else hw.network_bandwidth
     if bw is None:
         raise ConfigError(f"hardware {hw.name}: no bandwidth between devices")
@@ -73,6 +93,7 @@ def collective_seconds(
     axis: str,
     hw: Hardware,
     ranks_per_node: int | None = None,
+    pair: Pair | None = None,
 ) -> float:
     """The alpha-beta time of one collective of op `kind` over `group` ranks of mesh axis `axis`
     that sends `wire` bytes a device. Under the achievable model a link with an NCCL `tuning`
@@ -82,16 +103,17 @@ def collective_seconds(
     all-reduce inside a node whose interconnect has a measured NVLS takes it where it is faster
     (`nvls_seconds`). A kind measured on this machine (`hw.links`, inside a node) is priced by
     its own link under either model. `ranks_per_node`: of the group, on one node (default: from
-    `axis`'s stride)."""
+    `axis`'s stride); `pair`: a send's two coordinates on `axis`, whose devices may share a node
+    where the axis's whole group does not."""
     if not wire:
         return 0.0
-    inside = _inside_node(mesh, axis, hw)
+    inside = _inside_node(mesh, axis, hw, pair)
     measured = hw.links.get(kind) if inside else None
     if measured is not None and OPS[kind].latency_steps is not None:
         # this kind timed on this machine (calibrate --link): its own alpha and beta
         alpha = min(OPS[kind].latency_steps(group).values()) * measured.step_latency
         return alpha + wire / measured.bus_bandwidth
-    beta = wire / link_bandwidth(mesh, axis, hw)
+    beta = wire / link_bandwidth(mesh, axis, hw, pair)
     ach, steps = hw.achievable, OPS[kind].latency_steps
     if ach is None or steps is None:
         return beta
@@ -154,7 +176,10 @@ def _ranks_per_node(mesh: Mesh, axes: Iterable[str], hw: Hardware) -> int:
 def comm_seconds(graph: Graph, n: Node, mesh: Mesh, hw: Hardware) -> float:
     """Seconds of a collective node on the link of its mesh axis."""
     _, wire = comm_bytes(graph, n)
-    return collective_seconds(n.op, n.attrs.get("group", 2), wire, mesh, n.attrs["mesh"], hw)
+    pair = (n.attrs["src"], n.attrs["dst"]) if "src" in n.attrs else None  # a pipeline send
+    return collective_seconds(
+        n.op, n.attrs.get("group", 2), wire, mesh, n.attrs["mesh"], hw, pair=pair
+    )
 
 
 def gradient_seconds(c: dict[str, Any], mesh: Mesh, hw: Hardware) -> float:

@@ -273,7 +273,8 @@ def assemble(
             for key, secs in p.comm.items():
                 comm[key] += passes * m * secs / pp
         if st < pp - 1:  # send the residual stream to the next stage (and its gradient back)
-            sent = collective_seconds("send", 2, full[z + 1].stream_bytes, mesh, "pp", hw)
+            stream = full[z + 1].stream_bytes
+            sent = collective_seconds("send", 2, stream, mesh, "pp", hw, pair=(st, st + 1))
             per_mb += passes * sent
             comm[("send/recv", "pp")] += passes * m * sent / pp
         entry: dict[str, Any] = {
