@@ -8,12 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 from rich.table import Table
 
 from graphllm.cli.common import device_options, json_option, model_options, resolve, user_errors
 from graphllm.cli.layout import strategy_from, strategy_options
 from graphllm.errors import ConfigError
 from graphllm.files import check_target, json_text
+from graphllm.models.config import load_workload_section
 from graphllm.models.hardware import load_hardware
 from graphllm.report.console import console as new_console
 from graphllm.report.serving import MEMORY_FRACTION, plot_curve, serving_report
@@ -49,9 +51,20 @@ def serving(
     """Serving figures: TTFT, time per output token, tokens/s, the largest batch, the curve."""
     if options.get("seq_len") or options.get("past_len") is not None:
         raise ConfigError("serving takes --prompt-len and --output-len, not --seq-len/--past-len")
+    if options.get("logits") == "all":
+        raise ConfigError(
+            "serving computes the last position's logits, as a server does: drop --logits all"
+        )
     if plot_path is not None:
         check_target(plot_path)
+    ctx = click.get_current_context()
+    given = ctx.get_parameter_source("microbatches") is not ParameterSource.DEFAULT
     batch = options.get("batch")
+    path = options.get("config_path")
+    section = load_workload_section(path) if path is not None else {}
+    # a workload section describes one forward pass, not the requests a server takes; its dtypes
+    # still apply, its shape is said to be unused once the figures are out
+    unused = [k for k in ("batch", "seq_len", "past_len", "logits") if k in section]
     strategy = strategy_from(options)
     config, wl = resolve(options)
     hw = load_hardware(hardware)
@@ -65,9 +78,16 @@ def serving(
         batch=batch,
         attention=attention,
         memory_fraction=memory_fraction,
+        microbatches_given=given,
     )
     if plot_path is not None:
         plot_curve(doc, plot_path)
+    if unused:
+        click.echo(
+            f"note: serving takes the requests from --prompt-len, --output-len and --batch; "
+            f"{path}'s workload {', '.join(unused)} are not used",
+            err=True,
+        )
     if as_json:
         click.echo(json_text(doc, indent=2))
         return

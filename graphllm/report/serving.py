@@ -53,7 +53,7 @@ from graphllm.errors import ConfigError
 from graphllm.files import write_atomic
 from graphllm.models.hardware import Hardware
 from graphllm.models.model_config import ModelConfig
-from graphllm.models.workload import Workload
+from graphllm.models.workload import MAX_POSITIONS, Workload
 from graphllm.passes.parallel.partition import Strategy
 from graphllm.report.plot import pyplot_for
 from graphllm.report.serving_steps import (
@@ -81,6 +81,26 @@ def _require_combination(s: Strategy) -> None:
         )
 
 
+def _require_context(config: ModelConfig, prompt: int, output: int) -> None:
+    """One line for requests longer than the model's context (a server refuses them)."""
+    total, context = prompt + output, min(config.max_position_embeddings, MAX_POSITIONS)
+    if total > context:
+        raise ConfigError(
+            f"--prompt-len {prompt} + --output-len {output} = {total:,} tokens, past "
+            f"{config.name}'s context of {context:,}"
+            + (
+                " (max_position_embeddings)"
+                if context == config.max_position_embeddings
+                else " (graphllm's limit on positions)"
+            )
+        )
+    if output < 2:
+        raise ConfigError(
+            "--output-len 1 is the first token alone: no decode step, so no time per output "
+            "token; give 2 or more (graphllm trace -t PROMPT times the prefill alone)"
+        )
+
+
 def serving_report(
     config: ModelConfig,
     base: Workload,
@@ -92,17 +112,22 @@ def serving_report(
     batch: int | None = None,
     attention: str = "flash",
     memory_fraction: float = MEMORY_FRACTION,
+    microbatches_given: bool = False,
 ) -> dict[str, Any]:
     """The serving figures of `config` on `strategy` x `hw` for requests of `prompt` tokens in
-    and `output` out; `batch` concurrent sequences (None: the largest that fits)."""
+    and `output` out; `batch` concurrent sequences (None: the largest that fits). Decode keeps
+    the strategy's microbatches in flight through the stages where above 1 or
+    `microbatches_given` (`--microbatches 1` with `--pp`: one, the other stages idle), else pp."""
     _require_combination(strategy)
+    _require_context(config, prompt, output)
     require_cp_cache(config, strategy.cp, prompt)
     if not 0 < memory_fraction <= 1:
         raise ConfigError(f"--memory-fraction must be in (0, 1], got {memory_fraction}")
     dtypes = {k: getattr(base, k) for k in ("weight_dtype", "act_dtype", "kv_dtype")}
     avg = prompt + output // 2
     dp, pp, ep = strategy.dp, strategy.pp, strategy.ep
-    flight = strategy.microbatches if strategy.microbatches > 1 else pp  # decode microbatches
+    given = microbatches_given or strategy.microbatches > 1
+    flight = strategy.microbatches if given else pp  # decode microbatches in flight
     chunks = strategy.microbatches  # of a prompt's prefill
     # each replica's program is the same; serving pipelines the microbatches itself
     replica = dataclasses.replace(strategy, dp=1, microbatches=1)
@@ -128,7 +153,7 @@ def serving_report(
     one = full[tight]
     unit = flight * ep  # equal microbatches in flight, each cut over the ep ranks
     largest = held // flight * unit
-    in_flight = f"--pp {pp}" if strategy.microbatches == 1 else f"--microbatches {flight}"
+    in_flight = f"--pp {pp}" if flight == pp else f"--microbatches {flight}"
     if ep > 1:
         in_flight += f" x --ep {ep}"
     if largest < 1:

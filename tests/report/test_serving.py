@@ -94,7 +94,12 @@ def test_the_command_prints_the_figures_and_the_model(tmp_path):
     assert "times: achievable model" in r.output
     assert (tmp_path / "curve.png").stat().st_size > 1000
     ideal = CliRunner().invoke(
-        main, ["serving", "--config", "examples/tiny.yaml", "--ideal", "--json", "-b", "2"]
+        main,
+        [
+            "serving",
+            *("--config", "examples/tiny.yaml", "--prompt-len", "64", "--output-len", "16"),
+            *("--ideal", "--json", "-b", "2"),
+        ],
     )
     assert ideal.exit_code == 0 and '"rate_model": "ideal"' in ideal.output
 
