@@ -44,15 +44,15 @@ def kv_per_token(cfg: ModelConfig, kv_dtype: str = "bf16") -> KVPerToken:
 
 @dataclass(frozen=True)
 class FormCost:
-    flops: float
-    matmul_flops: float
+    flops: Any  # exact counts, as the cost pass gives them: ints (FLOPs above 2**53 included)
+    matmul_flops: Any
     bytes: float
-    attention_flops: float  # in the attention scopes (projections, expansion, core)
+    attention_flops: Any  # in the attention scopes (projections, expansion, core)
 
 
 def form_cost(cost: Any) -> FormCost:
     """A FormCost from the cost pass's report (forward, flash attention)."""
-    attn = float(cost.flops["by_scope"]["attention"])
+    attn = cost.flops["by_scope"]["attention"]
     return FormCost(cost.flops["total"], cost.flops["matmul"], cost.bytes["total"], attn)
 
 

@@ -37,3 +37,23 @@ def test_json_holds_integers():
     assert '"total": 178554782336,' in r.stdout  # no ".0"
     assert type(doc["flops"]["matmul_causal"]) is int
     assert all(type(x["flops"]) is int for x in doc["per_layer"])
+
+
+def _float_counts(doc, path=""):
+    """Every float in a JSON document at a key that names FLOPs (rates and peaks are floats)."""
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            yield from _float_counts(v, f"{path}.{k}")
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            yield from _float_counts(v, f"{path}[{i}]")
+    elif isinstance(doc, float) and "flops" in path.lower() and "peak" not in path:
+        yield path
+
+
+def test_every_flop_count_of_a_trace_is_an_integer():
+    """DeepSeek-V3's trace adds MLA's two forms' counts (naive and absorbed) to the document."""
+    r = CliRunner().invoke(main, ["trace", "--model", "deepseek-v3", "-t", "16", "--json"])
+    doc = json.loads(r.stdout)
+    assert doc["mla"]["forms"]["absorbed"]["attention_flops"] > 0
+    assert list(_float_counts(doc)) == []
