@@ -65,12 +65,21 @@ def trace(
         if per_op or print_graph:
             raise ConfigError("--per-op and --print-graph take one --seq-len, not a list")
         rows = sweep(config, workloads, hw, attention, training, mla, mtp)
+        title = f"{config.name} on {hw.name if hw else 'no hardware'}"
         if plot:
-            plot_sweep(rows, plot, f"{config.name} on {hw.name if hw else 'no hardware'}", hw)
+            plot_sweep(rows, plot, title + (f", {hw.rate_model} model" if hw else ""), hw)
         if as_json:
-            click.echo(json_text({"model": config.name, "sweep": rows}, indent=2))
+            doc = {
+                "model": config.name,
+                "hardware": hw.name if hw else None,
+                "rate_model": hw.rate_model if hw else None,
+                "sweep": rows,
+            }
+            click.echo(json_text(doc, indent=2))
         else:
-            print_sweep(rows)
+            print_sweep(rows, title)
+        if plot:
+            click.echo(f"wrote {plot}", err=as_json)
         return
     if plot:
         raise ConfigError("--plot draws a sweep: give --seq-len a list, e.g. 128,1024,8192")

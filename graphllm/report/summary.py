@@ -213,9 +213,11 @@ def _fit_note(fit: dict[str, Any] | None, hardware: str) -> str:
     )
 
 
-def print_sweep(rows: list[dict[str, Any]], console: Console | None = None) -> None:
-    """How FLOPs, bytes and predicted time grow with T."""
+def print_sweep(rows: list[dict[str, Any]], title: str, console: Console | None = None) -> None:
+    """How FLOPs, bytes and predicted time grow with T, under `title` (the model and device),
+    and which model produced the times."""
     con = console or new_console()
+    con.print(title)
     table = Table("T", "FLOPs", "x", "bytes", "x", "time", "x")
     first = rows[0]
     for row in rows:
@@ -234,6 +236,23 @@ def print_sweep(rows: list[dict[str, Any]], console: Console | None = None) -> N
             ratio("seconds") if sec is not None else "",
         )
     con.print(table)
+    con.print(sweep_model_line(rows[-1]))
+
+
+def sweep_model_line(row: dict[str, Any]) -> str:
+    """Which model produced a sweep's times (a row of it), in one line."""
+    model = row.get("rate_model")
+    if model is None:
+        return "times: none (no --hardware)"
+    if model == "ideal":
+        return "times: ideal model (data-sheet peaks, no latencies or launch costs; --ideal)"
+    if model == "calibrated":
+        return "times: calibrated model (graphllm calibrate's tables); --ideal for peaks"
+    launch = "through CUDA graphs" if row["cuda_graphs"] else "one launch each"
+    return (
+        f"times: achievable model (measured GEMM, attention and HBM rates; kernels {launch}); "
+        "--ideal for peaks"
+    )
 
 
 def _state_line(m: dict) -> str:

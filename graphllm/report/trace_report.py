@@ -237,6 +237,8 @@ def sweep(
                 "matmul": cost.flops["matmul"],
                 "bytes": cost.bytes["total"],
                 "seconds": roof.seconds if roof else None,
+                "rate_model": roof.rate_model if roof else None,
+                "cuda_graphs": roof.cuda_graphs if roof else None,
                 "by_op": by_op,
             }
         )

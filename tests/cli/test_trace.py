@@ -180,10 +180,19 @@ def test_sweep_prints_growth_and_plots(tmp_path):
     r = invoke("trace", "--model", "llama3-8b", "-t", "128,1024,8192", "--plot", str(png))
     assert r.exit_code == 0, r.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the sweep says which model produced its times, and where its plot went
+    assert r.output.startswith("llama3-8b on h100-sxm\n")
+    assert "times: achievable model" in r.output and f"wrote {png}" in r.output
     r = invoke("trace", "--model", "llama3-8b", "-t", "128,256", "--json")
-    rows = json.loads(r.stdout)["sweep"]
+    doc = json.loads(r.stdout)
+    rows = doc["sweep"]
     assert [x["seq_len"] for x in rows] == [128, 256]
     assert rows[1]["flops"] > 2 * rows[0]["flops"] * 0.99
+    assert (doc["hardware"], doc["rate_model"]) == ("h100-sxm", "achievable")
+    ideal = json.loads(
+        invoke("trace", "--model", "llama3-8b", "-t", "1,2", "--ideal", "--json").stdout
+    )
+    assert ideal["rate_model"] == "ideal" and ideal["sweep"][0]["rate_model"] == "ideal"
 
 
 @pytest.mark.parametrize(
