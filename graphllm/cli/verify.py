@@ -45,17 +45,18 @@ def verify_tokens(seed: int, full_size: bool, use_onnx: bool, **options: Any) ->
     """
 
     path = options.get("config_path")
-    if not options.get("seq_len") and (path is None or "seq_len" not in _section(path)):
+    chosen = not options.get("seq_len") and (path is None or "seq_len" not in _section(path))
+    if chosen:
         # a short prompt: every cell is checked by a run (T+1 of them), so the 2048 that
-        # trace assumes is far over budget; said on stderr when a config file gave no T
+        # trace assumes is far over budget
         options["seq_len"] = [DEFAULT_T]
-        if path is not None:
-            click.echo(
-                f"note: the config gives no workload; verify tokens uses T={DEFAULT_T} "
-                f"(-t to choose, at most {MAX_T})",
-                err=True,
-            )
     config, workload = resolve(options)
+    if chosen:  # said on stderr once the config has loaded: a bad one is its error alone
+        click.echo(
+            f"note: the {'config' if path is not None else 'preset'} gives no workload; verify "
+            f"tokens uses T={DEFAULT_T} (-t to choose, at most {MAX_T})",
+            err=True,
+        )
     if workload.seq_len > MAX_T:
         raise ConfigError(
             f"verify tokens runs T+1 forward passes: T={workload.seq_len} is over {MAX_T}"
@@ -64,7 +65,7 @@ def verify_tokens(seed: int, full_size: bool, use_onnx: bool, **options: Any) ->
     check = check_token_mixing(
         config, seed=seed, shrink=not full_size, workload=workload, runtime=runtime
     )
-    seq_len = workload.seq_len
+    seq_len = f"{workload.seq_len}" + (f" P={workload.past_len}" if workload.past_len else "")
     cells = check.predicted.size
     what = check.config.name
     if check.agrees:

@@ -26,6 +26,17 @@ def test_config_without_workload_runs_at_a_small_t_and_says_so(tmp_path):
     assert r.exit_code == 0, r.output
     assert "T=12: predicted == observed on 144 cells" in r.stdout
     assert "uses T=12" in r.stderr and "-t" in r.stderr
+    # a preset has no workload either: said the same way; the past, where given, is named
+    r = CliRunner().invoke(main, ["verify", "tokens", "--model", "llama3-8b", "--past-len", "4"])
+    assert r.exit_code == 0, r.output
+    assert "T=12 P=4: predicted == observed" in r.stdout
+    assert "the preset gives no workload; verify tokens uses T=12" in r.stderr
+
+
+def test_a_config_that_does_not_load_is_its_error_alone(tmp_path):
+    r = CliRunner().invoke(main, ["verify", "tokens", "--config", str(tmp_path / "none.json")])
+    assert r.exit_code == 2
+    assert r.output.count("\n") == 1 and r.output.startswith("error: "), r.output
 
 
 def test_workload_section_and_flag_win_silently():
