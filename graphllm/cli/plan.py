@@ -18,10 +18,13 @@ from graphllm.cli.common import (
 )
 from graphllm.cli.layout import training_from, training_options
 from graphllm.cli.progress import bar, showing
+from graphllm.errors import ConfigError
 from graphllm.files import json_text
 from graphllm.models.hardware import load_hardware
 from graphllm.passes.parallel.plan import plan as make_plan
+from graphllm.passes.training import TrainingOptions
 from graphllm.report.console import console as new_console
+from graphllm.report.fit import fewest_devices
 from graphllm.report.summary import _b, _t, hardware_model_line
 
 
@@ -51,6 +54,8 @@ def plan(
     hw = load_hardware(hardware)
     with bar(f"planning {devices} devices: layouts", showing(as_json)) as told:
         report = make_plan(config, wl, devices, hw, training, attention, pinned, told)
+    if not report.candidates:
+        raise ConfigError(_none_fits(report, config, wl, hw, training))
     doc = {
         "model": {"name": config.name, "model_type": config.model_type},
         "workload": wl.to_dict() | {"attention": attention, "training": training is not None},
@@ -63,6 +68,25 @@ def plan(
         click.echo(json_text(doc, indent=2))
     else:
         print_plan(doc, top)
+
+
+def _none_fits(report: Any, config: Any, wl: Any, hw: Any, training: TrainingOptions | None) -> str:
+    """Why no layout of the plan's devices was kept, and the fewest devices that hold it."""
+    n = report.devices
+    if not report.too_big:
+        reasons = sorted({x["reason"] for x in report.illegal})
+        return f"no layout of {n} devices is legal: {'; '.join(reasons[:3])}"
+    small = report.too_big[0]  # plan lists them smallest first
+    head = (
+        f"no layout of {n} {hw.name} fits {config.name}: the smallest, "
+        f"{describe(small['strategy'])}, needs {_b(small['memory_bytes'])} a device of "
+        f"{_b(hw.memory_bytes)}"
+    )
+    found = fewest_devices(config, wl, hw, n + 1, training)
+    if isinstance(found, str):
+        return f"{head} ({found})"
+    more, best = found
+    return f"{head}; {more} devices are the fewest that hold it ({describe(best['strategy'])})"
 
 
 def describe(s: dict[str, Any]) -> str:
@@ -105,11 +129,8 @@ def print_plan(doc: dict[str, Any], top: int) -> None:
             f"{100 * c['bubble']:.0f}%",
             main,
         )
-    if p["candidates"]:
-        con.print(table)
-        con.print(hardware_model_line(hw))
-    else:
-        con.print("[red]no layout fits device memory[/red]")
+    con.print(table)  # a plan with none that fits is refused before it is printed
+    con.print(hardware_model_line(hw))
     if p["too_big"]:
         c = p["too_big"][0]
         con.print(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,7 @@ def trace(
     for target in (per_op[1] if per_op else None, plot):
         if target is not None:
             check_target(target, inputs=(options["config_path"],))  # before the work
+    again = _same_model_flags(options)  # before resolve takes them out of `options`
     config, workloads = resolve_sweep(options)
     hw = load_hardware(hardware) if hardware else None
     if len(workloads) > 1:
@@ -93,7 +95,13 @@ def trace(
         # weights + cache + activations over the device's memory: the fewest devices that hold
         # them, from plan's own search, so the roofline line can say where to go next
         doc["fit"] = fit_section(config, workloads[0], hw, doc["memory"])
-        doc["fit"]["hardware_option"] = hardware
+        if doc["fit"].get("devices"):
+            # the command that ranks those layouts, on this model and workload as given here
+            n = doc["fit"]["devices"]
+            flags = [*again, "-n", str(n), "--hardware", hardware]
+            if attention != "flash":
+                flags += ["--attention", attention]
+            doc["fit"]["plan_command"] = shlex.join(["graphllm", "plan", *flags])
     if per_op and graph is not None:
         write_text_atomic(per_op[1], per_op_text(graph, per_op[0]))
     if print_graph and graph is not None:
@@ -102,3 +110,21 @@ def trace(
         click.echo(json_text(doc, indent=2))
     else:
         print_trace(doc)
+
+
+def _same_model_flags(options: dict[str, Any]) -> list[str]:
+    """The flags that name this command's model and workload (as given), for another command."""
+    out: list[str] = []
+    if options.get("config_path") is not None:
+        out += ["--config", str(options["config_path"])]
+    if options.get("preset") is not None:
+        out += ["--model", options["preset"]]
+    for key, flag in (("batch", "-b"), ("past_len", "--past-len"), ("logits", "--logits")):
+        if options.get(key) is not None:
+            out += [flag, str(options[key])]
+    if options.get("seq_len"):
+        out += ["-t", ",".join(map(str, options["seq_len"]))]
+    for key in ("dtype", "weight_dtype", "act_dtype", "kv_dtype"):
+        if options.get(key):
+            out += ["--" + key.replace("_", "-"), options[key]]
+    return out

@@ -18,6 +18,7 @@ from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload
 from graphllm.passes.parallel.partition import MAX_DEVICES
 from graphllm.passes.parallel.plan import plan
+from graphllm.passes.training import TrainingOptions
 
 SEARCHED = 64  # device counts tried above the lower bound before giving up on a count
 PINNED = {"cp": 1, "dp": 1}  # they replicate the weights: never fewer devices than without
@@ -40,17 +41,33 @@ def fit_section(
         out["unplanned"] = f"{hw.name} has no links to lay a model out over"
         return out
     low = max(2, math.ceil(needs / hw.memory_bytes))
-    for n in range(low, min(low + SEARCHED, MAX_DEVICES) + 1):
+    found = fewest_devices(config, workload, hw, low)
+    if isinstance(found, str):
+        out["unplanned"] = found
+        return out
+    n, best = found
+    s = best["strategy"]
+    out["devices"] = n
+    out["layout"] = {k: s[k] for k in ("tp", "pp", "ep") if s[k] > 1}
+    out["layout_memory_bytes"] = best["memory_bytes"]
+    return out
+
+
+def fewest_devices(
+    config: ModelConfig,
+    workload: Workload,
+    hw: Hardware,
+    low: int,
+    training: TrainingOptions | None = None,
+) -> tuple[int, dict[str, Any]] | str:
+    """The fewest devices from `low` up that a tensor x pipeline (x expert) layout of the model
+    fits on, and plan's best layout of them; else why none was found (the search's end)."""
+    top = min(low + SEARCHED, MAX_DEVICES)
+    for n in range(low, top + 1):
         try:
-            report = plan(config, workload, n, hw, pinned=PINNED)
+            report = plan(config, workload, n, hw, training, pinned=PINNED)
         except GraphllmError:
             continue  # no legal layout of n devices (heads or layers do not divide)
         if report.candidates:
-            best = report.candidates[0]  # the fastest that fits, as plan lists it first
-            s = best["strategy"]
-            out["devices"] = n
-            out["layout"] = {k: s[k] for k in ("tp", "pp", "ep") if s[k] > 1}
-            out["layout_memory_bytes"] = best["memory_bytes"]
-            return out
-    out["unplanned"] = f"no layout of {low} to {n} devices fits"
-    return out
+            return n, report.candidates[0]  # the fastest that fits, as plan lists it first
+    return f"no layout of {low} to {top} devices fits"

@@ -69,7 +69,6 @@ def report_data(
     mtp: bool = False,
     sweep_lens: list[int] | None = None,
     renderer: str | None = None,
-    hardware_option: str | None = None,
 ) -> dict[str, Any]:
     """The report's contents for one model and workload (and, with `strategy`, its layout)."""
     split = strategy is not None and (strategy.devices > 1 or strategy.microbatches > 1)
@@ -79,7 +78,6 @@ def report_data(
     doc = trace_document(config, workload, hardware, attention, trains, mla, mtp)
     if hardware is not None and not trains:
         doc["fit"] = fit_section(config, workload, hardware, doc["memory"])
-        doc["fit"]["hardware_option"] = hardware_option
     graph = build_graph(config, workload, mla=mla, mtp=mtp)
     kinds = _layer_kinds(config, graph)
     lens = sweep_lens or default_sweep(workload.seq_len)

@@ -205,11 +205,10 @@ def _fit_note(fit: dict[str, Any] | None, hardware: str) -> str:
     if fit["devices"] is None:
         return note + f" ({fit['unplanned']})"
     layout = " ".join(f"{k}={v}" for k, v in fit["layout"].items())
-    hw = f" --hardware {fit['hardware_option']}" if fit.get("hardware_option") else ""
+    command = fit.get("plan_command") or f"graphllm plan -n {fit['devices']}"
     return note + (
         f"; {fit['devices']} devices are the fewest that hold it ({layout}, "
-        f"{_b(fit['layout_memory_bytes'])} each): `graphllm plan -n {fit['devices']}{hw}` "
-        "with this model's options ranks their layouts"
+        f"{_b(fit['layout_memory_bytes'])} each): `{command}` ranks their layouts"
     )
 
 

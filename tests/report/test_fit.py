@@ -2,6 +2,8 @@
 
 import dataclasses
 import json
+import shlex
+from pathlib import Path
 
 from click.testing import CliRunner
 
@@ -49,9 +51,38 @@ def test_trace_says_so_on_the_roofline_line():
     assert r.exit_code == 0, r.output
     line = " ".join(r.stdout[r.stdout.index("roofline on") :].split())
     assert "does not fit one h100-sxm" in line
-    assert f"graphllm plan -n {fit['devices']} --hardware h100" in line
+    n = fit["devices"]
+    command = f"graphllm plan --model llama3-70b -t 16 -n {n} --hardware h100"
+    assert f"`{command}` ranks their layouts" in line
     r = CliRunner().invoke(main, ["trace", "--model", "llama3-8b", "-t", "16"])
     assert "does not fit" not in r.stdout
+
+
+def test_the_plan_command_it_prints_runs_on_the_same_workload(tmp_path):
+    """The hint is a command as given: the trace's config and workload flags, the count, the
+    device; run as printed, its best layout is the one the count came from."""
+    cfg = tmp_path / "big.yaml"
+    cfg.write_text(
+        (Path("examples") / "llama.yaml")
+        .read_text()
+        .replace("num_hidden_layers: 32", "num_hidden_layers: 320")
+    )
+    args = ["--config", str(cfg), "-b", "4", "--past-len", "1024", "-t", "1", "--kv-dtype", "fp8"]
+    r = CliRunner().invoke(main, ["trace", *args, "--hardware", "a100", "--json"])
+    assert r.exit_code == 0, r.output
+    fit = json.loads(r.stdout)["fit"]
+    words = shlex.split(fit["plan_command"])
+    assert words[:2] == ["graphllm", "plan"] and words[-4:] == [
+        "-n",
+        str(fit["devices"]),
+        "--hardware",
+        "a100",
+    ]
+    assert words[2:-4] == args
+    ran = CliRunner().invoke(main, [*words[1:], "--json"])
+    assert ran.exit_code == 0, ran.output
+    best = json.loads(ran.stdout)["plan"]["candidates"][0]
+    assert best["memory_bytes"] <= load_hardware("a100").memory_bytes
 
 
 def test_a_device_without_links_says_why_no_count():

@@ -128,3 +128,24 @@ def test_cli_bad_input_is_one_line(tmp_path):
         r = cli(*args)
         assert r.exit_code == 2, r.output
         assert msg in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
+@pytest.mark.parametrize(
+    ("args", "fewest"),
+    [
+        (("--model", "llama3.1-405b", "--devices", "4"), 11),  # trace's count too (test_fit)
+        (("--model", "llama3-70b", "--devices", "8", "-t", "4096", "-b", "8", "--training"), 16),
+    ],
+)
+def test_no_layout_that_fits_is_one_line_with_the_fewest_devices(args, fewest):
+    """A plan none of whose layouts fits is a workload too large for the devices: one line and
+    exit 2, naming the smallest layout's memory and the fewest devices that hold the model (the
+    first count whose plan keeps a layout)."""
+    r = cli(*args)
+    assert r.exit_code == 2, r.output
+    assert len(r.output.strip().splitlines()) == 1 and "needs" in r.output, r.output
+    assert f"; {fewest} devices are the fewest that hold it (" in r.output
+    n = dict(zip(args[::2], args[1::2]))["--devices"]
+    for fewer in range(int(n), fewest):
+        assert cli(*args[:3], str(fewer), *args[4:]).exit_code == 2
+    assert cli(*args[:3], str(fewest), *args[4:]).exit_code == 0
