@@ -19,7 +19,7 @@ from graphllm.cli.common import (
 from graphllm.errors import ConfigError
 from graphllm.files import check_target, json_text, write_text_atomic
 from graphllm.models.hardware import load_hardware
-from graphllm.report.fit import fit_section
+from graphllm.report.fit import fit_section, training_fit_section
 from graphllm.report.plot import plot_sweep
 from graphllm.report.reuse import trace_document
 from graphllm.report.summary import print_sweep, print_trace
@@ -91,14 +91,19 @@ def trace(
         doc, graph = trace_report(*args)  # the real graph, node by node
     else:
         doc = trace_document(*args)  # one layer of each kind standing for the rest
-    if hw is not None and not training:
-        # weights + cache + activations over the device's memory: the fewest devices that hold
-        # them, from plan's own search, so the roofline line can say where to go next
-        doc["fit"] = fit_section(config, workloads[0], hw, doc["memory"])
+    if hw is not None:
+        # weights + cache + activations (a training step: + gradients, Adam's state, saved
+        # activations) over the device's memory: the fewest devices that hold them, from plan's
+        # own search, so the roofline line can say where to go next
+        if training:
+            doc["fit"] = training_fit_section(config, workloads[0], hw, attention)
+        else:
+            doc["fit"] = fit_section(config, workloads[0], hw, doc["memory"])
         if doc["fit"].get("devices"):
             # the command that ranks those layouts, on this model and workload as given here
             n = doc["fit"]["devices"]
-            flags = [*again, "-n", str(n), "--hardware", hardware]
+            flags = [*again, *(["--training"] if training else []), "-n", str(n)]
+            flags += ["--hardware", hardware]
             if attention != "flash":
                 flags += ["--attention", attention]
             doc["fit"]["plan_command"] = shlex.join(["graphllm", "plan", *flags])

@@ -53,6 +53,41 @@ def fit_section(
     return out
 
 
+TRAINING_PARTS = ("weights", "gradients", "optimizer", "activations", "activations_working")
+
+
+def training_fit_section(
+    config: ModelConfig, workload: Workload, hw: Hardware, attention: str = "flash"
+) -> dict[str, Any]:
+    """A training step's memory on one device (the default TrainingOptions: Adam with fp32
+    state, no recomputation, no ZeRO; plan's own figures), whether it fits, and if not the fewest
+    devices a layout holds it on, as `fit_section` gives them for inference."""
+    opts = TrainingOptions()
+    report = plan(config, workload, 1, hw, opts, attention)
+    one = (report.candidates or report.too_big)[0]
+    stage = one["stages"][0]
+    needs = one["memory_bytes"]
+    out: dict[str, Any] = {"fits": needs <= hw.memory_bytes, "needs": needs}
+    out["memory_bytes"] = hw.memory_bytes
+    out["parts"] = {k: stage[k] for k in TRAINING_PARTS}
+    out["options"] = {"recompute": opts.recompute, "zero": opts.zero}
+    if out["fits"]:
+        return out
+    out["devices"] = out["layout"] = out["layout_memory_bytes"] = None
+    if hw.interconnect_bandwidth is None:
+        out["unplanned"] = f"{hw.name} has no links to lay a model out over"
+        return out
+    found = fewest_devices(config, workload, hw, max(2, math.ceil(needs / hw.memory_bytes)), opts)
+    if isinstance(found, str):
+        out["unplanned"] = found
+        return out
+    n, best = found
+    out["devices"] = n
+    out["layout"] = {k: best["strategy"][k] for k in ("tp", "pp", "ep") if best["strategy"][k] > 1}
+    out["layout_memory_bytes"] = best["memory_bytes"]
+    return out
+
+
 def fewest_devices(
     config: ModelConfig,
     workload: Workload,

@@ -31,7 +31,7 @@ from graphllm.passes.cost import layer_of, layer_scopes
 from graphllm.passes.parallel.partition import Strategy, partition, partition_report
 from graphllm.passes.parallel.plan import reduced_config
 from graphllm.passes.training import TrainingOptions
-from graphllm.report.fit import fit_section
+from graphllm.report.fit import fit_section, training_fit_section
 from graphllm.report.reuse import trace_document
 from graphllm.report.summary import _activations, _b, _n, _t
 from graphllm.report.trace_report import analysed, per_op_rows, sweep
@@ -76,7 +76,9 @@ def report_data(
         require_traceable(strategy.microbatches, strategy.devices)
     trains = training is not None
     doc = trace_document(config, workload, hardware, attention, trains, mla, mtp)
-    if hardware is not None and not trains:
+    if hardware is not None and trains:
+        doc["fit"] = training_fit_section(config, workload, hardware, attention)
+    elif hardware is not None:
         doc["fit"] = fit_section(config, workload, hardware, doc["memory"])
     graph = build_graph(config, workload, mla=mla, mtp=mtp)
     kinds = _layer_kinds(config, graph)
@@ -181,7 +183,8 @@ def _summary(doc: dict[str, Any]) -> list[list[str]]:
         )
     fit = doc.get("fit")
     if fit:
-        text = f"needs {_b(fit['needs'])} of {_b(fit['memory_bytes'])}: " + (
+        what = " for a training step (Adam, fp32 state)" if fit.get("parts") else ""
+        text = f"needs {_b(fit['needs'])}{what} of {_b(fit['memory_bytes'])}: " + (
             "fits on one device" if fit["fits"] else "does not fit on one device"
         )
         if not fit["fits"] and fit.get("devices"):

@@ -30,8 +30,9 @@ def print_trace(doc: dict[str, Any], console: Console | None = None) -> None:
         )
     q = m.get("quantization")
     weights = f"as the checkpoint stores them ({q['method']})" if q else w["weight_dtype"]
+    phase = "training step (forward + backward)" if w.get("training") else w["phase"]
     con.print(
-        f"workload: {w['phase']}, B={w['batch']} T={w['seq_len']} P={w['past_len']} "
+        f"workload: {phase}, B={w['batch']} T={w['seq_len']} P={w['past_len']} "
         f"(S={w['key_len']}); weights {weights}, activations {_activations(w)}, "
         f"KV cache {w['kv_dtype']}"
     )
@@ -132,6 +133,15 @@ def print_costs(doc: dict[str, Any], con: Console) -> None:
     )
     if m.get("state"):
         con.print(_state_line(m))
+    fit = doc.get("fit") or {}
+    if fit.get("parts"):  # a training step's memory on one device
+        parts, o = fit["parts"], fit["options"]
+        con.print(
+            f"training memory on one device (Adam, fp32 state, recompute {o['recompute']}, "
+            f"ZeRO-{o['zero']}): weights {_b(parts['weights'])}, gradients "
+            f"{_b(parts['gradients'])}, optimizer {_b(parts['optimizer'])}, activations "
+            f"{_b(parts['activations'] + parts['activations_working'])}: {_b(fit['needs'])}"
+        )
     table = Table("scope", "FLOPs", "bytes", "time" if r else "")
     times = r["by_scope"] if r else {}
     for scope, fl in sorted(f["by_scope"].items(), key=lambda kv: -kv[1]):

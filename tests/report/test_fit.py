@@ -5,6 +5,7 @@ import json
 import shlex
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from graphllm.cli import main
@@ -12,7 +13,8 @@ from graphllm.models.config import load_config
 from graphllm.models.hardware import load_hardware
 from graphllm.models.workload import Workload
 from graphllm.passes.parallel.plan import plan
-from graphllm.report.fit import PINNED, fit_section
+from graphllm.passes.training import TrainingOptions
+from graphllm.report.fit import PINNED, fit_section, training_fit_section
 from graphllm.report.trace_report import trace_report
 
 
@@ -93,3 +95,31 @@ def test_a_device_without_links_says_why_no_count():
     fit = fit_section(cfg, wl, lone, doc["memory"])
     assert not fit["fits"] and fit["devices"] is None
     assert fit["unplanned"] == "lone has no links to lay a model out over"
+
+
+def test_a_training_step_fits_on_its_training_memory():
+    """trace --training weighs weights, gradients, Adam's fp32 state and the saved activations
+    (plan's figures for one device), and counts the fewest devices with plan's training search."""
+    cfg, hw = load_config("llama3-70b"), load_hardware("h100")
+    wl = Workload(seq_len=4096)
+    fit = training_fit_section(cfg, wl, hw)
+    parts = fit["parts"]
+    assert fit["needs"] == pytest.approx(sum(parts.values()))
+    # 2 bytes of bf16 weight and of gradient, 12 of Adam (fp32 master, two moments) a parameter
+    params = plan(cfg, wl, 1, hw, TrainingOptions()).too_big[0]["stages"][0]["params"]
+    assert parts["weights"] == parts["gradients"] == 2 * params
+    assert parts["optimizer"] == 12 * params
+    assert not fit["fits"] and fit["devices"] == 16
+    assert not plan(cfg, wl, 15, hw, TrainingOptions(), pinned=PINNED).candidates
+    assert plan(cfg, wl, 16, hw, TrainingOptions(), pinned=PINNED).candidates
+    r = CliRunner().invoke(main, ["trace", "--model", "llama3-70b", "-t", "4096", "--training"])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.stdout.split())
+    assert "workload: training step (forward + backward)" in text
+    assert "training memory on one device (Adam, fp32 state, recompute none, ZeRO-0)" in text
+    assert "16 devices are the fewest" in text
+    assert "`graphllm plan --model llama3-70b -t 4096 --training -n 16 --hardware h100`" in text
+    small = training_fit_section(
+        load_config("llama3-8b"), Workload(seq_len=1024), load_hardware("h200")
+    )
+    assert small["fits"] and "devices" not in small
