@@ -63,7 +63,6 @@ def report(
         mtp,
         sweep_lens,
         renderer,
-        hardware,
     )
     write_page(output, data)
     size = output.stat().st_size

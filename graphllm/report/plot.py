@@ -50,9 +50,10 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path, title: str, hw: Hardware 
         xs = [1e-2, peak / bw, 1e5]
         rf.loglog(xs, [min(peak, x * bw) for x in xs], "k-", label=f"{hw.name} roofline")
     for op, e in sorted(last.items()):
-        if e["bytes"] and e["flops"] and e["seconds"]:
-            rf.loglog(e["flops"] / e["bytes"], e["flops"] / e["seconds"], "o")
-            rf.annotate(op, (e["flops"] / e["bytes"], e["flops"] / e["seconds"]), fontsize=7)
+        flops = e.get("timed_flops", e["flops"])  # those the time was taken on
+        if e["bytes"] and flops and e["seconds"]:
+            rf.loglog(flops / e["bytes"], flops / e["seconds"], "o")
+            rf.annotate(op, (flops / e["bytes"], flops / e["seconds"]), fontsize=7)
     rf.set_xlabel("arithmetic intensity (FLOP/byte)")
     rf.set_ylabel("attained FLOP/s")
     rf.set_title(f"op kinds at T={rows[-1]['seq_len']}")

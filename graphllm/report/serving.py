@@ -162,14 +162,15 @@ def serving_report(
             f"{config.name} on {strategy.devices} {hw.name}:{where} weights "
             f"({one['weight_bytes'] / 1e9:.2f} GB a device) leave no room for "
             f"{'one sequence' if flight == 1 else f'{flight} sequences (one a microbatch)'}'s "
-            f"KV cache ({per_seq / 1e9:.3f} GB a sequence) in {memory_fraction:.0%} of "
-            f"{hw.memory_bytes / 1e9:g} GB; add --tp, or `graphllm plan`"
+            f"KV cache ({per_seq / 1e9:.3f} GB a sequence) in {100 * memory_fraction:g}% of "
+            f"{hw.memory_bytes / 1e9:g} GB; spread it over more devices (--tp, --pp"
+            f"{', --ep' if config.is_moe else ''}), or see `graphllm plan`"
         )
     want = dp * largest if batch is None else batch
     if want % (dp * unit):
         raise ConfigError(
             f"--batch {want} must be a multiple of --dp {dp} x {in_flight}: each of the {dp} "
-            f"replicas keeps {flight} equal microbatches in flight"
+            f"replicas keeps {flight} equal microbatch{'es' if flight > 1 else ''} in flight"
             + (f", each cut over the {ep} ep ranks" if ep > 1 else "")
         )
     if want > dp * largest:
@@ -252,8 +253,8 @@ def plot_curve(doc: dict[str, Any], path: Any) -> Any:
     ax.set_xlabel("tokens/s per user (1 / time per output token)")
     ax.set_ylabel("tokens/s in all")
     ax.set_title(
-        f"{doc['model']} on {doc['devices']} {doc['hardware']} ({doc['rate_model']}), "
-        f"{doc['prompt']} in / {doc['output']} out"
+        f"{doc['model']} on {doc['devices']} {doc['hardware']} ({doc['strategy']}; "
+        f"{doc['rate_model']} model), {doc['prompt']} in / {doc['output']} out"
     )
     ax.grid(True, alpha=0.3)
 

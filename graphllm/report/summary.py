@@ -148,12 +148,20 @@ def print_costs(doc: dict[str, Any], con: Console) -> None:
         t = _t(times[scope]) if scope in times else ""
         table.add_row(scope, _n(fl), _b(b["by_scope"].get(scope, 0.0)), t)
     con.print(table)
+    # a node counts in every scope it lies in (attention holds core_attention, moe its router
+    # and experts): say so, since the rows then add up to more than the whole
+    con.print("scopes nest (an op counts in each one it lies in): the rows overlap")
     ops = Table("op kind", "FLOPs", "time" if r else "")
     op_times = r["by_op"] if r else {}
     top = sorted(f["by_op"].items(), key=lambda kv: -op_times.get(kv[0], kv[1]))[:8]
     for op, fl in top:
         ops.add_row(op, _n(fl), _t(op_times[op]) if op in op_times else "")
     con.print(ops)
+    if r and w.get("attention", "flash") == "flash" and f["matmul_causal"] < f["matmul"]:
+        con.print(
+            "FLOPs count every (query, key) pair; flash attention skips the masked blocks, so "
+            "the attention matmuls are timed on the pairs the mask leaves"
+        )
     if r:
         share = r["compute_bound_seconds"] / r["seconds"] if r["seconds"] else 0.0
         line = f"roofline on {r['hardware']}: {_t(r['seconds'])} per step"
@@ -198,9 +206,14 @@ def rate_model_line(r: dict[str, Any]) -> str:
             f"peaks"
         )
     launch = "CUDA graphs" if r["cuda_graphs"] else "one launch each"
+    overhead = (
+        f"{_t(r['launch_seconds'])} of launch overhead"
+        if r["launch_seconds"]
+        else f"no launch costs measured for {r['hardware']}"
+    )
     return (
         f"times: achievable model (measured GEMM, attention and HBM rates; {r['kernels']:,} "
-        f"kernels, {launch}: {_t(r['launch_seconds'])} of launch overhead); --ideal for peaks"
+        f"kernels, {launch}: {overhead}); --ideal for peaks"
     )
 
 

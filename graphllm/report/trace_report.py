@@ -224,8 +224,11 @@ def sweep(
             oc = meta_result(n, "cost")
             if oc is ZERO:
                 continue
-            e = by_op.setdefault(n.op, {"flops": 0, "bytes": 0.0, "seconds": 0.0})
+            e = by_op.setdefault(n.op, {"flops": 0, "timed_flops": 0, "bytes": 0.0, "seconds": 0.0})
             e["flops"] += oc.flops
+            # what the roofline timed: flash attention skips the (query, key) pairs masked out
+            masked = oc.matmul - oc.matmul_causal if attention == "flash" else 0
+            e["timed_flops"] += oc.flops - masked
             e["bytes"] += oc.bytes
             e["seconds"] += meta_result(n, "time").seconds if roof else 0.0
         out.append(
