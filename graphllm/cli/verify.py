@@ -51,12 +51,6 @@ def verify_tokens(seed: int, full_size: bool, use_onnx: bool, **options: Any) ->
         # trace assumes is far over budget
         options["seq_len"] = [DEFAULT_T]
     config, workload = resolve(options)
-    if chosen:  # said on stderr once the config has loaded: a bad one is its error alone
-        click.echo(
-            f"note: the {'config' if path is not None else 'preset'} gives no workload; verify "
-            f"tokens uses T={DEFAULT_T} (-t to choose, at most {MAX_T})",
-            err=True,
-        )
     if workload.seq_len > MAX_T:
         raise ConfigError(
             f"verify tokens runs T+1 forward passes: T={workload.seq_len} is over {MAX_T}"
@@ -65,6 +59,12 @@ def verify_tokens(seed: int, full_size: bool, use_onnx: bool, **options: Any) ->
     check = check_token_mixing(
         config, seed=seed, shrink=not full_size, workload=workload, runtime=runtime
     )
+    if chosen:  # said on stderr once the check has run: a refused one is its error alone
+        click.echo(
+            f"note: the {'config' if path is not None else 'preset'} gives no workload; verify "
+            f"tokens uses T={DEFAULT_T} (-t to choose, at most {MAX_T})",
+            err=True,
+        )
     seq_len = f"{workload.seq_len}" + (f" P={workload.past_len}" if workload.past_len else "")
     cells = check.predicted.size
     what = check.config.name
