@@ -30,27 +30,7 @@ def fit_section(
     """{'fits', 'needs', 'memory_bytes'} and, when it does not fit, 'devices' and 'layout' of the
     fewest devices a layout fits on (None when no count up to the search's end does, or the
     hardware has no interconnect to plan over)."""
-    needs = memory["total"]
-    out: dict[str, Any] = {"fits": needs <= hw.memory_bytes, "needs": needs}
-    out["memory_bytes"] = hw.memory_bytes
-    if out["fits"]:
-        return out
-    out["devices"] = out["layout"] = None
-    out["layout_memory_bytes"] = None
-    if hw.interconnect_bandwidth is None:
-        out["unplanned"] = f"{hw.name} has no links to lay a model out over"
-        return out
-    low = max(2, math.ceil(needs / hw.memory_bytes))
-    found = fewest_devices(config, workload, hw, low)
-    if isinstance(found, str):
-        out["unplanned"] = found
-        return out
-    n, best = found
-    s = best["strategy"]
-    out["devices"] = n
-    out["layout"] = {k: s[k] for k in ("tp", "pp", "ep") if s[k] > 1}
-    out["layout_memory_bytes"] = best["memory_bytes"]
-    return out
+    return _fit(config, workload, hw, memory["total"], {})
 
 
 TRAINING_PARTS = ("weights", "gradients", "optimizer", "activations", "activations_working")
@@ -65,25 +45,39 @@ def training_fit_section(
     opts = TrainingOptions()
     report = plan(config, workload, 1, hw, opts, attention)
     one = (report.candidates or report.too_big)[0]
-    stage = one["stages"][0]
-    needs = one["memory_bytes"]
+    parts = {k: one["stages"][0][k] for k in TRAINING_PARTS}
+    known = {"parts": parts, "options": {"recompute": opts.recompute, "zero": opts.zero}}
+    return _fit(config, workload, hw, one["memory_bytes"], known, opts)
+
+
+def _fit(
+    config: ModelConfig,
+    workload: Workload,
+    hw: Hardware,
+    needs: float,
+    known: dict[str, Any],
+    training: TrainingOptions | None = None,
+) -> dict[str, Any]:
+    """Whether `needs` bytes fit one device (with `known` figures beside it), and if not the
+    fewest devices a layout of the step holds it on."""
     out: dict[str, Any] = {"fits": needs <= hw.memory_bytes, "needs": needs}
     out["memory_bytes"] = hw.memory_bytes
-    out["parts"] = {k: stage[k] for k in TRAINING_PARTS}
-    out["options"] = {"recompute": opts.recompute, "zero": opts.zero}
+    out |= known
     if out["fits"]:
         return out
     out["devices"] = out["layout"] = out["layout_memory_bytes"] = None
     if hw.interconnect_bandwidth is None:
         out["unplanned"] = f"{hw.name} has no links to lay a model out over"
         return out
-    found = fewest_devices(config, workload, hw, max(2, math.ceil(needs / hw.memory_bytes)), opts)
+    low = max(2, math.ceil(needs / hw.memory_bytes))
+    found = fewest_devices(config, workload, hw, low, training)
     if isinstance(found, str):
         out["unplanned"] = found
         return out
     n, best = found
+    s = best["strategy"]
     out["devices"] = n
-    out["layout"] = {k: best["strategy"][k] for k in ("tp", "pp", "ep") if best["strategy"][k] > 1}
+    out["layout"] = {k: s[k] for k in ("tp", "pp", "ep") if s[k] > 1}
     out["layout_memory_bytes"] = best["memory_bytes"]
     return out
 
