@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import click
@@ -55,7 +56,7 @@ def plan(
     with bar(f"planning {devices} devices: layouts", showing(as_json)) as told:
         report = make_plan(config, wl, devices, hw, training, attention, pinned, told)
     if not report.candidates:
-        raise ConfigError(_none_fits(report, config, wl, hw, training))
+        raise ConfigError(_none_fits(report, config, wl, hw, training, attention, pinned))
     doc = {
         "model": {"name": config.name, "model_type": config.model_type},
         "workload": wl.to_dict() | {"attention": attention, "training": training is not None},
@@ -70,19 +71,30 @@ def plan(
         print_plan(doc, top)
 
 
-def _none_fits(report: Any, config: Any, wl: Any, hw: Any, training: TrainingOptions | None) -> str:
-    """Why no layout of the plan's devices was kept, and the fewest devices that hold it."""
+def _none_fits(
+    report: Any,
+    config: Any,
+    wl: Any,
+    hw: Any,
+    training: TrainingOptions | None,
+    attention: str,
+    pinned: dict[str, int | None],
+) -> str:
+    """Why no layout of the plan's devices was kept (plan itself refuses a count with no legal
+    layout), and the fewest devices that hold the model with the sizes pinned."""
     n = report.devices
-    if not report.too_big:
-        reasons = sorted({x["reason"] for x in report.illegal})
-        return f"no layout of {n} devices is legal: {'; '.join(reasons[:3])}"
     small = report.too_big[0]  # plan lists them smallest first
     head = (
         f"no layout of {n} {hw.name} fits {config.name}: the smallest, "
         f"{describe(small['strategy'])}, needs {_b(small['memory_bytes'])} a device of "
         f"{_b(hw.memory_bytes)}"
     )
-    found = fewest_devices(config, wl, hw, n + 1, training)
+    # from what one device would need, as trace's count starts: no fewer devices can hold it
+    one = make_plan(config, wl, 1, hw, training, attention)
+    whole = (one.candidates or one.too_big)[0]["memory_bytes"]
+    low = max(n + 1, math.ceil(whole / hw.memory_bytes))
+    pins = {k: v for k, v in pinned.items() if v}
+    found = fewest_devices(config, wl, hw, low, training, attention, pins)
     if isinstance(found, str):
         return f"{head} ({found})"
     more, best = found

@@ -98,15 +98,17 @@ def trace(
         if training:
             doc["fit"] = training_fit_section(config, workloads[0], hw, attention)
         else:
-            doc["fit"] = fit_section(config, workloads[0], hw, doc["memory"])
+            doc["fit"] = fit_section(config, workloads[0], hw, doc["memory"], attention)
         if doc["fit"].get("devices"):
             # the command that ranks those layouts, on this model and workload as given here
             n = doc["fit"]["devices"]
             flags = [*again, *(["--training"] if training else []), "-n", str(n)]
-            flags += ["--hardware", hardware]
+            flags += ["--hardware", hardware, *_rate_model_flags()]
             if attention != "flash":
                 flags += ["--attention", attention]
             doc["fit"]["plan_command"] = shlex.join(["graphllm", "plan", *flags])
+            if mtp:  # plan lays out the main model: say so rather than count without a word
+                doc["fit"]["plan_note"] = "plan lays out the model without its MTP modules"
     if per_op and graph is not None:
         write_text_atomic(per_op[1], per_op_text(graph, per_op[0]))
     if print_graph and graph is not None:
@@ -132,4 +134,13 @@ def _same_model_flags(options: dict[str, Any]) -> list[str]:
     for key in ("dtype", "weight_dtype", "act_dtype", "kv_dtype"):
         if options.get(key):
             out += ["--" + key.replace("_", "-"), options[key]]
+    return out
+
+
+def _rate_model_flags() -> list[str]:
+    """--ideal and --cuda-graphs as this command was given them."""
+    params = click.get_current_context().params
+    out = ["--ideal"] if params.get("ideal") else []
+    if params.get("cuda_graphs") is not None:
+        out.append("--cuda-graphs" if params["cuda_graphs"] else "--no-cuda-graphs")
     return out

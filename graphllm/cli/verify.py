@@ -61,7 +61,7 @@ def verify_tokens(seed: int, full_size: bool, use_onnx: bool, **options: Any) ->
     )
     if chosen:  # said on stderr once the check has run: a refused one is its error alone
         click.echo(
-            f"note: the {'config' if path is not None else 'preset'} gives no workload; verify "
+            f"note: the {'config' if path is not None else 'preset'} gives no seq_len; verify "
             f"tokens uses T={DEFAULT_T} (-t to choose, at most {MAX_T})",
             err=True,
         )

@@ -25,12 +25,16 @@ PINNED = {"cp": 1, "dp": 1}  # they replicate the weights: never fewer devices t
 
 
 def fit_section(
-    config: ModelConfig, workload: Workload, hw: Hardware, memory: dict[str, Any]
+    config: ModelConfig,
+    workload: Workload,
+    hw: Hardware,
+    memory: dict[str, Any],
+    attention: str = "flash",
 ) -> dict[str, Any]:
     """{'fits', 'needs', 'memory_bytes'} and, when it does not fit, 'devices' and 'layout' of the
     fewest devices a layout fits on (None when no count up to the search's end does, or the
     hardware has no interconnect to plan over)."""
-    return _fit(config, workload, hw, memory["total"], {})
+    return _fit(config, workload, hw, memory["total"], {}, attention)
 
 
 TRAINING_PARTS = ("weights", "gradients", "optimizer", "activations", "activations_working")
@@ -47,7 +51,7 @@ def training_fit_section(
     one = (report.candidates or report.too_big)[0]
     parts = {k: one["stages"][0][k] for k in TRAINING_PARTS}
     known = {"parts": parts, "options": {"recompute": opts.recompute, "zero": opts.zero}}
-    return _fit(config, workload, hw, one["memory_bytes"], known, opts)
+    return _fit(config, workload, hw, one["memory_bytes"], known, attention, opts)
 
 
 def _fit(
@@ -56,6 +60,7 @@ def _fit(
     hw: Hardware,
     needs: float,
     known: dict[str, Any],
+    attention: str,
     training: TrainingOptions | None = None,
 ) -> dict[str, Any]:
     """Whether `needs` bytes fit one device (with `known` figures beside it), and if not the
@@ -70,7 +75,7 @@ def _fit(
         out["unplanned"] = f"{hw.name} has no links to lay a model out over"
         return out
     low = max(2, math.ceil(needs / hw.memory_bytes))
-    found = fewest_devices(config, workload, hw, low, training)
+    found = fewest_devices(config, workload, hw, low, training, attention)
     if isinstance(found, str):
         out["unplanned"] = found
         return out
@@ -88,13 +93,17 @@ def fewest_devices(
     hw: Hardware,
     low: int,
     training: TrainingOptions | None = None,
+    attention: str = "flash",
+    pinned: dict[str, int] | None = None,
 ) -> tuple[int, dict[str, Any]] | str:
     """The fewest devices from `low` up that a tensor x pipeline (x expert) layout of the model
-    fits on, and plan's best layout of them; else why none was found (the search's end)."""
+    (with the sizes `pinned`) fits on, and plan's best layout of them; else why none was found
+    (the search's end)."""
     top = min(low + SEARCHED, MAX_DEVICES)
+    pins = PINNED | (pinned or {})
     for n in range(low, top + 1):
         try:
-            report = plan(config, workload, n, hw, training, pinned=PINNED)
+            report = plan(config, workload, n, hw, training, attention, pins)
         except GraphllmError:
             continue  # no legal layout of n devices (heads or layers do not divide)
         if report.candidates:

@@ -162,7 +162,8 @@ def serving_report(
             f"{config.name} on {strategy.devices} {hw.name}:{where} weights "
             f"({one['weight_bytes'] / 1e9:.2f} GB a device) leave no room for "
             f"{'one sequence' if flight == 1 else f'{flight} sequences (one a microbatch)'}'s "
-            f"KV cache ({per_seq / 1e9:.3f} GB a sequence) in {100 * memory_fraction:g}% of "
+            f"{'KV cache and states' if one['state_bytes'] else 'KV cache'} "
+            f"({per_seq / 1e9:.3f} GB a sequence) in {100 * memory_fraction:g}% of "
             f"{hw.memory_bytes / 1e9:g} GB; spread it over more devices (--tp, --pp"
             f"{', --ep' if config.is_moe else ''}), or see `graphllm plan`"
         )

@@ -229,9 +229,10 @@ def _fit_note(fit: dict[str, Any] | None, hardware: str) -> str:
         return note + f" ({fit['unplanned']})"
     layout = " ".join(f"{k}={v}" for k, v in fit["layout"].items())
     command = fit.get("plan_command") or f"graphllm plan -n {fit['devices']}"
+    also = f" ({fit['plan_note']})" if fit.get("plan_note") else ""
     return note + (
         f"; {fit['devices']} devices are the fewest that hold it ({layout}, "
-        f"{_b(fit['layout_memory_bytes'])} each): `{command}` ranks their layouts"
+        f"{_b(fit['layout_memory_bytes'])} each): `{command}` ranks their layouts{also}"
     )
 
 

@@ -604,8 +604,9 @@ def _stage_entry(plan: PartitionPlan, st: int, f: Figures, passes: int) -> dict[
         "layers": list(plan.stages[st]),
         "params": int(f.params),
         "weight_bytes": f.weight_bytes,
-        "kv_cache_bytes": f.kv_cache_bytes,
-        "state_bytes": f.state_bytes,
+        # a stage keeps the cache and states of every microbatch it has run (plan counts them so)
+        "kv_cache_bytes": m * f.kv_cache_bytes,
+        "state_bytes": m * f.state_bytes,
         "flops": m * f.flops,
         "bytes": m * f.bytes,
         "comm_bytes": dict(wire),

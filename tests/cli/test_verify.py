@@ -30,7 +30,7 @@ def test_config_without_workload_runs_at_a_small_t_and_says_so(tmp_path):
     r = CliRunner().invoke(main, ["verify", "tokens", "--model", "llama3-8b", "--past-len", "4"])
     assert r.exit_code == 0, r.output
     assert "T=12 P=4: predicted == observed" in r.stdout
-    assert "the preset gives no workload; verify tokens uses T=12" in r.stderr
+    assert "the preset gives no seq_len; verify tokens uses T=12" in r.stderr
 
 
 def test_a_config_that_does_not_load_is_its_error_alone(tmp_path):

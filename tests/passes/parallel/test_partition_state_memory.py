@@ -73,3 +73,19 @@ def test_serving_sizes_the_batch_on_the_cache_and_the_states():
     assert doc["max_batch"] == math.floor(room / (mem.kv_cache + mem.state))
     # the states are most of what a sequence keeps here: without them 5x as many would fit
     assert doc["max_batch"] < room / mem.kv_cache / 5
+
+
+def test_a_stage_keeps_the_cache_and_states_of_all_its_microbatches():
+    """A prefill pipelined in 8 microbatches of one sequence: each stage ends holding 8
+    sequences' KV cache and states, in partition's figures as in plan's."""
+    wl = Workload(batch=8, seq_len=1024, logits="last")
+    s = Strategy(pp=2, microbatches=8)
+    stages = _stages("nemotron-h-8b", s, wl)
+    one = _stages("nemotron-h-8b", Strategy(pp=2), Workload(seq_len=1024, logits="last"))
+    for st, single in zip(stages, one, strict=True):
+        assert st["state_bytes"] == pytest.approx(8 * single["state_bytes"])
+        assert st["kv_cache_bytes"] == pytest.approx(8 * single["kv_cache_bytes"])
+    report = plan(load_config("nemotron-h-8b"), wl, 2, H100, pinned={"pp": 2})
+    (best,) = [c for c in report.candidates if c["strategy"]["microbatches"] == 8]
+    for st, p in zip(stages, best["stages"], strict=True):
+        assert (st["kv_cache_bytes"], st["state_bytes"]) == (p["kv_cache_bytes"], p["state_bytes"])
