@@ -313,8 +313,10 @@ def bubble(microbatches: int, stages: int) -> float:
 
 
 def step_seconds(stages: list[dict[str, Any]], microbatches: int) -> float:
-    """A pipeline step: (M + pp - 1) x the slowest stage's microbatch, then the gradient
-    reduction (not overlapped)."""
-    slowest = max(e["seconds_per_microbatch"] for e in stages)
+    """A pipeline step: the first microbatch through every stage, then the other M - 1 each a
+    turn of the slowest stage (a flow shop of identical jobs: exact for GPipe's forward, and
+    (M + pp - 1) x the stage's time when the stages are balanced), then the gradient reduction
+    (not overlapped)."""
+    per_mb = [e["seconds_per_microbatch"] for e in stages]
     grads = max(e["gradient_seconds"] for e in stages)
-    return (microbatches + len(stages) - 1) * slowest + grads
+    return math.fsum(per_mb) + (microbatches - 1) * max(per_mb) + grads

@@ -12,8 +12,8 @@ layers of one kind (the per-layer fields of the config: attention type, MoE or d
 same, so each such key is partitioned once, on a model with one layer of each kind, and every
 pp, dp and ZeRO choice is assembled from its per-layer figures: stages balanced by layer time as
 `partition.pipeline` does, a send of the residual stream between stages, memory per stage
-(training: passes/training.py), step = (M + pp - 1) x the slowest stage's microbatch + the
-gradient reduction. `tests/passes/parallel/test_plan.py` checks candidates against the full partition report.
+(training: passes/training.py), step = the stages' sum for the first microbatch + (M - 1) x the
+slowest stage's + the gradient reduction (figures.step_seconds). `tests/passes/parallel/test_plan.py` checks candidates against the full partition report.
 """
 
 from __future__ import annotations

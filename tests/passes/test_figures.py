@@ -86,7 +86,10 @@ def test_pipeline_step_and_bubble():
         {"seconds_per_microbatch": 2.0, "gradient_seconds": 0.5},
         {"seconds_per_microbatch": 3.0, "gradient_seconds": 0.25},
     ]
-    assert step_seconds(stages, 4) == (4 + 2 - 1) * 3.0 + 0.5
+    # the first microbatch through both stages, the other three each a turn of the slower
+    assert step_seconds(stages, 4) == 2.0 + 3.0 + 3 * 3.0 + 0.5
+    balanced = [dict(stages[1]), dict(stages[1])]
+    assert step_seconds(balanced, 4) == (4 + 2 - 1) * 3.0 + 0.25
     assert bubble(4, 2) == 1 / 5 and bubble(1, 1) == 0.0
 
 
