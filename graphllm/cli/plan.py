@@ -25,7 +25,7 @@ from graphllm.models.hardware import load_hardware
 from graphllm.passes.parallel.plan import plan as make_plan
 from graphllm.passes.training import TrainingOptions
 from graphllm.report.console import console as new_console
-from graphllm.report.fit import fewest_devices
+from graphllm.report.fit import fewest_devices, one_device
 from graphllm.report.summary import _b, _t, hardware_model_line
 
 
@@ -90,8 +90,7 @@ def _none_fits(
         f"{_b(hw.memory_bytes)}"
     )
     # from what one device would need, as trace's count starts: no fewer devices can hold it
-    one = make_plan(config, wl, 1, hw, training, attention)
-    whole = (one.candidates or one.too_big)[0]["memory_bytes"]
+    whole = one_device(config, wl, hw, training, attention)["memory_bytes"]
     low = max(n + 1, math.ceil(whole / hw.memory_bytes))
     pins = {k: v for k, v in pinned.items() if v}
     found = fewest_devices(config, wl, hw, low, training, attention, pins)

@@ -47,11 +47,23 @@ def training_fit_section(
     state, no recomputation, no ZeRO; plan's own figures), whether it fits, and if not the fewest
     devices a layout holds it on, as `fit_section` gives them for inference."""
     opts = TrainingOptions()
-    report = plan(config, workload, 1, hw, opts, attention)
-    one = (report.candidates or report.too_big)[0]
+    one = one_device(config, workload, hw, opts, attention)
     parts = {k: one["stages"][0][k] for k in TRAINING_PARTS}
     known = {"parts": parts, "options": {"recompute": opts.recompute, "zero": opts.zero}}
     return _fit(config, workload, hw, one["memory_bytes"], known, attention, opts)
+
+
+def one_device(
+    config: ModelConfig,
+    workload: Workload,
+    hw: Hardware,
+    training: TrainingOptions | None = None,
+    attention: str = "flash",
+) -> dict[str, Any]:
+    """Plan's layout of the whole step on one device (its memory, fitting or not): where a count
+    of devices starts, since no fewer can hold what one would need."""
+    report = plan(config, workload, 1, hw, training, attention)
+    return (report.candidates or report.too_big)[0]
 
 
 def _fit(
