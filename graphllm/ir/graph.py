@@ -1,4 +1,5 @@
-"""The graph: nodes (op applications) and refs (the tensors on edges), in topological order.
+"""The graph: nodes (op applications, graphllm.ir.node) and refs (the tensors on edges), in
+topological order.
 
 The graph knows no particular op: it asks the op table (graphllm.ir.opspec, filled by
 graphllm.ops) for each node's output types as the node is added.
@@ -10,8 +11,7 @@ import copy
 import itertools
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from graphllm.errors import GraphError
 
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     import networkx as nx
 
 from graphllm.ir.dims import TensorType
+from graphllm.ir.node import Node, Ref
 from graphllm.ir.opspec import OPS, infer
 
 CACHE = "cache"  # a graph output that the next step takes back as an input (the KV cache)
@@ -31,32 +32,6 @@ OUTPUT_ROLES = frozenset({CACHE, STATE})
 # one counter for every graph: a version is never shared, so a cache keyed by it that a copy
 # of meta carries into another graph can never match there
 _VERSIONS = itertools.count(1)
-
-
-class Ref(NamedTuple):
-    """One output of a node: the tensor on an edge."""
-
-    node: str
-    index: int = 0
-
-
-@dataclass(slots=True, eq=False)
-class Node:
-    """An op application. `meta` is where passes leave typed results."""
-
-    name: str
-    op: str
-    inputs: tuple[Ref, ...]
-    attrs: dict[str, Any]
-    outputs: tuple[TensorType, ...]
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def out(self) -> TensorType:
-        return self.outputs[0]
-
-    def __str__(self) -> str:
-        return self.name
 
 
 class Graph:

@@ -19,17 +19,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from graphllm.errors import GraphError
 from graphllm.ir.dims import TOKEN_ROLES, Dim, TensorType
+from graphllm.ir.node import GraphView, Node
 from graphllm.ir.signature import Signature, bind, output_dims, parse
 from graphllm.models.workload import stream_of
-
-if TYPE_CHECKING:
-    from graphllm.ir.graph import Graph, Node
 
 Impl = Callable[[list[np.ndarray], dict[str, Any]], Any]
 
@@ -160,7 +158,7 @@ def register(*specs: OpSpec) -> None:
 
 
 # -- generic rules over the table --------------------------------------------------------------
-def position_origins(graph: Graph, node: Node) -> dict[str, int]:
+def position_origins(graph: GraphView, node: Node) -> dict[str, int]:
     """Letter -> the first absolute position (Dim.position_range) of each position axis of the
     node's first output; a shard of an axis keeps the whole axis's origin."""
     operand = OPS[node.op].signature.outputs[0]
@@ -177,7 +175,7 @@ def needs_positions(spec: OpSpec) -> bool:
     return spec.relation is not None or spec.positional
 
 
-def bind_node(graph: Graph, node: Node) -> tuple[dict[str, Dim], tuple[Dim, ...]]:
+def bind_node(graph: GraphView, node: Node) -> tuple[dict[str, Dim], tuple[Dim, ...]]:
     """Letter -> Dim for a node's signature, and the dims that `...` stands for."""
     spec = OPS[node.op]
     dims_in = [t.dims for t in graph.input_types(node)]
@@ -188,7 +186,7 @@ def bind_node(graph: Graph, node: Node) -> tuple[dict[str, Dim], tuple[Dim, ...]
 _INFER_CACHE: dict[tuple, tuple[TensorType, ...]] = {}
 
 
-def infer(graph: Graph, node: Node) -> tuple[TensorType, ...]:
+def infer(graph: GraphView, node: Node) -> tuple[TensorType, ...]:
     """Output types of `node` from its op's signature, its inputs and its attrs."""
     spec = OPS.get(node.op)
     if spec is None:
@@ -218,7 +216,7 @@ def infer(graph: Graph, node: Node) -> tuple[TensorType, ...]:
     return out
 
 
-def _infer(graph: Graph, node: Node, spec: OpSpec) -> tuple[TensorType, ...]:
+def _infer(graph: GraphView, node: Node, spec: OpSpec) -> tuple[TensorType, ...]:
     where = f"{node.name} ({node.op})"
     env, ell = bind_node(graph, node)
     if spec.check is not None:
@@ -264,7 +262,7 @@ def linear_groups(spec: OpSpec, integer: list[bool]) -> tuple[tuple[int, ...], .
     return tuple((i, *summands) for i in floats if i not in summands)
 
 
-def letter_sizes(graph: Graph, node: Node) -> dict[str, float]:
+def letter_sizes(graph: GraphView, node: Node) -> dict[str, float]:
     """Bound size of every letter of the node's signature; `...` dims appear under their names."""
     env, ell = bind_node(graph, node)
     b = graph.bindings
@@ -277,7 +275,7 @@ def letter_sizes(graph: Graph, node: Node) -> dict[str, float]:
     return sizes
 
 
-def node_flops(graph: Graph, node: Node) -> tuple[Any, Any]:
+def node_flops(graph: GraphView, node: Node) -> tuple[Any, Any]:
     """(matmul FLOPs, other FLOPs) of one node under the table's conventions (module docstring)."""
     spec = OPS[node.op]
     # exact: Python ints (a Fraction where a size is balanced routing's B*T*k/E), never floats,
