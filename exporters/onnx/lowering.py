@@ -19,7 +19,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from graphllm.errors import ConfigError, GraphllmError
-from graphllm.exporters.onnx.quantize import MS_DOMAIN, Quantization
+from graphllm.exporters.onnx.nbits import MS_DOMAIN, Quantization
 from graphllm.ir import Dim, Graph, Node, Ref, TensorType
 from graphllm.models.quantization import QuantFormat
 

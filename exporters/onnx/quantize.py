@@ -1,7 +1,8 @@
 """Weight-only quantized MatMuls: onnxruntime's com.microsoft `MatMulNBits`, from float weights.
 
-`Quantization` is what `export_onnx(quantize=...)` and `graphllm export --quantize` take; the
-defaults are onnxruntime-genai's model builder's for the CPU (block 32, accuracy_level 4).
+`Quantization` (graphllm.exporters.onnx.nbits) is what `export_onnx(quantize=...)` and
+`graphllm export --quantize` take; the defaults are onnxruntime-genai's model builder's for the
+CPU (block 32, accuracy_level 4).
 `quantize_blockwise` is onnxruntime's own rule (MLAS `MlasQuantizeBlockwise`, which
 `onnxruntime.quantization.matmul_nbits_quantizer.DefaultWeightOnlyQuantizer` calls), written out
 in numpy and checked bit for bit against it: blocks of `block_size` values along K (the input
@@ -28,58 +29,25 @@ float (the LM head, routers) are quantized here by the rule above, in blocks of 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
 
 from graphllm.build.quantized import IntGroups
 from graphllm.errors import ConfigError, WeightsError
+from graphllm.exporters.onnx.lowering import Lowering
+
+# the settings live below the lowering context, which carries them; the CLI and export_onnx
+# take them from here, with the lowerings that read them
+from graphllm.exporters.onnx.nbits import (  # noqa: F401
+    ACCURACY_LEVELS,
+    BITS,
+    BLOCK_SIZES,
+    MS_DOMAIN,
+    Quantization,
+)
 from graphllm.ir import Node
 from graphllm.models.quantization import QuantFormat
-
-if TYPE_CHECKING:  # the lowering context is this module's caller
-    from graphllm.exporters.onnx.lowering import Lowering
-
-MS_DOMAIN = "com.microsoft"
-BITS = {"int4": 4, "int8": 8}
-BLOCK_SIZES = (32, 64, 128)
-ACCURACY_LEVELS = (0, 1, 4)  # 0/1: fp32 compute; 4: activations quantized to int8 per block
-
-
-@dataclass(frozen=True)
-class Quantization:
-    """Weight-only quantization of the exported MatMuls."""
-
-    method: str = "int4"
-    block_size: int = 32
-    accuracy_level: int = 4
-    symmetric: bool = False
-
-    def __post_init__(self) -> None:
-        bad = []
-        if self.method not in BITS:
-            bad.append(f"method {self.method!r} (int4 or int8)")
-        if self.block_size not in BLOCK_SIZES:
-            bad.append(f"block size {self.block_size} ({', '.join(map(str, BLOCK_SIZES))})")
-        if self.accuracy_level not in ACCURACY_LEVELS:
-            levels = ", ".join(map(str, ACCURACY_LEVELS))
-            bad.append(f"accuracy level {self.accuracy_level} ({levels})")
-        if bad:
-            raise ConfigError(f"cannot quantize with {'; '.join(bad)}")
-
-    @property
-    def bits(self) -> int:
-        return BITS[self.method]
-
-    def to_dict(self) -> dict:
-        """What the export's metadata records (`graphllm.quantization`)."""
-        return {
-            **asdict(self),
-            "op": f"{MS_DOMAIN}.MatMulNBits",
-            "bits": self.bits,
-            "float": "embeddings, norms and routed experts (stacked: MatMulNBits is 2-D)",
-        }
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,6 @@ from graphllm.exporters.onnx.export import planned
 from graphllm.exporters.onnx.lowering import (
     EXPORT_DTYPES,
     LOWERINGS,
-    MS_DOMAIN,
     ONNX_TYPES,
     PROTO_LIMIT,
     Lowering,
@@ -52,6 +51,7 @@ from graphllm.exporters.onnx.lowering import (
     producer_version,
     static_shape,
 )
+from graphllm.exporters.onnx.nbits import MS_DOMAIN
 from graphllm.ir import TOKEN_ROLES, Dim, Graph, Node, Ref, TensorType
 from graphllm.ir.opspec import bind_node, needs_positions
 from graphllm.ops import COMMUNICATION, OPS
