@@ -12,9 +12,8 @@ norm(o) * w * silu(z) per value head; out_proj.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from graphllm.build.dims import T
+from graphllm.build.emit import Emitter
 from graphllm.build.recurrent import (
     MIXERS,
     causal_conv,
@@ -25,11 +24,8 @@ from graphllm.build.recurrent import (
 )
 from graphllm.ir import Dim, Node, Ref
 
-if TYPE_CHECKING:
-    from graphllm.build.builder import _Builder
 
-
-def gated_deltanet(b: _Builder, p: str, x: Node, i: int) -> Node:
+def gated_deltanet(b: Emitter, p: str, x: Node, i: int) -> Node:
     """The linear-attention mixer of layer i under scope `p` (model.layers.{i}.linear_attn).
 
     The projections' channels are laid out per key-head group (transformers'

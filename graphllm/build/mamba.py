@@ -21,9 +21,8 @@ vLLM's mamba_mixer2). The conv state's channels are in that per-group order.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from graphllm.build.dims import T
+from graphllm.build.emit import Emitter
 from graphllm.build.recurrent import (
     MIXERS,
     causal_conv,
@@ -34,17 +33,14 @@ from graphllm.build.recurrent import (
 )
 from graphllm.ir import Dim, Node, Ref
 
-if TYPE_CHECKING:
-    from graphllm.build.builder import _Builder
 
-
-def scan_form(b: _Builder) -> str:
+def scan_form(b: Emitter) -> str:
     """The scan's form for the builder's workload: transformers' recurrent step for one token
     after a past, its chunked form otherwise."""
     return "recurrent" if b.wl.past_len > 0 and b.wl.seq_len == 1 else "chunked"
 
 
-def mamba_mixer(b: _Builder, p: str, x: Node, i: int) -> Node:
+def mamba_mixer(b: Emitter, p: str, x: Node, i: int) -> Node:
     """Layer i's Mamba2 mixer at scope p: (B, T, d) -> (B, T, d); its weights count under the
     recurrent mixers' kind, linear_attention, as the shared conv's do."""
     c, g = b.cfg, b.g

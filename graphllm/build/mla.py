@@ -17,14 +17,11 @@ of qk_rope_head_dim values shared by all heads. The cache holds exactly these tw
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from graphllm.build.dims import B, P, S
+from graphllm.build.emit import Emitter
 from graphllm.ir import CACHE, Dim, Node, Ref, TensorType
 from graphllm.models.model_config import ModelConfig
-
-if TYPE_CHECKING:
-    from graphllm.build.builder import _Builder
 
 MLA_FORMS = ("naive", "absorbed")
 
@@ -34,7 +31,7 @@ def _parts(joined: Dim, first: str, second: str) -> dict:
     return {"axes": {"f": joined}, "parts": (first, second)}
 
 
-def _split(b: _Builder, name: str, x: Node | Ref, a: Dim, c: Dim) -> tuple[Ref, Ref]:
+def _split(b: Emitter, name: str, x: Node | Ref, a: Dim, c: Dim) -> tuple[Ref, Ref]:
     attrs = {"axes": {"f1": a, "f2": c}, "sizes": [a.size, c.size]}
     n = b.g.add("split", name, (x,), attrs)
     return Ref(n.name, 0), Ref(n.name, 1)
@@ -62,7 +59,7 @@ class _MlaDims:
         )
 
 
-def mla_attention(b: _Builder, p: str, x: Node, i: int) -> Node:
+def mla_attention(b: Emitter, p: str, x: Node, i: int) -> Node:
     """MLA for layer i (scope p = model.layers.i.self_attn), in the builder's `mla` form."""
 
     c = b.cfg
@@ -82,7 +79,7 @@ def mla_attention(b: _Builder, p: str, x: Node, i: int) -> Node:
     return b.linear(f"{p}.o_proj", o, b.d, "attention")
 
 
-def _query(b: _Builder, p: str, x: Node, dims: _MlaDims) -> tuple[Ref, Ref]:
+def _query(b: Emitter, p: str, x: Node, dims: _MlaDims) -> tuple[Ref, Ref]:
     """The query from one projection or down -> norm -> up, split into heads and into its no-RoPE
     and RoPE parts."""
     c = b.cfg
@@ -99,7 +96,7 @@ def _query(b: _Builder, p: str, x: Node, dims: _MlaDims) -> tuple[Ref, Ref]:
     return _split(b, f"{p}.q_split", q, dims.nope, dims.rope)
 
 
-def _compressed_kv(b: _Builder, p: str, x: Node, dims: _MlaDims) -> tuple[Node, Node]:
+def _compressed_kv(b: Emitter, p: str, x: Node, dims: _MlaDims) -> tuple[Node, Node]:
     """The latent (normed) and the RoPE key, each one shared head: what the cache holds."""
     c, g, one = b.cfg, b.g, dims.one
     d_a = Dim("d_kv_a", "hidden", c.kv_lora_rank + c.qk_rope_head_dim)
@@ -112,7 +109,7 @@ def _compressed_kv(b: _Builder, p: str, x: Node, dims: _MlaDims) -> tuple[Node, 
 
 
 def _cached(
-    b: _Builder, p: str, i: int, lat: Node, k_rope: Node, dims: _MlaDims
+    b: Emitter, p: str, i: int, lat: Node, k_rope: Node, dims: _MlaDims
 ) -> tuple[Node, Node]:
     """The latent and RoPE key behind the past ones (decode), set as layer i's cache outputs."""
     g = b.g
@@ -135,7 +132,7 @@ def _kv_b_dims(c: ModelConfig) -> tuple[Dim, Dim]:
 
 
 def _absorbed(
-    b: _Builder, p: str, q_nope: Ref, q_rope: Node, lat: Node, k_rope: Node, dims: _MlaDims
+    b: Emitter, p: str, q_nope: Ref, q_rope: Node, lat: Node, k_rope: Node, dims: _MlaDims
 ) -> Node:
     """Attention against the latent itself: kv_b_proj's key block folded into the query, its
     value block into the output."""
@@ -154,7 +151,7 @@ def _absorbed(
 
 
 def _naive(
-    b: _Builder, p: str, q_nope: Ref, q_rope: Node, lat: Node, k_rope: Node, dims: _MlaDims
+    b: Emitter, p: str, q_nope: Ref, q_rope: Node, lat: Node, k_rope: Node, dims: _MlaDims
 ) -> Node:
     """transformers' computation: the whole cached latent expanded through kv_b_proj into
     per-head keys and values, then ordinary attention."""

@@ -5,16 +5,12 @@ top-k method, renormalisation and scaling; MoENames), so nothing here knows a fa
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from graphllm.build.dims import C
+from graphllm.build.emit import Emitter
 from graphllm.ir import Dim, Node, Ref
 
-if TYPE_CHECKING:
-    from graphllm.build.builder import _Builder
 
-
-def moe_ffn(b: _Builder, layer: str, x: Node) -> Node:
+def moe_ffn(b: Emitter, layer: str, x: Node) -> Node:
     """Router -> top-k -> dispatch -> experts -> weighted combine (+ a shared expert, gated or not)."""
     c, g, names = b.cfg, b.g, b.cfg.moe_names
     p = f"{layer}.{names.block}"
@@ -66,7 +62,7 @@ def moe_ffn(b: _Builder, layer: str, x: Node) -> Node:
     return _shared(b, p, x, out)
 
 
-def _shared(b: _Builder, p: str, x: Node, out: Node) -> Node:
+def _shared(b: Emitter, p: str, x: Node, out: Node) -> Node:
     """The routed experts' sum plus the shared expert (gated or not), where there is one."""
     c, g, names = b.cfg, b.g, b.cfg.moe_names
     if c.shared_expert_intermediate_size:
@@ -81,7 +77,7 @@ def _shared(b: _Builder, p: str, x: Node, out: Node) -> Node:
     return out
 
 
-def _fused_experts(b: _Builder, p: str, slots: Node, n_exp: Dim, ffn: Dim) -> Node:
+def _fused_experts(b: Emitter, p: str, slots: Node, n_exp: Dim, ffn: Dim) -> Node:
     """Llama4TextExperts: bmm with gate_up_proj (E, d, 2f), chunked into gate and up, then bmm
     with down_proj (E, f, d); the tensors as the checkpoint stores them, whole."""
     g = b.g
@@ -100,7 +96,7 @@ def _fused_experts(b: _Builder, p: str, slots: Node, n_exp: Dim, ffn: Dim) -> No
     return g.add("expert_matmul", f"{p}.experts.down", (m, w_down))
 
 
-def router(b: _Builder, p: str, logits: Node) -> tuple[Node | Ref, Ref]:
+def router(b: Emitter, p: str, logits: Node) -> tuple[Node | Ref, Ref]:
     """(routing weights, chosen expert ids), each (B, T, k), as transformers' routers compute them.
 
     Scores: softmax or sigmoid. Selection: 'greedy' top-k; 'group_limited_greedy' (top-k inside
@@ -151,7 +147,7 @@ def router(b: _Builder, p: str, logits: Node) -> tuple[Node | Ref, Ref]:
     return weights, chosen
 
 
-def stacked_experts(b: _Builder, p: str, slots: Node, n_exp: Dim, ffn: Dim) -> Node:
+def stacked_experts(b: Emitter, p: str, slots: Node, n_exp: Dim, ffn: Dim) -> Node:
     """gpt-oss's experts: each projection one (E, in, out) tensor with an (E, out) bias, gate and
     up interleaved in gate_up_proj, through the clamped SwiGLU. (E, C, d) -> (E, C, d)."""
     c, g = b.cfg, b.g

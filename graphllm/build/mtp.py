@@ -24,16 +24,12 @@ of kind `mtp`, so reports, diagrams and the pipeline (which puts it on the last 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from graphllm.build.dims import T_LAST, B, T
+from graphllm.build.emit import Emitter
 from graphllm.errors import ConfigError
 from graphllm.ir import Dim, Node, TensorType
 from graphllm.models.config import FAMILY_TABLE
 from graphllm.models.model_config import ModelConfig
-
-if TYPE_CHECKING:
-    from graphllm.build.builder import _Builder
 
 
 def check_mtp(cfg: ModelConfig) -> None:
@@ -63,7 +59,7 @@ def check_mtp(cfg: ModelConfig) -> None:
         )
 
 
-def mtp_modules(b: _Builder, hidden: Node) -> None:
+def mtp_modules(b: Emitter, hidden: Node) -> None:
     """Every MTP depth after the main model; `hidden` is its last hidden state after model.norm."""
     b.g.meta["mtp"] = []
     h = hidden
@@ -71,7 +67,7 @@ def mtp_modules(b: _Builder, hidden: Node) -> None:
         h = _depth(b, k, h)
 
 
-def _depth(b: _Builder, k: int, h_prev: Node) -> Node:
+def _depth(b: Emitter, k: int, h_prev: Node) -> Node:
     if b.cfg.mtp_layout == "mtp":
         return _shared_depth(b, k, h_prev)
     c, g = b.cfg, b.g
@@ -100,7 +96,7 @@ def _depth(b: _Builder, k: int, h_prev: Node) -> Node:
     return out
 
 
-def _shared_depth(b: _Builder, k: int, h_prev: Node) -> Node:
+def _shared_depth(b: Emitter, k: int, h_prev: Node) -> Node:
     """Qwen3-Next's MTP layer (mtp_layout "mtp"), as vLLM's qwen3_next_mtp.py runs it: the main
     model's embed_tokens and lm_head (the checkpoint holds no copy of either),
     pre_fc_norm_embedding and pre_fc_norm_hidden, fc over [embedding; hidden], the

@@ -11,13 +11,10 @@ of role STATE: fixed in size, replacing the past rather than appending to it. Th
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from graphllm.build.dims import B, S, T
+from graphllm.build.emit import Emitter
 from graphllm.ir import STATE, Dim, Node, Ref, TensorType
-
-if TYPE_CHECKING:
-    from graphllm.build.builder import _Builder
 
 S_CONV = "S_conv"  # the conv's input with a past: the K-1 carried inputs and the T new ones
 
@@ -33,21 +30,21 @@ def per_group(groups: int, per: int, start: int, width: int) -> list[int]:
     return [j * per + start + e for j in range(groups) for e in range(width)]
 
 
-def attention_mask(b: _Builder) -> Node:
+def attention_mask(b: Emitter) -> Node:
     """The graph input `attention_mask` (B, S) int64, 0 on padded positions (added once)."""
     if "attention_mask" in b.g:
         return b.g["attention_mask"]
     return b.g.input("attention_mask", TensorType((B, S), "int64"))
 
 
-def zero_padding(b: _Builder, name: str, x: Node) -> Node:
+def zero_padding(b: Emitter, name: str, x: Node) -> Node:
     """x (B, T, C) with its padded positions zeroed from the attention mask, as transformers'
     apply_mask_to_padding_states does before a linear-attention or Mamba mixer."""
     return b.g.add("zero_padding", name, (x, attention_mask(b)))
 
 
 def causal_conv(
-    b: _Builder,
+    b: Emitter,
     p: str,
     x: Node | Ref,
     layer: int,
@@ -93,7 +90,7 @@ def causal_conv(
     return g.add("causal_conv1d", f"{p}.conv1d", (x, w), attrs)
 
 
-def recurrent_state(b: _Builder, layer: int, dims: tuple[Dim, ...]) -> Node | None:
+def recurrent_state(b: Emitter, layer: int, dims: tuple[Dim, ...]) -> Node | None:
     """The past recurrent state input `past_key_values.{layer}.recurrent_state` (B, *dims) in
     fp32, or None without a past (the recurrence starts from zeros)."""
     if b.wl.past_len == 0:
@@ -102,13 +99,13 @@ def recurrent_state(b: _Builder, layer: int, dims: tuple[Dim, ...]) -> Node | No
     return b.g.input(f"past_key_values.{layer}.recurrent_state", t)
 
 
-def set_recurrent_state(b: _Builder, layer: int, state: object) -> None:
+def set_recurrent_state(b: Emitter, layer: int, state: object) -> None:
     """Make `state` (a Node or Ref) the output `present.{layer}.recurrent_state` (role STATE)."""
     b.g.set_output(f"present.{layer}.recurrent_state", state, STATE)  # type: ignore[arg-type]
     _carries_state(b, layer)
 
 
-def _carries_state(b: _Builder, layer: int) -> None:
+def _carries_state(b: Emitter, layer: int) -> None:
     """Record that `layer` carries state rather than keys and values (graph.meta['state_layers']:
     what the memory pass prices as full attention for the comparison)."""
     layers = b.g.meta.setdefault("state_layers", [])
@@ -118,4 +115,4 @@ def _carries_state(b: _Builder, layer: int) -> None:
 
 # layer type -> (the mixer's module name under model.layers.{i}, the function that builds it:
 # (builder, scope, x, layer) -> the mixer's output); a layer type absent here attends
-MIXERS: dict[str, tuple[str, Callable[[_Builder, str, Node, int], Node]]] = {}
+MIXERS: dict[str, tuple[str, Callable[[Emitter, str, Node, int], Node]]] = {}
