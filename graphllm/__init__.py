@@ -17,6 +17,7 @@ from graphllm.ir import Dim, Graph, Node, Ref, TensorType
 from graphllm.models.config import load_config
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload
+from graphllm.report.analyse import analyse
 
 __version__ = "0.1.0"
 
@@ -33,6 +34,7 @@ __all__ = [
     "Ref",
     "TensorType",
     "Workload",
+    "analyse",
     "build_graph",
     "load_config",
 ]

@@ -42,7 +42,8 @@ from graphllm.passes.memory import (
     walk_peak,
 )
 from graphllm.passes.parallel.plan import reduced_config
-from graphllm.passes.params import tally
+from graphllm.passes.params import ParamReport, tally
+from graphllm.passes.registry import Results
 from graphllm.passes.roofline import (
     RooflineReport,
     Timer,
@@ -110,51 +111,131 @@ def unroll(small: Graph, index: list[int]) -> Unrolled | None:
     """The full sequence of `small` (one layer of each kind) for real layers of reduced index
     `index`; None where a layer reads another layer's nodes other than its predecessor's output
     (a value residual, shared KV), which one layer cannot stand for."""
+    lo = _layout(small, index)
+    if lo is None:
+        return None
+    u = Unrolled(small, [], [], [], [], [], [], [], index)
+    seen: set[str] = set()
+    for n in lo.pre:
+        _emit(u, seen, n, n.name, [x.node for x in n.inputs], None)
+    u.spans.append((0, len(u.names), None))
+    if not _unroll_layers(u, lo, seen) or not _unroll_post(u, lo, seen):
+        return None
+    outputs = _outputs(lo, small, index)
+    if outputs is None:
+        return None
+    u.outputs = outputs
+    return u
+
+
+@dataclass
+class _Layout:
+    """Where the reduced graph's layers lie in its node order."""
+
+    nodes: list[Node]
+    blocks: list[str]  # each reduced layer's output
+    starts: list[int]  # each reduced layer's first node
+    ends: list[int]  # and its last
+    seg_of: dict[str, int]  # the reduced layer of each node inside one
+    stream0: str  # the residual stream entering layer 0
+
+    @property
+    def pre(self) -> list[Node]:
+        return self.nodes[: self.starts[0]]
+
+    @property
+    def post(self) -> list[Node]:
+        return self.nodes[self.ends[-1] + 1 :]
+
+    def layer(self, r: int) -> list[Node]:
+        return self.nodes[self.starts[r] : self.ends[r] + 1]
+
+
+def _layout(small: Graph, index: list[int]) -> _Layout | None:
+    """The reduced graph's layers as runs of its node order, one after another; None where they
+    are not (or the graph's blocks and layer scopes disagree)."""
     blocks = list(small.meta.get("blocks", ()))
     nodes = list(small.nodes())
     if len(blocks) != len(set(index)) or not nodes:
         return None
-    seg_of: dict[str, int] = {}
-    first: dict[int, int] = {}
-    last: dict[int, int] = {}
-    where = {b: j for j, b in enumerate(blocks)}
     scopes = layer_scopes(small)
     if len(scopes) != len(blocks):
         return None
     pos = {p: j for j, p in enumerate(scopes)}
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
     for k, n in enumerate(nodes):
         lay = layer_of(small, n.name)
         if lay:
             r = pos[lay]
             first.setdefault(r, k)
             last[r] = k
+    where = {b: j for j, b in enumerate(blocks)}
     if sorted(first) != list(range(len(blocks))) or any(where.get(blocks[r]) != r for r in first):
         return None
     starts = [first[r] for r in range(len(blocks))]
     ends = [last[r] for r in range(len(blocks))]
     if any(starts[r + 1] <= ends[r] for r in range(len(blocks) - 1)):
         return None
-    for r in range(len(blocks)):
-        for n in nodes[starts[r] : ends[r] + 1]:
-            seg_of[n.name] = r
-    pre = nodes[: starts[0]]
-    post = nodes[ends[-1] + 1 :]
-    # the residual stream entering layer 0: the last op before it that it reads
-    read0 = {x.node for n in nodes[starts[0] : ends[0] + 1] for x in n.inputs}
-    stream0 = next((n.name for n in reversed(pre) if n.name in read0 and _computes(n)), None)
-    later = {x.node for n in nodes[ends[0] + 1 :] for x in n.inputs}
-    if stream0 is None or stream0 in later:
-        # a later layer reading the embedding's output too (a skip from it): its layer 0 read
-        # and the stream could not be told apart
+    seg_of = {n.name: r for r in range(len(blocks)) for n in nodes[starts[r] : ends[r] + 1]}
+    stream0 = _stream0(nodes, starts[0], ends[0])
+    if stream0 is None:
         return None
+    return _Layout(nodes, blocks, starts, ends, seg_of, stream0)
 
-    u = Unrolled(small, [], [], [], [], [], [], [], index)
-    seen: set[str] = set()
-    full_block: list[str] = []
 
-    def stream_in(i: int) -> str:
-        return stream0 if i == 0 else full_block[i - 1]
+def _stream0(nodes: list[Node], start: int, end: int) -> str | None:
+    """The residual stream entering layer 0 (nodes[start:end + 1]): the last op before it that
+    it reads. None where a later layer reads it too (a skip from the embedding): its layer 0
+    read and the stream could not be told apart."""
+    read0 = {x.node for n in nodes[start : end + 1] for x in n.inputs}
+    pre = nodes[:start]
+    stream0 = next((n.name for n in reversed(pre) if n.name in read0 and _computes(n)), None)
+    later = {x.node for n in nodes[end + 1 :] for x in n.inputs}
+    return None if stream0 is None or stream0 in later else stream0
 
+
+def _emit(
+    u: Unrolled, seen: set[str], n: Node, name: str, ins: list[str], layer: int | None
+) -> None:
+    seen.add(name)
+    u.names.append(name)
+    u.reps.append(n)
+    u.inputs.append(ins)
+    u.layer.append(layer)
+
+
+_Row = tuple[Node, Any, list[tuple[int, str, Any]]]
+
+
+def _template(lo: _Layout, r: int) -> list[_Row]:
+    """Reduced layer r's nodes, each with its name cut around the layer index and where each
+    input comes from: 0 the stream, 1 the layer itself (the name cut), 2 a node outside every
+    layer, 3 a shared input another layer made (or, failing that, a read one layer cannot
+    stand for)."""
+    parts = _parts(r)
+    prev = lo.blocks[r - 1] if r > 0 else lo.stream0
+    rows = []
+    for n in lo.layer(r):
+        ins: list[tuple[int, str, Any]] = []
+        for x in n.inputs:
+            s = lo.seg_of.get(x.node)
+            if x.node == prev:
+                ins.append((0, x.node, None))
+            elif s == r:
+                ins.append((1, x.node, parts(x.node)))
+            elif s is None and x.node != lo.stream0:
+                ins.append((2, x.node, None))
+            else:
+                ins.append((3, x.node, parts(x.node)))
+        rows.append((n, parts(n.name), ins))
+    return rows
+
+
+def _unroll_layers(u: Unrolled, lo: _Layout, seen: set[str]) -> bool:
+    """Every real layer's nodes onto `u`, its kind's with the index substituted; False where a
+    layer reads what one layer cannot stand for."""
+    templates: dict[int, list[_Row]] = {}
     add_seen, add_name, add_rep, add_ins, add_layer = (
         seen.add,
         u.names.append,
@@ -162,58 +243,23 @@ def unroll(small: Graph, index: list[int]) -> Unrolled | None:
         u.inputs.append,
         u.layer.append,
     )
-
-    def emit(n: Node, name: str, ins: list[str], layer: int | None) -> None:
-        add_seen(name)
-        add_name(name)
-        add_rep(n)
-        add_ins(ins)
-        add_layer(layer)
-
-    for n in pre:
-        emit(n, n.name, [x.node for x in n.inputs], None)
-    u.spans.append((0, len(u.names), None))
-    templates: dict[int, list[tuple[Node, Any, list[tuple[int, str, Any]]]]] = {}
-
-    def template(r: int) -> list[tuple[Node, Any, list[tuple[int, str, Any]]]]:
-        """Reduced layer r's nodes, each with its name cut around the layer index and where
-        each input comes from: 0 the stream, 1 the layer itself (the name cut), 2 a node
-        outside every layer, 3 a shared input another layer made (or, failing that, a read
-        one layer cannot stand for)."""
-        parts = _parts(r)
-        prev = blocks[r - 1] if r > 0 else stream0
-        rows = []
-        for n in nodes[starts[r] : ends[r] + 1]:
-            ins: list[tuple[int, str, Any]] = []
-            for x in n.inputs:
-                s = seg_of.get(x.node)
-                if x.node == prev:
-                    ins.append((0, x.node, None))
-                elif s == r:
-                    ins.append((1, x.node, parts(x.node)))
-                elif s is None and x.node != stream0:
-                    ins.append((2, x.node, None))
-                else:
-                    ins.append((3, x.node, parts(x.node)))
-            rows.append((n, parts(n.name), ins))
-        return rows
-
-    for i, r in enumerate(index):
+    for i, r in enumerate(u.index):
         rows = templates.get(r)
         if rows is None:
-            rows = templates[r] = template(r)
+            rows = templates[r] = _template(lo, r)
         idx, same = str(i), str(i) == str(r)
+        stream = lo.stream0 if i == 0 else u.blocks[i - 1]
         start = len(u.names)
         for n, cut, ins_of in rows:
             name = n.name if cut is None else cut[0] + idx + cut[1]
             if name in seen:  # a shared input made on first use belongs to no layer
                 if name != n.name:
-                    return None
+                    return False
                 continue
             ins = []
             for where, x, xcut in ins_of:
                 if where == 0:
-                    ins.append(stream_in(i))
+                    ins.append(stream)
                 elif where == 2:
                     ins.append(x)
                 elif where == 1:
@@ -221,42 +267,50 @@ def unroll(small: Graph, index: list[int]) -> Unrolled | None:
                 elif (xcut is None or same) and x in seen:
                     ins.append(x)  # a shared input another layer made
                 else:
-                    return None
-            add_seen(name)  # emit, inlined: the loop runs for every node of the model
+                    return False
+            add_seen(name)  # _emit, inlined: the loop runs for every node of the model
             add_name(name)
             add_rep(n)
             add_ins(ins)
             add_layer(i)
-        full_block.append(_renamer(r, i)(blocks[r]))
+        u.blocks.append(_renamer(r, i)(lo.blocks[r]))
         u.spans.append((start, len(u.names), i))
+    return True
+
+
+def _unroll_post(u: Unrolled, lo: _Layout, seen: set[str]) -> bool:
+    """The nodes after the layers onto `u`, reading the last real layer's output; False where
+    one reads inside a layer."""
     start = len(u.names)
-    for n in post:
+    for n in lo.post:
         ins = []
         for x in n.inputs:
-            s = seg_of.get(x.node)
-            if x.node == blocks[-1]:
-                ins.append(full_block[-1])
-            elif s is None and x.node != stream0:
+            if x.node == lo.blocks[-1]:
+                ins.append(u.blocks[-1])
+            elif lo.seg_of.get(x.node) is None and x.node != lo.stream0:
                 ins.append(x.node)
             else:
-                return None
-        emit(n, n.name, ins, None)
+                return False
+        _emit(u, seen, n, n.name, ins, None)
     u.spans.append((start, len(u.names), None))
-    u.blocks = full_block
+    return True
 
-    # outputs: those before the layers, each layer's, those after, in the reduced graph's order
+
+def _outputs(lo: _Layout, small: Graph, index: list[int]) -> list[tuple[str, Any, str]] | None:
+    """The full graph's outputs: those before the layers, each layer's, those after, in the
+    reduced graph's order; None where one is made before the layers."""
     by_seg: dict[int | None, list[tuple[str, Any]]] = {}
     for key, ref in small.outputs.items():
-        by_seg.setdefault(seg_of.get(ref.node), []).append((key, ref))
-    if any(
-        s is None and ref.node in {n.name for n in pre} for s, v in by_seg.items() for _, ref in v
-    ):
+        by_seg.setdefault(lo.seg_of.get(ref.node), []).append((key, ref))
+    pre = {n.name for n in lo.pre}
+    if any(s is None and ref.node in pre for s, v in by_seg.items() for _, ref in v):
         return None
+    out = []
     for i, r in enumerate(index):
         rename = _renamer(r, i)
-        u.outputs += [(rename(k), ref, rename(ref.node)) for k, ref in by_seg.get(r, [])]
-    u.outputs += [(k, ref, ref.node) for k, ref in by_seg.get(None, [])]
-    return u
+        out += [(rename(k), ref, rename(ref.node)) for k, ref in by_seg.get(r, [])]
+    out += [(k, ref, ref.node) for k, ref in by_seg.get(None, [])]
+    return out
 
 
 def _computes(n: Node) -> bool:
@@ -274,38 +328,68 @@ def reused_report(
 ) -> dict[str, Any] | None:
     """trace_report's document from one layer of each kind; None where that cannot stand for
     the full graph (the caller analyses the full graph then)."""
+    got = reused_results(config, workload, hardware, attention, training, mla, mtp)
+    if got is None:
+        return None
+    graph, res = got
+    reports = (res[k] for k in ("params", "tokens", "cost", "memory", "roofline"))
+    return document(config, workload, attention, training, mla, mtp, graph, *reports)
+
+
+def reused_results(
+    config: ModelConfig,
+    workload: Workload,
+    hardware: Hardware | None = None,
+    attention: str = "flash",
+    training: bool = False,
+    mla: str = "naive",
+    mtp: bool = False,
+    exact_sets: bool | None = None,
+) -> tuple[dict[str, Any], Results] | None:
+    """(trace's graph section, {pass: report} as `passes.run` gives trace's analyses on the full
+    graph) from one layer of each kind; None where that cannot stand for the full graph."""
     if mtp:
         return None
     small_cfg, index = reduced_config(config)
     if small_cfg is config:
         return None
-    small, res = analysed(small_cfg, workload, hardware, attention, training, mla, mtp)
+    small, res = analysed(small_cfg, workload, hardware, attention, training, mla, mtp, exact_sets)
     u = unroll(small, index)
     if u is None:
         return None
-    cost = _cost(u, attention, training)
-    roof = _roofline(u, hardware, attention, training) if hardware is not None else None
-    in_mtp = {
-        n.name for n in small.params() if any(k == "mtp" for _, k in scopes_of(small, n.name))
-    }
-    params = tally(
-        (n for n in u.reps if n.op == "param"),
-        small.meta["config"],
-        {name for name, n in zip(u.names, u.reps, strict=True) if n.name in in_mtp},
-    )
-    memory = _memory(u, attention)
     tokens = _tokens(u, res["tokens"])
     if tokens is None:
         return None
-    graph = {
+    graph = _graph_section(u)
+    out = Results(verify={"nodes": graph["nodes"], "edges": graph["edges"]})
+    out["params"] = _params(u)
+    out["tokens"] = tokens
+    out["cost"] = _cost(u, attention, training)
+    out["memory"] = _memory(u, attention)
+    out["roofline"] = _roofline(u, hardware, attention, training) if hardware is not None else None
+    return graph, out
+
+
+def _graph_section(u: Unrolled) -> dict[str, Any]:
+    return {
         "nodes": len(u.names),
         "edges": sum(len(x) for x in u.inputs),
         "ops": dict(Counter(n.op for n in u.reps)),
         "inputs": [name for name, n in zip(u.names, u.reps, strict=True) if n.op == "input"],
         "outputs": [k for k, _, _ in u.outputs],
     }
-    return document(
-        config, workload, attention, training, mla, mtp, graph, params, tokens, cost, memory, roof
+
+
+def _params(u: Unrolled) -> ParamReport:
+    """The params pass over the unrolled sequence."""
+    small = u.small
+    in_mtp = {
+        n.name for n in small.params() if any(k == "mtp" for _, k in scopes_of(small, n.name))
+    }
+    return tally(
+        (n for n in u.reps if n.op == "param"),
+        small.meta["config"],
+        {name for name, n in zip(u.names, u.reps, strict=True) if n.name in in_mtp},
     )
 
 

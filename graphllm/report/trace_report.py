@@ -17,6 +17,7 @@ from graphllm.models.workload import Workload
 from graphllm.ops import OPS, SOURCE
 from graphllm.passes import meta_result, run
 from graphllm.passes.cost import ZERO, scopes_of
+from graphllm.passes.registry import Results
 from graphllm.report.mla import form_cost, form_costs, kv_per_token
 
 ANALYSES = ["verify", "params", "tokens", "cost", "memory", "roofline"]
@@ -61,12 +62,16 @@ def analysed(
     training: bool,
     mla: str,
     mtp: bool,
+    exact_sets: bool | None = None,
     passes: list[str] = ANALYSES,
-) -> tuple[Graph, dict[str, Any]]:
-    """The model's graph and the results of `passes` on it (trace's analyses by default)."""
+) -> tuple[Graph, Results]:
+    """The model's graph and the results of `passes` on it (trace's analyses by default);
+    `exact_sets`: the tokens pass's option, left to its default when None."""
     graph = build_graph(config, workload, mla=mla, mtp=mtp)
-    res = run(graph, passes, hardware=hardware, attention=attention, training=training)
-    return graph, res
+    opts: dict[str, Any] = {"hardware": hardware, "attention": attention, "training": training}
+    if exact_sets is not None:
+        opts["exact_sets"] = exact_sets
+    return graph, run(graph, passes, **opts)
 
 
 def document(
@@ -216,7 +221,7 @@ def sweep(
     out = []
     for wl in workloads:
         graph, res = analysed(
-            config, wl, hardware, attention, training, mla, mtp, ["cost", "roofline"]
+            config, wl, hardware, attention, training, mla, mtp, passes=["cost", "roofline"]
         )
         cost, roof = res["cost"], res["roofline"]
         by_op: dict[str, dict[str, float]] = {}
