@@ -1,5 +1,6 @@
-"""The package's layers, read from the syntax tree: imports point down only, with no cycles, and
-only heavy optional packages are imported inside functions.
+"""The package's layers, read from the syntax tree: imports point down only, with no cycles (an
+import under `if TYPE_CHECKING:` or inside a function closes a cycle as well as any), and only
+heavy optional packages are imported inside functions.
 
 cli -> report | runtime -> exporters -> passes -> build -> ops -> ir -> models -> base
 (base: graphllm.errors, graphllm.echo, graphllm.files, graphllm.limits and graphllm.forked). report and runtime share a rank: a report may embed
@@ -10,6 +11,7 @@ the other. `graphllm/__init__.py` is the public facade and may import any layer.
 from __future__ import annotations
 
 import ast
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -64,9 +66,13 @@ def _layer(module: str) -> str | None:
     return best
 
 
-def _imports(path: Path) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
-    """(module-level imports, imports inside functions) of a file, as (line, module)."""
+def _imports(
+    path: Path, modules: Mapping[str, Path] = MODULES
+) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    """(module-level imports, imports inside functions) of a file, as (line, module); a relative
+    import is resolved against the file's own module in `modules`."""
     tree = ast.parse(path.read_text())
+    here = next((m for m, p in modules.items() if p == path), None)
     top, inner = [], []
     nested = {
         id(sub)
@@ -77,11 +83,15 @@ def _imports(path: Path) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        elif isinstance(node, ast.ImportFrom) and (node.level == 0 or here is not None):
+            base = node.module or ""
+            if node.level:  # `from .x import y` in a.b.c (or a/b/__init__) is a.b.x
+                package = here.split(".")[: None if path.name == "__init__.py" else -1]
+                package = package[: len(package) - node.level + 1]
+                base = ".".join([*package, *([node.module] if node.module else [])])
             # `from graphllm.x import y` may name the submodule graphllm.x.y
             names = [
-                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module
-                for a in node.names
+                f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names
             ]
         else:
             continue
@@ -127,22 +137,27 @@ def test_function_level_imports_are_heavy_optional_packages(module):
     assert [f"line {n}: {t}" for n, t in inner if t.split(".")[0] not in LAZY] == []
 
 
-def test_no_import_cycles():
+def _import_graph(modules: Mapping[str, Path]) -> dict[str, set[str]]:
+    """Module -> the modules it imports: at module level, inside functions and under
+    `if TYPE_CHECKING:` alike, since each of them ties the two modules together (an import moved
+    into a function or under TYPE_CHECKING to dodge a cycle is still that cycle)."""
     graph = {}
-    for module, path in MODULES.items():
-        skip = _in_type_checking(path)
-        graph[module] = {
-            t for line, t in _imports(path)[0] if line not in skip and t in MODULES and t != module
-        }
-    state: dict[str, int] = {}
+    for module, path in modules.items():
+        top, inner = _imports(path, modules)
+        graph[module] = {t for _, t in top + inner if t in modules and t != module}
+    return graph
+
+
+def _cycles(graph: Mapping[str, set[str]]) -> list[str]:
+    """Each cycle a depth-first walk meets, as `a -> b -> a`. A package's `__init__` importing its
+    own submodules is an edge like any other, so a submodule importing its package's facade
+    closes a cycle."""
+    state: dict[str, int] = {}  # 1: on the walk's stack, 2: done
     cycles = []
 
     def visit(m: str, stack: list[str]) -> None:
         state[m] = 1
         for t in sorted(graph[m]):
-            # a package's __init__ importing its own submodules is how it registers them
-            if m != "graphllm" and t.startswith(m + "."):
-                continue
             if state.get(t) == 1:
                 cycles.append(" -> ".join([*stack[stack.index(t) :], t]))
             elif t not in state:
@@ -152,7 +167,49 @@ def test_no_import_cycles():
     for m in sorted(graph):
         if m not in state:
             visit(m, [m])
-    assert cycles == []
+    return cycles
+
+
+def test_no_import_cycles():
+    assert _cycles(_import_graph(MODULES)) == []
+
+
+def test_the_cycle_checker_sees_dodged_cycles(tmp_path):
+    """A cycle closed by an import under `if TYPE_CHECKING:`, one inside a function, one through
+    a relative import and one through a package's facade are each found: the checker cannot
+    pass by seeing no edges."""
+    files = {
+        "pkg.a": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from pkg.b import B\n",
+        "pkg.b": "from pkg.a import A\n\ndef f():\n    import pkg.c\n",
+        "pkg.c": "from . import b\n",
+        "pkg": "from pkg.d import D\n",
+        "pkg.d": "from pkg import A\n",
+    }
+    modules = {}
+    for name, text in files.items():
+        parts = name.split(".")
+        path = (
+            tmp_path.joinpath(*parts, "__init__.py")
+            if name == "pkg"
+            else tmp_path.joinpath(*parts[:-1], parts[-1] + ".py")
+        )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        modules[name] = path
+    graph = _import_graph(modules)
+    assert graph == {
+        "pkg.a": {"pkg.b"},
+        "pkg.b": {"pkg.a", "pkg.c"},
+        "pkg.c": {"pkg.b"},
+        "pkg": {"pkg.d"},
+        "pkg.d": {"pkg"},
+    }
+    assert _cycles(graph) == [
+        "pkg -> pkg.d -> pkg",
+        "pkg.a -> pkg.b -> pkg.a",
+        "pkg.b -> pkg.c -> pkg.b",
+    ]
+    assert _cycles({"x": {"y"}, "y": set()}) == []
 
 
 def test_the_checker_sees_an_upward_import(tmp_path):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from graphllm.errors import GraphError
-from graphllm.ir import Dim
+from graphllm.ir.dims import Dim
 
 ELLIPSIS = "..."
 Axis = str | tuple[str, ...]  # a letter, ELLIPSIS, or a group of letters
