@@ -4,6 +4,7 @@ back (config, workload, lowering, how the graph was built). Written whole or not
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -281,62 +282,160 @@ def export_onnx(
     (`decomposed`, `standard`, `ort`), or `auto`: the default for `device` and the model's family
     (`DEFAULT_LOWERINGS`). `workload` is recorded as the model's defaults for later analysis (by
     default the graph's own, with its dtypes). `external_data` None chooses by size: past
-    protobuf's 2 GB limit the weights go to `<path>.data`. The file (and its data file) is
-    written whole or not at all; with `check`, `onnx.checker.check_model(full_check=True)` runs
-    on it before it is moved into place. `quantize` writes the linear weights as MatMulNBits
-    (graphllm.exporters.onnx.quantize), quantized from the float weights (the workload recorded
-    then has that weight dtype), or from a GPTQ/AWQ checkpoint the integers it stores, kept as
-    they are (its group size is then the block size). `progress(done, total)` is told the
-    weight bytes written after each tensor.
+    protobuf's 2 GB limit the weights go to `<path>.<hex>.data`. The file (and its data file) is
+    written whole or not at all, interrupted or not; with `check`,
+    `onnx.checker.check_model(full_check=True)` runs on it before it is moved into place.
+    `quantize` writes the linear weights as MatMulNBits (graphllm.exporters.onnx.quantize),
+    quantized from the float weights (the workload recorded then has that weight dtype), or from
+    a GPTQ/AWQ checkpoint the integers it stores, kept as they are (its group size is then the
+    block size). `progress(done, total)` is told the weight bytes written after each tensor.
     """
     config, wl, ops = _checked(graph, workload, weights, no_weights, ops, device)
-    if quantize is not None:
-        if no_weights:
-            raise ConfigError(
-                "--quantize quantizes the weights it writes: give random weights or a "
-                "checkpoint, not --no-weights"
-            )
-        wl = Workload.with_dtype(wl, weight_dtype=quantize.method)
-    stored_format = _kept_formats(graph) if quantize is not None and weights is not None else None
-    if stored_format is not None:
-        quant = graph.meta["checkpoint_quantization"]
-        quantize = checkpoint_quantization(quantize, quant.weights)
-    dtype = wl.act_dtype
+    path = check_export_target(path)  # before the work: what stops the write stops it now
+    wl, quantize, stored_format = _quantized(graph, wl, weights, no_weights, quantize)
     model, plan = lower(graph, ops, no_weights, quantize, stored_format)
-    if no_weights:
-        source = "none: the weights are graph inputs"
-    elif weights is not None:
-        source = f"checkpoint {Path(weights).resolve().name}"
-    else:
-        source = f"random, seed {seed}"
+    source = _source(weights, seed, no_weights)
     build = {"mla": graph.meta.get("mla") or "naive", "mtp": bool(graph.meta.get("mtp"))}
     for k, v in _metadata(config, wl, ops, source, build, quantize).items():
         model.metadata_props.add(key=k, value=v)
     numel = sum(int(np.prod(static_shape(n))) for n in graph.params())
     written = [] if no_weights else plan
+    dtype = wl.act_dtype
     nbytes = sum(
         int(np.prod(init.shape)) * np.dtype(NP_TYPES[init.dtype or dtype]).itemsize
         for init in written
     )
+    tensors = _tensors(graph, written, weights, seed, dtype, no_weights)
+    if progress is not None:
+        tensors = _told(tensors, nbytes, progress)
+    external = nbytes > PROTO_LIMIT if external_data is None else external_data
+    # a name no other export uses: a model is never paired with another export's data file
+    data_path = (
+        path.with_name(f"{path.name}.{secrets.token_hex(4)}.data") if external and written else None
+    )
+    with _exclusive(path.parent):  # one export at a time per folder: none deletes another's data
+        _write_in_place(
+            path, data_path, lambda tmp: _write(model, tmp, data_path, tensors, nbytes, check)
+        )
+    return ExportResult(path, data_path, len(model.graph.node), numel, nbytes, source, ops)
+
+
+def _quantized(
+    graph: Graph,
+    wl: Workload,
+    weights: str | Path | None,
+    no_weights: bool,
+    quantize: Quantization | None,
+) -> tuple[Workload, Quantization | None, Any]:
+    """The workload recorded, the quantization written and the stored format a GPTQ/AWQ
+    checkpoint's integers are kept in (None: quantized here, or float)."""
+    if quantize is None:
+        return wl, None, None
+    if no_weights:
+        raise ConfigError(
+            "--quantize quantizes the weights it writes: give random weights or a "
+            "checkpoint, not --no-weights"
+        )
+    wl = Workload.with_dtype(wl, weight_dtype=quantize.method)
+    stored_format = _kept_formats(graph) if weights is not None else None
+    if stored_format is not None:
+        quant = graph.meta["checkpoint_quantization"]
+        quantize = checkpoint_quantization(quantize, quant.weights)
+    return wl, quantize, stored_format
+
+
+def _source(weights: str | Path | None, seed: int, no_weights: bool) -> str:
+    """Where the weights come from, as the model's metadata says it."""
+    if no_weights:
+        return "none: the weights are graph inputs"
+    if weights is not None:
+        return f"checkpoint {Path(weights).resolve().name}"
+    return f"random, seed {seed}"
+
+
+def _tensors(
+    graph: Graph,
+    plan: list[Initializer],
+    weights: str | Path | None,
+    seed: int,
+    dtype: str,
+    no_weights: bool,
+) -> Iterator[tuple]:
+    """(name, array) of each initializer written, read one at a time."""
     if no_weights:
         params: Iterator[tuple] = iter(())
     elif weights is not None:
         params = checkpoint_tensors(graph, weights, dtype, _kept(plan))
     else:
         params = random_tensors(graph, seed, dtype)
-    tensors = planned(written, params, dtype)
-    if progress is not None:
-        tensors = _told(tensors, nbytes, progress)
-    external = nbytes > PROTO_LIMIT if external_data is None else external_data
-    path = check_target(path)
-    # a name no other export uses: a model is never paired with another export's data file
-    data_path = (
-        path.with_name(f"{path.name}.{secrets.token_hex(4)}.data") if external and written else None
-    )
-    with _exclusive(path.parent):  # one export at a time per folder: none deletes another's data
-        write_atomic(path, lambda tmp: _write(model, tmp, data_path, tensors, nbytes, check))
-        _remove_unreferenced(path, data_path)
-    return ExportResult(path, data_path, len(model.graph.node), numel, nbytes, source, ops)
+    return planned(plan, params, dtype)
+
+
+def check_export_target(path: str | Path, inputs: tuple = ()) -> Path:
+    """`path` as a place `export_onnx` can write a model to (`files.check_target`), with each
+    weights file of an earlier export beside it (`NAME.<hex>.data`, `NAME.data`) one it can
+    remove once its model is in place: a folder or a device under such a name is refused now,
+    in one line, not after the weights are written."""
+    path = check_target(path, inputs)
+    for data in _data_files(path):
+        try:
+            mode = data.stat().st_mode
+        except FileNotFoundError:  # a dangling symlink: removing it is harmless
+            continue
+        except OSError as e:
+            raise GraphllmError(
+                f"cannot write {shown_path(path)}: cannot look at {shown_path(data)} beside it "
+                f"({e.strerror})"
+            ) from None
+        if not stat.S_ISREG(mode):
+            raise GraphllmError(
+                f"cannot write {shown_path(path)}: {shown_path(data)} is {file_kind(mode)}, "
+                f"where an export to {shown_path(path.name)} removes an earlier export's weights "
+                "file; move it away or write elsewhere"
+            )
+    return path
+
+
+def _write_in_place(path: Path, data_path: Path | None, write: Callable[[Path], None]) -> None:
+    """`write_atomic(path, write)`, then the data files no model at `path` names removed,
+    whether it ended normally, with an error or with a signal: one arriving just after the data
+    file's rename, or just after the model's, leaves no unnamed data file behind."""
+    ours: list[tuple[int, int]] = []
+
+    def write_and_note(tmp: Path) -> None:
+        write(tmp)
+        ours.append(_file_id(tmp))  # a rename keeps it: how to tell the model is in place
+
+    try:
+        write_atomic(path, write_and_note)
+    finally:
+        try:
+            _settle(path, data_path, bool(ours) and _file_id(path) == ours[0])
+        except BaseException:  # a signal in the middle (the CLI ignores a second one): finish
+            _settle(path, data_path, bool(ours) and _file_id(path) == ours[0])
+            raise
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _settle(path: Path, data_path: Path | None, placed: bool) -> None:
+    """With this export's model in place (`placed`), the data files of earlier (or killed)
+    exports to `path` are removed; without it, this export's own, which no model names."""
+    if placed:
+        doomed = [d for d in _data_files(path) if d != data_path]
+    else:
+        doomed = [data_path] if data_path is not None else []
+    for data in doomed:
+        # a folder put there since check_export_target is not ours to remove; the model is in
+        # place either way
+        with contextlib.suppress(IsADirectoryError, PermissionError):
+            data.unlink(missing_ok=True)
 
 
 def _told(
@@ -391,13 +490,6 @@ def _data_files(path: Path) -> list[Path]:
     except OSError:
         return []
     return [path.parent / n for n in names if pattern.fullmatch(n)]
-
-
-def _remove_unreferenced(path: Path, keep: Path | None) -> None:
-    """After the model is in place: the data files of earlier (or killed) exports to `path`."""
-    for data in _data_files(path):
-        if data != keep:
-            data.unlink(missing_ok=True)
 
 
 def _checked(
@@ -519,16 +611,14 @@ def _write_external(
                 model.graph.initializer.append(t)
                 del arr
 
-    write_atomic(data_path, write_data)  # whole and synced before the model that names it
-    try:
-        record = {"file": data_path.name, "bytes": data_path.stat().st_size, "token": token}
-        model.metadata_props.add(key="graphllm.data", value=json.dumps(record))
-        onnx.save_model(model, tmp)
-        if check:
-            _check(tmp)
-    except BaseException:
-        data_path.unlink(missing_ok=True)  # its name is this export's: no model names it
-        raise
+    # whole and synced before the model that names it; on any failure from here on, the
+    # caller's _write_in_place removes it (no model names it)
+    write_atomic(data_path, write_data)
+    record = {"file": data_path.name, "bytes": data_path.stat().st_size, "token": token}
+    model.metadata_props.add(key="graphllm.data", value=json.dumps(record))
+    onnx.save_model(model, tmp)
+    if check:
+        _check(tmp)
 
 
 def check_data_file(path: str | Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,10 @@ from graphllm.cli.common import (
 )
 from graphllm.cli.progress import bar, showing
 from graphllm.errors import ConfigError
-from graphllm.exporters.genai import export_genai
-from graphllm.exporters.model_explorer import export_model_explorer
-from graphllm.exporters.onnx import export_onnx
+from graphllm.exporters.genai import CONFIG, MODEL, export_genai
+from graphllm.exporters.model_explorer import export_model_explorer, overlay_paths
+from graphllm.exporters.onnx import ExportResult, export_onnx
+from graphllm.exporters.onnx.export import check_export_target
 from graphllm.exporters.onnx.quantize import (
     ACCURACY_LEVELS,
     BITS,
@@ -194,7 +196,9 @@ def export_explorer(
             f"{', '.join(wrong)}: how an ONNX export is written; --format model-explorer "
             "writes the graph and its costs"
         )
-    check_target(output, inputs=(config_path,))
+    # before the work: the graph JSON and each overlay beside it
+    for target in (output, *overlay_paths(output).values()):
+        check_target(target, inputs=(config_path,))
     options = _model_only(config_path, preset, dtype, logits)
     options |= {"batch": batch, "seq_len": [seq_len] if seq_len else None, "past_len": past_len}
     config, workload = resolve(options)
@@ -231,7 +235,8 @@ def export_genai_folder(
     if problem is not None:
         raise ConfigError(f"cannot write the genai export under {output}: {problem}")
     if output.is_dir():
-        check_target(output / "genai_config.json", inputs=(config_path, weights))
+        check_export_target(output / MODEL, inputs=(config_path, weights))
+        check_target(output / CONFIG, inputs=(config_path, weights))
     config, workload, graph = _export_graph(config_path, preset, dtype, logits, mla, mtp)
     with bar(f"writing {output.name}", showing(), in_bytes=True) as told:
         r = export_genai(
@@ -307,8 +312,6 @@ def export(
     graph as Model Explorer's graph JSON, with one cost overlay per metric beside it.
     """
 
-    workload_flags = {"--hardware": hardware, "--batch": batch, "--seq-len": seq_len}
-    workload_flags["--past-len"] = past_len
     if fmt == "model-explorer":
         export_explorer(
             config_path, preset, dtype, logits, mla, mtp, hardware, batch, seq_len, past_len,
@@ -320,12 +323,7 @@ def export(
                    "--device": None if device == "auto" else device},
         )  # fmt: skip
         return
-    given = [k for k, v in workload_flags.items() if v is not None]
-    if given:
-        raise ConfigError(
-            f"{', '.join(given)}: the workload and device of model-explorer's cost overlays; "
-            "an ONNX export's lengths are dynamic (give --format model-explorer)"
-        )
+    _refuse_explorer_flags(hardware, batch, seq_len, past_len)
     dtype = dtype or "fp32"
     if fmt == "genai":
         if no_weights or quantize is not None:
@@ -335,22 +333,79 @@ def export(
             config_path, preset, weights, dtype, seed, logits, mla, mtp, ops, device, output
         )
         return
-
     if weights is not None and no_weights:
         raise ConfigError("give --weights DIR or --no-weights, not both")
-    quant = quantization(quantize, block_size, accuracy_level, symmetric)
+    quant = _written_quantization(quantize, block_size, accuracy_level, symmetric, no_weights)
+    if weights is not None and config_path is None and preset is None:
+        config_path = weights  # a checkpoint folder holds its config.json
+    source = _Source(config_path, preset, weights, dtype, logits, mla, mtp)
+    export_onnx_file(source, no_weights, seed, ops, device, quant, block_size is not None, output)
+
+
+def _written_quantization(
+    method: str | None,
+    block_size: str | None,
+    accuracy_level: str | None,
+    symmetric: bool | None,
+    no_weights: bool,
+) -> Quantization | None:
+    """`quantization` of the --quantize options, refused with --no-weights (nothing to quantize)."""
+    quant = quantization(method, block_size, accuracy_level, symmetric)
     if quant is not None and no_weights:
         raise ConfigError(
             "--quantize quantizes the weights it writes: give random weights or --weights DIR, "
             "not --no-weights"
         )
-    if weights is not None and config_path is None and preset is None:
-        config_path = weights  # a checkpoint folder holds its config.json
-    # before the work: a device, a FIFO, a missing folder or one of the inputs is refused now
-    check_target(output, inputs=(config_path, weights))
-    config, workload, graph = _export_graph(config_path, preset, dtype, logits, mla, mtp)
-    if weights is not None and config.text_decoder_of:
-        unused = unmodelled_tensors(weights, config.text_decoder_of)
+    return quant
+
+
+def _refuse_explorer_flags(
+    hardware: str | None, batch: int | None, seq_len: int | None, past_len: int | None
+) -> None:
+    """The workload flags only --format model-explorer reads, refused for the other formats."""
+    workload_flags = {"--hardware": hardware, "--batch": batch, "--seq-len": seq_len}
+    workload_flags["--past-len"] = past_len
+    given = [k for k, v in workload_flags.items() if v is not None]
+    if given:
+        raise ConfigError(
+            f"{', '.join(given)}: the workload and device of model-explorer's cost overlays; "
+            "an ONNX export's lengths are dynamic (give --format model-explorer)"
+        )
+
+
+@dataclass(frozen=True)
+class _Source:
+    """What `export` builds the model from: its config (or preset), checkpoint and graph options."""
+
+    config_path: Path | None
+    preset: str | None
+    weights: Path | None
+    dtype: str
+    logits: str | None
+    mla: str
+    mtp: bool
+
+
+def export_onnx_file(
+    source: _Source,
+    no_weights: bool,
+    seed: int,
+    ops: str,
+    device: str,
+    quant: Quantization | None,
+    block_given: bool,
+    output: Path,
+) -> None:
+    """`export --format onnx`: OUTPUT.onnx (and its weights file beside it, past 2 GB)."""
+    s = source
+    # before the work: a device, a FIFO, a folder where the model or an earlier export's weights
+    # file is, a missing or read-only folder, or one of the inputs is refused now
+    check_export_target(output, inputs=(s.config_path, s.weights))
+    config, workload, graph = _export_graph(
+        s.config_path, s.preset, s.dtype, s.logits, s.mla, s.mtp
+    )
+    if s.weights is not None and config.text_decoder_of:
+        unused = unmodelled_tensors(s.weights, config.text_decoder_of)
         click.echo(
             f"note: the checkpoint's {len(unused):,} tensors of the vision tower and projector "
             f"are not read: only the text decoder of this {config.text_decoder_of} model is "
@@ -358,15 +413,15 @@ def export(
             err=True,
         )
     stored = graph.meta.get("checkpoint_quantization")
-    if quant is not None and weights is not None and stored is not None:
+    if quant is not None and s.weights is not None and stored is not None:
         # a GPTQ/AWQ checkpoint's integers are kept: its group size is the default block
-        quant = checkpoint_quantization(quant, stored.weights, block_given=block_size is not None)
+        quant = checkpoint_quantization(quant, stored.weights, block_given=block_given)
     with bar(f"writing {output.name}", showing() and not no_weights, in_bytes=True) as told:
         r = export_onnx(
             graph,
             output,
             workload=workload,
-            weights=weights,
+            weights=s.weights,
             seed=seed,
             no_weights=no_weights,
             ops=ops,
@@ -374,6 +429,13 @@ def export(
             quantize=quant,
             progress=told,
         )
+    click.echo(f"wrote {r.path}{_wrote(r, config, s.dtype, quant, no_weights)}")
+
+
+def _wrote(
+    r: ExportResult, config: ModelConfig, dtype: str, quant: Quantization | None, no_weights: bool
+) -> str:
+    """The line `export` ends with, after the model's path: its data file, what it holds."""
     data = f" + {r.data_path.name}" if r.data_path else ""
     size = "" if no_weights else f" ({r.weight_bytes / 1e9:.2f} GB)"
     how = dtype
@@ -383,8 +445,8 @@ def export(
             f" activations, {quant.method} MatMulNBits weights (block {quant.block_size}, "
             f"{zp}, accuracy level {quant.accuracy_level})"
         )
-    click.echo(
-        f"wrote {r.path}{data}: {config.name}, {how}, {r.lowering} lowering, {r.nodes} ONNX "
+    return (
+        f"{data}: {config.name}, {how}, {r.lowering} lowering, {r.nodes} ONNX "
         f"nodes, {r.params / 1e6:.1f}M params{size}, weights {r.weights}"
     )
 
@@ -440,26 +502,14 @@ def bench(
     the ratio measured/predicted. A graphllm .onnx is analysed from its metadata; `local`
     calibrates this machine first when it has not been."""
 
-    if (model_path is None) == (config_path is None and preset is None):
-        raise ConfigError("give MODEL.onnx, or one of --config PATH / --model NAME")
-    if model_path is not None and (ops != "auto" or mla != "naive" or mtp):
-        raise ConfigError(
-            "--ops, --mla and --mtp choose how a config is exported: give --config or "
-            "--model (a .onnx file is benched as it was exported)"
-        )
-    if hardware is not None and not no_predict:
-        # a bad spec, or a cache a calibration could not be saved in, before the export
-        if hardware.strip().lower() != "local":
-            load_hardware(hardware)
-        elif not local_path().is_file():
-            check_local_writable()
+    _check_bench_source(model_path, config_path, preset, ops, mla, mtp)
+    _check_bench_hardware(None if no_predict else hardware)
     # before the temporary folder and the export: a refusal leaves nothing behind
     require_threads(threads or os.cpu_count() or 1, "bench")
-    built = None if model_path else _export_graph(config_path, preset, dtype, None, mla, mtp)
-    if built is not None:
-        config = built[0]
-        vocab, heads = config.vocab_size, config.num_attention_heads
-        require_bench_export(built[2], vocab, heads, batch, prompt_len, new_tokens)
+    built = None
+    if model_path is None:
+        built = _export_graph(config_path, preset, dtype, None, mla, mtp)
+        _require_bench(built, batch, prompt_len, new_tokens)
     # what it does on the way (the export, a calibration, progress) is for a terminal: in a log
     # or a pipe, stderr holds nothing but an error line, if any
     chatty = not as_json and sys.stderr is not None and sys.stderr.isatty()
@@ -467,14 +517,7 @@ def bench(
     # the export of --config/--model: removed on errors and signals; a killed run's by the next
     with temporary_folder("graphllm-bench") as tmp:
         if built is not None:
-            model_path = tmp / "model.onnx"
-            config, workload, graph = built
-            r = export_onnx(
-                graph, model_path, workload=workload, ops=ops, device=provider_kind(device),
-                check=False,
-            )  # fmt: skip
-            if say:
-                say(f"exported {config.name} ({r.lowering} lowering, random weights) to bench it")
+            model_path = _export_to_bench(built, tmp / "model.onnx", ops, device, say)
         report = run_bench(
             model_path,
             prompt_len=prompt_len,
@@ -493,6 +536,61 @@ def bench(
         click.echo(json_text(report.to_dict(), indent=2))
     else:
         print_bench(report)
+
+
+def _check_bench_source(
+    model_path: Path | None,
+    config_path: Path | None,
+    preset: str | None,
+    ops: str,
+    mla: str,
+    mtp: bool,
+) -> None:
+    """One model to bench: a .onnx file as it was exported, or a config exported here."""
+    if (model_path is None) == (config_path is None and preset is None):
+        raise ConfigError("give MODEL.onnx, or one of --config PATH / --model NAME")
+    if model_path is not None and (ops != "auto" or mla != "naive" or mtp):
+        raise ConfigError(
+            "--ops, --mla and --mtp choose how a config is exported: give --config or "
+            "--model (a .onnx file is benched as it was exported)"
+        )
+
+
+def _check_bench_hardware(hardware: str | None) -> None:
+    """A bad spec, or a cache a calibration could not be saved in, refused before the export
+    (None: no prediction, nothing to check)."""
+    if hardware is None:
+        return
+    if hardware.strip().lower() != "local":
+        load_hardware(hardware)
+    elif not local_path().is_file():
+        check_local_writable()
+
+
+def _require_bench(
+    built: tuple[ModelConfig, Workload, Graph], batch: int, prompt_len: int, new_tokens: int
+) -> None:
+    """The export and the runs of the --config/--model graph within this machine's budget."""
+    config, _, graph = built
+    vocab, heads = config.vocab_size, config.num_attention_heads
+    require_bench_export(graph, vocab, heads, batch, prompt_len, new_tokens)
+
+
+def _export_to_bench(
+    built: tuple[ModelConfig, Workload, Graph],
+    path: Path,
+    ops: str,
+    device: str,
+    say: Any,
+) -> Path:
+    """The --config/--model graph exported (random weights, unchecked) to `path`."""
+    config, workload, graph = built
+    r = export_onnx(
+        graph, path, workload=workload, ops=ops, device=provider_kind(device), check=False
+    )
+    if say:
+        say(f"exported {config.name} ({r.lowering} lowering, random weights) to bench it")
+    return path
 
 
 def print_bench(report: BenchReport) -> None:
