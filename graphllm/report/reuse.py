@@ -547,97 +547,118 @@ def _tokens(u: Unrolled, small: tk.TokenReport) -> tk.TokenReport | None:
     """The tokens pass over the unrolled sequence: verdicts per node from its stand-in, the
     sets propagated layer by layer (a layer of a kind whose inputs' sets were seen before on
     that kind gives that layer's outputs)."""
-    g = u.small
-    n, exact = small.positions, small.exact
-    b = g.bindings
-    letters: dict[int, tuple] = {}
-    narrower: dict[Any, Any] = {}
-    names, reps, inputs = u.names, u.reps, u.inputs
-    # each run's outside inputs once per kind of run: (node, input) of each name it reads from
-    # before it, the first time it reads it (a layer's names are its stand-in's, renamed)
-    reads: dict[tuple, list[tuple[int, int]]] = {}
-    runs = []
-    for key, (s, e, lay) in zip(_run_keys(u), u.spans, strict=True):
-        if lay is not None and key not in reads:
-            inside = set(names[s:e])
-            first: dict[str, tuple[int, int]] = {}
-            for j in range(s, e):
-                for q, x in enumerate(inputs[j]):
-                    if x not in inside:
-                        first.setdefault(x, (j - s, q))
-            reads[key] = list(first.values())
-        runs.append((key, s, e, lay))
-    # what a layer's nodes give to later nodes: what the later layers and the nodes after them
-    # read from outside themselves (a name from before the layers too, which no layer drops)
-    read_later: set[str] = set()
-    for key, s, e, lay in runs:
-        if lay is None:
-            read_later.update(x for j in range(s, e) for x in inputs[j])
-        else:
-            read_later.update(inputs[s + j][q] for j, q in reads[key])
+    runs = [(key, s, e, lay) for key, (s, e, lay) in zip(_run_keys(u), u.spans, strict=True)]
+    reads = _outside_reads(u, runs)
     logits = next(node for key, _, node in u.outputs if key == "logits")
-    read_later.add(logits)
-    blocks = set(u.blocks)
-    info: dict[str, Any] = {}
-    reach: dict[str, tuple[int, int]] = {}
-    memo: dict[Any, dict[str, Any]] = {}
-    # a layer's inputs are mostly the sets an earlier layer gave (a memo's own objects): each
-    # object's fingerprint once, the object held so that its id stays its own
-    prints: dict[int, tuple[Any, Any]] = {}
-
-    def printed(v: Any) -> Any:
-        hit = prints.get(id(v))
-        if hit is None:
-            hit = prints[id(v)] = (v, _fingerprint(v))
-        return hit[1]
-
-    def one(k: int) -> Any:
-        node = reps[k]
-        lt = None
-        if OPS[node.op].category != SOURCE:
-            lt = letters.get(id(node))
-            if lt is None:
-                lt = letters[id(node)] = tk.position_letters(g, node)
-        out = tk.step(node, [info[x] for x in inputs[k]], lt, n, exact, b, narrower)
-        if names[k] in blocks and isinstance(out, tk._One):
-            reach[names[k]] = out.deps.extent(n - 1)
-        info[names[k]] = out
-        return out
-
+    prop = _Propagation(u, small, _read_later(u, runs, reads) | {logits})
     for key, s, e, lay in runs:
         if lay is None:
             for k in range(s, e):
-                one(k)
-            continue
-        outside = [inputs[s + j][q] for j, q in reads[key]]
-        memo_key = (key, tuple(printed(info[x]) for x in outside))
-        hit = memo.get(memo_key)
-        if hit is None:
-            for j in range(s, e):
-                one(j)
-            # what it gives later nodes, by its place in the run
-            hit = memo[memo_key] = [
-                (j - s, info[names[j]], reach.get(names[j]))
-                for j in range(s, e)
-                if names[j] in read_later or names[j] in blocks
-            ]
-            for j in range(s, e):  # a layer's own sets are not read after it
-                if names[j] not in read_later:
-                    info.pop(names[j], None)
+                prop.one(k)
         else:
-            for j, got, extent in hit:
-                info[names[s + j]] = got
-                if extent is not None:
-                    reach[names[s + j]] = extent
-    out = info.get(logits)
+            prop.layer(key, s, e, [u.inputs[s + j][q] for j, q in reads[key]])
+    out = prop.info.get(logits)
     if not isinstance(out, tk._One):
         return None
+    g, names, reps = u.small, u.names, u.reps
     mixes = {id(node) for node in g.nodes() if small.verdicts[node.name].mixes}
     mixing = [(name, node.op) for name, node in zip(names, reps, strict=True) if id(node) in mixes]
+    reach = prop.reach
     per_layer = [
         {"layer": i, "reach": reach[name][0], "first": reach[name][1]}
         for i, name in enumerate(u.blocks)
         if name in reach
     ]
     verdicts = {name: small.verdicts[node.name] for name, node in zip(names, reps, strict=True)}
-    return tk.TokenReport(verdicts, mixing, exact, n, small.past, out.deps, per_layer)
+    return tk.TokenReport(
+        verdicts, mixing, small.exact, small.positions, small.past, out.deps, per_layer
+    )
+
+
+def _outside_reads(u: Unrolled, runs: list[tuple]) -> dict[tuple, list[tuple[int, int]]]:
+    """Each layer run's outside inputs, once per kind of run: (node, input) of each name it
+    reads from before it, the first time it reads it (a layer's names are its stand-in's,
+    renamed)."""
+    reads: dict[tuple, list[tuple[int, int]]] = {}
+    for key, s, e, lay in runs:
+        if lay is not None and key not in reads:
+            inside = set(u.names[s:e])
+            first: dict[str, tuple[int, int]] = {}
+            for j in range(s, e):
+                for q, x in enumerate(u.inputs[j]):
+                    if x not in inside:
+                        first.setdefault(x, (j - s, q))
+            reads[key] = list(first.values())
+    return reads
+
+
+def _read_later(u: Unrolled, runs: list[tuple], reads: dict[tuple, list]) -> set[str]:
+    """What a layer's nodes give to later nodes: what the later layers and the nodes after them
+    read from outside themselves (a name from before the layers too, which no layer drops)."""
+    out: set[str] = set()
+    for key, s, e, lay in runs:
+        if lay is None:
+            out.update(x for j in range(s, e) for x in u.inputs[j])
+        else:
+            out.update(u.inputs[s + j][q] for j, q in reads[key])
+    return out
+
+
+class _Propagation:
+    """The tokens pass's sets, node by node in the unrolled order, a layer's outputs reused from
+    an earlier layer of its kind whose inputs' sets were the same."""
+
+    def __init__(self, u: Unrolled, small: tk.TokenReport, read_later: set[str]) -> None:
+        self.u, self.read_later, self.blocks = u, read_later, set(u.blocks)
+        self.n, self.exact = small.positions, small.exact
+        self.letters: dict[int, tuple] = {}
+        self.narrower: dict[Any, Any] = {}
+        self.info: dict[str, Any] = {}
+        self.reach: dict[str, tuple[int, int]] = {}
+        self.memo: dict[Any, list[tuple[int, Any, Any]]] = {}
+        # a layer's inputs are mostly the sets an earlier layer gave (a memo's own objects):
+        # each object's fingerprint once, the object held so that its id stays its own
+        self.prints: dict[int, tuple[Any, Any]] = {}
+
+    def printed(self, v: Any) -> Any:
+        hit = self.prints.get(id(v))
+        if hit is None:
+            hit = self.prints[id(v)] = (v, _fingerprint(v))
+        return hit[1]
+
+    def one(self, k: int) -> Any:
+        u, node, name = self.u, self.u.reps[k], self.u.names[k]
+        lt = None
+        if OPS[node.op].category != SOURCE:
+            lt = self.letters.get(id(node))
+            if lt is None:
+                lt = self.letters[id(node)] = tk.position_letters(u.small, node)
+        ins = [self.info[x] for x in u.inputs[k]]
+        out = tk.step(node, ins, lt, self.n, self.exact, u.small.bindings, self.narrower)
+        if name in self.blocks and isinstance(out, tk._One):
+            self.reach[name] = out.deps.extent(self.n - 1)
+        self.info[name] = out
+        return out
+
+    def layer(self, key: tuple, s: int, e: int, outside: list[str]) -> None:
+        """Layer run [s, e) of kind `key`, reading `outside` from before it."""
+        names, info, reach = self.u.names, self.info, self.reach
+        memo_key = (key, tuple(self.printed(info[x]) for x in outside))
+        hit = self.memo.get(memo_key)
+        if hit is None:
+            for j in range(s, e):
+                self.one(j)
+            # what it gives later nodes, by its place in the run
+            hit = self.memo[memo_key] = [
+                (j - s, info[names[j]], reach.get(names[j]))
+                for j in range(s, e)
+                if names[j] in self.read_later or names[j] in self.blocks
+            ]
+            for j in range(s, e):  # a layer's own sets are not read after it
+                if names[j] not in self.read_later:
+                    info.pop(names[j], None)
+            return
+        for j, got, extent in hit:
+            info[names[s + j]] = got
+            if extent is not None:
+                reach[names[s + j]] = extent
