@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphllm.errors import ConfigError
-from graphllm.models.fields import Spec, bad
+from graphllm.models.fields import Spec, malformed
 from graphllm.models.model_config import BlockLayout, RopeConfig
 from graphllm.models.rope import mscale
 
@@ -36,7 +36,9 @@ def active_window(v: dict, on: bool) -> int | None:
             raise ConfigError("use_sliding_window is true but sliding_window is null")
         return None
     if v["sliding_window"] < 1:
-        raise bad("sliding_window", "positive when sliding attention is on", v["sliding_window"])
+        raise malformed(
+            "sliding_window", "positive when sliding attention is on", v["sliding_window"]
+        )
     return v["sliding_window"]
 
 
@@ -134,7 +136,6 @@ def global_every(
         return tuple(SLIDING if (i + 1) % k else FULL for i in range(n)), w
 
     return windows
-
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ naming the field; and `Spec`, one accepted field of a family (its kind, default,
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from collections.abc import Callable
@@ -29,7 +30,7 @@ def show(v: Any) -> str:
     return shown(v)
 
 
-def bad(name: str, want: str, v: Any) -> ConfigError:
+def malformed(name: str, want: str, v: Any) -> ConfigError:
     return ConfigError(f"{name} must be {want}, got {describe(v)}")
 
 
@@ -57,40 +58,40 @@ _FLOAT_RANGE = (1e-6, 1e6)  # RoPE scaling factors, routing scales: published on
 
 def pos_float(name: str, v: Any) -> float:
     if not (is_int(v) or isinstance(v, float)) or (isinstance(v, float) and not math.isfinite(v)):
-        raise bad(name, "a positive number", v)
+        raise malformed(name, "a positive number", v)
     if v <= 0:
-        raise bad(name, "a positive number", v)
+        raise malformed(name, "a positive number", v)
     low, high = _FLOAT_RANGES.get(name.rsplit(".", 1)[-1], _FLOAT_RANGE)
     return check_number(name, v, low, high)
 
 
 def flag(name: str, v: Any) -> bool:
     if not isinstance(v, bool):
-        raise bad(name, "true or false", v)
+        raise malformed(name, "true or false", v)
     return v
 
 
 def string(name: str, v: Any) -> str:
     if not isinstance(v, str):
-        raise bad(name, "a string", v)
+        raise malformed(name, "a string", v)
     return v
 
 
 def mapping(name: str, v: Any) -> dict:
     if not isinstance(v, dict):
-        raise bad(name, "a mapping", v)
+        raise malformed(name, "a mapping", v)
     return v
 
 
 def int_list(name: str, v: Any) -> list[int]:
     if not isinstance(v, list) or not all(is_int(x) and x >= 0 for x in v):
-        raise bad(name, "a list of non-negative integers", v)
+        raise malformed(name, "a list of non-negative integers", v)
     return v
 
 
 def float_list(name: str, v: Any) -> tuple[float, ...]:
     if not isinstance(v, list) or not v:
-        raise bad(name, "a non-empty list of positive numbers", v)
+        raise malformed(name, "a non-empty list of positive numbers", v)
     return tuple(pos_float(f"{name}[{i}]", x) for i, x in enumerate(v))
 
 
@@ -113,15 +114,15 @@ def dt_limit(name: str, v: Any) -> tuple[float, float]:
     ok = isinstance(v, (list, tuple)) and len(v) == 2
     ok = ok and all(is_int(x) or isinstance(x, float) for x in v)
     if not ok or math.isnan(v[0]) or math.isnan(v[1]) or not 0 <= v[0] < v[1]:
-        raise bad(name, "[low, high] with 0 <= low < high", v)
+        raise malformed(name, "[low, high] with 0 <= low < high", v)
     if math.isinf(v[0]):
-        raise bad(name, "[low, high] with a finite low", v)
+        raise malformed(name, "[low, high] with a finite low", v)
     return float(v[0]), float(v[1])  # a finite high: _nemotron_unmodelled names it
 
 
 def str_list(name: str, v: Any) -> list[str]:
     if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-        raise bad(name, "a list of strings", v)
+        raise malformed(name, "a list of strings", v)
     return v
 
 
@@ -167,3 +168,11 @@ MHA = Spec(pos_int, None)  # llama, phi3: num_key_value_heads defaults to num_at
 
 def any_value(name: str, v: Any) -> Any:
     return v  # read by transformers' initialisation only, or not at all: any value
+
+
+def unknown_field(label: str, key: str, known: set[str] | frozenset[str]) -> ConfigError:
+    # a key far longer than any field is no misspelling of one (and difflib would take long)
+    short = len(key) <= 2 * max(map(len, known), default=0)
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75) if short else []
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return ConfigError(f"unknown field {shown(label)}{hint}")

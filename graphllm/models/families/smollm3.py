@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from graphllm.errors import ConfigError
 from graphllm.models.family import FULL, SLIDING, Family, active_window, attention_bias
-from graphllm.models.fields import Spec, common_fields, flag, int_list, nonneg_int, pos_int
+from graphllm.models.fields import (
+    Spec,
+    common_fields,
+    flag,
+    int_list,
+    malformed,
+    nonneg_int,
+    pos_int,
+)
 
 
 def smollm3_rope_layers(v: dict) -> tuple[bool, ...]:
@@ -19,7 +27,7 @@ def smollm3_rope_layers(v: dict) -> tuple[bool, ...]:
         raise ConfigError(f"no_rope_layers has {len(given)} entries for {n} hidden layers")
     bad = next((x for x in given if x not in (0, 1)), None)
     if bad is not None:
-        raise bad("no_rope_layers", "a list of 0 (NoPE) and 1 (RoPE) per layer", bad)
+        raise malformed("no_rope_layers", "a list of 0 (NoPE) and 1 (RoPE) per layer", bad)
     return tuple(x == 1 for x in given[:n])
 
 
