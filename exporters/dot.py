@@ -65,8 +65,8 @@ KIND_TITLE = {
     "embedding": "embedding",
     "lm_head": "LM head",
     "mtp": "MTP module",
-    "linear_attention": "linear attention (Gated DeltaNet)",  # issue 19
-    "mamba": "Mamba2",  # issue 19: Nemotron-H
+    "linear_attention": "linear attention (Gated DeltaNet)",  # Qwen3-Next's hybrid layers
+    "mamba": "Mamba2",  # Nemotron-H
 }
 LANE_NOUN = {"head": "head", "kv_head": "kv head", "expert": "expert"}
 
@@ -80,19 +80,20 @@ CAPTIONS: dict[str, Callable[[Node], str]] = {
     "rope": lambda n: "RoPE",
     "scores": lambda n: "Q Kᵀ",
     "mul_const": lambda n: f"× {n.attrs['value']:.4g}",
-    "softcap": lambda n: f"{n.attrs['cap']:.4g}·tanh(x / {n.attrs['cap']:.4g})",  # issue 16
+    # Gemma 2 and 3's logit softcap
+    "softcap": lambda n: f"{n.attrs['cap']:.4g}·tanh(x / {n.attrs['cap']:.4g})",
     "mask": lambda n: ", ".join(
         (["causal"] if n.attrs.get("causal") else [])
         + ([f"window {n.attrs['window']}"] if n.attrs.get("window") else [])
-        + ([f"chunked {n.attrs['chunk']}"] if n.attrs.get("chunk") else [])  # issue 16
+        + ([f"chunked {n.attrs['chunk']}"] if n.attrs.get("chunk") else [])  # Llama 4 layers
     ),
-    # issue 16: Llama 4's weightless QK-norm and its NoPE layers' query temperature
+    # Llama 4's weightless QK-norm and its NoPE layers' query temperature
     "l2norm": lambda n: "L2 norm (no weight)",
     "attn_temperature": lambda n: (
         f"× log(⌊(i + 1) / {n.attrs['floor_scale']}⌋ + 1) · {n.attrs['attn_scale']:.4g} + 1"
     ),
     "pv": lambda n: "P V",
-    # issue 19: the hybrid layers' rows and Gated DeltaNet's
+    # the hybrid layers' rows and Gated DeltaNet's
     "causal_conv1d": lambda n: f"causal conv, {n.attrs['kernel']} taps per channel",
     "causal_conv1d_bias": lambda n: f"causal conv, {n.attrs['kernel']} taps per channel + b",
     "state_concat": lambda n: "after the conv state",
@@ -117,7 +118,7 @@ CAPTIONS: dict[str, Callable[[Node], str]] = {
     "moe_combine": lambda n: "weighted combine",
     "moe_scale_slots": lambda n: "× router weight (input)",
     "moe_sum": lambda n: "sum of experts",
-    # issue 18: gpt-oss's sinks, interleaved gate/up and clamped SwiGLU
+    # gpt-oss's sinks, interleaved gate/up and clamped SwiGLU
     "softmax_sink": lambda n: "softmax with a sink logit per head",
     "split_interleaved": lambda n: "gate = even, up = odd channels",
     "clamped_swiglu": lambda n: (
@@ -303,7 +304,7 @@ class _Ctx:
         """Scopes directly under `prefix` (no other scope between)."""
         under = [p for p in self.scopes if p.startswith(prefix + ".")]
         direct = [p for p in under if not any(p.startswith(q + ".") for q in under if q != p)]
-        # issue 19: Qwen3-Next's MTP scope `mtp` holds its decoder block `mtp.layers.0` (an
+        # Qwen3-Next's MTP scope `mtp` holds its decoder block `mtp.layers.0` (an
         # MTP scope too), whose attention and MoE are drawn as DeepSeek's block's are: in place
         nested = [p for p in direct if self.scopes.get(prefix) == self.scopes[p] == "mtp"]
         return [c for p in direct for c in (self.child_scopes(p) if p in nested else [p])]
@@ -344,12 +345,12 @@ class _Ctx:
             if OPS[n.op].relation is not None and n.attrs.get("window"):
                 windows.add(n.attrs["window"])
             if OPS[n.op].relation is not None and n.attrs.get("chunk") and "causal" in n.attrs:
-                chunks.add(n.attrs["chunk"])  # issue 16: a chunked mask, not a chunked recurrence
+                chunks.add(n.attrs["chunk"])  # a chunked mask, not a chunked recurrence
         parts = []
         members = list(members)
         recurrent = _recurrence(self.g, members)
         if "linear_attention" in kinds and recurrent:
-            # issue 19: a Gated DeltaNet layer says its own heads, not attention's
+            # a Gated DeltaNet layer says its own heads, not attention's
             sizes = {k: v for k, v in sizes.items() if k not in ("head", "kv_head", "head_dim")}
             parts.append(recurrent)
         if "head" in sizes:
@@ -369,7 +370,7 @@ class _Ctx:
 
 
 def _recurrence(g: Graph, members: Iterable[Node]) -> str:
-    """issue 19: a linear-attention layer's key and value heads and widths, the chunk of its
+    """A linear-attention layer's key and value heads and widths, the chunk of its
     recurrence and its conv's taps, read off the ops that read the tokens in order (a row with
     a relation and one position axis out)."""
     lines, kernel = [], None
@@ -678,6 +679,43 @@ def model_view(ctx: _Ctx, layer: int, all_layers: bool) -> Drawing:
     g = ctx.g
     layers = ctx.layers()
     ctx.layer(layer)  # range check
+    of_layer, runs = _layer_runs(g, layers, all_layers)
+    run_key = {layers[i]: f"blocks:{r[0]}" for r in runs for i in r}
+    collapse = {name: run_key[lay] for name, lay in of_layer.items()}
+    # an MTP module's decoder block is one box; its norms, projection and head stay drawn
+    mtp = {f"mtp:{m['prefix']}": m for m in g.meta.get("mtp", [])}
+    collapse |= {name: key for key, m in mtp.items() for name in m["block"]}
+    keep = [n for n in g.nodes() if OPS[n.op].category != SOURCE]
+    runs_by_key = {f"blocks:{r[0]}": r for r in runs}
+
+    def lines(key: str, members: list[Node]) -> list[str]:
+        if key in mtp:
+            return _mtp_lines(ctx, mtp[key], members)
+        r = runs_by_key[key]
+        kinds = [ctx.scopes[c] for c in ctx.child_scopes(layers[r[0]]) if ctx.scopes[c] != "norms"]
+        head = f"decoder block × {len(r)}" if len(r) > 1 else f"decoder block {r[0]}"
+        where = f"layers {r[0]}-{r[-1]}" if len(r) > 1 else layers[r[0]]
+        body = " + ".join(KIND_TITLE.get(k, k) for k in kinds)
+        per = [m for m in members if of_layer[m.name] == layers[r[0]]]
+        summary = _rope_note(g, r[0], "attention" in kinds, ctx.summary(per))
+        return [head, where, body, summary]
+
+    cfg = g.meta.get("config")
+    title = f"{g.name}: model"
+    if cfg is not None and cfg.text_decoder_of:
+        title += f" (the text decoder of {cfg.text_decoder_of}; its vision tower is not modelled)"
+    d = _View(ctx, title, keep, None, collapse, describe=lines).build()
+    for key, r in runs_by_key.items():
+        if layer in r and len(runs) > 1:
+            d.boxes[key].attrs.update(penwidth="2.5")
+    return d
+
+
+def _layer_runs(
+    g: Graph, layers: list[str], all_layers: bool
+) -> tuple[dict[str, str], list[list[int]]]:
+    """Each layer node's layer scope, and the runs of consecutive alike layers (the same ops,
+    names and scalar attrs) that one box draws; with `all_layers`, one box a layer."""
     of_layer: dict[str, str] = {}
     signature: dict[str, list] = {p: [] for p in layers}
     for n in g.nodes():
@@ -695,49 +733,31 @@ def model_view(ctx: _Ctx, layer: int, all_layers: bool) -> Drawing:
             runs[-1].append(i)
         else:
             runs.append([i])
-    run_key = {layers[i]: f"blocks:{r[0]}" for r in runs for i in r}
-    collapse = {name: run_key[lay] for name, lay in of_layer.items()}
-    # an MTP module's decoder block is one box; its norms, projection and head stay drawn
-    mtp = {f"mtp:{m['prefix']}": m for m in g.meta.get("mtp", [])}
-    collapse |= {name: key for key, m in mtp.items() for name in m["block"]}
-    keep = [n for n in g.nodes() if OPS[n.op].category != SOURCE]
-    runs_by_key = {f"blocks:{r[0]}": r for r in runs}
+    return of_layer, runs
 
-    def lines(key: str, members: list[Node]) -> list[str]:
-        if key in mtp:
-            p = mtp[key]["prefix"]
-            kinds = [ctx.scopes[c] for c in ctx.child_scopes(p) if ctx.scopes[c] != "norms"]
-            body = " + ".join(KIND_TITLE.get(k, k) for k in kinds)
-            head = f"MTP depth {mtp[key]['depth']}: decoder block"
-            return [head, p, body, ctx.summary(members)]
-        r = runs_by_key[key]
-        kinds = [ctx.scopes[c] for c in ctx.child_scopes(layers[r[0]]) if ctx.scopes[c] != "norms"]
-        head = f"decoder block × {len(r)}" if len(r) > 1 else f"decoder block {r[0]}"
-        where = f"layers {r[0]}-{r[-1]}" if len(r) > 1 else layers[r[0]]
-        body = " + ".join(KIND_TITLE.get(k, k) for k in kinds)
-        per = [m for m in members if of_layer[m.name] == layers[r[0]]]
-        summary = ctx.summary(per)
-        cfg = g.meta.get("config")
-        attends = "attention" in kinds  # issue 19: a Mamba2, MLP or MoE layer has no RoPE to lack
-        if cfg is not None and r[0] < cfg.num_hidden_layers and not cfg.rotates(r[0]) and attends:
-            # a run is of alike blocks, so of NoPE layers only or of RoPE ones only
-            summary = ", ".join(filter(None, (summary, "NoPE")))
-        elif cfg is not None and r[0] < cfg.num_hidden_layers and cfg.sliding_rope is not None:
-            # two RoPEs in the model (Gemma 3's local and global layers): each run says its own
-            rope = cfg.rope_of(r[0])
-            scaled = f" {rope.type} ×{rope.factor:g}" if rope.type != "default" else ""
-            summary = ", ".join(filter(None, (summary, f"RoPE θ {rope.theta:,.0f}{scaled}")))
-        return [head, where, body, summary]
 
+def _mtp_lines(ctx: _Ctx, m: dict[str, Any], members: list[Node]) -> list[str]:
+    """The box of an MTP module's decoder block: its depth, scope, sub-layers and summary."""
+    p = m["prefix"]
+    kinds = [ctx.scopes[c] for c in ctx.child_scopes(p) if ctx.scopes[c] != "norms"]
+    body = " + ".join(KIND_TITLE.get(k, k) for k in kinds)
+    return [f"MTP depth {m['depth']}: decoder block", p, body, ctx.summary(members)]
+
+
+def _rope_note(g: Graph, first: int, attends: bool, summary: str) -> str:
+    """A run's summary with its position encoding where the model has more than one kind: NoPE
+    on an attention layer that does not rotate, or each RoPE of a model that has two."""
     cfg = g.meta.get("config")
-    title = f"{g.name}: model"
-    if cfg is not None and cfg.text_decoder_of:
-        title += f" (the text decoder of {cfg.text_decoder_of}; its vision tower is not modelled)"
-    d = _View(ctx, title, keep, None, collapse, describe=lines).build()
-    for key, r in runs_by_key.items():
-        if layer in r and len(runs) > 1:
-            d.boxes[key].attrs.update(penwidth="2.5")
-    return d
+    # a Mamba2, MLP or MoE layer has no RoPE to lack
+    if cfg is not None and first < cfg.num_hidden_layers and not cfg.rotates(first) and attends:
+        # a run is of alike blocks, so of NoPE layers only or of RoPE ones only
+        return ", ".join(filter(None, (summary, "NoPE")))
+    if cfg is not None and first < cfg.num_hidden_layers and cfg.sliding_rope is not None:
+        # two RoPEs in the model (Gemma 3's local and global layers): each run says its own
+        rope = cfg.rope_of(first)
+        scaled = f" {rope.type} ×{rope.factor:g}" if rope.type != "default" else ""
+        return ", ".join(filter(None, (summary, f"RoPE θ {rope.theta:,.0f}{scaled}")))
+    return summary
 
 
 def block_view(ctx: _Ctx, layer: int) -> Drawing:
@@ -905,7 +925,7 @@ def _side_scope(ctx: _Ctx, layer: int, kinds: tuple[str, ...], what: str) -> str
 
 def attention_view(ctx: _Ctx, layer: int, max_lanes: int = MAX_LANES) -> Drawing:
     """Q/K/V projections, heads, RoPE, core attention per head, concat, output projection; or
-    (issue 19) the layer's other token mixer drawn in its place: Gated DeltaNet, or a Mamba2
+    the layer's other token mixer drawn in its place: Gated DeltaNet, or a Mamba2
     mixer's in_proj, conv, scan per head, gated norm and out_proj."""
     kinds = ("attention", "linear_attention", "mamba")
     root = _side_scope(ctx, layer, kinds, "attention")
@@ -948,7 +968,7 @@ def allowed_keys(graph: Graph, node: Node, n: int) -> tuple[np.ndarray, np.ndarr
     region = core_attention_region(graph)
     own = OPS[node.op].relation
     if own is not None and not region.attends(node.name):
-        # issue 19: an op that reads the tokens in order on its own (a causal conv's window of
+        # an op that reads the tokens in order on its own (a causal conv's window of
         # K positions, a recurrence's prefix)
         return own(node.attrs, np.arange(n))
     todo = [node.name] + [r.node for r in node.inputs if r.node in region.pairs]

@@ -28,7 +28,7 @@ formats' published packing:
 - DeepSeek-V3's MTP module (which transformers does not build): its projection `eh_proj`, its
   embedding and head stay at the checkpoint's dtype, its decoder block is converted like the
   others, as the published FP8 checkpoints store them.
-- a linear-attention layer (issue 19, Qwen3-Next's Gated DeltaNet): in_proj_qkvz, in_proj_ba and
+- a linear-attention layer (Qwen3-Next's Gated DeltaNet): in_proj_qkvz, in_proj_ba and
   out_proj are nn.Linear modules, converted like the others unless the skip list names them
   (Qwen3-Next-80B-A3B-Instruct-FP8 lists in_proj_ba); conv1d is an nn.Conv1d and A_log, dt_bias
   and the gated norm's weight are vectors: never converted. Qwen3-Next's MTP layer: mtp.fc is
@@ -52,7 +52,7 @@ from graphllm.errors import ConfigError
 LINEAR_KINDS = frozenset(
     {"attention", "mlp", "shared_experts", "moe_experts", "lm_head", "mtp_proj", "router"}
 )
-# issue 19: a linear-attention layer's matrices (Qwen3-Next's in_proj_qkvz, in_proj_ba and
+# a linear-attention layer's matrices (Qwen3-Next's in_proj_qkvz, in_proj_ba and
 # out_proj are nn.Linear modules); its conv1d is an nn.Conv1d, which no quantizer swaps
 MIXER_KINDS = frozenset({"linear_attention"})
 NOT_LINEAR = frozenset({"conv1d"})
@@ -149,7 +149,7 @@ class Quantization:
         if name.endswith(".weight"):
             module = name.removesuffix(".weight")
         elif kind == "moe_experts" and ".experts." in name and not name.endswith("_bias"):
-            # issue 18, gpt-oss: one `<block>.experts.<proj>` tensor per projection for all
+            # gpt-oss: one `<block>.experts.<proj>` tensor per projection for all
             # experts, no `.weight`; its `<proj>_bias` stays unconverted
             module = name.rsplit(".", 1)[0]
         else:
@@ -415,6 +415,19 @@ def _compressed_tensors(sec: _Section, dtype: str) -> Quantization:
     sec.only("sparsity_config", (None, {}))
     sec.only("transform_config", (None, {}))
     skip, _ = _patterns(sec, "ignore")
+    g = _ct_group(sec)
+    scheme = _ct_activations(g)
+    g.get("format")
+    q = _ct_weights(g, fmt, dtype)
+    g.done()
+    sec.done(_CT_BOOKKEEPING)
+    return Quantization(
+        "compressed-tensors", q, dtype, "linear", skip, False, activation_scheme=scheme
+    )
+
+
+def _ct_group(sec: _Section) -> _Section:
+    """The one entry of `config_groups`, as its own section (any other count is refused)."""
     groups = sec.get("config_groups", {})
     if not isinstance(groups, dict) or len(groups) != 1:
         sec.problems.append(
@@ -428,14 +441,23 @@ def _compressed_tensors(sec: _Section, dtype: str) -> Quantization:
     g.read.discard("quant_method")
     g.only("targets", (["Linear"],))
     g.only("output_activations", (None,))
+    return g
+
+
+def _ct_activations(g: _Section) -> str:
+    """The group's activation scheme: '' (none) or 'dynamic', the one quantized form modelled."""
     acts = g.get("input_activations")
-    scheme = ""
-    if acts is not None:
-        if not isinstance(acts, dict) or acts.get("dynamic") is not True:
-            g.problems.append(f"input_activations {shown(acts, 60)} is not modelled (modelled: "
-                              "none, or dynamic)")  # fmt: skip
-        scheme = "dynamic"
-    g.get("format")
+    if acts is None:
+        return ""
+    if not isinstance(acts, dict) or acts.get("dynamic") is not True:
+        g.problems.append(f"input_activations {shown(acts, 60)} is not modelled (modelled: "
+                          "none, or dynamic)")  # fmt: skip
+    return "dynamic"
+
+
+def _ct_weights(g: _Section, fmt: str, dtype: str) -> QuantFormat:
+    """The group's `weights` scheme as a QuantFormat (its scales at the checkpoint's dtype, bf16
+    where that is not a scale format)."""
     wq = g.get("weights")
     if not isinstance(wq, dict):
         g.problems.append(f"weights must be a mapping, got {shown(wq, 40)}")
@@ -448,6 +470,30 @@ def _compressed_tensors(sec: _Section, dtype: str) -> Quantization:
     strategy = w.only("strategy", ("group", "channel", "tensor", "block"))
     w.only("dynamic", (False,))
     order = w.only("actorder", (None, "group", "weight", "static", "dynamic"))
+    block = _ct_block(w, strategy)
+    if kind == "float" and (bits != 8 or fmt != "float-quantized" or not sym):
+        w.problems.append(f"float weights of {_spell(bits)} bits ({fmt}, symmetric {sym}) are "
+                          "not modelled (modelled: 8-bit e4m3, float-quantized, symmetric)")  # fmt: skip
+    packed = fmt == "pack-quantized"
+    if kind == "int" and (bits not in ((4, 8) if packed else (8,)) or fmt == "float-quantized"):
+        w.problems.append(f"int weights of {_spell(bits)} bits in {fmt} are not modelled "
+                          "(modelled: 4 or 8 bits pack-quantized, 8 bits int-quantized)")  # fmt: skip
+    if kind == "int" and not sym and not packed:
+        w.problems.append("asymmetric int weights are modelled in pack-quantized alone")
+    w.done(_CT_WEIGHT_BOOKKEEPING)
+    scale_fmt = dtype if dtype in SCALE_BITS else "bf16"
+    if kind == "float":
+        return QuantFormat("compressed-tensors", 8, "e4m3", block, SCALE_BITS[scale_fmt],
+                           scale_fmt=scale_fmt)  # fmt: skip
+    return QuantFormat(
+        "compressed-tensors", bits, "int", block, SCALE_BITS[scale_fmt],
+        0 if sym else bits, order == "group", scale_fmt, 32 if order == "group" else 0,
+        "in" if packed else "", 16 if packed else 0, sym,
+    )  # fmt: skip
+
+
+def _ct_block(w: _Section, strategy: Any) -> tuple[int, int]:
+    """The (rows, cols) a weight scale covers under `strategy` (0: the whole axis)."""
     size = w.get("group_size")
     structure = w.get("block_structure")
     block = {"channel": (1, 0), "tensor": (0, 0)}.get(strategy, (1, size or 0))
@@ -460,31 +506,7 @@ def _compressed_tensors(sec: _Section, dtype: str) -> Quantization:
             )
     if strategy == "group" and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
         w.problems.append(f"group_size must be a positive integer, got {_spell(size)}")
-    if kind == "float" and (bits != 8 or fmt != "float-quantized" or not sym):
-        w.problems.append(f"float weights of {_spell(bits)} bits ({fmt}, symmetric {sym}) are "
-                          "not modelled (modelled: 8-bit e4m3, float-quantized, symmetric)")  # fmt: skip
-    packed = fmt == "pack-quantized"
-    if kind == "int" and (bits not in ((4, 8) if packed else (8,)) or fmt == "float-quantized"):
-        w.problems.append(f"int weights of {_spell(bits)} bits in {fmt} are not modelled "
-                          "(modelled: 4 or 8 bits pack-quantized, 8 bits int-quantized)")  # fmt: skip
-    if kind == "int" and not sym and not packed:
-        w.problems.append("asymmetric int weights are modelled in pack-quantized alone")
-    w.done(_CT_WEIGHT_BOOKKEEPING)
-    g.done()
-    sec.done(_CT_BOOKKEEPING)
-    scale_fmt = dtype if dtype in SCALE_BITS else "bf16"
-    if kind == "float":
-        q = QuantFormat("compressed-tensors", 8, "e4m3", block, SCALE_BITS[scale_fmt],
-                        scale_fmt=scale_fmt)  # fmt: skip
-    else:
-        q = QuantFormat(
-            "compressed-tensors", bits, "int", block, SCALE_BITS[scale_fmt],
-            0 if sym else bits, order == "group", scale_fmt, 32 if order == "group" else 0,
-            "in" if packed else "", 16 if packed else 0, sym,
-        )  # fmt: skip
-    return Quantization(
-        "compressed-tensors", q, dtype, "linear", skip, False, activation_scheme=scheme
-    )
+    return block
 
 
 _METHODS = {

@@ -192,24 +192,9 @@ def compare(
         predicted, per_call = predicted_seconds(graph, report, hw)
         last = _last_arrivals(graph, ranks)
         for r in ranks:
-            records = [s for s in r["steps"] if step_kind(s["step"]) == kind]
-            got = _median_steps([measured_step(s) for s in records])
             stage = r["coords"].get("pp", 0)
-            want, want_call = predicted[stage], per_call.get(stage, {})
-            for k in sorted(set(got) | set(want), key=_order):
-                mine = [(s, c) for s in records for c in s["collectives"] if c["kind"] == k]
-                call = statistics.median(c["seconds"] for _, c in mine) if mine else None
-                least = (
-                    statistics.median(last[_call_key(graph, r, s, c)] for s, c in mine)
-                    if mine
-                    else None
-                )
-                row = Row(kind, r["rank"], k, got.get(k, 0.0), want.get(k, 0.0))
-                rows.append(
-                    replace(
-                        row, measured_call=call, predicted_call=want_call.get(k), last_call=least
-                    )
-                )
+            want = (predicted[stage], per_call.get(stage, {}))
+            rows += _rank_rows(kind, r, graph, want, last)
     return {
         "hardware": hw.name,
         "ranks": len(ranks),
@@ -225,6 +210,33 @@ def compare(
         "notes": notes(len(ranks), cores, hw, ranks),
         "_predictions": predictions,  # for the trace; dropped from the JSON (`public`)
     }
+
+
+def _rank_rows(
+    kind: str,
+    r: dict[str, Any],
+    graph: Graph,
+    want: tuple[dict[str, float], dict[str, float]],
+    last: dict[tuple, float],
+) -> list[Row]:
+    """Rank `r`'s rows for one step kind: each kind of time measured (the median over its
+    steps) beside `want` (the stage's predicted seconds by kind, and a call's), with a
+    collective's median call and median last arrival among its ranks."""
+    records = [s for s in r["steps"] if step_kind(s["step"]) == kind]
+    got = _median_steps([measured_step(s) for s in records])
+    want_seconds, want_call = want
+    rows = []
+    for k in sorted(set(got) | set(want_seconds), key=_order):
+        mine = [(s, c) for s in records for c in s["collectives"] if c["kind"] == k]
+        call = statistics.median(c["seconds"] for _, c in mine) if mine else None
+        least = (
+            statistics.median(last[_call_key(graph, r, s, c)] for s, c in mine) if mine else None
+        )
+        row = Row(kind, r["rank"], k, got.get(k, 0.0), want_seconds.get(k, 0.0))
+        rows.append(
+            replace(row, measured_call=call, predicted_call=want_call.get(k), last_call=least)
+        )
+    return rows
 
 
 def _call_key(graph: Graph, r: dict[str, Any], step: dict[str, Any], c: dict[str, Any]) -> tuple:

@@ -161,31 +161,52 @@ def calibrate(
     require_threads(threads, "calibrate")
     require_memory(3 * 4 * matmul_size**2, f"calibrate's fp32 {matmul_size}^3 matmul")
     llc = _llc_bytes()
+    (flops, bandwidth, extra), source = _peak(
+        llc, matmul_size, buffer_bytes, weights_bytes, threads, repeats, progress
+    )
+    sizes = _sweep_sizes(sweep, llc, sweep_side)
+    shapes = tuple(gemm_shapes or DEFAULT_GEMM_SHAPES)
+    heads = tuple(DEFAULT_ATTENTION_HEADS if attention_heads is None else attention_heads)
+    attention = (heads, tuple(attention_steps))
+    cal = _tables(
+        sizes, shapes, gemm_ms, attention, threads, repeats, budget, progress, settle, sweep_side
+    )
+    source += _tables_source(cal, settle, sweep_side)
+    return _local_hardware(flops, bandwidth, extra, cal, source)
+
+
+def _peak(
+    llc: int,
+    matmul_size: int,
+    buffer_bytes: int | None,
+    weights_bytes: float | None,
+    threads: int,
+    repeats: int,
+    progress: bool,
+) -> tuple[tuple[float, float, dict[str, float]], str]:
+    """The peak model's figures (matmul FLOP/s, read bandwidth, the extra ones) and how they
+    were measured; the buffers are sized, and refused when too small, before any is read."""
     cap = _buffer_cap(llc)
     if buffer_bytes is None:
         buffer_bytes = max(GiB, 8 * llc)
     buffer_bytes = min(int(buffer_bytes), cap)
     model_bytes = min(int(weights_bytes), cap) if weights_bytes else 0
+    figures = _measure(matmul_size, buffer_bytes, model_bytes, threads, repeats, progress)
+    return figures, _source(repeats, matmul_size, buffer_bytes, model_bytes, threads, llc)
 
-    flops, bandwidth, extra = _measure(
-        matmul_size, buffer_bytes, model_bytes, threads, repeats, progress
-    )
+
+def _sweep_sizes(sweep: tuple[int, int] | None, llc: int, side: int) -> list[int]:
+    """The read sweep's working sets: `sweep`, or 1 MiB to max(1 GiB, 16 x LLC), capped by what
+    this process may use once the peak model's buffers are gone."""
     low, high = sweep or (SWEEP_LOW, max(GiB, 16 * llc))
     high = min(high, SWEEP_HIGH, memory_available() // 4)
-    shapes = tuple(gemm_shapes or DEFAULT_GEMM_SHAPES)
-    heads = tuple(DEFAULT_ATTENTION_HEADS if attention_heads is None else attention_heads)
-    cal = _tables(
-        tables.sweep_sizes(low, max(low, high), sweep_side),
-        shapes,
-        gemm_ms,
-        (heads, tuple(attention_steps)),
-        threads,
-        repeats,
-        budget,
-        progress,
-        settle,
-        sweep_side,
-    )
+    return tables.sweep_sizes(low, max(low, high), side)
+
+
+def _local_hardware(
+    flops: float, bandwidth: float, extra: dict[str, float], cal: dict, source: str
+) -> Hardware:
+    """The `local` Hardware of the measured figures: one CPU device, no links."""
     d = {
         "name": "local",
         "peak_flops": {"fp32": flops, "bf16": flops, "fp16": flops},
@@ -194,8 +215,7 @@ def calibrate(
         "interconnect_bandwidth": None,
         "network_bandwidth": None,
         "devices_per_node": 1,
-        "source": _source(repeats, matmul_size, buffer_bytes, model_bytes, threads, llc)
-        + _tables_source(cal, settle, sweep_side),
+        "source": source,
         "extra": extra,
         "calibration": cal,
     }

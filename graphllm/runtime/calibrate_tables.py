@@ -157,75 +157,96 @@ class _Attention:
     def __init__(
         self, heads: int, kv_heads: int, head_dim: int, seq: int, past: int, threads: int
     ) -> None:
-        import onnxruntime as ort
-
-        total, f = past + seq, TensorProto.FLOAT
-        rotary = head_dim % GQA_ROTARY_MULTIPLE == 0
-        cache = [1, kv_heads, total, head_dim]
-        inputs = [
-            helper.make_tensor_value_info("query", f, [1, seq, heads * head_dim]),
-            helper.make_tensor_value_info("key", f, [1, seq, kv_heads * head_dim]),
-            helper.make_tensor_value_info("value", f, [1, seq, kv_heads * head_dim]),
-            helper.make_tensor_value_info("past_key", f, cache),
-            helper.make_tensor_value_info("past_value", f, cache),
-            helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [1]),
-            helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
-            helper.make_tensor_value_info("attention_bias", f, [1, 1, seq, total]),
-        ]
-        angles = np.arange(total, dtype=np.float32)[:, None] * np.geomspace(
-            1.0, 1e-4, head_dim // 2, dtype=np.float32
-        )
-        tables = [
-            numpy_helper.from_array(fn(angles), name)
-            for name, fn in (("cos_cache", np.cos), ("sin_cache", np.sin))
-        ]
-        names = [i.name for i in inputs[:7]]
-        names += ["cos_cache", "sin_cache"] if rotary else ["", ""]
-        node = helper.make_node(
-            "GroupQueryAttention",
-            [*names, "", "attention_bias"],
-            ["out", "present_key", "present_value"],
-            domain="com.microsoft",
-            num_heads=heads,
-            kv_num_heads=kv_heads,
-            scale=head_dim**-0.5,
-            do_rotary=int(rotary),
-        )
-        outputs = [
-            helper.make_tensor_value_info("out", f, [1, seq, heads * head_dim]),
-            helper.make_tensor_value_info("present_key", f, cache),
-            helper.make_tensor_value_info("present_value", f, cache),
-        ]
-        graph = helper.make_graph([node], "attention", inputs, outputs, tables if rotary else [])
-        model = helper.make_model(
-            graph,
-            opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
-        )
+        model, inputs = _gqa_model(heads, kv_heads, head_dim, seq, past)
         sess = _ort_session(model.SerializeToString(), threads)
-        rng = np.random.default_rng(0)
-        value = ort.OrtValue.ortvalue_from_numpy
-        io = sess.io_binding()
-        for i in inputs[:3]:
-            dims = [d.dim_value for d in i.type.tensor_type.shape.dim]
-            io.bind_ortvalue_input(i.name, value(rng.random(dims, dtype=np.float32)))
-        for name in ("key", "value"):  # one buffer past and present: appended in place
-            buf = value(rng.random(cache, dtype=np.float32))
-            io.bind_ortvalue_input(f"past_{name}", buf)
-            io.bind_ortvalue_output(f"present_{name}", buf)
-        io.bind_ortvalue_input("seqlens_k", value(np.array([total - 1], np.int32)))
-        io.bind_ortvalue_input("total_sequence_length", value(np.array(total, np.int32)))
-        io.bind_ortvalue_input("attention_bias", value(np.zeros([1, 1, seq, total], np.float32)))
-        io.bind_output("out", "cpu")
+        io = _gqa_binding(sess, inputs, [1, kv_heads, past + seq, head_dim], seq)
         self.run = lambda: sess.run_with_iobinding(io)
         # the same call doing nothing: an Identity of the query, bound as the kernel's inputs are
-        shape = [1, seq, heads * head_dim]
-        x, y = (helper.make_tensor_value_info(n, f, shape) for n in ("x", "y"))
-        idle = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "idle", [x], [y])
-        nothing = _ort_session(helper.make_model(idle).SerializeToString(), 1)  # as _Runner's
-        io_idle = nothing.io_binding()
-        io_idle.bind_ortvalue_input("x", value(np.zeros(shape, np.float32)))
-        io_idle.bind_output("y", "cpu")
-        self.idle = lambda: nothing.run_with_iobinding(io_idle)
+        self.idle = _identity([1, seq, heads * head_dim])
+
+
+def _gqa_model(heads: int, kv_heads: int, head_dim: int, seq: int, past: int) -> tuple[Any, list]:
+    """The one-node GroupQueryAttention model as the ort lowering emits it, and its inputs."""
+    total, f = past + seq, TensorProto.FLOAT
+    rotary = head_dim % GQA_ROTARY_MULTIPLE == 0
+    cache = [1, kv_heads, total, head_dim]
+    inputs = [
+        helper.make_tensor_value_info("query", f, [1, seq, heads * head_dim]),
+        helper.make_tensor_value_info("key", f, [1, seq, kv_heads * head_dim]),
+        helper.make_tensor_value_info("value", f, [1, seq, kv_heads * head_dim]),
+        helper.make_tensor_value_info("past_key", f, cache),
+        helper.make_tensor_value_info("past_value", f, cache),
+        helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [1]),
+        helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
+        helper.make_tensor_value_info("attention_bias", f, [1, 1, seq, total]),
+    ]
+    angles = np.arange(total, dtype=np.float32)[:, None] * np.geomspace(
+        1.0, 1e-4, head_dim // 2, dtype=np.float32
+    )
+    tables = [
+        numpy_helper.from_array(fn(angles), name)
+        for name, fn in (("cos_cache", np.cos), ("sin_cache", np.sin))
+    ]
+    names = [i.name for i in inputs[:7]]
+    names += ["cos_cache", "sin_cache"] if rotary else ["", ""]
+    node = helper.make_node(
+        "GroupQueryAttention",
+        [*names, "", "attention_bias"],
+        ["out", "present_key", "present_value"],
+        domain="com.microsoft",
+        num_heads=heads,
+        kv_num_heads=kv_heads,
+        scale=head_dim**-0.5,
+        do_rotary=int(rotary),
+    )
+    outputs = [
+        helper.make_tensor_value_info("out", f, [1, seq, heads * head_dim]),
+        helper.make_tensor_value_info("present_key", f, cache),
+        helper.make_tensor_value_info("present_value", f, cache),
+    ]
+    graph = helper.make_graph([node], "attention", inputs, outputs, tables if rotary else [])
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+    )
+    return model, inputs
+
+
+def _gqa_binding(sess: Any, inputs: list, cache: list[int], seq: int) -> Any:
+    """An IO binding of seeded random inputs, the cache one buffer bound as both past and
+    present (as bench binds an export's), the output on the CPU."""
+    import onnxruntime as ort
+
+    total = cache[2]
+    rng = np.random.default_rng(0)
+    value = ort.OrtValue.ortvalue_from_numpy
+    io = sess.io_binding()
+    for i in inputs[:3]:
+        dims = [d.dim_value for d in i.type.tensor_type.shape.dim]
+        io.bind_ortvalue_input(i.name, value(rng.random(dims, dtype=np.float32)))
+    for name in ("key", "value"):  # one buffer past and present: appended in place
+        buf = value(rng.random(cache, dtype=np.float32))
+        io.bind_ortvalue_input(f"past_{name}", buf)
+        io.bind_ortvalue_output(f"present_{name}", buf)
+    io.bind_ortvalue_input("seqlens_k", value(np.array([total - 1], np.int32)))
+    io.bind_ortvalue_input("total_sequence_length", value(np.array(total, np.int32)))
+    io.bind_ortvalue_input("attention_bias", value(np.zeros([1, 1, seq, total], np.float32)))
+    io.bind_output("out", "cpu")
+    return io
+
+
+def _identity(shape: list[int]) -> Callable[[], object]:
+    """An Identity of an fp32 `shape` through an IO binding, on one thread as _Runner's idle."""
+    import onnxruntime as ort
+
+    f = TensorProto.FLOAT
+    x, y = (helper.make_tensor_value_info(n, f, shape) for n in ("x", "y"))
+    idle = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "idle", [x], [y])
+    nothing = _ort_session(helper.make_model(idle).SerializeToString(), 1)
+    io_idle = nothing.io_binding()
+    io_idle.bind_ortvalue_input("x", ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32)))
+    io_idle.bind_output("y", "cpu")
+    return lambda: nothing.run_with_iobinding(io_idle)
 
 
 DISPATCH_NODES = 64  # the chain whose per-node time is the runtime's dispatch cost

@@ -100,43 +100,26 @@ def generate(
     program = partition(whole, strategy)
     world = device_mesh(meta_result(program, "partition").mesh)
     coords = comm.coords if comm is not None else {}
-    t0 = time.perf_counter()
-    weights = rank_weights(job, whole, program, coords)
-    record = RankRecord(
-        rank=comm.rank if comm is not None else 0,
-        coords=dict(coords),
-        backend=_backend(comm),
-        runtime=job.runtime,
-        weight_bytes=int(sum(w.nbytes for w in weights.values())),
-        load_seconds=time.perf_counter() - t0,
-    )
-    factory = require_runner(job.runtime)
-    if comm is not None and comm.device != "cpu" and job.runtime == "onnxruntime":
-        # dist-ort's runner on onnxruntime's CUDA provider (no GPU here: never run)
-        factory = functools.partial(factory, device="cuda")
+    weights, record = _load(job, whole, program, coords, comm)
+    factory = _runner_factory(job, comm)
     ids = prompt_ids(job, vocab_of(whole))
     out = Generation(np.zeros((job.batch, 0), np.int64), record, prompt=ids)
     stages = meta_result(program, "partition").stages
     held: dict[tuple, dict[str, Any]] = {}
     prev: Graph | None = None
     step_ids = ids
-    last: Graph = whole
+    g, prog = whole, program
     cuts: dict[tuple, list[Step]] = {}  # the step program's steps, per mesh coords
     runners: dict[tuple, Any] = {}
     for k in range(job.new_tokens):
         start = time.perf_counter()
+        what = "prefill" if k == 0 else f"decode {k}"
         if hook is not None:
-            hook("prefill" if k == 0 else f"decode {k}")
-        if k == 0:
-            g, prog, what = whole, program, "prefill"
-        else:
-            g = step_graph(job, config, 1, job.seq_len + k - 1)
-            what = f"decode {k}"
-            if k > 1 and _rebinds(g, last, prog):
-                _rebind(prog, cuts, g.bindings)  # the same program, one more past position
-            else:
-                prog = partition(g, decode_strategy(strategy))
-                cuts, runners = {}, {}
+            hook(what)
+        if k > 0:
+            g, prog, cuts, runners = _decode_program(
+                job, config, strategy, k, (g, prog), cuts, runners
+            )
             if meta_result(prog, "partition").stages != stages:
                 raise GraphllmError(
                     f"{what}: the pipeline balances the layers into other stages than the "
@@ -148,26 +131,82 @@ def generate(
             what, int(g.bindings["T"]), int(g.bindings.get("P", 0)), plan.strategy.describe()
         )
         past = _pasts(prog, prev, held, comm, world) if prev is not None else {}
-        if comm is not None:
-            # the ranks start the step together, so that the first collective's time is the
-            # link's and not the others' program build (outside the timed compute and comm)
-            import torch.distributed as dist
-
-            world_call(f"the barrier starting {what}", dist.barrier)
+        _start_together(comm, what)
         feeds = _feeds(g, step_ids)
         held = _run_step(
             prog, world, coords, feeds, past, weights, factory, comm, clock, rec, cuts, runners
         )
         logits = _whole_output(prog, "logits", held, comm, world)
-        nxt = np.argmax(logits[:, -1, :], axis=-1).astype(np.int64)[:, None]
-        out.tokens = np.concatenate([out.tokens, nxt], axis=1)
-        if job.keep_logits:
-            out.logits.append(logits)
-        step_ids, prev, last = nxt, prog, g
+        step_ids = _next_token(out, logits, job.keep_logits)
+        prev = prog
         rec.seconds = time.perf_counter() - start
         rec.other_seconds = rec.seconds - rec.compute_seconds - rec.comm_seconds
         record.steps.append(rec)
     return out
+
+
+def _load(
+    job: Job, whole: Graph, program: Graph, coords: dict[str, int], comm: Comm | None
+) -> tuple[dict[str, np.ndarray], RankRecord]:
+    """This rank's blocks of the weights, and its record started with what loading them took."""
+    t0 = time.perf_counter()
+    weights = rank_weights(job, whole, program, coords)
+    record = RankRecord(
+        rank=comm.rank if comm is not None else 0,
+        coords=dict(coords),
+        backend=_backend(comm),
+        runtime=job.runtime,
+        weight_bytes=int(sum(w.nbytes for w in weights.values())),
+        load_seconds=time.perf_counter() - t0,
+    )
+    return weights, record
+
+
+def _runner_factory(job: Job, comm: Comm | None) -> Any:
+    """What makes a segment's runner on this rank's runtime and device."""
+    factory = require_runner(job.runtime)
+    if comm is not None and comm.device != "cpu" and job.runtime == "onnxruntime":
+        # dist-ort's runner on onnxruntime's CUDA provider (no GPU here: never run)
+        factory = functools.partial(factory, device="cuda")
+    return factory
+
+
+def _decode_program(
+    job: Job,
+    config: Any,
+    strategy: Strategy,
+    k: int,
+    last: tuple[Graph, Graph],
+    cuts: dict[tuple, list[Step]],
+    runners: dict[tuple, Any],
+) -> tuple[Graph, Graph, dict[tuple, list[Step]], dict[tuple, Any]]:
+    """Decode step `k`'s graph and program, with the cuts and runners that go with it: the
+    previous step's (`last`: its graph and program) moved on one past position where only P
+    and S changed, else the step partitioned anew with none cut or made yet."""
+    g = step_graph(job, config, 1, job.seq_len + k - 1)
+    prev_graph, prog = last
+    if k > 1 and _rebinds(g, prev_graph, prog):
+        _rebind(prog, cuts, g.bindings)  # the same program, one more past position
+        return g, prog, cuts, runners
+    return g, partition(g, decode_strategy(strategy)), {}, {}
+
+
+def _start_together(comm: Comm | None, what: str) -> None:
+    """The ranks start the step together, so that the first collective's time is the link's and
+    not the others' program build (outside the timed compute and comm)."""
+    if comm is not None:
+        import torch.distributed as dist
+
+        world_call(f"the barrier starting {what}", dist.barrier)
+
+
+def _next_token(out: Generation, logits: np.ndarray, keep_logits: bool) -> np.ndarray:
+    """The greedy next token of each sequence, appended to `out` (and the logits, if kept)."""
+    nxt = np.argmax(logits[:, -1, :], axis=-1).astype(np.int64)[:, None]
+    out.tokens = np.concatenate([out.tokens, nxt], axis=1)
+    if keep_logits:
+        out.logits.append(logits)
+    return nxt
 
 
 REBOUND = ("P", "S")  # what one more decode step changes: the past and whole lengths
@@ -247,16 +286,7 @@ def _run_step(
     held: dict[tuple, dict[str, Any]] = {}
     for mb in range(microbatches):
         c = _mesh_coords(mesh, coords, mb)
-        env: dict[str, Any] = {}
-        for n in prog.nodes("input"):
-            if not on_rank(n, c):
-                continue
-            if n.name in feeds:
-                v = shard(feeds[n.name], n.meta["sharding"][0], mesh, c)
-            else:
-                v = past[_key(mesh, c)][n.name]
-            # a rank of many holds torch tensors on its device from here to the step's end
-            env[n.name] = v if comm is None else to_torch(v, comm.device)
+        env = _inputs(prog, mesh, c, feeds, past, comm)
         key = _key(mesh, c)
         if key not in cuts:
             cuts[key] = cut(prog, c)
@@ -287,6 +317,29 @@ def _run_step(
                 mine[name] = env[value_name(ref)]
         held[_key(mesh, c)] = mine
     return held
+
+
+def _inputs(
+    prog: Graph,
+    mesh: Mesh,
+    c: dict[str, int],
+    feeds: dict[str, np.ndarray],
+    past: dict[tuple, dict[str, Any]],
+    comm: Comm | None,
+) -> dict[str, Any]:
+    """The graph inputs microbatch `c` reads on this rank: its blocks of the feeds, and the past
+    its previous step left."""
+    env: dict[str, Any] = {}
+    for n in prog.nodes("input"):
+        if not on_rank(n, c):
+            continue
+        if n.name in feeds:
+            v = shard(feeds[n.name], n.meta["sharding"][0], mesh, c)
+        else:
+            v = past[_key(mesh, c)][n.name]
+        # a rank of many holds torch tensors on its device from here to the step's end
+        env[n.name] = v if comm is None else to_torch(v, comm.device)
+    return env
 
 
 def _holder(sh: Sharding, mesh: Mesh, world: Mesh, coords: dict[str, int]) -> bool:
