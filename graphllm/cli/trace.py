@@ -18,7 +18,9 @@ from graphllm.cli.common import (
 )
 from graphllm.errors import ConfigError
 from graphllm.files import check_target, json_text, write_text_atomic
-from graphllm.models.hardware import load_hardware
+from graphllm.models.hardware import Hardware, load_hardware
+from graphllm.models.model_config import ModelConfig
+from graphllm.models.workload import Workload
 from graphllm.report.fit import fit_section, training_fit_section
 from graphllm.report.plot import plot_sweep
 from graphllm.report.reuse import trace_document
@@ -66,22 +68,7 @@ def trace(
     if len(workloads) > 1:
         if per_op or print_graph:
             raise ConfigError("--per-op and --print-graph take one --seq-len, not a list")
-        rows = sweep(config, workloads, hw, attention, training, mla, mtp)
-        title = f"{config.name} on {hw.name if hw else 'no hardware'}"
-        if plot:
-            plot_sweep(rows, plot, title + (f", {hw.rate_model} model" if hw else ""), hw)
-        if as_json:
-            doc = {
-                "model": config.name,
-                "hardware": hw.name if hw else None,
-                "rate_model": hw.rate_model if hw else None,
-                "sweep": rows,
-            }
-            click.echo(json_text(doc, indent=2))
-        else:
-            print_sweep(rows, title)
-        if plot:
-            click.echo(f"wrote {plot}", err=as_json)
+        _sweep(config, workloads, hw, (attention, training, mla, mtp), as_json, plot)
         return
     if plot:
         raise ConfigError("--plot draws a sweep: give --seq-len a list, e.g. 128,1024,8192")
@@ -91,24 +78,9 @@ def trace(
         doc, graph = trace_report(*args)  # the real graph, node by node
     else:
         doc = trace_document(*args)  # one layer of each kind standing for the rest
-    if hw is not None:
-        # weights + cache + activations (a training step: + gradients, Adam's state, saved
-        # activations) over the device's memory: the fewest devices that hold them, from plan's
-        # own search, so the roofline line can say where to go next
-        if training:
-            doc["fit"] = training_fit_section(config, workloads[0], hw, attention)
-        else:
-            doc["fit"] = fit_section(config, workloads[0], hw, doc["memory"], attention)
-        if doc["fit"].get("devices"):
-            # the command that ranks those layouts, on this model and workload as given here
-            n = doc["fit"]["devices"]
-            flags = [*again, *(["--training"] if training else []), "-n", str(n)]
-            flags += ["--hardware", hardware, *_rate_model_flags()]
-            if attention != "flash":
-                flags += ["--attention", attention]
-            doc["fit"]["plan_command"] = shlex.join(["graphllm", "plan", *flags])
-            if mtp:  # plan lays out the main model: say so rather than count without a word
-                doc["fit"]["plan_note"] = "plan lays out the model without its MTP modules"
+    if hw is not None and hardware is not None:
+        doc["fit"] = _fit(doc, config, workloads[0], hw, attention, training)
+        _plan_hint(doc["fit"], again, hardware, attention, training, mtp)
     if per_op and graph is not None:
         write_text_atomic(per_op[1], per_op_text(graph, per_op[0]))
     if print_graph and graph is not None:
@@ -117,6 +89,71 @@ def trace(
         click.echo(json_text(doc, indent=2))
     else:
         print_trace(doc)
+
+
+def _sweep(
+    config: ModelConfig,
+    workloads: list[Workload],
+    hw: Hardware | None,
+    forms: tuple[str, bool, str, bool],
+    as_json: bool,
+    plot: Path | None,
+) -> None:
+    """A --seq-len list: FLOPs, bytes and time for each (`forms`: attention, training, mla and
+    mtp), as a table or JSON, and drawn with --plot."""
+    rows = sweep(config, workloads, hw, *forms)
+    title = f"{config.name} on {hw.name if hw else 'no hardware'}"
+    if plot:
+        plot_sweep(rows, plot, title + (f", {hw.rate_model} model" if hw else ""), hw)
+    if as_json:
+        doc = {
+            "model": config.name,
+            "hardware": hw.name if hw else None,
+            "rate_model": hw.rate_model if hw else None,
+            "sweep": rows,
+        }
+        click.echo(json_text(doc, indent=2))
+    else:
+        print_sweep(rows, title)
+    if plot:
+        click.echo(f"wrote {plot}", err=as_json)
+
+
+def _fit(
+    doc: dict[str, Any],
+    config: ModelConfig,
+    workload: Workload,
+    hw: Hardware,
+    attention: str,
+    training: bool,
+) -> dict[str, Any]:
+    """weights + cache + activations (a training step: + gradients, Adam's state, saved
+    activations) over the device's memory: the fewest devices that hold them, from plan's own
+    search, so the roofline line can say where to go next."""
+    if training:
+        return training_fit_section(config, workload, hw, attention)
+    return fit_section(config, workload, hw, doc["memory"], attention)
+
+
+def _plan_hint(
+    fit: dict[str, Any],
+    again: list[str],
+    hardware: str,
+    attention: str,
+    training: bool,
+    mtp: bool,
+) -> None:
+    """Into `fit`: the command that ranks the layouts of its device count, on this model and
+    workload as given (`again`: their flags)."""
+    if not fit.get("devices"):
+        return
+    flags = [*again, *(["--training"] if training else []), "-n", str(fit["devices"])]
+    flags += ["--hardware", hardware, *_rate_model_flags()]
+    if attention != "flash":
+        flags += ["--attention", attention]
+    fit["plan_command"] = shlex.join(["graphllm", "plan", *flags])
+    if mtp:  # plan lays out the main model: say so rather than count without a word
+        fit["plan_note"] = "plan lays out the model without its MTP modules"
 
 
 def _same_model_flags(options: dict[str, Any]) -> list[str]:
