@@ -19,9 +19,11 @@ from graphllm.cli.common import (
 )
 from graphllm.cli.layout import training_from, training_options
 from graphllm.cli.progress import bar, showing
+from graphllm.cli.serving import mla_choice
 from graphllm.errors import ConfigError
 from graphllm.files import json_text
 from graphllm.models.hardware import load_hardware
+from graphllm.passes.parallel.engine import MLA_WHY, mla_form
 from graphllm.passes.parallel.plan import plan as make_plan
 from graphllm.passes.training import TrainingOptions
 from graphllm.report.console import console as new_console
@@ -41,10 +43,17 @@ from graphllm.report.summary import _b, _t, hardware_model_line
 @click.option("--pp", type=click.IntRange(min=1), help="Pin the pipeline stages.")
 @click.option("--ep", type=click.IntRange(min=1), help="Pin the expert parallel size.")
 @click.option("--dp", type=click.IntRange(min=1), help="Pin the data parallel size.")
+@mla_choice
 @json_option
 @user_errors
 def plan(
-    devices: int, hardware: str, attention: str, top: int, as_json: bool, **options: Any
+    devices: int,
+    hardware: str,
+    attention: str,
+    top: int,
+    mla: str,
+    as_json: bool,
+    **options: Any,
 ) -> None:
     """Enumerate TP x CP x PP x EP x DP layouts of --devices, drop those that do not fit, rank the
     rest by predicted time (a decoded token, a prefill, or a training step)."""
@@ -54,9 +63,9 @@ def plan(
     config, wl = resolve(options)
     hw = load_hardware(hardware)
     with bar(f"planning {devices} devices: layouts", showing(as_json)) as told:
-        report = make_plan(config, wl, devices, hw, training, attention, pinned, told)
+        report = make_plan(config, wl, devices, hw, training, attention, pinned, told, mla)
     if not report.candidates:
-        raise ConfigError(_none_fits(report, config, wl, hw, training, attention, pinned))
+        raise ConfigError(_none_fits(report, config, wl, hw, training, attention, pinned, mla))
     doc = {
         "model": {"name": config.name, "model_type": config.model_type},
         "workload": wl.to_dict() | {"attention": attention, "training": training is not None},
@@ -65,6 +74,9 @@ def plan(
         "training": None if training is None else training.__dict__,
         "plan": report.to_dict(),
     }
+    if config.is_mla:
+        form = mla_form(config, report.phase, mla)
+        doc["mla"] = {"form": form, "why": MLA_WHY if mla == "auto" else f"--mla {mla}"}
     if as_json:
         click.echo(json_text(doc, indent=2))
     else:
@@ -79,6 +91,7 @@ def _none_fits(
     training: TrainingOptions | None,
     attention: str,
     pinned: dict[str, int | None],
+    mla: str,
 ) -> str:
     """Why no layout of the plan's devices was kept (plan itself refuses a count with no legal
     layout), and the fewest devices that hold the model with the sizes pinned."""
@@ -90,10 +103,10 @@ def _none_fits(
         f"{_b(hw.memory_bytes)}"
     )
     # from what one device would need, as trace's count starts: no fewer devices can hold it
-    whole = one_device(config, wl, hw, training, attention)["memory_bytes"]
+    whole = one_device(config, wl, hw, training, attention, mla)["memory_bytes"]
     low = max(n + 1, math.ceil(whole / hw.memory_bytes))
     pins = {k: v for k, v in pinned.items() if v}
-    found = fewest_devices(config, wl, hw, low, training, attention, pins)
+    found = fewest_devices(config, wl, hw, low, training, attention, pins, mla)
     if isinstance(found, str):
         return f"{head} ({found})"
     more, best = found
@@ -142,6 +155,9 @@ def print_plan(doc: dict[str, Any], top: int) -> None:
         )
     con.print(table)  # a plan with none that fits is refused before it is printed
     con.print(hardware_model_line(hw))
+    if "mla" in doc:
+        m = doc["mla"]
+        con.print(f"MLA: {m['form']} for this {p['phase']} step ({m['why']})")
     if p["too_big"]:
         c = p["too_big"][0]
         con.print(

@@ -4,6 +4,7 @@ sizes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +17,24 @@ from graphllm.cli.layout import strategy_from, strategy_options
 from graphllm.errors import ConfigError
 from graphllm.files import check_target, json_text
 from graphllm.models.config import load_workload_section
-from graphllm.models.hardware import load_hardware
+from graphllm.models.hardware import Hardware, load_hardware
+from graphllm.passes.parallel.engine import MLA_CHOICES
 from graphllm.report.console import console as new_console
 from graphllm.report.serving import MEMORY_FRACTION, plot_curve, serving_report
 from graphllm.report.summary import _b, _t
+
+MLA_HELP = (
+    "DeepSeek latent attention: re-expand the cached latent (as transformers), or fold the up "
+    "projections into the query and output; auto: each phase as engines run it (naive for "
+    "prefill, absorbed for decode)."
+)
+
+
+def mla_choice(fn: Callable) -> Callable:
+    """--mla as partition takes it, and 'auto' (the default): the form engines use each phase."""
+    return click.option(
+        "--mla", type=click.Choice(MLA_CHOICES), default="auto", show_default=True, help=MLA_HELP
+    )(fn)
 
 
 @click.command("serving")
@@ -35,6 +50,7 @@ from graphllm.report.summary import _b, _t
     show_default=True,
     help="Share of device memory for weights and KV cache (vLLM's gpu_memory_utilization).",
 )
+@mla_choice
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Draw the curve.")
 @json_option
 @user_errors
@@ -44,17 +60,13 @@ def serving(
     prompt_len: int,
     output_len: int,
     memory_fraction: float,
+    mla: str,
     plot_path: Path | None,
     as_json: bool,
     **options: Any,
 ) -> None:
     """Serving figures: TTFT, time per output token, tokens/s, the largest batch, the curve."""
-    if options.get("seq_len") or options.get("past_len") is not None:
-        raise ConfigError("serving takes --prompt-len and --output-len, not --seq-len/--past-len")
-    if options.get("logits") == "all":
-        raise ConfigError(
-            "serving computes the last position's logits, as a server does: drop --logits all"
-        )
+    _require_requests(options)
     if plot_path is not None:
         check_target(plot_path)
     ctx = click.get_current_context()
@@ -79,6 +91,7 @@ def serving(
         attention=attention,
         memory_fraction=memory_fraction,
         microbatches_given=given,
+        mla=mla,
     )
     if plot_path is not None:
         plot_curve(doc, plot_path)
@@ -91,10 +104,27 @@ def serving(
     if as_json:
         click.echo(json_text(doc, indent=2))
         return
+    print_serving(doc, hw)
+    if plot_path is not None:
+        click.echo(f"wrote {plot_path}")
+
+
+def _require_requests(options: dict[str, Any]) -> None:
+    """One line for a forward pass's flags where serving takes requests."""
+    if options.get("seq_len") or options.get("past_len") is not None:
+        raise ConfigError("serving takes --prompt-len and --output-len, not --seq-len/--past-len")
+    if options.get("logits") == "all":
+        raise ConfigError(
+            "serving computes the last position's logits, as a server does: drop --logits all"
+        )
+
+
+def print_serving(doc: dict[str, Any], hw: Hardware) -> None:
+    """The serving document as the command prints it."""
     con = new_console()
     con.print(
         f"[bold]{doc['model']}[/bold] on {doc['devices']} {doc['hardware']} "
-        f"({doc['strategy']}), {prompt_len} tokens in, {output_len} out"
+        f"({doc['strategy']}), {doc['prompt']} tokens in, {doc['output']} out"
     )
     kv, state = doc["kv_bytes_per_sequence_per_device"], doc["state_bytes_per_sequence_per_device"]
     con.print(
@@ -127,6 +157,15 @@ def serving(
         "continuous batching as a steady state: each decode step also prefills batch / "
         "output-len prompts; queueing is not modelled"
     )
+    _print_layout(doc, con)
+    if "mla" in doc:
+        m = doc["mla"]
+        con.print(f"MLA: {m['prefill']} for prefill, {m['decode']} for decode ({m['why']})")
+    con.print(_times_line(hw))
+
+
+def _print_layout(doc: dict[str, Any], con: Any) -> None:
+    """How replicas, stages and cp ranks share the work, where there are several."""
     if doc["replicas"] > 1 or doc["pipeline_stages"] > 1:
         m, chunks = doc["microbatches_in_flight"], doc["prefill_chunks"]
         prefill = (
@@ -147,13 +186,12 @@ def serving(
             f"holds 1/{cp} of every sequence's cache, attends over it and all-gathers the "
             f"partial outputs and LSEs ({_t(combine)} a step on the slowest stage)"
         )
+
+
+def _times_line(hw: Hardware) -> str:
+    """Which rate model the times come from."""
     if hw.rate_model == "ideal":
-        con.print("times: ideal model (data-sheet peaks, no latencies or launch costs)")
-    elif hw.rate_model == "calibrated":
-        con.print("times: calibrated model (graphllm calibrate's tables); --ideal for peaks")
-    else:
-        con.print(
-            "times: achievable model (measured rates, latencies, launches); --ideal for peaks"
-        )
-    if plot_path is not None:
-        click.echo(f"wrote {plot_path}")
+        return "times: ideal model (data-sheet peaks, no latencies or launch costs)"
+    if hw.rate_model == "calibrated":
+        return "times: calibrated model (graphllm calibrate's tables); --ideal for peaks"
+    return "times: achievable model (measured rates, latencies, launches); --ideal for peaks"

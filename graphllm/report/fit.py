@@ -30,11 +30,12 @@ def fit_section(
     hw: Hardware,
     memory: dict[str, Any],
     attention: str = "flash",
+    mla: str = "auto",
 ) -> dict[str, Any]:
     """{'fits', 'needs', 'memory_bytes'} and, when it does not fit, 'devices' and 'layout' of the
     fewest devices a layout fits on (None when no count up to the search's end does, or the
-    hardware has no interconnect to plan over)."""
-    return _fit(config, workload, hw, memory["total"], {}, attention)
+    hardware has no interconnect to plan over); `mla` as plan takes it."""
+    return _fit(config, workload, hw, memory["total"], {}, attention, mla=mla)
 
 
 TRAINING_PARTS = ("weights", "gradients", "optimizer", "activations", "activations_working")
@@ -59,10 +60,11 @@ def one_device(
     hw: Hardware,
     training: TrainingOptions | None = None,
     attention: str = "flash",
+    mla: str = "auto",
 ) -> dict[str, Any]:
     """Plan's layout of the whole step on one device (its memory, fitting or not): where a count
     of devices starts, since no fewer can hold what one would need."""
-    report = plan(config, workload, 1, hw, training, attention)
+    report = plan(config, workload, 1, hw, training, attention, mla=mla)
     return (report.candidates or report.too_big)[0]
 
 
@@ -74,6 +76,7 @@ def _fit(
     known: dict[str, Any],
     attention: str,
     training: TrainingOptions | None = None,
+    mla: str = "auto",
 ) -> dict[str, Any]:
     """Whether `needs` bytes fit one device (with `known` figures beside it), and if not the
     fewest devices a layout of the step holds it on."""
@@ -87,7 +90,7 @@ def _fit(
         out["unplanned"] = f"{hw.name} has no links to lay a model out over"
         return out
     low = max(2, math.ceil(needs / hw.memory_bytes))
-    found = fewest_devices(config, workload, hw, low, training, attention)
+    found = fewest_devices(config, workload, hw, low, training, attention, mla=mla)
     if isinstance(found, str):
         out["unplanned"] = found
         return out
@@ -107,6 +110,7 @@ def fewest_devices(
     training: TrainingOptions | None = None,
     attention: str = "flash",
     pinned: dict[str, int] | None = None,
+    mla: str = "auto",
 ) -> tuple[int, dict[str, Any]] | str:
     """The fewest devices from `low` up that a tensor x pipeline (x expert) layout of the model
     (with the sizes `pinned`) fits on, and plan's best layout of them; else why none was found
@@ -115,7 +119,7 @@ def fewest_devices(
     pins = PINNED | (pinned or {})
     for n in range(low, top + 1):
         try:
-            report = plan(config, workload, n, hw, training, attention, pins)
+            report = plan(config, workload, n, hw, training, attention, pins, mla=mla)
         except GraphllmError:
             continue  # no legal layout of n devices (heads or layers do not divide)
         if report.candidates:

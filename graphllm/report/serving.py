@@ -47,6 +47,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from graphllm.errors import ConfigError
@@ -54,6 +56,7 @@ from graphllm.files import write_atomic
 from graphllm.models.hardware import Hardware
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import MAX_POSITIONS, Workload
+from graphllm.passes.parallel.engine import MLA_WHY, mla_form
 from graphllm.passes.parallel.partition import Strategy
 from graphllm.report.plot import pyplot_for
 from graphllm.report.serving_steps import (
@@ -101,6 +104,98 @@ def _require_context(config: ModelConfig, prompt: int, output: int) -> None:
         )
 
 
+@dataclass(frozen=True)
+class _Steps:
+    """What a replica's steps are priced with: the model, its dtypes, one replica's strategy
+    (serving pipelines the microbatches itself), the device, and each phase's MLA form."""
+
+    config: ModelConfig
+    dtypes: dict[str, str]
+    replica: Strategy
+    hw: Hardware
+    attention: str
+    forms: dict[str, str]  # phase -> MLA form
+
+    def decode(self, b: int, keys: int) -> list[dict]:
+        """Each stage's step on a microbatch of `b` sequences attending over `keys` positions."""
+        wl = Workload(batch=b, seq_len=1, logits="last", **self.dtypes)
+        args = (self.config, wl, self.replica, self.hw, self.attention, keys)
+        return decode_stages(*args, self.forms["decode"])
+
+    def prefill(self, prompt: int, chunks: int) -> list[list[float]]:
+        """[chunk][stage] seconds of a prompt's prefill in `chunks` chunks."""
+        wl = Workload(logits="last", **self.dtypes)
+        args = (self.config, wl, self.replica, self.hw, self.attention, prompt, chunks)
+        return prefill_chunks(*args, self.forms["prefill"])
+
+
+def mla_forms(config: ModelConfig, mla: str) -> dict[str, str]:
+    """The MLA form of a prefill and of a decode step: `mla`, or the engines' under 'auto'."""
+    return {phase: mla_form(config, phase, mla) for phase in ("prefill", "decode")}
+
+
+def _require_request(
+    config: ModelConfig, strategy: Strategy, prompt: int, output: int, memory_fraction: float
+) -> None:
+    """One line for a request, strategy or memory share serving does not model."""
+    _require_combination(strategy)
+    _require_context(config, prompt, output)
+    require_cp_cache(config, strategy.cp, prompt)
+    if not 0 < memory_fraction <= 1:
+        raise ConfigError(f"--memory-fraction must be in (0, 1], got {memory_fraction}")
+
+
+def _room(full: list[dict], hw: Hardware, memory_fraction: float) -> list[tuple]:
+    """Per stage: (sequences a device's cache holds, its budget, one sequence's cache), from
+    each stage's step on sequences at their full length."""
+    room = []
+    for st in full:
+        budget = memory_fraction * hw.memory_bytes - st["weight_bytes"] - st["activation_bytes"]
+        per_seq = st["kv_cache_bytes"] + st["state_bytes"]  # hybrid layers' states too
+        room.append((math.floor(budget / per_seq) if per_seq > 0 else 0, budget, per_seq))
+    return room
+
+
+def _no_room(
+    config: ModelConfig, strategy: Strategy, hw: Hardware, memory_fraction: float, flight: int
+) -> Callable[[int, list[dict], list[tuple]], ConfigError]:
+    """The error for stage `tight`, whose weights leave no room for `flight` sequences' cache."""
+
+    def error(tight: int, full: list[dict], room: list[tuple]) -> ConfigError:
+        one, per_seq = full[tight], room[tight][2]
+        where = f" stage {tight}'s" if strategy.pp > 1 else ""
+        return ConfigError(
+            f"{config.name} on {strategy.devices} {hw.name}:{where} weights "
+            f"({one['weight_bytes'] / 1e9:.2f} GB a device) leave no room for "
+            f"{'one sequence' if flight == 1 else f'{flight} sequences (one a microbatch)'}'s "
+            f"{'KV cache and states' if one['state_bytes'] else 'KV cache'} "
+            f"({per_seq / 1e9:.3f} GB a sequence) in {100 * memory_fraction:g}% of "
+            f"{hw.memory_bytes / 1e9:g} GB; spread it over more devices (--tp, --pp"
+            f"{', --ep' if config.is_moe else ''}), or see `graphllm plan`"
+        )
+
+    return error
+
+
+def _require_batch(want: int, largest: int, s: Strategy, flight: int, total: int) -> None:
+    """One line for a batch the replicas cannot split into equal microbatches, or hold."""
+    dp, ep, unit = s.dp, s.ep, flight * s.ep
+    in_flight = f"--pp {s.pp}" if flight == s.pp else f"--microbatches {flight}"
+    if ep > 1:
+        in_flight += f" x --ep {ep}"
+    if want % (dp * unit):
+        raise ConfigError(
+            f"--batch {want} must be a multiple of --dp {dp} x {in_flight}: each of the {dp} "
+            f"replicas keeps {flight} equal microbatch{'es' if flight > 1 else ''} in flight"
+            + (f", each cut over the {ep} ep ranks" if ep > 1 else "")
+        )
+    if want > dp * largest:
+        raise ConfigError(
+            f"--batch {want} does not fit: the KV cache holds at most {dp * largest} sequences "
+            f"of {total} tokens"
+        )
+
+
 def serving_report(
     config: ModelConfig,
     base: Workload,
@@ -113,95 +208,38 @@ def serving_report(
     attention: str = "flash",
     memory_fraction: float = MEMORY_FRACTION,
     microbatches_given: bool = False,
+    mla: str = "auto",
 ) -> dict[str, Any]:
     """The serving figures of `config` on `strategy` x `hw` for requests of `prompt` tokens in
     and `output` out; `batch` concurrent sequences (None: the largest that fits). Decode keeps
     the strategy's microbatches in flight through the stages where above 1 or
-    `microbatches_given` (`--microbatches 1` with `--pp`: one, the other stages idle), else pp."""
-    _require_combination(strategy)
-    _require_context(config, prompt, output)
-    require_cp_cache(config, strategy.cp, prompt)
-    if not 0 < memory_fraction <= 1:
-        raise ConfigError(f"--memory-fraction must be in (0, 1], got {memory_fraction}")
+    `microbatches_given` (`--microbatches 1` with `--pp`: one, the other stages idle), else pp.
+    `mla`: an MLA model's form in both phases, or 'auto': each phase's as engines run it."""
+    _require_request(config, strategy, prompt, output, memory_fraction)
     dtypes = {k: getattr(base, k) for k in ("weight_dtype", "act_dtype", "kv_dtype")}
-    avg = prompt + output // 2
-    dp, pp, ep = strategy.dp, strategy.pp, strategy.ep
-    given = microbatches_given or strategy.microbatches > 1
-    flight = strategy.microbatches if given else pp  # decode microbatches in flight
-    chunks = strategy.microbatches  # of a prompt's prefill
-    # each replica's program is the same; serving pipelines the microbatches itself
+    forms = mla_forms(config, mla)
     replica = dataclasses.replace(strategy, dp=1, microbatches=1)
-
-    def decode(b: int, keys: int = avg + 1) -> list[dict]:
-        """Each stage's step on a microbatch of `b` sequences attending over `keys` positions."""
-        wl = Workload(batch=b, seq_len=1, logits="last", **dtypes)
-        return decode_stages(config, wl, replica, hw, attention, keys)
-
-    prefill = prefill_chunks(
-        config, Workload(logits="last", **dtypes), replica, hw, attention, prompt, chunks
-    )  # [chunk][stage]
+    steps = _Steps(config, dtypes, replica, hw, attention, forms)
+    given = microbatches_given or strategy.microbatches > 1  # else pp decode microbatches
+    flight = strategy.microbatches if given else strategy.pp
+    prefill = steps.prefill(prompt, strategy.microbatches)  # [chunk][stage]
     # a sequence at its full length, per stage; partition cuts a decode batch over the ep
     # ranks, so ep sequences leave one in each ep rank's cache
-    full = decode(ep, prompt + output)
-    room = []  # per stage: (sequences a device's cache holds, its budget, one sequence's cache)
-    for st in full:
-        budget = memory_fraction * hw.memory_bytes - st["weight_bytes"] - st["activation_bytes"]
-        per_seq = st["kv_cache_bytes"] + st["state_bytes"]  # hybrid layers' states too
-        room.append((math.floor(budget / per_seq) if per_seq > 0 else 0, budget, per_seq))
-    tight = min(range(pp), key=lambda i: room[i][0])  # the fullest stage bounds the replica
-    held, budget, per_seq = room[tight]
-    one = full[tight]
-    unit = flight * ep  # equal microbatches in flight, each cut over the ep ranks
-    largest = held // flight * unit
-    in_flight = f"--pp {pp}" if flight == pp else f"--microbatches {flight}"
-    if ep > 1:
-        in_flight += f" x --ep {ep}"
+    full = steps.decode(strategy.ep, prompt + output)
+    room = _room(full, hw, memory_fraction)
+    tight = min(range(strategy.pp), key=lambda i: room[i][0])  # the fullest stage bounds it
+    unit = flight * strategy.ep  # equal microbatches in flight, each cut over the ep ranks
+    largest = room[tight][0] // flight * unit
     if largest < 1:
-        where = f" stage {tight}'s" if pp > 1 else ""
-        raise ConfigError(
-            f"{config.name} on {strategy.devices} {hw.name}:{where} weights "
-            f"({one['weight_bytes'] / 1e9:.2f} GB a device) leave no room for "
-            f"{'one sequence' if flight == 1 else f'{flight} sequences (one a microbatch)'}'s "
-            f"{'KV cache and states' if one['state_bytes'] else 'KV cache'} "
-            f"({per_seq / 1e9:.3f} GB a sequence) in {100 * memory_fraction:g}% of "
-            f"{hw.memory_bytes / 1e9:g} GB; spread it over more devices (--tp, --pp"
-            f"{', --ep' if config.is_moe else ''}), or see `graphllm plan`"
-        )
-    want = dp * largest if batch is None else batch
-    if want % (dp * unit):
-        raise ConfigError(
-            f"--batch {want} must be a multiple of --dp {dp} x {in_flight}: each of the {dp} "
-            f"replicas keeps {flight} equal microbatch{'es' if flight > 1 else ''} in flight"
-            + (f", each cut over the {ep} ep ranks" if ep > 1 else "")
-        )
-    if want > dp * largest:
-        raise ConfigError(
-            f"--batch {want} does not fit: the KV cache holds at most {dp * largest} sequences "
-            f"of {prompt + output} tokens"
-        )
-    ttft = pipelined(prefill)  # one chunk: the prompt passes each stage in turn
-    # a prompt's turn on the slowest stage: every chunk of it
-    prefill_turn = max(sum(col) for col in zip(*prefill))
-    steps: dict[int, list[dict]] = {}
-
-    def point(b: int) -> dict[str, Any]:
-        """The steady state of a replica serving `b` sequences in `flight` microbatches."""
-        steps[b] = decode(b // flight)
-        secs = [st["seconds"] for st in steps[b]]
-        # the slowest stage's turn on every microbatch, or one microbatch's lap of the ring
-        step = max(flight * max(secs), sum(secs)) + b / output * prefill_turn
-        return {
-            "batch": dp * b,
-            "tpot_seconds": step,
-            "tokens_per_second_per_user": 1 / step,
-            "tokens_per_second": dp * b / step,
-        }
-
+        raise _no_room(config, strategy, hw, memory_fraction, flight)(tight, full, room)
+    want = strategy.dp * largest if batch is None else batch
+    _require_batch(want, largest, strategy, flight, prompt + output)
     grid = (unit * 2**i for i in range(int(math.log2(largest // unit)) + 1))
-    sizes = sorted({*grid, largest, want // dp})
-    curve = [point(b) for b in sizes]
+    sizes = sorted({*grid, largest, want // strategy.dp})
+    decoded = {b: steps.decode(b // flight, prompt + output // 2 + 1) for b in sizes}
+    curve = [_point(decoded[b], b, strategy.dp, flight, output, prefill) for b in sizes]
     at = next(p for p in curve if p["batch"] == want)
-    return {
+    doc = {
         "model": config.name,
         "hardware": hw.name,
         "rate_model": hw.rate_model,
@@ -210,36 +248,83 @@ def serving_report(
         "prompt": prompt,
         "output": output,
         "memory_fraction": memory_fraction,
+        **_capacity(full[tight], room[tight][1]),
+        "max_batch": strategy.dp * largest,
+        "batch": want,
+        "ttft_seconds": pipelined(prefill),  # one chunk: the prompt passes each stage in turn
+    }
+    doc |= {k: at[k] for k in ("tpot_seconds", "tokens_per_second_per_user", "tokens_per_second")}
+    doc |= _layout(strategy, flight, curve, full, prefill, decoded[want // strategy.dp], room)
+    return doc | _mla_section(config, mla, forms)
+
+
+def _capacity(one: dict[str, Any], budget: float) -> dict[str, Any]:
+    """A device's weights, its cache's budget and a sequence's cache, on the fullest stage."""
+    return {
         "weight_bytes_per_device": one["weight_bytes"],
         "kv_bytes_per_sequence_per_device": one["kv_cache_bytes"],
         "state_bytes_per_sequence_per_device": one["state_bytes"],
         "kv_capacity_bytes_per_device": budget,
-        "max_batch": dp * largest,
-        "batch": want,
-        "ttft_seconds": ttft,
-        "tpot_seconds": at["tpot_seconds"],
-        "tokens_per_second_per_user": at["tokens_per_second_per_user"],
-        "tokens_per_second": at["tokens_per_second"],
+    }
+
+
+def _point(
+    stages: list[dict], b: int, dp: int, flight: int, output: int, prefill: list[list[float]]
+) -> dict[str, Any]:
+    """The steady state of a replica serving `b` sequences in `flight` microbatches, each
+    stage's decode step on one microbatch being `stages`."""
+    secs = [st["seconds"] for st in stages]
+    prefill_turn = max(sum(col) for col in zip(*prefill))  # a prompt's turn on the slowest stage
+    # the slowest stage's turn on every microbatch, or one microbatch's lap of the ring
+    step = max(flight * max(secs), sum(secs)) + b / output * prefill_turn
+    return {
+        "batch": dp * b,
+        "tpot_seconds": step,
+        "tokens_per_second_per_user": 1 / step,
+        "tokens_per_second": dp * b / step,
+    }
+
+
+def _layout(
+    s: Strategy,
+    flight: int,
+    curve: list[dict],
+    full: list[dict],
+    prefill: list[list[float]],
+    decoded: list[dict],
+    room: list[tuple],
+) -> dict[str, Any]:
+    """The document's curve, replicas, stages and microbatches, and each stage's figures."""
+    return {
         "curve": curve,
-        "replicas": dp,
-        "pipeline_stages": pp,
-        "context_parallel": strategy.cp,
+        "replicas": s.dp,
+        "pipeline_stages": s.pp,
+        "context_parallel": s.cp,
         "microbatches_in_flight": flight,
-        "prefill_chunks": chunks,
+        "prefill_chunks": s.microbatches,
         "stages": [
             {
                 "stage": i,
                 "layers": full[i]["layers"],
                 "prefill_seconds": sum(row[i] for row in prefill),
-                "decode_seconds": steps[want // dp][i]["seconds"],
-                "cp_combine_seconds": steps[want // dp][i]["combine_seconds"],
+                "decode_seconds": decoded[i]["seconds"],
+                "cp_combine_seconds": decoded[i]["combine_seconds"],
                 "kv_capacity_bytes": room[i][1],
                 "cache_bytes_per_sequence": room[i][2],  # KV cache and state
                 "sequences_held": room[i][0],
             }
-            for i in range(pp)
+            for i in range(s.pp)
         ],
     }
+
+
+def _mla_section(config: ModelConfig, mla: str, forms: dict[str, str]) -> dict[str, Any]:
+    """An MLA model's forms per phase and why (nothing for another model: its document is as
+    it was)."""
+    if not config.is_mla:
+        return {}
+    why = MLA_WHY if mla == "auto" else f"--mla {mla}"
+    return {"mla": forms | {"why": why}}
 
 
 def plot_curve(doc: dict[str, Any], path: Any) -> Any:

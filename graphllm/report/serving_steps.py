@@ -60,10 +60,16 @@ from graphllm.passes.registry import meta_result
 
 
 def programs(
-    config: ModelConfig, wl: Workload, s: Strategy, hw: Hardware, attention: str
+    config: ModelConfig,
+    wl: Workload,
+    s: Strategy,
+    hw: Hardware,
+    attention: str,
+    mla: str = "naive",
 ) -> tuple[Graph, list[dict[str, Any]]]:
-    """One rank's program of a step, and each pipeline stage's figures (partition report)."""
-    graph = partition(build_graph(config, wl), s, hw)
+    """One rank's program of a step (an MLA model's attention in form `mla`), and each pipeline
+    stage's figures (partition report)."""
+    graph = partition(build_graph(config, wl, mla=mla), s, hw)
     return graph, partition_report(graph, hw, attention).to_dict()["stages"]
 
 
@@ -118,13 +124,14 @@ def decode_stages(
     hw: Hardware,
     attention: str,
     keys: int,
+    mla: str = "naive",
 ) -> list[dict[str, Any]]:
     """Each stage's decode step of one rank for the batch of `wl`, each sequence attending over
     `keys` positions (the new one included) held over the cp ranks: its figures, its time with
     the cp combines (`seconds`) and theirs (`combine_seconds`)."""
     shard = cp_shard(keys, replica.cp)
     step = dataclasses.replace(wl, seq_len=1, past_len=shard - 1)
-    graph, stages = programs(config, step, decode_strategy(replica), hw, attention)
+    graph, stages = programs(config, step, decode_strategy(replica), hw, attention, mla)
     combine = combine_seconds(graph, replica, hw)
     return [
         st | {"seconds": st["seconds"] + c, "combine_seconds": c} for st, c in zip(stages, combine)
@@ -139,6 +146,7 @@ def prefill_chunks(
     attention: str,
     prompt: int,
     chunks: int,
+    mla: str = "naive",
 ) -> list[list[float]]:
     """times[j][s]: stage s's seconds (its send to the next stage included) on chunk j of a
     prompt of `prompt` tokens cut into `chunks` equal chunks, chunk j over a past of j chunks."""
@@ -151,7 +159,8 @@ def prefill_chunks(
     times = []
     for j in range(chunks):
         step = dataclasses.replace(wl, seq_len=c, past_len=j * c)
-        times.append([st["seconds"] for st in programs(config, step, replica, hw, attention)[1]])
+        stages = programs(config, step, replica, hw, attention, mla)[1]
+        times.append([st["seconds"] for st in stages])
     return times
 
 

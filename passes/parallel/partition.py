@@ -118,6 +118,26 @@ def _check(ok: bool, msg: str) -> None:
 
 def validate(cfg: ModelConfig, wl: Workload, s: Strategy) -> dict[str, str]:
     """One clear line for a strategy the model or workload cannot take; where tokens are cut."""
+    _require_sizes(s)
+    _require_tp(cfg, s)
+    if s.ep > 1:
+        _check(cfg.is_moe, f"--ep needs a mixture-of-experts model; {cfg.name} has no experts")
+        e = cfg.num_experts
+        _check(e % s.ep == 0, f"--ep {s.ep} does not divide the {e} experts")
+    t = wl.seq_len
+    _check(t % s.cp == 0, f"--cp {s.cp} does not divide the {t} new tokens (--seq-len)")
+    n = cfg.num_hidden_layers
+    _check(s.pp <= n, f"--pp {s.pp} is more than the {n} layers: a stage needs one at least")
+    b = wl.batch
+    _check(b % s.dp == 0, f"--dp {s.dp} does not divide the batch {b}")
+    m = s.microbatches
+    _check((b // s.dp) % m == 0, f"--microbatches {m} does not divide the batch {b // s.dp}")
+    return _token_split(wl, s)
+
+
+def _require_sizes(s: Strategy) -> None:
+    """Each size a positive integer, the mesh within MAX_DEVICES, the flags booleans, and sp
+    over a tensor-parallel group."""
     for k in ("tp", "cp", "pp", "ep", "dp", "microbatches"):
         v = getattr(s, k)
         ok = isinstance(v, int) and not isinstance(v, bool) and v >= 1
@@ -130,6 +150,11 @@ def validate(cfg: ModelConfig, wl: Workload, s: Strategy) -> dict[str, str]:
         f"whole_vocab must be true or false, got {shown(s.whole_vocab)}",
     )
     _check(not s.sp or s.tp > 1, "--sp shards the tensor-parallel group: give --tp N with N > 1")
+
+
+def _require_tp(cfg: ModelConfig, s: Strategy) -> None:
+    """tp divides every width it cuts: the heads, the FFN and expert widths, and the linear-
+    attention and Mamba heads."""
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
     _check(heads % s.tp == 0, f"--tp {s.tp} does not divide the {heads} attention heads")
     _check(
@@ -143,27 +168,21 @@ def validate(cfg: ModelConfig, wl: Workload, s: Strategy) -> dict[str, str]:
     }
     for what, w in widths.items():
         _check(not w or w % s.tp == 0, f"--tp {s.tp} does not divide the {what} {w}")
-    # issue 19: a linear-attention layer splits over its key-head groups
+    # a linear-attention layer splits over its key-head groups
     groups = cfg.linear_num_key_heads
     _check(
         not groups or groups % s.tp == 0,
         f"--tp {s.tp} does not divide the {groups} linear-attention key heads",
     )
-    # issue 19: a Mamba2 layer splits over its heads (and its groups, where tp divides them)
+    # a Mamba2 layer splits over its heads (and its groups, where tp divides them)
     mamba = cfg.mamba_num_heads
     _check(not mamba or mamba % s.tp == 0, f"--tp {s.tp} does not divide the {mamba} Mamba heads")
-    if s.ep > 1:
-        _check(cfg.is_moe, f"--ep needs a mixture-of-experts model; {cfg.name} has no experts")
-        e = cfg.num_experts
-        _check(e % s.ep == 0, f"--ep {s.ep} does not divide the {e} experts")
-    t = wl.seq_len
-    _check(t % s.cp == 0, f"--cp {s.cp} does not divide the {t} new tokens (--seq-len)")
-    n = cfg.num_hidden_layers
-    _check(s.pp <= n, f"--pp {s.pp} is more than the {n} layers: a stage needs one at least")
-    b = wl.batch
-    _check(b % s.dp == 0, f"--dp {s.dp} does not divide the batch {b}")
-    m = s.microbatches
-    _check((b // s.dp) % m == 0, f"--microbatches {m} does not divide the batch {b // s.dp}")
+
+
+def _token_split(wl: Workload, s: Strategy) -> dict[str, str]:
+    """Where ep cuts the tokens ('batch' where the microbatch divides, else 'token'), once the
+    rank's tokens are known to divide for ep and sp."""
+    t, b, m = wl.seq_len, wl.batch, s.microbatches
     split: dict[str, str] = {}
     if s.ep > 1:
         if (b // s.dp // m) % s.ep == 0:

@@ -39,6 +39,7 @@ from graphllm.models.workload import Workload
 from graphllm.ops import OPS, SOURCE
 from graphllm.passes.cost import layer_scopes, layer_slots
 from graphllm.passes.memory import peak_activations
+from graphllm.passes.parallel.engine import mla_form
 from graphllm.passes.parallel.figures import (
     Figures,
     bubble,
@@ -428,11 +429,15 @@ def plan(
     attention: str = "flash",
     pinned: dict[str, int] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    mla: str = "auto",
 ) -> PlanReport:
     """Every legal layout of `devices`, those that fit ranked by predicted step time.
-    `progress(done, total)` is told the layouts tried after each."""
+    `progress(done, total)` is told the layouts tried after each. `mla`: an MLA model's form,
+    or 'auto': the step's as engines run it (engine.mla_form: absorbed for a decode step)."""
     pinned = _pinned(devices, hw, training, pinned)
     _require_few_layouts(devices, pinned, cfg.is_moe)
+    phase = "training" if training is not None else wl.phase
+    form = mla_form(cfg, phase, mla)
     small, kinds = reduced_config(cfg)
     ok, big, bad = [], [], []
     layouts = factorisations(devices, pinned, cfg.is_moe)
@@ -443,7 +448,7 @@ def plan(
         except GraphllmError as e:
             tried.append(e)
     keys = list(dict.fromkeys(_key(wl, s) for s in tried if isinstance(s, Strategy)))
-    with _programs(keys, small, wl, hw, attention, training) as programs:
+    with _programs(keys, (small, form), wl, hw, attention, training) as programs:
         for i, (sizes, s) in enumerate(zip(layouts, tried, strict=True)):
             if progress is not None:
                 progress(i, len(layouts))
@@ -460,7 +465,6 @@ def plan(
         raise ConfigError(f"no layout of {devices} devices is legal for {cfg.name}: {why}")
     ok.sort(key=lambda c: c["seconds"])
     big.sort(key=lambda c: c["memory_bytes"])
-    phase = "training" if training is not None else wl.phase
     return PlanReport(devices, phase, ok, big, bad)
 
 
@@ -526,18 +530,18 @@ def _key(wl: Workload, s: Strategy) -> ProgramKey:
 @contextlib.contextmanager
 def _programs(
     keys: list[ProgramKey],
-    small: ModelConfig,
+    model: tuple[ModelConfig, str],
     wl: Workload,
     hw: Hardware,
     attention: str,
     training: TrainingOptions | None,
 ) -> Iterator[Callable[[ProgramKey], Program | GraphllmError]]:
-    """Each key's program (or the error that refuses it), partitioned on the reduced config
-    `small` once; side by side in forked workers where there are many (graphllm/forked.py).
-    The lookup it gives waits for the program asked for."""
+    """Each key's program (or the error that refuses it), partitioned once on the reduced
+    config of `model` (in its MLA form); side by side in forked workers where there are many
+    (graphllm/forked.py). The lookup it gives waits for the program asked for."""
     global _FORKED
     jobs = workers(len(keys), FORK_LEAST)
-    context: _Context = (small, wl, hw, attention, training, {})
+    context: _Context = (model, wl, hw, attention, training, {})
     before = _FORKED
     if jobs > 1:
         for b_mb in dict.fromkeys(k[-1] for k in keys):  # shared with the workers, not rebuilt
@@ -562,8 +566,8 @@ def _programs(
         _FORKED = before
 
 
-# (reduced config, workload, hardware, attention, training, graph per microbatch size)
-_Context = tuple[ModelConfig, Workload, Hardware, str, "TrainingOptions | None", dict]
+# ((reduced config, MLA form), workload, hardware, attention, training, graph per microbatch size)
+_Context = tuple[tuple[ModelConfig, str], Workload, Hardware, str, "TrainingOptions | None", dict]
 # what the workers of the plan being made compute from: they fork with it (a worker is sent
 # only a key), so it is set while its plan's workers run
 _FORKED: _Context | None = None
@@ -577,9 +581,9 @@ def _program_forked(key: ProgramKey) -> Program | GraphllmError:
 def _graph(context: _Context, b_mb: int) -> Graph:
     """The unpartitioned reduced graph of microbatch size `b_mb`, built and verified once:
     partition leaves its input as it was."""
-    small, wl, graphs = context[0], context[1], context[5]
+    (small, form), wl, graphs = context[0], context[1], context[5]
     if b_mb not in graphs:
-        built = build_graph(small, dataclasses.replace(wl, batch=b_mb))
+        built = build_graph(small, dataclasses.replace(wl, batch=b_mb), mla=form)
         built.verify()
         graphs[b_mb] = built
     return graphs[b_mb]
