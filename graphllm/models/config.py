@@ -25,9 +25,9 @@ from graphllm.files import note_input
 # MULTIMODAL_UNUSED and CHUNKED are re-exported: build/weights.py and report/summary.py read them here
 from graphllm.models.families import FAMILY_TABLE, MULTIMODAL, MULTIMODAL_UNUSED  # noqa: F401
 from graphllm.models.family import CHUNKED, SLIDING, Family, mla_attention_scale  # noqa: F401
-from graphllm.models.fields import REQUIRED, describe, malformed, mapping, show, unknown_field
+from graphllm.models.fields import REQUIRED, Spec, describe, malformed, mapping, show, unknown_field
 from graphllm.models.folder import folder_member
-from graphllm.models.model_config import ModelConfig
+from graphllm.models.model_config import ModelConfig, RopeConfig
 from graphllm.models.parse import file_mode, read_mapping
 from graphllm.models.quantization import Quantization, parse_quantization
 from graphllm.models.rope_fields import (
@@ -176,6 +176,19 @@ def _model_type(d: dict) -> str:
     return mt
 
 
+def _same_value(spec: Spec, one: tuple[str, Any], other: tuple[str, Any]) -> None:
+    """A field given under two spellings (a family's aliases: transformers' attribute_map, a
+    published file's legacy name beside the modelled one) must say the same: null is "not given"
+    unless null is a value of the field's own (sliding_window: null switches the window off)."""
+    (key, value), (key2, value2) = one, other
+    if value is None or value2 is None:
+        same = not spec.nullable or value is value2
+    else:
+        same = spec.check(key, value) == spec.check(key2, value2)
+    if not same:
+        raise ConfigError(f"{key}={show(value)} disagrees with {key2}={show(value2)}")
+
+
 def _collect(d: dict, fam: Family, mt: str) -> dict[str, Any]:
     """Check every key of `d` against the family's table; return field values with defaults."""
     given: dict[str, Any] = {}
@@ -202,13 +215,8 @@ def _collect(d: dict, fam: Family, mt: str) -> dict[str, Any]:
             known = set(fam.fields) | set(fam.aliases) | set(NOOP_ONLY) | BOOKKEEPING
             unmodelled.append(str(unknown_field(key, key, known)))
             continue
-        if given.get(name) is not None and value is not None:
-            # both spellings given (num_experts and num_local_experts): they must agree
-            check = fam.fields[name].check
-            if check(key, value) != check(spelt[name], given[name]):
-                raise ConfigError(
-                    f"{key}={shown(value)} disagrees with {spelt[name]}={shown(given[name])}"
-                )
+        if name in given:
+            _same_value(fam.fields[name], (key, value), (spelt[name], given[name]))
         if value is not None or name not in given:
             given[name], spelt[name] = value, key
 
@@ -230,8 +238,11 @@ def _collect(d: dict, fam: Family, mt: str) -> dict[str, Any]:
     return v
 
 
-def _attention_shape(v: dict) -> tuple[int, int]:
-    """(num_key_value_heads, head_dim) checked against each other."""
+def _attention_shape(v: dict, fam: Family) -> tuple[int, int]:
+    """(num_key_value_heads, head_dim) checked against each other; MLA's is one K/V per query
+    head, its query/key heads nope + rope wide."""
+    if fam.mla:
+        return v["num_attention_heads"], v["qk_nope_head_dim"] + v["qk_rope_head_dim"]
     heads, hidden = v["num_attention_heads"], v["hidden_size"]
     kv = v["num_key_value_heads"] or heads
     if heads % kv:
@@ -333,6 +344,48 @@ def _quantization(d: dict) -> Quantization | None:
     return parse_quantization(section, dtype)
 
 
+def _ffn(v: dict, fam: Family) -> dict[str, Any]:
+    """The FFN fields: a dense MLP in every layer, or the family's MoE layout."""
+    kw: dict[str, Any] = {
+        "intermediate_size": v["intermediate_size"],
+        "moe_layers": (False,) * v["num_hidden_layers"],
+        "rms_norm_eps": v.get("rms_norm_eps"),  # a family naming it otherwise derives it
+    }
+    if fam.moe is None:
+        return kw
+    moe = kw | fam.moe(v)
+    if moe["num_experts_per_tok"] > moe["num_experts"]:
+        raise ConfigError(
+            f"num_experts_per_tok {moe['num_experts_per_tok']} exceeds the "
+            f"{moe['num_experts']} experts"
+        )
+    # no layer routes (decoder_sparse_step beyond the depth): a dense model
+    return moe if any(moe["moe_layers"]) else {k: moe[k] for k in kw}
+
+
+def _rope(
+    v: dict, fam: Family, mt: str, types: tuple[str, ...], head_dim: int
+) -> tuple[RopeConfig, dict[str, Any]]:
+    """The RoPE of the (full-attention) layers, and the ModelConfig fields it decides: the
+    sliding layers' own RoPE, the rotated channels, MLA's attention scale. Read after the
+    family's derive, which may normalise partial_rotary_factor (MiniMax-M2's rotary_dim)."""
+    kw: dict[str, Any] = {}
+    if fam.rope_by_layer_type:
+        rope, sliding = ropes_by_layer_type(v, fam, mt)
+        # one RoPE for every layer where the sliding layers' is the same (or there are none)
+        if sliding != rope and SLIDING in types:
+            kw["sliding_rope"] = sliding
+    else:
+        rope = read_rope(v, fam, mt)
+    if fam.partial_rotary:
+        if v.get("partial_rotary_factor") is None:  # given neither at the top nor in the rope
+            v["partial_rotary_factor"] = fam.default_partial_rotary
+        kw["rotary_dim"] = rotary_dim(v, head_dim)
+    if fam.mla:
+        kw["attention_scale"] = mla_attention_scale(rope, head_dim)
+    return rope, kw
+
+
 def config_from_dict(d: dict, name: str) -> ModelConfig:
     """Validate a config dict (HF config.json field names) and normalise it to a ModelConfig."""
     if not isinstance(d, dict):
@@ -345,46 +398,18 @@ def config_from_dict(d: dict, name: str) -> ModelConfig:
     if fam.prepare is not None:
         v = fam.prepare(v)
 
-    if fam.mla:
-        kv, head_dim = v["num_attention_heads"], v["qk_nope_head_dim"] + v["qk_rope_head_dim"]
-    else:
-        kv, head_dim = _attention_shape(v)
+    kv, head_dim = _attention_shape(v, fam)
     act = fam.acts.get(v[fam.act_field])
     if act is None:
         raise ConfigError(_act_refusal(v[fam.act_field], fam, mt))
     types, window = _layer_types(v, fam, mt)
     n = v["num_hidden_layers"]
-    kw: dict[str, Any] = {
-        "intermediate_size": v["intermediate_size"],
-        "moe_layers": (False,) * n,
-        "rms_norm_eps": v.get("rms_norm_eps"),  # a family naming it otherwise derives it
-    }
-    if fam.moe is not None:
-        kw |= fam.moe(v)
-        if kw["num_experts_per_tok"] > kw["num_experts"]:
-            raise ConfigError(
-                f"num_experts_per_tok {kw['num_experts_per_tok']} exceeds the "
-                f"{kw['num_experts']} experts"
-            )
-        if not any(kw["moe_layers"]):
-            # no layer routes (decoder_sparse_step beyond the depth): a dense model
-            kw = {k: kw[k] for k in ("intermediate_size", "moe_layers", "rms_norm_eps")}
+    kw = _ffn(v, fam)
     kw |= fam.derive(v)
 
-    if fam.rope_by_layer_type:
-        rope, sliding = ropes_by_layer_type(v, fam, mt)
-        # one RoPE for every layer where the sliding layers' is the same (or there are none)
-        if sliding != rope and SLIDING in types:
-            kw["sliding_rope"] = sliding
-    else:
-        rope = read_rope(v, fam, mt)
-    if fam.partial_rotary:
-        if v.get("partial_rotary_factor") is None:  # given neither at the top nor in the rope
-            v["partial_rotary_factor"] = fam.default_partial_rotary
-        kw["rotary_dim"] = rotary_dim(v, head_dim)
+    rope, rope_kw = _rope(v, fam, mt, types, head_dim)
+    kw |= rope_kw
     rope_layers = kw.pop("rope_layers", ())  # a family's NoPE layers; else RoPE in every layer
-    if fam.mla:
-        kw["attention_scale"] = mla_attention_scale(rope, head_dim)
     return ModelConfig(
         name=name,
         model_type=mt,

@@ -88,7 +88,9 @@ class Family:
     acts: dict[str, str] = field(default_factory=lambda: dict(SILU))
     rope_types: tuple[str, ...] = ROPE_TYPES
     default_theta: float = 10000.0
-    # other spellings of a field (transformers' attribute_map), mapped to the name in `fields`
+    # other spellings of a field, mapped to the name in `fields`: transformers' attribute_map and
+    # the legacy names published files still carry; a config giving two spellings of one field
+    # loads when they agree and is refused naming both when they do not
     aliases: dict[str, str] = field(default_factory=dict)
     noop_only: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     # MLA families derive the attention shape themselves (head_dim = nope + rope widths)

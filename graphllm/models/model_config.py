@@ -552,6 +552,17 @@ class ModelConfig:
         h, kv = self.num_attention_heads, self.num_key_value_heads
         if kv and h % kv:
             raise ConfigError(f"{h} attention heads are not a multiple of {kv} key/value heads")
+        self._check_rope()
+        self._check_linear_attention()
+        self._check_mamba()
+        if self.mtp_moe_layers and len(self.mtp_moe_layers) != self.num_nextn_predict_layers:
+            raise ConfigError(
+                f"mtp_moe_layers has {len(self.mtp_moe_layers)} entries for "
+                f"{self.num_nextn_predict_layers} multi-token-prediction layers"
+            )
+
+    def _check_rope(self) -> None:
+        """The rotated channels, longrope's per-channel factors and a second (sliding) RoPE."""
         rot = self.rotary_dim or self.head_dim
         if self.rotary_dim and (self.rotary_dim % 2 or self.rotary_dim > self.head_dim):
             raise ConfigError(
@@ -571,22 +582,20 @@ class ModelConfig:
             raise ConfigError(
                 "sliding_rope is modelled with rotate-half RoPE and standard attention only"
             )
-        if "linear_attention" in self.layer_types:
-            k, v = self.linear_num_key_heads, self.linear_num_value_heads
-            widths = (self.linear_key_head_dim, self.linear_value_head_dim, self.conv_kernel)
-            if not (k and v and all(widths)):
-                raise ConfigError(
-                    "layer_types has linear_attention layers but the linear heads, their "
-                    "widths or conv_kernel are unset"
-                )
-            if v % k:
-                raise ConfigError(f"{v} linear value heads are not a multiple of {k} key heads")
-        self._check_mamba()
-        if self.mtp_moe_layers and len(self.mtp_moe_layers) != self.num_nextn_predict_layers:
+
+    def _check_linear_attention(self) -> None:
+        """The heads, widths and convolution a linear_attention layer needs."""
+        if "linear_attention" not in self.layer_types:
+            return
+        k, v = self.linear_num_key_heads, self.linear_num_value_heads
+        widths = (self.linear_key_head_dim, self.linear_value_head_dim, self.conv_kernel)
+        if not (k and v and all(widths)):
             raise ConfigError(
-                f"mtp_moe_layers has {len(self.mtp_moe_layers)} entries for "
-                f"{self.num_nextn_predict_layers} multi-token-prediction layers"
+                "layer_types has linear_attention layers but the linear heads, their "
+                "widths or conv_kernel are unset"
             )
+        if v % k:
+            raise ConfigError(f"{v} linear value heads are not a multiple of {k} key heads")
 
     def _check_mamba(self) -> None:
         """issue 19: the Mamba2 sizes a mamba2 layer needs, and the names every layer reads."""

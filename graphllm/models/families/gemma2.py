@@ -41,6 +41,9 @@ GEMMA2 = Family(
     reads_layer_types=True,
     acts=GEMMA2_ACTS,
     act_field="hidden_activation",
+    # google/gemma-2-*'s published config.json gives the window twice (sliding_window_size is
+    # the name of the original release); transformers reads sliding_window
+    aliases={"sliding_window_size": "sliding_window"},
     # the published files' cache kind: transformers builds the same model whatever it says
     noop_only={"cache_implementation": ("hybrid", None)},
     block=BlockLayout(
