@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -155,3 +156,12 @@ def test_defaults_are_traces() -> None:
 def test_an_unknown_form_is_a_config_error(option: str, value: str) -> None:
     with pytest.raises(graphllm.ConfigError, match=f"{option} must be one of .*{value}"):
         graphllm.analyse("llama3.2-1b", {"seq_len": 4}, **{option: value})
+
+
+def test_a_yaml_configs_workload_section_fills_what_is_not_given() -> None:
+    path = Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml"
+    got = graphllm.analyse(path, {"seq_len": 4})  # the file says batch 2, T=8, fp32
+    wl = graphllm.Workload(batch=2, seq_len=4, dtype="fp32")
+    graph = graphllm.build_graph(graphllm.load_config(path), wl)
+    same(got, passes.run(graph, ANALYSES, hardware=load_hardware("h100")))
+    assert got["roofline"].tokens_per_step == 8
