@@ -211,6 +211,31 @@ class _Builder(Emitter):
         if c.is_mla:
             return mla_attention(self, p, x, i)
         self.scopes[p] = "attention"
+        q, k, v, gate = self.qkv(p, x)
+        qa = {"axes": {"h": self.h, "e": self.d_h}}
+        kva = {"axes": {"h": self.h_kv, "e": self.d_h}}
+        q = g.add("split_heads", f"{p}.q_heads", (q,), qa)  # (B, h, T, d_h)
+        k = g.add("split_heads", f"{p}.k_heads", (k,), kva)  # (B, h_kv, T, d_h)
+        v = g.add("split_heads", f"{p}.v_heads", (v,), kva)  # (B, h_kv, T, d_h)
+        q, k = self.positioned(p, q, k, i)
+        window = c.sliding_window if c.layer_type(i) == "sliding_attention" else None
+        chunk = c.attention_chunk_size if c.layer_type(i) == "chunked_attention" else None
+        k, v = self.kv_cache(p, k, v, i, window, chunk)
+        if c.n_rep > 1:
+            k = g.add("repeat_kv", f"{p}.k_repeat", (k,), {"axes": {"h": self.h}})  # (B, h, S, d_h)
+            v = g.add("repeat_kv", f"{p}.v_repeat", (v,), {"axes": {"h": self.h}})
+        o = self.core_attention(f"{p}.core", q, k, v, window, chunk=chunk)
+        o = g.add("merge_heads", f"{p}.merge_heads", (o,), {"axes": {"(h e)": self.d_q}})
+        if gate is not None:
+            gate = g.add("sigmoid", f"{p}.gate_act", (gate,))
+            o = g.add("mul", f"{p}.output_gate", (o, gate))
+        return self.linear(f"{p}.o_proj", o, self.d, "attention", bias=c.o_bias)
+
+    def qkv(self, p: str, x: Node) -> tuple[Node | Ref, Node | Ref, Node | Ref, Node | None]:
+        """Q, K and V (B, T, heads x d_h), fused in one projection or apart, normed over the
+        projection where the config says; and the output gate where q_proj writes one."""
+        c, g = self.cfg, self.g
+        gate = None
         if c.fused_qkv:
             d_qkv = Dim("d_qkv", "hidden", self.d_q.size + 2 * self.d_kv.size)  # type: ignore[operator]
             qkv = self.linear(f"{p}.qkv_proj", x, d_qkv, "attention", bias=c.qkv_bias)
@@ -238,11 +263,12 @@ class _Builder(Emitter):
             # one norm over all heads' channels (OLMo 2), so it reads the projection whole
             q = self.rmsnorm(f"{p}.q_norm", q, self.d_q)
             k = self.rmsnorm(f"{p}.k_norm", k, self.d_kv)
-        qa = {"axes": {"h": self.h, "e": self.d_h}}
-        kva = {"axes": {"h": self.h_kv, "e": self.d_h}}
-        q = g.add("split_heads", f"{p}.q_heads", (q,), qa)  # (B, h, T, d_h)
-        k = g.add("split_heads", f"{p}.k_heads", (k,), kva)  # (B, h_kv, T, d_h)
-        v = g.add("split_heads", f"{p}.v_heads", (v,), kva)  # (B, h_kv, T, d_h)
+        return q, k, v, gate
+
+    def positioned(self, p: str, q: Node, k: Node, i: int) -> tuple[Node, Node]:
+        """q and k (B, heads, T, d_h) through the per-head norms and layer i's RoPE (or, on a
+        NoPE layer, the query's temperature where the config has one)."""
+        c, g = self.cfg, self.g
         if c.qk_norm and c.qk_norm_scope == "head":
             q = self.rmsnorm(f"{p}.q_norm", q, self.d_h)
             k = self.rmsnorm(f"{p}.k_norm", k, self.d_h)
@@ -261,8 +287,14 @@ class _Builder(Emitter):
                 "attn_scale": c.temperature_attn_scale,
             }
             q = g.add("attn_temperature", f"{p}.attn_temperature", (q,), attrs)
-        window = c.sliding_window if c.layer_type(i) == "sliding_attention" else None
-        chunk = c.attention_chunk_size if c.layer_type(i) == "chunked_attention" else None
+        return q, k
+
+    def kv_cache(
+        self, p: str, k: Node, v: Node, i: int, window: int | None, chunk: int | None
+    ) -> tuple[Node, Node]:
+        """K and V after layer i's past ones where the workload has a past, written as the
+        outputs present.{i}.key|value (role CACHE); a window or chunked layer's cache rolls."""
+        g = self.g
         if self.wl.past_len > 0:
             # a window layer's cache rolls: it holds the last W-1 positions, not all P; a
             # chunked layer's the last C-1 (all a query of the chunk may still need)
@@ -282,12 +314,4 @@ class _Builder(Emitter):
             # (a prefill attends over all its T keys, but transformers' cache keeps these)
             keeps = g.meta.setdefault("cache_keeps", {})
             keeps[f"present.{i}.key"] = keeps[f"present.{i}.value"] = span - 1
-        if c.n_rep > 1:
-            k = g.add("repeat_kv", f"{p}.k_repeat", (k,), {"axes": {"h": self.h}})  # (B, h, S, d_h)
-            v = g.add("repeat_kv", f"{p}.v_repeat", (v,), {"axes": {"h": self.h}})
-        o = self.core_attention(f"{p}.core", q, k, v, window, chunk=chunk)
-        o = g.add("merge_heads", f"{p}.merge_heads", (o,), {"axes": {"(h e)": self.d_q}})
-        if c.attn_output_gate and not c.fused_qkv:
-            gate = g.add("sigmoid", f"{p}.gate_act", (gate,))
-            o = g.add("mul", f"{p}.output_gate", (o, gate))
-        return self.linear(f"{p}.o_proj", o, self.d, "attention", bias=c.o_bias)
+        return k, v
