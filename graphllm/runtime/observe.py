@@ -3,6 +3,7 @@ positions change. The check of the tokens pass that does not trust the op table.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -17,28 +18,93 @@ from graphllm.ir import STATE, Graph
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload
 from graphllm.passes import run
+from graphllm.passes.parallel.partition import Strategy
 from graphllm.runtime.budget import require_interpreted
 from graphllm.runtime.interpret import run_graph
 from graphllm.runtime.session import OnnxModel
 
 
-def small_instance(cfg: ModelConfig, seq_len: int = 12) -> ModelConfig:
+def small_instance(
+    cfg: ModelConfig, seq_len: int = 12, strategy: Strategy | None = None
+) -> ModelConfig:
     """The same architecture at toy sizes: its family, features, GQA sharing, MoE routing and
     per-layer attention kinds, with a sliding window (and a chunk) shrunk below `seq_len` so it
-    shows."""
+    shows. With `strategy`, every size the strategy splits that it divides in `cfg` (heads, KV
+    heads, ffn widths, the vocabulary, experts under ep, layers under pp) is one it divides in
+    the small instance too, so the small instance partitions the way the model does."""
+    tp = strategy.tp if strategy is not None else 1
+    layers = min(cfg.num_hidden_layers, 4)
+    if strategy is not None:  # a stage needs a layer at least
+        layers = min(cfg.num_hidden_layers, max(layers, strategy.pp))
+    experts = min(cfg.num_experts, 8)
+    if strategy is not None and strategy.ep > 1 and cfg.num_experts % strategy.ep == 0:
+        experts = math.lcm(experts, strategy.ep)
+
+    def width(small: int, full: int) -> int:
+        """`small`, or the next multiple of tp where tp divides the model's `full`."""
+        return _split_like(small, full, tp) if full else 0
+
+    small = replace(
+        cfg,
+        **_small_attention(cfg, seq_len, tp),
+        **_small_rope(cfg),
+        name=f"{cfg.name} (small instance)",
+        vocab_size=_small_vocab(cfg, strategy),
+        hidden_size=32,
+        num_hidden_layers=layers,
+        intermediate_size=width(48, cfg.intermediate_size),
+        layer_types=cfg.layer_types[:layers],
+        rope_layers=cfg.rope_layers[:layers],
+        num_experts=experts,
+        num_experts_per_tok=min(cfg.num_experts_per_tok, experts),
+        moe_intermediate_size=width(16, cfg.moe_intermediate_size),
+        shared_expert_intermediate_size=width(24, cfg.shared_expert_intermediate_size),
+        moe_layers=cfg.moe_layers[:layers],
+        layer_blocks=cfg.layer_blocks[:layers],  # Nemotron-H's one sub-layer a layer
+        embedding_multiplier=32**0.5 if cfg.embedding_multiplier != 1.0 else 1.0,
+    )
+    small = replace(small, **_small_linear(cfg, seq_len, tp), **_small_mamba(cfg, seq_len, tp))
+    return replace(small, **_small_mla(cfg, experts)) if cfg.is_mla else small
+
+
+def _split_like(small: int, full: int, parts: int) -> int:
+    """`small` rounded up to a multiple of `parts` where `parts` divides `full` (the split the
+    model takes stays one the small instance takes), else `small` as it is."""
+    if parts <= 1 or full % parts:
+        return small
+    return -(-small // parts) * parts
+
+
+def _small_attention(cfg: ModelConfig, seq_len: int, tp: int) -> dict:
+    """Heads (GQA sharing kept, tp's divisibility too), head_dim 8, window and chunk below T."""
     ratio = cfg.num_attention_heads // cfg.num_key_value_heads
     kv = 1 if ratio >= 4 else 2
+    if tp > 1 and cfg.num_key_value_heads % tp == 0:
+        kv = math.lcm(kv, tp)  # each tp rank holds KV heads of its own, as in the model
+    elif tp > 1:
+        kv = math.gcd(kv, tp)  # fewer KV heads than ranks: each replicated, as in the model
     heads = kv * min(ratio, 4)
-    layers = min(cfg.num_hidden_layers, 4)
+    if tp > 1 and cfg.num_attention_heads % tp == 0:
+        heads = math.lcm(heads, tp)
     window = cfg.sliding_window
     if window is not None:
         window = min(window, max(2, seq_len // 4))
-    chunk = cfg.attention_chunk_size  # issue 16: Llama 4's chunked layers
+    chunk = cfg.attention_chunk_size  # Llama 4's chunked layers
     if chunk is not None:
         chunk = min(chunk, max(2, seq_len // 3))
-    experts = min(cfg.num_experts, 8)
-    # partial rotary at about its share of the 8-wide head (Phi-4-mini: 6 of 8), and longrope's
-    # per-pair factors thinned to the pairs left, else the toy head could not hold them
+    return {
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": 8,
+        "sliding_window": window,
+        "attention_chunk_size": chunk,
+    }
+
+
+def _small_rope(cfg: ModelConfig) -> dict:
+    """Partial rotary at about its share of the 8-wide head (Phi-4-mini: 6 of 8), and
+    longrope's per-pair factors thinned to the pairs left, else the toy head could not hold
+    them."""
     rotary = min(8, max(2, 2 * round(4 * cfg.rotary_dim / cfg.head_dim))) if cfg.rotary_dim else 0
     pairs = (rotary or 8) // 2
 
@@ -46,55 +112,44 @@ def small_instance(cfg: ModelConfig, seq_len: int = 12) -> ModelConfig:
         return factors[:: max(1, len(factors) // pairs)][:pairs] if factors else factors
 
     rope = replace(cfg.rope, short_factor=thin(cfg.rope.short_factor))
-    rope = replace(rope, long_factor=thin(cfg.rope.long_factor))
-    small = replace(
-        cfg,
-        rotary_dim=rotary,
-        rope=rope,
-        name=f"{cfg.name} (small instance)",
-        vocab_size=97,
-        hidden_size=32,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv,
-        head_dim=8,
-        intermediate_size=48 if cfg.intermediate_size else 0,
-        layer_types=cfg.layer_types[:layers],
-        rope_layers=cfg.rope_layers[:layers],
-        sliding_window=window,
-        attention_chunk_size=chunk,
-        num_experts=experts,
-        num_experts_per_tok=min(cfg.num_experts_per_tok, experts),
-        moe_intermediate_size=16 if cfg.moe_intermediate_size else 0,
-        shared_expert_intermediate_size=24 if cfg.shared_expert_intermediate_size else 0,
-        moe_layers=cfg.moe_layers[:layers],
-        layer_blocks=cfg.layer_blocks[:layers],  # issue 19: Nemotron-H's one sub-layer a layer
-        embedding_multiplier=32**0.5 if cfg.embedding_multiplier != 1.0 else 1.0,
-    )
-    if cfg.linear_num_key_heads:
-        # issue 19: Gated DeltaNet at toy sizes, its chunk shorter than the sequence so that
-        # the chunked form's boundaries show
-        r = min(cfg.linear_num_value_heads // cfg.linear_num_key_heads, 2)
-        small = replace(
-            small,
-            linear_num_key_heads=2,
-            linear_num_value_heads=2 * r,
-            linear_key_head_dim=8,
-            linear_value_head_dim=6,
-            linear_chunk_size=min(cfg.linear_chunk_size, max(2, seq_len // 3)),
-        )
-    if cfg.mamba_num_heads:
-        # issue 19: Mamba2 at toy sizes (heads in groups as the model has them), its chunk
-        # shorter than the sequence so that the chunked form's boundaries show
-        small = replace(
-            small,
-            mamba_num_heads=4,
-            mamba_head_dim=4,
-            ssm_state_size=4,
-            mamba_n_groups=min(cfg.mamba_n_groups, 2),
-            mamba_chunk_size=min(cfg.mamba_chunk_size, max(2, seq_len // 3)),
-        )
-    return replace(small, **_small_mla(cfg, experts)) if cfg.is_mla else small
+    return {"rotary_dim": rotary, "rope": replace(rope, long_factor=thin(cfg.rope.long_factor))}
+
+
+def _small_vocab(cfg: ModelConfig, strategy: Strategy | None) -> int:
+    """97 (prime: no size is mistaken for it), or a multiple of tp where tp shards the model's."""
+    if strategy is None or strategy.whole_vocab:
+        return 97
+    return _split_like(97, cfg.vocab_size, strategy.tp)
+
+
+def _small_linear(cfg: ModelConfig, seq_len: int, tp: int) -> dict:
+    """Gated DeltaNet at toy sizes, its chunk shorter than the sequence so that the chunked
+    form's boundaries show."""
+    if not cfg.linear_num_key_heads:
+        return {}
+    r = min(cfg.linear_num_value_heads // cfg.linear_num_key_heads, 2)
+    keys = _split_like(2, cfg.linear_num_key_heads, tp)
+    return {
+        "linear_num_key_heads": keys,
+        "linear_num_value_heads": keys * r,
+        "linear_key_head_dim": 8,
+        "linear_value_head_dim": 6,
+        "linear_chunk_size": min(cfg.linear_chunk_size, max(2, seq_len // 3)),
+    }
+
+
+def _small_mamba(cfg: ModelConfig, seq_len: int, tp: int) -> dict:
+    """Mamba2 at toy sizes (heads in groups as the model has them), its chunk shorter than the
+    sequence so that the chunked form's boundaries show."""
+    if not cfg.mamba_num_heads:
+        return {}
+    return {
+        "mamba_num_heads": _split_like(4, cfg.mamba_num_heads, tp),
+        "mamba_head_dim": 4,
+        "ssm_state_size": 4,
+        "mamba_n_groups": min(cfg.mamba_n_groups, 2),
+        "mamba_chunk_size": min(cfg.mamba_chunk_size, max(2, seq_len // 3)),
+    }
 
 
 def _small_mla(cfg: ModelConfig, experts: int) -> dict:
