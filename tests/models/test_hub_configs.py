@@ -45,6 +45,11 @@ PUBLISHED = {
     # transformers' own model of the preset with these values (test_params' META_ONLY smollm3-3b;
     # keras-hub's smollm3_3b_en metadata says 3,075,100,928)
     "HuggingFaceTB/SmolLM3-3B": ("smollm3", 36, 2048, 3_075_098_624),
+    # M2.7 keeps M2's shapes (its copier's commit says so): test_params_moe3's minimax-m2
+    "MiniMaxAI/MiniMax-M2.7": ("minimax_m2", 62, 3072, 228_689_764_864),
+    "microsoft/phi-4": ("phi3", 40, 5120, None),
+    # the wrapper's text_config: gemma3_text's decoder, the vision tower not modelled
+    "google/gemma-3-4b-it": ("gemma3", 34, 2560, None),
 }
 
 # the cards' rounded figures where no exact published total is pinned
