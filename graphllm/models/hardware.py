@@ -542,7 +542,7 @@ def local_path() -> Path:
 
 
 def _presets() -> dict[str, dict]:
-    return read_mapping(PRESETS_PATH)
+    return read_mapping(PRESETS_PATH, infinity=False)
 
 
 def _canon(name: str) -> str:
@@ -575,16 +575,20 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
         if problem is not None and not path.is_file():
             raise ConfigError(f"--hardware local reads {path}, but {problem} (XDG_CACHE_HOME)")
         if file_mode(path) is not None and not path.is_file():  # read_mapping names what it is
-            read_mapping(path)
+            read_mapping(path, infinity=False)
         if not path.is_file():
             raise ConfigError(
                 "no calibration for this machine; run `graphllm calibrate` first "
                 f"(looked for {shown_path(path)})"
             )
-        return _in_model(hardware_from_dict(read_mapping(path), "local", shown_path(path)))
+        return _in_model(
+            hardware_from_dict(read_mapping(path, infinity=False), "local", shown_path(path))
+        )
     if isinstance(name_or_path, Path) or _looks_like_path(text) or file_mode(text) is not None:
         path = Path(text)
-        return _in_model(hardware_from_dict(read_mapping(path), path.stem, shown_path(path)))
+        return _in_model(
+            hardware_from_dict(read_mapping(path, infinity=False), path.stem, shown_path(path))
+        )
     presets = _presets()
     key = _preset_key(text, presets)
     d = {k: v for k, v in presets[key].items() if k not in PRESET_ONLY}

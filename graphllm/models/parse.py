@@ -3,8 +3,7 @@
 The file must be a regular file (a FIFO, a device such as /dev/zero, a socket would block the
 read or never end), no larger than a config can plausibly be, read with a bounded read. The
 parsers are held to what a config is: YAML without anchors, aliases (a "billion laughs" bomb
-expands a few hundred bytes into gigabytes) or explicit tags; JSON without NaN/Infinity (not
-JSON); no number that overflows a float or has more digits than any size; no nesting deeper than
+expands a few hundred bytes into gigabytes) or explicit tags; JSON without NaN; no number that overflows a float or has more digits than any size; no nesting deeper than
 any config. Everything is refused while parsing, before a large value is built.
 """
 
@@ -225,8 +224,13 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
     return out
 
 
-def _json_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a JSON number")
+def _json_constant(name: str) -> dict[str, str]:
+    # Python's json (and so transformers 4) writes an infinite float as a bare Infinity, which the
+    # Hub's configs carry (Nemotron-H's time_step_limit); it reads as the mapping transformers 5
+    # writes for it, so only a field whose rule accepts an infinite value takes it
+    if name == "NaN":
+        raise ValueError("NaN is not a JSON number")
+    return {"__float__": name}
 
 
 def _json_float(text: str) -> float:
@@ -243,12 +247,16 @@ def _json_int(text: str) -> int:
     return int(text)
 
 
-def _parse_json(text: str, where: str) -> Any:
+def _json_finite(name: str) -> float:
+    raise ValueError(f"{name} is not a finite number")
+
+
+def _parse_json(text: str, where: str, infinity: bool) -> Any:
     try:
         return json.loads(
             text,
             object_pairs_hook=_no_duplicates,
-            parse_constant=_json_constant,
+            parse_constant=_json_constant if infinity else _json_finite,
             parse_float=_json_float,
             parse_int=_json_int,
         )
@@ -276,8 +284,13 @@ def _depth_within(data: Any, limit: int) -> bool:
     return True
 
 
-def read_mapping(path: Path) -> dict:
-    """Parse the .json or .yaml file `path` into a dict; every failure is one ConfigError line."""
+def read_mapping(path: Path, infinity: bool = True) -> dict:
+    """Parse the .json or .yaml file `path` into a dict; every failure is one ConfigError line.
+
+    With `infinity`, JSON's bare Infinity and -Infinity read as transformers 5's
+    {"__float__": "Infinity"} (a model config's field rule decides whether it may be infinite);
+    without it (a hardware spec, where nothing is infinite) they are refused.
+    """
     where = shown_path(path)
     suffix = path.suffix.lower()
     is_yaml = suffix in (".yaml", ".yml")
@@ -297,7 +310,7 @@ def read_mapping(path: Path) -> dict:
         raise ConfigError(
             f"{where}: not UTF-8 text (byte {e.start:,} is {raw[e.start]:#04x})"
         ) from None
-    data = _parse_yaml(text, where) if is_yaml else _parse_json(text, where)
+    data = _parse_yaml(text, where) if is_yaml else _parse_json(text, where, infinity)
     if not isinstance(data, dict):
         raise ConfigError(
             f"{where}: expected a mapping of config fields, got {shown(data)} ({type(data).__name__})"
