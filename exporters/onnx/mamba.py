@@ -21,6 +21,8 @@ longer than the new tokens (a past), as the interpreter's dispatch does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from graphllm.exporters.onnx.lowering import INT64_MAX, ONNX_TYPES, Lowering, lowers
 from graphllm.ir import Node
 
@@ -71,17 +73,7 @@ def _ssm_scan(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     groups, state = t_b.dims[2].size, t_b.dims[3].size
     r = heads // groups  # type: ignore[operator]
     t = c.dim(i[0], 1, s)  # (1,) the new tokens
-
-    dt = c.op("Softplus", [c.op("Add", [dt, dt_bias], s)], s)  # (B, T, H)
-    clamped = c.op("Max", [dt, _f32(c, a["dt_min"])], s)
-    if len(i) > 7:  # the recurrent step (one token after a past) does not clamp
-        one = c.op("Equal", [t, c.const([1])], s)
-        mask_len = c.op("Shape", ["attention_mask"], s, start=1, end=2)
-        past = c.op("Greater", [mask_len, t], s)
-        step = c.op("And", [one, past], s)
-        dt = c.op("Where", [step, dt, clamped], s)
-    else:
-        dt = clamped
+    dt = _scan_dt(c, s, dt, dt_bias, a["dt_min"], t, step=len(i) > 7)  # (B, T, H)
     rate = c.op("Neg", [c.op("Exp", [a_log], s)], s)  # A (H,)
 
     def to_heads(v: str) -> str:  # (B, T, G, N) -> (B, T, H, N): each group's heads
@@ -94,36 +86,75 @@ def _ssm_scan(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     xs = c.op("Mul", [x, c.op("Unsqueeze", [dt, c.const([3])], s)], s)
     av = c.op("Mul", [dt, rate], s)  # (B, T, H)
 
-    ell = c.op("Min", [t, c.const([a["chunk_size"]])], s)  # one unpadded chunk below the chunk size
-    pad = c.op("Mod", [c.op("Sub", [ell, c.op("Mod", [t, ell], s)], s), ell], s)
+    chunks = _chunker(c, s, t, a["chunk_size"])
     zero = c.const([0])
-
-    def padded(v: str, rank: int) -> str:  # T padded up to whole chunks, at its end
-        pads = [c.const([0] * rank), zero, pad, c.const([0] * (rank - 2))]
-        return c.op("Pad", [v, c.op("Concat", pads, s, axis=0)], s)
-
-    def chunks(v: str, tail: list[int]) -> str:
-        shape = c.op("Concat", [c.const([0, -1]), ell, c.const(tail)], s, axis=0)
-        return c.op("Reshape", [v, shape], s)  # (B, c, L, ...)
-
-    xc = chunks(padded(xs, 4), [heads, width])
-    bc = chunks(padded(bh, 4), [heads, state])
-    cc = chunks(padded(ch, 4), [heads, state])
-    ac = c.op("Transpose", [chunks(padded(av, 3), [heads])], s, perm=[0, 3, 1, 2])  # (B,H,c,L)
+    xc = chunks(xs, 4, [heads, width])
+    bc = chunks(bh, 4, [heads, state])
+    cc = chunks(ch, 4, [heads, state])
+    ac = c.op("Transpose", [chunks(av, 3, [heads])], s, perm=[0, 3, 1, 2])  # (B,H,c,L)
     a_cum = c.op("CumSum", [ac, c.const(-1)], s)
 
     lmat = c.op("Exp", [_segsum(c, ac, s)], s)  # (B, H, c, L, L)
     gmat = c.op("Einsum", [cc, bc], s, equation="bclhn,bcshn->bclsh")
     m = c.op("Mul", [gmat, c.op("Transpose", [lmat], s, perm=[0, 2, 3, 4, 1])], s)
     y_diag = c.op("Einsum", [m, xc], s, equation="bclsh,bcshp->bclhp")
+    starts, final = _chunk_states(c, s, a_cum, bc, xc, i[7] if len(i) > 7 else None)
 
+    c_states = c.op("Einsum", [cc, starts], s, equation="bclhn,bchpn->bclhp")
+    out_decay = c.op("Transpose", [c.op("Exp", [a_cum], s)], s, perm=[0, 2, 3, 1])
+    y_off = c.op("Mul", [c_states, c.op("Unsqueeze", [out_decay, c.const([-1])], s)], s)
+    y = c.op("Reshape", [c.op("Add", [y_diag, y_off], s), c.const([0, -1, heads, width])], s)
+    y = c.op("Slice", [y, zero, t, c.const([1])], s)  # the padding cut off
+    y = c.op("Add", [y, d_res], s)
+    if c.dtype == "fp32":
+        c.named("Identity", [y], [o[0]], f"{s}/y")
+    else:
+        c.named("Cast", [y], [o[0]], f"{s}/y", to=ONNX_TYPES[c.dtype])
+    c.final("Identity", [final], n, [o[1]])
+
+
+def _scan_dt(c: Lowering, s: str, dt: str, dt_bias: str, dt_min: float, t: str, step: bool) -> str:
+    """softplus(dt + dt_bias), clamped below at dt_min except in the recurrent step (one token
+    after a past: `step` the scan has a past state, and the attention mask is longer than T)."""
+    dt = c.op("Softplus", [c.op("Add", [dt, dt_bias], s)], s)  # (B, T, H)
+    clamped = c.op("Max", [dt, _f32(c, dt_min)], s)
+    if not step:
+        return clamped
+    one = c.op("Equal", [t, c.const([1])], s)
+    mask_len = c.op("Shape", ["attention_mask"], s, start=1, end=2)
+    past = c.op("Greater", [mask_len, t], s)
+    return c.op("Where", [c.op("And", [one, past], s), dt, clamped], s)
+
+
+def _chunker(c: Lowering, s: str, t: str, size: int) -> Callable[[str, int, list[int]], str]:
+    """A function (v, rank, tail) -> v (B, T, ...) of that rank with T padded up to whole chunks
+    at its end, as (B, chunks, L, *tail); L the chunk size, or T where T is shorter."""
+    ell = c.op("Min", [t, c.const([size])], s)  # one unpadded chunk below the chunk size
+    pad = c.op("Mod", [c.op("Sub", [ell, c.op("Mod", [t, ell], s)], s), ell], s)
+    zero = c.const([0])
+
+    def chunks(v: str, rank: int, tail: list[int]) -> str:
+        pads = [c.const([0] * rank), zero, pad, c.const([0] * (rank - 2))]
+        v = c.op("Pad", [v, c.op("Concat", pads, s, axis=0)], s)
+        shape = c.op("Concat", [c.const([0, -1]), ell, c.const(tail)], s, axis=0)
+        return c.op("Reshape", [v, shape], s)  # (B, c, L, ...)
+
+    return chunks
+
+
+def _chunk_states(
+    c: Lowering, s: str, a_cum: str, bc: str, xc: str, past: str | None
+) -> tuple[str, str]:
+    """(the state each chunk starts from (B, c, H, P, N), the final state (B, H, P, N)): each
+    chunk's own state, carried across chunks from the past state (zeros without one)."""
+    zero = c.const([0])
     last = c.op("Slice", [a_cum, c.const([-1]), c.const([INT64_MAX]), c.const([3])], s)
     decay = c.op("Exp", [c.op("Sub", [last, a_cum], s)], s)  # (B, H, c, L)
     decay = c.op("Transpose", [decay], s, perm=[0, 2, 3, 1])  # (B, c, L, H)
     b_decay = c.op("Mul", [bc, c.op("Unsqueeze", [decay, c.const([-1])], s)], s)
     states = c.op("Einsum", [b_decay, xc], s, equation="bclhn,bclhp->bchpn")
-    if len(i) > 7:
-        prev = c.op("Unsqueeze", [i[7], c.const([1])], s)
+    if past is not None:
+        prev = c.op("Unsqueeze", [past, c.const([1])], s)
     else:
         first = c.op("Slice", [states, zero, c.const([1]), c.const([1])], s)
         prev = c.op("Mul", [first, _f32(c, 0.0)], s)
@@ -137,19 +168,7 @@ def _ssm_scan(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     decay_chunk = c.op("Transpose", [decay_chunk], s, perm=[0, 3, 2, 1])  # (B, z, c, H)
     new = c.op("Einsum", [decay_chunk, states], s, equation="bzch,bzhpn->bchpn")
     starts = c.op("Slice", [new, zero, c.const([-1]), c.const([1])], s)
-    final = c.op("Gather", [new, c.const(-1)], s, axis=1)  # (B, H, P, N)
-
-    c_states = c.op("Einsum", [cc, starts], s, equation="bclhn,bchpn->bclhp")
-    out_decay = c.op("Transpose", [c.op("Exp", [a_cum], s)], s, perm=[0, 2, 3, 1])
-    y_off = c.op("Mul", [c_states, c.op("Unsqueeze", [out_decay, c.const([-1])], s)], s)
-    y = c.op("Reshape", [c.op("Add", [y_diag, y_off], s), c.const([0, -1, heads, width])], s)
-    y = c.op("Slice", [y, zero, t, c.const([1])], s)  # the padding cut off
-    y = c.op("Add", [y, d_res], s)
-    if c.dtype == "fp32":
-        c.named("Identity", [y], [o[0]], f"{s}/y")
-    else:
-        c.named("Cast", [y], [o[0]], f"{s}/y", to=ONNX_TYPES[c.dtype])
-    c.final("Identity", [final], n, [o[1]])
+    return starts, c.op("Gather", [new, c.const(-1)], s, axis=1)
 
 
 @lowers("weight_rows")
