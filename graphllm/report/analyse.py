@@ -80,7 +80,7 @@ def analyse(
     hw = _hardware(hardware, ideal, cuda_graphs)
     got = reused_results(cfg, wl, hw, attention, training, mla, mtp, exact_sets)
     if got is not None:
-        return got[1]
+        return got
     return analysed(cfg, wl, hw, attention, training, mla, mtp, exact_sets)[1]
 
 

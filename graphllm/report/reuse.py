@@ -328,12 +328,12 @@ def reused_report(
 ) -> dict[str, Any] | None:
     """trace_report's document from one layer of each kind; None where that cannot stand for
     the full graph (the caller analyses the full graph then)."""
-    got = reused_results(config, workload, hardware, attention, training, mla, mtp)
+    got = _reused(config, workload, hardware, attention, training, mla, mtp)
     if got is None:
         return None
-    graph, res = got
+    u, res = got
     reports = (res[k] for k in ("params", "tokens", "cost", "memory", "roofline"))
-    return document(config, workload, attention, training, mla, mtp, graph, *reports)
+    return document(config, workload, attention, training, mla, mtp, _graph_section(u), *reports)
 
 
 def reused_results(
@@ -345,9 +345,24 @@ def reused_results(
     mla: str = "naive",
     mtp: bool = False,
     exact_sets: bool | None = None,
-) -> tuple[dict[str, Any], Results] | None:
-    """(trace's graph section, {pass: report} as `passes.run` gives trace's analyses on the full
-    graph) from one layer of each kind; None where that cannot stand for the full graph."""
+) -> Results | None:
+    """{pass: report}, as `passes.run` gives trace's analyses on the full graph, from one layer
+    of each kind; None where that cannot stand for the full graph."""
+    got = _reused(config, workload, hardware, attention, training, mla, mtp, exact_sets)
+    return None if got is None else got[1]
+
+
+def _reused(
+    config: ModelConfig,
+    workload: Workload,
+    hardware: Hardware | None,
+    attention: str,
+    training: bool,
+    mla: str,
+    mtp: bool,
+    exact_sets: bool | None = None,
+) -> tuple[Unrolled, Results] | None:
+    """The unrolled sequence and the reports of trace's analyses over it."""
     if mtp:
         return None
     small_cfg, index = reduced_config(config)
@@ -360,14 +375,13 @@ def reused_results(
     tokens = _tokens(u, res["tokens"])
     if tokens is None:
         return None
-    graph = _graph_section(u)
-    out = Results(verify={"nodes": graph["nodes"], "edges": graph["edges"]})
+    out = Results(verify={"nodes": len(u.names), "edges": sum(map(len, u.inputs))})
     out["params"] = _params(u)
     out["tokens"] = tokens
     out["cost"] = _cost(u, attention, training)
     out["memory"] = _memory(u, attention)
     out["roofline"] = _roofline(u, hardware, attention, training) if hardware is not None else None
-    return graph, out
+    return u, out
 
 
 def _graph_section(u: Unrolled) -> dict[str, Any]:
@@ -386,11 +400,8 @@ def _params(u: Unrolled) -> ParamReport:
     in_mtp = {
         n.name for n in small.params() if any(k == "mtp" for _, k in scopes_of(small, n.name))
     }
-    return tally(
-        (n for n in u.reps if n.op == "param"),
-        small.meta["config"],
-        {name for name, n in zip(u.names, u.reps, strict=True) if n.name in in_mtp},
-    )
+    mtp = {name for name, n in zip(u.names, u.reps, strict=True) if n.name in in_mtp}
+    return tally((n for n in u.reps if n.op == "param"), small.meta["config"], mtp)
 
 
 def _run_keys(u: Unrolled) -> list[tuple]:
