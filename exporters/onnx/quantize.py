@@ -252,9 +252,37 @@ def nbits_matmul(
     `NAME_zero_points` (onnxruntime's quantizer's names). Returns (op type, inputs, attrs)."""
     q = c.quantization
     assert q is not None, "nbits_matmul needs a quantizing lowering"
+    weight = _nbits_weight(c, name, sources, out_in, make, _stored_format(c, sources, name))
+    n, k = out_in
+    ins = [x, *weight, bias or ""]
+    while not ins[-1]:
+        ins.pop()
+    attrs = {
+        "domain": MS_DOMAIN,
+        "K": k,
+        "N": n,
+        "bits": q.bits,
+        "block_size": q.block_size,
+        "accuracy_level": q.accuracy_level,
+    }
+    return "MatMulNBits", ins, attrs
+
+
+def _nbits_weight(
+    c: Lowering,
+    name: str,
+    sources: tuple[str, ...],
+    out_in: tuple[int, int],
+    make: Callable[..., np.ndarray],
+    stored: QuantFormat | None,
+) -> list[str]:
+    """The initializers of one MatMulNBits weight (N, K): [packed values, scales, zero points
+    ("" when symmetric), g_idx ("" without desc_act)]; records each source's zero points
+    (c.nbits_stored)."""
+    q = c.quantization
+    assert q is not None
     n, k = out_in
     n_blocks = -(-k // q.block_size)
-    stored = _stored_format(c, sources, name)
     # a checkpoint's integers keep their zero points, float ones with g_idx (desc_act)
     symmetric = q.symmetric if stored is None else False
     float_zeros = stored is not None and stored.desc_act
@@ -289,18 +317,7 @@ def nbits_matmul(
         g_idx = c.initializer(
             f"{name}_g_idx", sources, (k,), parts.part("g_idx"), dtype="int32", takes_stored=True
         )
-    ins = [x, packed, scales, zp, g_idx, bias or ""]
-    while not ins[-1]:
-        ins.pop()
-    attrs = {
-        "domain": MS_DOMAIN,
-        "K": k,
-        "N": n,
-        "bits": q.bits,
-        "block_size": q.block_size,
-        "accuracy_level": q.accuracy_level,
-    }
-    return "MatMulNBits", ins, attrs
+    return [packed, scales, zp, g_idx]
 
 
 # a MatMulNBits weight's zero points: symmetric, packed, float (desc_act) with the g_idx of a
