@@ -70,8 +70,10 @@ def test_training_search_is_pinned(small_v3):
 
 
 def test_decode_search_is_pinned(small_v3):
+    # the naive form (re-expanding the cached latent each step), as plan priced every decode
+    # before it came to take the engines' absorbed form by default: the search itself unchanged
     wl = Workload(seq_len=1, past_len=4096, batch=16)
-    r = plan(small_v3, wl, 16, load_hardware("h200"))
+    r = plan(small_v3, wl, 16, load_hardware("h200"), mla="naive")
     assert (len(r.candidates), len(r.too_big), len(r.illegal)) == (31, 0, 39)
     best = r.candidates[0]
     assert best["strategy"] == {
@@ -86,3 +88,21 @@ def test_decode_search_is_pinned(small_v3):
     assert best["seconds"] == 0.004531873455153916
     assert best["memory_bytes"] == 40558898752.0
     assert _digest(r) == "d58b8be26fd0094644ade51c8227e62ecca2105eb0b9dba2bd8841b7e698d609"
+
+
+def test_absorbed_decode_search_is_pinned(small_v3):
+    """plan's default for a decode step of an MLA model is the absorbed form, as engines run it:
+    no per-head keys and values re-expanded from 4096 cached positions, so a layout's step and
+    its activations shrink (the naive best, dp 16 at 4.53 ms and 40.6 GB a device, is beaten by
+    tp 4 dp 4 at 1.11 ms and 10.4 GB), the same layouts legal and fitting."""
+    wl = Workload(seq_len=1, past_len=4096, batch=16)
+    r = plan(small_v3, wl, 16, load_hardware("h200"))
+    assert r.to_dict() == plan(small_v3, wl, 16, load_hardware("h200"), mla="absorbed").to_dict()
+    assert (len(r.candidates), len(r.too_big), len(r.illegal)) == (31, 0, 39)
+    best = r.candidates[0]
+    assert best["strategy"] == {
+        "tp": 4, "sp": False, "cp": 1, "pp": 1, "ep": 1, "dp": 4, "microbatches": 1,
+    }  # fmt: skip
+    assert best["seconds"] == 0.0011050236467636753
+    assert best["memory_bytes"] == 10403602688.0
+    assert _digest(r) == "6cfda9ececa3aa332cedd0d85e02fe9b1d867a04725c4eb15f006e0f1b71660a"
