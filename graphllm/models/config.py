@@ -4,6 +4,8 @@ The semantics follow transformers 5.x's own config and modeling code for each fa
 biases exist, the defaults, how `layer_types` is derived, what a MoE layer is. Both the
 transformers-4 spelling (`rope_theta` + `rope_scaling`, `torch_dtype`) and the transformers-5 one
 (`rope_parameters`, `dtype`, `layer_types`) load to the same ModelConfig.
+Each family's fields, aliases and rules are data in graphllm/models/families/, one module a
+family; this module reads a config against them and never names a family.
 
 Every problem raises ConfigError with one line naming the field. Nothing that changes the
 computation is silently ignored: an unknown key, or a known feature graphllm does not model

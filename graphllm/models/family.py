@@ -113,12 +113,12 @@ class Family:
     # the features of a config, from its raw values, that graphllm does not model: each a
     # phrase joined into the one line that names every unmodelled field (Llama 4's MoE layers)
     unmodelled: Callable[[dict], list[str]] | None = None
-    # issue 19: why `--mtp` is refused for a family whose checkpoints hold MTP weights that
+    # why `--mtp` is refused for a family whose checkpoints hold MTP weights that
     # graphllm does not model yet (Qwen3-Next's mtp.*); empty: the generic reason
     mtp_refusal: str = ""
-    # issue 19: the partial_rotary_factor a config that gives none has (Qwen3NextConfig's 0.25)
+    # the partial_rotary_factor a config that gives none has (Qwen3NextConfig's 0.25)
     default_partial_rotary: float | None = None
-    # issue 19: the checked values normalised before anything reads them (Nemotron-H's layer
+    # the checked values normalised before anything reads them (Nemotron-H's layer
     # pattern, given as a string or a list, into the one list and the layer count)
     prepare: Callable[[dict], dict] | None = None
 

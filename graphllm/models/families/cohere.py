@@ -8,7 +8,7 @@ from graphllm.models.family import Family, attention_bias, global_every
 from graphllm.models.fields import MHA, Spec, common_fields, flag, nonneg_int, pos_float, pos_int
 from graphllm.models.model_config import BlockLayout
 
-# issue 16: Cohere (transformers' cohere: CohereConfig, CohereLayerNorm, CohereDecoderLayer)
+# Cohere (transformers' cohere: CohereConfig, CohereLayerNorm, CohereDecoderLayer)
 COHERE = Family(
     {
         **{
@@ -50,7 +50,7 @@ def _cohere2(v: dict) -> dict:
     return COHERE.derive(v | {"use_qk_norm": False})
 
 
-# issue 16: Cohere 2 (transformers' cohere2): Cohere's block, sliding-window layers with a global
+# Cohere 2 (transformers' cohere2): Cohere's block, sliding-window layers with a global
 # one every few, the global ones without RoPE
 COHERE2 = Family(
     {

@@ -154,7 +154,7 @@ DEEPSEEK_V3 = Family(
     mla=True,
 )
 
-# issue 18: Kimi-K2 (moonshotai/Kimi-K2-*) is DeepSeek-V3's architecture under a model_type of
+# Kimi-K2 (moonshotai/Kimi-K2-*) is DeepSeek-V3's architecture under a model_type of
 # its own. transformers has no kimi_k2 class (its kimi_k25 rewrites a kimi_k2 text_config to
 # deepseek_v3, and Moonshot's README says to do the same), so it reads as deepseek_v3 from the
 # same fields with the same defaults

@@ -22,7 +22,7 @@ def gemma2_derive(v: dict) -> dict:
     }
 
 
-# issue 16: Gemma 2 (transformers' gemma2: Gemma2Config, Gemma2Attention, Gemma2DecoderLayer):
+# Gemma 2 (transformers' gemma2: Gemma2Config, Gemma2Attention, Gemma2DecoderLayer):
 # Gemma's norms, activation and embedding scale, a pre- and a post-norm around each sub-layer,
 # soft-capped attention scores and logits, every other layer a sliding window
 GEMMA2 = Family(

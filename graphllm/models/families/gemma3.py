@@ -7,7 +7,7 @@ from graphllm.models.families.gemma2 import GEMMA2, GEMMA2_ACTS, gemma2_derive
 from graphllm.models.family import Family, Multimodal, global_every
 from graphllm.models.fields import Spec, pos_float, pos_int
 
-# issue 16: Gemma 3's text decoder (transformers' gemma3: Gemma3TextConfig, Gemma3Attention,
+# Gemma 3's text decoder (transformers' gemma3: Gemma3TextConfig, Gemma3Attention,
 # Gemma3DecoderLayer, Gemma3ForCausalLM): Gemma 2's block, per-head q/k RMSNorms, five local
 # layers to one global, the local ones with their own RoPE base; soft-capping off by default.
 # Its defaults are Gemma3TextConfig's, which a `gemma3` checkpoint's sparse text_config relies on

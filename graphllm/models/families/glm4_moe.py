@@ -25,7 +25,7 @@ def _glm4_moe_attention(v: dict) -> dict:
     }
 
 
-# issue 18: GLM-4.5 / GLM-4.5-Air (transformers' glm4_moe: Glm4MoeConfig, Glm4MoeAttention,
+# GLM-4.5 / GLM-4.5-Air (transformers' glm4_moe: Glm4MoeConfig, Glm4MoeAttention,
 # Glm4MoeTopkRouter, Glm4MoeDecoderLayer = DeepseekV3DecoderLayer): GQA with partial rotate-half
 # RoPE (partial_rotary_factor, 0.5 by default), QKV bias, optional per-head QK-norm; DeepSeek-V3's
 # MoE (sigmoid routing with correction bias, grouped top-k, shared experts, dense first layers);

@@ -34,7 +34,7 @@ def _gpt_oss(v: dict) -> dict:
     return attention_bias(v) | {"attention_sinks": True}
 
 
-# issue 18: gpt-oss (transformers' gpt_oss: GptOssConfig, GptOssAttention, GptOssTopKRouter,
+# gpt-oss (transformers' gpt_oss: GptOssConfig, GptOssAttention, GptOssTopKRouter,
 # GptOssExperts): GQA with attention sinks and biases, every other layer a 128-token window,
 # YaRN RoPE, a biased top-4 router softmaxed over its choice, 32 or 128 experts with biases and a
 # clamped SwiGLU. The published config.json's experts_per_token and initial_context_length are

@@ -21,8 +21,8 @@ from graphllm.models.fields import (
 from graphllm.models.model_config import MoENames, size_limit
 
 
-# issue 16: Llama 4's text decoder (transformers' llama4: Llama4TextConfig, Llama4TextAttention,
-# Llama4TextDecoderLayer), its attention and dense FFN; the MoE layers come with issue 18
+# Llama 4's text decoder (transformers' llama4: Llama4TextConfig, Llama4TextAttention,
+# Llama4TextDecoderLayer), its attention, dense and MoE FFNs
 def _llama4_moe_layers(given: dict) -> list[int] | None:
     """The MoE layers Llama4TextConfig derives (`moe_layers`, else every
     interleave_moe_layer_step-th layer from step - 1), those below num_hidden_layers (the
@@ -51,7 +51,7 @@ def _flag_or_count(name: str, v: Any) -> bool:
 
 
 def _llama4_moe(v: dict) -> dict:
-    """issue 18: Llama4TextMoe on the layers in moe_layers: Llama4Router (a bias-free Linear,
+    """Llama4TextMoe on the layers in moe_layers: Llama4Router (a bias-free Linear,
     top-k of its logits, sigmoid of those) scales each chosen expert's input; the experts stored
     fused (Llama4TextExperts); a shared expert as wide as a routed one, always on."""
     n = v["num_hidden_layers"]

@@ -71,7 +71,7 @@ def _minimax_m2(v: dict) -> dict:
     return {"qk_norm": True, "qk_norm_scope": "projection"}
 
 
-# issue 18: MiniMax-M2 (transformers' minimax_m2: MiniMaxM2Config, MiniMaxM2Attention,
+# MiniMax-M2 (transformers' minimax_m2: MiniMaxM2Config, MiniMaxM2Attention,
 # MiniMaxM2SparseMoeBlock): GQA with QK-norm over the full projection width, partial rotate-half
 # RoPE (rotary_dim), sigmoid routing with a correction bias over 256 experts. The published
 # config's MTP modules (use_mtp, num_mtp_modules, mtp_transformer_layers) are not part of the main

@@ -24,7 +24,7 @@ from graphllm.models.fields import (
 )
 from graphllm.models.model_config import BlockLayout, MoENames, check_size
 
-# issue 19: Nemotron-H and Nemotron-3-Nano (transformers' nemotron_h: NemotronHConfig,
+# Nemotron-H and Nemotron-3-Nano (transformers' nemotron_h: NemotronHConfig,
 # NemotronHBlock, NemotronHMamba2Mixer, NemotronHAttention, NemotronHMLP, NemotronHMoE). Each
 # layer is ONE mixer behind its own RMSNorm and residual: Mamba2 (M), attention without RoPE (*),
 # a relu^2 MLP (-) or an MoE of relu^2 experts with a shared one (E), as the published

@@ -6,7 +6,7 @@ from graphllm.models.family import Family, attention_bias
 from graphllm.models.fields import MHA, Spec, common_fields, flag, pos_float
 from graphllm.models.model_config import BlockLayout
 
-# issue 16: OLMo 2 (transformers' olmo2: Olmo2Config, Olmo2Attention, Olmo2DecoderLayer)
+# OLMo 2 (transformers' olmo2: Olmo2Config, Olmo2Attention, Olmo2DecoderLayer)
 OLMO2 = Family(
     common_fields(
         num_key_value_heads=MHA,

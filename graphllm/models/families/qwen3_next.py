@@ -6,7 +6,7 @@ from graphllm.models.families.qwen2 import QWEN_MOE, qwen_moe
 from graphllm.models.family import FULL, LINEAR, Family, attention_bias
 from graphllm.models.fields import Spec, common_fields, flag, pos_float, pos_int
 
-# -- issue 19: Qwen3-Next (transformers' qwen3_next: Qwen3NextConfig, Qwen3NextGatedDeltaNet,
+# Qwen3-Next (transformers' qwen3_next: Qwen3NextConfig, Qwen3NextGatedDeltaNet,
 # Qwen3NextAttention with its output gate, Qwen3NextRMSNorm's x * (1 + w), Qwen3NextSparseMoeBlock)
 
 
