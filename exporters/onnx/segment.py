@@ -41,8 +41,10 @@ from graphllm.exporters.onnx.lowering import (
     LOWERINGS,
     ONNX_TYPES,
     PROTO_LIMIT,
+    Initializer,
     Lowering,
     LoweringError,
+    OpSet,
     _drop_unread_weight_reads,
     _plan,
     _value_info,
@@ -169,6 +171,43 @@ def export_segment(
     `weights_as_inputs`: the params read as they are become graph inputs (after the boundary
     values), their blocks in `weights` checked for shape only.
     """
+    _check_lowering(ops, dtype)
+    members = [graph[name] for name in dict.fromkeys(nodes)]
+    inside = {n.name for n in members}
+    ins, outs = list(dict.fromkeys(inputs)), list(dict.fromkeys(outputs))
+    _check_boundary(graph, members, inside, ins, outs)
+    at = {n.name: i for i, n in enumerate(graph.nodes())}
+    members.sort(key=lambda n: at[n.name])
+    opset = LOWERINGS[ops]
+    names = {ref: tensor_name(graph, ref) for n in members for ref in (*n.inputs, *_refs(n))}
+    regions = _whole_regions(graph, opset, inside, set(outs))
+    c = _rank_lowering(graph, dtype, members, ins, names, coords)
+    value_info = lower_nodes(c, opset, members, names, regions)
+    out_names = {names[r] for r in outs}
+    _drop_unread_weight_reads(c, out_names)
+    _all_keys_held(c, ins, names)
+    inputs_info = _inputs(graph, c, ins, names)
+    value_info = [v for v in value_info if v.name not in out_names]
+    plan = _plan(graph, c)
+    if weights_as_inputs:  # a param read as it is: an input; what is made from one stays made
+        fed = [i for i in plan if i.make is None and i.sources == (i.name,)]
+        inputs_info += _fed_weights(graph, fed, weights, dtype)
+        plan = [i for i in plan if i not in fed]
+    tensors = _weight_tensors(graph, plan, weights, dtype)
+    outputs_info = [_value_info(names[r], graph.type_of(r)) for r in outs]
+    g = helper.make_graph(
+        c.nodes,
+        f"{graph.name} segment",
+        inputs_info,
+        outputs_info,
+        initializer=[*c.constants, *tensors],
+        value_info=value_info,
+    )
+    return _model(g, c, opset)
+
+
+def _check_lowering(ops: str, dtype: str) -> None:
+    """Refuse a dtype or an op set a segment does not export with."""
     if dtype not in EXPORT_DTYPES:
         raise ConfigError(f"ONNX export runs in {' or '.join(EXPORT_DTYPES)}, not {dtype}")
     if ops not in LOWERINGS:
@@ -180,36 +219,46 @@ def export_segment(
             f"a segment exports with the {' or '.join(SEGMENT_LOWERINGS)} lowering; the {ops} "
             "one's fused regions assume a whole model, not one rank's cut of it"
         )
-    members = [graph[name] for name in dict.fromkeys(nodes)]
-    inside = {n.name for n in members}
-    ins, outs = list(dict.fromkeys(inputs)), list(dict.fromkeys(outputs))
-    _check_boundary(graph, members, inside, ins, outs)
-    at = {n.name: i for i, n in enumerate(graph.nodes())}
-    members.sort(key=lambda n: at[n.name])
-    opset = LOWERINGS[ops]
-    names = {ref: tensor_name(graph, ref) for n in members for ref in (*n.inputs, *_refs(n))}
-    regions = _whole_regions(graph, opset, inside, set(outs))
+
+
+def _rank_lowering(
+    graph: Graph,
+    dtype: str,
+    members: list[Node],
+    ins: list[Ref],
+    names: dict[Ref, str],
+    coords: Mapping[str, int] | None,
+) -> Lowering:
+    """The lowering context of one rank's segment: its offsets into split axes (checked on every
+    member, not only those a lowering asks: what cannot run is refused) and where its dims
+    come from."""
     c = Lowering(graph, dtype)
     offsets = rank_offsets(graph, coords)
     c.offsets = offsets
-    for n in members:  # every node's, not only those a lowering asks: refuse what cannot run
+    for n in members:
         offsets(n)
     c.query_block = offsets.query_block or (0, 1)
     c.dim_sources = _dim_sources(graph, members, ins, names, offsets.query_dim)
-    value_info = lower_nodes(c, opset, members, names, regions)
-    out_names = {names[r] for r in outs}
-    _drop_unread_weight_reads(c, out_names)
-    _all_keys_held(c, ins, names)
-    inputs_info = _inputs(graph, c, ins, names)
-    value_info = [v for v in value_info if v.name not in out_names]
-    plan = _plan(graph, c)
-    if weights_as_inputs:  # a param read as it is: an input; what is made from one stays made
-        fed = [i for i in plan if i.make is None and i.sources == (i.name,)]
-        for init in fed:
-            _weight(graph[init.name], weights)
-            kind = ONNX_TYPES[init.dtype or dtype]
-            inputs_info.append(helper.make_tensor_value_info(init.name, kind, list(init.shape)))
-        plan = [i for i in plan if i not in fed]
+    return c
+
+
+def _fed_weights(
+    graph: Graph, fed: list[Initializer], weights: Mapping[str, np.ndarray], dtype: str
+) -> list[onnx.ValueInfoProto]:
+    """The graph inputs of the params fed as they are, their blocks in `weights` checked for
+    shape."""
+    infos = []
+    for init in fed:
+        _weight(graph[init.name], weights)
+        kind = ONNX_TYPES[init.dtype or dtype]
+        infos.append(helper.make_tensor_value_info(init.name, kind, list(init.shape)))
+    return infos
+
+
+def _weight_tensors(
+    graph: Graph, plan: list[Initializer], weights: Mapping[str, np.ndarray], dtype: str
+) -> list[onnx.TensorProto]:
+    """The initializers `plan` makes from the rank's weight blocks, within one ONNX message."""
     params = [
         (p, _weight(p, weights)) for p in graph.params() if any(p.name in i.sources for i in plan)
     ]
@@ -219,15 +268,12 @@ def export_segment(
             f"a segment of {graph.name} holds over 2 GB of weights, past what one ONNX message "
             "holds; run it with --runtime numpy, or on more ranks"
         )
-    outputs_info = [_value_info(names[r], graph.type_of(r)) for r in outs]
-    g = helper.make_graph(
-        c.nodes,
-        f"{graph.name} segment",
-        inputs_info,
-        outputs_info,
-        initializer=[*c.constants, *tensors],
-        value_info=value_info,
-    )
+    return tensors
+
+
+def _model(g: onnx.GraphProto, c: Lowering, opset: OpSet) -> onnx.ModelProto:
+    """The segment's graph as a model, importing the op set's domains and com.microsoft where a
+    node is in it."""
     domains = dict(opset.domains)
     if any(node.domain == MS_DOMAIN for node in c.nodes):
         domains.setdefault(MS_DOMAIN, 1)
