@@ -7,6 +7,10 @@ sequence that finishes (one in `output` steps per sequence) is replaced by a new
 is prefilled in chunks between the decode steps, so a step also carries B / output prompts'
 prefill. A new request's first token waits for its own prefill (queueing is not modelled).
 
+An MLA model's steps are built in the form engines run each in (passes/parallel/engine.py):
+a prefill re-expands the cached latent, a decode step attends over it absorbed; `mla` names
+one form for both instead.
+
 Memory: the device keeps `memory_fraction` of its memory for weights and cache (vLLM's
 `gpu_memory_utilization`, 0.9 by default); what the weights and one step's activations leave
 holds the KV cache, each sequence's at its full length (prompt + output), beside the conv and
