@@ -121,9 +121,18 @@
   const decades = { callback: (v) => (Math.abs(Math.log10(v) - Math.round(Math.log10(v))) < 1e-9 ? Number(v).toExponential(0) : "") };
   const logAxis = (text, extra) => Object.assign({ type: "logarithmic", ticks: decades, title: { display: true, text: text } }, extra || {});
   const pct = { x: { title: { display: true, text: "% of the model's total" } } };
+  // a bar per category, each with its own label: Chart.js skips labels it finds crowded
+  // (ticks.autoSkip), which named the largest bars after their neighbours; the chart is as tall
+  // as its labels need instead (its box's height: the canvas follows it)
+  function shareBars(id, table, metrics) {
+    const d = shares(table, metrics), canvas = $(id);
+    canvas.parentNode.style.height = `${Math.max(160, d.labels.length * (6 + 6 * d.datasets.length) + 70)}px`;
+    const scales = { x: pct.x, y: { ticks: { autoSkip: false } } };
+    return new Chart(canvas, { type: "bar", data: d, options: { indexAxis: "y", maintainAspectRatio: false, scales: scales } });
+  }
   if (window.Chart) {
-    charts.scope = new Chart($("chart-scope"), { type: "bar", data: shares(data.breakdown.by_scope, ["flops", "bytes", "seconds"]), options: { indexAxis: "y", scales: pct } });
-    charts.op = new Chart($("chart-op"), { type: "bar", data: shares(data.breakdown.by_op, ["flops", "seconds"]), options: { indexAxis: "y", scales: pct } });
+    charts.scope = shareBars("chart-scope", data.breakdown.by_scope, ["flops", "bytes", "seconds"]);
+    charts.op = shareBars("chart-op", data.breakdown.by_op, ["flops", "seconds"]);
     const sw = data.sweep, timed = sw.some((r) => r.seconds !== null);
     const sets = [
       { label: "FLOPs", data: sw.map((r) => ({ x: r.seq_len, y: r.flops })), borderColor: PALETTE[0], backgroundColor: PALETTE[0], yAxisID: "y" },
