@@ -50,6 +50,11 @@ PUBLISHED = {
     "microsoft/phi-4": ("phi3", 40, 5120, None),
     # the wrapper's text_config: gemma3_text's decoder, the vision tower not modelled
     "google/gemma-3-4b-it": ("gemma3", 34, 2560, None),
+    "mistralai/Mistral-7B-v0.1": ("mistral", 32, 4096, 7_241_732_096),
+    "google/gemma-7b": ("gemma", 28, 3072, None),
+    "deepseek-ai/DeepSeek-V2-Lite": ("deepseek_v2", 27, 2048, 15_706_484_224),
+    # the text decoder alone, as test_params_llama4's TEXT pins it (the vision tower not modelled)
+    "meta-llama/Llama-4-Scout-17B-16E": ("llama4", 48, 5120, 107_769_861_120),
 }
 
 # the cards' rounded figures where no exact published total is pinned
