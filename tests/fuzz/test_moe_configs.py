@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from graphllm import Workload, build_graph
 from graphllm.build.weights import random_weights
 from graphllm.errors import ConfigError
-from graphllm.models.config import CHUNKED, SLIDING, load_config
+from graphllm.models.config import load_config
+from graphllm.models.family import CHUNKED, SLIDING
 from graphllm.runtime.interpret import run_graph
 from tests.support.tiny_configs import GPT_OSS, LLAMA4_MOE
 

@@ -18,13 +18,13 @@ from graphllm.build.weights import random_weights
 from graphllm.errors import ConfigError
 from graphllm.models import config as C
 from graphllm.models.config import (
-    FAMILY_TABLE,
     config_from_dict,
     list_presets,
     load_config,
     load_workload_section,
     preset_names,
 )
+from graphllm.models.families import FAMILY_TABLE
 from graphllm.models.model_config import FAMILIES, BlockLayout, ModelConfig, MoENames, RopeConfig
 from graphllm.models.workload import Workload
 from graphllm.runtime.interpret import run_graph
