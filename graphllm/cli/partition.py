@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,8 @@ from graphllm.report.console import console as new_console
 from graphllm.report.summary import _b, _n, _t, hardware_model_line
 from graphllm.runtime.observe import small_instance
 from graphllm.runtime.spmd import check_partition
+
+VERIFY_T = 12  # new tokens of a small instance when -t is not given
 
 MAX_VERIFY_PARAMS = 200_000_000  # numpy runs every rank on one CPU: keep verification small
 
@@ -228,6 +231,7 @@ def verify_partition(seed: int, mla: str, mtp: bool, **options: Any) -> None:
     """
 
     strategy = strategy_from(options)
+    given_t = bool(options.get("seq_len"))  # resolve takes the workload flags out of options
     config, wl = resolve(options)
     wl = Workload.with_dtype(wl, dtype="fp32")
     graph = build_graph(config, wl, mla=mla, mtp=mtp)
@@ -235,12 +239,18 @@ def verify_partition(seed: int, mla: str, mtp: bool, **options: Any) -> None:
     if params > MAX_VERIFY_PARAMS:
         # a published model is verified as `verify tokens` does it: its architecture at toy
         # sizes (family, features, routing, layer kinds), said on stderr and in the result line
+        # a prompt of the default 2048 tokens is over numpy's budget even at toy sizes: without
+        # -t the instance runs a short one, as `verify tokens` does
+        short = not given_t and wl.seq_len > VERIFY_T
+        wl = replace(wl, seq_len=VERIFY_T) if short else wl
+        at = f" at T={VERIFY_T} (-t to choose)" if short else ""
         click.echo(
             f"note: {config.name} has {params:,.0f} parameters, too many to run every rank in "
-            "numpy: verifying a small instance of it (same family and features, toy sizes)",
+            f"numpy: verifying a small instance of it (same family and features, toy sizes, "
+            f"every divisibility {strategy.describe()} needs){at}",
             err=True,
         )
-        config = small_instance(config, wl.seq_len)
+        config = small_instance(config, wl.seq_len, strategy)
         graph = build_graph(config, wl, mla=mla, mtp=mtp)
     check = check_partition(graph, partition_graph(graph, strategy), seed=seed)
     what = (

@@ -59,14 +59,11 @@ def test_t_over_the_limit_is_refused_in_one_line():
 
 
 # the small instance a published model is verified on takes the splits the model takes
-@pytest.mark.xfail(
-    strict=True,
-    reason="graphllm/cli/partition.py:verify_partition must pass its strategy to small_instance",
-)
 @pytest.mark.parametrize(
     "args",
     [
         ["--model", "llama3-70b", "--tp", "8", "-t", "12"],
+        ["--model", "llama3-70b", "--tp", "8"],  # no -t: a short prompt, said in the note
         ["--model", "deepseek-v3", "--tp", "8", "--ep", "16", "-t", "16"],
         ["--model", "llama3-70b", "--pp", "8", "-t", "12"],
     ],
@@ -77,3 +74,4 @@ def test_verify_partition_of_a_published_model_at_its_splits(args):
     assert r.exit_code == 0, r.output
     assert "(small instance)" in r.stdout and "logits equal within 1e-5" in r.stdout
     assert time.perf_counter() - start < 30
+    assert ("at T=12 (-t to choose)" in r.stderr) == ("-t" not in args)
