@@ -1,6 +1,6 @@
 """The `cost` pass: FLOPs and bytes moved per op, rolled up by scope and by op kind.
 
-Conventions (README, "Costs"):
+Conventions (docs/costs.md):
 - FLOPs come from the op table (graphllm.ops.node_flops): a contraction costs 2 x the product of
   its axis sizes; other ops a per-element constant. `matmul` counts the GEMMs (projections, experts,
   Q K^T and P V over the full T x S score matrix, the LM head over every position it computes), as

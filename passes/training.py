@@ -1,6 +1,6 @@
 """Training memory of one rank: weights, gradients, optimizer state, saved activations, ZeRO.
 
-Conventions (README, "Training"):
+Conventions (docs/partitioning.md, "Training memory"):
 - Mixed-precision Adam as in ZeRO (Rajbhandari et al. 2020, sec. 3): weights and gradients in the
   weight dtype (2 + 2 bytes a parameter in bf16), the optimizer state in fp32: 4 bytes of master
   weights when the weight dtype is narrower than fp32, 8 bytes of first and second moments; 16

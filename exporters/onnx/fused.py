@@ -772,7 +772,7 @@ LOWERINGS.update(standard=STANDARD, ort=ORT)
 # family. Its GroupQueryAttention appends to a cache buffer bound as both past and present, so a
 # decode step copies no cache and allocates none: 5.52 ms a token against 5.95 for `standard`,
 # whose Attention concatenates the whole past into a new present each step (Llama hidden 512,
-# 8 layers; the run the README quotes); prefill within 7% of `standard`. With routed experts its MoE op also prefills and
+# 8 layers; the run docs/onnx-and-bench.md quotes); prefill within 7% of `standard`. With routed experts its MoE op also prefills and
 # decodes 2-3x faster than the decomposed routing of `standard`. CUDA: not measured (no GPU
 # where this was written): `decomposed`, which runs wherever standard ONNX ops do.
 _ORDER = ("ort", "standard", "decomposed")

@@ -201,7 +201,7 @@ def user_errors(fn: Callable) -> Callable:
         except GraphllmError as e:
             _fail(str(e))
         except ModuleNotFoundError as e:
-            _fail(f"{e.name} is not installed (see README.md for the extras)")
+            _fail(f"{e.name} is not installed (see docs/command-line.md for the extras)")
 
     return wrapper
 

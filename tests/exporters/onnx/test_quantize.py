@@ -223,7 +223,7 @@ def test_gpt_oss_quantized_is_its_dequantized_model(tiny_model, tmp_path, ops):
     assert all(len(n.input) == 6 and n.input[5] for n in routers)  # bias: MatMulNBits input 5
 
 
-# Against the unquantized export (README, "Quantized ONNX"): int8 within 0.2 standard deviations
+# Against the unquantized export (docs/quantization.md): int8 within 0.2 standard deviations
 # of the logits at most and the same argmax on at least 90% of positions (measured 0.08-0.13 and
 # 96-100% on these dense tiny models, 0.12 and 88% on the 56M-param benchmark Llama); int4, whose
 # noise on random weights is as large as their logits' spread (random logits are near-ties, so its
