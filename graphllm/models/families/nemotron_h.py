@@ -214,7 +214,8 @@ NEMOTRON_H = Family(
         "mtp_hybrid_override_pattern": Spec(string, None),
         # not read by NemotronHForCausalLM (initialisation, kernels, the bf16 residual dtype,
         # a derived width that mamba_num_heads * mamba_head_dim replaces, a count the one shared
-        # MLP ignores, the published configs' second spelling of the norm's epsilon)
+        # MLP ignores, the published configs' second spelling of the norm's epsilon, Mamba 1's
+        # dt projection rank that the 8K-context checkpoints still carry)
         **{
             k: Spec(any_value, None)
             for k in (
@@ -222,6 +223,7 @@ NEMOTRON_H = Family(
                 "time_step_min",
                 "time_step_max",
                 "time_step_floor",
+                "time_step_rank",
                 "use_mamba_kernels",
                 "mamba_ssm_cache_dtype",
                 "residual_in_fp32",
