@@ -36,15 +36,14 @@ def analyse(
 ) -> Results:
     """Run `graphllm trace`'s analyses and return the reports `passes.run` would give.
 
-    The result equals `passes.run(build_graph(config, workload, mla=mla, mtp=mtp),
-    ["verify", "params", "tokens", "cost", "memory", "roofline"], hardware=..., attention=...,
-    training=..., exact_sets=...)` figure for figure, but it is computed as `trace` computes it:
-    one layer of each kind is built and analysed, and its results stand for every layer of that
-    kind (about 30 ms for Llama-3.1-405B at T=2048 rather than 0.2 s). Where one layer cannot
-    stand for the rest, the full graph is built and analysed instead, with the same results:
-    with `mtp=True` (the MTP modules read the main model's last hidden state), a model with one
-    layer of each kind already, and a layer that reads another layer's nodes besides its
-    predecessor's output (a value residual, a KV cache shared across layers).
+    The result equals `passes.run(build_graph(config, workload, mla=mla, mtp=mtp), ["verify",
+    "params", "tokens", "cost", "memory", "roofline"], hardware=..., attention=..., ...)` figure
+    for figure, computed as `trace` computes it: one layer of each kind is analysed and stands
+    for every layer of its kind (20-30 ms for Llama-3.1-405B at T=2048 rather than 0.2 s).
+    Where one layer cannot stand for the rest, the full graph is built and analysed instead,
+    with the same results: with `mtp=True` (the MTP modules read the main model's last hidden
+    state), a model with one layer of each kind already, and a layer that reads another layer's
+    nodes besides its predecessor's output (a value residual, a KV cache shared across layers).
 
     Args:
         config: a ModelConfig, or what `load_config` takes: a preset name, a config.json or
@@ -69,7 +68,7 @@ def analyse(
         "memory" (MemoryReport), "roofline" (RooflineReport, None without hardware).
 
     Raises:
-        ConfigError: a config, workload or hardware that cannot be read or is not valid.
+        ConfigError: a config, workload, hardware or form that is not valid.
         PassError: an analysis that fails, named.
     """
     for name, value, known in (("attention", attention, ATTENTION), ("mla", mla, MLA)):
