@@ -31,6 +31,13 @@ QWEN3_MOE = Family(
     windows=every_layer_window,
     moe=qwen_moe,
     aliases={"num_local_experts": "num_experts"},  # transformers 5 writes this spelling
+    # Qwen3-Coder's published config also says what Qwen3MoeForCausalLM always builds and never
+    # reads: no q/k/v bias, no shared expert, q/k norms on
+    noop_only={
+        "qkv_bias": (False,),
+        "shared_expert_intermediate_size": (0,),
+        "use_qk_norm": (True,),
+    },
 )
 
 
