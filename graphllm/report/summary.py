@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from graphllm.models.config import CHUNKED, SLIDING
+from graphllm.models.family import CHUNKED, SLIDING
 from graphllm.report.console import console as new_console
 
 
