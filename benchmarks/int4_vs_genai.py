@@ -50,7 +50,7 @@ import graphllm  # noqa: E402
 from benchmarks.common import LLAMA_56M, read_bandwidth  # noqa: E402
 from graphllm.build.builder import build_export_graph  # noqa: E402
 from graphllm.exporters.onnx import export_onnx  # noqa: E402
-from graphllm.exporters.onnx.quantize import Quantization  # noqa: E402
+from graphllm.exporters.onnx.nbits import Quantization  # noqa: E402
 
 THREADS, PROMPT, NEW = 2, 128, 64
 BURST = 1  # decode steps a model runs before the next takes its turn (1: step by step)

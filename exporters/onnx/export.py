@@ -37,12 +37,8 @@ from graphllm.exporters.onnx.lowering import (
     producer_version,
     static_shape,
 )
-from graphllm.exporters.onnx.quantize import (
-    KEPT_METHODS,
-    ZERO_POINTS,
-    Quantization,
-    checkpoint_quantization,
-)
+from graphllm.exporters.onnx.nbits import Quantization
+from graphllm.exporters.onnx.quantize import KEPT_METHODS, ZERO_POINTS, checkpoint_quantization
 from graphllm.files import check_target, note_input, write_atomic
 from graphllm.ir import Graph
 from graphllm.models.model_config import ModelConfig, config_from_fields

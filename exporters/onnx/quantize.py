@@ -36,13 +36,7 @@ import numpy as np
 from graphllm.build.quantized import IntGroups
 from graphllm.errors import ConfigError, WeightsError
 from graphllm.exporters.onnx.lowering import Lowering
-
-# the settings live below the lowering context, which carries them; the CLI and export_onnx
-# take them from here, with the lowerings that read them
-from graphllm.exporters.onnx.nbits import (  # noqa: F401
-    ACCURACY_LEVELS,
-    BITS,
-    BLOCK_SIZES,
+from graphllm.exporters.onnx.nbits import (
     MS_DOMAIN,
     Quantization,
 )

@@ -28,7 +28,7 @@ from graphllm.build.dims import T_LAST, B, T
 from graphllm.build.emit import Emitter
 from graphllm.errors import ConfigError
 from graphllm.ir import Dim, Node, TensorType
-from graphllm.models.config import FAMILY_TABLE
+from graphllm.models.families import FAMILY_TABLE
 from graphllm.models.model_config import ModelConfig
 
 

@@ -25,7 +25,7 @@ from graphllm.echo import shown
 from graphllm.errors import WeightsError
 from graphllm.files import note_input
 from graphllm.ir import Graph, Node
-from graphllm.models.config import MULTIMODAL_UNUSED
+from graphllm.models.families import MULTIMODAL_UNUSED
 from graphllm.models.folder import folder_member
 
 if TYPE_CHECKING:

@@ -33,13 +33,8 @@ from graphllm.exporters.genai import CONFIG, MODEL, export_genai
 from graphllm.exporters.model_explorer import export_model_explorer, overlay_paths
 from graphllm.exporters.onnx import ExportResult, export_onnx
 from graphllm.exporters.onnx.export import check_export_target
-from graphllm.exporters.onnx.quantize import (
-    ACCURACY_LEVELS,
-    BITS,
-    BLOCK_SIZES,
-    Quantization,
-    checkpoint_quantization,
-)
+from graphllm.exporters.onnx.nbits import ACCURACY_LEVELS, BITS, BLOCK_SIZES, Quantization
+from graphllm.exporters.onnx.quantize import checkpoint_quantization
 from graphllm.files import check_target, folder_problem, json_text, temporary_folder
 from graphllm.ir import Graph
 from graphllm.models.hardware import load_hardware, local_path

@@ -23,10 +23,8 @@ from typing import Any
 from graphllm.echo import cut, shown, shown_path
 from graphllm.errors import ConfigError
 from graphllm.files import note_input
-
-# MULTIMODAL_UNUSED and CHUNKED are re-exported: build/weights.py and report/summary.py read them here
-from graphllm.models.families import FAMILY_TABLE, MULTIMODAL, MULTIMODAL_UNUSED  # noqa: F401
-from graphllm.models.family import CHUNKED, SLIDING, Family, mla_attention_scale  # noqa: F401
+from graphllm.models.families import FAMILY_TABLE, MULTIMODAL
+from graphllm.models.family import SLIDING, Family, mla_attention_scale
 from graphllm.models.fields import REQUIRED, Spec, describe, malformed, mapping, show, unknown_field
 from graphllm.models.folder import folder_member
 from graphllm.models.model_config import ModelConfig, RopeConfig

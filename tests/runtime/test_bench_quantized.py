@@ -12,7 +12,7 @@ import graphllm
 from graphllm.build.builder import build_export_graph
 from graphllm.exporters.onnx import export_onnx
 from graphllm.exporters.onnx.export import read_metadata
-from graphllm.exporters.onnx.quantize import Quantization
+from graphllm.exporters.onnx.nbits import Quantization
 from graphllm.models.hardware import load_hardware
 from graphllm.runtime.bench import export_storage, predict, predicted_stored_bytes
 from tests.support import quantized_checkpoints as qc

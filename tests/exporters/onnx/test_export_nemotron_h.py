@@ -111,7 +111,7 @@ def test_a_one_token_prompt_clamps_and_its_next_step_does_not(exported):
 def test_in_proj_read_per_group_is_stored_once(ops, quantize):
     """in_proj's weight, read through its per-group row view (head-parallel TP): the export
     stores it once, in the checkpoint's order where the view runs, else already regrouped."""
-    from graphllm.exporters.onnx.quantize import Quantization
+    from graphllm.exporters.onnx.nbits import Quantization
     from graphllm.models.config import config_from_dict
 
     tiny = dict(SMALL, model_type="nemotron_h", hybrid_override_pattern="M*-EM")

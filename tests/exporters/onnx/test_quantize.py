@@ -16,7 +16,8 @@ from graphllm.build.builder import build_export_graph
 from graphllm.cli.main import main
 from graphllm.errors import ConfigError, GraphllmError
 from graphllm.exporters.onnx import export_onnx, metadata_from_props, read_metadata
-from graphllm.exporters.onnx.quantize import Quantization, dequantize, quantize_blockwise
+from graphllm.exporters.onnx.nbits import Quantization
+from graphllm.exporters.onnx.quantize import dequantize, quantize_blockwise
 from graphllm.runtime.session import OnnxModel
 
 ort_quant = pytest.importorskip("onnxruntime.capi._pybind_state")

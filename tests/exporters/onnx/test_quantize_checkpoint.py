@@ -21,7 +21,7 @@ from graphllm.cli.main import main
 from graphllm.errors import ConfigError
 from graphllm.exporters.onnx import export_onnx
 from graphllm.exporters.onnx.export import read_metadata
-from graphllm.exporters.onnx.quantize import Quantization
+from graphllm.exporters.onnx.nbits import Quantization
 from graphllm.runtime.interpret import run_graph
 from graphllm.runtime.session import OnnxModel
 from tests.support import quantized_checkpoints as qc
