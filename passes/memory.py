@@ -39,7 +39,7 @@ class MemoryReport:
     peak_at: str  # the node during which the peak occurs
     kv_cache_full: float = 0.0  # the cache with every layer holding all P + T positions
     kv_cache_kept: float = 0.0  # what the next step reads back: windows keep W - 1 positions
-    # issue 19: the conv and recurrent states of linear-attention / Mamba layers, constant in
+    # the conv and recurrent states of linear-attention / Mamba layers, constant in
     # the sequence length (kv_cache_full prices those layers as full attention too)
     state: float = 0.0
 

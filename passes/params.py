@@ -22,7 +22,7 @@ class ParamReport:
     counts the weights of the multi-token-prediction modules (scopes of kind `mtp`, DeepSeek-V3
     built with mtp=True), which `total` and `active` include; the main model is total - mtp.
 
-    Vendors publish active counts under other conventions (issue 18: OpenAI's gpt-oss figures
+    Vendors publish active counts under other conventions (OpenAI's gpt-oss figures
     leave the input embedding out, GLM's the embedding and the output head), so beside `active`
     stand `active_without_embedding` (less every input embedding table that is not also the
     head) and `active_without_embedding_and_head` (less the output heads too)."""

@@ -158,7 +158,7 @@ class Timer:
         )
         return flops / rate, oc.bytes / self._dequant_share(n, oc), streams
 
-    # issue 20: a weight-only quantized matmul streams its weights through a dequantising kernel
+    # a weight-only quantized matmul streams its weights through a dequantising kernel
     # that reaches a measured share of the bandwidth (the preset's `dequant_efficiency`, per
     # storage dtype); its bytes are priced at that share (the weights are nearly all of a decode
     # GEMM's bytes, and a prefill GEMM is compute-bound, where the bytes do not count)

@@ -460,7 +460,7 @@ def _to_one(node: Node, ins: list[list[str]], t: str, vals: list[Any], n: int, e
             # a whole position axis reduced away: every output position reads all of it
             deps = deps.union(v.deps.range_union(np.zeros(n, np.int64), np.full(n, n - 1)))
             continue
-        # issue 19: a window (a causal conv: K positions) or a prefix (a recurrence: every
+        # a window (a causal conv: K positions) or a prefix (a recurrence: every
         # earlier one) of the axis, as the row's relation says; a carried state stands for every
         # position before the first one the input holds
         read = v.deps

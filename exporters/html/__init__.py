@@ -1,4 +1,4 @@
-"""The interactive HTML report as one self-contained file (issue 22).
+"""The interactive HTML report as one self-contained file.
 
 The page is `template.html` with its styles (`report.css`), its script (`report.js`), Chart.js
 (`vendor/`, pinned, MIT) and the report's data inlined: nothing is fetched when it is viewed, so

@@ -3,7 +3,7 @@
 Importing this package registers every lowering.
 """
 
-# register the lowerings (issue 19: recurrent, the hybrid layers' shared rows; delta, Qwen3-Next's;
+# register the lowerings (recurrent, the hybrid layers' shared rows; delta, Qwen3-Next's;
 # mamba, Nemotron-H's)
 from graphllm.exporters.onnx import (  # noqa: F401
     decomposed,

@@ -118,7 +118,7 @@ def _rmsnorm(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
         c.final("Cast", [c.op("Mul", [y, w], s)], n, o, to=ONNX_TYPES[c.dtype])
 
 
-# issue 16: Cohere's LayerNorm, over the hidden axis or each head's channels with its own weight
+# Cohere's LayerNorm, over the hidden axis or each head's channels with its own weight
 def _centred_norm(c: Lowering, n: Node, x: str, w: str, o: list[str]) -> None:
     s = n.name
     x = c.cast(x, c.dtype, "fp32", s)
@@ -275,7 +275,7 @@ def _cache_indices(c: Lowering) -> tuple[str, str]:
         if blocks == 1:
             q = c.op("Range", [c.op("Sub", [n_key, n_new], s), n_key, one], s)  # (T,) query index
             return k, q
-        # a rank's block of the tokens (issue 21): n_new is the block's; the call has blocks x
+        # a rank's block of the tokens: n_new is the block's; the call has blocks x
         # as many, and this block starts `block` blocks into them
         first = c.op("Sub", [n_key, c.op("Mul", [n_new, c.const(blocks - block, hint="b")], s)], s)
         q = c.op("Range", [first, c.op("Add", [first, n_new], s), one], s)  # (T/blocks,)
@@ -325,7 +325,7 @@ def _mask(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("Where", [allowed_keys(c, n.attrs), i[0], lowest], n, o)
 
 
-# issue 16: Llama 4's weightless L2 QK-norm and its NoPE layers' attention temperature
+# Llama 4's weightless L2 QK-norm and its NoPE layers' attention temperature
 @lowers("l2norm")
 def _l2norm(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     s = n.name
@@ -482,7 +482,7 @@ def _moe_sum(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("ReduceSum", [picked, c.const([2])], n, o, keepdims=0)  # (B, T, d)
 
 
-# -- issue 18: gpt-oss -------------------------------------------------------------------------
+# -- gpt-oss -------------------------------------------------------------------------
 @lowers("softmax_sink")
 def _softmax_sink(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     # the sink joins each row's max and denominator; a padding query (every key at the lowest

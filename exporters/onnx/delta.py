@@ -1,4 +1,4 @@
-"""Decomposed ONNX lowerings of Qwen3-Next's Gated DeltaNet rows (graphllm.ops.delta, issue 19).
+"""Decomposed ONNX lowerings of Qwen3-Next's Gated DeltaNet rows (graphllm.ops.delta).
 
 The delta rule, in every form the IR gives it (chunked for a prefill, from a carried state, or
 the decode step), is one Scan over the new tokens: the recurrent form, step by step, the state

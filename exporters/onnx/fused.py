@@ -203,8 +203,8 @@ class Attn:
     interleaved: bool
     scale: float
     window: int | None
-    chunk: int | None  # issue 16: Llama 4's chunked layers
-    sinks: str | None  # issue 18: gpt-oss's per-head sink logits (a param), or None
+    chunk: int | None  # Llama 4's chunked layers
+    sinks: str | None  # gpt-oss's per-head sink logits (a param), or None
     past: tuple[Ref, Ref]
     present: tuple[Ref, Ref]
     out: Ref

@@ -113,7 +113,7 @@ class Lowering:
         # and the positions they cover (a run past them is refused before onnxruntime sees it)
         self.tables: dict[str, int] = {}
         self.table_positions: int | None = None
-        # issue 21: a segment of one rank's program (graphllm.exporters.onnx.segment) gives each
+        # a segment of one rank's program (graphllm.exporters.onnx.segment) gives each
         # node the rank's block offsets of its split axes, as the SPMD interpreter gives the
         # numpy impls attrs['shard']: letter -> (first index held, the whole axis's size)
         self.offsets: Callable[[Node], dict[str, tuple[int, int]]] = lambda node: {}
@@ -384,7 +384,7 @@ def _tensor_names(graph: Graph) -> dict[Ref, str]:
 
 def _input_infos(n: Node) -> list[onnx.ValueInfoProto]:
     """A graph input; `input_ids` brings the attention mask with it (so a graph that reads the
-    mask itself, issue 19's zeroing of padded positions, declares it once)."""
+    mask itself, the hybrid layers' zeroing of padded positions, declares it once)."""
     if n.name == "attention_mask":
         return []
     odd = [d.name for d in n.out.dims if d.size is None and d.name not in DIM_NAMES]

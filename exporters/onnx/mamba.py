@@ -1,4 +1,4 @@
-"""Decomposed ONNX lowerings of Nemotron-H's Mamba2 rows (graphllm.ops.mamba, issue 19).
+"""Decomposed ONNX lowerings of Nemotron-H's Mamba2 rows (graphllm.ops.mamba).
 
 `ssm_scan` / `ssm_scan_past` lower to the chunked SSD form of transformers' torch path, loop-free:
 the chunks are a reshape of the (padded) token axis, the intra-chunk blocks Einsums under the

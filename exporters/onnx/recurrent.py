@@ -1,4 +1,4 @@
-"""Decomposed ONNX lowerings of the rows hybrid layers share (graphllm.ops.recurrent, issue 19).
+"""Decomposed ONNX lowerings of the rows hybrid layers share (graphllm.ops.recurrent).
 
 - `causal_conv1d(_bias)` is one Conv with group = channels on the channels-first sequence: the
   carried K-1 inputs then the new ones (no padding), or the new ones padded with K-1 zeros on the

@@ -67,7 +67,7 @@ MASKED_SCORES_PATTERN = Op(
         "mul_const",
         Op("scores", Q_PATTERN, K_PATTERN),
         name="scale",
-        # issue 16: Gemma 2 soft-caps the scores before the mask
+        # Gemma 2 soft-caps the scores before the mask
         why="{node}: the scores reach the mask through {op}, which the fused "
         "attention op cannot apply (soft-capping)",
     ),
@@ -79,7 +79,7 @@ ATTENTION_PATTERN = Pattern(
         Op(
             "pv",
             Op("softmax", MASKED_SCORES_PATTERN, name="probs")
-            # issue 18: gpt-oss's sinks join the softmax (GroupQueryAttention's head_sink)
+            # gpt-oss's sinks join the softmax (GroupQueryAttention's head_sink)
             | Op("softmax_sink", MASKED_SCORES_PATTERN, Var("sinks"), name="probs"),
             V_PATTERN,
         ),
@@ -192,7 +192,7 @@ SKIP_NORM_PATTERN = Pattern(
 )
 
 
-# issue 18: gpt-oss's experts as onnxruntime's MoE op runs them (swiglu_fusion=1: gate and up
+# gpt-oss's experts as onnxruntime's MoE op runs them (swiglu_fusion=1: gate and up
 # interleaved, gate the even channels, as the checkpoint stores them; swiglu_limit,
 # activation_alpha, activation_beta=1 for the up path's + 1; fc1/fc2 biases), routed by the
 # softmax over the top k of a router with a bias, which the op's softmax over every expert
@@ -234,7 +234,7 @@ def qkv_projections(m: Match) -> list[Node]:
     return [m["qkv_proj"]] if "qkv_split" in m else [m[p] for p in SEPARATE_QKV]
 
 
-# issue 16: how a rotation pairs its channels. 'half': x_i with x_i+e/2 (rotate-half); 'complex':
+# how a rotation pairs its channels. 'half': x_i with x_i+e/2 (rotate-half); 'complex':
 # adjacent pairs (x_2i, x_2i+1) written back in place, which RotaryEmbedding and
 # GroupQueryAttention call interleaved; 'interleave' (DeepSeek-V3, latent attention only) writes
 # the pairs back first members then second ones, which neither can (onnx.ai/onnx/operators/

@@ -1,4 +1,4 @@
-"""One segment of a rank's program as an ONNX model (issue 21): the nodes between two cut points.
+"""One segment of a rank's program as an ONNX model: the nodes between two cut points.
 
 A rank's partitioned program (graphllm.passes.parallel.partition) is cut at its collectives and
 send/recv nodes, which the distributed runtime carries out itself; what lies between two cuts is

@@ -86,7 +86,7 @@ def _bindings(cfg: ModelConfig, wl: Workload) -> dict[str, float]:
     if cfg.attention_chunk_size is not None and "chunked_attention" in cfg.layer_types:
         bindings["P_c"] = min(wl.past_len, cfg.attention_chunk_size - 1)
         bindings["S_c"] = bindings["P_c"] + wl.seq_len
-    if cfg.conv_kernel:  # issue 19: a conv reads its K-1 carried inputs and the T new
+    if cfg.conv_kernel:  # a conv reads its K-1 carried inputs and the T new
         bindings |= conv_bindings(cfg.conv_kernel, wl.seq_len)
     return bindings
 
@@ -173,7 +173,7 @@ class _Builder(Emitter):
         return self.g.add("add", f"{p}.mlp_residual", (h, f))
 
     def one_sublayer(self, i: int, x: Node, moe: bool | None = None) -> Node:
-        """issue 19: out = x + sub(norm(x)) for a layer that holds its token mixer alone or its
+        """out = x + sub(norm(x)) for a layer that holds its token mixer alone or its
         FFN alone (Nemotron-H), inside the mixer's or the FFN's norms of the BlockLayout."""
         c, lay, p = self.cfg, self.cfg.block, f"{self.cfg.layers_prefix}.{i}"
         if c.layer_block(i) == "mixer":
@@ -188,7 +188,7 @@ class _Builder(Emitter):
 
     def mixer(self, layer: str, x: Node, i: int) -> Node:
         """Layer i's token mixer: attention (`{layer}.<attention_name>`), or the one its layer type
-        names in MIXERS (issue 19: a linear-attention or Mamba layer)."""
+        names in MIXERS (a linear-attention or Mamba layer)."""
         kind = self.cfg.layer_type(i)
         if kind in MIXERS:
             name, build = MIXERS[kind]
@@ -244,7 +244,7 @@ class _Builder(Emitter):
             split = g.add("split3", f"{p}.qkv_split", (qkv,), {"axes": parts, "sizes": sizes})
             q, k, v = Ref(split.name, 0), Ref(split.name, 1), Ref(split.name, 2)
         elif c.attn_output_gate:
-            # issue 19, Qwen3-Next: q_proj writes each head's query then its gate
+            # Qwen3-Next: q_proj writes each head's query then its gate
             d_qg = Dim("d_qg", "hidden", 2 * self.d_q.size)  # type: ignore[operator]
             qg = self.linear(f"{p}.q_proj", x, d_qg, "attention", bias=c.qkv_bias)
             e, heads = c.head_dim, c.num_attention_heads

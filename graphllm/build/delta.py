@@ -1,4 +1,4 @@
-"""Qwen3-Next's Gated DeltaNet, as the builder adds it for a `linear_attention` layer (issue 19).
+"""Qwen3-Next's Gated DeltaNet, as the builder adds it for a `linear_attention` layer.
 
 As transformers' Qwen3NextGatedDeltaNet: padded positions zeroed; in_proj_qkvz and in_proj_ba,
 whose outputs are laid out per key head group ([q, k, v, z] and [b, a] for each of the

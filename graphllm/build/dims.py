@@ -19,7 +19,7 @@ T_LAST = Dim("T_last", "token", 1, positions=("P+T-1", "P+T"))
 # a sliding-window layer's cache keeps only the last W-1 past positions (as transformers' does)
 P_W = Dim("P_w", "key_token", positions=("P-P_w", "P"))
 S_W = Dim("S_w", "key_token", positions=("P-P_w", "P+T"))
-# issue 16: a chunked layer's cache keeps the last C-1 past positions (transformers holds it in a
+# a chunked layer's cache keeps the last C-1 past positions (transformers holds it in a
 # sliding-window layer of the chunk size), apart from the windows' when a model has both
 P_C = Dim("P_c", "key_token", positions=("P-P_c", "P"))
 S_C = Dim("S_c", "key_token", positions=("P-P_c", "P+T"))

@@ -218,7 +218,7 @@ class Emitter(ABC):
         c, g = self.cfg, self.g
         self.scopes[p] = "shared_expert" if kind == "shared_experts" else "mlp"
         ffn = Dim("ffn", "ffn", width or c.intermediate_size)
-        if not c.mlp_gated:  # issue 19, Nemotron-H's relu^2 MLP
+        if not c.mlp_gated:  # Nemotron-H's relu^2 MLP
             up = self.linear(f"{p}.up_proj", x, ffn, kind, bias=c.mlp_bias)
             a = self.act(f"{p}.act_fn", up)
             return self.linear(f"{p}.down_proj", a, self.d, kind, bias=c.mlp_bias)

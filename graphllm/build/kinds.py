@@ -25,7 +25,7 @@ WEIGHT_KINDS = (
     "norms",
     "lm_head",
     "mtp_proj",  # an MTP module's eh_proj; its other weights count under their own kinds
-    "linear_attention",  # issue 19: a Gated DeltaNet (or Mamba) mixer's weights
+    "linear_attention",  # a Gated DeltaNet (or Mamba) mixer's weights
 )
 LAYER = "layer"  # a decoder block: figures per layer, not a roll-up
 SCOPE_KINDS = (
@@ -40,6 +40,6 @@ SCOPE_KINDS = (
     "norms",
     "lm_head",
     "mtp",  # DeepSeek-V3's multi-token-prediction modules, when built
-    "linear_attention",  # issue 19: a layer's Gated DeltaNet (or Mamba) mixer
-    "mamba",  # issue 19: a Mamba2 mixer (Nemotron-H)
+    "linear_attention",  # a layer's Gated DeltaNet (or Mamba) mixer
+    "mamba",  # a Mamba2 mixer (Nemotron-H)
 )

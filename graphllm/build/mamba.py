@@ -1,4 +1,4 @@
-"""The Mamba2 mixer as the builder adds it (issue 19, Nemotron-H's NemotronHMamba2Mixer), from the
+"""The Mamba2 mixer as the builder adds it (Nemotron-H's NemotronHMamba2Mixer), from the
 config's Mamba fields alone:
 
   x  = zero_padding(x)                                   padded positions enter as zeros

@@ -47,7 +47,7 @@ def moe_ffn(b: Emitter, layer: str, x: Node) -> Node:
         slots = g.add("moe_scale_slots", f"{p}.experts.scale", (slots, weights, chosen))
     if c.fused_experts:
         y = _fused_experts(b, p, slots, n_exp, ffn)
-    elif not c.mlp_gated:  # issue 19, NemotronHExperts: down(act(up(x)))
+    elif not c.mlp_gated:  # NemotronHExperts: down(act(up(x)))
         up = expert_linear(names.expert_up, slots, ffn)  # (E, C, ffn_e)
         y = expert_linear(names.expert_down, b.act(f"{p}.experts.act_fn", up), b.d)
     else:

@@ -1,5 +1,5 @@
 """Multi-token-prediction (MTP) modules, as the builder adds them with `mtp=True`: DeepSeek-V3's,
-and GLM-4.5's of the same layout (issue 18: vLLM's glm4_moe_mtp.py, SGLang's glm4_moe_nextn.py;
+and GLM-4.5's of the same layout (vLLM's glm4_moe_mtp.py, SGLang's glm4_moe_nextn.py;
 the block is the family's own decoder layer, read from the config like the main model's).
 
 Depth k (1 .. num_nextn_predict_layers) is checkpoint layer L = num_hidden_layers + k - 1 and
@@ -43,13 +43,13 @@ def check_mtp(cfg: ModelConfig) -> None:
             else f"{cfg.model_type} has none, DeepSeek-V3 has"
         )
         if family is not None and "num_mtp_modules" in family.fields:
-            # issue 18: MiniMax-M2's config names MTP modules its published checkpoint does not
+            # MiniMax-M2's config names MTP modules its published checkpoint does not
             # hold (the Hub's count of its tensors is the main model's), nor does any reference
             why = (
                 f"{cfg.model_type}'s MTP modules (num_mtp_modules) are not modelled: its "
                 "published checkpoint holds no MTP weights and transformers has no MTP module"
             )
-        if family is not None and family.mtp_refusal:  # issue 19: Qwen3-Next's, not yet
+        if family is not None and family.mtp_refusal:  # Qwen3-Next's, not yet
             why = family.mtp_refusal
         raise ConfigError(f"--mtp: {cfg.name} has no multi-token-prediction layers ({why})")
     if len(cfg.mtp_moe_layers) != cfg.num_nextn_predict_layers:  # a config built by hand

@@ -144,7 +144,7 @@ def _mxfp4(ckpt: Stored, name: str, fmt: QuantFormat, shape: tuple[int, int]) ->
     return lambda: dq.mxfp4(ckpt.stored(name + "_blocks"), ckpt.stored(name + "_scales"))
 
 
-# issue 18: gpt-oss keeps all experts of a projection in one tensor: the graph's (E, in, out) is
+# gpt-oss keeps all experts of a projection in one tensor: the graph's (E, in, out) is
 # stored as E [out, in] matrices, W_blocks U8 [E, out, in/32, 16] and W_scales U8 [E, out, in/32]
 # (transformers' convert_moe_packed_tensors dequantizes them and swaps the last two axes)
 def _mxfp4_stacked(ckpt: Stored, name: str, fmt: QuantFormat, shape: tuple[int, int, int]) -> Read:

@@ -1,4 +1,4 @@
-"""What hybrid layers share as the builder adds them (issue 19): the zeroing of padded positions
+"""What hybrid layers share as the builder adds them: the zeroing of padded positions
 before a recurrence, the causal conv with its carried state, and the carried states themselves.
 
 A layer that carries state to the next step reads `past_key_values.{i}.conv_state` /

@@ -136,7 +136,7 @@ def quantization(
     )
 
 
-# -- --format model-explorer and genai (issue 22) ---------------------------------------------
+# -- --format model-explorer and genai ---------------------------------------------
 FORMATS = ["onnx", "model-explorer", "genai"]
 EXPLORER_HARDWARE = "h100"  # trace's default device: the time overlay's
 

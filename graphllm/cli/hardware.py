@@ -92,7 +92,7 @@ def calibrate(
     if side is not None and not quick:
         sizes["sweep_side"] = side  # the model's matrices, its kernels a byte
     hw = measure(weights_bytes=weights, repeats=repeats, threads=threads, progress=bars, **sizes)
-    if link:  # issue 21: the links between local ranks (graphllm/runtime/calibrate_link.py)
+    if link:  # the links between local ranks (graphllm/runtime/calibrate_link.py)
         samples = link_sweep(sizes=sizes_up_to(link_max), repeats=repeats)
         hw = with_links(hw, samples)
         click.echo("\n".join(link_table(samples)))

@@ -9,7 +9,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from graphllm.cli import run_measured  # issue 21 point 4: measured beside predicted
+from graphllm.cli import run_measured  # measured beside predicted
 from graphllm.cli.common import (
     WEIGHTS_CONFIG_HELP,
     json_option,

@@ -23,7 +23,7 @@ from graphllm.ir.node import Node, Ref
 from graphllm.ir.opspec import OPS, infer
 
 CACHE = "cache"  # a graph output that the next step takes back as an input (the KV cache)
-# issue 19: a graph output that the next step takes back in place of its past, of a size fixed
+# a graph output that the next step takes back in place of its past, of a size fixed
 # whatever the sequence length (a linear-attention or Mamba layer's conv and recurrent state);
 # it replaces the past rather than appending to it, so nothing may append to it in place
 STATE = "state"

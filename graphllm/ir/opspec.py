@@ -119,10 +119,10 @@ class OpSpec:
     timed_on_peer: bool = False
     # the kind reports file the op's traffic under; None: its own name (a send: "send/recv")
     comm_kind: str | None = None
-    # issue 19: inputs that carry a state summing up every position before the op's first one
+    # inputs that carry a state summing up every position before the op's first one
     # (a recurrence's past state): the tokens pass makes the output depend on all of them
     state_inputs: tuple[int, ...] = ()
-    # issue 19: the part of the row's FLOPs (from the sizes and attrs) that are matrix
+    # the part of the row's FLOPs (from the sizes and attrs) that are matrix
     # multiplies, where an op is a whole algorithm (a recurrence's chunked form: its matmuls
     # beside its elementwise work, which `flops_attrs_fn` gives)
     matmul_flops_fn: Callable[[dict[str, float], dict[str, Any]], float] | None = None

@@ -45,7 +45,7 @@ PRESETS_DIR = Path(__file__).parent / "presets"
 
 NOT_SUPPORTED = {
     "deepseek": "DeepSeek-MoE v1 is not planned; DeepSeek-V2/V3 are on the roadmap",
-    # issue 19: the other Mamba2 hybrids reuse Nemotron-H's mixer and come later
+    # the other Mamba2 hybrids reuse Nemotron-H's mixer and come later
     "falcon_h1": "Falcon-H1 (attention and Mamba2 side by side in every layer) is not modelled "
     "yet; nemotron_h's Mamba2 layers are",
     "granitemoehybrid": "Granite 4.0's hybrid (Mamba2 with MoE) is not modelled yet; "

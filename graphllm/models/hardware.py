@@ -121,7 +121,7 @@ class Achievable:
     sm_count: int | None  # streaming multiprocessors: the tiles a wave of a GEMM runs at once
     gemm_tile: tuple[int, int] | None  # the GEMM's output tile (M, N) each SM computes
     source: str
-    # issue 20: weight-only storage dtype -> the share of `memory_bandwidth` that the kernel
+    # weight-only storage dtype -> the share of `memory_bandwidth` that the kernel
     # dequantising it streams its weights at in a batch-1 GEMV (absent: the full bandwidth)
     dequant_efficiency: dict[str, float] = field(default_factory=dict)
     # a kernel that streams a weight or the KV cache from DRAM pays DRAM's latency and ramp on
@@ -180,7 +180,7 @@ class Hardware:
     extra: dict[str, float] = field(default_factory=dict)  # further measurements (calibrate)
     achievable: Achievable | None = None  # None: the ideal roofline on the peaks above
     cuda_graphs: bool | None = None  # kernels launched through CUDA graphs; None: decode only
-    # issue 21: collectives measured inside a node, per op kind (`graphllm calibrate --link`):
+    # collectives measured inside a node, per op kind (`graphllm calibrate --link`):
     # they price their kind under either rate model, since they are measurements, not peaks
     links: dict[str, Link] = field(default_factory=dict)
     # calibrate's tables: bandwidth by working set, GEMM rate by shape (None: one of each)

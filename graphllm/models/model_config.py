@@ -29,26 +29,26 @@ FAMILIES = (
     "deepseek_v3",
     "granite",
     "smollm3",
-    # issue 16: olmo2
+    # olmo2
     "olmo2",
-    # issue 16: cohere
+    # cohere
     "cohere",
     "cohere2",
-    # issue 16: gemma2
+    # gemma2
     "gemma2",
-    # issue 16: gemma3 (its text decoder; `gemma3` configs load through their text_config)
+    # gemma3 (its text decoder; `gemma3` configs load through their text_config)
     "gemma3_text",
-    # issue 16: llama4_text (attention; its MoE layers are refused until issue 18)
+    # llama4_text (its dense and MoE layers; `llama4` configs load through their text_config)
     "llama4_text",
-    # issue 18: kimi_k2 (DeepSeek-V3's architecture), glm4_moe, minimax_m2
+    # kimi_k2 (DeepSeek-V3's architecture), glm4_moe, minimax_m2
     "kimi_k2",
     "glm4_moe",
     "minimax_m2",
-    # issue 18: gpt_oss (gpt-oss-20b, gpt-oss-120b)
+    # gpt_oss (gpt-oss-20b, gpt-oss-120b)
     "gpt_oss",
-    # issue 19: qwen3_next (Qwen3-Next-80B-A3B: Gated DeltaNet layers between attention ones)
+    # qwen3_next (Qwen3-Next-80B-A3B: Gated DeltaNet layers between attention ones)
     "qwen3_next",
-    # issue 19: nemotron_h (Nemotron-H, Nemotron-3-Nano: Mamba2 layers)
+    # nemotron_h (Nemotron-H, Nemotron-3-Nano: Mamba2 layers)
     "nemotron_h",
 )
 
@@ -58,15 +58,15 @@ FAMILIES = (
 LAYER_TYPES = (
     "full_attention",
     "sliding_attention",
-    # issue 16, Llama 4: attention inside fixed blocks of attention_chunk_size absolute positions
+    # Llama 4: attention inside fixed blocks of attention_chunk_size absolute positions
     "chunked_attention",
-    # issue 19, Qwen3-Next: Gated DeltaNet, a causal conv and a gated delta-rule recurrence; its
+    # Qwen3-Next: Gated DeltaNet, a causal conv and a gated delta-rule recurrence; its
     # layer carries a conv state and a recurrent state instead of keys and values
     "linear_attention",
-    # issue 19, Nemotron-H: a Mamba2 mixer (a selective state-space scan) in place of attention
+    # Nemotron-H: a Mamba2 mixer (a selective state-space scan) in place of attention
     "mamba2",
 )
-# issue 19: what one decoder layer holds (ModelConfig.layer_blocks): "both" the token mixer and
+# what one decoder layer holds (ModelConfig.layer_blocks): "both" the token mixer and
 # the FFN (every attention family), or one of them alone with its own pre-norm and residual
 # (Nemotron-H: a Mamba2, attention, MLP or MoE layer each)
 LAYER_BLOCKS = ("both", "mixer", "ffn")
@@ -177,7 +177,7 @@ class BlockLayout:
     ffn_pre: str | None = "post_attention_layernorm"
     ffn_post: str | None = None
     parallel: bool = False
-    # issue 19: a layer holds its mixer or its FFN, not both (ModelConfig.layer_blocks), so the
+    # a layer holds its mixer or its FFN, not both (ModelConfig.layer_blocks), so the
     # mixer's norms and the FFN's may share a name (Nemotron-H's one `norm` per layer)
     one_sublayer: bool = False
 
@@ -220,7 +220,7 @@ class MoENames:
     expert_down: str = "down_proj"
     shared: str = "shared_expert"  # <block>.<shared>: the shared expert's MLP
     shared_gate: str = "shared_expert_gate"  # <block>.<shared_gate>: its sigmoid gate's linear
-    # issue 18: where noaux_tc's e_score_correction_bias is stored under <block>; empty: on the
+    # where noaux_tc's e_score_correction_bias is stored under <block>; empty: on the
     # router (<router>.e_score_correction_bias: DeepSeek-V3, GLM-4.5); MiniMax-M2 keeps it on
     # the block itself
     correction_bias: str = ""
@@ -325,17 +325,17 @@ class ModelConfig:
     # logit_scale). Visible as mul_const nodes where they are not 1
     residual_multiplier: float = 1.0
     logits_multiplier: float = 1.0
-    # issue 16, Gemma 2: the attention scores (after the scale, before the mask) and the final
+    # Gemma 2: the attention scores (after the scale, before the mask) and the final
     # logits each through cap * tanh(x / cap), visible as softcap nodes; None: no cap
     attn_logit_softcapping: float | None = None
     final_logit_softcapping: float | None = None
-    # issue 16, Gemma 3: the RoPE of the sliding-window layers where it is not `rope` (Gemma 3's
+    # Gemma 3: the RoPE of the sliding-window layers where it is not `rope` (Gemma 3's
     # local layers rotate with rope_local_base_freq and no scaling); None: every layer `rope`
     sliding_rope: RopeConfig | None = None
     # the model_type of the multimodal model whose text decoder this is (a `gemma3` config's
     # text_config); its vision tower and projector are not modelled, and reports say so
     text_decoder_of: str = ""
-    # issue 16, Llama 4: a chunked_attention layer's queries see the keys of their own chunk of
+    # Llama 4: a chunked_attention layer's queries see the keys of their own chunk of
     # attention_chunk_size absolute positions (s // C == t // C) and none after them
     attention_chunk_size: int | None = None
     # Llama 4's use_qk_norm: on RoPE layers, q and k through a weightless L2 norm
@@ -348,18 +348,18 @@ class ModelConfig:
     temperature_attn_scale: float = 0.0
     # the dense FFN's module name: model.layers.{i}.<mlp_name> (Llama 4: feed_forward)
     mlp_name: str = "mlp"
-    # issue 18, Llama 4's Llama4TextMoe: each routed expert's input is scaled by its router
+    # Llama 4's Llama4TextMoe: each routed expert's input is scaled by its router
     # weight (expert(w * x), summed over the chosen experts) instead of its output (w * expert(x));
     # the two differ because SwiGLU is not linear
     moe_weights_input: bool = False
-    # issue 18, Llama 4's Llama4TextExperts: the routed experts stored as two (E, in, out) tensors,
+    # Llama 4's Llama4TextExperts: the routed experts stored as two (E, in, out) tensors,
     # <block>.experts.gate_up_proj (E, d, 2 * moe_intermediate_size: gate then up) and
     # <block>.experts.down_proj (E, moe_intermediate_size, d), not one (out, in) matrix per expert
     fused_experts: bool = False
-    # issue 17: the checkpoint's quantization_config (how each weight is stored); None: every
+    # the checkpoint's quantization_config (how each weight is stored); None: every
     # tensor at the checkpoint's dtype
     quantization: Quantization | None = None
-    # issue 18, gpt-oss: a learned logit per query head (self_attn.sinks) joins each softmax
+    # gpt-oss: a learned logit per query head (self_attn.sinks) joins each softmax
     # row and takes probability mass, with no value behind it
     attention_sinks: bool = False
     # the router's linear has a bias (gpt-oss's mlp.router.bias)
@@ -375,10 +375,10 @@ class ModelConfig:
     # swiglu_limit, (up + 1) * gate * sigmoid(swiglu_alpha * gate); None: act(gate) * up
     swiglu_limit: float | None = None
     swiglu_alpha: float = 1.702
-    # issue 19: the causal conv of a linear-attention or Mamba layer, its kernel K (the layer
+    # the causal conv of a linear-attention or Mamba layer, its kernel K (the layer
     # carries its last K-1 inputs as its conv state); 0: no such layer
     conv_kernel: int = 0
-    # issue 19, Qwen3-Next's Gated DeltaNet (linear_attention layers): key heads (q and k) and
+    # Qwen3-Next's Gated DeltaNet (linear_attention layers): key heads (q and k) and
     # value heads (v, z, the decay and beta), their widths, and the chunk of the prefill's
     # chunked form (transformers' torch_chunk_gated_delta_rule: 64)
     linear_num_key_heads: int = 0
@@ -386,15 +386,15 @@ class ModelConfig:
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
     linear_chunk_size: int = 64
-    # issue 19, Qwen3-Next's gated attention: q_proj writes a query and a gate per head
+    # Qwen3-Next's gated attention: q_proj writes a query and a gate per head
     # (interleaved per head), and the attention output is times sigmoid(gate) before o_proj
     attn_output_gate: bool = False
-    # issue 19: how a checkpoint lays out its MTP layers. "layers": DeepSeek-V3's and GLM-4.5's
+    # how a checkpoint lays out its MTP layers. "layers": DeepSeek-V3's and GLM-4.5's
     # model.layers.{n+k-1} with their own embedding, enorm/hnorm, eh_proj and shared_head;
     # "mtp": Qwen3-Next's mtp.fc, mtp.pre_fc_norm_embedding/hidden, mtp.layers.{k-1}, mtp.norm,
     # the main model's embedding and lm_head shared (vLLM's qwen3_next_mtp.py)
     mtp_layout: str = "layers"
-    # issue 19, Nemotron-H. Per layer one of LAYER_BLOCKS (empty: every layer "both")
+    # Nemotron-H. Per layer one of LAYER_BLOCKS (empty: every layer "both")
     layer_blocks: tuple[str, ...] = ()
     # module names as the checkpoint has them: <layers_prefix>.{i}.<attention_name>, the
     # embedding table's and the final norm's (Nemotron-H, as transformers 5 saves it too:
@@ -598,7 +598,7 @@ class ModelConfig:
             raise ConfigError(f"{v} linear value heads are not a multiple of {k} key heads")
 
     def _check_mamba(self) -> None:
-        """issue 19: the Mamba2 sizes a mamba2 layer needs, and the names every layer reads."""
+        """the Mamba2 sizes a mamba2 layer needs, and the names every layer reads."""
         for name in ("layers_prefix", "attention_name", "embedding_name", "final_norm_name"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ConfigError(
@@ -694,14 +694,14 @@ _FLAGS = (
     "qk_l2_norm",
     "moe_weights_input",
     "fused_experts",
-    # issue 18: gpt-oss
+    # gpt-oss
     "attention_sinks",
     "router_bias",
     "topk_then_score",
     "experts_stacked",
-    # issue 19: Qwen3-Next
+    # Qwen3-Next
     "attn_output_gate",
-    # issue 19: Nemotron-H
+    # Nemotron-H
     "mlp_gated",
     "mamba_conv_bias",
     "mamba_proj_bias",
@@ -731,13 +731,13 @@ _NON_NEGATIVE = (
     "v_head_dim",
     "num_nextn_predict_layers",
     "rotary_dim",
-    # issue 19: linear-attention and Mamba layers
+    # linear-attention and Mamba layers
     "conv_kernel",
     "linear_num_key_heads",
     "linear_num_value_heads",
     "linear_key_head_dim",
     "linear_value_head_dim",
-    # issue 19: Nemotron-H's Mamba2 sizes (0: no mamba2 layer)
+    # Nemotron-H's Mamba2 sizes (0: no mamba2 layer)
     "mamba_num_heads",
     "mamba_head_dim",
     "ssm_state_size",

@@ -49,7 +49,7 @@ DTYPES: dict[str, DType] = {
     "int4": DType("int4", 4, group_size=128, scale_bits=16),
     # e2m1 values in blocks of 32 with one e8m0 exponent byte each (gpt-oss's experts)
     "mxfp4": DType("mxfp4", 4, group_size=32, scale_bits=8),
-    # issue 20: torch's tinygemm layout (aten._weight_int4pack_mm, as gpt-fast's quantize.py
+    # torch's tinygemm layout (aten._weight_int4pack_mm, as gpt-fast's quantize.py
     # --mode int4 --groupsize 32 stores it): int4 in groups of 32 with a bf16 scale and a bf16
     # zero point each, 32 bits of scales per group
     "int4g32": DType("int4g32", 4, group_size=32, scale_bits=32),

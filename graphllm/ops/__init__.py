@@ -20,7 +20,7 @@ from graphllm.ir.opspec import (
     node_flops,
 )
 
-# register the rows (issue 19: recurrent, the hybrid layers' shared rows; delta, Qwen3-Next's;
+# register the rows (recurrent, the hybrid layers' shared rows; delta, Qwen3-Next's;
 # mamba, Nemotron-H's)
 from graphllm.ops import (  # noqa: F401
     attention,

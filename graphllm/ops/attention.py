@@ -176,7 +176,7 @@ register(
 )
 
 
-# -- issue 16: Gemma 2's logit soft-capping ----------------------------------------------------
+# -- Gemma 2's logit soft-capping ----------------------------------------------------
 def _softcap(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     cap = np.float32(a["cap"])
     return np.tanh(f32(xs[0]) / cap) * cap
@@ -196,7 +196,7 @@ register(
 )
 
 
-# -- issue 16: Llama 4's L2 QK-norm and attention temperature ----------------------------------
+# -- Llama 4's L2 QK-norm and attention temperature ----------------------------------
 def _l2norm(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     x = f32(xs[0])
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(a["eps"]))
@@ -245,7 +245,7 @@ register(
 )
 
 
-# -- issue 18: gpt-oss's attention sinks -------------------------------------------------------
+# -- gpt-oss's attention sinks -------------------------------------------------------
 def _softmax_sink(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     x, sink = f32(xs[0]), f32(xs[1])  # x: (B, H, T, S); sink: (H,)
     s = np.broadcast_to(sink[None, :, None, None], (*x.shape[:-1], 1))

@@ -103,7 +103,7 @@ register(
         "Each expert's slots times that expert's weight (E stacked (out, in) matrices).",
         matmul=True,
     ),
-    # issue 18, Llama 4: experts stored as one (E, in, out) tensor (Llama4TextExperts' bmm)
+    # Llama 4: experts stored as one (E, in, out) tensor (Llama4TextExperts' bmm)
     OpSpec(
         "expert_matmul",
         "x c d, x d f -> x c f",
@@ -226,7 +226,7 @@ register(
 )
 
 
-# -- issue 16: Cohere's LayerNorm (mean-centred, a weight and no bias) -------------------------
+# -- Cohere's LayerNorm (mean-centred, a weight and no bias) -------------------------
 def _layernorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     x = f32(x)
     centred = x - np.mean(x, axis=-1, keepdims=True)

@@ -1,4 +1,4 @@
-"""Op rows of Qwen3-Next's Gated DeltaNet (issue 19): the gated delta rule in its two forms, its
+"""Op rows of Qwen3-Next's Gated DeltaNet: the gated delta rule in its two forms, its
 decay, the L2 norm of q and k, the gated RMSNorm, and the channel views of its fused projections.
 
 The delta rule, per value head h, with a state S (k x v) carried from step to step:

@@ -1,4 +1,4 @@
-"""Op rows of the Mamba2 mixer (issue 19, Nemotron-H): the selective state-space scan in its two
+"""Op rows of the Mamba2 mixer (Nemotron-H): the selective state-space scan in its two
 forms, the gated RMSNorm over groups, relu^2, and the head views of the mixer's channels.
 
 The scan follows transformers' nemotron_h torch path (`mamba2_chunk_scan`,

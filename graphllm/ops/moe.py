@@ -105,7 +105,7 @@ register(
         carries=(("c", "t"), ("c", "b")),
         flops_fn=lambda s: 2 * s["b"] * s["t"] * s["k"] * s["d"],
     ),
-    # issue 18, Llama 4: the router weight scales the expert's input, so the combine is a plain sum
+    # Llama 4: the router weight scales the expert's input, so the combine is a plain sum
     OpSpec(
         "moe_scale_slots",
         "x c d, b t k, b t k -> x c d",
@@ -131,7 +131,7 @@ register(
 )
 
 
-# -- issue 18: gpt-oss's experts: stacked (E, in, out) with biases, a clamped SwiGLU ------------
+# -- gpt-oss's experts: stacked (E, in, out) with biases, a clamped SwiGLU ------------
 def _expert_linear_bias(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     x, w, b = f32(xs[0]), f32(xs[1]), f32(xs[2])  # (E, C, in), (E, in, out), (E, out)
     return x @ w + b[:, None, :]

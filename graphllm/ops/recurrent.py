@@ -1,4 +1,4 @@
-"""Op rows that hybrid layers share (issue 19): the causal depthwise convolution over the token
+"""Op rows that hybrid layers share: the causal depthwise convolution over the token
 axis with its carried state, and the zeroing of padded positions before a recurrence.
 
 Channels stay last, as the projections write them: a conv's input is (B, S, C), its weight the

@@ -1,4 +1,4 @@
-"""The interactive report's contents (issue 22): everything `trace`, `render`, `trace --plot` and
+"""The interactive report's contents: everything `trace`, `render`, `trace --plot` and
 `partition --trace` give, gathered into one JSON-ready dict that exporters.html writes as a page.
 
 The op table has one row per op of each kind of layer (plan.reduced_config's layers), with the

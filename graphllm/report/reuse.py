@@ -1,4 +1,4 @@
-"""trace's analyses on one layer of each kind, stood in for every layer (issue 20).
+"""trace's analyses on one layer of each kind, stood in for every layer.
 
 The layers of a model repeat: `plan.reduced_config` keeps one layer of each kind (the values of
 the per-layer config fields). Its graph is built and analysed as the full one would be, then its

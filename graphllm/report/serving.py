@@ -16,7 +16,7 @@ Memory: the device keeps `memory_fraction` of its memory for weights and cache (
 holds the KV cache, each sequence's at its full length (prompt + output), beside the conv and
 recurrent states of its linear-attention or Mamba layers (a fixed size a sequence).
 
-Replicas and stages (issue 20). `--dp` runs that many replicas, each serving batch / dp of the
+Replicas and stages. `--dp` runs that many replicas, each serving batch / dp of the
 sequences (the batch must divide), so the aggregate tokens/s is dp times one replica's and the
 largest batch dp times a replica's. `--pp` cuts a replica into stages (the partition report's):
 - a prompt runs through every stage in turn, so the time to first token is the sum of the

@@ -2,7 +2,7 @@
 prefill (whole, or in chunks pipelined over the stages) and a decode step (with the KV cache
 sharded over the cp ranks).
 
-Context parallelism at decode (issue 20). A decode step has one new token a sequence, which cp
+Context parallelism at decode. A decode step has one new token a sequence, which cp
 cannot cut, and `partition` cuts the tokens on T, so it cannot build that step under cp (nor
 under sp); seeding the cache on its key axis instead gives the op table's concat partial sums,
 and the program would all-reduce every score and the whole cache, which no engine does. What

@@ -56,7 +56,7 @@ def print_trace(doc: dict[str, Any], console: Console | None = None) -> None:
     table.add_row("[bold]total[/bold]", f"[bold]{p['total']:,}[/bold] ({_n(p['total'])})", "")
     table.add_row("active per token", f"{p['active']:,} ({_n(p['active'])})", "")
     if p["active"] != p["total"]:
-        # issue 18: the conventions vendors publish MoE active counts under (gpt-oss, GLM)
+        # the conventions vendors publish MoE active counts under (gpt-oss, GLM)
         for label, key in (
             ("  without embedding", "active_without_embedding"),
             ("  without embedding and head", "active_without_embedding_and_head"),
@@ -174,7 +174,7 @@ def print_costs(doc: dict[str, Any], con: Console) -> None:
 
 def hardware_model_line(hw: dict[str, Any]) -> str:
     """Which model a device's times come from (a report's `hardware` entry), in one line."""
-    if hw.get("achievable") is None and hw.get("links"):  # issue 21: calibrate --link's
+    if hw.get("achievable") is None and hw.get("links"):  # calibrate --link's
         return (
             f"times: {hw['name']}'s measured peaks; {', '.join(hw['links'])} at their measured "
             "bus bandwidth plus latency (graphllm calibrate --link), other collectives at the "
@@ -279,7 +279,7 @@ def sweep_model_line(row: dict[str, Any]) -> str:
 
 
 def _state_line(m: dict) -> str:
-    """issue 19: the linear-attention / Mamba layers' states beside the attention layers' keys,
+    """the linear-attention / Mamba layers' states beside the attention layers' keys,
     against full attention on every layer at the same length."""
     held, full = m["kv_cache"] + m["state"], m.get("kv_cache_full", 0.0)
     saving = f": {1 - held / full:.0%} less" if full > held else ""

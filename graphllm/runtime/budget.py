@@ -85,7 +85,7 @@ def require_bench(model: Any, heads: int, batch: int, prompt_len: int, new_token
     """Refuse a bench whose cache, logits and masks would not fit beside the loaded model, or
     whose run is longer than the model's rotary tables."""
     model.require_positions(prompt_len + new_tokens, "the bench")
-    # issue 19: a layer's conv or recurrent state (fixed in size: OnnxModel.state_names) is not
+    # a layer's conv or recurrent state (fixed in size: OnnxModel.state_names) is not
     # a cache that grows with the tokens; at most tens of MB beside the model, it is left out
     states = set(getattr(model, "state_names", ()))
     past = [

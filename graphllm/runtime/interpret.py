@@ -71,7 +71,7 @@ def default_feeds(
     b, t = ids.shape
     p = int(graph.bindings.get("P", 0)) if past else 0
     feeds = {"input_ids": ids, "position_ids": np.broadcast_to(np.arange(p, p + t), (b, t)).copy()}
-    if "attention_mask" in graph:  # issue 19: a recurrence zeroes padded positions; none here
+    if "attention_mask" in graph:  # a recurrence zeroes padded positions; none here
         feeds["attention_mask"] = np.ones((b, p + t), np.int64)
     for k, v in (past or {}).items():
         name = k.replace("present.", "past_key_values.")

@@ -103,7 +103,7 @@ class OnnxModel:
         self.session = session(path, device, threads)
         self.past_names = [i.name for i in self.session.get_inputs() if i.name.startswith("past")]
         self._past = {i.name: i for i in self.session.get_inputs() if i.name.startswith("past")}
-        # issue 19: a layer's conv or recurrent state: fixed in size (every axis but the batch
+        # a layer's conv or recurrent state: fixed in size (every axis but the batch
         # a number), fed whole and replaced each step rather than appended to
         self.state_names = [
             n for n, i in self._past.items() if all(isinstance(d, int) for d in i.shape[1:])

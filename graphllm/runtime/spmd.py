@@ -238,7 +238,7 @@ def check_partition(graph: Graph, partitioned: Graph, seed: int = 0) -> Partitio
         "input_ids": rng.integers(0, vocab, size=(b, t)),
         "position_ids": np.broadcast_to(np.arange(p, p + t), (b, t)).copy(),
     }
-    if "attention_mask" in graph:  # issue 19: a recurrence zeroes padded positions; none here
+    if "attention_mask" in graph:  # a recurrence zeroes padded positions; none here
         feeds["attention_mask"] = np.ones((b, p + t), np.int64)
     for n in graph.nodes("input"):
         if n.name not in feeds:  # past K/V: random values of the cache's shape

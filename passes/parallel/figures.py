@@ -216,7 +216,7 @@ class Figures:
     ep_weight_bytes: float = 0.0  # of weight_bytes: cut over ep (their gradients skip ep)
     master: bool = False  # weights narrower than fp32: Adam keeps fp32 master weights
     kv_cache_bytes: float = 0.0
-    # issue 19: the conv and recurrent states linear-attention and Mamba layers carry to the next
+    # the conv and recurrent states linear-attention and Mamba layers carry to the next
     # step in place of keys and values (constant in the sequence length)
     state_bytes: float = 0.0
     flops: Any = 0  # exact (cost.py): an int, or a Fraction of balanced routing

@@ -243,7 +243,7 @@ def seeds(
             cuts[0].append(("ep", s.ep))
         how = _tp_role(p, width) if s.tp > 1 else None
         views = _row_views(graph, p) if how == "column" else []
-        if views:  # issue 19: a projection read through its rows regrouped per head group
+        if views:  # a projection read through its rows regrouped per head group
             for v in views:
                 if v.attrs["groups"] % s.tp == 0:
                     out[v.name] = Sharding(((("tp", s.tp),), ()))
@@ -285,7 +285,7 @@ def _tp_role(p: Node, width: Dim) -> str | None:
     if p.attrs.get("stacked") == "expert" and len(dims) < 3:  # a vector per expert (a bias)
         return None
     d_out, d_in = dims[-2], dims[-1]
-    if p.attrs.get("layout") == "in_out":  # issue 18: gpt-oss's experts are (E, in, out)
+    if p.attrs.get("layout") == "in_out":  # gpt-oss's experts are (E, in, out)
         d_out, d_in = d_in, d_out
     if p.attrs["kind"] in ("embedding", "lm_head"):
         return "vocab"
@@ -442,7 +442,7 @@ def _send(graph: Graph, before: Node, r: Ref, a: int, b: int) -> Ref:
 
 # -- the transform ------------------------------------------------------------------------------
 def _no_sequence_ops_cut_on_t(graph: Graph, how: str, hint: str) -> None:
-    """issue 19: refuse, in one line, to cut the tokens over ranks of a graph with an op that
+    """refuse, in one line, to cut the tokens over ranks of a graph with an op that
     reads along its token axis in order (a row with a `relation` and one position axis out: a
     causal conv's window, a recurrence's prefix): rank r would need rank r-1's conv inputs and
     final state first, a send/recv chain that is not modelled."""
