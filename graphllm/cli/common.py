@@ -18,12 +18,15 @@ from typing import Any
 
 import click
 
+from graphllm.build.mla import MLA_FORMS
 from graphllm.echo import shown
 from graphllm.errors import ConfigError, GraphllmError, Interrupted
 from graphllm.files import forget_inputs
 from graphllm.models.config import load_config, load_workload_section
 from graphllm.models.hardware import rate_model
+from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload
+from graphllm.passes.parallel.engine import mla_form
 
 DTYPE_NAMES = ["fp32", "bf16", "fp16", "fp8", "int8", "int4", "int4g32"]
 PRESET_HELP = "A preset name (see `graphllm presets`)."
@@ -370,31 +373,51 @@ def device_options(attention_help: str = ATTENTION_HELP) -> Callable:
     return options(hardware_option("h100"), attention_option(attention_help))
 
 
-def mla_option(help_text: str) -> Callable:
-    """--mla: how a DeepSeek model's latent attention is computed."""
+MLA_HELP = (
+    "DeepSeek latent attention: re-expand the cached latent (as transformers), or fold the up "
+    "projections into the query and output"
+)
+# what an analysis prices by default: the form engines run (a naive decode step re-expands every
+# past position's keys and values in every layer, which no engine pays)
+MLA_AUTO_HELP = f"{MLA_HELP}; auto: as engines run it (naive for prefill, absorbed for decode)."
+
+
+def mla_option(help_text: str = MLA_AUTO_HELP, auto: bool = True) -> Callable:
+    """--mla: how a DeepSeek model's latent attention is computed; with `auto` (the analyses'
+    default) the form engines use for the workload's phase, else naive (what runs the model)."""
     return click.option(
         "--mla",
-        type=click.Choice(["naive", "absorbed"]),
-        default="naive",
+        type=click.Choice([*(["auto"] if auto else []), *MLA_FORMS]),
+        default="auto" if auto else "naive",
         show_default=True,
         help=help_text,
     )
 
 
+def mla_for(config: ModelConfig, workload: Workload, training: bool, mla: str) -> str:
+    """The MLA form an analysis of `workload` builds: `mla`, or under 'auto' the engines' form
+    for the step's phase (passes.parallel.engine.mla_form)."""
+    return mla_form(config, "training" if training else workload.phase, mla)
+
+
+def _mtp_option() -> Callable:
+    return click.option(
+        "--mtp",
+        is_flag=True,
+        help="DeepSeek-V3: include the multi-token-prediction modules (inputs "
+        "mtp.{k}.input_ids, outputs mtp.{k}.logits).",
+    )
+
+
 def deepseek_options(fn: Callable) -> Callable:
-    """--mla and --mtp: how a DeepSeek model attends, and whether its MTP modules are built."""
-    return options(
-        mla_option(
-            "DeepSeek latent attention: re-expand the cached latent (as transformers), or fold "
-            "the up projections into the query and output."
-        ),
-        click.option(
-            "--mtp",
-            is_flag=True,
-            help="DeepSeek-V3: include the multi-token-prediction modules (inputs "
-            "mtp.{k}.input_ids, outputs mtp.{k}.logits).",
-        ),
-    )(fn)
+    """--mla (auto by default: each phase as engines run it) and --mtp, for the analyses."""
+    return options(mla_option(), _mtp_option())(fn)
+
+
+def export_deepseek_options(fn: Callable) -> Callable:
+    """--mla (naive by default: the form transformers computes, for prefill and decode alike)
+    and --mtp, for what exports or runs the model."""
+    return options(mla_option(f"{MLA_HELP}.", auto=False), _mtp_option())(fn)
 
 
 def json_option(fn: Callable) -> Callable:

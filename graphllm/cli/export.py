@@ -16,7 +16,7 @@ from graphllm.build.weights import unmodelled_tensors
 from graphllm.cli.common import (
     WARMUPS,
     WEIGHTS_CONFIG_HELP,
-    deepseek_options,
+    export_deepseek_options,
     hardware_option,
     json_option,
     logits_option,
@@ -271,7 +271,7 @@ def export_genai_folder(
 @logits_option
 @ops_options
 @quantize_options
-@deepseek_options
+@export_deepseek_options
 @explorer_options
 @click.option("--output", "-o", type=click.Path(path_type=Path), required=True)
 @user_errors
@@ -454,7 +454,7 @@ def _wrote(
 )
 @click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True)
 @ops_options
-@deepseek_options
+@export_deepseek_options
 @click.option("--prompt-len", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--batch", "-b", type=click.IntRange(min=1), default=1, show_default=True)

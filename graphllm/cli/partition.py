@@ -16,6 +16,7 @@ from graphllm.build.builder import build_graph
 from graphllm.cli.common import (
     deepseek_options,
     json_option,
+    mla_for,
     model_options,
     resolve,
     seed_option,
@@ -67,6 +68,7 @@ def partition(
     strategy = strategy_from(options)
     training = training_from(options)
     config, wl = resolve(options)
+    mla = mla_for(config, wl, training is not None, mla)
     if training is not None and training.zero and strategy.dp == 1:
         raise ConfigError("--zero shards over the data parallel group: give --dp N with N > 1")
     hw = load_hardware(hardware) if hardware else None
@@ -233,6 +235,7 @@ def verify_partition(seed: int, mla: str, mtp: bool, **options: Any) -> None:
     strategy = strategy_from(options)
     given_t = bool(options.get("seq_len"))  # resolve takes the workload flags out of options
     config, wl = resolve(options)
+    mla = mla_for(config, wl, False, mla)
     wl = Workload.with_dtype(wl, dtype="fp32")
     graph = build_graph(config, wl, mla=mla, mtp=mtp)
     params = sum(n.out.numel(graph.bindings) for n in graph.params())

@@ -13,17 +13,17 @@ from graphllm.cli.common import (
     attention_option,
     hardware_option,
     json_option,
+    mla_option,
     model_options,
     resolve,
     user_errors,
 )
 from graphllm.cli.layout import training_from, training_options
 from graphllm.cli.progress import bar, showing
-from graphllm.cli.serving import mla_choice
 from graphllm.errors import ConfigError
 from graphllm.files import json_text
 from graphllm.models.hardware import load_hardware
-from graphllm.passes.parallel.engine import MLA_WHY, mla_form
+from graphllm.passes.parallel.engine import mla_form, mla_why
 from graphllm.passes.parallel.plan import plan as make_plan
 from graphllm.passes.training import TrainingOptions
 from graphllm.report.console import console as new_console
@@ -43,7 +43,7 @@ from graphllm.report.summary import _b, _t, hardware_model_line
 @click.option("--pp", type=click.IntRange(min=1), help="Pin the pipeline stages.")
 @click.option("--ep", type=click.IntRange(min=1), help="Pin the expert parallel size.")
 @click.option("--dp", type=click.IntRange(min=1), help="Pin the data parallel size.")
-@mla_choice
+@mla_option()
 @json_option
 @user_errors
 def plan(
@@ -76,7 +76,7 @@ def plan(
     }
     if config.is_mla:
         form = mla_form(config, report.phase, mla)
-        doc["mla"] = {"form": form, "why": MLA_WHY if mla == "auto" else f"--mla {mla}"}
+        doc["mla"] = {"form": form, "why": mla_why(mla)}
     if as_json:
         click.echo(json_text(doc, indent=2))
     else:

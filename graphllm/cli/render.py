@@ -12,6 +12,7 @@ from graphllm.build.builder import build_graph
 from graphllm.cli.common import (
     deepseek_options,
     device_options,
+    mla_for,
     model_options,
     renderer_option,
     resolve,
@@ -93,6 +94,7 @@ def render(
     config, workload = resolve(options)
     if view == "tokens":
         workload = replace(workload, batch=1, seq_len=tokens, past_len=0)
+    mla = mla_for(config, workload, False, mla)
     hw = None
     if color == "time":
         hw = load_hardware(hardware)

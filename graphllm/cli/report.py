@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from graphllm.cli.common import IntList, renderer_option, resolve_sweep, user_errors
+from graphllm.cli.common import IntList, mla_for, renderer_option, resolve_sweep, user_errors
 from graphllm.cli.layout import partition_options, strategy_from, training_from
 from graphllm.errors import ConfigError
 from graphllm.exporters.html import write_page
@@ -49,6 +49,7 @@ def report(
     strategy = strategy_from(options)
     training = training_from(options)
     config, workloads = resolve_sweep(options)
+    mla = mla_for(config, workloads[0], training is not None, mla)
     if len(workloads) > 1 and sweep_lens is None:
         sweep_lens = [w.seq_len for w in workloads]  # the workload is the list's first
     hw = load_hardware(hardware) if hardware else None

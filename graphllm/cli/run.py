@@ -61,7 +61,7 @@ from graphllm.runtime.dist.segments import default_runtime
     help="Tokens to generate: the prefill's, then one per cached decode step.",
 )
 @seed_option("Seed of the prompt and of random weights.")
-@mla_option("DeepSeek latent attention (as `partition --mla`).")
+@mla_option("DeepSeek latent attention (as `export --mla`).", auto=False)
 @click.option(
     "--runtime",
     type=click.Choice(["auto", "numpy", "onnxruntime"]),

@@ -4,7 +4,6 @@ sizes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,29 +11,22 @@ import click
 from click.core import ParameterSource
 from rich.table import Table
 
-from graphllm.cli.common import device_options, json_option, model_options, resolve, user_errors
+from graphllm.cli.common import (
+    device_options,
+    json_option,
+    mla_option,
+    model_options,
+    resolve,
+    user_errors,
+)
 from graphllm.cli.layout import strategy_from, strategy_options
 from graphllm.errors import ConfigError
 from graphllm.files import check_target, json_text
 from graphllm.models.config import load_workload_section
 from graphllm.models.hardware import Hardware, load_hardware
-from graphllm.passes.parallel.engine import MLA_CHOICES
 from graphllm.report.console import console as new_console
 from graphllm.report.serving import MEMORY_FRACTION, plot_curve, serving_report
 from graphllm.report.summary import _b, _t
-
-MLA_HELP = (
-    "DeepSeek latent attention: re-expand the cached latent (as transformers), or fold the up "
-    "projections into the query and output; auto: each phase as engines run it (naive for "
-    "prefill, absorbed for decode)."
-)
-
-
-def mla_choice(fn: Callable) -> Callable:
-    """--mla as partition takes it, and 'auto' (the default): the form engines use each phase."""
-    return click.option(
-        "--mla", type=click.Choice(MLA_CHOICES), default="auto", show_default=True, help=MLA_HELP
-    )(fn)
 
 
 @click.command("serving")
@@ -50,7 +42,7 @@ def mla_choice(fn: Callable) -> Callable:
     show_default=True,
     help="Share of device memory for weights and KV cache (vLLM's gpu_memory_utilization).",
 )
-@mla_choice
+@mla_option()
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Draw the curve.")
 @json_option
 @user_errors

@@ -12,6 +12,7 @@ from graphllm.cli.common import (
     deepseek_options,
     device_options,
     json_option,
+    mla_for,
     model_options,
     resolve_sweep,
     user_errors,
@@ -64,6 +65,7 @@ def trace(
             check_target(target, inputs=(options["config_path"],))  # before the work
     again = _same_model_flags(options)  # before resolve takes them out of `options`
     config, workloads = resolve_sweep(options)
+    chosen_mla, mla = mla, mla_for(config, workloads[0], training, mla)  # one phase a sweep
     hw = load_hardware(hardware) if hardware else None
     if len(workloads) > 1:
         if per_op or print_graph:
@@ -79,8 +81,8 @@ def trace(
     else:
         doc = trace_document(*args)  # one layer of each kind standing for the rest
     if hw is not None and hardware is not None:
-        doc["fit"] = _fit(doc, config, workloads[0], hw, attention, training)
-        _plan_hint(doc["fit"], again, hardware, attention, training, mtp)
+        doc["fit"] = _fit(doc, config, workloads[0], hw, attention, training, mla)
+        _plan_hint(doc["fit"], again, hardware, attention, training, chosen_mla, mtp)
     if per_op and graph is not None:
         write_text_atomic(per_op[1], per_op_text(graph, per_op[0]))
     if print_graph and graph is not None:
@@ -126,13 +128,15 @@ def _fit(
     hw: Hardware,
     attention: str,
     training: bool,
+    mla: str,
 ) -> dict[str, Any]:
     """weights + cache + activations (a training step: + gradients, Adam's state, saved
     activations) over the device's memory: the fewest devices that hold them, from plan's own
-    search, so the roofline line can say where to go next."""
+    search in the form the document was priced in, so the roofline line can say where to go
+    next."""
     if training:
         return training_fit_section(config, workload, hw, attention)
-    return fit_section(config, workload, hw, doc["memory"], attention)
+    return fit_section(config, workload, hw, doc["memory"], attention, mla)
 
 
 def _plan_hint(
@@ -141,6 +145,7 @@ def _plan_hint(
     hardware: str,
     attention: str,
     training: bool,
+    mla: str,
     mtp: bool,
 ) -> None:
     """Into `fit`: the command that ranks the layouts of its device count, on this model and
@@ -151,6 +156,8 @@ def _plan_hint(
     flags += ["--hardware", hardware, *_rate_model_flags()]
     if attention != "flash":
         flags += ["--attention", attention]
+    if mla != "auto":  # plan's default is trace's
+        flags += ["--mla", mla]
     fit["plan_command"] = shlex.join(["graphllm", "plan", *flags])
     if mtp:  # plan lays out the main model: say so rather than count without a word
         fit["plan_note"] = "plan lays out the model without its MTP modules"

@@ -79,7 +79,7 @@ def report_data(
     if hardware is not None and trains:
         doc["fit"] = training_fit_section(config, workload, hardware, attention)
     elif hardware is not None:
-        doc["fit"] = fit_section(config, workload, hardware, doc["memory"], attention)
+        doc["fit"] = fit_section(config, workload, hardware, doc["memory"], attention, mla)
     graph = build_graph(config, workload, mla=mla, mtp=mtp)
     kinds = _layer_kinds(config, graph)
     lens = sweep_lens or default_sweep(workload.seq_len)

@@ -60,7 +60,7 @@ from graphllm.files import write_atomic
 from graphllm.models.hardware import Hardware
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import MAX_POSITIONS, Workload
-from graphllm.passes.parallel.engine import MLA_WHY, mla_form
+from graphllm.passes.parallel.engine import mla_form, mla_why
 from graphllm.passes.parallel.partition import Strategy
 from graphllm.report.plot import pyplot_for
 from graphllm.report.serving_steps import (
@@ -327,8 +327,7 @@ def _mla_section(config: ModelConfig, mla: str, forms: dict[str, str]) -> dict[s
     it was)."""
     if not config.is_mla:
         return {}
-    why = MLA_WHY if mla == "auto" else f"--mla {mla}"
-    return {"mla": forms | {"why": why}}
+    return {"mla": forms | {"why": mla_why(mla)}}
 
 
 def plot_curve(doc: dict[str, Any], path: Any) -> Any:

@@ -27,12 +27,21 @@ MLA_CHOICES = ("auto", *MLA_FORMS)
 MLA_WHY = "as vLLM, SGLang and TensorRT-LLM run it: re-expanded for prefill, absorbed for decode"
 
 
+def mla_why(mla: str) -> str:
+    """Why a command's MLA forms are what they are: the engines' choice, or the flag."""
+    return MLA_WHY if mla == "auto" else f"--mla {mla}"
+
+
 def mla_form(config: ModelConfig, phase: str, mla: str = "auto") -> str:
     """The MLA form a step of `phase` ('prefill', 'decode' or 'training') is built in: `mla`
     where it names one, else the engines' choice (absorbed for decode only); 'naive' for a model
     without MLA under 'auto' (build_graph refuses 'absorbed' for one, as partition does)."""
     if mla not in MLA_CHOICES:
         raise ConfigError(f"mla must be one of {', '.join(MLA_CHOICES)}, got {mla!r}")
+    if mla == "absorbed" and not config.is_mla:
+        raise ConfigError(
+            f"--mla absorbed: {config.name} has no latent attention (MLA: DeepSeek-V2/V3 have it)"
+        )
     if mla != "auto":
         return mla
     return "absorbed" if config.is_mla and phase == "decode" else "naive"

@@ -257,6 +257,14 @@ def test_trace_mla_forms():
     # folding the up projections removes the per-step re-expansion of the cached latent
     assert docs["absorbed"]["flops"]["total"] < docs["naive"]["flops"]["total"] / 10
     assert docs["naive"]["memory"]["kv_cache"] == docs["absorbed"]["memory"]["kv_cache"]
+    # by default each step in the form engines run it: a decode step absorbed, a prefill naive
+    r = invoke("trace", "--model", "deepseek-v3", "-t", "1", "--past-len", "4096", "--json")
+    assert json.loads(r.stdout)["flops"] == docs["absorbed"]["flops"]
+    assert json.loads(r.stdout)["workload"]["mla"] == "absorbed"
+    r = invoke("trace", "--model", "deepseek-v2-lite", "-t", "64", "--json")
+    assert json.loads(r.stdout)["workload"]["mla"] == "naive"
+    r = invoke("trace", "--model", "deepseek-v3", "-t", "1", "--past-len", "4096")
+    assert "(shown above: --mla absorbed)" in r.stdout
 
 
 def test_usage_errors_and_options_a_model_lacks_are_one_line():
