@@ -139,15 +139,18 @@ def _small_linear(cfg: ModelConfig, seq_len: int, tp: int) -> dict:
 
 
 def _small_mamba(cfg: ModelConfig, seq_len: int, tp: int) -> dict:
-    """Mamba2 at toy sizes (heads in groups as the model has them), its chunk shorter than the
-    sequence so that the chunked form's boundaries show."""
+    """Mamba2 at toy sizes (heads in groups as the model has them, both split as tp splits the
+    model's), its chunk shorter than the sequence so that the chunked form's boundaries show."""
     if not cfg.mamba_num_heads:
         return {}
+    # tp splits the groups where it divides the model's (partition replicates them otherwise),
+    # so the small instance's groups divide the same way, and the heads fill whole groups
+    groups = _split_like(min(cfg.mamba_n_groups, 2), cfg.mamba_n_groups, tp)
     return {
-        "mamba_num_heads": _split_like(4, cfg.mamba_num_heads, tp),
+        "mamba_num_heads": math.lcm(_split_like(4, cfg.mamba_num_heads, tp), groups),
         "mamba_head_dim": 4,
         "ssm_state_size": 4,
-        "mamba_n_groups": min(cfg.mamba_n_groups, 2),
+        "mamba_n_groups": groups,
         "mamba_chunk_size": min(cfg.mamba_chunk_size, max(2, seq_len // 3)),
     }
 
