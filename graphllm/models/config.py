@@ -25,10 +25,10 @@ from graphllm.errors import ConfigError
 from graphllm.files import note_input
 from graphllm.models.families import FAMILY_TABLE, MULTIMODAL
 from graphllm.models.family import SLIDING, Family, mla_attention_scale
-from graphllm.models.fields import REQUIRED, Spec, describe, malformed, mapping, show, unknown_field
+from graphllm.models.fields import REQUIRED, Spec, malformed, mapping, unknown_field
 from graphllm.models.folder import folder_member
 from graphllm.models.model_config import ModelConfig, RopeConfig
-from graphllm.models.parse import file_mode, read_mapping
+from graphllm.models.parse import describe, file_mode, read_mapping, show
 from graphllm.models.quantization import Quantization, parse_quantization
 from graphllm.models.rope_fields import (
     LAYER_TYPE_ROPES,

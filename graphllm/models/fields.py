@@ -4,30 +4,15 @@ naming the field; and `Spec`, one accepted field of a family (its kind, default,
 from __future__ import annotations
 
 import difflib
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from graphllm.echo import SHOWN_CHARS, cut, shown
+from graphllm.echo import shown
 from graphllm.errors import ConfigError
 from graphllm.models.model_config import check_number, check_size
-
-
-def describe(v: Any) -> str:
-    return f"{shown(v, 40)} ({type(v).__name__})"
-
-
-def show(v: Any) -> str:
-    """A value as the config file spells it (JSON), falling back to repr; shortened."""
-    if isinstance(v, str):
-        return cut(json.dumps(v[:SHOWN_CHARS]), SHOWN_CHARS) + (
-            "..." if len(v) > SHOWN_CHARS else ""
-        )
-    if v is None or isinstance(v, (bool, float)) or (isinstance(v, int) and v.bit_length() < 64):
-        return json.dumps(v)
-    return shown(v)
+from graphllm.models.parse import describe, json_float
 
 
 def malformed(name: str, want: str, v: Any) -> ConfigError:
@@ -93,18 +78,6 @@ def float_list(name: str, v: Any) -> tuple[float, ...]:
     if not isinstance(v, list) or not v:
         raise malformed(name, "a non-empty list of positive numbers", v)
     return tuple(pos_float(f"{name}[{i}]", x) for i, x in enumerate(v))
-
-
-def json_float(x: Any) -> Any:
-    """transformers >= 5 writes a non-finite float of a config as {"__float__": "Infinity"}
-    (JSON has no Infinity); the plain number otherwise."""
-    if (
-        isinstance(x, dict)
-        and set(x) == {"__float__"}
-        and x["__float__"] in ("Infinity", "-Infinity")
-    ):
-        return float(x["__float__"].replace("Infinity", "inf"))
-    return x
 
 
 def dt_limit(name: str, v: Any) -> tuple[float, float]:

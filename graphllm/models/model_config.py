@@ -13,6 +13,7 @@ from typing import Any
 
 from graphllm.echo import shown
 from graphllm.errors import ConfigError
+from graphllm.models.parse import describe
 from graphllm.models.quantization import Quantization, quantization_from_fields
 
 FAMILIES = (
@@ -114,7 +115,7 @@ def check_size(name: str, value: Any, least: int = 1) -> int:
         want = {0: "a non-negative integer", 1: "a positive integer"}.get(
             least, f"at least {least}"
         )
-        raise ConfigError(f"{name} must be {want}, got {shown(value, 40)} ({type(value).__name__})")
+        raise ConfigError(f"{name} must be {want}, got {describe(value)}")
     limit, why = size_limit(name)
     if value > limit:
         raise ConfigError(f"{name} is {shown(value, 40)}; graphllm takes at most {limit:,} ({why})")
@@ -126,9 +127,7 @@ def check_number(name: str, value: Any, low: float, high: float) -> float:
     # an int is finite, though math.isfinite overflows on one past a float's range
     finite = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
     if isinstance(value, bool) or not finite:
-        raise ConfigError(
-            f"{name} must be a finite number, got {shown(value, 40)} ({type(value).__name__})"
-        )
+        raise ConfigError(f"{name} must be a finite number, got {describe(value)}")
     if not low <= value <= high:
         raise ConfigError(f"{name} must be in [{low:g}, {high:g}], got {shown(value, 40)}")
     return float(value)

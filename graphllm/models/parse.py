@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from graphllm.echo import cut, shown, shown_path
+from graphllm.echo import SHOWN_CHARS, cut, shown, shown_path
 from graphllm.errors import ConfigError
 from graphllm.files import note_input
 
@@ -231,6 +231,76 @@ def _json_constant(name: str) -> dict[str, str]:
     if name == "NaN":
         raise ValueError("NaN is not a JSON number")
     return {"__float__": name}
+
+
+def json_float(x: Any) -> Any:
+    """The float a config's {"__float__": "Infinity"} or {"__float__": "-Infinity"} stands for
+    (transformers >= 5 writes a non-finite float so, JSON having no Infinity); `x` otherwise."""
+    if _is_infinity(x):
+        return float(x["__float__"].replace("Infinity", "inf"))
+    return x
+
+
+def _is_infinity(x: Any) -> bool:
+    return isinstance(x, dict) and len(x) == 1 and x.get("__float__") in ("Infinity", "-Infinity")
+
+
+class _Spelt:
+    """A value whose repr is the text a config file spells it with (Infinity)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _as_written(value: Any, depth: int = 4) -> Any:
+    """`value` with each infinite number (a float, or the mapping a bare Infinity reads as) in
+    the file's spelling, Infinity or -Infinity. Only what `shown` prints is copied: 3 levels of
+    nesting and 6 items of a container (reprlib's limits) plus one, so a huge value costs little."""
+    if _is_infinity(value):
+        return _Spelt(value["__float__"])
+    if isinstance(value, float) and math.isinf(value):
+        return _Spelt("Infinity" if value > 0 else "-Infinity")
+    if depth == 0:
+        return value
+    if type(value) in (list, tuple):
+        return type(value)(_as_written(x, depth - 1) for x in value[:7])
+    if type(value) is dict:
+        try:  # reprlib shows a dict's smallest keys, where they sort
+            keys = sorted(value)
+        except TypeError:
+            keys = list(value)
+        return {k: _as_written(value[k], depth - 1) for k in keys[:7]}
+    return value
+
+
+def shown_value(value: Any, limit: int = SHOWN_CHARS) -> str:
+    """`value` as `shown` gives it, an infinite number spelt Infinity as the config file has it
+    rather than as the {"__float__": "Infinity"} it reads as."""
+    return shown(_as_written(value), limit)
+
+
+def describe(v: Any) -> str:
+    """A config value for an error line, with its type: `"8" (str)`; an infinite number is
+    `Infinity`, whatever it reads as."""
+    if _is_infinity(v) or (isinstance(v, float) and math.isinf(v)):
+        return shown_value(v)
+    return f"{shown_value(v, 40)} ({type(v).__name__})"
+
+
+def show(v: Any) -> str:
+    """A value as the config file spells it (JSON), falling back to repr; shortened."""
+    if isinstance(v, str):
+        return cut(json.dumps(v[:SHOWN_CHARS]), SHOWN_CHARS) + (
+            "..." if len(v) > SHOWN_CHARS else ""
+        )
+    if v is None or isinstance(v, (bool, float)) or (isinstance(v, int) and v.bit_length() < 64):
+        return json.dumps(v)
+    return shown_value(v)
 
 
 def _json_float(text: str) -> float:

@@ -13,9 +13,9 @@ from graphllm.models.fields import (
     nonneg_int,
     pos_float,
     pos_int,
-    show,
 )
 from graphllm.models.model_config import MoENames
+from graphllm.models.parse import show
 
 
 def _minimax_m2_moe(v: dict) -> dict:

@@ -14,15 +14,14 @@ from graphllm.models.fields import (
     any_value,
     dt_limit,
     flag,
-    json_float,
     nonneg_int,
     pos_float,
     pos_int,
-    show,
     str_list,
     string,
 )
 from graphllm.models.model_config import BlockLayout, MoENames, check_size
+from graphllm.models.parse import json_float, show
 
 # Nemotron-H and Nemotron-3-Nano (transformers' nemotron_h: NemotronHConfig,
 # NemotronHBlock, NemotronHMamba2Mixer, NemotronHAttention, NemotronHMLP, NemotronHMoE). Each
