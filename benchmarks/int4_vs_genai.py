@@ -180,77 +180,111 @@ def load_average() -> str:
     return f"{one:.2f} {five:.2f} {fifteen:.2f}"
 
 
-def main() -> int:
+class Rounds:
+    """Per label: each burst's seconds (all rounds after the warm-up, in order), and per round
+    the prefill's seconds and the mean decode step; the bandwidth floor of each round, and each
+    model's logits after the prompt of the last round."""
+
+    # a plain class: the tests load this script by path, outside sys.modules, where a
+    # dataclass cannot resolve its module
+    def __init__(self, labels: list[str]) -> None:
+        self.bursts: dict[str, list[float]] = {k: [] for k in labels}
+        self.decode: dict[str, list[float]] = {k: [] for k in labels}
+        self.prefill: dict[str, list[float]] = {k: [] for k in labels}
+        self.floors: list[float] = []
+        self.last: dict[str, np.ndarray] = {}
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=11, help="rounds after the warm-up one")
     ap.add_argument("--burst", type=int, default=BURST, help="decode steps a model runs a turn")
     args = ap.parse_args()
     if args.repeats < 1 or args.burst < 1 or NEW % args.burst:
         ap.error(f"--repeats and --burst must be at least 1, and --burst divide {NEW}")
-    print(f"load average at start: {load_average()}")
-    ids = np.random.default_rng(0).integers(0, LLAMA["vocab_size"], (1, PROMPT), dtype=np.int64)
-    with tempfile.TemporaryDirectory(prefix="graphllm-int4-") as tmp:
-        root = Path(tmp)
-        ckpt = root / "ckpt"
-        checkpoint(ckpt)
-        cfg = graphllm.load_config(ckpt)
-        paths = {GENAI: genai_int4(ckpt, root / "genai")}
-        for label, q in (
-            (SYM, Quantization("int4", symmetric=True)),
-            (ASYM, Quantization("int4")),
-            (FP32, None),
-        ):
-            path = root / f"{label.replace(' ', '-')}.onnx"
-            export_onnx(build_export_graph(cfg), path, weights=ckpt, quantize=q)
-            paths[label] = path
-        floor_bytes = nbits_bytes(paths[ASYM])
-        loops = {label: Loop(p) for label, p in paths.items()}
-        labels = list(loops)
-        # per label: each burst's seconds (all rounds after the warm-up, in order), and per
-        # round the prefill's seconds and the mean decode step
-        bursts: dict[str, list[float]] = {k: [] for k in loops}
-        decode: dict[str, list[float]] = {k: [] for k in loops}
-        prefill: dict[str, list[float]] = {k: [] for k in loops}
-        floors, last = [], {}
-        for r in range(args.repeats + 1):
-            bw = read_bandwidth(floor_bytes, THREADS)
-            spent = dict.fromkeys(loops, 0.0)
-            for label in turn_order(labels, r):
-                p, last[label] = loops[label].prefill(ids)
-                if r:  # the first round warms up
-                    prefill[label].append(p)
-            for b in range(NEW // args.burst):
-                # the order changes burst by burst: no model always runs first, or after fp32
-                for label in turn_order(labels, r * (NEW // args.burst) + b):
-                    t = loops[label].decode(args.burst)
-                    spent[label] += t
-                    if r:
-                        bursts[label].append(t)
-            bw = (bw + read_bandwidth(floor_bytes, THREADS)) / 2
-            if r:
-                floors.append(floor_bytes / bw)
-                for label in loops:
-                    decode[label].append(spent[label] / NEW)
-    print(f"load average at end: {load_average()}")
-    n_pairs = len(bursts[GENAI])
+    return args
+
+
+def export_all(ckpt: Path, root: Path) -> dict[str, Path]:
+    """The builder's int4 model and graphllm's three exports of the same checkpoint."""
+    cfg = graphllm.load_config(ckpt)
+    paths = {GENAI: genai_int4(ckpt, root / "genai")}
+    for label, q in (
+        (SYM, Quantization("int4", symmetric=True)),
+        (ASYM, Quantization("int4")),
+        (FP32, None),
+    ):
+        path = root / f"{label.replace(' ', '-')}.onnx"
+        export_onnx(build_export_graph(cfg), path, weights=ckpt, quantize=q)
+        paths[label] = path
+    return paths
+
+
+def run_rounds(
+    loops: dict[str, Loop], ids: np.ndarray, floor_bytes: int, repeats: int, burst: int
+) -> Rounds:
+    """A warm-up round and `repeats` more: each model prefills in turn, then decodes in turns
+    of `burst` steps."""
+    labels = list(loops)
+    rounds = Rounds(labels)
+    for r in range(repeats + 1):
+        bw = read_bandwidth(floor_bytes, THREADS)
+        spent = dict.fromkeys(loops, 0.0)
+        for label in turn_order(labels, r):
+            p, rounds.last[label] = loops[label].prefill(ids)
+            if r:  # the first round warms up
+                rounds.prefill[label].append(p)
+        for b in range(NEW // burst):
+            # the order changes burst by burst: no model always runs first, or after fp32
+            for label in turn_order(labels, r * (NEW // burst) + b):
+                t = loops[label].decode(burst)
+                spent[label] += t
+                if r:
+                    rounds.bursts[label].append(t)
+        bw = (bw + read_bandwidth(floor_bytes, THREADS)) / 2
+        if r:
+            rounds.floors.append(floor_bytes / bw)
+            for label in loops:
+                rounds.decode[label].append(spent[label] / NEW)
+    return rounds
+
+
+def print_results(rounds: Rounds, floor_bytes: int, repeats: int, burst: int) -> None:
+    n_pairs = len(rounds.bursts[GENAI])
     print(
-        f"decode ms/token, median of {args.repeats} rounds ({THREADS} threads), the models "
-        f"taking turns every {args.burst} steps:"
+        f"decode ms/token, median of {repeats} rounds ({THREADS} threads), the models "
+        f"taking turns every {burst} steps:"
     )
-    for label in loops:
-        med = statistics.median(decode[label]) * 1e3
-        pre = statistics.median(prefill[label]) * 1e3
+    for label in rounds.decode:
+        med = statistics.median(rounds.decode[label]) * 1e3
+        pre = statistics.median(rounds.prefill[label]) * 1e3
         print(f"  {label:18s} {med:7.3f}   (prefill {pre:7.1f} ms)")
-    floor = statistics.median(floors) * 1e3
+    floor = statistics.median(rounds.floors) * 1e3
     print(f"  bandwidth floor    {floor:7.3f}   ({floor_bytes / 1e6:.1f} MB of int4 MatMulNBits)")
     print(f"ours over genai's, median [interquartile range] of {n_pairs} burst pairs:")
+    bursts = rounds.bursts
     for label, why in ((SYM, "like for like, the goal"), (ASYM, "graphllm's default")):
         med, q1, q3 = median_iqr(paired_ratios(bursts[label], bursts[GENAI]))
         print(f"  {label} / {GENAI}: {med:.3f} [{q1:.3f}, {q3:.3f}]   ({why})")
     med, q1, q3 = median_iqr(paired_ratios(bursts[FP32], bursts[ASYM]))
     print(f"  {FP32} / {ASYM}: {med:.2f} [{q1:.2f}, {q3:.2f}]")
-    sym = np.abs(last[SYM] - last[GENAI]).max()
+    sym = np.abs(rounds.last[SYM] - rounds.last[GENAI]).max()
     print(f"max |logit {SYM} - {GENAI}| after the prompt: {sym:.2e}")
+
+
+def main() -> int:
+    args = parse_args()
+    print(f"load average at start: {load_average()}")
+    ids = np.random.default_rng(0).integers(0, LLAMA["vocab_size"], (1, PROMPT), dtype=np.int64)
+    with tempfile.TemporaryDirectory(prefix="graphllm-int4-") as tmp:
+        root = Path(tmp)
+        checkpoint(root / "ckpt")
+        paths = export_all(root / "ckpt", root)
+        floor_bytes = nbits_bytes(paths[ASYM])
+        loops = {label: Loop(p) for label, p in paths.items()}
+        rounds = run_rounds(loops, ids, floor_bytes, args.repeats, args.burst)
+    print(f"load average at end: {load_average()}")
+    print_results(rounds, floor_bytes, args.repeats, args.burst)
     return 0
 
 
