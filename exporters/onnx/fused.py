@@ -83,7 +83,7 @@ from graphllm.exporters.onnx.regions import (
     rope_layout,
 )
 from graphllm.ir import Graph, Node, Ref
-from graphllm.models.model_config import FAMILIES
+from graphllm.models.families import FAMILY_TABLE
 
 MS = "com.microsoft"
 
@@ -777,8 +777,8 @@ LOWERINGS.update(standard=STANDARD, ort=ORT)
 # where this was written): `decomposed`, which runs wherever standard ONNX ops do.
 _ORDER = ("ort", "standard", "decomposed")
 DEFAULT_LOWERINGS: dict[str, dict[str, tuple[str, ...]]] = {
-    "cpu": {family: _ORDER for family in FAMILIES},
-    "cuda": {family: ("decomposed",) for family in FAMILIES},
+    "cpu": {family: _ORDER for family in FAMILY_TABLE},
+    "cuda": {family: ("decomposed",) for family in FAMILY_TABLE},
 }
 
 

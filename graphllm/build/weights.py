@@ -25,7 +25,7 @@ from graphllm.echo import shown
 from graphllm.errors import WeightsError
 from graphllm.files import note_input
 from graphllm.ir import Graph, Node
-from graphllm.models.families import MULTIMODAL_UNUSED
+from graphllm.models.families import MULTIMODAL
 from graphllm.models.folder import folder_member
 
 if TYPE_CHECKING:
@@ -437,13 +437,13 @@ TEXT_DECODER_HOMES = (
 
 def unmodelled_tensors(ckpt: SafetensorsFolder | str | Path, model_type: str) -> list[str]:
     """The tensors of a multimodal checkpoint (`model_type`, e.g. llama4) that belong to the
-    parts graphllm does not model (its vision tower and projector, config.MULTIMODAL_UNUSED):
+    parts graphllm does not model (its vision tower and projector, MULTIMODAL[model_type].unused):
     known, and left unread. A tensor of neither those parts nor the text decoder (which the
     graph's names and TEXT_DECODER_HOMES place) is a part graphllm does not know: refused, so
     that no tensor of such a checkpoint goes unread without a reason."""
     if not isinstance(ckpt, SafetensorsFolder):
         ckpt = SafetensorsFolder(ckpt)
-    parts = MULTIMODAL_UNUSED.get(model_type, ())
+    parts = MULTIMODAL[model_type].unused if model_type in MULTIMODAL else ()
     decoder = ("model.", "lm_head.", *(home for _, homes in TEXT_DECODER_HOMES for home in homes))
     unused, unknown = [], []
     for name in ckpt.names():

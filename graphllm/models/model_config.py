@@ -16,43 +16,6 @@ from graphllm.errors import ConfigError
 from graphllm.models.parse import describe
 from graphllm.models.quantization import Quantization, quantization_from_fields
 
-FAMILIES = (
-    "llama",
-    "mistral",
-    "mixtral",
-    "qwen2",
-    "qwen2_moe",
-    "qwen3",
-    "qwen3_moe",
-    "gemma",
-    "phi3",
-    "deepseek_v2",
-    "deepseek_v3",
-    "granite",
-    "smollm3",
-    # olmo2
-    "olmo2",
-    # cohere
-    "cohere",
-    "cohere2",
-    # gemma2
-    "gemma2",
-    # gemma3 (its text decoder; `gemma3` configs load through their text_config)
-    "gemma3_text",
-    # llama4_text (its dense and MoE layers; `llama4` configs load through their text_config)
-    "llama4_text",
-    # kimi_k2 (DeepSeek-V3's architecture), glm4_moe, minimax_m2
-    "kimi_k2",
-    "glm4_moe",
-    "minimax_m2",
-    # gpt_oss (gpt-oss-20b, gpt-oss-120b)
-    "gpt_oss",
-    # qwen3_next (Qwen3-Next-80B-A3B: Gated DeltaNet layers between attention ones)
-    "qwen3_next",
-    # nemotron_h (Nemotron-H, Nemotron-3-Nano: Mamba2 layers)
-    "nemotron_h",
-)
-
 # the attention a layer can have (ModelConfig.layer_types), each one the builder implements; a
 # new kind (chunked, linear attention, a state-space layer) joins here and in the builder together,
 # while NoPE is not a kind but a layer without RoPE (rope_layers)

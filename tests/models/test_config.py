@@ -25,7 +25,7 @@ from graphllm.models.config import (
     preset_names,
 )
 from graphllm.models.families import FAMILY_TABLE
-from graphllm.models.model_config import FAMILIES, BlockLayout, ModelConfig, MoENames, RopeConfig
+from graphllm.models.model_config import BlockLayout, ModelConfig, MoENames, RopeConfig
 from graphllm.models.workload import Workload
 from graphllm.runtime.interpret import run_graph
 from tests.support import tiny_configs
@@ -697,7 +697,9 @@ def valid_configs(draw) -> dict:
     # (Qwen3-Next's linear layers and Nemotron-H's Mamba2 ones carry states:
     # tests/models/test_config_qwen3_next.py, tests/models/test_config_nemotron_h.py)
     hybrid = ("qwen3_next", "nemotron_h")
-    mt = draw(st.sampled_from([f for f in FAMILIES if not FAMILY_TABLE[f].mla and f not in hybrid]))
+    mt = draw(
+        st.sampled_from([f for f, fam in FAMILY_TABLE.items() if not fam.mla and f not in hybrid])
+    )
     kv, rep = draw(st.integers(1, 4)), draw(st.integers(1, 4))
     heads, head_dim, n = kv * rep, 2 * draw(st.integers(1, 12)), draw(st.integers(1, 6))
     d: dict = {

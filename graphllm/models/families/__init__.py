@@ -2,7 +2,8 @@
 
 Each module declares `FAMILIES = {model_type: Family(...)}` and, where the family has a
 multimodal checkpoint that loads as its text decoder, `MULTIMODAL = {model_type: Multimodal(...)}`.
-Adding a family is adding a module here and naming it in `_MODULES`.
+Adding a family is adding a module here and naming it in `_MODULES`; everything that lists the
+families (the model_types a config may name, the export's default lowerings) reads `FAMILY_TABLE`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from graphllm.models.families import (
     smollm3,
 )
 from graphllm.models.family import Family, Multimodal
-from graphllm.models.model_config import FAMILIES
 
 _MODULES = (
     llama, mistral, mixtral, qwen2, qwen3, gemma, deepseek, phi3, granite, smollm3, olmo2, cohere,
@@ -49,18 +49,9 @@ def _registry(attr: str) -> dict:
     return out
 
 
-def _in_order(table: dict[str, Family], order: tuple[str, ...]) -> dict[str, Family]:
-    # ModelConfig's FAMILIES is the order the messages list them in ("supported: llama, ...")
-    if set(table) != set(order):
-        raise ValueError(f"families {sorted(set(table) ^ set(order))} in one list only")
-    return {mt: table[mt] for mt in order}
-
-
-# model_type -> its Family, in the order of model_config.FAMILIES
-FAMILY_TABLE: dict[str, Family] = _in_order(_registry("FAMILIES"), FAMILIES)
+# model_type -> its Family, in the order of _MODULES (the order "supported: llama, ..." lists)
+FAMILY_TABLE: dict[str, Family] = _registry("FAMILIES")
 # model_type of a multimodal model -> the text decoder it loads as
 MULTIMODAL: dict[str, Multimodal] = _registry("MULTIMODAL")
-# model_type of a multimodal model -> the checkpoint prefixes of its parts graphllm leaves unread
-MULTIMODAL_UNUSED: dict[str, tuple[str, ...]] = {mt: w.unused for mt, w in MULTIMODAL.items()}
 
-__all__ = ["FAMILY_TABLE", "MULTIMODAL", "MULTIMODAL_UNUSED"]
+__all__ = ["FAMILY_TABLE", "MULTIMODAL"]

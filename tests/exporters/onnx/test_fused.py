@@ -20,7 +20,7 @@ from graphllm.cli import main  # noqa: E402
 from graphllm.exporters.onnx import LOWERINGS, LoweringError, default_lowering, export_onnx, lower  # noqa: E402
 from graphllm.exporters.onnx.fused import DEFAULT_LOWERINGS, can_express  # noqa: E402
 from graphllm.models.config import list_presets  # noqa: E402
-from graphllm.models.model_config import FAMILIES  # noqa: E402
+from graphllm.models.families import FAMILY_TABLE  # noqa: E402
 from graphllm.runtime.observe import small_instance  # noqa: E402
 from tests.support.paths import EXAMPLES  # noqa: E402
 
@@ -139,7 +139,7 @@ def test_refusal_on_the_command_line_is_one_line(tmp_path):
 def test_default_table():
     assert set(DEFAULT_LOWERINGS) == {"cpu", "cuda"}
     for device in DEFAULT_LOWERINGS:
-        assert set(DEFAULT_LOWERINGS[device]) == set(FAMILIES)
+        assert set(DEFAULT_LOWERINGS[device]) == set(FAMILY_TABLE)
         assert all(set(v) <= set(LOWERINGS) for v in DEFAULT_LOWERINGS[device].values())
     for name, _ in list_presets():
         cfg = graphllm.load_config(name)
