@@ -12,7 +12,6 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,8 @@ from graphllm.files import forget_inputs
 from graphllm.models.config import load_config, load_workload_section
 from graphllm.models.hardware import rate_model
 from graphllm.models.model_config import ModelConfig
-from graphllm.models.workload import Workload
+from graphllm.models.workload import ATTENTION_FORMS, Workload
+from graphllm.models.workload_merge import merge_workload
 from graphllm.passes.parallel.engine import mla_form
 
 DTYPE_NAMES = ["fp32", "bf16", "fp16", "fp8", "int8", "int4", "int4g32"]
@@ -40,6 +40,11 @@ SEED = click.IntRange(min=0, max=2**63 - 1)
 # timed repetitions: a median of more than this many says nothing more, and takes hours
 REPEATS = click.IntRange(min=1, max=10_000)
 WARMUPS = click.IntRange(min=0, max=1_000)
+# new tokens a verification runs at when the user gives no T (t_given): each position is run
+# or every rank simulated in numpy, so the 2048 that the analyses assume is far over budget
+VERIFY_T = 12
+# the workload flags besides --seq-len, as Workload's fields
+WORKLOAD_FLAGS = ("batch", "past_len", "dtype", "weight_dtype", "act_dtype", "kv_dtype", "logits")
 # --seq-len sweeps at most this many points: each builds and analyses a graph (up to a second)
 MAX_SWEEP = 256
 
@@ -264,6 +269,20 @@ def source_options(config_help: str, model_help: str = PRESET_HELP) -> Callable:
     return deco
 
 
+def t_given(options: dict[str, Any]) -> bool:
+    """Whether the user gave T: --seq-len, or the --config file's workload section (a file that
+    does not read gives none; resolve says why). Call it before resolve takes the flags out."""
+    if options.get("seq_len"):
+        return True
+    path = options.get("config_path")
+    if path is None:
+        return False
+    try:
+        return "seq_len" in load_workload_section(path)
+    except (OSError, GraphllmError):
+        return False
+
+
 def resolve(options: dict[str, Any], stored: bool = True) -> tuple[Any, Any]:
     """ModelConfig and Workload from the shared options: flags over the YAML's workload section.
     `stored` as in resolve_sweep."""
@@ -283,51 +302,25 @@ def resolve_sweep(options: dict[str, Any], stored: bool = True) -> tuple[Any, li
         raise ConfigError("give exactly one of --config PATH or --model NAME")
     config = load_config(path if path is not None else preset)
     section = load_workload_section(path) if path is not None else {}
-    seq_lens = options.pop("seq_len") or [None]
-    flags = {
-        "batch": options.pop("batch"),
-        "past_len": options.pop("past_len"),
-        "dtype": options.pop("dtype"),
-        "weight_dtype": options.pop("weight_dtype"),
-        "act_dtype": options.pop("act_dtype"),
-        "kv_dtype": options.pop("kv_dtype"),
-        "logits": options.pop("logits"),
-    }
-    base = {"seq_len": 2048}  # a typical prompt, when neither the file nor a flag says
-    merged = base | dict(section) | {k: v for k, v in flags.items() if v}
-    if flags["dtype"]:
-        # --dtype on the command line resets the per-kind dtypes of the file
-        for k in ("weight_dtype", "act_dtype", "kv_dtype"):
-            if not flags[k]:
-                merged.pop(k, None)
-    if flags["past_len"] == 0:
-        merged["past_len"] = 0
-    out = []
-    for t in seq_lens:
-        one = dict(merged) | ({"seq_len": t} if t else {})
-        out.append(Workload.with_dtype(None, **one))
-    given = merged.get("weight_dtype") or merged.get("dtype")
-    if stored and config.quantization is not None and given:
-        config = _override_quantization(config, out[0].weight_dtype, flags)
-    return config, out
-
-
-def _override_quantization(config: Any, weight_dtype: str, flags: dict[str, Any]) -> Any:
-    """`config` without its quantization, as a weight dtype asked for overrides it; says so."""
-    given = next((f for f in ("weight_dtype", "dtype") if flags[f]), None)
-    by = f"--{given.replace('_', '-')} {flags[given]}" if given else "the workload's dtype"
-    click.echo(
-        f"note: {by} overrides the checkpoint's quantization_config "
-        f"({config.quantization.method}): every weight is modelled as {weight_dtype}",
-        err=True,
-    )
-    return replace(config, quantization=None)
+    seq_lens = options.pop("seq_len") or []
+    flags = {k: options.pop(k) for k in WORKLOAD_FLAGS}
+    got = merge_workload(config, section, flags, seq_lens, stored)
+    if got.dropped_quantization is not None:
+        by = got.overridden_by
+        said = f"--{by.replace('_', '-')} {flags[by]}" if by else "the workload's dtype"
+        click.echo(
+            f"note: {said} overrides the checkpoint's quantization_config "
+            f"({got.dropped_quantization}): every weight is modelled as "
+            f"{got.workloads[0].weight_dtype}",
+            err=True,
+        )
+    return got.config, list(got.workloads)
 
 
 def attention_option(help_text: str) -> Callable:
     return click.option(
         "--attention",
-        type=click.Choice(["flash", "naive"]),
+        type=click.Choice(ATTENTION_FORMS),
         default="flash",
         show_default=True,
         help=help_text,

@@ -20,6 +20,9 @@ MAX_BATCH = 1 << 24
 MAX_TOKENS = 1 << 30
 MAX_PAIRS = 1 << 48
 FLAGS = {"batch": "--batch", "seq_len": "--seq-len", "past_len": "--past-len"}
+# how an analysis counts core attention, named beside the workload in every document: fused
+# (flash: the score matrix never leaves the chip) or every op through memory (naive)
+ATTENTION_FORMS = ("flash", "naive")
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,12 @@ from graphllm.errors import ConfigError
 from graphllm.models.config import load_config, load_workload_section
 from graphllm.models.hardware import Hardware, load_hardware
 from graphllm.models.model_config import ModelConfig
-from graphllm.models.workload import Workload
+from graphllm.models.workload import ATTENTION_FORMS, Workload
+from graphllm.models.workload_merge import merge_workload
+from graphllm.passes.parallel.engine import mla_form
 from graphllm.passes.registry import Results
 from graphllm.report.reuse import reused_results
 from graphllm.report.trace_report import analysed
-
-DEFAULT_SEQ_LEN = 2048  # trace's: a typical prompt
-ATTENTION = ("flash", "naive")
-MLA = ("naive", "absorbed")
 
 
 def analyse(
@@ -48,14 +46,19 @@ def analyse(
     Args:
         config: a ModelConfig, or what `load_config` takes: a preset name, a config.json or
             YAML path, a checkpoint folder, or a dict of config.json's fields.
-        workload: a Workload, or a dict of its fields (`seq_len`, `batch`, `past_len`, `dtype`,
-            `weight_dtype`, `act_dtype`, `kv_dtype`, `logits`). None or a missing `seq_len`:
-            T=2048, as `trace`; a YAML config's `workload:` section fills what is not given.
+        workload: a Workload, taken as is (a quantized checkpoint's weights priced as
+            stored, as `build_graph` does), or a dict of its fields (`seq_len`, `batch`,
+            `past_len`, `dtype`, `weight_dtype`, `act_dtype`, `kv_dtype`, `logits`; None: not
+            given) merged as `trace` merges its flags: over a YAML config's `workload:`
+            section, over T=2048; a `dtype` replaces the section's per-kind dtypes, and a
+            weight dtype named in either replaces a quantized checkpoint's stored format.
         hardware: a Hardware, a preset name (see `graphllm hardware`), a spec file, or `local`;
             None skips the roofline (its report is None).
         attention: "flash" (fused core attention) or "naive" (every op through memory).
         training: forward + backward FLOPs and time.
-        mla: a DeepSeek model's latent attention, "naive" or "absorbed".
+        mla: a DeepSeek model's latent attention: "naive" (`build_graph`'s default),
+            "absorbed", or "auto", the form `trace` prices by default (absorbed for a decode
+            step, naive for a prefill or a training step and for a model without MLA).
         mtp: build DeepSeek-V3's multi-token-prediction modules.
         exact_sets: the tokens pass's bit sets (True) or intervals (False); None: bit sets
             when the sequence is short.
@@ -71,25 +74,30 @@ def analyse(
         ConfigError: a config, workload, hardware or form that is not valid.
         PassError: an analysis that fails, named.
     """
-    for name, value, known in (("attention", attention, ATTENTION), ("mla", mla, MLA)):
-        if value not in known:
-            raise ConfigError(f"{name} must be one of {', '.join(known)}, got {value!r}")
-    cfg = config if isinstance(config, ModelConfig) else load_config(config)
-    wl = _workload(config, workload)
+    if attention not in ATTENTION_FORMS:
+        raise ConfigError(
+            f"attention must be one of {', '.join(ATTENTION_FORMS)}, got {attention!r}"
+        )
+    cfg, wl = _requested(config, workload)
+    form = mla_form(cfg, "training" if training else wl.phase, mla)
     hw = _hardware(hardware, ideal, cuda_graphs)
-    got = reused_results(cfg, wl, hw, attention, training, mla, mtp, exact_sets)
+    got = reused_results(cfg, wl, hw, attention, training, form, mtp, exact_sets)
     if got is not None:
         return got
-    return analysed(cfg, wl, hw, attention, training, mla, mtp, exact_sets)[1]
+    return analysed(cfg, wl, hw, attention, training, form, mtp, exact_sets)[1]
 
 
-def _workload(config: Any, workload: Workload | Mapping[str, Any] | None) -> Workload:
-    """The workload given, else trace's: the config file's section over T=2048."""
+def _requested(
+    config: ModelConfig | str | Path | dict, workload: Workload | Mapping[str, Any] | None
+) -> tuple[ModelConfig, Workload]:
+    """The model and the workload given, else trace's: the fields given over the config
+    file's section over T=2048, merged as the command line merges its flags."""
+    cfg = config if isinstance(config, ModelConfig) else load_config(config)
     if isinstance(workload, Workload):
-        return workload
+        return cfg, workload
     section = load_workload_section(config) if isinstance(config, (str, Path)) else {}
-    fields = {"seq_len": DEFAULT_SEQ_LEN} | dict(section) | dict(workload or {})
-    return Workload.with_dtype(None, **fields)
+    got = merge_workload(cfg, section, workload or {})
+    return got.config, got.workloads[0]
 
 
 def _hardware(

@@ -7,15 +7,18 @@ where it does not."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 import graphllm
 from graphllm import passes
+from graphllm.cli import main
 from graphllm.files import json_text
 from graphllm.models.hardware import load_hardware
 from graphllm.report import analyse as api
@@ -158,6 +161,10 @@ def test_an_unknown_form_is_a_config_error(option: str, value: str) -> None:
         graphllm.analyse("llama3.2-1b", {"seq_len": 4}, **{option: value})
 
 
+def test_a_seq_len_of_none_is_not_given() -> None:
+    assert graphllm.analyse("qwen3-0.6b", {"seq_len": None}, None)["tokens"].positions == 2048
+
+
 def test_a_yaml_configs_workload_section_fills_what_is_not_given() -> None:
     path = Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml"
     got = graphllm.analyse(path, {"seq_len": 4})  # the file says batch 2, T=8, fp32
@@ -165,3 +172,37 @@ def test_a_yaml_configs_workload_section_fills_what_is_not_given() -> None:
     graph = graphllm.build_graph(graphllm.load_config(path), wl)
     same(got, passes.run(graph, ANALYSES, hardware=load_hardware("h100")))
     assert got["roofline"].tokens_per_step == 8
+
+
+@pytest.mark.parametrize("dtype", [None, "bf16"])
+def test_weight_bytes_are_traces(dtype: str | None) -> None:
+    # a dtype named replaces DeepSeek-V3's FP8 checkpoint format in both: 1,342 GB in bf16,
+    # 673 GB as stored
+    flags = ["--dtype", dtype] if dtype else []
+    r = CliRunner().invoke(main, ["trace", "--model", "deepseek-v3", "--json", *flags])
+    assert r.exit_code == 0, r.output
+    want = json.loads(r.stdout)["memory"]
+    got = graphllm.analyse("deepseek-v3", {"dtype": dtype})["memory"]
+    assert got.weights == want["weights"] and got.weights_by_dtype == want["weights_by_dtype"]
+    assert round(got.weights / 1e9) == (1342 if dtype else 673)
+    assert ("fp8" in got.weights_by_dtype) == (dtype is None)
+
+
+def test_mla_auto_is_the_engines_form_for_the_phase() -> None:
+    # trace's default: absorbed for a decode step, naive for a prefill and for training
+    def flops(workload: dict, mla: str, **kw: Any) -> float:
+        return graphllm.analyse("deepseek-v2-lite", workload, None, mla=mla, **kw)["cost"].flops[
+            "total"
+        ]
+
+    assert flops(DECODE, "auto") == flops(DECODE, "absorbed") != flops(DECODE, "naive")
+    assert flops(SHORT, "auto") == flops(SHORT, "naive") != flops(SHORT, "absorbed")
+    assert flops(DECODE, "auto", training=True) == flops(DECODE, "naive", training=True)
+    # a model without MLA: auto is naive, absorbed is refused
+    assert flops_of("llama3.2-1b", "auto") == flops_of("llama3.2-1b", "naive")
+    with pytest.raises(graphllm.ConfigError, match="has no latent attention"):
+        graphllm.analyse("llama3.2-1b", DECODE, None, mla="absorbed")
+
+
+def flops_of(preset: str, mla: str) -> float:
+    return graphllm.analyse(preset, DECODE, None, mla=mla)["cost"].flops["total"]
