@@ -14,12 +14,14 @@ from rich.table import Table
 
 from graphllm.build.builder import build_graph
 from graphllm.cli.common import (
+    VERIFY_T,
     deepseek_options,
     json_option,
     mla_for,
     model_options,
     resolve,
     seed_option,
+    t_given,
     user_errors,
 )
 from graphllm.cli.layout import partition_options, strategy_from, strategy_options, training_from
@@ -34,8 +36,6 @@ from graphllm.report.console import console as new_console
 from graphllm.report.summary import _b, _n, _t, hardware_model_line
 from graphllm.runtime.observe import small_instance
 from graphllm.runtime.spmd import check_partition
-
-VERIFY_T = 12  # new tokens of a small instance when -t is not given
 
 MAX_VERIFY_PARAMS = 200_000_000  # numpy runs every rank on one CPU: keep verification small
 
@@ -233,7 +233,7 @@ def verify_partition(seed: int, mla: str, mtp: bool, **options: Any) -> None:
     """
 
     strategy = strategy_from(options)
-    given_t = bool(options.get("seq_len"))  # resolve takes the workload flags out of options
+    given_t = t_given(options)  # before resolve takes the workload flags out of options
     config, wl = resolve(options)
     mla = mla_for(config, wl, False, mla)
     wl = Workload.with_dtype(wl, dtype="fp32")
@@ -243,7 +243,8 @@ def verify_partition(seed: int, mla: str, mtp: bool, **options: Any) -> None:
         # a published model is verified as `verify tokens` does it: its architecture at toy
         # sizes (family, features, routing, layer kinds), said on stderr and in the result line
         # a prompt of the default 2048 tokens is over numpy's budget even at toy sizes: without
-        # -t the instance runs a short one, as `verify tokens` does
+        # a T given (-t or the config's workload section) the instance runs a short one, as
+        # `verify tokens` does
         short = not given_t and wl.seq_len > VERIFY_T
         wl = replace(wl, seq_len=VERIFY_T) if short else wl
         at = f" at T={VERIFY_T} (-t to choose)" if short else ""

@@ -7,22 +7,19 @@ from typing import Any
 
 import click
 
-from graphllm.cli.common import model_options, resolve, seed_option, user_errors
+from graphllm.cli.common import (
+    VERIFY_T,
+    model_options,
+    resolve,
+    seed_option,
+    t_given,
+    user_errors,
+)
 from graphllm.cli.partition import verify_partition
-from graphllm.errors import ConfigError, GraphllmError
-from graphllm.models.config import load_workload_section
+from graphllm.errors import ConfigError
 from graphllm.runtime.observe import check_token_mixing
 
-DEFAULT_T = 12  # new tokens when neither -t nor the config's workload section gives T
 MAX_T = 256  # verify tokens runs T+1 forward passes
-
-
-def _section(path: Any) -> dict:
-    """The config file's workload section; {} when it is unreadable (resolve says why)."""
-    try:
-        return load_workload_section(path)
-    except (OSError, GraphllmError):
-        return {}
 
 
 @click.group()
@@ -45,11 +42,9 @@ def verify_tokens(seed: int, full_size: bool, use_onnx: bool, **options: Any) ->
     """
 
     path = options.get("config_path")
-    chosen = not options.get("seq_len") and (path is None or "seq_len" not in _section(path))
-    if chosen:
-        # a short prompt: every cell is checked by a run (T+1 of them), so the 2048 that
-        # trace assumes is far over budget
-        options["seq_len"] = [DEFAULT_T]
+    chosen = not t_given(options)
+    if chosen:  # a short prompt: every cell is checked by a run (T+1 of them)
+        options["seq_len"] = [VERIFY_T]
     config, workload = resolve(options)
     if workload.seq_len > MAX_T:
         raise ConfigError(
@@ -62,7 +57,7 @@ def verify_tokens(seed: int, full_size: bool, use_onnx: bool, **options: Any) ->
     if chosen:  # said on stderr once the check has run: a refused one is its error alone
         click.echo(
             f"note: the {'config' if path is not None else 'preset'} gives no seq_len; verify "
-            f"tokens uses T={DEFAULT_T} (-t to choose, at most {MAX_T})",
+            f"tokens uses T={VERIFY_T} (-t to choose, at most {MAX_T})",
             err=True,
         )
     seq_len = f"{workload.seq_len}" + (f" P={workload.past_len}" if workload.past_len else "")
