@@ -22,6 +22,7 @@ import onnx
 from graphllm.errors import ConfigError, GraphllmError
 from graphllm.files import check_target, json_text, make_folder, write_atomic, write_text_atomic
 from graphllm.ir import Graph
+from graphllm.models.families import FAMILY_TABLE
 from graphllm.models.model_config import LAYER_TYPES, ModelConfig
 from graphllm.models.workload import Workload
 
@@ -34,23 +35,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 FULL_ATTENTION = LAYER_TYPES[0]  # a layer that attends to every past position
 SHARED_BUFFER_LOWERINGS = frozenset({"ort"})
-# HF model_type -> onnxruntime-genai's model type, for the families graphllm builds whose type
-# onnxruntime-genai 0.18 loads (each checked: `Model(DIR)` takes it; an unknown one is refused
-# with "Unsupported model_type"). Its types are decoder-only LLMs all run by one model class;
-# the name is kept as its builder writes it.
-GENAI_TYPES = {
-    "llama": "llama",
-    "mistral": "mistral",
-    "qwen2": "qwen2",
-    "qwen3": "qwen3",
-    "gemma": "gemma",
-    "gemma2": "gemma2",
-    "gemma3_text": "gemma3_text",
-    "phi3": "phi3",
-    "granite": "granite",
-    "smollm3": "smollm3",
-    "gpt_oss": "gptoss",
-}
 # the search section as onnxruntime-genai's builder writes it (greedy; max_length set per model)
 SEARCH = {
     "diversity_penalty": 0.0,
@@ -81,9 +65,11 @@ class GenaiExport:
 
 def genai_type(config: ModelConfig, graph: Graph) -> str:
     """onnxruntime-genai's model type for `config`, or a one-line refusal."""
-    t = GENAI_TYPES.get(config.model_type)
+    # each family declares the type onnxruntime-genai loads it as (Family.genai_type)
+    family = FAMILY_TABLE.get(config.model_type)
+    t = family.genai_type if family else None
     if t is None:
-        known = ", ".join(sorted(GENAI_TYPES))
+        known = ", ".join(sorted(mt for mt, f in FAMILY_TABLE.items() if f.genai_type))
         raise ConfigError(
             f"onnxruntime-genai 0.18 has no model type for {config.model_type} ({config.name}): "
             f"--format genai takes {known}; export it with --format onnx"

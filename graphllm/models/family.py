@@ -121,6 +121,11 @@ class Family:
     # the checked values normalised before anything reads them (Nemotron-H's layer
     # pattern, given as a string or a list, into the one list and the layer count)
     prepare: Callable[[dict], dict] | None = None
+    # onnxruntime-genai's model type for this model_type (`--format genai` writes it into
+    # genai_config.json), as its builder spells it; None: onnxruntime-genai 0.18 loads none (each
+    # one given is checked: `Model(DIR)` takes it, an unknown one is refused "Unsupported
+    # model_type"). Its types are decoder-only LLMs all run by one model class.
+    genai_type: str | None = None
 
 
 def global_every(

@@ -10,7 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from graphllm.cli import main
-from graphllm.exporters.genai import CONFIG, GENAI_TYPES
+from graphllm.exporters.genai import CONFIG
+from graphllm.models.families import FAMILY_TABLE
 from tests.support.paths import EXAMPLES
 
 og = pytest.importorskip("onnxruntime_genai")
@@ -119,8 +120,36 @@ def test_a_family_genai_has_no_type_for_is_one_line(tmp_path):
     assert not out.exists()
 
 
+# the model types onnxruntime-genai 0.18 was checked to load, by the model_type each stands for
+GENAI_TYPES = {
+    "llama": "llama",
+    "mistral": "mistral",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma": "gemma",
+    "gemma2": "gemma2",
+    "gemma3_text": "gemma3_text",
+    "phi3": "phi3",
+    "granite": "granite",
+    "smollm3": "smollm3",
+    "gpt_oss": "gptoss",
+}
+
+
+def test_the_families_declare_the_genai_types_checked_here():
+    declared = {mt: f.genai_type for mt, f in FAMILY_TABLE.items() if f.genai_type is not None}
+    assert declared == GENAI_TYPES
+
+
+def test_the_refusal_lists_the_families_genai_loads(tmp_path):
+    args = ["export", "--config", str(EXAMPLES / "mixtral.yaml"), "--format", "genai"]
+    r = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "g")])
+    assert r.exit_code == 2
+    assert f"--format genai takes {', '.join(sorted(GENAI_TYPES))}; export it" in r.output
+
+
 def test_every_type_written_is_one_genai_loads(tmp_path, checkpoint):
-    """GENAI_TYPES holds no type the installed onnxruntime-genai refuses."""
+    """No family declares a genai_type the installed onnxruntime-genai refuses."""
     ckpt, _ = checkpoint
     out = tmp_path / "g"
     r = CliRunner().invoke(

@@ -37,6 +37,7 @@ GEMMA = Family(
     ),
     derive=gemma_derive,
     acts=GEMMA_ACTS,
+    genai_type="gemma",
 )
 
 

@@ -52,6 +52,7 @@ GEMMA2 = Family(
         ffn_pre="pre_feedforward_layernorm",
         ffn_post="post_feedforward_layernorm",
     ),
+    genai_type="gemma2",
 )
 
 

@@ -37,6 +37,7 @@ GEMMA3_TEXT = Family(
     noop_only={"cache_implementation": ("hybrid", None)},
     block=GEMMA2.block,
     rope_by_layer_type=True,
+    genai_type="gemma3_text",
 )
 
 

@@ -60,6 +60,7 @@ GPT_OSS = Family(
     moe=_gpt_oss_moe,
     default_theta=150000.0,
     aliases={"num_experts": "num_local_experts"},
+    genai_type="gptoss",
 )
 
 

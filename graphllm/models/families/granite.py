@@ -30,6 +30,7 @@ GRANITE = Family(
         logits_scaling=Spec(pos_float, 1.0),
     ),
     derive=_granite,
+    genai_type="granite",
 )
 
 

@@ -10,6 +10,7 @@ LLAMA = Family(
         num_key_value_heads=MHA, attention_bias=Spec(flag, False), mlp_bias=Spec(flag, False)
     ),
     derive=lambda v: attention_bias(v) | {"mlp_bias": v["mlp_bias"]},
+    genai_type="llama",
 )
 
 

@@ -12,6 +12,7 @@ MISTRAL = Family(
     ),
     derive=lambda v: {},
     windows=every_layer_window,
+    genai_type="mistral",
 )
 
 

@@ -30,6 +30,7 @@ PHI3 = Family(
         "full_attn_mod": (1,),
         "interpolate_factor": (1,),
     },
+    genai_type="phi3",
 )
 
 

@@ -68,6 +68,7 @@ QWEN2 = Family(
     derive=lambda v: {"qkv_bias": True},  # q/k/v always carry a bias, o_proj never
     windows=qwen2_window,
     reads_layer_types=True,
+    genai_type="qwen2",
 )
 
 QWEN2_MOE = Family(

@@ -17,6 +17,7 @@ QWEN3 = Family(
     derive=lambda v: attention_bias(v) | {"qk_norm": True},
     windows=qwen2_window,
     reads_layer_types=True,
+    genai_type="qwen3",
 )
 
 QWEN3_MOE = Family(

@@ -63,6 +63,7 @@ SMOLLM3 = Family(
     windows=_smollm3_window,
     reads_layer_types=True,
     default_theta=2e6,
+    genai_type="smollm3",
 )
 
 
