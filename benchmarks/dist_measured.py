@@ -1,4 +1,4 @@
-"""`graphllm run`'s measured over predicted seconds on `--hardware local` (issue 21, point 4).
+"""`graphllm run`'s measured over predicted seconds on `--hardware local`.
 
 First `graphllm calibrate --link` measures this machine (its GEMM table at the model's shapes,
 its read sweep, and the gloo link between one rank a core), into a private cache folder, so

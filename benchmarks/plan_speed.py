@@ -1,5 +1,5 @@
 """How fast `plan` searches: Llama-3-70B on 64 devices (the docs' case) and DeepSeek-V3 training on
-256 H200s (issue 20: 5.6 s before, goal at most 2 s), median of a few runs, with the machine's
+256 H200s (5.6 s before the search was sped up, goal at most 2 s), median of a few runs, with the machine's
 load average beside them (it is shared, so a figure means little without it) and the median CPU
 time of the process and of the workers plan forks (which the other processes on the machine
 inflate less). GRAPHLLM_JOBS=1 runs the programs in this process, one after the other.

@@ -49,7 +49,7 @@ PASSES = ("verify", "params", "tokens", "cost", "memory", "roofline")  # what `t
 SEQ_LEN = 2048
 BATCH = 1
 RATIO_GOAL = 10.0  # peer time / graphllm time
-GRAPHLLM_GOAL_MS = 50.0  # issue 20: the full analysis of Llama-3.1-405B at T=2048
+GRAPHLLM_GOAL_MS = 50.0  # the full analysis of Llama-3.1-405B at T=2048
 STARTUP_GOAL_S = 0.5
 
 
