@@ -5,6 +5,9 @@ read or never end), no larger than a config can plausibly be, read with a bounde
 parsers are held to what a config is: YAML without anchors, aliases (a "billion laughs" bomb
 expands a few hundred bytes into gigabytes) or explicit tags; JSON without NaN; no number that overflows a float or has more digits than any size; no nesting deeper than
 any config. Everything is refused while parsing, before a large value is built.
+
+A value an error line names is shown as the file spells it (`show`, `describe`): a bare Infinity,
+which reads as transformers 5's {"__float__": "Infinity"}, is named Infinity.
 """
 
 from __future__ import annotations
