@@ -1,7 +1,8 @@
 """The IR: named dims with roles, tensor types, nodes, the Graph, axis signatures and op specs."""
 
 from graphllm.ir.dims import HEAD_ROLES, ROLES, TOKEN_ROLES, Dim, TensorType
-from graphllm.ir.graph import CACHE, OUTPUT_ROLES, STATE, Graph, Node, Ref
+from graphllm.ir.graph import CACHE, OUTPUT_ROLES, STATE, Graph
+from graphllm.ir.node import Node, Ref
 
 __all__ = [
     "CACHE",

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,24 +160,27 @@ def _room(full: list[dict], hw: Hardware, memory_fraction: float) -> list[tuple]
 
 
 def _no_room(
-    config: ModelConfig, strategy: Strategy, hw: Hardware, memory_fraction: float, flight: int
-) -> Callable[[int, list[dict], list[tuple]], ConfigError]:
+    config: ModelConfig,
+    strategy: Strategy,
+    hw: Hardware,
+    memory_fraction: float,
+    flight: int,
+    tight: int,
+    full: list[dict],
+    room: list[tuple],
+) -> ConfigError:
     """The error for stage `tight`, whose weights leave no room for `flight` sequences' cache."""
-
-    def error(tight: int, full: list[dict], room: list[tuple]) -> ConfigError:
-        one, per_seq = full[tight], room[tight][2]
-        where = f" stage {tight}'s" if strategy.pp > 1 else ""
-        return ConfigError(
-            f"{config.name} on {strategy.devices} {hw.name}:{where} weights "
-            f"({one['weight_bytes'] / 1e9:.2f} GB a device) leave no room for "
-            f"{'one sequence' if flight == 1 else f'{flight} sequences (one a microbatch)'}'s "
-            f"{'KV cache and states' if one['state_bytes'] else 'KV cache'} "
-            f"({per_seq / 1e9:.3f} GB a sequence) in {100 * memory_fraction:g}% of "
-            f"{hw.memory_bytes / 1e9:g} GB; spread it over more devices (--tp, --pp"
-            f"{', --ep' if config.is_moe else ''}), or see `graphllm plan`"
-        )
-
-    return error
+    stage, per_seq = full[tight], room[tight][2]
+    where = f" stage {tight}'s" if strategy.pp > 1 else ""
+    return ConfigError(
+        f"{config.name} on {strategy.devices} {hw.name}:{where} weights "
+        f"({stage['weight_bytes'] / 1e9:.2f} GB a device) leave no room for "
+        f"{'one sequence' if flight == 1 else f'{flight} sequences (one a microbatch)'}'s "
+        f"{'KV cache and states' if stage['state_bytes'] else 'KV cache'} "
+        f"({per_seq / 1e9:.3f} GB a sequence) in {100 * memory_fraction:g}% of "
+        f"{hw.memory_bytes / 1e9:g} GB; spread it over more devices (--tp, --pp"
+        f"{', --ep' if config.is_moe else ''}), or see `graphllm plan`"
+    )
 
 
 def _require_batch(want: int, largest: int, s: Strategy, flight: int, total: int) -> None:
@@ -235,7 +237,7 @@ def serving_report(
     unit = flight * strategy.ep  # equal microbatches in flight, each cut over the ep ranks
     largest = room[tight][0] // flight * unit
     if largest < 1:
-        raise _no_room(config, strategy, hw, memory_fraction, flight)(tight, full, room)
+        raise _no_room(config, strategy, hw, memory_fraction, flight, tight, full, room)
     want = strategy.dp * largest if batch is None else batch
     _require_batch(want, largest, strategy, flight, prompt + output)
     grid = (unit * 2**i for i in range(int(math.log2(largest // unit)) + 1))
