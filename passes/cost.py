@@ -32,7 +32,7 @@ import numpy as np
 
 from graphllm.build.kinds import LAYER, SCOPE_KINDS
 from graphllm.ir import TOKEN_ROLES, Graph, Node, TensorType
-from graphllm.models.workload import nbytes
+from graphllm.models.workload import ATTENTION_FORMS, nbytes
 from graphllm.ops import MOVEMENT, OPS, SOURCE, node_flops
 from graphllm.passes.attention_region import core_attention_region
 from graphllm.passes.memory import cache_bytes
@@ -84,8 +84,9 @@ class _Costing:
     """Costs nodes one at a time; knows the fused-attention region and the KV cache tensors."""
 
     def __init__(self, graph: Graph, attention: str, training: bool) -> None:
-        if attention not in ("naive", "flash"):
-            raise ValueError(f"attention must be 'naive' or 'flash', got {attention!r}")
+        if attention not in ATTENTION_FORMS:
+            choices = " or ".join(repr(a) for a in ATTENTION_FORMS)
+            raise ValueError(f"attention must be {choices}, got {attention!r}")
         self.g, self.flash, self.training = graph, attention == "flash", training
         self.b = graph.bindings
         appends = [n for n in graph.nodes() if OPS[n.op].in_place]
