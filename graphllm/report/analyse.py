@@ -26,7 +26,7 @@ def analyse(
     *,
     attention: str = "flash",
     training: bool = False,
-    mla: str = "naive",
+    mla: str = "auto",
     mtp: bool = False,
     exact_sets: bool | None = None,
     ideal: bool = False,
@@ -34,7 +34,7 @@ def analyse(
 ) -> Results:
     """Run `graphllm trace`'s analyses and return the reports `passes.run` would give.
 
-    The result equals `passes.run(build_graph(config, workload, mla=mla, mtp=mtp), ["verify",
+    The result equals `passes.run(build_graph(config, workload, mla=form, mtp=mtp), ["verify",
     "params", "tokens", "cost", "memory", "roofline"], hardware=..., attention=..., ...)` figure
     for figure, computed as `trace` computes it: one layer of each kind is analysed and stands
     for every layer of its kind (20-30 ms for Llama-3.1-405B at T=2048 rather than 0.2 s).
@@ -56,9 +56,10 @@ def analyse(
             None skips the roofline (its report is None).
         attention: "flash" (fused core attention) or "naive" (every op through memory).
         training: forward + backward FLOPs and time.
-        mla: a DeepSeek model's latent attention: "naive" (`build_graph`'s default),
-            "absorbed", or "auto", the form `trace` prices by default (absorbed for a decode
-            step, naive for a prefill or a training step and for a model without MLA).
+        mla: a DeepSeek model's latent attention: "auto" (the default, as `trace`'s: the form
+            engines run the step in, absorbed for a decode step, naive for a prefill or a
+            training step and for a model without MLA), "naive" (`build_graph`'s default) or
+            "absorbed"; `form` above is the one it names.
         mtp: build DeepSeek-V3's multi-token-prediction modules.
         exact_sets: the tokens pass's bit sets (True) or intervals (False); None: bit sets
             when the sequence is short.

@@ -21,6 +21,7 @@ from graphllm import passes
 from graphllm.cli import main
 from graphllm.files import json_text
 from graphllm.models.hardware import load_hardware
+from graphllm.passes.parallel.engine import mla_form
 from graphllm.report import analyse as api
 from graphllm.report.trace_report import ANALYSES
 
@@ -76,7 +77,10 @@ def _full(preset: str, workload: dict, options: dict) -> passes.Results:
     hw = api._hardware(
         options.get("hardware", "h100"), options.get("ideal", False), options.get("cuda_graphs")
     )
-    graph = graphllm.build_graph(config, wl, mla=options.get("mla", "naive"))
+    phase = "training" if options.get("training") else wl.phase
+    graph = graphllm.build_graph(
+        config, wl, mla=mla_form(config, phase, options.get("mla", "auto"))
+    )
     kw = {k: options[k] for k in ("attention", "training", "exact_sets") if k in options}
     return passes.run(graph, ANALYSES, hardware=hw, **kw)
 
@@ -196,6 +200,8 @@ def test_mla_auto_is_the_engines_form_for_the_phase() -> None:
         ]
 
     assert flops(DECODE, "auto") == flops(DECODE, "absorbed") != flops(DECODE, "naive")
+    default = graphllm.analyse("deepseek-v2-lite", DECODE, None)["cost"].flops["total"]
+    assert default == flops(DECODE, "auto")  # the library prices what trace prices
     assert flops(SHORT, "auto") == flops(SHORT, "naive") != flops(SHORT, "absorbed")
     assert flops(DECODE, "auto", training=True) == flops(DECODE, "naive", training=True)
     # a model without MLA: auto is naive, absorbed is refused
