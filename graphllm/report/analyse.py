@@ -37,11 +37,9 @@ def analyse(
     The result equals `passes.run(build_graph(config, workload, mla=form, mtp=mtp), ["verify",
     "params", "tokens", "cost", "memory", "roofline"], hardware=..., attention=..., ...)` figure
     for figure, computed as `trace` computes it: one layer of each kind is analysed and stands
-    for every layer of its kind (20-30 ms for Llama-3.1-405B at T=2048 rather than 0.2 s).
-    Where one layer cannot stand for the rest, the full graph is built and analysed instead,
-    with the same results: with `mtp=True` (the MTP modules read the main model's last hidden
-    state), a model with one layer of each kind already, and a layer that reads another layer's
-    nodes besides its predecessor's output (a value residual, a KV cache shared across layers).
+    for every layer of its kind (about 20 ms for Llama-3.1-405B at T=2048 rather than 0.25 s).
+    The full graph is analysed instead where one layer cannot stand for the rest: `mtp=True`,
+    one layer of each kind already, a layer reading another's nodes (a shared KV cache).
 
     Args:
         config: a ModelConfig, or what `load_config` takes: a preset name, a config.json or
@@ -67,18 +65,14 @@ def analyse(
         cuda_graphs: kernels launched through CUDA graphs; None: for decode steps only.
 
     Returns:
-        {pass name: its report} in `passes.run`'s order: "verify" ({"nodes", "edges"} of the
-        full graph), "params" (ParamReport), "tokens" (TokenReport), "cost" (CostReport),
-        "memory" (MemoryReport), "roofline" (RooflineReport, None without hardware).
+        {pass name: its report} in `passes.run`'s order: "verify" ({"nodes", "edges"}),
+        "params", "tokens", "cost", "memory", "roofline" (None without hardware).
 
     Raises:
-        ConfigError: a config, workload, hardware or form that is not valid.
-        PassError: an analysis that fails, named.
+        ConfigError: a config, workload, hardware or form that is not valid; PassError: an
+        analysis that fails, named.
     """
-    if attention not in ATTENTION_FORMS:
-        raise ConfigError(
-            f"attention must be one of {', '.join(ATTENTION_FORMS)}, got {attention!r}"
-        )
+    _check_attention(attention)
     cfg, wl = _requested(config, workload)
     form = mla_form(cfg, "training" if training else wl.phase, mla)
     hw = _hardware(hardware, ideal, cuda_graphs)
@@ -86,6 +80,13 @@ def analyse(
     if got is not None:
         return got
     return analysed(cfg, wl, hw, attention, training, form, mtp, exact_sets)[1]
+
+
+def _check_attention(attention: str) -> None:
+    if attention not in ATTENTION_FORMS:
+        raise ConfigError(
+            f"attention must be one of {', '.join(ATTENTION_FORMS)}, got {attention!r}"
+        )
 
 
 def _requested(
