@@ -69,8 +69,7 @@ def analyse(
         "params", "tokens", "cost", "memory", "roofline" (None without hardware).
 
     Raises:
-        ConfigError: a config, workload, hardware or form that is not valid; PassError: an
-        analysis that fails, named.
+        ConfigError: a config, workload, hardware or form that is not valid (PassError: a pass).
     """
     _check_attention(attention)
     cfg, wl = _requested(config, workload)
