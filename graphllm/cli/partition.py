@@ -30,8 +30,8 @@ from graphllm.exporters.trace import chrome_trace, require_traceable, write_trac
 from graphllm.files import check_target, json_text
 from graphllm.models.hardware import load_hardware
 from graphllm.models.workload import Workload
+from graphllm.passes.parallel.partition import Strategy, partition_report
 from graphllm.passes.parallel.partition import partition as partition_graph
-from graphllm.passes.parallel.partition import partition_report
 from graphllm.report.console import console as new_console
 from graphllm.report.summary import _b, _n, _t, hardware_model_line
 from graphllm.runtime.observe import small_instance
@@ -220,6 +220,26 @@ def _collective_table(collectives: list[dict[str, Any]], timed: bool) -> Table:
     return comm
 
 
+def _instance_workload(
+    wl: Workload, s: Strategy, given_t: bool, given_b: bool
+) -> tuple[Workload, str]:
+    """The small instance's workload and the note's words for it: without -t a short prompt
+    whose tokens every cut divides (cp, ep over the tokens, sp), without -b one sequence for
+    each dp rank and microbatch; what the user gave stays (the strategy's check names a misfit)."""
+    said: list[str] = []
+    if not given_t:
+        cut = s.cp * s.ep * (s.tp if s.sp else 1)
+        t = -(-VERIFY_T // cut) * cut  # VERIFY_T rounded up to a multiple of the cut
+        if wl.seq_len > t:
+            wl = replace(wl, seq_len=t)
+            said.append(f"T={t} (-t to choose)")
+    per = s.dp * s.microbatches
+    if not given_b and wl.batch % per:
+        wl = replace(wl, batch=per)
+        said.append(f"B={per} (-b to choose)")
+    return wl, f" at {', '.join(said)}" if said else ""
+
+
 @click.command("partition")
 @model_options
 @strategy_options
@@ -234,6 +254,7 @@ def verify_partition(seed: int, mla: str, mtp: bool, **options: Any) -> None:
 
     strategy = strategy_from(options)
     given_t = t_given(options)  # before resolve takes the workload flags out of options
+    given_b = options.get("batch") is not None
     config, wl = resolve(options)
     mla = mla_for(config, wl, False, mla)
     wl = Workload.with_dtype(wl, dtype="fp32")
@@ -245,9 +266,7 @@ def verify_partition(seed: int, mla: str, mtp: bool, **options: Any) -> None:
         # a prompt of the default 2048 tokens is over numpy's budget even at toy sizes: without
         # a T given (-t or the config's workload section) the instance runs a short one, as
         # `verify tokens` does
-        short = not given_t and wl.seq_len > VERIFY_T
-        wl = replace(wl, seq_len=VERIFY_T) if short else wl
-        at = f" at T={VERIFY_T} (-t to choose)" if short else ""
+        wl, at = _instance_workload(wl, strategy, given_t, given_b)
         click.echo(
             f"note: {config.name} has {params:,.0f} parameters, too many to run every rank in "
             f"numpy: verifying a small instance of it (same family and features, toy sizes, "

@@ -78,6 +78,24 @@ def test_verify_partition_of_a_published_model_at_its_splits(args):
     assert ("at T=12 (-t to choose)" in r.stderr) == ("-t" not in args)
 
 
+# without -t and -b the instance's prompt and batch are ones its cuts divide (a prompt of 12
+# was refused: "--ep 8 divides neither the batch 1 nor the 12 tokens")
+@pytest.mark.parametrize(
+    ("args", "note"),
+    [
+        (["--model", "deepseek-v3", "--tp", "8", "--ep", "8"], "at T=16 (-t to choose)"),
+        (["--model", "qwen3-30b-a3b", "--ep", "16"], "at T=16 (-t to choose)"),
+        (["--model", "llama3-8b", "--cp", "8"], "at T=16 (-t to choose)"),
+        (["--model", "llama3-8b", "--dp", "8"], "at T=12 (-t to choose), B=8 (-b to choose)"),
+        (["--model", "llama3-8b", "--pp", "2", "--microbatches", "4"], "B=4 (-b to choose)"),
+    ],
+)
+def test_verify_partition_picks_sizes_its_cuts_divide(args, note):
+    r = CliRunner().invoke(main, ["verify", "partition", *args])
+    assert r.exit_code == 0, r.output
+    assert note in r.stderr and "logits equal within 1e-5" in r.stdout
+
+
 def test_verify_partition_takes_t_from_the_configs_workload_section(tmp_path):
     # over 200M parameters, so a small instance runs, at the file's T rather than the short one
     cfg = tmp_path / "big.yaml"
