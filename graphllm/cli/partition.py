@@ -30,6 +30,7 @@ from graphllm.exporters.trace import chrome_trace, require_traceable, write_trac
 from graphllm.files import check_target, json_text
 from graphllm.models.hardware import load_hardware
 from graphllm.models.workload import Workload
+from graphllm.passes.parallel.engine import mla_why
 from graphllm.passes.parallel.partition import Strategy, partition_report
 from graphllm.passes.parallel.partition import partition as partition_graph
 from graphllm.report.console import console as new_console
@@ -68,7 +69,7 @@ def partition(
     strategy = strategy_from(options)
     training = training_from(options)
     config, wl = resolve(options)
-    mla = mla_for(config, wl, training is not None, mla)
+    chosen_mla, mla = mla, mla_for(config, wl, training is not None, mla)
     if training is not None and training.zero and strategy.dp == 1:
         raise ConfigError("--zero shards over the data parallel group: give --dp N with N > 1")
     hw = load_hardware(hardware) if hardware else None
@@ -88,6 +89,8 @@ def partition(
         "rate_model": hw.rate_model if hw else None,
         "partition": report.to_dict(),
     }
+    if config.is_mla:
+        doc["mla"] = {"form": mla, "why": mla_why(chosen_mla)}
     if trace_path is not None:
         trace = chrome_trace(graph, doc["partition"], hw, attention, training is not None)
         write_trace(trace_path, trace)
@@ -105,6 +108,9 @@ def print_partition(doc: dict[str, Any]) -> None:
     con = new_console()
     p, hw = doc["partition"], doc["hardware"]
     con.print(_headline(doc))
+    if "mla" in doc:
+        m = doc["mla"]
+        con.print(f"MLA: {m['form']} for this {doc['workload']['phase']} step ({m['why']})")
     for note in p["notes"]:
         con.print(f"note: {note}")
     con.print(_stage_table(p, hw))

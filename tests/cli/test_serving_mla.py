@@ -100,3 +100,19 @@ def test_a_model_without_mla_has_no_mla_line():
     r = _invoke("serving", "--model", "llama3-8b", "-b", "1", "--output-len", "16")
     assert r.exit_code == 0, r.output
     assert "MLA:" not in r.output
+
+
+def test_partition_prices_and_names_the_engines_form_by_default():
+    step = [*COMMAND, "--past-len", "1024", "-t", "1", "--json"]
+    docs = {}
+    for form in ("auto", "naive", "absorbed"):
+        r = _invoke("partition", *step, "--mla", form)
+        assert r.exit_code == 0, r.output
+        docs[form] = json.loads(r.output)
+    assert docs["auto"]["mla"]["form"] == "absorbed" and docs["naive"]["mla"]["form"] == "naive"
+    assert docs["auto"]["partition"] == docs["absorbed"]["partition"] != docs["naive"]["partition"]
+    assert "engines" not in docs["naive"]["mla"]["why"]  # the flag, not the engines' choice
+    r = _invoke("partition", *COMMAND[:2], "-t", "64")
+    assert "MLA: naive for this prefill step" in r.output
+    r = _invoke("partition", "--model", "llama3-8b", "--tp", "2", "--json")
+    assert "mla" not in json.loads(r.output)
