@@ -47,7 +47,7 @@ def build_graph(
         raise ConfigError(f"mla must be one of {', '.join(MLA_FORMS)}, got {mla!r}")
     if mla != "naive" and not config.is_mla:
         raise ConfigError(
-            f"--mla {mla}: {config.name} has no latent attention (MLA: DeepSeek-V2/V3 have it)"
+            f"--mla {mla}: {config.name} has no latent attention (MLA: DeepSeek-V2/V3 and Kimi-K2 have it)"
         )
     if mtp:
         check_mtp(config)

@@ -40,7 +40,7 @@ def check_mtp(cfg: ModelConfig) -> None:
         why = (
             "num_nextn_predict_layers is 0"
             if has_them
-            else f"{cfg.model_type} has none, DeepSeek-V3 has"
+            else f"{cfg.model_type} has none; DeepSeek-V3, Kimi-K2 and GLM-4.5 have them"
         )
         if family is not None and "num_mtp_modules" in family.fields:
             # MiniMax-M2's config names MTP modules its published checkpoint does not

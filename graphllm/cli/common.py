@@ -397,7 +397,7 @@ def _mtp_option() -> Callable:
     return click.option(
         "--mtp",
         is_flag=True,
-        help="DeepSeek-V3: include the multi-token-prediction modules (inputs "
+        help="DeepSeek-V3, Kimi-K2, GLM-4.5: include the multi-token-prediction modules (inputs "
         "mtp.{k}.input_ids, outputs mtp.{k}.logits).",
     )
 

@@ -40,7 +40,7 @@ def mla_form(config: ModelConfig, phase: str, mla: str = "auto") -> str:
         raise ConfigError(f"mla must be one of {', '.join(MLA_CHOICES)}, got {mla!r}")
     if mla == "absorbed" and not config.is_mla:
         raise ConfigError(
-            f"--mla absorbed: {config.name} has no latent attention (MLA: DeepSeek-V2/V3 have it)"
+            f"--mla absorbed: {config.name} has no latent attention (MLA: DeepSeek-V2/V3 and Kimi-K2 have it)"
         )
     if mla != "auto":
         return mla

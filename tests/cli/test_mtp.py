@@ -29,7 +29,11 @@ def test_trace_reports_the_mtp_modules_on_their_own_line():
 @pytest.mark.parametrize(
     ("command", "model", "message"),
     [
-        ("trace", "deepseek-v2-lite", "(deepseek_v2 has none, DeepSeek-V3 has)"),
+        (
+            "trace",
+            "deepseek-v2-lite",
+            "(deepseek_v2 has none; DeepSeek-V3, Kimi-K2 and GLM-4.5 have them)",
+        ),
         ("trace", "llama3-8b", "llama3-8b has no multi-token-prediction layers"),
         ("partition", "mixtral-8x7b", "mixtral-8x7b has no multi-token-prediction layers"),
     ],
