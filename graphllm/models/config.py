@@ -225,17 +225,28 @@ def _collect(d: dict, fam: Family, mt: str) -> dict[str, Any]:
     unmodelled += _unmodelled_features(given, fam, mt)
     if unmodelled:
         raise ConfigError("; ".join(unmodelled))
+    _require(given, fam, mt)
     v: dict[str, Any] = {}
     for name, spec in fam.fields.items():
         value = given.get(name)
         if value is None and not (spec.nullable and name in given):
-            if spec.default is REQUIRED:
-                if name in given:
-                    raise ConfigError(f"required field {name!r} is null")
-                raise ConfigError(f"missing required field {name!r} for model_type {mt!r}")
             value = spec.default
         v[name] = value if value is None else spec.check(name, value)
     return v
+
+
+def _require(given: dict[str, Any], fam: Family, mt: str) -> None:
+    """Every required field given, or one line naming all that are not (null or missing)."""
+    required = [n for n, spec in fam.fields.items() if spec.default is REQUIRED]
+    null = [n for n in required if n in given and given[n] is None]
+    missing = [n for n in required if n not in given]
+    problems = [f"required field {n!r} is null" for n in null]
+    if missing:
+        names = ", ".join(repr(n) for n in missing)
+        field = "field" if len(missing) == 1 else "fields"
+        problems.append(f"missing required {field} {names} for model_type {mt!r}")
+    if problems:
+        raise ConfigError("; ".join(problems))
 
 
 def _attention_shape(v: dict, fam: Family) -> tuple[int, int]:

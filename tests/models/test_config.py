@@ -462,6 +462,12 @@ BAD = [
     (tiny(rms_norm_eps="1e-5"), "rms_norm_eps must be a positive number"),
     (tiny(hidden_size=...), "missing required field 'hidden_size'"),
     (tiny(vocab_size=None), "required field 'vocab_size' is null"),
+    # every required field that is not there, in one line
+    (
+        tiny(hidden_size=..., vocab_size=None, intermediate_size=...),
+        "required field 'vocab_size' is null; missing required fields 'hidden_size', "
+        "'intermediate_size' for model_type 'llama'",
+    ),
     (tiny(model_type=...), "missing required field 'model_type'; supported: llama, mistral"),
     (tiny(model_type="lama"), "unknown model_type 'lama'; did you mean 'llama'? supported:"),
     (tiny(model_type="gpt2"), "unknown model_type 'gpt2'; supported: llama, mistral, mixtral"),
