@@ -3,6 +3,7 @@ help line the table shows is the start of the command's own help."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -40,3 +41,20 @@ def test_unknown_command_is_one_line(capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "tracee" in err[0]
+
+
+def test_a_reader_that_leaves_is_not_an_error():
+    # `graphllm trace ... | head -1`: rich's own broken-pipe exit was 1 with no message. The
+    # reader here has left before the first line, so the pipe is broken at every write
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "graphllm.cli", "trace", "--model", "llama3-8b"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert proc.returncode == 141 and proc.stderr == b""
