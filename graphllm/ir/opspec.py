@@ -68,7 +68,8 @@ class OpSpec:
     # the FLOPs from the bound letter sizes and the node's attrs, for a rule the sizes alone
     # do not fix (RoPE: 3 per rotated element, its rotated width 2 * len(inv_freq) of e)
     flops_attrs_fn: Callable[[dict[str, float], dict[str, Any]], float] | None = None
-    out_dtypes: tuple[str, ...] = ("same",)  # 'same' (input 0), 'act', 'int64', 'attr'
+    # per output: 'same' (input 0's), 'act', a dtype name, or 'attr' (attrs['dtypes'][i])
+    out_dtypes: tuple[str, ...] = ("same",)
     check: Callable[[Node, dict[str, Dim]], str | None] | None = None
     # which (query, key) position pairs the op lets through, from its attrs: for query
     # positions t (absolute), the interval [lo(t), hi(t)] of key positions; None: all
@@ -204,6 +205,7 @@ def infer(graph: GraphView, node: Node) -> tuple[TensorType, ...]:
         tuple(sorted(a.get("axes", {}).items())),
         tuple(a.get("sizes", ())),
         a.get("dtype"),
+        tuple(a.get("dtypes", ())),
         graph.meta.get("act_dtype"),
         graph.meta.get("stream_dtype"),
     )
@@ -226,8 +228,11 @@ def _infer(graph: GraphView, node: Node, spec: OpSpec) -> tuple[TensorType, ...]
     axes = node.attrs.get("axes", {})
     in_types = graph.input_types(node)
     out = []
-    for dims, rule in zip(output_dims(spec.signature, env, ell, axes, where), spec.out_dtypes):
-        if rule == "same":
+    outs = output_dims(spec.signature, env, ell, axes, where)
+    for i, (dims, rule) in enumerate(zip(outs, spec.out_dtypes)):
+        if rule == "attr":  # one per output, from the node (a traced op's, as torch gave it)
+            dt = node.attrs["dtypes"][i]
+        elif rule == "same":
             dt = in_types[0].dtype
         elif rule == "act":  # the stream's: a W8A8 graph's fp8 is its GEMMs' inputs alone
             dt = graph.meta.get("stream_dtype") or stream_of(graph.meta.get("act_dtype", "fp32"))

@@ -204,9 +204,13 @@ def _check_sizes(wl: Workload) -> None:
     )
 
 
+# bytes per element of the integer dtypes a graph's tensors may have beside DTYPES
+INTEGER_BYTES = {"int64": 8, "int32": 4, "bool": 1}
 dtype = _dtype  # public name: look up a dtype by graphllm or torch spelling
 
 
 def nbytes(dtype_name: str, numel: float) -> float:
-    """Bytes of `numel` elements of a graph tensor: a storage dtype, or int64 (token ids)."""
-    return 8 * numel if dtype_name == "int64" else _dtype(dtype_name).nbytes(numel)
+    """Bytes of `numel` elements of a graph tensor: a storage dtype, or an integer one (token
+    ids; a traced model's indices and boolean masks)."""
+    whole = INTEGER_BYTES.get(dtype_name)
+    return whole * numel if whole is not None else _dtype(dtype_name).nbytes(numel)

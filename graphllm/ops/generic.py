@@ -1,0 +1,442 @@
+"""Generic op rows: what a traced model's code between its recognised units is made of
+(graphllm.trace lowers every aten op that no semantic row matches onto one of these).
+
+A generic row is one aten op kind applied to axes in one arrangement: `aten.mul[a b c, c -> a b c]`
+is a broadcast product whose second input holds the last axis alone. The arrangement is the
+row's signature, so shapes, token mixing, FLOPs and bytes come from the same generic rules as
+every hand-written row; the rows are declared on first use (`generic_row`), the same name always
+declaring the same row. The numpy reference of each aten op kind is `ATEN` below; its attrs are
+the op's non-tensor arguments (`args`, tensors standing as None) and the output `shape`.
+
+FLOP conventions (the module docstring of graphllm.ir.opspec): mm, bmm and addmm are matrix
+multiplies (2 x the product of the axis sizes, as torch's FlopCounterMode counts them); a
+pointwise op costs 1 per output element; a reduction 1 per input element; data movement 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from graphllm.errors import GraphError
+from graphllm.ir.opspec import (
+    CONTRACTION,
+    ELEMENTWISE,
+    MOVEMENT,
+    OPS,
+    REDUCTION,
+    SOURCE,
+    OpSpec,
+    register,
+)
+from graphllm.ops.common import f32
+
+Impl = Callable[[list[np.ndarray], dict[str, Any]], Any]
+PREFIX = "aten."
+
+
+def _np_dtype(name: str | None) -> Any:
+    return {
+        "int64": np.int64,
+        "int32": np.int32,
+        "bool": np.bool_,
+        "int8": np.int8,
+        "uint8": np.uint8,
+    }.get(name or "", np.float32)
+
+
+def _scalar(a: dict[str, Any], i: int, default: Any = None) -> Any:
+    args = a["args"]
+    return args[i] if len(args) > i and args[i] is not None else default
+
+
+def _binary(fn: Callable[[Any, Any], Any]) -> Impl:
+    """A pointwise op of two operands, each a tensor input or a scalar argument, in order."""
+
+    def impl(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+        it = iter(xs)
+        ops = [next(it) if v is None else v for v in a["args"][:2]]
+        ops = [f32(v) if isinstance(v, np.ndarray) and v.dtype.kind == "f" else v for v in ops]
+        alpha = a["kwargs"].get("alpha")
+        if alpha is not None:
+            ops[1] = ops[1] * alpha
+        return np.asarray(fn(ops[0], ops[1]))
+
+    return impl
+
+
+def _unary(fn: Callable[[np.ndarray], Any]) -> Impl:
+    return lambda xs, a: np.asarray(fn(f32(xs[0]) if xs[0].dtype.kind == "f" else xs[0]))
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    return np.vectorize(math.erf, otypes=[np.float32])(x)
+
+
+def _gelu(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    x = f32(xs[0])
+    if a["kwargs"].get("approximate", "none") == "tanh":
+        c = np.float32(math.sqrt(2.0 / math.pi))
+        return 0.5 * x * (1 + np.tanh(c * (x + np.float32(0.044715) * x**3)))
+    return 0.5 * x * (1 + _erf(x / np.float32(math.sqrt(2.0))))
+
+
+def _pow(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    it = iter(xs)
+    base, exp = (next(it) if v is None else v for v in a["args"][:2])
+    return np.power(f32(base), exp if not isinstance(exp, np.ndarray) else f32(exp))
+
+
+def _dims(a: dict[str, Any], i: int, rank: int) -> tuple[int, ...]:
+    d = _scalar(a, i)
+    if d is None:
+        return tuple(range(rank))
+    return tuple(x % rank for x in (d if isinstance(d, (list, tuple)) else [d]))
+
+
+def _reduce(fn: Callable[..., np.ndarray]) -> Impl:
+    def impl(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+        x = xs[0]
+        keep = bool(_scalar(a, 2, a["kwargs"].get("keepdim", False)))
+        out = fn(f32(x) if x.dtype.kind == "f" else x, axis=_dims(a, 1, x.ndim), keepdims=keep)
+        return np.asarray(out).astype(_np_dtype(a.get("dtype")))
+
+    return impl
+
+
+def _softmax(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    x = f32(xs[0])
+    ax = a["args"][1]
+    e = np.exp(x - np.max(x, axis=ax, keepdims=True))
+    return e / np.sum(e, axis=ax, keepdims=True)
+
+
+def _max_dim(xs: list[np.ndarray], a: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    x, ax = xs[0], a["args"][1]
+    keep = bool(_scalar(a, 2, False))
+    return np.max(x, axis=ax, keepdims=keep), np.argmax(x, axis=ax, keepdims=keep)
+
+
+def _topk(xs: list[np.ndarray], a: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    x, k = xs[0], a["args"][1]
+    ax = _scalar(a, 2, -1)
+    largest = _scalar(a, 3, True)
+    idx = np.argsort(-x if largest else x, axis=ax, kind="stable")
+    idx = np.take(idx, np.arange(k), axis=ax)
+    return np.take_along_axis(x, idx, axis=ax), idx.astype(np.int64)
+
+
+def _reshape(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    return np.reshape(xs[0], a["shape"])
+
+
+def _slice(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    x = xs[0]
+    dim = _scalar(a, 1, 0) % x.ndim
+    start, end, step = _scalar(a, 2, 0), _scalar(a, 3, None), _scalar(a, 4, 1)
+    idx = [slice(None)] * x.ndim
+    idx[dim] = slice(start, end, step)
+    return x[tuple(idx)]
+
+
+def _select(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    return np.take(xs[0], a["args"][2], axis=a["args"][1])
+
+
+def _cat(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    dim = _scalar(a, 1, 0)
+    parts = [x for x in xs if x.size or x.ndim > 1]
+    return np.concatenate(parts, axis=dim)
+
+
+def _split(xs: list[np.ndarray], a: dict[str, Any]) -> tuple[np.ndarray, ...]:
+    return tuple(np.reshape(p, s) for p, s in zip(_split_parts(xs[0], a), a["shapes"]))
+
+
+def _split_parts(x: np.ndarray, a: dict[str, Any]) -> list[np.ndarray]:
+    dim = _scalar(a, 2, 0) % x.ndim
+    sizes = [s[dim] for s in a["shapes"]] if a["aten"] != "unbind" else None
+    if sizes is None:
+        return [np.take(x, i, axis=_scalar(a, 1, 0)) for i in range(x.shape[_scalar(a, 1, 0)])]
+    return np.split(x, np.cumsum(sizes)[:-1], axis=dim)
+
+
+def _expand(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    return np.broadcast_to(xs[0], a["shape"]).copy()
+
+
+def _index(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    it = iter(xs[1:])
+    idx = tuple(slice(None) if v is None else next(it) for v in a["indices"])
+    return xs[0][idx]
+
+
+def _where(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    it = iter(xs)
+    c, x, y = (next(it) if v is None else v for v in a["args"][:3])
+    return np.where(c, x, y)
+
+
+def _masked_fill(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    it = iter(xs)
+    x, m = next(it), next(it)
+    v = a["args"][2] if a["args"][2] is not None else next(it)
+    return np.where(m, v, x)
+
+
+def _to(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    dt = a.get("dtype")
+    if dt in ("int64", "int32", "bool", "int8", "uint8"):
+        return xs[0].astype(_np_dtype(dt))
+    return f32(xs[0])
+
+
+def _arange(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    args = [v for v in a["args"] if isinstance(v, (int, float))]
+    return np.arange(*args).astype(_np_dtype(a.get("dtype")))
+
+
+def _full(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    return np.full(a["shape"], a["fill"], dtype=_np_dtype(a.get("dtype")))
+
+
+def _gather(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    return np.take_along_axis(xs[0], xs[1], axis=a["args"][1])
+
+
+def _index_select(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    return np.take(xs[0], xs[1], axis=a["args"][1])
+
+
+def _mm(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    return f32(xs[0]) @ f32(xs[1])
+
+
+def _addmm(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    beta, alpha = a["kwargs"].get("beta", 1), a["kwargs"].get("alpha", 1)
+    return beta * f32(xs[0]) + alpha * (f32(xs[1]) @ f32(xs[2]))
+
+
+def _cumsum(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    x = xs[0]
+    return np.cumsum(f32(x) if x.dtype.kind == "f" else x, axis=a["args"][1]).astype(
+        _np_dtype(a.get("dtype"))
+    )
+
+
+def _clamp(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    lo, hi = _scalar(a, 1), _scalar(a, 2)
+    return np.clip(f32(xs[0]), lo, hi)
+
+
+def _constant(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    value = a.get("value")
+    if value is None:
+        raise GraphError("a traced constant without its value (the model was traced for analysis)")
+    return value
+
+
+def _pad(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    x, pads = xs[0], a["args"][1]
+    width = [(0, 0)] * x.ndim
+    for i in range(len(pads) // 2):
+        width[x.ndim - 1 - i] = (pads[2 * i], pads[2 * i + 1])
+    return np.pad(x, width, constant_values=_scalar(a, 2, 0))
+
+
+def _repeat(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    reps = a["args"][1]
+    x = xs[0].reshape((1,) * (len(reps) - xs[0].ndim) + xs[0].shape)
+    return np.tile(x, reps)
+
+
+def _tri(fn: Callable[..., np.ndarray]) -> Impl:
+    return lambda xs, a: fn(xs[0], k=_scalar(a, 1, 0))
+
+
+# aten op kind -> (category, numpy reference); the kind is the overload packet's name
+ATEN: dict[str, tuple[str, Impl]] = {
+    "add": (ELEMENTWISE, _binary(np.add)),
+    "sub": (ELEMENTWISE, _binary(np.subtract)),
+    "rsub": (ELEMENTWISE, _binary(lambda x, y: y - x)),
+    "mul": (ELEMENTWISE, _binary(np.multiply)),
+    "div": (ELEMENTWISE, _binary(np.divide)),
+    "maximum": (ELEMENTWISE, _binary(np.maximum)),
+    "minimum": (ELEMENTWISE, _binary(np.minimum)),
+    "eq": (ELEMENTWISE, _binary(np.equal)),
+    "ne": (ELEMENTWISE, _binary(np.not_equal)),
+    "gt": (ELEMENTWISE, _binary(np.greater)),
+    "ge": (ELEMENTWISE, _binary(np.greater_equal)),
+    "lt": (ELEMENTWISE, _binary(np.less)),
+    "le": (ELEMENTWISE, _binary(np.less_equal)),
+    "logical_and": (ELEMENTWISE, _binary(np.logical_and)),
+    "logical_or": (ELEMENTWISE, _binary(np.logical_or)),
+    "bitwise_and": (ELEMENTWISE, _binary(np.bitwise_and)),
+    "bitwise_or": (ELEMENTWISE, _binary(np.bitwise_or)),
+    "pow": (ELEMENTWISE, _pow),
+    "where": (ELEMENTWISE, _where),
+    "masked_fill": (ELEMENTWISE, _masked_fill),
+    "rsqrt": (ELEMENTWISE, _unary(lambda x: 1 / np.sqrt(x))),
+    "sqrt": (ELEMENTWISE, _unary(np.sqrt)),
+    "exp": (ELEMENTWISE, _unary(np.exp)),
+    "log": (ELEMENTWISE, _unary(np.log)),
+    "log1p": (ELEMENTWISE, _unary(np.log1p)),
+    "neg": (ELEMENTWISE, _unary(np.negative)),
+    "abs": (ELEMENTWISE, _unary(np.abs)),
+    "tanh": (ELEMENTWISE, _unary(np.tanh)),
+    "sigmoid": (ELEMENTWISE, _unary(lambda x: 1 / (1 + np.exp(-x)))),
+    "silu": (ELEMENTWISE, _unary(lambda x: x / (1 + np.exp(-x)))),
+    "relu": (ELEMENTWISE, _unary(lambda x: np.maximum(x, 0))),
+    "gelu": (ELEMENTWISE, _gelu),
+    "softplus": (ELEMENTWISE, _unary(lambda x: np.logaddexp(0, x))),
+    "erf": (ELEMENTWISE, _unary(_erf)),
+    "cos": (ELEMENTWISE, _unary(np.cos)),
+    "sin": (ELEMENTWISE, _unary(np.sin)),
+    "reciprocal": (ELEMENTWISE, _unary(np.reciprocal)),
+    "floor": (ELEMENTWISE, _unary(np.floor)),
+    "ceil": (ELEMENTWISE, _unary(np.ceil)),
+    "sign": (ELEMENTWISE, _unary(np.sign)),
+    "logical_not": (ELEMENTWISE, _unary(np.logical_not)),
+    "bitwise_not": (ELEMENTWISE, _unary(np.invert)),
+    "clamp": (ELEMENTWISE, _clamp),
+    "clamp_min": (ELEMENTWISE, lambda xs, a: np.maximum(f32(xs[0]), a["args"][1])),
+    "clamp_max": (ELEMENTWISE, lambda xs, a: np.minimum(f32(xs[0]), a["args"][1])),
+    "_to_copy": (ELEMENTWISE, _to),
+    "mean": (REDUCTION, _reduce(np.mean)),
+    "sum": (REDUCTION, _reduce(np.sum)),
+    "amax": (REDUCTION, _reduce(np.max)),
+    "amin": (REDUCTION, _reduce(np.min)),
+    "any": (REDUCTION, _reduce(np.any)),
+    "all": (REDUCTION, _reduce(np.all)),
+    "_softmax": (REDUCTION, _softmax),
+    "max": (REDUCTION, _max_dim),
+    "topk": (REDUCTION, _topk),
+    "cumsum": (REDUCTION, _cumsum),
+    "mm": (CONTRACTION, _mm),
+    "bmm": (CONTRACTION, _mm),
+    "addmm": (CONTRACTION, _addmm),
+    "view": (MOVEMENT, _reshape),
+    "_unsafe_view": (MOVEMENT, _reshape),
+    "reshape": (MOVEMENT, _reshape),
+    "permute": (MOVEMENT, lambda xs, a: np.transpose(xs[0], a["args"][1])),
+    "transpose": (
+        MOVEMENT,
+        lambda xs, a: np.swapaxes(xs[0], a["args"][1], a["args"][2]),
+    ),
+    "t": (MOVEMENT, lambda xs, a: xs[0].T),
+    "unsqueeze": (MOVEMENT, _reshape),
+    "squeeze": (MOVEMENT, _reshape),
+    "expand": (MOVEMENT, _expand),
+    "slice": (MOVEMENT, _slice),
+    "select": (MOVEMENT, _select),
+    "cat": (MOVEMENT, _cat),
+    "split": (MOVEMENT, _split),
+    "split_with_sizes": (MOVEMENT, _split),
+    "unbind": (MOVEMENT, _split),
+    "clone": (MOVEMENT, lambda xs, a: xs[0].copy()),
+    "alias": (MOVEMENT, lambda xs, a: xs[0]),
+    "detach": (MOVEMENT, lambda xs, a: xs[0]),
+    "lift_fresh": (MOVEMENT, lambda xs, a: xs[0]),
+    "lift_fresh_copy": (MOVEMENT, lambda xs, a: xs[0].copy()),
+    "copy": (MOVEMENT, lambda xs, a: np.broadcast_to(xs[1], xs[0].shape).astype(xs[0].dtype)),
+    "index": (MOVEMENT, _index),
+    "index_select": (MOVEMENT, _index_select),
+    "gather": (MOVEMENT, _gather),
+    "embedding": (MOVEMENT, lambda xs, a: f32(xs[0])[xs[1]]),
+    "constant_pad_nd": (MOVEMENT, _pad),
+    "repeat": (MOVEMENT, _repeat),
+    "flip": (MOVEMENT, lambda xs, a: np.flip(xs[0], axis=tuple(a["args"][1]))),
+    "tril": (MOVEMENT, _tri(np.tril)),
+    "triu": (MOVEMENT, _tri(np.triu)),
+    "arange": (SOURCE, _arange),
+    "full": (SOURCE, _full),
+    "zeros": (SOURCE, _full),
+    "ones": (SOURCE, _full),
+    "empty": (SOURCE, _full),
+    "scalar_tensor": (SOURCE, _full),
+    "new_zeros": (SOURCE, _full),
+    "new_ones": (SOURCE, _full),
+    "new_empty": (SOURCE, _full),
+    "new_full": (SOURCE, _full),
+    "zeros_like": (SOURCE, _full),
+    "ones_like": (SOURCE, _full),
+    "empty_like": (SOURCE, _full),
+    "full_like": (SOURCE, _full),
+}
+# views: what an engine does not copy (torch returns an alias)
+VIEWS = frozenset(
+    {"view", "_unsafe_view", "permute", "transpose", "t", "unsqueeze", "squeeze", "expand"}
+    | {"slice", "select", "split", "split_with_sizes", "unbind", "alias", "detach"}
+)
+MATMULS = frozenset({"mm", "bmm", "addmm"})
+
+
+def _reduction_flops(sizes: dict[str, float]) -> float:
+    """One FLOP per input element: the product of every letter's size (the inputs' letters)."""
+    return math.prod(v for k, v in sizes.items() if not k.startswith("..."))
+
+
+def generic_row(
+    kind: str,
+    sig: str,
+    same_position: tuple[tuple[str, ...], ...] = (),
+    reduce: tuple[str, ...] = (),
+) -> str:
+    """The op name of aten op `kind` applied as `sig` says, its row declared on first use."""
+    if kind not in ATEN:
+        raise GraphError(f"aten op {kind!r} has no generic row")
+    extra = ";" + " ".join("=".join(g) for g in same_position) if same_position else ""
+    extra += ";reduce " + " ".join(reduce) if reduce else ""
+    name = f"{PREFIX}{kind}[{sig}{extra}]"
+    if name in OPS:
+        return name
+    category, impl = ATEN[kind]
+    n_out = sig.split("->")[1].count(",") + 1
+    spec = OpSpec(
+        name,
+        sig,
+        category,
+        impl,
+        f"aten.{kind} as traced from the model's code ({sig}).",
+        reduce=reduce,
+        same_position=same_position,
+        flops_per_elem=1 if category == ELEMENTWISE and kind != "_to_copy" else 0,
+        flops_fn=_reduction_flops if category == REDUCTION else None,
+        out_dtypes=("attr",) * n_out,
+        matmul=kind in MATMULS,
+        view=kind in VIEWS,
+        linear=() if category == ELEMENTWISE and kind not in ("add", "sub", "neg") else None,
+    )
+    register(spec)
+    return name
+
+
+def ensure_row(name: str) -> None:
+    """Declare the generic row `name` (as `generic_row` names it) if it is not yet: a traced
+    graph read back from disk names rows this process has not declared."""
+    if name in OPS or not name.startswith(PREFIX):
+        return
+    kind, rest = name[len(PREFIX) :].split("[", 1)
+    parts = rest[:-1].split(";")
+    same: tuple[tuple[str, ...], ...] = ()
+    reduce: tuple[str, ...] = ()
+    for part in parts[1:]:
+        if part.startswith("reduce "):
+            reduce = tuple(part[len("reduce ") :].split())
+        else:
+            same = tuple(tuple(g.split("=")) for g in part.split())
+    generic_row(kind, parts[0], same, reduce)
+
+
+register(
+    OpSpec(
+        "constant",
+        "-> ...",
+        SOURCE,
+        _constant,
+        "A value the model computes from its config alone (a RoPE frequency table, a buffer).",
+    ),
+)

@@ -1,0 +1,294 @@
+"""One forward of a transformers model on fake tensors, recorded as a list of events.
+
+The model's parameters live on the meta device and its buffers (RoPE frequency tables) on the
+CPU with their values; the forward runs under torch's FakeTensorMode, so nothing is computed and
+any size costs the same. Three hooks record it:
+- a TorchFunctionMode lifts `F.linear` whole (one `linear` event naming its weight), so a
+  projection is not the views, transposes and matmuls it dispatches to;
+- transformers' own extension points take the attention: an attention function registered under
+  ATTENTION (one `attention` event: q, k, v, the mask and the module's scale, window, soft-cap
+  and sinks) and a mask function (a `mask` event holding the mask function itself, which
+  graphllm.trace.relation reads), so neither a score matrix nor a mask is computed;
+- a TorchDispatchMode records every other aten op, with the module scope it ran in.
+Tensors are numbered in the order they appear (`Val`), so two recordings of one model at other
+sizes number theirs alike and graphllm.trace.symbolic can match them event by event.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from graphllm.errors import ConfigError
+
+ATTENTION = "graphllm_trace"  # the attn_implementation the traced model runs with
+
+
+@dataclass(frozen=True)
+class Val:
+    """A tensor of the recording, by number."""
+
+    vid: int
+
+
+@dataclass
+class Event:
+    """One recorded op: `op` is an aten overload ('aten::mm.default') or a unit ('linear',
+    'attention', 'mask'); `args` the arguments with tensors as Val; `outs` the tensors made."""
+
+    op: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    outs: tuple[int, ...]
+    scope: str
+
+
+@dataclass
+class Recording:
+    """A forward as events, and what its tensors are: `shapes` and `dtypes` per tensor;
+    `sources` the tensors that come from outside the forward: ('param' | 'constant' | 'input',
+    name); `values` a constant's value; `outputs` name -> (tensor, role)."""
+
+    events: list[Event] = field(default_factory=list)
+    shapes: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    dtypes: dict[int, str] = field(default_factory=dict)
+    sources: dict[int, tuple[str, str]] = field(default_factory=dict)
+    values: dict[int, np.ndarray] = field(default_factory=dict)
+    outputs: dict[str, tuple[int, str | None]] = field(default_factory=dict)
+    # module path -> its class name, for the scopes' kinds
+    modules: dict[str, str] = field(default_factory=dict)
+
+
+_DTYPES = {
+    "torch.float32": "fp32",
+    "torch.bfloat16": "bf16",
+    "torch.float16": "fp16",
+    "torch.int64": "int64",
+    "torch.int32": "int32",
+    "torch.bool": "bool",
+}
+
+
+def dtype_name(dtype: Any) -> str:
+    name = _DTYPES.get(str(dtype))
+    if name is None:
+        raise ConfigError(f"the traced model computes in {dtype}, which graphllm does not model")
+    return name
+
+
+class _State:
+    """What the hooks share while one forward is recorded (None between recordings)."""
+
+    recorder: Any = None
+
+
+STATE = _State()
+
+
+def _attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kw: Any):
+    """The attention function the traced model calls: one `attention` event."""
+    import torch
+
+    rec = STATE.recorder
+    out_shape = (query.shape[0], query.shape[2], query.shape[1], value.shape[-1])
+    with rec.quiet():
+        out = torch.empty(out_shape, dtype=query.dtype, device=query.device)
+    sinks = kw.get("s_aux", kw.get("sinks"))
+    attrs = {
+        "scaling": kw.get("scaling"),
+        "sliding_window": kw.get("sliding_window"),
+        "softcap": kw.get("softcap"),
+        "is_causal": getattr(module, "is_causal", True),
+    }
+    rec.unit("attention", (query, key, value, attention_mask, sinks), attrs, (out,))
+    return out, None
+
+
+def _mask(batch_size: int, q_length: int, kv_length: int, **kw: Any):
+    """The mask function the traced model calls: a `mask` event holding the mask function."""
+    import torch
+
+    rec = STATE.recorder
+    with rec.quiet():
+        out = torch.ones(
+            (batch_size, 1, q_length, kv_length), dtype=torch.bool, device=kw.get("device", "meta")
+        )
+    attrs = {
+        "function": kw.get("mask_function"),
+        "q_offset": kw.get("q_offset", 0),
+        "kv_offset": kw.get("kv_offset", 0),
+        "q_length": q_length,
+        "kv_length": kv_length,
+    }
+    rec.unit("mask", (), attrs, (out,))
+    return out
+
+
+def register_attention() -> None:
+    """Register ATTENTION with transformers' attention and mask interfaces (once a process)."""
+    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.modeling_utils import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, _attention)
+    AttentionMaskInterface.register(ATTENTION, _mask)
+
+
+def recorder_modes(rec: Recording, names: dict[int, str]) -> tuple[Any, Any, _Box]:
+    """The dispatch mode, the function mode and the recorder of one recording; `names`:
+    id(module) -> its path."""
+    import torch
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    box = _Box(rec, names)
+
+    class Dispatch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if box.silent == 0 and func.namespace == "aten":
+                box.record(str(func), args, kwargs or {}, out, torch)
+            return out
+
+    class Functions(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is F.linear and box.silent == 0:
+                with box.quiet():
+                    out = func(*args, **kwargs)
+                bias = args[2] if len(args) > 2 else kwargs.get("bias")
+                box.unit("linear", (args[0], args[1], bias), {}, (out,))
+                return out
+            return func(*args, **kwargs)
+
+    STATE.recorder = box
+    return Dispatch(), Functions(), box
+
+
+class _Box:
+    """The recorder itself: tensor numbering, the scope stack and a silence counter."""
+
+    def __init__(self, rec: Recording, names: dict[int, str]) -> None:
+        self.rec, self.names = rec, names
+        self.ids: dict[int, int] = {}
+        self.keep: list[Any] = []  # tensors stay alive, so their ids stay theirs
+        self.silent = 0
+        self.stack: list[str] = []
+
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[None]:
+        self.silent += 1
+        try:
+            yield
+        finally:
+            self.silent -= 1
+
+    def scope_hooks(self) -> tuple[Any, Any]:
+        """Module hooks that keep the stack of module paths: remove both when done."""
+        from torch.nn.modules.module import (
+            register_module_forward_hook,
+            register_module_forward_pre_hook,
+        )
+
+        def pre(module: Any, args: Any) -> None:
+            name = self.names.get(id(module))
+            if name is not None:
+                self.stack.append(name)
+                self.rec.modules.setdefault(name, type(module).__name__)
+
+        def post(module: Any, args: Any, out: Any) -> None:
+            if id(module) in self.names and self.stack:
+                self.stack.pop()
+
+        return register_module_forward_pre_hook(pre), register_module_forward_hook(post)
+
+    @property
+    def scope(self) -> str:
+        return self.stack[-1] if self.stack else ""
+
+    def source(self, t: Any, kind: str, name: str, value: np.ndarray | None = None) -> int:
+        vid = self.number(t)
+        self.rec.sources[vid] = (kind, name)
+        if value is not None:
+            self.rec.values[vid] = value
+        return vid
+
+    def number(self, t: Any) -> int:
+        vid = len(self.keep)
+        self.ids[id(t)] = vid
+        self.keep.append(t)
+        self.rec.shapes[vid] = tuple(int(s) for s in t.shape)
+        self.rec.dtypes[vid] = dtype_name(t.dtype)
+        return vid
+
+    def val(self, t: Any) -> Val:
+        vid = self.ids.get(id(t))
+        if vid is None:
+            raise ConfigError(
+                f"the traced model uses a tensor of shape {tuple(t.shape)} made outside the "
+                f"recorded forward (in {self.scope or 'the model'}), which graphllm cannot follow"
+            )
+        return Val(vid)
+
+    def encode(self, x: Any, torch: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            if not _is_fake(x) and id(x) not in self.ids:  # a real tensor: a constant
+                return Val(self.source(x, "constant", "", _value(x)))
+            return self.val(x)
+        if isinstance(x, (list, tuple)):
+            return tuple(self.encode(v, torch) for v in x)
+        if isinstance(x, (torch.dtype,)):
+            return dtype_name(x)
+        if isinstance(x, (torch.device, torch.layout, torch.memory_format)):
+            return None
+        if isinstance(x, torch.SymInt):
+            return int(x)
+        return x
+
+    def record(self, op: str, args: Any, kwargs: dict[str, Any], out: Any, torch: Any) -> None:
+        enc_args = self.encode(tuple(args), torch)
+        enc_kw = {k: self.encode(v, torch) for k, v in kwargs.items()}
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        if not all(isinstance(o, torch.Tensor) for o in outs):
+            if op.startswith("aten::_local_scalar_dense"):
+                raise ConfigError(
+                    f"{self.scope or 'the model'} reads a tensor's value in Python (.item()), "
+                    "which a trace cannot follow"
+                )
+            return  # a size query: nothing computed
+        # an in-place op's output is its first argument: numbered anew, so its later readers
+        # read the op's result
+        vids = tuple(self.number(o) for o in outs)
+        self.rec.events.append(Event(op, enc_args, enc_kw, vids, self.scope))
+
+    def unit(self, op: str, args: tuple, attrs: dict[str, Any], outs: tuple) -> None:
+        import torch
+
+        if self.silent:  # inside another unit, or a forward that is not recorded
+            return
+        enc = tuple(self.encode(a, torch) if a is not None else None for a in args)
+        vids = tuple(self.number(o) for o in outs)
+        self.rec.events.append(Event(op, enc, attrs, vids, self.scope))
+
+
+def _is_fake(t: Any) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+def _value(t: Any) -> np.ndarray | None:
+    """A real tensor's value (one the model made from Python numbers under the fake mode)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    if t.numel() == 0:
+        return np.zeros(tuple(t.shape), np.float32)
+    with unset_fake_temporarily():
+        try:
+            return t.detach().cpu().float().numpy()
+        except RuntimeError:
+            return None

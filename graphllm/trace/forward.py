@@ -1,0 +1,127 @@
+"""Record a causal LM's forward at one (B, T, P) probe: prefill (P = 0) or a cached step.
+
+The inputs are the ones graphllm's built graphs take (`input_ids`, `position_ids`, the past
+cache as `past_key_values.{i}.*`); the outputs `logits` and the cache after the step
+(`present.{i}.*`), each carried piece found by walking transformers' cache object, never by a
+layer's name.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from graphllm.errors import ConfigError
+from graphllm.ir import CACHE, STATE
+from graphllm.trace.capture import Recording, recorder_modes
+from graphllm.trace.symbolic import Point
+
+# a cache layer's attribute -> the name its tensor has in graphllm's (and onnxruntime-genai's)
+# inputs and outputs; any other tensor keeps its attribute's name
+_CACHE_NAMES = {"keys": "key", "values": "value"}
+
+
+def record(model: Any, point: Point) -> Recording:
+    """The forward of `model` at `point` as a Recording."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    batch, seq, past = point
+    rec = Recording()
+    names = {id(m): n for n, m in model.named_modules() if n}
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    dispatch, functions, box = recorder_modes(rec, names)
+    device = next(model.parameters()).device
+    takes = inspect.signature(model.forward).parameters
+    takes_positions = "position_ids" in takes
+    cache_arg = "cache" if "cache" in takes else "past_key_values"
+    # the buffers' values, read before the fake mode takes every op
+    values = {
+        n: None if b.device.type == "meta" else b.detach().float().numpy()
+        for n, b in model.named_buffers()
+    }
+    with mode:
+        tensors = {}
+        for name, p in model.named_parameters():
+            tensors[name] = fake = mode.from_tensor(p)
+            box.source(fake, "param", name)
+        for name, b in model.named_buffers():
+            tensors[name] = fake = mode.from_tensor(b)
+            box.source(fake, "constant", name, values[name])
+        cache = None
+        if past:
+            with box.quiet():
+                cache = _prefill(model, tensors, batch, past, device, takes_positions)
+            for name, t, _ in _cache_tensors(cache, "past_key_values"):
+                box.source(t, "input", name)
+        ids = torch.zeros((batch, seq), dtype=torch.long, device=device)
+        box.source(ids, "input", "input_ids")
+        kwargs: dict[str, Any] = {"input_ids": ids, "use_cache": True}
+        if takes_positions:
+            kwargs["position_ids"] = pos = torch.zeros(
+                (batch, seq), dtype=torch.long, device=device
+            )
+            box.source(pos, "input", "position_ids")
+        if cache is not None:
+            kwargs[cache_arg] = cache
+        hooks = box.scope_hooks()
+        try:
+            with functions, dispatch:
+                out = torch.func.functional_call(model, tensors, (), kwargs, strict=False)
+        except ConfigError:
+            raise
+        except Exception as e:  # the model's own code failed on fake tensors: say where
+            raise ConfigError(_failure(e, box.scope)) from None
+        finally:
+            for h in hooks:
+                h.remove()
+    rec.outputs["logits"] = (box.val(out.logits).vid, None)
+    for name, t, role in _cache_tensors(_cache_of(out), "present"):
+        if id(t) in box.ids:
+            rec.outputs[name] = (box.val(t).vid, role)
+    return rec
+
+
+def _prefill(
+    model: Any, tensors: dict[str, Any], batch: int, past: int, device: Any, positions: bool
+) -> Any:
+    """The cache after `past` tokens: what a cached step starts from (not recorded)."""
+    import torch
+
+    ids = torch.zeros((batch, past), dtype=torch.long, device=device)
+    kwargs: dict[str, Any] = {"input_ids": ids, "use_cache": True}
+    if positions:
+        kwargs["position_ids"] = torch.zeros((batch, past), dtype=torch.long, device=device)
+    out = torch.func.functional_call(model, tensors, (), kwargs, strict=False)
+    cache = _cache_of(out)
+    if cache is None:
+        raise ConfigError("the model returns no cache, so a cached step cannot be traced")
+    return cache
+
+
+def _cache_of(out: Any) -> Any:
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else getattr(out, "past_key_values", None)
+
+
+def _cache_tensors(cache: Any, prefix: str) -> list[tuple[str, Any, str]]:
+    """(name, tensor, role) of every tensor a cache object carries, layer by layer."""
+    import torch
+
+    out = []
+    for i, layer in enumerate(getattr(cache, "layers", None) or []):
+        for attr, t in vars(layer).items():
+            if isinstance(t, torch.Tensor) and t.numel() > 0:
+                role = CACHE if attr in _CACHE_NAMES else STATE
+                out.append((f"{prefix}.{i}.{_CACHE_NAMES.get(attr, attr)}", t, role))
+    if cache is not None and not out and not hasattr(cache, "layers"):
+        raise ConfigError(f"graphllm does not read the cache object {type(cache).__name__}")
+    return out
+
+
+def _failure(e: Exception, scope: str) -> str:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if len(first) > 200:
+        first = first[:200] + "..."
+    where = scope or "the model"
+    return f"the traced forward fails in {where}: {type(e).__name__}: {first}"

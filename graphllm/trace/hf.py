@@ -1,0 +1,86 @@
+"""A Hub config.json -> transformers' own config and causal-LM model, for the traced frontend.
+
+graphllm never runs code from a config: a config that needs remote code (`auto_map`) is
+refused, and the model class is the one the installed transformers maps the model_type to.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from graphllm.echo import shown
+from graphllm.errors import ConfigError
+
+INSTALL = "pip install 'graphllm[parity]' torch"
+
+
+def require_transformers() -> Any:
+    """The transformers module, or a ConfigError saying what to install."""
+    try:
+        import torch  # noqa: F401
+        import transformers
+    except ImportError as e:
+        raise ConfigError(
+            f"tracing a model graphllm does not build needs torch and transformers ({e.name} "
+            f"is missing): {INSTALL}"
+        ) from None
+    return transformers
+
+
+def hf_config(raw: dict[str, Any]) -> Any:
+    """transformers' config of a causal LM from its config.json's fields; a multimodal
+    wrapper's text decoder where the model_type is one (its text_config)."""
+    transformers = require_transformers()
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if raw.get("auto_map"):
+        raise ConfigError(
+            "the config needs the model's own code (auto_map); graphllm never runs code from "
+            "a config, and transformers implements no model of that name"
+        )
+    model_type = raw.get("model_type")
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        raise ConfigError(
+            f"model_type {shown(model_type)}: transformers {transformers.__version__} "
+            "implements no model of that type"
+        )
+    fields = {k: v for k, v in raw.items() if not k.startswith("_")}
+    try:
+        cfg = CONFIG_MAPPING[model_type](**fields)
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise ConfigError(f"transformers refuses this {model_type} config: {e}") from None
+    text = getattr(cfg, "text_config", None)
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or (
+        text is not None and text.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    ):
+        if text is None or text.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+            raise ConfigError(
+                f"model_type {model_type!r} is not a causal language model in transformers "
+                f"{transformers.__version__}"
+            )
+        text.multimodal_model_type = model_type
+        cfg = text
+    return cfg
+
+
+def causal_lm(cfg: Any, values: bool, dtype: str) -> Any:
+    """The causal LM of `cfg` in eval mode: parameters on the meta device (no memory, any
+    size), or with values (random) on the CPU for a model that is to run."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from graphllm.trace.capture import ATTENTION, register_attention
+
+    register_attention()
+    cfg._attn_implementation = ATTENTION
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    device = torch.device("cpu" if values else "meta")
+    try:
+        with device:
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch_dtype)
+    except (TypeError, ValueError, KeyError, AttributeError, RuntimeError) as e:
+        raise ConfigError(
+            f"transformers cannot build this {cfg.model_type} model: {str(e).splitlines()[0]}"
+        ) from None
+    return model.eval()

@@ -1,0 +1,562 @@
+"""A fitted recording -> a graphllm Graph at one workload.
+
+Units become the rows graphllm's builder uses (`linear`, `embedding`, and core attention as
+scores, scale, mask, softmax and PV, with the mask's relation read from the model's mask
+function); every other aten op becomes a generic row (graphllm.ops.generic) whose signature
+says how its axes line up, so shapes, FLOPs, bytes and token mixing follow from the table's
+rules. The mask's own computation is folded away: its relation is kept on the attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphllm.errors import ConfigError, GraphError
+from graphllm.ir import Dim, Graph, Node, Ref, TensorType
+from graphllm.ops import OPS
+from graphllm.ops.generic import ATEN, generic_row
+from graphllm.trace.capture import Event, Recording, Val
+from graphllm.trace.relation import read_relation
+from graphllm.trace.scopes import param_kind, scope_kinds
+from graphllm.trace.symbolic import Expr, Point, concrete
+
+NEW = ("P", "P+T")
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+_POINTWISE_MOVES = {"clone", "alias", "detach", "lift_fresh", "lift_fresh_copy", "copy"}
+_VIEWS = {"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze"}
+_CREATION_FILL = {"zeros": 0, "zeros_like": 0, "new_zeros": 0, "ones": 1, "ones_like": 1}
+_CREATION_FILL |= {"new_ones": 1, "empty": 0, "empty_like": 0, "new_empty": 0}
+
+
+@dataclass
+class Fitted:
+    """A recording with its sizes as functions of the workload (graphllm.trace.symbolic)."""
+
+    rec: Recording
+    shapes: dict[int, tuple[Expr, ...]]
+    args: list[Any]
+    size_roles: dict[int, tuple[str, str]]  # a constant size -> (dim name, role)
+    probe: Point  # the point `rec` was recorded at
+    name: str = "model"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def lower(fitted: Fitted, point: Point) -> Graph:
+    """The Graph of `fitted` at workload point (B, T, P)."""
+    return _Lowering(fitted, point).run()
+
+
+class _Lowering:
+    def __init__(self, fitted: Fitted, point: Point) -> None:
+        self.f, self.rec, self.point = fitted, fitted.rec, point
+        self.g = Graph(fitted.name, self._bindings())
+        self.refs: dict[int, Ref] = {}
+        self.masks: dict[int, dict[str, Any]] = {}
+        self.dims: dict[Expr, Dim] = {}
+        self.scopes = scope_kinds(self.rec.modules)
+        self.g.meta.update(fitted.meta)
+        self.g.meta["scopes"] = self.scopes
+
+    def _bindings(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for shape in self.f.shapes.values():
+            for e in shape:
+                if not e.constant:
+                    out[e.name] = e.value(*self.point)
+        b, t, p = self.point
+        out.update(B=b, T=t, P=p, S=p + t)
+        return out
+
+    # -- dims ------------------------------------------------------------------------------------
+    def dim(self, e: Expr) -> Dim:
+        d = self.dims.get(e)
+        if d is None:
+            d = self.dims[e] = self._make_dim(e)
+        return d
+
+    def _make_dim(self, e: Expr) -> Dim:
+        if e.constant:
+            name, role = self.f.size_roles.get(e.c, (str(e.c), "hidden"))
+            return Dim(name, role, e.c)
+        if e.t == 0 and e.p == 0:
+            return Dim(e.name, "batch")
+        if e.c == 0 and e.t == 1 and e.p == 0:
+            return Dim(e.name, "token", positions=NEW)
+        if e.c == 0 and e.t == 1 and e.p == 1:
+            return Dim(e.name, "key_token", positions=("0", "P+T"))
+        if e.c == 0 and e.t == 0 and e.p == 1:
+            return Dim(e.name, "key_token", positions=("0", "P"))
+        return Dim(e.name, "token" if e.t else "key_token")
+
+    def type_of(self, vid: int) -> TensorType:
+        return TensorType(tuple(self.dim(e) for e in self.f.shapes[vid]), self.rec.dtypes[vid])
+
+    # -- the walk --------------------------------------------------------------------------------
+    def run(self) -> Graph:
+        for i, ev in enumerate(self.rec.events):
+            try:
+                self.event(ev, self.f.args[i])
+            except GraphError as e:
+                raise ConfigError(
+                    f"cannot lower {ev.op} in {ev.scope or 'the model'}: {e}"
+                ) from None
+        for name, (vid, role) in self.rec.outputs.items():
+            self.g.set_output(name, self.ref(vid), role)
+        self.g.meta["blocks"] = _blocks(self.g, self.scopes)
+        return self.g
+
+    def ref(self, vid: int) -> Ref:
+        r = self.refs.get(vid)
+        if r is not None:
+            return r
+        kind, name = self.rec.sources.get(vid, ("", ""))
+        t = self.type_of(vid)
+        if kind == "param":
+            node = self.g.param(name, t, kind=param_kind(name, self.scopes))
+        elif kind == "input":
+            node = self.g.input(name, t)
+        elif kind == "constant":
+            value = self.rec.values.get(vid)
+            node = self.g.add(
+                "constant", self.unique(name or "constant"), (), {"type": t, "value": value}
+            )
+        else:
+            raise ConfigError(f"a traced tensor ({vid}) is used before it is made")
+        self.refs[vid] = Ref(node.name)
+        return self.refs[vid]
+
+    def unique(self, name: str) -> str:
+        if name not in self.g:
+            return name
+        i = 1
+        while f"{name}_{i}" in self.g:
+            i += 1
+        return f"{name}_{i}"
+
+    def event(self, ev: Event, args: Any) -> None:
+        if ev.op == "linear":
+            self.linear(ev)
+        elif ev.op == "attention":
+            self.attention(ev)
+        elif ev.op == "mask":
+            self.masks[ev.outs[0]] = read_relation(ev.kwargs["function"])
+        else:
+            self.aten(ev, args)
+
+    # -- units -----------------------------------------------------------------------------------
+    def linear(self, ev: Event) -> None:
+        x, w, b = ev.args
+        ins = [self.ref(x.vid), self.ref(w.vid)] + ([self.ref(b.vid)] if b is not None else [])
+        op = "linear_bias" if b is not None else "linear"
+        name = self.unique(ev.scope or "linear")
+        self.out(ev, self.g.add(op, name, ins, {}))
+
+    def attention(self, ev: Event) -> None:
+        q, k, v, mask, sinks = ev.args
+        a = ev.kwargs
+        p = self.unique(f"{ev.scope}.core" if ev.scope else "attention")
+        self.scopes[p] = "core_attention"
+        relation = dict(self.masks.get(mask.vid, {})) if mask is not None else {}
+        if mask is not None and not relation:
+            raise ConfigError(f"{ev.scope}: the attention mask is not one graphllm can read")
+        if not relation:
+            relation = {"causal": bool(a.get("is_causal", True)), "window": None}
+        if a.get("sliding_window") and not relation.get("window"):
+            relation["window"] = int(a["sliding_window"])
+        g = self.g
+        qr, kr, vr = self.ref(q.vid), self.ref(k.vid), self.ref(v.vid)
+        heads = g.type_of(qr).dims[1]
+        if g.type_of(kr).dims[1] != heads:
+            kr = Ref(g.add("repeat_kv", f"{p}.repeat_k", (kr,), {"axes": {"h": heads}}).name)
+            vr = Ref(g.add("repeat_kv", f"{p}.repeat_v", (vr,), {"axes": {"h": heads}}).name)
+        s = g.add("scores", f"{p}.scores", (qr, kr))
+        scale = a.get("scaling")
+        scale = scale if scale is not None else g.type_of(qr).dims[-1].size ** -0.5
+        s = g.add("mul_const", f"{p}.scale", (s,), {"value": float(scale)})
+        if a.get("softcap"):
+            s = g.add("softcap", f"{p}.softcap", (s,), {"cap": float(a["softcap"])})
+        s = g.add("mask", f"{p}.mask", (s,), relation)
+        if sinks is not None:
+            s = g.add("softmax_sink", f"{p}.softmax", (s, self.ref(sinks.vid)))
+        else:
+            s = g.add("softmax", f"{p}.softmax", (s,))
+        o = g.add("pv", f"{p}.pv", (s, vr))
+        self.generic(
+            ev, "permute", [Ref(o.name)], [g.type_of(Ref(o.name))], (None, (0, 2, 1, 3)), p
+        )
+
+    # -- aten ops --------------------------------------------------------------------------------
+    def aten(self, ev: Event, args: Any) -> None:
+        kind = ev.op.split(".")[1]  # aten.<kind>.<overload>
+        if kind.endswith("_") and not kind.endswith("__"):
+            kind = kind[:-1]  # in place: its result is a new tensor here
+        vals = _vals(args)
+        if kind == "cat":  # an empty start (a cache's first keys) adds nothing
+            vals = [v for v in vals if 0 not in self.rec.shapes[v.vid]]
+        if any(v.vid in self.masks for v in vals):
+            self.fold_mask(ev, kind, vals)
+            return
+        if kind not in ATEN:
+            raise ConfigError(
+                f"{ev.scope or 'the model'} runs aten.{kind}, which graphllm has no row for"
+            )
+        if kind == "embedding" and len(self.rec.shapes[vals[1].vid]) == 2:
+            ins = [self.ref(vals[1].vid), self.ref(vals[0].vid)]
+            self.out(ev, self.g.add("embedding", self.unique(ev.scope or "embedding"), ins))
+            return
+        category = ATEN[kind][0]
+        if category == "source":
+            self.creation(ev, kind, args)
+            return
+        ins = [self.ref(v.vid) for v in vals]
+        types = [self.g.type_of(r) for r in ins]
+        self.generic(ev, kind, ins, types, concrete(args, self.point))
+
+    def fold_mask(self, ev: Event, kind: str, vals: list[Val]) -> None:
+        """A mask's bookkeeping (a slice, a cast, a copy of it) carries its relation on."""
+        if kind not in _VIEWS | _POINTWISE_MOVES | {"slice", "expand", "_to_copy", "select"}:
+            raise ConfigError(
+                f"{ev.scope or 'the model'} computes with its attention mask (aten.{kind}) "
+                "outside the attention, which graphllm does not model"
+            )
+        relation = next(self.masks[v.vid] for v in vals if v.vid in self.masks)
+        for o in ev.outs:
+            self.masks[o] = relation
+
+    def creation(self, ev: Event, kind: str, args: Any) -> None:
+        a = concrete(args, self.point)
+        kw = concrete(ev.kwargs, self.point)
+        t = self.type_of(ev.outs[0])
+        shape = tuple(int(e.value(*self.point)) for e in self.f.shapes[ev.outs[0]])
+        fill = _CREATION_FILL.get(kind)
+        if kind in ("full", "new_full"):
+            fill = a[-1] if kind == "full" else a[2]
+        elif kind == "full_like":
+            fill = a[1]
+        elif kind == "scalar_tensor":
+            fill = a[0]
+        attrs = {"type": t, "args": _plain(a), "shape": shape, "fill": fill, "dtype": t.dtype}
+        attrs["kwargs"] = _plain(kw)
+        name = self.unique(f"{ev.scope}.{kind}" if ev.scope else kind)
+        node = self.g.add(generic_row(kind, "-> ..."), name, (), attrs)
+        self.out(ev, node)
+
+    def generic(
+        self, ev: Event, kind: str, ins: list[Ref], types: list[TensorType], args: Any, at: str = ""
+    ) -> None:
+        out_types = [self.type_of(o) for o in ev.outs]
+        sig = _signature(kind, args, types, out_types, self.rec.shapes, ev)
+        name = generic_row(kind, sig.text, sig.same_position, sig.reduce)
+        attrs: dict[str, Any] = {
+            "args": _plain(args),
+            "kwargs": _plain(concrete(ev.kwargs, self.point)),
+            "aten": kind,
+            "dtypes": [t.dtype for t in out_types],
+            "shape": _shape(out_types[0], self.g.bindings),
+            "shapes": [_shape(t, self.g.bindings) for t in out_types],
+        }
+        if kind == "_to_copy":
+            attrs["dtype_to"] = out_types[0].dtype
+        if kind == "index":
+            attrs["indices"] = tuple(None if x is None else 0 for x in args[1])
+        if sig.axes:
+            attrs["axes"] = sig.axes
+        base = at or ev.scope
+        node = self.g.add(name, self.unique(f"{base}.{kind}" if base else kind), ins, attrs)
+        self.out(ev, node)
+
+    def out(self, ev: Event, node: Node) -> None:
+        for i, vid in enumerate(ev.outs):
+            self.refs[vid] = Ref(node.name, i)
+            want = self.type_of(vid)
+            if node.outputs[i] != want and node.op in OPS:
+                raise ConfigError(
+                    f"{node.name} ({node.op}): the trace says {want} {want.dtype}, the op "
+                    f"table {node.outputs[i]} {node.outputs[i].dtype}"
+                )
+
+
+# -- signatures ----------------------------------------------------------------------------------
+@dataclass
+class _Sig:
+    ins: list[list[str]]
+    outs: list[list[str]]
+    axes: dict[str, Dim]
+    same_position: tuple[tuple[str, ...], ...] = ()
+    reduce: tuple[str, ...] = ()
+
+    @property
+    def text(self) -> str:
+        return (
+            ", ".join(" ".join(o) for o in self.ins)
+            + " -> "
+            + ", ".join(" ".join(o) for o in self.outs)
+        )
+
+
+class _Fresh:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self) -> str:
+        n, self.n = self.n, self.n + 1
+        return _LETTERS[n] if n < len(_LETTERS) else f"{_LETTERS[n % 26]}{n // 26}"
+
+
+def _signature(
+    kind: str,
+    args: Any,
+    ins: list[TensorType],
+    outs: list[TensorType],
+    shapes: dict[int, tuple[int, ...]],
+    ev: Event,
+) -> _Sig:
+    fresh = _Fresh()
+    category = ATEN[kind][0]
+    if kind in ("mm", "bmm", "addmm"):
+        return _contraction(kind, ins, outs, fresh)
+    if kind in ("permute", "transpose", "t"):
+        letters = [fresh() for _ in ins[0].dims]
+        order = _permutation(kind, args, len(letters))
+        return _finish([letters], [[letters[i] for i in order]], ins, outs)
+    if kind in _VIEWS:
+        return _regroup(ins[0], outs[0], _probe_shape(ev, shapes, 0), shapes[ev.outs[0]], fresh)
+    if kind in ("_softmax", "cumsum"):
+        letters = [fresh() for _ in ins[0].dims]
+        dim = args[1] % len(letters)
+        return _finish([letters], [letters], ins, outs, reduce=(letters[dim],))
+    if category == "reduction":
+        return _reduction(kind, args, ins, outs, fresh)
+    if kind in ("slice", "select", "cat", "split", "split_with_sizes", "unbind"):
+        return _along(kind, args, ins, outs, fresh)
+    if kind in ("index_select", "gather", "index", "embedding", "constant_pad_nd", "repeat"):
+        return _indexing(kind, args, ins, outs, fresh)
+    # pointwise: ELEMENTWISE rows, copies, expand, flip, tril/triu, where, masked_fill
+    out = [fresh() for _ in outs[0].dims]
+    operands = []
+    for t in ins:
+        k = len(out) - len(t.dims)
+        operands.append(
+            [out[k + j] if d == outs[0].dims[k + j] else fresh() for j, d in enumerate(t.dims)]
+        )
+    return _finish(operands, [out], ins, outs)
+
+
+def _finish(
+    ins: list[list[str]],
+    outs: list[list[str]],
+    in_types: list[TensorType],
+    out_types: list[TensorType],
+    same: tuple[tuple[str, ...], ...] = (),
+    reduce: tuple[str, ...] = (),
+) -> _Sig:
+    """The signature with `axes` giving every output letter no input has."""
+    known = {x for o in ins for x in o}
+    axes: dict[str, Dim] = {}
+    for letters, t in zip(outs, out_types):
+        for x, d in zip(letters, t.dims):
+            if x not in known:
+                axes[x] = d
+    return _Sig(ins, outs, axes, same, reduce)
+
+
+def _contraction(kind: str, ins: list[TensorType], outs: list[TensorType], fresh: _Fresh) -> _Sig:
+    if kind == "mm":
+        i, k, j = fresh(), fresh(), fresh()
+        return _finish([[i, k], [k, j]], [[i, j]], ins, outs)
+    if kind == "bmm":
+        z, i, k, j = fresh(), fresh(), fresh(), fresh()
+        return _finish([[z, i, k], [z, k, j]], [[z, i, j]], ins, outs)
+    i, k, j = fresh(), fresh(), fresh()
+    out = [i, j]
+    bias = ins[0].dims
+    lead = len(out) - len(bias)
+    b = [out[lead + n] if d == outs[0].dims[lead + n] else fresh() for n, d in enumerate(bias)]
+    return _finish([b, [i, k], [k, j]], [out], ins, outs)
+
+
+def _permutation(kind: str, args: Any, rank: int) -> list[int]:
+    if kind == "t":
+        return list(range(rank))[::-1]
+    if kind == "permute":
+        return [d % rank for d in args[1]]
+    order = list(range(rank))
+    a, b = args[1] % rank, args[2] % rank
+    order[a], order[b] = order[b], order[a]
+    return order
+
+
+def _probe_shape(ev: Event, shapes: dict[int, tuple[int, ...]], i: int) -> tuple[int, ...]:
+    return shapes[_vals(ev.args)[i].vid]
+
+
+def _regroup(
+    src: TensorType,
+    dst: TensorType,
+    src_probe: tuple[int, ...],
+    dst_probe: tuple[int, ...],
+    fresh: _Fresh,
+) -> _Sig:
+    """A reshape: the axes cut into groups of equal size (at the probe, whose sizes are
+    distinct primes), each group one letter where it is one axis both sides, and positions kept
+    where a token axis is regrouped with others."""
+    a = [fresh() for _ in src.dims]
+    b: list[str | None] = [None] * len(dst.dims)
+    same: list[tuple[str, ...]] = []
+    i = j = 0
+    while i < len(a) or j < len(b):
+        gi, gj = [i] if i < len(a) else [], [j] if j < len(b) else []
+        si = src_probe[i] if gi else 1
+        sj = dst_probe[j] if gj else 1
+        i, j = i + len(gi), j + len(gj)
+        while si != sj:
+            if si < sj and i < len(a):
+                si *= src_probe[i]
+                gi.append(i)
+                i += 1
+            elif j < len(b):
+                sj *= dst_probe[j]
+                gj.append(j)
+                j += 1
+            else:
+                raise GraphError(f"reshape {src_probe} -> {dst_probe}: the sizes do not regroup")
+        real_i = [n for n in gi if src_probe[n] != 1 or len(gi) == 1]
+        real_j = [n for n in gj if dst_probe[n] != 1 or len(gj) == 1]
+        if len(real_i) == 1 and len(real_j) == 1 and src.dims[real_i[0]] == dst.dims[real_j[0]]:
+            b[real_j[0]] = a[real_i[0]]
+        pos_in = [a[n] for n in gi if src.dims[n].role in ("token", "key_token", "slot")]
+        for n in gj:
+            if b[n] is None:
+                b[n] = fresh()
+                if dst.dims[n].role in ("token", "key_token", "slot") and pos_in:
+                    same.append((b[n], *pos_in))
+    return _finish([a], [[x for x in b if x is not None]], [src], [dst], tuple(same))
+
+
+def _reduction(
+    kind: str, args: Any, ins: list[TensorType], outs: list[TensorType], fresh: _Fresh
+) -> _Sig:
+    letters = [fresh() for _ in ins[0].dims]
+    rank = len(letters)
+    if kind == "topk":
+        dim = (args[2] if len(args) > 2 else -1) % rank
+        out = list(letters)
+        out[dim] = fresh()
+        return _finish([letters], [out, out], ins, outs)
+    dims = args[1] if len(args) > 1 and args[1] is not None else list(range(rank))
+    dims = {d % rank for d in (dims if isinstance(dims, (list, tuple)) else [dims])} or set(
+        range(rank)
+    )
+    keep = len(outs[0].dims) == rank
+    out = (
+        [fresh() if n in dims else x for n, x in enumerate(letters)]
+        if keep
+        else [x for n, x in enumerate(letters) if n not in dims]
+    )
+    return _finish([letters], [out] * len(outs), ins, outs)
+
+
+def _along(
+    kind: str, args: Any, ins: list[TensorType], outs: list[TensorType], fresh: _Fresh
+) -> _Sig:
+    """Ops along one axis (slice, select, cat, split, unbind): the other axes pass through;
+    where the axis is a token axis each output position is one input position."""
+    rank = len(ins[0].dims) if kind != "cat" else len(outs[0].dims)
+    dim = (args[1] if len(args) > 1 and args[1] is not None else 0) % rank
+    if kind == "cat":
+        dim = (args[1] if len(args) > 1 else 0) % rank
+    base = [fresh() for _ in range(rank)]
+
+    def at(d: Dim) -> list[str]:
+        return [*base[:dim], fresh(), *base[dim + 1 :]]
+
+    def token(t: TensorType) -> bool:
+        return t.dims[dim].role in ("token", "key_token", "slot") if len(t.dims) > dim else False
+
+    if kind == "cat":
+        operands = [at(t.dims[dim]) for t in ins]
+        out = at(outs[0].dims[dim])
+        group = [out[dim]] + [o[dim] for o, t in zip(operands, ins) if token(t)]
+        same = (tuple(group),) if token(outs[0]) and len(group) > 1 else ()
+        return _finish(operands, [out], ins, outs, same)
+    src = base
+    if kind in ("select", "unbind"):
+        out = [x for n, x in enumerate(base) if n != dim]
+        return _finish([src], [out] * len(outs), ins, outs)
+    results = [at(t.dims[dim]) for t in outs]
+    same = tuple((o[dim], src[dim]) for o, t in zip(results, outs) if token(t) and token(ins[0]))
+    return _finish([src], results, ins, outs, same)
+
+
+def _indexing(
+    kind: str, args: Any, ins: list[TensorType], outs: list[TensorType], fresh: _Fresh
+) -> _Sig:
+    """Gathers and pads: the output axes a run-time index chooses read any input position."""
+    x = [fresh() for _ in ins[0].dims]
+    if kind == "index_select":
+        dim = args[1] % len(x)
+        idx = [fresh()]
+        return _finish([x, idx], [[*x[:dim], idx[0], *x[dim + 1 :]]], ins, outs)
+    if kind == "gather":
+        dim = args[1] % len(x)
+        idx = [fresh() if n == dim else v for n, v in enumerate(x)]
+        return _finish([x, idx], [idx], ins, outs)
+    if kind == "index":
+        positions = [n for n, v in enumerate(args[1]) if v is not None]
+        if positions != list(range(positions[0], positions[-1] + 1)):
+            raise GraphError("indexing with tensors at axes apart is not modelled")
+        rank = max(len(t.dims) for t in ins[1:])
+        bcast = [fresh() for _ in range(rank)]
+        operands = [x]
+        for t in ins[1:]:
+            k = rank - len(t.dims)
+            operands.append([bcast[k + j] for j in range(len(t.dims))])
+        out = [*x[: positions[0]], *bcast, *x[positions[-1] + 1 :]]
+        return _finish(operands, [out], ins, outs)
+    if kind == "embedding":
+        idx = [fresh() for _ in ins[1].dims]
+        return _finish([x, idx], [[*idx, x[1]]], ins, outs)
+    # constant_pad_nd, repeat: an axis whose size changes is a new axis
+    out = [
+        v if n < len(ins[0].dims) and ins[0].dims[n] == d else fresh()
+        for n, (v, d) in enumerate(zip(x, outs[0].dims))
+    ]
+    return _finish([x], [out], ins, outs)
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+def _vals(args: Any) -> list[Val]:
+    out: list[Val] = []
+    for a in args:
+        if isinstance(a, Val):
+            out.append(a)
+        elif isinstance(a, tuple):
+            out.extend(v for v in a if isinstance(v, Val))
+    return out
+
+
+def _plain(x: Any) -> Any:
+    """Args as the numpy references read them: a tensor None, tuples kept."""
+    if isinstance(x, Val):
+        return None
+    if isinstance(x, tuple):
+        return tuple(_plain(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    return x
+
+
+def _shape(t: TensorType, bindings: dict[str, float]) -> tuple[int, ...]:
+    return tuple(int(s) for s in t.shape(bindings))
+
+
+def _blocks(g: Graph, scopes: dict[str, str]) -> list[str]:
+    """Each decoder layer's last node, in order (per-layer reports)."""
+    layers = [p for p, k in scopes.items() if k == "layer"]
+    last: dict[str, str] = {}
+    for n in g.nodes():
+        for p in layers:
+            if n.name.startswith(p + "."):
+                last[p] = n.name
+    return [last[p] for p in layers if p in last]

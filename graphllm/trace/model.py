@@ -1,0 +1,118 @@
+"""A config.json -> its traced Graph at a workload: record at the probes, fit, lower."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from graphllm.errors import ConfigError
+from graphllm.ir import Graph
+from graphllm.models.workload import Workload
+from graphllm.trace.forward import record
+from graphllm.trace.hf import causal_lm, hf_config
+from graphllm.trace.lower import Fitted, lower
+from graphllm.trace.symbolic import DECODE_PROBES, PREFILL_PROBES, fit_recordings
+
+FRONTEND = "traced"
+
+
+@dataclass(frozen=True)
+class TracedConfig:
+    """What the passes read of a model's config, for a traced model (a built one's is its
+    ModelConfig): its name and type, tied head, routed experts."""
+
+    name: str
+    model_type: str
+    tie_word_embeddings: bool = False
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    text_decoder_of: str = ""
+    quantization: None = None
+    is_mla: bool = False
+    num_nextn_predict_layers: int = 0
+    frontend: str = FRONTEND
+
+
+# config fields -> the dim name and role a constant size of that value gets, first match wins
+_SIZE_FIELDS = (
+    ("hidden_size", "d", "hidden"),
+    ("vocab_size", "vocab", "vocab"),
+    ("num_attention_heads", "h", "head"),
+    ("num_key_value_heads", "h_kv", "kv_head"),
+    ("head_dim", "d_h", "head_dim"),
+    ("intermediate_size", "ffn", "ffn"),
+    ("moe_intermediate_size", "ffn_e", "ffn"),
+    ("num_local_experts", "e", "expert"),
+    ("num_experts", "e", "expert"),
+    ("n_routed_experts", "e", "expert"),
+    ("num_experts_per_tok", "k", "topk"),
+)
+
+
+def traced_graph(
+    raw: dict[str, Any],
+    workload: Workload | None = None,
+    name: str | None = None,
+    values: bool = False,
+) -> Graph:
+    """The Graph of the causal LM that config.json fields `raw` describe, traced from
+    transformers' code at `workload` (default: B=1, T=1, P=0). `values`: build the model with
+    (random) values on the CPU, so the constants it computes (RoPE tables) are in the graph and
+    it runs; otherwise on the meta device, any size."""
+    wl = workload or Workload()
+    cfg = hf_config(raw)
+    dtype = "fp32" if values else _trace_dtype(wl.act_dtype)
+    model = causal_lm(cfg, values, dtype)
+    points = DECODE_PROBES if wl.past_len else PREFILL_PROBES
+    recs = [record(model, p) for p in points]
+    shapes, args = fit_recordings(recs, points)
+    label = name or raw.get("_name_or_path") or cfg.model_type
+    meta = dict(
+        config=traced_config(cfg, str(label)),
+        workload=wl,
+        frontend=FRONTEND,
+        act_dtype=wl.act_dtype,
+        stream_dtype=wl.stream_dtype,
+        weight_dtype=wl.weight_dtype,
+        kv_dtype=wl.kv_dtype,
+        quantization=None,
+        mla=None,
+    )
+    fitted = Fitted(recs[0], shapes, args, size_roles(cfg), points[0], str(label), meta)
+    return lower(fitted, (wl.batch, wl.seq_len, wl.past_len))
+
+
+def _trace_dtype(act: str) -> str:
+    if act in ("fp32", "bf16", "fp16"):
+        return act
+    raise ConfigError(f"a traced model computes in fp32, bf16 or fp16, not {act}")
+
+
+def size_roles(cfg: Any) -> dict[int, tuple[str, str]]:
+    out: dict[int, tuple[str, str]] = {}
+    for field, name, role in _SIZE_FIELDS:
+        v = getattr(cfg, field, None)
+        if field == "head_dim" and v is None and getattr(cfg, "num_attention_heads", None):
+            v = cfg.hidden_size // cfg.num_attention_heads
+        if isinstance(v, int) and not isinstance(v, bool) and v > 1:
+            out.setdefault(v, (name, role))
+    return out
+
+
+def traced_config(cfg: Any, name: str) -> TracedConfig:
+    experts = next(
+        (
+            getattr(cfg, f)
+            for f in ("num_local_experts", "num_experts", "n_routed_experts")
+            if isinstance(getattr(cfg, f, None), int)
+        ),
+        0,
+    )
+    return TracedConfig(
+        name=name,
+        model_type=cfg.model_type,
+        tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+        num_experts=experts or 0,
+        num_experts_per_tok=int(getattr(cfg, "num_experts_per_tok", 0) or 0),
+        text_decoder_of=getattr(cfg, "multimodal_model_type", ""),
+    )

@@ -1,0 +1,91 @@
+"""The (query, key) relation a transformers mask function encodes, as graphllm's mask attrs.
+
+transformers builds every mask from a function of (batch, head, query position, key position)
+in absolute positions. Read at a few positions it gives its form: causal (s <= t), a window
+(t - W < s <= t), a chunk (s // C == t // C, s <= t) or bidirectional; the form found is then
+checked against the function at positions around every boundary, and a function that matches
+none is an error naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from graphllm.errors import ConfigError
+
+_FAR = 1 << 20  # a query position past any window or chunk of a published config
+
+
+def read_relation(fn: Callable[..., Any] | None) -> dict[str, Any]:
+    """{'causal': bool, 'window': W | None[, 'chunk': C]} of mask function `fn` (None: causal)."""
+    if fn is None:
+        return {"causal": True, "window": None}
+
+    def allowed(q: int, k: int) -> bool:
+        return bool(fn(0, 0, q, k))
+
+    try:
+        causal = not allowed(_FAR, _FAR + 1)
+        lo = _first_allowed(allowed, _FAR)
+        relation: dict[str, Any] = {"causal": causal, "window": None}
+        lo_next = _first_allowed(allowed, _FAR + 1)
+        if lo > 0 and lo_next == lo + 1:
+            relation["window"] = _FAR - lo + 1
+        elif lo > 0 and lo_next == lo:  # a chunk: its start stays until the next chunk
+            relation["chunk"] = _chunk(allowed)
+        ok = _check(allowed, relation)
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise ConfigError(f"the model's attention mask cannot be read: {e}") from None
+    if not ok:
+        raise ConfigError(
+            f"the model's attention mask ({getattr(fn, '__qualname__', fn)}) is not a causal, "
+            "sliding-window or chunked relation, which is what graphllm models"
+        )
+    return relation
+
+
+def _first_allowed(allowed: Callable[[int, int], bool], q: int) -> int:
+    """The first key position query q may see (keys 0..q allowed from there on)."""
+    if allowed(q, 0):
+        return 0
+    lo, hi = 0, q  # allowed(q, hi) holds for every causal-like mask
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if allowed(q, mid) else (mid, hi)
+    return hi
+
+
+def _chunk(allowed: Callable[[int, int], bool]) -> int:
+    """The chunk size: from the start of _FAR's chunk to the first query whose chunk starts
+    elsewhere (a bisection: the start steps up once a chunk)."""
+    start = _first_allowed(allowed, _FAR)
+    lo, hi = _FAR, _FAR + _FAR
+    if _first_allowed(allowed, hi) == start:
+        raise ConfigError("the model's chunked attention mask has no chunk size graphllm can read")
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if _first_allowed(allowed, mid) == start else (lo, mid)
+    return hi - start
+
+
+def _expected(relation: dict[str, Any], q: int, k: int) -> bool:
+    if relation["causal"] and k > q:
+        return False
+    w, c = relation.get("window"), relation.get("chunk")
+    if w and k <= q - w:
+        return False
+    return not (c and k // c != q // c)
+
+
+def _check(allowed: Callable[[int, int], bool], relation: dict[str, Any]) -> bool:
+    edges = {0, 1, relation.get("window") or 0, relation.get("chunk") or 0}
+    qs = {e + d for e in edges for d in (-2, -1, 0, 1, 2, 37) if e + d >= 0} | {_FAR, 5000}
+    for q in qs:
+        ks = {0, q, q + 1, q - 1} | {q - e + d for e in edges for d in (-1, 0, 1)}
+        for k in ks:
+            if k >= 0 and allowed(q, k) != _expected(relation, q, k):
+                return False
+    return True
