@@ -2,7 +2,7 @@
 import under `if TYPE_CHECKING:` or inside a function closes a cycle as well as any), and only
 heavy optional packages are imported inside functions.
 
-cli -> report | runtime -> exporters -> passes -> build -> ops -> ir -> models -> base
+cli -> report | runtime -> exporters -> passes -> build | trace -> ops -> ir -> models -> base
 (base: graphllm.errors, graphllm.echo, graphllm.files, graphllm.limits and graphllm.forked). report and runtime share a rank: a report may embed
 what a runtime measured and the other way round is not needed, but neither is a layer above
 the other. `graphllm/__init__.py` is the public facade and may import any layer.
@@ -29,6 +29,7 @@ RANKS = {
     "graphllm.ir": 2,
     "graphllm.ops": 3,
     "graphllm.build": 4,
+    "graphllm.trace": 4,  # the traced frontend: the builder's twin
     "graphllm.passes": 5,
     "graphllm.exporters": 6,
     "graphllm.runtime": 7,
@@ -39,6 +40,7 @@ RANKS = {
 # onnxruntime, torch and matplotlib are optional extras; networkx costs 0.2 s to import and
 # only `Graph.to_networkx()` needs it
 LAZY = {"onnxruntime", "torch", "matplotlib", "networkx"}
+LAZY |= {"transformers"}  # the traced frontend's, with torch
 LAZY |= {"model_explorer"}  # issue 22: the explorer extra, imported by its exporter only
 
 

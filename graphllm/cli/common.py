@@ -21,7 +21,12 @@ from graphllm.build.mla import MLA_FORMS
 from graphllm.echo import shown
 from graphllm.errors import ConfigError, GraphllmError, Interrupted
 from graphllm.files import forget_inputs
-from graphllm.models.config import load_config, load_workload_section
+from graphllm.models.config import (
+    SUPPORTED,
+    load_config,
+    load_workload_section,
+    read_config_source,
+)
 from graphllm.models.hardware import rate_model
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import ATTENTION_FORMS, Workload
@@ -315,6 +320,56 @@ def resolve_sweep(options: dict[str, Any], stored: bool = True) -> tuple[Any, li
             err=True,
         )
     return got.config, list(got.workloads)
+
+
+FRONTENDS = ("auto", "built", "traced")
+
+
+def frontend_option(fn: Callable) -> Callable:
+    return click.option(
+        "--frontend",
+        type=click.Choice(FRONTENDS),
+        default="auto",
+        show_default=True,
+        help="How the graph is made: graphllm's hand-built family (built), transformers' own "
+        "code traced on fake tensors (traced, needs torch and transformers), or built where "
+        "graphllm has the family and traced otherwise (auto).",
+    )(fn)
+
+
+def traced_source(options: dict[str, Any], frontend: str) -> tuple[dict, str] | None:
+    """The config's fields and name where the model is to be traced (`frontend`, or auto and
+    a model_type graphllm builds no family for), else None and `options` left as they are."""
+    if frontend == "built":
+        return None
+    source = options.get("config_path") or options.get("preset")
+    if (options.get("config_path") is None) == (options.get("preset") is None):
+        raise ConfigError("give exactly one of --config PATH or --model NAME")
+    raw, name = read_config_source(source)
+    if frontend == "auto" and raw.get("model_type") in SUPPORTED:
+        return None
+    return raw, name
+
+
+def traced_workloads(options: dict[str, Any], raw: dict) -> list[Workload]:
+    """The workloads of a traced model: flags over the YAML's workload section over the
+    defaults (a traced model has no quantization to override)."""
+    path = options.pop("config_path")
+    options.pop("preset")
+    section = load_workload_section(path) if path is not None else {}
+    seq_lens = options.pop("seq_len") or []
+    flags = {k: options.pop(k) for k in WORKLOAD_FLAGS}
+    if raw.get("quantization_config"):
+        method = raw["quantization_config"].get("quant_method", "?")
+        raise ConfigError(
+            f"quantization_config ({shown(method)}): a traced model's stored weights are not "
+            "modelled yet; give the unquantized config"
+        )
+    return list(merge_workload(_NoQuantization(), section, flags, seq_lens, False).workloads)
+
+
+class _NoQuantization:
+    quantization = None
 
 
 def attention_option(help_text: str) -> Callable:

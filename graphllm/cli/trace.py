@@ -11,10 +11,13 @@ import click
 from graphllm.cli.common import (
     deepseek_options,
     device_options,
+    frontend_option,
     json_option,
     mla_for,
     model_options,
     resolve_sweep,
+    traced_source,
+    traced_workloads,
     user_errors,
 )
 from graphllm.errors import ConfigError
@@ -26,7 +29,7 @@ from graphllm.report.fit import fit_section, training_fit_section
 from graphllm.report.plot import plot_sweep
 from graphllm.report.reuse import trace_document
 from graphllm.report.summary import print_sweep, print_trace
-from graphllm.report.trace_report import per_op_text, sweep, trace_report
+from graphllm.report.trace_report import per_op_text, sweep, trace_report, traced_report
 
 
 @click.command()
@@ -34,6 +37,7 @@ from graphllm.report.trace_report import per_op_text, sweep, trace_report
 @device_options("Fused core attention, or every op through memory (the score matrix included).")
 @click.option("--training", is_flag=True, help="Forward + backward FLOPs.")
 @deepseek_options
+@frontend_option
 @json_option
 @click.option("--print-graph", is_flag=True, help="Print the graph, one line per node.")
 @click.option(
@@ -52,6 +56,7 @@ def trace(
     training: bool,
     mla: str,
     mtp: bool,
+    frontend: str,
     as_json: bool,
     print_graph: bool,
     per_op: tuple[str, Path] | None,
@@ -63,6 +68,10 @@ def trace(
     for target in (per_op[1] if per_op else None, plot):
         if target is not None:
             check_target(target, inputs=(options["config_path"],))  # before the work
+    traced = traced_source(options, frontend)
+    if traced is not None:
+        _traced(traced, options, hardware, attention, training, as_json, print_graph, per_op)
+        return
     again = _same_model_flags(options)  # before resolve takes them out of `options`
     config, workloads = resolve_sweep(options)
     chosen_mla, mla = mla, mla_for(config, workloads[0], training, mla)  # one phase a sweep
@@ -86,6 +95,34 @@ def trace(
     if per_op and graph is not None:
         write_text_atomic(per_op[1], per_op_text(graph, per_op[0]))
     if print_graph and graph is not None:
+        click.echo(graph.print())
+    elif as_json:
+        click.echo(json_text(doc, indent=2))
+    else:
+        print_trace(doc)
+
+
+def _traced(
+    source: tuple[dict, str],
+    options: dict[str, Any],
+    hardware: str | None,
+    attention: str,
+    training: bool,
+    as_json: bool,
+    print_graph: bool,
+    per_op: tuple[str, Path] | None,
+) -> None:
+    """trace of a model traced from transformers' code: the same document, without the
+    sweep, MLA and plan sections a built family has."""
+    raw, name = source
+    workloads = traced_workloads(options, raw)
+    if len(workloads) > 1:
+        raise ConfigError("a traced model takes one --seq-len, not a list")
+    hw = load_hardware(hardware) if hardware else None
+    doc, graph = traced_report(raw, name, workloads[0], hw, attention, training)
+    if per_op:
+        write_text_atomic(per_op[1], per_op_text(graph, per_op[0]))
+    if print_graph:
         click.echo(graph.print())
     elif as_json:
         click.echo(json_text(doc, indent=2))

@@ -535,15 +535,21 @@ def _file_name(path: Path) -> str:
 
 def load_config(source: str | Path | dict) -> ModelConfig:
     """Load a ModelConfig from a config.json / YAML path, a folder, a preset name or a dict."""
+    return config_from_dict(*read_config_source(source))
+
+
+def read_config_source(source: str | Path | dict) -> tuple[dict, str]:
+    """The fields of a config.json / YAML path, a folder, a preset name or a dict, and the
+    model's name (its folder's, its preset's), before any family reads them."""
     if isinstance(source, dict):
         raw = source.get("_name_or_path")
         name = raw.rstrip("/").split("/")[-1] if isinstance(raw, str) and raw.strip("/") else ""
-        return config_from_dict(source, name or str(source.get("model_type", "config")))
+        return source, name or str(source.get("model_type", "config"))
     if isinstance(source, str) and not source.strip():
         raise ConfigError("empty config source; give a path, a preset name or a dict")
     if isinstance(source, str) and not _looks_like_path(source) and file_mode(source) is None:
         d, _ = _load_preset(source)
-        return config_from_dict(d, preset_name(source))
+        return d, preset_name(source)
     if not isinstance(source, (str, Path)):
         raise ConfigError(
             f"a config source must be a path, preset name or dict, got {describe(source)}"
@@ -553,7 +559,7 @@ def load_config(source: str | Path | dict) -> ModelConfig:
     repo_preset = preset_of_repo_id(source) if missing else None
     if repo_preset is not None:
         d, _ = _load_preset(repo_preset)
-        return config_from_dict(d, repo_preset)
+        return d, repo_preset
     path = Path(source)
     mode = file_mode(path)
     if mode is not None and stat.S_ISDIR(mode):
@@ -566,7 +572,7 @@ def load_config(source: str | Path | dict) -> ModelConfig:
     d = _read(path)
     if path.suffix.lower() in (".yaml", ".yml"):
         d.pop("workload", None)
-    return config_from_dict(d, _file_name(path))
+    return d, _file_name(path)
 
 
 WORKLOAD_KEYS = (

@@ -164,6 +164,23 @@ def _split_parts(x: np.ndarray, a: dict[str, Any]) -> list[np.ndarray]:
     return np.split(x, np.cumsum(sizes)[:-1], axis=dim)
 
 
+def _stack(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    return np.stack(xs, axis=_scalar(a, 1, 0))
+
+
+def _native_layer_norm(xs: list[np.ndarray], a: dict[str, Any]) -> tuple[np.ndarray, ...]:
+    it = iter(xs)
+    x = f32(next(it))
+    w, b = (next(it) if v is None else v for v in a["args"][2:4])
+    axes = tuple(range(x.ndim - len(a["args"][1]), x.ndim))
+    mean = np.mean(x, axis=axes, keepdims=True)
+    rstd = 1 / np.sqrt(np.mean((x - mean) ** 2, axis=axes, keepdims=True) + a["args"][4])
+    out = (x - mean) * rstd
+    out = out * f32(w) if w is not None else out
+    out = out + f32(b) if b is not None else out
+    return out, mean, rstd
+
+
 def _expand(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     return np.broadcast_to(xs[0], a["shape"]).copy()
 
@@ -333,6 +350,8 @@ ATEN: dict[str, tuple[str, Impl]] = {
     "slice": (MOVEMENT, _slice),
     "select": (MOVEMENT, _select),
     "cat": (MOVEMENT, _cat),
+    "stack": (MOVEMENT, _stack),
+    "native_layer_norm": (REDUCTION, _native_layer_norm),
     "split": (MOVEMENT, _split),
     "split_with_sizes": (MOVEMENT, _split),
     "unbind": (MOVEMENT, _split),

@@ -23,6 +23,11 @@ def print_trace(doc: dict[str, Any], console: Console | None = None) -> None:
     con = console or new_console()
     m, w, g, p = doc["model"], doc["workload"], doc["graph"], doc["params"]
     con.print(f"[bold]{m['name']}[/bold] ({m['model_type']})")
+    if m.get("frontend") == "traced":
+        con.print(
+            "frontend: traced from transformers' modeling code (graphllm builds no family for "
+            "this model_type, or --frontend traced asked for it)"
+        )
     if m.get("text_decoder_of"):
         con.print(
             f"note: only the text decoder of this {m['text_decoder_of']} model is modelled "

@@ -19,6 +19,7 @@ from graphllm.passes import meta_result, run
 from graphllm.passes.cost import ZERO, scopes_of
 from graphllm.passes.registry import Results
 from graphllm.report.mla import form_cost, form_costs, kv_per_token
+from graphllm.trace import traced_graph
 
 ANALYSES = ["verify", "params", "tokens", "cost", "memory", "roofline"]
 
@@ -51,6 +52,32 @@ def trace_report(
         section,
         *(res[k] for k in ("params", "tokens", "cost", "memory", "roofline")),
     )
+    return doc, graph
+
+
+def traced_report(
+    raw: dict[str, Any],
+    name: str,
+    workload: Workload,
+    hardware: Hardware | None = None,
+    attention: str = "flash",
+    training: bool = False,
+) -> tuple[dict[str, Any], Graph]:
+    """trace_report's document and graph for a model traced from transformers' code
+    (graphllm.trace), where graphllm builds no family for it or the user asks for the trace."""
+    graph = traced_graph(raw, workload, name)
+    res = run(graph, ANALYSES, hardware=hardware, attention=attention, training=training)
+    section = {
+        "nodes": len(graph),
+        "edges": graph.num_edges(),
+        "ops": dict(Counter(n.op for n in graph.nodes())),
+        "inputs": [n.name for n in graph.nodes("input")],
+        "outputs": list(graph.outputs),
+    }
+    results = (res[k] for k in ("params", "tokens", "cost", "memory", "roofline"))
+    config = graph.meta["config"]
+    doc = document(config, workload, attention, training, "naive", False, section, *results)
+    doc["model"]["frontend"] = config.frontend
     return doc, graph
 
 
@@ -93,6 +120,7 @@ def document(
         "model": {
             "name": config.name,
             "model_type": config.model_type,
+            "frontend": "built",
             "config": asdict(config),
             # a multimodal model's text decoder: what is modelled, said in the report
             **({"text_decoder_of": config.text_decoder_of} if config.text_decoder_of else {}),

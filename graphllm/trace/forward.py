@@ -41,13 +41,7 @@ def record(model: Any, point: Point) -> Recording:
         for n, b in model.named_buffers()
     }
     with mode:
-        tensors = {}
-        for name, p in model.named_parameters():
-            tensors[name] = fake = mode.from_tensor(p)
-            box.source(fake, "param", name)
-        for name, b in model.named_buffers():
-            tensors[name] = fake = mode.from_tensor(b)
-            box.source(fake, "constant", name, values[name])
+        tensors = _fake_weights(model, mode, box, values)
         cache = None
         if past:
             with box.quiet():
@@ -76,10 +70,24 @@ def record(model: Any, point: Point) -> Recording:
             for h in hooks:
                 h.remove()
     rec.outputs["logits"] = (box.val(out.logits).vid, None)
+    made = {vid for ev in rec.events for vid in ev.outs}
     for name, t, role in _cache_tensors(_cache_of(out), "present"):
-        if id(t) in box.ids:
-            rec.outputs[name] = (box.val(t).vid, role)
+        vid = box.ids.get(id(t))
+        if vid in made:  # what the step wrote, not a constant the layer keeps beside it
+            rec.outputs[name] = (vid, role)
     return rec
+
+
+def _fake_weights(model: Any, mode: Any, box: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """The model's parameters and buffers as fake tensors, each a source of the recording."""
+    tensors = {}
+    for name, p in model.named_parameters():
+        tensors[name] = fake = mode.from_tensor(p)
+        box.source(fake, "param", name)
+    for name, b in model.named_buffers():
+        tensors[name] = fake = mode.from_tensor(b)
+        box.source(fake, "constant", name, values[name])
+    return tensors
 
 
 def _prefill(

@@ -10,6 +10,7 @@ from typing import Any
 
 from graphllm.echo import shown
 from graphllm.errors import ConfigError
+from graphllm.trace.capture import ATTENTION, register_attention
 
 INSTALL = "pip install 'graphllm[parity]' torch"
 
@@ -50,6 +51,11 @@ def hf_config(raw: dict[str, Any]) -> Any:
         cfg = CONFIG_MAPPING[model_type](**fields)
     except (TypeError, ValueError, KeyError, AttributeError) as e:
         raise ConfigError(f"transformers refuses this {model_type} config: {e}") from None
+    if getattr(cfg, "is_decoder", None) is False and hasattr(cfg, "add_cross_attention"):
+        raise ConfigError(
+            f"model_type {model_type!r} is an encoder (bidirectional unless is_decoder is set): "
+            "graphllm models decoder-only causal language models"
+        )
     text = getattr(cfg, "text_config", None)
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or (
         text is not None and text.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -68,12 +74,18 @@ def causal_lm(cfg: Any, values: bool, dtype: str) -> Any:
     """The causal LM of `cfg` in eval mode: parameters on the meta device (no memory, any
     size), or with values (random) on the CPU for a model that is to run."""
     import torch
+    import transformers
     from transformers import AutoModelForCausalLM
 
-    from graphllm.trace.capture import ATTENTION, register_attention
-
     register_attention()
+    # transformers' notices (deprecated arguments, fallbacks to torch code) are about running
+    # the model, which a trace does not
+    transformers.logging.set_verbosity_error()
     cfg._attn_implementation = ATTENTION
+    if hasattr(cfg, "_experts_implementation"):
+        # the experts as one batched matmul over the routed pairs: traceable at any dtype
+        # (grouped_mm's meta kernel takes bf16 alone, and the eager loop reads routing values)
+        cfg._experts_implementation = "batched_mm"
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     device = torch.device("cpu" if values else "meta")
     try:

@@ -201,6 +201,8 @@ class _Lowering:
             raise ConfigError(
                 f"{ev.scope or 'the model'} runs aten.{kind}, which graphllm has no row for"
             )
+        if kind in _POINTWISE_MOVES | {"_to_copy"} and self.fold_constant(ev, vals):
+            return
         if kind == "embedding" and len(self.rec.shapes[vals[1].vid]) == 2:
             ins = [self.ref(vals[1].vid), self.ref(vals[0].vid)]
             self.out(ev, self.g.add("embedding", self.unique(ev.scope or "embedding"), ins))
@@ -212,6 +214,19 @@ class _Lowering:
         ins = [self.ref(v.vid) for v in vals]
         types = [self.g.type_of(r) for r in ins]
         self.generic(ev, kind, ins, types, concrete(args, self.point))
+
+    def fold_constant(self, ev: Event, vals: list[Val]) -> bool:
+        """A copy of a constant whose value is known (a Python number made a tensor) is that
+        constant: no op."""
+        if len(vals) != 1 or self.rec.sources.get(vals[0].vid, ("",))[0] != "constant":
+            return False
+        if vals[0].vid in self.refs and self.rec.values.get(vals[0].vid) is None:
+            return False
+        value = self.rec.values.get(vals[0].vid)
+        vid = ev.outs[0]
+        self.rec.sources[vid] = ("constant", f"{ev.scope or 'model'}.constant")
+        self.rec.values[vid] = value
+        return True
 
     def fold_mask(self, ev: Event, kind: str, vals: list[Val]) -> None:
         """A mask's bookkeeping (a slice, a cast, a copy of it) carries its relation on."""
@@ -322,13 +337,15 @@ def _signature(
         return _finish([letters], [[letters[i] for i in order]], ins, outs)
     if kind in _VIEWS:
         return _regroup(ins[0], outs[0], _probe_shape(ev, shapes, 0), shapes[ev.outs[0]], fresh)
+    if kind == "native_layer_norm":
+        return _layer_norm(args, ins, outs, fresh)
     if kind in ("_softmax", "cumsum"):
         letters = [fresh() for _ in ins[0].dims]
         dim = args[1] % len(letters)
         return _finish([letters], [letters], ins, outs, reduce=(letters[dim],))
     if category == "reduction":
         return _reduction(kind, args, ins, outs, fresh)
-    if kind in ("slice", "select", "cat", "split", "split_with_sizes", "unbind"):
+    if kind in ("slice", "select", "cat", "stack", "split", "split_with_sizes", "unbind"):
         return _along(kind, args, ins, outs, fresh)
     if kind in ("index_select", "gather", "index", "embedding", "constant_pad_nd", "repeat"):
         return _indexing(kind, args, ins, outs, fresh)
@@ -434,6 +451,15 @@ def _regroup(
     return _finish([a], [[x for x in b if x is not None]], [src], [dst], tuple(same))
 
 
+def _layer_norm(args: Any, ins: list[TensorType], outs: list[TensorType], fresh: _Fresh) -> _Sig:
+    """x over its last len(normalized_shape) axes, with a weight and a bias of those axes."""
+    x = [fresh() for _ in ins[0].dims]
+    k = len(args[1])
+    kept = [*x[:-k], *(fresh() for _ in range(k))]
+    operands = [x] + [x[-k:] for _ in ins[1:]]
+    return _finish(operands, [x, kept, kept], ins, outs, reduce=tuple(x[-k:]))
+
+
 def _reduction(
     kind: str, args: Any, ins: list[TensorType], outs: list[TensorType], fresh: _Fresh
 ) -> _Sig:
@@ -462,10 +488,9 @@ def _along(
 ) -> _Sig:
     """Ops along one axis (slice, select, cat, split, unbind): the other axes pass through;
     where the axis is a token axis each output position is one input position."""
-    rank = len(ins[0].dims) if kind != "cat" else len(outs[0].dims)
-    dim = (args[1] if len(args) > 1 and args[1] is not None else 0) % rank
-    if kind == "cat":
-        dim = (args[1] if len(args) > 1 else 0) % rank
+    rank = len(ins[0].dims) if kind not in ("cat", "stack") else len(outs[0].dims)
+    at_arg = 2 if kind in ("split", "split_with_sizes") else 1
+    dim = (args[at_arg] if len(args) > at_arg and args[at_arg] is not None else 0) % rank
     base = [fresh() for _ in range(rank)]
 
     def at(d: Dim) -> list[str]:
@@ -474,6 +499,10 @@ def _along(
     def token(t: TensorType) -> bool:
         return t.dims[dim].role in ("token", "key_token", "slot") if len(t.dims) > dim else False
 
+    if kind == "stack":
+        out = at(outs[0].dims[dim])
+        operands = [[x for n, x in enumerate(base) if n != dim] for _ in ins]
+        return _finish(operands, [out], ins, outs)
     if kind == "cat":
         operands = [at(t.dims[dim]) for t in ins]
         out = at(outs[0].dims[dim])

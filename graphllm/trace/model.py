@@ -64,6 +64,7 @@ def traced_graph(
     dtype = "fp32" if values else _trace_dtype(wl.act_dtype)
     model = causal_lm(cfg, values, dtype)
     points = DECODE_PROBES if wl.past_len else PREFILL_PROBES
+    _check_window(cfg, points, wl)
     recs = [record(model, p) for p in points]
     shapes, args = fit_recordings(recs, points)
     label = name or raw.get("_name_or_path") or cfg.model_type
@@ -80,6 +81,29 @@ def traced_graph(
     )
     fitted = Fitted(recs[0], shapes, args, size_roles(cfg), points[0], str(label), meta)
     return lower(fitted, (wl.batch, wl.seq_len, wl.past_len))
+
+
+# config fields holding a span of positions past which transformers' cache code takes another
+# path (a sliding-window layer keeps W - 1 past keys, a chunked one its chunk's)
+_SPANS = ("sliding_window", "attention_chunk_size", "sliding_window_size", "local_window_size")
+
+
+def _check_window(cfg: Any, points: tuple, wl: Workload) -> None:
+    """A traced graph holds while every layer keeps every past key: the probes and the
+    workload both below the smallest window or chunk (beyond it the cache is cut, a branch on
+    the length that one trace does not see)."""
+    spans = [v for f in _SPANS if isinstance(v := getattr(cfg, f, None), int) and v > 0]
+    if not spans:
+        return
+    span = min(spans)
+    if max(t + p for _, t, p in points) >= span - 1:
+        raise ConfigError(f"a window of {span} positions is too short to trace this model at")
+    if wl.key_len >= span - 1:
+        raise ConfigError(
+            f"the traced graph holds up to {span - 2} positions (its layers' window or chunk "
+            f"is {span}); this workload has {wl.key_len}: the cache of its windowed layers "
+            "is cut past that, which the trace does not model yet"
+        )
 
 
 def _trace_dtype(act: str) -> str:

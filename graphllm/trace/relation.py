@@ -23,7 +23,13 @@ def read_relation(fn: Callable[..., Any] | None) -> dict[str, Any]:
         return {"causal": True, "window": None}
 
     def allowed(q: int, k: int) -> bool:
-        return bool(fn(0, 0, q, k))
+        try:
+            return bool(fn(0, 0, q, k))
+        except (AttributeError, TypeError):  # a function of index tensors, not numbers
+            import torch
+
+            zero = torch.tensor(0)
+            return bool(fn(zero, zero, torch.tensor(q), torch.tensor(k)))
 
     try:
         causal = not allowed(_FAR, _FAR + 1)

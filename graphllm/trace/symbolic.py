@@ -127,11 +127,10 @@ def _same_events(a, b, pa: Point, pb: Point) -> None:
         x.op == y.op and x.outs == y.outs for x, y in zip(a.events, b.events)
     ):
         return
-    for i, (x, y) in enumerate(zip(a.events, b.events)):
-        if x.op != y.op or x.outs != y.outs:
-            break
-    else:
-        i = min(len(a.events), len(b.events))
+    i = next(
+        (n for n, (x, y) in enumerate(zip(a.events, b.events)) if x.op != y.op or x.outs != y.outs),
+        min(len(a.events), len(b.events)),
+    )
     where = a.events[min(i, len(a.events) - 1)].scope or "the model"
     raise ConfigError(
         f"the model's code runs different ops at B,T,P={pa} and {pb} (from op {i}, in "

@@ -1,0 +1,292 @@
+"""Coverage of the traced frontend: every decoder-only causal LM of the installed transformers.
+
+For each model type of MODEL_FOR_CAUSAL_LM_MAPPING_NAMES (less the encoder-decoder and
+remote-code ones, listed with why), a tiny random model is made from transformers' own config
+class (its defaults with the sizes cut down), and the traced frontend is checked against it:
+- trace: prefill and a cached decode step trace and lower to a verified Graph;
+- params: the graph's parameter count equals the model's;
+- flops: the graph's matmul FLOPs equal torch's FlopCounterMode on the same forward;
+- logits: the numpy interpreter's logits equal transformers' (eager attention, fp32), prefill
+  and decode, within 1e-4.
+Each type runs in its own process with a time limit; a failure is one line naming its cause.
+
+    python benchmarks/traced_coverage.py [--only llama,qwen3] [--jobs 2] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import statistics
+import sys
+import time
+import traceback
+from collections import Counter
+from typing import Any
+
+TINY = {
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 128,
+    "max_position_embeddings": 512,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 48,
+    "num_experts": 4,
+    "num_local_experts": 4,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "kv_lora_rank": 16,
+    "q_lora_rank": 24,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 16,
+    "n_group": 1,
+    "topk_group": 1,
+    "sliding_window": 64,
+    "attention_chunk_size": 64,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "mamba_num_heads": 4,
+    "mamba_head_dim": 16,
+    "ssm_state_size": 8,
+    "n_groups": 1,
+    "num_heads": 4,
+    "d_model": 64,
+    "n_embd": 64,
+    "n_head": 4,
+    "n_layer": 2,
+    "n_positions": 512,
+    "ffn_dim": 96,
+    "d_ff": 96,
+    "num_layers": 2,
+    "n_inner": 96,
+}
+# causal-LM types that are not decoder-only language models, and why they are left out
+EXCLUDED = {
+    "encoder": "an encoder (BERT-like, or a seq2seq model's half): bidirectional unless used as "
+    "a decoder, not a decoder-only LM",
+}
+
+
+def _encoder(cls: Any) -> bool:
+    try:
+        cfg = cls()
+    except Exception:  # a default config that does not validate: judged by its fields
+        return getattr(cls, "is_encoder_decoder", False)
+    seq2seq = getattr(cfg, "is_encoder_decoder", False)
+    return seq2seq or (
+        getattr(cfg, "is_decoder", None) is False and hasattr(cfg, "add_cross_attention")
+    )
+
+
+def decoder_types() -> tuple[list[str], dict[str, str]]:
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    keep, skipped = [], {}
+    for mt in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
+        if mt not in CONFIG_MAPPING:  # a lazy mapping, whose .get finds nothing
+            skipped[mt] = "no config class"
+            continue
+        cls = CONFIG_MAPPING[mt]
+        if cls is None:
+            skipped[mt] = "no config class"
+        elif _encoder(cls):
+            skipped[mt] = EXCLUDED["encoder"]
+        else:
+            keep.append(mt)
+    return keep, skipped
+
+
+def tiny_config(model_type: str) -> dict[str, Any]:
+    """A config.json dict of `model_type` with transformers' defaults and tiny sizes."""
+    from transformers import CONFIG_MAPPING
+
+    default = CONFIG_MAPPING[model_type]().to_dict()
+    raw = {k: v for k, v in TINY.items() if k in default}
+    if "qk_rope_head_dim" in default:  # MLA: the head width is its parts'
+        raw.pop("head_dim", None)
+    for k in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        if isinstance(default.get(k), int):
+            raw[k] = 0
+    text = default.get("text_config")
+    if isinstance(text, dict):
+        raw["text_config"] = {k: v for k, v in TINY.items() if k in text}
+    raw["model_type"] = model_type
+    return raw
+
+
+def check(model_type: str) -> dict[str, Any]:
+    import numpy as np
+    import torch
+    import transformers
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from graphllm.models.workload import Workload
+    from graphllm.passes import run
+    from graphllm.runtime.interpret import Interpreter
+    from graphllm.trace import traced_graph
+
+    row: dict[str, Any] = {"model_type": model_type}
+    raw = tiny_config(model_type)
+    torch.manual_seed(0)
+    cfg = transformers.CONFIG_MAPPING[model_type](
+        **{k: v for k, v in raw.items() if k != "model_type"}
+    )
+    if hasattr(cfg, "_experts_implementation"):  # the traced one's: FlopCounterMode counts it
+        cfg._experts_implementation = "batched_mm"
+    ref = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    weights = {k: v.detach().float().numpy() for k, v in ref.named_parameters()}
+    vocab = ref.get_output_embeddings().weight.shape[0]
+    b, t, p = 2, 5, 4
+    rng = np.random.default_rng(0)
+    ids, past_ids = rng.integers(0, vocab, (b, t)), rng.integers(0, vocab, (b, p))
+    for phase, past in (("prefill", 0), ("decode", p)):
+        start = time.perf_counter()
+        g = traced_graph(
+            raw, Workload(batch=b, seq_len=t, past_len=past, dtype="fp32"), values=True
+        )
+        row[f"{phase}_s"] = time.perf_counter() - start
+        row[f"{phase}_trace"] = True
+        res = run(g, ["verify", "params", "tokens", "cost"])
+        with torch.no_grad():
+            cache = ref(torch.tensor(past_ids), use_cache=True).past_key_values if past else None
+            feeds = _feeds(g, ids, past, cache)
+            kw = (
+                {"position_ids": torch.tensor(feeds["position_ids"])}
+                if "position_ids" in feeds
+                else {}
+            )
+            with FlopCounterMode(display=False) as fc:
+                want = ref(torch.tensor(ids), past_key_values=cache, **kw).logits.float().numpy()
+        row["params"] = res["params"].total == sum(x.numel() for x in ref.parameters())
+        row[f"{phase}_flops"] = res["cost"].flops["matmul"] == fc.get_total_flops()
+        got = Interpreter(g, weights).run(feeds)["logits"]
+        row[f"{phase}_logits"] = bool(np.abs(got - want).max() < 1e-4)
+    return row
+
+
+def _feeds(g: Any, ids: Any, past: int, cache: Any) -> dict[str, Any]:
+    import numpy as np
+
+    b, t = ids.shape
+    feeds = {"input_ids": ids}
+    if "position_ids" in g:
+        feeds["position_ids"] = np.broadcast_to(np.arange(past, past + t), (b, t)).copy()
+    for n in g.nodes("input"):
+        if n.name.startswith("past_key_values."):
+            _, i, attr = n.name.split(".", 2)
+            attr = {"key": "keys", "value": "values"}.get(attr, attr)
+            feeds[n.name] = getattr(cache.layers[int(i)], attr).float().numpy().copy()
+    return feeds
+
+
+def _child(model_type: str, q: Any) -> None:
+    import warnings
+
+    warnings.simplefilter("ignore")
+    try:
+        q.put(check(model_type))
+    except Exception as e:  # one line: the cause
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        q.put(
+            {
+                "model_type": model_type,
+                "error": f"{type(e).__name__}: {msg[:300]}",
+                "at": f"{where.filename.rsplit('/', 1)[-1]}:{where.lineno}",
+            }
+        )
+
+
+def run_one(model_type: str, timeout: float) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")  # fork from a threaded parent that holds torch can deadlock
+    q = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(model_type, q))
+    proc.start()
+    proc.join(timeout)
+    if proc.is_alive():
+        proc.kill()
+        return {"model_type": model_type, "error": f"timed out after {timeout:.0f} s"}
+    try:
+        return q.get(timeout=5)
+    except Exception:
+        return {"model_type": model_type, "error": f"the check process died (exit {proc.exitcode})"}
+
+
+PASSES = ("prefill_trace", "decode_trace", "params", "prefill_flops", "decode_flops")
+RUNS = ("prefill_logits", "decode_logits")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", help="comma-separated model types")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args()
+    types, skipped = decoder_types()
+    if args.only:
+        types = [t for t in args.only.split(",") if t]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        rows = list(pool.map(lambda mt: run_one(mt, args.timeout), types))
+    report(rows, skipped)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "excluded": skipped}, f, indent=1)
+
+
+def report(rows: list[dict[str, Any]], skipped: dict[str, str]) -> None:
+    n = len(rows)
+    exact = [r for r in rows if all(r.get(k) for k in PASSES)]
+    runs = [r for r in exact if all(r.get(k) for k in RUNS)]
+    print(f"{'model_type':28} trace  params flops  logits  prefill_s")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['model_type']:28} FAIL   {r['error'][:150]}")
+            continue
+        marks = ["ok" if r.get(k) else "--" for k in ("decode_trace", "params", "decode_flops")]
+        logits = "ok" if all(r.get(k) for k in RUNS) else "--"
+        print(
+            f"{r['model_type']:28} {marks[0]:6} {marks[1]:6} {marks[2]:6} {logits:7} {r.get('prefill_s', 0):.2f}"
+        )
+    print(f"\n{n} decoder-only types; {len(skipped)} excluded (encoder-decoder or no config class)")
+    print(
+        f"trace with exact params and FLOPs: {len(exact)}/{n} = {100 * len(exact) / max(n, 1):.0f}%"
+    )
+    print(
+        f"and logits equal transformers' (numpy interpreter): {len(runs)}/{n} = {100 * len(runs) / max(n, 1):.0f}%"
+    )
+    times = [r["prefill_s"] for r in rows if "prefill_s" in r]
+    if times:
+        print(f"median trace time (prefill, 3 probes): {statistics.median(times):.2f} s")
+    causes = Counter(
+        r["error"].split(":")[0] + ": " + _cause(r["error"]) for r in rows if "error" in r
+    )
+    if causes:
+        print("\nfailures by cause:")
+        for cause, k in causes.most_common():
+            print(f"  {k:3}  {cause}")
+
+
+def _cause(error: str) -> str:
+    text = error.split(":", 1)[1].strip() if ":" in error else error
+    for key in ("runs aten.", "fails in", "mask", "branches", "no linear rule", "item()"):
+        if key in text:
+            return text[: text.find(key) + len(key) + 30].split(" in model")[0]
+    return text[:90]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""The traced frontend against transformers itself: a tiny random model of a config, its weights,
+and what its forward gives (logits, cache, FlopCounterMode's count), prefill and decode."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from graphllm.ir import Graph
+from graphllm.models.workload import Workload
+from graphllm.passes import run
+from graphllm.runtime.interpret import Interpreter
+from graphllm.trace import traced_graph
+
+B, T, P = 2, 5, 4
+# tiny configs of each kind, as transformers' config classes take them
+TINY = dict(
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+FAMILIES = {
+    "dense": dict(TINY, model_type="llama"),
+    "qk_norm": dict(TINY, model_type="qwen3"),
+    "sliding": dict(TINY, model_type="mistral", sliding_window=64),
+    "moe": dict(
+        TINY, model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16
+    ),
+    "layernorm_bias": dict(
+        model_type="starcoder2",
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=64,
+    ),
+}
+
+
+@dataclass
+class Checked:
+    graph: Graph
+    results: Any
+    logits: np.ndarray
+    want: np.ndarray
+    flops: int
+    params: int
+
+
+def check_traced(raw: dict[str, Any], past: int = 0) -> Checked:
+    """Trace `raw` at B=2, T=5 (after `past` cached tokens) and run it beside transformers'
+    eager forward of a random model with the same weights."""
+    import torch
+    import transformers
+    from torch.utils.flop_counter import FlopCounterMode
+
+    fields = {k: v for k, v in raw.items() if k != "model_type"}
+    cfg = transformers.CONFIG_MAPPING[raw["model_type"]](**fields)
+    torch.manual_seed(0)
+    if hasattr(cfg, "_experts_implementation"):  # the traced one's: FlopCounterMode counts it
+        cfg._experts_implementation = "batched_mm"
+    ref = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    weights = {k: v.detach().float().numpy() for k, v in ref.named_parameters()}
+    vocab = ref.get_output_embeddings().weight.shape[0]
+    rng = np.random.default_rng(0)
+    ids, past_ids = rng.integers(0, vocab, (B, T)), rng.integers(0, vocab, (B, past))
+    g = traced_graph(raw, Workload(batch=B, seq_len=T, past_len=past, dtype="fp32"), values=True)
+    res = run(g, ["verify", "params", "tokens", "cost", "memory"])
+    feeds: dict[str, np.ndarray] = {"input_ids": ids}
+    positions = np.broadcast_to(np.arange(past, past + T), (B, T)).copy()
+    with torch.no_grad():
+        cache = ref(torch.tensor(past_ids), use_cache=True).past_key_values if past else None
+        for n in g.nodes("input"):
+            if n.name == "position_ids":
+                feeds[n.name] = positions
+            elif n.name.startswith("past_key_values."):
+                _, i, attr = n.name.split(".", 2)
+                attr = {"key": "keys", "value": "values"}.get(attr, attr)
+                feeds[n.name] = getattr(cache.layers[int(i)], attr).float().numpy().copy()
+        with FlopCounterMode(display=False) as fc:
+            kw = {"position_ids": torch.tensor(positions)} if "position_ids" in feeds else {}
+            want = ref(torch.tensor(ids), past_key_values=cache, **kw).logits.float().numpy()
+    got = Interpreter(g, weights).run(feeds)["logits"]
+    n = sum(x.numel() for x in ref.parameters())
+    return Checked(g, res, got, want, fc.get_total_flops(), n)

@@ -1,0 +1,49 @@
+"""The mask relation read from transformers' mask functions, and sizes fitted to the probes."""
+
+from __future__ import annotations
+
+import pytest
+
+from graphllm.errors import ConfigError
+from graphllm.trace.relation import read_relation
+from graphllm.trace.symbolic import DECODE_PROBES, PREFILL_PROBES, Expr, fit
+
+masking = pytest.importorskip("transformers.masking_utils")
+
+
+def test_causal_window_and_chunk_relations():
+    assert read_relation(masking.causal_mask_function) == {"causal": True, "window": None}
+    window = masking.sliding_window_causal_mask_function(4096)
+    assert read_relation(window) == {"causal": True, "window": 4096}
+
+    # Llama 4's chunked attention, as transformers' chunked overlay computes it unpadded
+    def chunk(b, h, q, k):
+        return k <= q and k // 8192 == q // 8192
+
+    assert read_relation(chunk) == {"causal": True, "window": None, "chunk": 8192}
+    assert read_relation(masking.bidirectional_mask_function)["causal"] is False
+
+
+def test_a_mask_no_relation_describes_is_refused():
+    with pytest.raises(ConfigError, match="not a causal, sliding-window or chunked"):
+        read_relation(lambda b, h, q, k: (q + k) % 3 == 0)
+
+
+@pytest.mark.parametrize(
+    ("rule", "points"),
+    [
+        (Expr(0, 4096, 0, 0), PREFILL_PROBES),
+        (Expr(1, 0, 1, 0), PREFILL_PROBES),  # B*T: tokens flattened
+        (Expr(1, 0, 8, 0), PREFILL_PROBES),  # B*T*k routed pairs
+        (Expr(0, 0, 1, 1), DECODE_PROBES),  # S = P + T
+        (Expr(0, 0, 0, 1), DECODE_PROBES),  # the past
+        (Expr(1, 1, 0, 0), DECODE_PROBES),  # B
+    ],
+)
+def test_fit_recovers_each_rule(rule, points):
+    assert fit([rule.value(*p) for p in points], points) == rule
+
+
+def test_a_size_that_branches_fits_nothing():
+    # min(T, 6): a sliding cache cut at its window, seen below and above it
+    assert fit([min(t, 6) for _, t, _ in PREFILL_PROBES], PREFILL_PROBES) is None

@@ -1,0 +1,63 @@
+"""`graphllm trace` on a model graphllm builds no family for, and the frontend choices."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("transformers")
+from graphllm.cli.main import main
+from tests.support.traced import FAMILIES
+
+
+def _write(tmp_path, raw):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    return str(path)
+
+
+def test_a_model_type_without_a_family_is_traced(tmp_path):
+    path = _write(tmp_path, FAMILIES["layernorm_bias"])
+    r = CliRunner().invoke(main, ["trace", "--config", path, "-t", "16", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["model"]["frontend"] == "traced" and doc["model"]["model_type"] == "starcoder2"
+    assert doc["token_mixing"]["mixing_ops"] == ["pv", "scores", "softmax"]
+    text = CliRunner().invoke(main, ["trace", "--config", path, "-t", "16"]).output
+    assert "frontend: traced from transformers' modeling code" in text
+
+
+def test_traced_and_built_llama_agree(tmp_path):
+    path = _write(tmp_path, FAMILIES["dense"])
+    docs = {}
+    for frontend in ("built", "traced"):
+        args = ["trace", "--config", path, "-t", "16", "--past-len", "8", "--json"]
+        r = CliRunner().invoke(main, [*args, "--frontend", frontend])
+        assert r.exit_code == 0, r.output
+        docs[frontend] = json.loads(r.output)
+    built, traced = docs["built"], docs["traced"]
+    assert built["model"]["frontend"] == "built"
+    assert traced["params"]["total"] == built["params"]["total"]
+    assert traced["flops"]["matmul"] == built["flops"]["matmul"]
+    assert traced["flops"]["matmul_causal"] == built["flops"]["matmul_causal"]
+    for key in ("weights", "kv_cache"):
+        assert traced["memory"][key] == built["memory"][key], key
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        ({"model_type": "llama", "auto_map": {"AutoModel": "x.Y"}}, "never runs code"),
+        ({"model_type": "no_such_model"}, "implements no model of that type"),
+        ({"model_type": "bert"}, "is an encoder"),
+        ({"model_type": "t5"}, "not a causal language model"),
+    ],
+)
+def test_refusals_are_one_line(tmp_path, raw, says):
+    r = CliRunner().invoke(
+        main, ["trace", "--config", _write(tmp_path, raw), "--frontend", "traced"]
+    )
+    assert r.exit_code == 2, r.output
+    assert says in r.output and len(r.output.strip().splitlines()) == 1
