@@ -32,6 +32,9 @@ def hf_config(raw: dict[str, Any]) -> Any:
     """transformers' config of a causal LM from its config.json's fields; a multimodal
     wrapper's text decoder where the model_type is one (its text_config)."""
     transformers = require_transformers()
+    # transformers' notices (deprecated arguments, fallbacks to torch code, token ids past a
+    # small vocabulary) are about running or training the model, which a trace does not
+    transformers.logging.set_verbosity_error()
     from transformers import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -74,13 +77,9 @@ def causal_lm(cfg: Any, values: bool, dtype: str) -> Any:
     """The causal LM of `cfg` in eval mode: parameters on the meta device (no memory, any
     size), or with values (random) on the CPU for a model that is to run."""
     import torch
-    import transformers
     from transformers import AutoModelForCausalLM
 
     register_attention()
-    # transformers' notices (deprecated arguments, fallbacks to torch code) are about running
-    # the model, which a trace does not
-    transformers.logging.set_verbosity_error()
     cfg._attn_implementation = ATTENTION
     if hasattr(cfg, "_experts_implementation"):
         # the experts as one batched matmul over the routed pairs: traceable at any dtype
