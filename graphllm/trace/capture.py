@@ -61,6 +61,9 @@ class Recording:
     outputs: dict[str, tuple[int, str | None]] = field(default_factory=dict)
     # module path -> its class name, for the scopes' kinds
     modules: dict[str, str] = field(default_factory=dict)
+    # a representative decoder layer's path -> its events' span, input and output tensors
+    # (graphllm.trace.layers)
+    layers: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 _DTYPES = {

@@ -14,6 +14,7 @@ from typing import Any
 from graphllm.errors import ConfigError
 from graphllm.ir import CACHE, STATE
 from graphllm.trace.capture import Recording, recorder_modes
+from graphllm.trace.layers import replaying, representatives
 from graphllm.trace.symbolic import Point
 
 # a cache layer's attribute -> the name its tensor has in graphllm's (and onnxruntime-genai's)
@@ -60,7 +61,7 @@ def record(model: Any, point: Point) -> Recording:
             kwargs[cache_arg] = cache
         hooks = box.scope_hooks()
         try:
-            with functions, dispatch:
+            with functions, dispatch, replaying(model, box):
                 out = torch.func.functional_call(model, tensors, (), kwargs, strict=False)
         except ConfigError:
             raise
@@ -69,6 +70,9 @@ def record(model: Any, point: Point) -> Recording:
         finally:
             for h in hooks:
                 h.remove()
+    rec.layers = {
+        k: {a: b for a, b in v.items() if a != "structure"} for k, v in box.layers.items()
+    }
     rec.outputs["logits"] = (box.val(out.logits).vid, None)
     made = {vid for ev in rec.events for vid in ev.outs}
     for name, t, role in _cache_tensors(_cache_of(out), "present"):
@@ -81,7 +85,10 @@ def record(model: Any, point: Point) -> Recording:
 def _fake_weights(model: Any, mode: Any, box: Any, values: dict[str, Any]) -> dict[str, Any]:
     """The model's parameters and buffers as fake tensors, each a source of the recording."""
     tensors = {}
+    repeats = tuple(f"{path}." for path in representatives(model))
     for name, p in model.named_parameters():
+        if name.startswith(repeats):  # a repeated layer never runs: its representative does
+            continue
         tensors[name] = fake = mode.from_tensor(p)
         box.source(fake, "param", name)
     for name, b in model.named_buffers():

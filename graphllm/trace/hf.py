@@ -38,16 +38,17 @@ def hf_config(raw: dict[str, Any]) -> Any:
     from transformers import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    if raw.get("auto_map"):
-        raise ConfigError(
-            "the config needs the model's own code (auto_map); graphllm never runs code from "
-            "a config, and transformers implements no model of that name"
-        )
     model_type = raw.get("model_type")
+    if raw.get("auto_map") and not (isinstance(model_type, str) and model_type in CONFIG_MAPPING):
+        raise ConfigError(
+            f"model_type {shown(model_type)} needs the model's own code (auto_map), which "
+            f"transformers {transformers.__version__} does not implement; graphllm never runs "
+            "code from a config"
+        )
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
         raise ConfigError(
-            f"model_type {shown(model_type)}: transformers {transformers.__version__} "
-            "implements no model of that type"
+            f"unknown model_type {shown(model_type)}: neither a graphllm family nor "
+            f"transformers {transformers.__version__} implements it"
         )
     fields = {k: v for k, v in raw.items() if not k.startswith("_")}
     try:
@@ -60,6 +61,7 @@ def hf_config(raw: dict[str, Any]) -> Any:
             "graphllm models decoder-only causal language models"
         )
     text = getattr(cfg, "text_config", None)
+    _require_sizes(raw if text is None else raw.get("text_config") or {}, text or cfg)
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or (
         text is not None and text.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     ):
@@ -95,3 +97,18 @@ def causal_lm(cfg: Any, values: bool, dtype: str) -> Any:
             f"transformers cannot build this {cfg.model_type} model: {str(e).splitlines()[0]}"
         ) from None
     return model.eval()
+
+
+# the sizes a config must give itself: transformers' defaults would stand in for them silently
+REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers")
+
+
+def _require_sizes(raw: dict[str, Any], cfg: Any) -> None:
+    stored = getattr(cfg, "attribute_map", {})  # a public name -> the field that holds it
+    missing = [f for f in REQUIRED if hasattr(cfg, f) and not {f, stored.get(f)} & set(raw)]
+    if missing:
+        raise ConfigError(
+            f"missing required field{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(repr(f) for f in missing)} for model_type {cfg.model_type!r} "
+            "(transformers' defaults would stand in for them)"
+        )

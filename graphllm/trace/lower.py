@@ -17,7 +17,6 @@ from graphllm.ir import Dim, Graph, Node, Ref, TensorType
 from graphllm.ops import OPS
 from graphllm.ops.generic import ATEN, generic_row
 from graphllm.trace.capture import Event, Recording, Val
-from graphllm.trace.relation import read_relation
 from graphllm.trace.scopes import param_kind, scope_kinds
 from graphllm.trace.symbolic import Expr, Point, concrete
 
@@ -140,7 +139,7 @@ class _Lowering:
         elif ev.op == "attention":
             self.attention(ev)
         elif ev.op == "mask":
-            self.masks[ev.outs[0]] = read_relation(ev.kwargs["function"])
+            self.masks[ev.outs[0]] = ev.kwargs["relation"]
         else:
             self.aten(ev, args)
 
@@ -582,10 +581,13 @@ def _shape(t: TensorType, bindings: dict[str, float]) -> tuple[int, ...]:
 
 def _blocks(g: Graph, scopes: dict[str, str]) -> list[str]:
     """Each decoder layer's last node, in order (per-layer reports)."""
-    layers = [p for p, k in scopes.items() if k == "layer"]
+    layers = {p for p, k in scopes.items() if k == "layer"}
     last: dict[str, str] = {}
     for n in g.nodes():
-        for p in layers:
-            if n.name.startswith(p + "."):
-                last[p] = n.name
-    return [last[p] for p in layers if p in last]
+        parts = n.name.split(".")
+        for i in range(1, len(parts)):
+            prefix = ".".join(parts[:i])
+            if prefix in layers:
+                last[prefix] = n.name
+                break
+    return [last[p] for p in scopes if p in last]

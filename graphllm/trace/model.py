@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from graphllm.errors import ConfigError
@@ -10,7 +10,12 @@ from graphllm.ir import Graph
 from graphllm.models.workload import Workload
 from graphllm.trace.forward import record
 from graphllm.trace.hf import causal_lm, hf_config
+from graphllm.trace.layers import expand
 from graphllm.trace.lower import Fitted, lower
+from graphllm.trace.relation import read_relation
+from graphllm.trace.store import load as load_stored
+from graphllm.trace.store import save as save_stored
+from graphllm.trace.store import stored_key
 from graphllm.trace.symbolic import DECODE_PROBES, PREFILL_PROBES, fit_recordings
 
 FRONTEND = "traced"
@@ -60,16 +65,21 @@ def traced_graph(
     (random) values on the CPU, so the constants it computes (RoPE tables) are in the graph and
     it runs; otherwise on the meta device, any size."""
     wl = workload or Workload()
-    cfg = hf_config(raw)
     dtype = "fp32" if values else _trace_dtype(wl.act_dtype)
-    model = causal_lm(cfg, values, dtype)
     points = DECODE_PROBES if wl.past_len else PREFILL_PROBES
-    _check_window(cfg, points, wl)
-    recs = [record(model, p) for p in points]
-    shapes, args = fit_recordings(recs, points)
-    label = name or raw.get("_name_or_path") or cfg.model_type
-    meta = dict(
-        config=traced_config(cfg, str(label)),
+    stored = stored_key(raw, points, dtype, values)
+    fitted = load_stored(stored)
+    if not isinstance(fitted, Fitted):
+        cfg = hf_config(raw)
+        _check_window(_span(cfg), points, None)
+        fitted = _fitted(cfg, points, dtype, values)
+        save_stored(stored, fitted)
+    _check_window(fitted.meta["span"], points, wl)
+    label = str(name or raw.get("_name_or_path") or fitted.meta["config"].model_type)
+    fitted.name = label
+    fitted.meta = dict(
+        fitted.meta,
+        config=replace(fitted.meta["config"], name=label),
         workload=wl,
         frontend=FRONTEND,
         act_dtype=wl.act_dtype,
@@ -79,8 +89,22 @@ def traced_graph(
         quantization=None,
         mla=None,
     )
-    fitted = Fitted(recs[0], shapes, args, size_roles(cfg), points[0], str(label), meta)
     return lower(fitted, (wl.batch, wl.seq_len, wl.past_len))
+
+
+def _fitted(cfg: Any, points: tuple, dtype: str, values: bool) -> Fitted:
+    """Record the model at `points`, fit its sizes, write its repeated layers out and read
+    its masks' relations: all a lowering at any workload of the phase needs."""
+    model = causal_lm(cfg, values, dtype)
+    recs = [record(model, p) for p in points]
+    shapes, args = fit_recordings(recs, points)
+    rec = recs[0]
+    args = expand(rec, args, shapes, rec.layers)
+    for ev in rec.events:
+        if ev.op == "mask":  # the function itself does not outlive this process
+            ev.kwargs = {"relation": read_relation(ev.kwargs["function"])}
+    meta = {"config": traced_config(cfg, cfg.model_type), "span": _span(cfg)}
+    return Fitted(rec, shapes, args, size_roles(cfg), points[0], meta=meta)
 
 
 # config fields holding a span of positions past which transformers' cache code takes another
@@ -88,17 +112,21 @@ def traced_graph(
 _SPANS = ("sliding_window", "attention_chunk_size", "sliding_window_size", "local_window_size")
 
 
-def _check_window(cfg: Any, points: tuple, wl: Workload) -> None:
+def _span(cfg: Any) -> int | None:
+    """The smallest window or chunk of the model's layers, if any."""
+    spans = [v for f in _SPANS if isinstance(v := getattr(cfg, f, None), int) and v > 0]
+    return min(spans) if spans else None
+
+
+def _check_window(span: int | None, points: tuple, wl: Workload | None) -> None:
     """A traced graph holds while every layer keeps every past key: the probes and the
     workload both below the smallest window or chunk (beyond it the cache is cut, a branch on
     the length that one trace does not see)."""
-    spans = [v for f in _SPANS if isinstance(v := getattr(cfg, f, None), int) and v > 0]
-    if not spans:
+    if span is None:
         return
-    span = min(spans)
     if max(t + p for _, t, p in points) >= span - 1:
         raise ConfigError(f"a window of {span} positions is too short to trace this model at")
-    if wl.key_len >= span - 1:
+    if wl is not None and wl.key_len >= span - 1:
         raise ConfigError(
             f"the traced graph holds up to {span - 2} positions (its layers' window or chunk "
             f"is {span}); this workload has {wl.key_len}: the cache of its windowed layers "

@@ -49,10 +49,11 @@ def test_traced_and_built_llama_agree(tmp_path):
 @pytest.mark.parametrize(
     ("raw", "says"),
     [
-        ({"model_type": "llama", "auto_map": {"AutoModel": "x.Y"}}, "never runs code"),
-        ({"model_type": "no_such_model"}, "implements no model of that type"),
-        ({"model_type": "bert"}, "is an encoder"),
-        ({"model_type": "t5"}, "not a causal language model"),
+        ({"model_type": "my_llm", "auto_map": {"AutoModel": "x.Y"}}, "never runs code"),
+        ({"model_type": "no_such_model"}, "unknown model_type 'no_such_model'"),
+        (dict(FAMILIES["dense"], model_type="bert"), "is an encoder"),
+        (dict(FAMILIES["dense"], model_type="t5"), "not a causal language model"),
+        ({"model_type": "gpt2", "n_embd": 64}, "'vocab_size', 'num_hidden_layers'"),
     ],
 )
 def test_refusals_are_one_line(tmp_path, raw, says):

@@ -1,0 +1,243 @@
+"""Recurring decoder layers: recorded once per kind, replayed for the rest.
+
+A 126-layer model runs the same layer 126 times. Layers whose modules are alike (the same
+classes, the same parameter shapes, the same plain attributes: a sliding layer's window, a
+layer's type; the layer's own index aside) are one kind. While a forward is recorded the first
+layer of each kind runs; every later one of its kind is replaced by a `replay` event (its input
+and output tensors, the layer it repeats), and `expand` writes the representative's events
+again under the repeat's names (its scope, its parameters, its cache entries) before lowering.
+The graph is the same as a full recording's; the recording is a layer of each kind long.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from graphllm.errors import ConfigError
+from graphllm.trace.capture import Event, Recording, Val
+
+# attributes that name the layer's position, not its kind
+_INDEX_ATTRS = frozenset(
+    {"layer_idx", "layer_id", "layer_index", "idx", "layer_number", "block_idx"}
+)
+_PLAIN = (int, float, str, bool, type(None))
+_LAYER = re.compile(r"^(?:.*\.)?(?:layers|h|blocks|layer)\.(\d+)$")
+
+
+def _plain(v: Any) -> bool:
+    return isinstance(v, _PLAIN) or (isinstance(v, tuple) and all(isinstance(x, _PLAIN) for x in v))
+
+
+def signature(module: Any) -> tuple:
+    """What makes a layer the kind it is: its modules' classes and plain attributes, and its
+    parameters' names, shapes and dtypes."""
+    parts = []
+    for name, sub in module.named_modules():
+        attrs = tuple(
+            sorted(
+                (k, v)
+                for k, v in vars(sub).items()
+                if not k.startswith("_") and k not in _INDEX_ATTRS and _plain(v)
+            )
+        )
+        parts.append((name, type(sub).__name__, attrs))
+    params = tuple((n, tuple(p.shape), str(p.dtype)) for n, p in module.named_parameters())
+    return tuple(parts), params
+
+
+def representatives(model: Any) -> dict[str, str]:
+    """Each repeating decoder layer's path -> the path of the first layer of its kind (found
+    once a model: every probe of it asks)."""
+    known = getattr(model, "_graphllm_layer_kinds", None)
+    if known is not None:
+        return known
+    first: dict[tuple, str] = {}
+    out: dict[str, str] = {}
+    for path, module in model.named_modules():
+        if not _LAYER.match(path):
+            continue
+        sig = signature(module)
+        rep = first.setdefault(sig, path)
+        if rep != path:
+            out[path] = rep
+    model._graphllm_layer_kinds = out
+    return out
+
+
+@contextmanager
+def replaying(model: Any, box: Any) -> Iterator[None]:
+    """Within the block, each layer of a kind seen before is a `replay` event, and each
+    representative's events, inputs and outputs are noted in `box.layers`."""
+    import torch
+
+    reps = representatives(model)
+    modules = dict(model.named_modules())
+    handles = []
+    box.layers = {}
+    for rep in set(reps.values()):
+        handles += _note(modules[rep], rep, box, torch)
+    for path, rep in reps.items():
+        modules[path].forward = _replay(path, rep, box, torch)
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        for path in reps:
+            del modules[path].forward  # the class's forward again
+
+
+def _tensors(x: Any, torch: Any) -> list[Any]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _tensors(v, torch)]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in _tensors(v, torch)]
+    return []
+
+
+def _note(module: Any, path: str, box: Any, torch: Any) -> list[Any]:
+    def pre(mod: Any, args: Any, kwargs: Any) -> None:
+        ins = [box.ids[id(t)] for t in _tensors((args, kwargs), torch) if id(t) in box.ids]
+        box.layers[path] = {"start": len(box.rec.events), "ins": ins}
+
+    def post(mod: Any, args: Any, kwargs: Any, out: Any) -> None:
+        note = box.layers[path]
+        note["end"] = len(box.rec.events)
+        note["outs"] = [box.ids[id(t)] for t in _tensors(out, torch)]
+        note["structure"] = out
+
+    return [
+        module.register_forward_pre_hook(pre, with_kwargs=True),
+        module.register_forward_hook(post, with_kwargs=True),
+    ]
+
+
+def _replay(path: str, rep: str, box: Any, torch: Any) -> Any:
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        note = box.layers.get(rep)
+        if note is None or "end" not in note:
+            raise ConfigError(f"{path} repeats {rep}, which has not run before it")
+        ins = [box.ids[id(t)] for t in _tensors((args, kwargs), torch) if id(t) in box.ids]
+        if len(ins) != len(note["ins"]):
+            raise ConfigError(f"{path} takes other tensors than {rep}, the layer it repeats")
+        with box.quiet():
+            out = _like(note["structure"], torch)
+        outs = tuple(box.number(t) for t in _tensors(out, torch))
+        box.rec.events.append(
+            Event("replay", tuple(Val(v) for v in ins), {"of": rep, "as": path}, outs, path)
+        )
+        return out
+
+    return forward
+
+
+def _like(x: Any, torch: Any) -> Any:
+    """New tensors of the shapes and dtypes of `x`'s, in its structure."""
+    if isinstance(x, torch.Tensor):
+        return torch.empty_like(x)
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return type(x)(*(_like(v, torch) for v in x))
+    if isinstance(x, (list, tuple)):
+        return type(x)(_like(v, torch) for v in x)
+    if isinstance(x, dict):
+        return type(x)({k: _like(v, torch) for k, v in x.items()})
+    return x
+
+
+def expand(rec: Recording, args: list[Any], shapes: dict[int, Any], layers: dict) -> list[Any]:
+    """Replace each replay event of `rec` by its representative's events under the repeat's
+    names; returns the fitted args of the new event list (`shapes` gains the new tensors')."""
+    events: list[Event] = []
+    new_args: list[Any] = []
+    by_name = {name: vid for vid, (kind, name) in rec.sources.items() if kind == "input"}
+    fresh = [max(rec.shapes) + 1]
+    for ev, a in zip(rec.events, args):
+        if ev.op != "replay":
+            events.append(ev)
+            new_args.append(a)
+            continue
+        note = layers[ev.kwargs["of"]]
+        span = slice(note["start"], note["end"])
+        rep, path = ev.kwargs["of"], ev.kwargs["as"]
+        for module, cls in list(rec.modules.items()):  # the repeat's modules: the same classes
+            if module == rep or module.startswith(rep + "."):
+                rec.modules.setdefault(path + module[len(rep) :], cls)
+        copy = _Copy(rec, shapes, ev, note, by_name, fresh)
+        for rev, ra in zip(rec.events[span], args[span]):
+            outs = tuple(copy.vid(o) for o in rev.outs)
+            ins = _map_vals(rev.args, copy.vid)
+            events.append(Event(rev.op, ins, rev.kwargs, outs, copy.names.name(rev.scope)))
+            new_args.append(_map_vals(ra, copy.vid))
+        for name, (vid, role) in list(rec.outputs.items()):
+            renamed = copy.names.cache(name)
+            if name.startswith("present.") and renamed != name and vid in copy.vmap:
+                rec.outputs[renamed] = (copy.vmap[vid], role)
+    rec.events = events
+    return new_args
+
+
+class _Copy:
+    """The tensors of one repeat: its representative's, renumbered where the repeat has its
+    own (inputs and outputs it was called with, what it makes, its weights and cache)."""
+
+    def __init__(
+        self, rec: Recording, shapes: dict, ev: Event, note: dict, by_name: dict, fresh: list[int]
+    ) -> None:
+        self.rec, self.shapes, self.by_name, self.fresh = rec, shapes, by_name, fresh
+        self.names = _Renamer(ev.kwargs["of"], ev.kwargs["as"])
+        self.vmap = dict(zip(note["ins"], (v.vid for v in ev.args)))
+        self.vmap.update(zip(note["outs"], ev.outs))
+        self.inside = {o for e in rec.events[note["start"] : note["end"]] for o in e.outs}
+
+    def vid(self, v: int) -> int:
+        if v in self.vmap:
+            return self.vmap[v]
+        rec = self.rec
+        kind, name = rec.sources.get(v, ("", ""))
+        if kind == "input":  # the repeat's own cache entry, where it has one
+            self.vmap[v] = self.by_name.get(self.names.cache(name), v)
+            return self.vmap[v]
+        if not (v in self.inside or (kind and self.names.name(name) != name)):
+            return v  # made before the layer and shared: a mask, the rotary tables
+        new = self.vmap[v] = self.fresh[0]
+        self.fresh[0] += 1
+        self.shapes[new] = self.shapes[v]
+        rec.shapes[new], rec.dtypes[new] = rec.shapes[v], rec.dtypes[v]
+        if kind:
+            rec.sources[new] = (kind, self.names.name(name))
+            if v in rec.values:
+                rec.values[new] = rec.values[v]
+        return new
+
+
+class _Renamer:
+    """Names under a representative layer -> the same names under its repeat."""
+
+    def __init__(self, rep: str, path: str) -> None:
+        self.rep, self.path = rep, path
+        self.rep_i, self.path_i = rep.rsplit(".", 1)[-1], path.rsplit(".", 1)[-1]
+
+    def name(self, name: str) -> str:
+        if name == self.rep or name.startswith(self.rep + "."):
+            return self.path + name[len(self.rep) :]
+        return name
+
+    def cache(self, name: str) -> str:
+        """past_key_values.{r}.key -> past_key_values.{i}.key (present. the same)."""
+        parts = name.split(".")
+        if len(parts) > 2 and parts[1] == self.rep_i and parts[0] in ("past_key_values", "present"):
+            parts[1] = self.path_i
+        return ".".join(parts)
+
+
+def _map_vals(x: Any, vid_of: Any) -> Any:
+    if isinstance(x, Val):
+        return Val(vid_of(x.vid))
+    if isinstance(x, tuple):
+        return tuple(_map_vals(v, vid_of) for v in x)
+    return x

@@ -1,0 +1,71 @@
+"""Traced models kept on disk, by what they were traced from, so the second trace of a model is a
+read and a lowering (as fast as a built family's graph to within the lowering).
+
+The key hashes the config's fields, the phase's probes, the compute dtype, the versions of
+torch, transformers and this file's format; the value is the fitted recording (its events,
+sizes as functions of B, T and P, constants' values), pickled. The folder is graphllm's cache
+($XDG_CACHE_HOME/graphllm/traced, else ~/.cache/graphllm/traced); GRAPHLLM_TRACE_CACHE=0 turns it
+off. A file that does not read back is traced again and replaced, never trusted in part.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from graphllm.errors import GraphllmError
+from graphllm.files import write_atomic
+
+FORMAT = 1  # bump when what is stored changes
+
+
+def cache_folder() -> Path | None:
+    if os.environ.get("GRAPHLLM_TRACE_CACHE", "1") == "0":
+        return None
+    cache = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(cache):  # the XDG spec: a relative path is invalid and ignored
+        cache = str(Path.home() / ".cache")
+    return Path(cache) / "graphllm" / "traced"
+
+
+def stored_key(raw: dict[str, Any], points: tuple, dtype: str, values: bool) -> str:
+    versions = []
+    for package in ("torch", "transformers"):
+        try:  # read from the installed metadata: importing them costs seconds
+            versions.append(metadata.version(package))
+        except metadata.PackageNotFoundError:
+            versions.append(None)
+    text = json.dumps(
+        [raw, points, dtype, values, versions, FORMAT],
+        sort_keys=True,
+        default=repr,
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def load(name: str) -> Any | None:
+    folder = cache_folder()
+    if folder is None:
+        return None
+    path = folder / f"{name}.pkl"
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, ValueError):
+        return None
+
+
+def save(name: str, fitted: Any) -> None:
+    folder = cache_folder()
+    if folder is None:
+        return
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        write_atomic(folder / f"{name}.pkl", lambda p: p.write_bytes(pickle.dumps(fitted, 5)))
+    except (OSError, GraphllmError):
+        pass  # a cache that cannot be written costs the next run a trace, nothing more
