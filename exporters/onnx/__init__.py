@@ -4,7 +4,7 @@ Importing this package registers every lowering.
 """
 
 # register the lowerings (recurrent, the hybrid layers' shared rows; delta, Qwen3-Next's;
-# mamba, Nemotron-H's)
+# mamba, Nemotron-H's; traced, the generic rows of a traced model)
 from graphllm.exporters.onnx import (  # noqa: F401
     decomposed,
     delta,
@@ -12,6 +12,7 @@ from graphllm.exporters.onnx import (  # noqa: F401
     mamba,
     mla,
     recurrent,
+    traced,
 )
 from graphllm.exporters.onnx.export import (
     ExportedModel,

@@ -83,6 +83,8 @@ def _metadata(
     }
     if config.is_mla:  # how the graph was built, beside the config it was built from
         out["graphllm.graph"] = json.dumps(build)
+    if getattr(config, "frontend", "built") != "built":
+        out["graphllm.frontend"] = config.frontend
     if quantization is not None:
         out["graphllm.quantization"] = json.dumps(quantization.to_dict())
     return out
@@ -127,6 +129,11 @@ def metadata_from_props(props: dict[str, str], path: str | Path) -> ExportedMode
     one GraphllmError naming the file and the property."""
     if "graphllm.config" not in props:
         raise GraphllmError(f"{path}: no graphllm metadata (was it exported by graphllm?)")
+    if props.get("graphllm.frontend") == "traced":
+        raise GraphllmError(
+            f"{path}: a model traced from transformers' code; graphllm reads back the exports "
+            "of the families it builds only, for now (onnxruntime runs this one as it is)"
+        )
     key = "graphllm.config"
     try:
         config = config_from_fields(_json(props, key))

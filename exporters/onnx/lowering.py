@@ -39,6 +39,7 @@ ONNX_TYPES = {
     "int64": TensorProto.INT64,
     "int32": TensorProto.INT32,
     "uint8": TensorProto.UINT8,
+    "bool": TensorProto.BOOL,
 }
 NP_TYPES = {
     "fp32": np.float32,
@@ -46,6 +47,7 @@ NP_TYPES = {
     "int64": np.int64,
     "int32": np.int32,
     "uint8": np.uint8,
+    "bool": np.bool_,
 }
 # protobuf cannot serialise a message of 2 GiB; leave room for the graph itself
 PROTO_LIMIT = 2**31 - 2**26
@@ -227,6 +229,8 @@ class Lowering:
 
 Lower = Callable[[Lowering, Node, list[str], list[str]], None]
 DECOMPOSED: dict[str, Lower] = {}
+# op name -> its lowering, for rows no fixed name lists (graphllm.exporters.onnx.traced)
+FALLBACKS: list[Callable[[str], Lower | None]] = []
 
 
 def lowers(*ops: str) -> Callable[[Lower], Lower]:
@@ -256,7 +260,12 @@ class OpSet:
     domains: tuple[tuple[str, int], ...] = (("", OPSET),)
 
     def row(self, op: str) -> Lower | None:
-        return self.rows.get(op, DECOMPOSED.get(op))
+        found = self.rows.get(op, DECOMPOSED.get(op))
+        for fallback in FALLBACKS:  # rows named by pattern (a traced model's generic rows)
+            if found is not None:
+                break
+            found = fallback(op)
+        return found
 
 
 LOWERINGS: dict[str, OpSet] = {"decomposed": OpSet("decomposed", DECOMPOSED)}

@@ -17,6 +17,7 @@ from graphllm.cli.common import (
     WARMUPS,
     WEIGHTS_CONFIG_HELP,
     export_deepseek_options,
+    frontend_option,
     hardware_option,
     json_option,
     logits_option,
@@ -25,6 +26,7 @@ from graphllm.cli.common import (
     resolve,
     seed_option,
     source_options,
+    traced_source,
     user_errors,
 )
 from graphllm.cli.progress import bar, showing
@@ -45,6 +47,7 @@ from graphllm.runtime.bench import bench as run_bench
 from graphllm.runtime.budget import require_bench_export, require_threads
 from graphllm.runtime.calibrate import check_local_writable
 from graphllm.runtime.session import PROVIDERS, providers
+from graphllm.trace import traced_graph
 
 OP_SETS = ["auto", "decomposed", "standard", "ort"]  # exporters/onnx.py LOWERINGS, and auto
 DEVICES = ["auto", "cpu", "cuda"]
@@ -221,8 +224,14 @@ def export_genai_folder(
     ops: str,
     device: str,
     output: Path,
+    no_weights: bool = False,
+    quantize: str | None = None,
 ) -> None:
-    """`export --format genai`: the folder onnxruntime-genai loads."""
+    """`export --format genai`: the folder onnxruntime-genai loads (float weights, random or
+    from --weights: --no-weights and --quantize are refused)."""
+    if no_weights or quantize is not None:
+        flag = "--no-weights" if no_weights else "--quantize"
+        raise ConfigError(f"{flag}: --format genai writes float weights, random or --weights")
     if weights is not None and config_path is None and preset is None:
         config_path = weights
     # before the work: a folder that cannot be made, or files in it that cannot be replaced
@@ -273,6 +282,7 @@ def export_genai_folder(
 @quantize_options
 @export_deepseek_options
 @explorer_options
+@frontend_option
 @click.option("--output", "-o", type=click.Path(path_type=Path), required=True)
 @user_errors
 def export(
@@ -296,6 +306,7 @@ def export(
     batch: int | None,
     seq_len: int | None,
     past_len: int | None,
+    frontend: str,
     output: Path,
 ) -> None:
     """Write the model as ONNX: dynamic batch and lengths, KV cache in and out, left padding.
@@ -321,20 +332,58 @@ def export(
     _refuse_explorer_flags(hardware, batch, seq_len, past_len)
     dtype = dtype or "fp32"
     if fmt == "genai":
-        if no_weights or quantize is not None:
-            flag = "--no-weights" if no_weights else "--quantize"
-            raise ConfigError(f"{flag}: --format genai writes float weights, random or --weights")
-        export_genai_folder(
-            config_path, preset, weights, dtype, seed, logits, mla, mtp, ops, device, output
-        )
+        genai = (weights, dtype, seed, logits, mla, mtp, ops, device)
+        export_genai_folder(config_path, preset, *genai, output, no_weights, quantize)
         return
     if weights is not None and no_weights:
         raise ConfigError("give --weights DIR or --no-weights, not both")
     quant = _written_quantization(quantize, block_size, accuracy_level, symmetric, no_weights)
-    if weights is not None and config_path is None and preset is None:
-        config_path = weights  # a checkpoint folder holds its config.json
+    config_path = config_path or (weights if preset is None else None)  # a checkpoint's own
+    if export_traced(
+        frontend, (config_path, preset, weights, no_weights, seed), dtype, ops, quant, output
+    ):
+        return
     source = _Source(config_path, preset, weights, dtype, logits, mla, mtp)
     export_onnx_file(source, no_weights, seed, ops, device, quant, block_size is not None, output)
+
+
+def export_traced(
+    frontend: str,
+    given: tuple[Path | None, str | None, Path | None, bool, int],
+    dtype: str,
+    ops: str,
+    quant: Quantization | None,
+    output: Path,
+) -> bool:
+    """`export` of a model traced from transformers' code (graphllm.trace), where the model is
+    one (`given`: --config, --model, --weights, --no-weights and --seed): the decomposed
+    lowering at fp32, weights random, from a checkpoint or none. False for a built family."""
+    config_path, preset, weights, no_weights, seed = given
+    source = traced_source({"config_path": config_path, "preset": preset}, frontend)
+    if source is None:
+        return False
+    for flag, bad in (
+        (f"--ops {ops}", ops not in ("auto", "decomposed")),
+        (f"--dtype {dtype}", dtype != "fp32"),
+        ("--quantize", quant is not None),
+    ):
+        if bad:
+            raise ConfigError(
+                f"{flag}: a traced model exports at fp32 with the decomposed lowering"
+            )
+    check_export_target(output, inputs=(config_path, weights))
+    raw, name = source
+    graph = traced_graph(raw, Workload(batch=1, seq_len=1, past_len=1, dtype="fp32"), name, True)
+    r = export_onnx(
+        graph, output, weights=weights, seed=seed, no_weights=no_weights, ops="decomposed"
+    )
+    data = f" + {r.data_path.name}" if r.data_path else ""
+    click.echo(
+        f"wrote {r.path}{data}: {name} (traced from transformers' code), fp32, "
+        f"{r.lowering} lowering, {r.nodes} ONNX nodes, {r.params / 1e6:.1f}M params, "
+        f"weights {r.weights}"
+    )
+    return True
 
 
 def _written_quantization(

@@ -72,6 +72,8 @@ class _Lowering:
         d = self.dims.get(e)
         if d is None:
             d = self.dims[e] = self._make_dim(e)
+            if not e.constant:  # what a symbolic export computes it from
+                self.g.meta.setdefault("sizes", {})[d.name] = e
         return d
 
     def _make_dim(self, e: Expr) -> Dim:
@@ -212,7 +214,7 @@ class _Lowering:
             return
         ins = [self.ref(v.vid) for v in vals]
         types = [self.g.type_of(r) for r in ins]
-        self.generic(ev, kind, ins, types, concrete(args, self.point))
+        self.generic(ev, kind, ins, types, args)
 
     def fold_constant(self, ev: Event, vals: list[Val]) -> bool:
         """A copy of a constant whose value is known (a Python number made a tensor) is that
@@ -251,6 +253,7 @@ class _Lowering:
         elif kind == "scalar_tensor":
             fill = a[0]
         attrs = {"type": t, "args": _plain(a), "shape": shape, "fill": fill, "dtype": t.dtype}
+        attrs["sym_args"] = _plain(args)
         attrs["kwargs"] = _plain(kw)
         name = self.unique(f"{ev.scope}.{kind}" if ev.scope else kind)
         node = self.g.add(generic_row(kind, "-> ..."), name, (), attrs)
@@ -260,10 +263,11 @@ class _Lowering:
         self, ev: Event, kind: str, ins: list[Ref], types: list[TensorType], args: Any, at: str = ""
     ) -> None:
         out_types = [self.type_of(o) for o in ev.outs]
-        sig = _signature(kind, args, types, out_types, self.rec.shapes, ev)
+        sig = _signature(kind, concrete(args, self.point), types, out_types, self.rec.shapes, ev)
         name = generic_row(kind, sig.text, sig.same_position, sig.reduce)
         attrs: dict[str, Any] = {
-            "args": _plain(args),
+            "args": _plain(concrete(args, self.point)),
+            "sym_args": _plain(args),
             "kwargs": _plain(concrete(ev.kwargs, self.point)),
             "aten": kind,
             "dtypes": [t.dtype for t in out_types],

@@ -35,6 +35,7 @@ class TracedConfig:
     quantization: None = None
     is_mla: bool = False
     num_nextn_predict_layers: int = 0
+    norm_weight_offset: float = 0.0  # random norm weights are drawn about 1 (build.weights)
     frontend: str = FRONTEND
 
 

@@ -94,3 +94,44 @@ def check_traced(raw: dict[str, Any], past: int = 0) -> Checked:
     got = Interpreter(g, weights).run(feeds)["logits"]
     n = sum(x.numel() for x in ref.parameters())
     return Checked(g, res, got, want, fc.get_total_flops(), n)
+
+
+def onnx_against_transformers(raw: dict[str, Any], folder: Any) -> tuple[float, float]:
+    """Export the traced model with the weights of a random transformers model saved in
+    `folder`, run it on onnxruntime after 4 cached tokens and from an empty cache, and return
+    the largest logit difference to transformers' of each (decode, prefill)."""
+    import onnxruntime as ort
+    import torch
+    import transformers
+
+    from graphllm.exporters.onnx import export_onnx
+
+    fields = {k: v for k, v in raw.items() if k != "model_type"}
+    cfg = transformers.CONFIG_MAPPING[raw["model_type"]](**fields)
+    torch.manual_seed(0)
+    ref = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    ref.save_pretrained(folder)
+    g = traced_graph(raw, Workload(batch=1, seq_len=1, past_len=1, dtype="fp32"), values=True)
+    path = str(folder / "model.onnx")
+    export_onnx(g, path, weights=folder, ops="decomposed")
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    vocab = ref.get_output_embeddings().weight.shape[0]
+    ids = np.random.default_rng(0).integers(0, vocab, (B, P + T))
+    with torch.no_grad():
+        want = ref(torch.tensor(ids)).logits.numpy()
+        cache = ref(torch.tensor(ids[:, :P]), use_cache=True).past_key_values
+    diffs = []
+    for past in (P, 0):
+        feeds = {
+            "input_ids": ids[:, past:],
+            "position_ids": np.broadcast_to(np.arange(past, P + T), (B, P + T - past)).copy(),
+            "attention_mask": np.ones((B, P + T), np.int64),
+        }
+        for i in session.get_inputs():
+            if i.name.startswith("past_key_values."):
+                _, layer, attr = i.name.split(".")
+                held = getattr(cache.layers[int(layer)], {"key": "keys", "value": "values"}[attr])
+                feeds[i.name] = held.numpy() if past else held.numpy()[:, :, :0]
+        got = session.run(["logits"], feeds)[0]
+        diffs.append(float(np.abs(got - want[:, past:]).max()))
+    return diffs[0], diffs[1]

@@ -1,0 +1,34 @@
+"""A traced model exported to ONNX (the decomposed lowering of its generic rows, sizes symbolic)
+runs on onnxruntime with transformers' logits, from an empty cache and after a cached past."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("transformers")
+pytest.importorskip("onnxruntime")
+from graphllm.cli.main import main
+from tests.support.traced import FAMILIES, onnx_against_transformers
+
+
+@pytest.mark.parametrize("kind", ["dense", "qk_norm", "sliding", "layernorm_bias"])
+def test_traced_export_equals_transformers(kind, tmp_path):
+    decode, prefill = onnx_against_transformers(FAMILIES[kind], tmp_path)
+    assert decode < 2e-5 and prefill < 2e-5, (decode, prefill)
+
+
+def test_export_command_traces_and_refuses_what_it_does_not_lower(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(FAMILIES["layernorm_bias"]))
+    out = tmp_path / "m.onnx"
+    r = CliRunner().invoke(main, ["export", "--config", str(config), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "traced from transformers' code" in r.output and out.exists()
+    r = CliRunner().invoke(
+        main, ["export", "--config", str(config), "--dtype", "fp16", "-o", str(tmp_path / "h.onnx")]
+    )
+    assert r.exit_code == 2 and "decomposed lowering" in r.output
+    assert not (tmp_path / "h.onnx").exists()
