@@ -7,7 +7,9 @@ class (its defaults with the sizes cut down), and the traced frontend is checked
 - params: the graph's parameter count equals the model's;
 - flops: the graph's matmul FLOPs equal torch's FlopCounterMode on the same forward;
 - logits: the numpy interpreter's logits equal transformers' (eager attention, fp32), prefill
-  and decode, within 1e-4.
+  and decode, within 1e-4;
+- onnx: exported (the decomposed lowering, the weights save_pretrained wrote), onnxruntime's
+  logits after a cached past equal transformers' within 1e-4.
 Each type runs in its own process with a time limit; a failure is one line naming its cause.
 
     python benchmarks/traced_coverage.py [--only llama,qwen3] [--jobs 2] [--json out.json]
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import statistics
 import sys
 import time
@@ -172,7 +175,49 @@ def check(model_type: str) -> dict[str, Any]:
         row[f"{phase}_flops"] = res["cost"].flops["matmul"] == fc.get_total_flops()
         got = Interpreter(g, weights).run(feeds)["logits"]
         row[f"{phase}_logits"] = bool(np.abs(got - want).max() < 1e-4)
+    row["onnx"] = _onnx(raw, ref, ids, past_ids)
     return row
+
+
+def _onnx(raw: dict[str, Any], ref: Any, ids: Any, past_ids: Any) -> bool | str:
+    """The traced model exported (decomposed, weights from save_pretrained) and run on
+    onnxruntime after a cached past: its logits against transformers'; the error's first line
+    where it fails."""
+    import tempfile
+    from pathlib import Path
+
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    from graphllm.exporters.onnx import export_onnx
+    from graphllm.models.workload import Workload
+    from graphllm.trace import traced_graph
+
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            ref.save_pretrained(folder)
+            g = traced_graph(raw, Workload(seq_len=1, past_len=1, dtype="fp32"), values=True)
+            path = str(Path(folder) / "m.onnx")
+            export_onnx(g, path, weights=folder, ops="decomposed")
+            session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+            with torch.no_grad():
+                cache = ref(torch.tensor(past_ids), use_cache=True).past_key_values
+                feeds = _feeds(g, ids, past_ids.shape[1], cache)  # before the step extends it
+                want = ref(torch.tensor(ids), past_key_values=cache).logits.float().numpy()
+            names = {i.name for i in session.get_inputs()}
+            feeds["attention_mask"] = np.ones(
+                (ids.shape[0], sum(past_ids.shape[1:]) + ids.shape[1]), np.int64
+            )
+            feeds["position_ids"] = np.broadcast_to(
+                np.arange(past_ids.shape[1], past_ids.shape[1] + ids.shape[1]), ids.shape
+            ).copy()
+            got = session.run(["logits"], {k: v for k, v in feeds.items() if k in names})[0]
+            return bool(np.abs(got - want).max() < 1e-4)
+    except Exception as e:
+        return (
+            f"{type(e).__name__}: {str(e).strip().splitlines()[0][:150] if str(e).strip() else ''}"
+        )
 
 
 def _feeds(g: Any, ids: Any, past: int, cache: Any) -> dict[str, Any]:
@@ -194,6 +239,7 @@ def _child(model_type: str, q: Any) -> None:
     import warnings
 
     warnings.simplefilter("ignore")
+    os.environ["GRAPHLLM_TRACE_CACHE"] = "0"  # each type traced afresh: the times are the trace's
     try:
         q.put(check(model_type))
     except Exception as e:  # one line: the cause
@@ -251,7 +297,8 @@ def report(rows: list[dict[str, Any]], skipped: dict[str, str]) -> None:
     n = len(rows)
     exact = [r for r in rows if all(r.get(k) for k in PASSES)]
     runs = [r for r in exact if all(r.get(k) for k in RUNS)]
-    print(f"{'model_type':28} trace  params flops  logits  prefill_s")
+    exported = [r for r in runs if r.get("onnx") is True]
+    print(f"{'model_type':28} trace  params flops  logits  onnx  prefill_s")
     for r in rows:
         if "error" in r:
             print(f"{r['model_type']:28} FAIL   {r['error'][:150]}")
@@ -259,15 +306,21 @@ def report(rows: list[dict[str, Any]], skipped: dict[str, str]) -> None:
         marks = ["ok" if r.get(k) else "--" for k in ("decode_trace", "params", "decode_flops")]
         logits = "ok" if all(r.get(k) for k in RUNS) else "--"
         print(
-            f"{r['model_type']:28} {marks[0]:6} {marks[1]:6} {marks[2]:6} {logits:7} {r.get('prefill_s', 0):.2f}"
+            f"{r['model_type']:28} {marks[0]:6} {marks[1]:6} {marks[2]:6} {logits:7} "
+            f"{'ok' if r.get('onnx') is True else '--':5} {r.get('prefill_s', 0):.2f}"
         )
-    print(f"\n{n} decoder-only types; {len(skipped)} excluded (encoder-decoder or no config class)")
+    print(f"\n{n} decoder-only types; {len(skipped)} excluded (encoders, seq2seq models)")
     print(
         f"trace with exact params and FLOPs: {len(exact)}/{n} = {100 * len(exact) / max(n, 1):.0f}%"
     )
     print(
         f"and logits equal transformers' (numpy interpreter): {len(runs)}/{n} = {100 * len(runs) / max(n, 1):.0f}%"
     )
+    share = 100 * len(exported) / max(n, 1)
+    print(f"and exported to ONNX with logits parity: {len(exported)}/{n} = {share:.0f}%")
+    onnx_causes = Counter(r["onnx"][:100] for r in rows if isinstance(r.get("onnx"), str))
+    for cause, k in onnx_causes.most_common():
+        print(f"  ONNX failure x{k}: {cause}")
     times = [r["prefill_s"] for r in rows if "prefill_s" in r]
     if times:
         print(f"median trace time (prefill, 3 probes): {statistics.median(times):.2f} s")
