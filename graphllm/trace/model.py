@@ -16,7 +16,13 @@ from graphllm.trace.relation import read_relation
 from graphllm.trace.store import load as load_stored
 from graphllm.trace.store import save as save_stored
 from graphllm.trace.store import stored_key
-from graphllm.trace.symbolic import DECODE_PROBES, PREFILL_PROBES, fit_recordings
+from graphllm.trace.symbolic import (
+    DECODE_PROBES,
+    PREFILL_PROBES,
+    check_fit,
+    check_point,
+    fit_recordings,
+)
 
 FRONTEND = "traced"
 
@@ -99,6 +105,8 @@ def _fitted(cfg: Any, points: tuple, dtype: str, values: bool) -> Fitted:
     model = causal_lm(cfg, values, dtype)
     recs = [record(model, p) for p in points]
     shapes, args = fit_recordings(recs, points)
+    long = check_point(points, _span(cfg))
+    check_fit(recs[0], record(model, long), shapes, long, points[0])
     rec = recs[0]
     args = expand(rec, args, shapes, rec.layers)
     for ev in rec.events:

@@ -163,3 +163,31 @@ def concrete(x, point: Point):
     if isinstance(x, tuple):
         return tuple(concrete(v, point) for v in x)
     return x
+
+
+# a length past the chunks a recurrence's torch code steps through (the chunked delta rule's
+# 64, Mamba2's scan of 256): a model whose code loops or pads by chunks runs other ops there
+CHECK_LENGTH = 263
+
+
+def check_point(points: tuple[Point, ...], span: int | None) -> Point:
+    """The probe the fit is checked at: a long one, inside the model's smallest window."""
+    b, _, past = points[-1]
+    room = CHECK_LENGTH if span is None else min(CHECK_LENGTH, span - 3 - (past and 7))
+    if past:
+        return (b, 7, max(room - 7, past + 1))
+    return (b, max(room, points[-1][1] + 1), 0)
+
+
+def check_fit(first, rec, shapes: dict, point: Point, fitted_at: Point) -> None:
+    """The fitted sizes hold at `point` too (`rec`: the forward recorded there), or an error
+    naming the first op where the model's code went another way."""
+    _same_events(first, rec, fitted_at, point)
+    for vid, exprs in shapes.items():
+        got = rec.shapes.get(vid)
+        if got is not None and tuple(e.value(*point) for e in exprs) != got:
+            raise ConfigError(
+                f"{_where(first, vid)}: a size follows one rule at the probes and another at "
+                f"B,T,P={point} ({got}): the model's code branches on the sequence length "
+                "(a loop or padding over chunks), so no one trace holds for every length"
+            )
