@@ -131,13 +131,48 @@ def _mask(batch_size: int, q_length: int, kv_length: int, **kw: Any):
     return out
 
 
+# an experts module's activation class -> graphllm's row
+_ACTIVATIONS = {"SiLU": "silu", "SiLUActivation": "silu", "GELUTanh": "gelu_tanh"}
+_ACTIVATIONS |= {"PytorchGELUTanh": "gelu_tanh", "NewGELUActivation": "gelu_tanh"}
+
+
+def _experts(module: Any, hidden: Any, top_k_index: Any, top_k_weights: Any) -> Any:
+    """The experts function the traced model calls: one `experts` event (dispatch into slots,
+    the experts' matmuls, the weighted combine) where graphllm has the rows for its form, else
+    transformers' batched-matmul code, traced op by op."""
+    import torch
+    from transformers.integrations import moe
+
+    act = _ACTIVATIONS.get(type(getattr(module, "act_fn", None)).__name__)
+    plain = (
+        act is not None
+        and module.has_gate
+        and not module.has_bias
+        and not getattr(module, "has_post_expert_norm", False)
+        and getattr(module, "is_concatenated", True)
+        and type(module)._apply_gate is getattr(moe, "_default_apply_gate", None)
+    )
+    if not plain:
+        return moe.batched_mm_experts_forward(module, hidden, top_k_index, top_k_weights)
+    rec = STATE.recorder
+    with rec.quiet():
+        out = torch.empty_like(hidden)
+    weights = (module.gate_up_proj, module.down_proj)
+    attrs = {"act": act, "transposed": bool(module.is_transposed)}
+    rec.unit("experts", (hidden, top_k_index, top_k_weights, *weights), attrs, (out,))
+    return out
+
+
 def register_attention() -> None:
-    """Register ATTENTION with transformers' attention and mask interfaces (once a process)."""
+    """Register ATTENTION with transformers' attention, mask and experts interfaces (once a
+    process)."""
+    from transformers.integrations.moe import ExpertsInterface
     from transformers.masking_utils import AttentionMaskInterface
     from transformers.modeling_utils import AttentionInterface
 
     AttentionInterface.register(ATTENTION, _attention)
     AttentionMaskInterface.register(ATTENTION, _mask)
+    ExpertsInterface.register(ATTENTION, _experts)
 
 
 def recorder_modes(rec: Recording, names: dict[int, str]) -> tuple[Any, Any, _Box]:

@@ -84,9 +84,10 @@ def causal_lm(cfg: Any, values: bool, dtype: str) -> Any:
     register_attention()
     cfg._attn_implementation = ATTENTION
     if hasattr(cfg, "_experts_implementation"):
-        # the experts as one batched matmul over the routed pairs: traceable at any dtype
-        # (grouped_mm's meta kernel takes bf16 alone, and the eager loop reads routing values)
-        cfg._experts_implementation = "batched_mm"
+        # graphllm's experts (graphllm.trace.capture): routed experts onto graphllm's MoE rows
+        # where it has them, else transformers' batched matmuls, traceable at any dtype (the
+        # grouped_mm meta kernel takes bf16 alone, the eager loop reads routing values)
+        cfg._experts_implementation = ATTENTION
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     device = torch.device("cpu" if values else "meta")
     try:

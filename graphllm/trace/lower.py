@@ -17,6 +17,7 @@ from graphllm.ir import Dim, Graph, Node, Ref, TensorType
 from graphllm.ops import OPS
 from graphllm.ops.generic import ATEN, generic_row
 from graphllm.trace.capture import Event, Recording, Val
+from graphllm.trace.experts import lower_experts
 from graphllm.trace.scopes import param_kind, scope_kinds
 from graphllm.trace.symbolic import Expr, Point, concrete
 
@@ -114,7 +115,9 @@ class _Lowering:
         kind, name = self.rec.sources.get(vid, ("", ""))
         t = self.type_of(vid)
         if kind == "param":
-            node = self.g.param(name, t, kind=param_kind(name, self.scopes))
+            weight = param_kind(name, self.scopes)
+            stacked = {"stacked": "expert"} if weight == "moe_experts" else {}
+            node = self.g.param(name, t, kind=weight, **stacked)
         elif kind == "input":
             node = self.g.input(name, t)
         elif kind == "constant":
@@ -140,6 +143,11 @@ class _Lowering:
             self.linear(ev)
         elif ev.op == "attention":
             self.attention(ev)
+        elif ev.op == "experts":
+            ins = [self.ref(v.vid) for v in ev.args]
+            p = ev.scope or "experts"
+            out = lower_experts(self.g, p, ins, ev.kwargs["act"], ev.kwargs["transposed"])
+            self.refs[ev.outs[0]] = out
         elif ev.op == "mask":
             self.masks[ev.outs[0]] = ev.kwargs["relation"]
         else:
@@ -208,6 +216,8 @@ class _Lowering:
             ins = [self.ref(vals[1].vid), self.ref(vals[0].vid)]
             self.out(ev, self.g.add("embedding", self.unique(ev.scope or "embedding"), ins))
             return
+        if kind == "cat" and self.cache_append(ev, vals, args):
+            return
         category = ATEN[kind][0]
         if category == "source":
             self.creation(ev, kind, args)
@@ -215,6 +225,26 @@ class _Lowering:
         ins = [self.ref(v.vid) for v in vals]
         types = [self.g.type_of(r) for r in ins]
         self.generic(ev, kind, ins, types, args)
+
+    def cache_append(self, ev: Event, vals: list[Val], args: Any) -> bool:
+        """A cat of a past cache input and the new keys (or values) along the key positions is
+        the cache append the builder's kv_concat row is (new entries written behind the past
+        where it lies), not a copy of the whole cache."""
+        if len(vals) != 2 or self.rec.sources.get(vals[0].vid, ("",))[0] != "input":
+            return False
+        past, new = (self.ref(v.vid) for v in vals)
+        pt, nt = self.g.type_of(past), self.g.type_of(new)
+        dim = concrete(args, self.point)[1] % pt.rank if len(args) > 1 else 0
+        if pt.rank != 4 or dim != 2 or pt.dims[2].role != "key_token" or nt.dims[2].role != "token":
+            return False
+        out = self.type_of(ev.outs[0])
+        axes = {"axes": {"s": out.dims[2]}}
+        node = self.g.add("kv_concat", self.unique(f"{ev.scope}.cache_append"), (past, new), axes)
+        if node.out != out:
+            self.g.erase(node)
+            return False
+        self.out(ev, node)
+        return True
 
     def fold_constant(self, ev: Event, vals: list[Val]) -> bool:
         """A copy of a constant whose value is known (a Python number made a tensor) is that
