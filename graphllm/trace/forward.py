@@ -16,6 +16,7 @@ from graphllm.ir import CACHE, STATE
 from graphllm.trace.capture import Recording, recorder_modes
 from graphllm.trace.layers import replaying, representatives
 from graphllm.trace.symbolic import Point
+from graphllm.trace.units import lifting, norm_units
 
 # a cache layer's attribute -> the name its tensor has in graphllm's (and onnxruntime-genai's)
 # inputs and outputs; any other tensor keeps its attribute's name
@@ -36,6 +37,7 @@ def record(model: Any, point: Point) -> Recording:
     takes = inspect.signature(model.forward).parameters
     takes_positions = "position_ids" in takes
     cache_arg = "cache" if "cache" in takes else "past_key_values"
+    norm_units(model)  # each norm class checked on real values, before the fake mode
     # the buffers' values, read before the fake mode takes every op
     values = {
         n: None if b.device.type == "meta" else b.detach().float().numpy()
@@ -61,7 +63,7 @@ def record(model: Any, point: Point) -> Recording:
             kwargs[cache_arg] = cache
         hooks = box.scope_hooks()
         try:
-            with functions, dispatch, replaying(model, box):
+            with functions, dispatch, replaying(model, box), lifting(model, box):
                 out = torch.func.functional_call(model, tensors, (), kwargs, strict=False)
         except ConfigError:
             raise

@@ -143,6 +143,10 @@ class _Lowering:
             self.linear(ev)
         elif ev.op == "attention":
             self.attention(ev)
+        elif ev.op == "rmsnorm":
+            ins = [self.ref(v.vid) for v in ev.args]
+            self.out(ev, self.g.add("rmsnorm", self.unique(ev.scope or "norm"), ins, ev.kwargs))
+            self.scopes.setdefault(ev.scope, "norms")
         elif ev.op == "experts":
             ins = [self.ref(v.vid) for v in ev.args]
             p = ev.scope or "experts"

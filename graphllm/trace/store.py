@@ -2,7 +2,7 @@
 read and a lowering (as fast as a built family's graph to within the lowering).
 
 The key hashes the config's fields, the phase's probes, the compute dtype, the versions of
-torch, transformers and this file's format; the value is the fitted recording (its events,
+torch and transformers and the source of the tracing code itself; the value is the fitted recording (its events,
 sizes as functions of B, T and P, constants' values), pickled. The folder is graphllm's cache
 ($XDG_CACHE_HOME/graphllm/traced, else ~/.cache/graphllm/traced); GRAPHLLM_TRACE_CACHE=0 turns it
 off. A file that does not read back is traced again and replaced, never trusted in part.
@@ -41,11 +41,21 @@ def stored_key(raw: dict[str, Any], points: tuple, dtype: str, values: bool) -> 
         except metadata.PackageNotFoundError:
             versions.append(None)
     text = json.dumps(
-        [raw, points, dtype, values, versions, FORMAT],
+        [raw, points, dtype, values, versions, FORMAT, _code()],
         sort_keys=True,
         default=repr,
     )
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _code() -> str:
+    """A hash of the code that records and fits a trace: a cached recording of other code is
+    never read back."""
+    here = Path(__file__).parent
+    h = hashlib.sha256()
+    for path in sorted(here.glob("*.py")) + [here.parent / "ops" / "generic.py"]:
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def load(name: str) -> Any | None:
