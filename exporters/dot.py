@@ -315,7 +315,9 @@ class _Ctx:
     def lines(self, n: Node) -> list[str]:
         """Name and op (once where they are the same word), and what the op does."""
         short, cap = self.short(n.name), CAPTIONS.get(n.op, lambda _: "")(n)
-        op = n.op if n.op != short else ""
+        # a traced model's generic row by its aten op alone: its signature is for the passes
+        shown = n.op.split("[", 1)[0]
+        op = shown if shown not in (short, f"aten.{short}") else ""
         return [short, f"{op} · {cap}" if op and cap else op or cap]
 
     def operand_lines(self, n: Node, drop: Iterable[str] = ()) -> list[str]:

@@ -17,6 +17,7 @@ from onnx import helper
 from graphllm.errors import GraphllmError
 from graphllm.exporters.onnx.lowering import FALLBACKS, ONNX_TYPES, Lowering, lowers
 from graphllm.ir import Node
+from graphllm.ops import OPS, SOURCE
 from graphllm.ops.generic import PREFIX
 from graphllm.trace.symbolic import Expr
 
@@ -65,7 +66,10 @@ def _expr(c: Lowering, e: Expr, scope: str) -> str:
 
 def _workload_size(c: Lowering, name: str, scope: str) -> str:
     """B, T or P from the first graph input that has that dim."""
-    for n in c.graph.nodes("input"):
+    weights = {n.name for n in c.graph.params()}
+    for n in c.graph.nodes():
+        if OPS[n.op].category != SOURCE or n.name in weights:
+            continue  # an op, or a weight: the workload's sizes come from the inputs
         for axis, d in enumerate(n.out.dims):
             if d.name == name:
                 return c.dim(n.name, axis, scope)
@@ -270,6 +274,25 @@ GENERIC.update(
     amax=_reduction("ReduceMax"),
     amin=_reduction("ReduceMin"),
 )
+
+
+@_kinds("any", "all")
+def _any_all(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    """any: the max of the values as 0/1; all: their min."""
+    rank = c.graph.type_of(n.inputs[0]).rank
+    keep = int(len(n.outputs[0].dims) == rank)
+    as_int = c.op("Cast", [i[0]], n.name, to=ONNX_TYPES["int32"])
+    op = "ReduceMax" if n.attrs["aten"] == "any" else "ReduceMin"
+    reduced = c.op(op, [as_int, c.const(_axes(n, rank))], n.name, keepdims=keep)
+    c.final("Cast", [reduced], n, o, to=ONNX_TYPES["bool"])
+
+
+@_kinds("flip")
+def _flip(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    axes = list(n.attrs["args"][1])
+    big = [-1] * len(axes)
+    low = [-INT64_MAX] * len(axes)
+    c.final("Slice", [i[0], c.const(big), c.const(low), c.const(axes), c.const(big)], n, o)
 
 
 @_kinds("_softmax")

@@ -12,10 +12,13 @@ from graphllm.build.builder import build_graph
 from graphllm.cli.common import (
     deepseek_options,
     device_options,
+    frontend_option,
     mla_for,
     model_options,
     renderer_option,
     resolve,
+    traced_source,
+    traced_workloads,
     user_errors,
 )
 from graphllm.cli.layout import strategy_from, strategy_options
@@ -26,6 +29,7 @@ from graphllm.exporters.render import render as render_file
 from graphllm.files import check_target
 from graphllm.models.hardware import load_hardware
 from graphllm.passes.parallel.partition import partition
+from graphllm.trace import traced_graph
 
 # exporters.dot.VIEWS, listed here so that `graphllm --help` does not import the exporter
 VIEWS = ["model", "block", "attention", "ffn", "tokens"]
@@ -66,6 +70,7 @@ VIEWS = ["model", "block", "attention", "ffn", "tokens"]
     help="Draw every head (expert) up to this many, else one representative.",
 )
 @renderer_option("dot binary or graphviz-pure [default: $GRAPHLLM_RENDERER, else auto].")
+@frontend_option
 @user_errors
 def render(
     view: str,
@@ -91,14 +96,8 @@ def render(
     split = strategy.devices > 1 or strategy.microbatches > 1
     if split and view != "block":
         raise ConfigError("strategies (--tp, --cp, ...) are drawn in the block view: --view block")
-    config, workload = resolve(options)
-    if view == "tokens":
-        workload = replace(workload, batch=1, seq_len=tokens, past_len=0)
-    mla = mla_for(config, workload, False, mla)
-    hw = None
-    if color == "time":
-        hw = load_hardware(hardware)
-    graph = build_graph(config, workload, mla=mla, mtp=mtp)
+    hw = load_hardware(hardware) if color == "time" else None
+    config, graph = _graph(options, view, tokens, mla, mtp)
     if split:
         graph = partition(graph, strategy, hw)
     text = view_dot(
@@ -113,3 +112,19 @@ def render(
     )
     render_file(text, output, renderer)
     click.echo(f"wrote {output} ({view} view of {config.name}, renderer: {name})")
+
+
+def _graph(options: dict[str, Any], view: str, tokens: int, mla: str, mtp: bool) -> tuple[Any, Any]:
+    """The config and graph to draw: built, or traced from transformers' code (--frontend)."""
+    traced = traced_source(options, options.pop("frontend"))
+    if traced is not None:
+        workload = traced_workloads(options, traced[0])[0]
+        if view == "tokens":
+            workload = replace(workload, batch=1, seq_len=tokens, past_len=0)
+        graph = traced_graph(traced[0], workload, traced[1])
+        return graph.meta["config"], graph
+    config, workload = resolve(options)
+    if view == "tokens":
+        workload = replace(workload, batch=1, seq_len=tokens, past_len=0)
+    mla = mla_for(config, workload, False, mla)
+    return config, build_graph(config, workload, mla=mla, mtp=mtp)

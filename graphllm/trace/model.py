@@ -42,7 +42,14 @@ class TracedConfig:
     is_mla: bool = False
     num_nextn_predict_layers: int = 0
     norm_weight_offset: float = 0.0  # random norm weights are drawn about 1 (build.weights)
+    num_hidden_layers: int = 0
+    sliding_rope: None = None
     frontend: str = FRONTEND
+
+    def rotates(self, layer: int) -> bool:
+        """Whether a layer rotates q and k (RoPE): unknown of a traced model, so no layer is
+        labelled NoPE."""
+        return True
 
 
 # config fields -> the dim name and role a constant size of that value gets, first match wins
@@ -176,4 +183,5 @@ def traced_config(cfg: Any, name: str) -> TracedConfig:
         num_experts=experts or 0,
         num_experts_per_tok=int(getattr(cfg, "num_experts_per_tok", 0) or 0),
         text_decoder_of=getattr(cfg, "multimodal_model_type", ""),
+        num_hidden_layers=int(getattr(cfg, "num_hidden_layers", 0) or 0),
     )

@@ -34,8 +34,15 @@ from graphllm.build.weights import (  # noqa: E402
 from graphllm.cli import main  # noqa: E402
 from graphllm.errors import ConfigError, WeightsError  # noqa: E402
 from graphllm.exporters.onnx import export_onnx, read_metadata  # noqa: E402
-from graphllm.exporters.onnx.lowering import DECOMPOSED, LoweringError, lower  # noqa: E402
+from graphllm.exporters.onnx.lowering import (  # noqa: E402
+    DECOMPOSED,
+    LOWERINGS,
+    LoweringError,
+    lower,
+)
+from graphllm.exporters.onnx.traced import GENERIC  # noqa: E402
 from graphllm.ops import OPS, SOURCE  # noqa: E402
+from graphllm.ops.generic import ATEN  # noqa: E402
 from graphllm.runtime.interpret import run_graph  # noqa: E402
 from graphllm.runtime.session import BoundCache, OnnxModel, positions  # noqa: E402
 from tests.support.paths import EXAMPLES  # noqa: E402
@@ -460,7 +467,13 @@ def test_every_single_device_op_row_has_a_lowering():
             spec, "collective", False
         )
 
-    assert set(DECOMPOSED) == {name for name, spec in OPS.items() if one_device(spec)}
+    opset = LOWERINGS["decomposed"]
+    assert [name for name, spec in OPS.items() if one_device(spec) and not opset.row(name)] == []
+    assert set(DECOMPOSED) <= set(OPS)  # no lowering of a row that is gone
+
+
+def test_every_aten_kind_a_traced_model_holds_lowers():
+    assert set(ATEN) == set(GENERIC)
 
 
 def test_metadata_round_trip(exported, tmp_path):
