@@ -436,6 +436,16 @@ def _gather(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("GatherElements", i, n, o, axis=n.attrs["args"][1])
 
 
+@_kinds("scatter")
+def _scatter(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    args = n.attrs["args"]
+    src = i[2] if len(i) > 2 else None
+    if src is None:  # a value: broadcast to the index's shape
+        value = c.const([args[3]], _dtype(c, n))
+        src = c.op("Expand", [value, c.op("Shape", [i[1]], n.name)], n.name)
+    c.final("ScatterElements", [i[0], i[1], src], n, o, axis=args[1])
+
+
 @_kinds("index")
 def _index(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     positions = [k for k, v in enumerate(n.attrs["indices"]) if v is not None]

@@ -353,18 +353,12 @@ def traced_source(options: dict[str, Any], frontend: str) -> tuple[dict, str] | 
 
 def traced_workloads(options: dict[str, Any], raw: dict) -> list[Workload]:
     """The workloads of a traced model: flags over the YAML's workload section over the
-    defaults (a traced model has no quantization to override)."""
+    defaults (a traced model has no quantization to override: graphllm.trace refuses one)."""
     path = options.pop("config_path")
     options.pop("preset")
     section = load_workload_section(path) if path is not None else {}
     seq_lens = options.pop("seq_len") or []
     flags = {k: options.pop(k) for k in WORKLOAD_FLAGS}
-    if raw.get("quantization_config"):
-        method = raw["quantization_config"].get("quant_method", "?")
-        raise ConfigError(
-            f"quantization_config ({shown(method)}): a traced model's stored weights are not "
-            "modelled yet; give the unquantized config"
-        )
     return list(merge_workload(_NoQuantization(), section, flags, seq_lens, False).workloads)
 
 

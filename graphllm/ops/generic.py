@@ -220,6 +220,15 @@ def _full(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     return np.full(a["shape"], a["fill"], dtype=_np_dtype(a.get("dtype")))
 
 
+def _scatter(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    it = iter(xs)
+    x, index = next(it).copy(), next(it)
+    src = a["args"][3] if len(a["args"]) > 3 and a["args"][3] is not None else next(it)
+    src = np.broadcast_to(np.asarray(src, dtype=x.dtype), index.shape)
+    np.put_along_axis(x, index, src, axis=a["args"][1])
+    return x
+
+
 def _gather(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     return np.take_along_axis(xs[0], xs[1], axis=a["args"][1])
 
@@ -364,6 +373,7 @@ ATEN: dict[str, tuple[str, Impl]] = {
     "index": (MOVEMENT, _index),
     "index_select": (MOVEMENT, _index_select),
     "gather": (MOVEMENT, _gather),
+    "scatter": (MOVEMENT, _scatter),
     "embedding": (MOVEMENT, lambda xs, a: f32(xs[0])[xs[1]]),
     "constant_pad_nd": (MOVEMENT, _pad),
     "repeat": (MOVEMENT, _repeat),

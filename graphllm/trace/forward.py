@@ -93,9 +93,10 @@ def _fake_weights(model: Any, mode: Any, box: Any, values: dict[str, Any]) -> di
             continue
         tensors[name] = fake = mode.from_tensor(p)
         box.source(fake, "param", name)
+    stored = set(model.state_dict())  # a persistent buffer is a checkpoint tensor: a weight
     for name, b in model.named_buffers():
         tensors[name] = fake = mode.from_tensor(b)
-        box.source(fake, "constant", name, values[name])
+        box.source(fake, "param" if name in stored else "constant", name, values[name])
     return tensors
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from graphllm.echo import shown
 from graphllm.errors import ConfigError
+from graphllm.models.parse import json_float
 from graphllm.trace.capture import ATTENTION, register_attention
 
 INSTALL = "pip install 'graphllm[parity]' torch"
@@ -50,18 +51,28 @@ def hf_config(raw: dict[str, Any]) -> Any:
             f"unknown model_type {shown(model_type)}: neither a graphllm family nor "
             f"transformers {transformers.__version__} implements it"
         )
-    fields = {k: v for k, v in raw.items() if not k.startswith("_")}
+    q = raw.get("quantization_config")
+    if q:
+        method = q.get("quant_method", "?") if isinstance(q, dict) else "?"
+        raise ConfigError(
+            f"quantization_config ({shown(method)}): a traced model's stored weights are not "
+            "modelled yet; give the config without it to trace the model at its dtype"
+        )
+    fields = {k: _floats(v) for k, v in raw.items() if not k.startswith("_")}
     try:
         cfg = CONFIG_MAPPING[model_type](**fields)
-    except (TypeError, ValueError, KeyError, AttributeError) as e:
-        raise ConfigError(f"transformers refuses this {model_type} config: {e}") from None
+    except Exception as e:  # transformers' and huggingface_hub's validation: one line
+        first = str(e).strip().splitlines()
+        said = " ".join(line.strip() for line in first[:2])[:300] if first else type(e).__name__
+        raise ConfigError(f"transformers refuses this {model_type} config: {said}") from None
     if getattr(cfg, "is_decoder", None) is False and hasattr(cfg, "add_cross_attention"):
         raise ConfigError(
             f"model_type {model_type!r} is an encoder (bidirectional unless is_decoder is set): "
             "graphllm models decoder-only causal language models"
         )
     text = getattr(cfg, "text_config", None)
-    _require_sizes(raw if text is None else raw.get("text_config") or {}, text or cfg)
+    if text is None:  # a wrapper's text config class holds its family's sizes as defaults
+        _require_sizes(raw, cfg)
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or (
         text is not None and text.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     ):
@@ -98,6 +109,18 @@ def causal_lm(cfg: Any, values: bool, dtype: str) -> Any:
             f"transformers cannot build this {cfg.model_type} model: {str(e).splitlines()[0]}"
         ) from None
     return model.eval()
+
+
+def _floats(x: Any) -> Any:
+    """A config value with transformers 5's {"__float__": "Infinity"} as the float it stands for
+    (the config class takes floats)."""
+    if isinstance(x, dict):
+        if set(x) == {"__float__"}:
+            return json_float(x)
+        return {k: _floats(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_floats(v) for v in x]
+    return x
 
 
 # the sizes a config must give itself: transformers' defaults would stand in for them silently

@@ -384,7 +384,9 @@ def _signature(
         return _reduction(kind, args, ins, outs, fresh)
     if kind in ("slice", "select", "cat", "stack", "split", "split_with_sizes", "unbind"):
         return _along(kind, args, ins, outs, fresh)
-    if kind in ("index_select", "gather", "index", "embedding", "constant_pad_nd", "repeat"):
+    if kind in ("index_select", "gather", "scatter", "index", "embedding", "constant_pad_nd"):
+        return _indexing(kind, args, ins, outs, fresh)
+    if kind == "repeat":
         return _indexing(kind, args, ins, outs, fresh)
     # pointwise: ELEMENTWISE rows, copies, expand, flip, tril/triu, where, masked_fill
     out = [fresh() for _ in outs[0].dims]
@@ -568,6 +570,12 @@ def _indexing(
         dim = args[1] % len(x)
         idx = [fresh() if n == dim else v for n, v in enumerate(x)]
         return _finish([x, idx], [idx], ins, outs)
+    if kind == "scatter":  # writes src at the index's places along dim into a copy of x
+        dim = args[1] % len(x)
+        idx = [
+            fresh() if n == dim or ins[1].dims[n] != d else x[n] for n, d in enumerate(ins[0].dims)
+        ]
+        return _finish([x, idx, idx][: len(ins)], [x], ins, outs)
     if kind == "index":
         positions = [n for n, v in enumerate(args[1]) if v is not None]
         if positions != list(range(positions[0], positions[-1] + 1)):

@@ -62,3 +62,15 @@ def test_refusals_are_one_line(tmp_path, raw, says):
     )
     assert r.exit_code == 2, r.output
     assert says in r.output and len(r.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("view", ["model", "block", "attention", "ffn", "tokens"])
+def test_render_draws_a_traced_model(tmp_path, view):
+    path = _write(tmp_path, FAMILIES["moe"])
+    out = tmp_path / f"{view}.dot"
+    r = CliRunner().invoke(main, ["render", "--config", path, "--view", view, "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    text = out.read_text()
+    assert "model.layers.0" in text or view in ("model", "tokens")
+    if view == "block":  # the block reads like a built one's: attention mixing, the MoE
+        assert "mixes tokens" in text and "experts" in text
