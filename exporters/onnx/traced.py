@@ -200,6 +200,11 @@ def _log1p(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("Log", [c.op("Add", [i[0], c.const(1.0, c.dtype)], n.name)], n, o)
 
 
+@_kinds("expm1")
+def _expm1(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    c.final("Sub", [c.op("Exp", [i[0]], n.name), c.const(1.0, c.dtype)], n, o)
+
+
 @_kinds("silu")
 def _silu(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("Mul", [i[0], c.op("Sigmoid", [i[0]], n.name)], n, o)
@@ -341,9 +346,14 @@ def _mm(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("MatMul", i, n, o)
 
 
-@_kinds("addmm")
+@_kinds("addmm", "baddbmm")
 def _addmm(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
-    c.final("Add", [i[0], c.op("MatMul", i[1:], n.name)], n, o)
+    beta, alpha = (n.attrs["kwargs"].get(k, 1) for k in ("beta", "alpha"))
+    product = c.op("MatMul", i[1:], n.name)
+    if alpha != 1:
+        product = c.op("Mul", [product, c.const(alpha, c.dtype)], n.name)
+    bias = i[0] if beta == 1 else c.op("Mul", [i[0], c.const(beta, c.dtype)], n.name)
+    c.final("Add", [bias, product], n, o)
 
 
 # -- movement ---------------------------------------------------------------------------------------

@@ -40,7 +40,12 @@ def _flat(ax: Axis) -> tuple[str, ...]:
     return ax if isinstance(ax, tuple) else (ax,)
 
 
+SCALAR = "_"  # an operand of no axes (a 0-d tensor), where one must be written
+
+
 def _parse_operand(text: str) -> tuple[Axis, ...]:
+    if text.strip() == SCALAR:
+        return ()
     axes: list[Axis] = []
     group: list[str] | None = None
     for tok in text.replace("(", " ( ").replace(")", " ) ").split():

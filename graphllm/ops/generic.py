@@ -310,6 +310,7 @@ ATEN: dict[str, tuple[str, Impl]] = {
     "exp": (ELEMENTWISE, _unary(np.exp)),
     "log": (ELEMENTWISE, _unary(np.log)),
     "log1p": (ELEMENTWISE, _unary(np.log1p)),
+    "expm1": (ELEMENTWISE, _unary(np.expm1)),
     "neg": (ELEMENTWISE, _unary(np.negative)),
     "abs": (ELEMENTWISE, _unary(np.abs)),
     "tanh": (ELEMENTWISE, _unary(np.tanh)),
@@ -326,7 +327,10 @@ ATEN: dict[str, tuple[str, Impl]] = {
     "ceil": (ELEMENTWISE, _unary(np.ceil)),
     "sign": (ELEMENTWISE, _unary(np.sign)),
     "logical_not": (ELEMENTWISE, _unary(np.logical_not)),
-    "bitwise_not": (ELEMENTWISE, _unary(np.invert)),
+    "bitwise_not": (
+        ELEMENTWISE,
+        _unary(lambda x: np.invert(x.astype(bool) if x.dtype.kind == "f" else x)),
+    ),
     "clamp": (ELEMENTWISE, _clamp),
     "clamp_min": (ELEMENTWISE, lambda xs, a: np.maximum(f32(xs[0]), a["args"][1])),
     "clamp_max": (ELEMENTWISE, lambda xs, a: np.minimum(f32(xs[0]), a["args"][1])),
@@ -344,6 +348,7 @@ ATEN: dict[str, tuple[str, Impl]] = {
     "mm": (CONTRACTION, _mm),
     "bmm": (CONTRACTION, _mm),
     "addmm": (CONTRACTION, _addmm),
+    "baddbmm": (CONTRACTION, _addmm),
     "view": (MOVEMENT, _reshape),
     "_unsafe_view": (MOVEMENT, _reshape),
     "reshape": (MOVEMENT, _reshape),
@@ -400,12 +405,32 @@ VIEWS = frozenset(
     {"view", "_unsafe_view", "permute", "transpose", "t", "unsqueeze", "squeeze", "expand"}
     | {"slice", "select", "split", "split_with_sizes", "unbind", "alias", "detach"}
 )
-MATMULS = frozenset({"mm", "bmm", "addmm"})
+MATMULS = frozenset({"mm", "bmm", "addmm", "baddbmm"})
 
 
 def _reduction_flops(sizes: dict[str, float]) -> float:
     """One FLOP per input element: the product of every letter's size (the inputs' letters)."""
     return math.prod(v for k, v in sizes.items() if not k.startswith("..."))
+
+
+def _typed(impl: Impl) -> Impl:
+    """`impl` with its integer and boolean outputs at the dtypes the trace gave them (numpy
+    promotes where torch keeps the type: a comparison of masks, a scatter into one)."""
+
+    def run(xs: list[np.ndarray], a: dict[str, Any]) -> Any:
+        out = impl(xs, a)
+        dtypes = a.get("dtypes") or ()
+        if isinstance(out, tuple):
+            return tuple(_as(o, dt) for o, dt in zip(out, dtypes))
+        return _as(out, dtypes[0]) if dtypes else out
+
+    return run
+
+
+def _as(x: Any, dtype: str) -> Any:
+    if dtype in ("int64", "int32", "bool") and isinstance(x, np.ndarray):
+        return x.astype(_np_dtype(dtype), copy=False)
+    return x
 
 
 def generic_row(
@@ -428,7 +453,7 @@ def generic_row(
         name,
         sig,
         category,
-        impl,
+        _typed(impl),
         f"aten.{kind} as traced from the model's code ({sig}).",
         reduce=reduce,
         same_position=same_position,

@@ -14,6 +14,7 @@ from typing import Any
 
 from graphllm.errors import ConfigError, GraphError
 from graphllm.ir import Dim, Graph, Node, Ref, TensorType
+from graphllm.ir.signature import SCALAR
 from graphllm.ops import OPS
 from graphllm.ops.generic import ATEN, generic_row
 from graphllm.trace.capture import Event, Recording, Val
@@ -168,7 +169,11 @@ class _Lowering:
     def attention(self, ev: Event) -> None:
         q, k, v, mask, sinks = ev.args
         a = ev.kwargs
-        p = self.unique(f"{ev.scope}.core" if ev.scope else "attention")
+        p = f"{ev.scope}.core" if ev.scope else "attention"
+        base, i = p, 1
+        while f"{p}.scores" in self.g:  # the module attends twice (two groups of heads)
+            i += 1
+            p = f"{base}_{i}"
         self.scopes[p] = "core_attention"
         relation = dict(self.masks.get(mask.vid, {})) if mask is not None else {}
         if mask is not None and not relation:
@@ -204,6 +209,8 @@ class _Lowering:
         kind = ev.op.split(".")[1]  # aten.<kind>.<overload>
         if kind.endswith("_") and not kind.endswith("__"):
             kind = kind[:-1]  # in place: its result is a new tensor here
+        if kind in ("max", "min") and len(ev.outs) == 1:  # max.default: over every axis
+            kind, args = f"a{kind}", (args[0], None, False)
         vals = _vals(args)
         if kind == "cat":  # an empty start (a cache's first keys) adds nothing
             vals = [v for v in vals if 0 not in self.rec.shapes[v.vid]]
@@ -340,11 +347,11 @@ class _Sig:
 
     @property
     def text(self) -> str:
-        return (
-            ", ".join(" ".join(o) for o in self.ins)
-            + " -> "
-            + ", ".join(" ".join(o) for o in self.outs)
-        )
+        def operand(letters: list[str]) -> str:
+            return " ".join(letters) or SCALAR  # a 0-d tensor
+
+        ins = ", ".join(operand(o) for o in self.ins)
+        return f"{ins} -> " + ", ".join(operand(o) for o in self.outs)
 
 
 class _Fresh:
@@ -366,7 +373,7 @@ def _signature(
 ) -> _Sig:
     fresh = _Fresh()
     category = ATEN[kind][0]
-    if kind in ("mm", "bmm", "addmm"):
+    if kind in ("mm", "bmm", "addmm", "baddbmm"):
         return _contraction(kind, ins, outs, fresh)
     if kind in ("permute", "transpose", "t"):
         letters = [fresh() for _ in ins[0].dims]
@@ -424,6 +431,15 @@ def _contraction(kind: str, ins: list[TensorType], outs: list[TensorType], fresh
     if kind == "bmm":
         z, i, k, j = fresh(), fresh(), fresh(), fresh()
         return _finish([[z, i, k], [z, k, j]], [[z, i, j]], ins, outs)
+    if kind == "baddbmm":  # beta * input + alpha * (b1 @ b2), batched
+        z, i, k, j = fresh(), fresh(), fresh(), fresh()
+        out = [z, i, j]
+        lead = len(out) - len(ins[0].dims)
+        bias = [
+            out[lead + n] if d == outs[0].dims[lead + n] else fresh()
+            for n, d in enumerate(ins[0].dims)
+        ]
+        return _finish([bias, [z, i, k], [z, k, j]], [out], ins, outs)
     i, k, j = fresh(), fresh(), fresh()
     out = [i, j]
     bias = ins[0].dims

@@ -20,7 +20,9 @@ from graphllm.errors import ConfigError
 Point = tuple[int, int, int]  # (B, T, P)
 # probes: pairwise distinct and prime where they can be, so no product of two of them
 # equals a third; decode probes keep P > 0 and T > 1 (transformers takes other paths at T=1)
-PREFILL_PROBES: tuple[Point, ...] = ((2, 5, 0), (3, 7, 0), (5, 11, 0))
+# B moves against T (2, 3, 2), so a size B x c is never also a line through the (T, size)
+# points (B = 2, 3, 5 against T = 5, 7, 11 makes 4B = 2T - 2 at all three)
+PREFILL_PROBES: tuple[Point, ...] = ((2, 5, 0), (3, 7, 0), (2, 11, 0))
 DECODE_PROBES: tuple[Point, ...] = ((2, 3, 13), (3, 2, 17), (5, 5, 11), (3, 7, 19))
 
 

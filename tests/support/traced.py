@@ -58,6 +58,12 @@ class Checked:
     params: int
 
 
+def stored_numel(ref: Any) -> int:
+    """What a checkpoint of `ref` holds: its parameters and persistent buffers, a tied tensor
+    once."""
+    return sum(t.numel() for t in {t.data_ptr(): t for t in ref.state_dict().values()}.values())
+
+
 def check_traced(raw: dict[str, Any], past: int = 0) -> Checked:
     """Trace `raw` at B=2, T=5 (after `past` cached tokens) and run it beside transformers'
     eager forward of a random model with the same weights."""
@@ -71,7 +77,8 @@ def check_traced(raw: dict[str, Any], past: int = 0) -> Checked:
     if hasattr(cfg, "_experts_implementation"):  # the traced one's: FlopCounterMode counts it
         cfg._experts_implementation = "batched_mm"
     ref = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
-    weights = {k: v.detach().float().numpy() for k, v in ref.named_parameters()}
+    # the state dict: parameters and the persistent buffers a checkpoint holds beside them
+    weights = {k: v.detach().float().numpy() for k, v in ref.state_dict().items()}
     vocab = ref.get_output_embeddings().weight.shape[0]
     rng = np.random.default_rng(0)
     ids, past_ids = rng.integers(0, vocab, (B, T)), rng.integers(0, vocab, (B, past))
@@ -92,7 +99,7 @@ def check_traced(raw: dict[str, Any], past: int = 0) -> Checked:
             kw = {"position_ids": torch.tensor(positions)} if "position_ids" in feeds else {}
             want = ref(torch.tensor(ids), past_key_values=cache, **kw).logits.float().numpy()
     got = Interpreter(g, weights).run(feeds)["logits"]
-    n = sum(x.numel() for x in ref.parameters())
+    n = stored_numel(ref)
     return Checked(g, res, got, want, fc.get_total_flops(), n)
 
 
