@@ -35,13 +35,7 @@ def trace_report(
 ) -> tuple[dict[str, Any], Graph]:
     """Build and verify the graph, run every analysis; returns the document and the graph."""
     graph, res = analysed(config, workload, hardware, attention, training, mla, mtp)
-    section = {
-        "nodes": len(graph),
-        "edges": graph.num_edges(),
-        "ops": dict(Counter(n.op for n in graph.nodes())),
-        "inputs": [n.name for n in graph.nodes("input")],
-        "outputs": list(graph.outputs),
-    }
+    section = graph_section(graph)
     doc = document(
         config,
         workload,
@@ -67,18 +61,23 @@ def traced_report(
     (graphllm.trace), where graphllm builds no family for it or the user asks for the trace."""
     graph = traced_graph(raw, workload, name)
     res = run(graph, ANALYSES, hardware=hardware, attention=attention, training=training)
-    section = {
+    section = graph_section(graph)
+    results = (res[k] for k in ("params", "tokens", "cost", "memory", "roofline"))
+    config = graph.meta["config"]
+    doc = document(config, workload, attention, training, "naive", False, section, *results)
+    doc["model"]["frontend"] = config.frontend
+    return doc, graph
+
+
+def graph_section(graph: Graph) -> dict[str, Any]:
+    """The document's graph section: its size, its ops by kind, its inputs and outputs."""
+    return {
         "nodes": len(graph),
         "edges": graph.num_edges(),
         "ops": dict(Counter(n.op for n in graph.nodes())),
         "inputs": [n.name for n in graph.nodes("input")],
         "outputs": list(graph.outputs),
     }
-    results = (res[k] for k in ("params", "tokens", "cost", "memory", "roofline"))
-    config = graph.meta["config"]
-    doc = document(config, workload, attention, training, "naive", False, section, *results)
-    doc["model"]["frontend"] = config.frontend
-    return doc, graph
 
 
 def analysed(

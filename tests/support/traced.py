@@ -35,16 +35,12 @@ FAMILIES = {
     "moe": dict(
         TINY, model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16
     ),
-    "layernorm_bias": dict(
-        model_type="starcoder2",
-        vocab_size=96,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        sliding_window=64,
-    ),
+    # starcoder2 has no head_dim field: hidden / heads
+    "layernorm_bias": {
+        k: v
+        for k, v in dict(TINY, model_type="starcoder2", sliding_window=64).items()
+        if k != "head_dim"
+    },
 }
 
 
