@@ -79,6 +79,9 @@ class _Lowering:
         return d
 
     def _make_dim(self, e: Expr) -> Dim:
+        window = self.f.meta.get("window")
+        if window is not None and e.b == 0 and e.p == 0 and e.c == window - 1 and e.t in (0, 1):
+            return self._window_dim(e, window - 1)
         if e.constant:
             name, role = self.f.size_roles.get(e.c, (str(e.c), "hidden"))
             return Dim(name, role, e.c)
@@ -91,6 +94,15 @@ class _Lowering:
         if e.c == 0 and e.t == 0 and e.p == 1:
             return Dim(e.name, "key_token", positions=("0", "P"))
         return Dim(e.name, "token" if e.t else "key_token")
+
+    def _window_dim(self, e: Expr, kept: int) -> Dim:
+        """Past a sliding window: a windowed layer's cache (its last W - 1 keys) and the keys
+        it attends over in a step (those and the T new ones)."""
+        past = self.point[2] > 0
+        if e.t:  # W - 1 + T keys, the last W - 1 past ones and the new
+            return Dim(e.name, "key_token", positions=(f"P-{kept}", "P+T"))
+        where = (f"P-{kept}", "P") if past else (f"P+T-{kept}", "P+T")
+        return Dim("P_w" if past else "T_w", "key_token", kept, positions=where)
 
     def type_of(self, vid: int) -> TensorType:
         return TensorType(tuple(self.dim(e) for e in self.f.shapes[vid]), self.rec.dtypes[vid])

@@ -19,6 +19,7 @@ from graphllm.trace.store import stored_key
 from graphllm.trace.symbolic import (
     DECODE_PROBES,
     PREFILL_PROBES,
+    Point,
     check_fit,
     check_point,
     fit_recordings,
@@ -80,15 +81,13 @@ def traced_graph(
     it runs; otherwise on the meta device, any size."""
     wl = workload or Workload()
     dtype = "fp32" if values else _trace_dtype(wl.act_dtype)
-    points = DECODE_PROBES if wl.past_len else PREFILL_PROBES
+    spans = _spans_of(raw)
+    points = probes(wl, spans)
     stored = stored_key(raw, points, dtype, values)
     fitted = load_stored(stored)
     if not isinstance(fitted, Fitted):
-        cfg = hf_config(raw)
-        _check_window(_span(cfg), points, None)
-        fitted = _fitted(cfg, points, dtype, values)
+        fitted = _fitted(hf_config(raw), points, dtype, values)
         save_stored(stored, fitted)
-    _check_window(fitted.meta["span"], points, wl)
     label = str(name or raw.get("_name_or_path") or fitted.meta["config"].model_type)
     fitted.name = label
     fitted.meta = dict(
@@ -112,14 +111,14 @@ def _fitted(cfg: Any, points: tuple, dtype: str, values: bool) -> Fitted:
     model = causal_lm(cfg, values, dtype)
     recs = [record(model, p) for p in points]
     shapes, args = fit_recordings(recs, points)
-    long = check_point(points, _span(cfg))
+    long = check_point(points, _span(cfg), _windowed(points, _spans(cfg)))
     check_fit(recs[0], record(model, long), shapes, long, points[0])
     rec = recs[0]
     args = expand(rec, args, shapes, rec.layers)
     for ev in rec.events:
         if ev.op == "mask":  # the function itself does not outlive this process
             ev.kwargs = {"relation": read_relation(ev.kwargs["function"])}
-    meta = {"config": traced_config(cfg, cfg.model_type), "span": _span(cfg)}
+    meta = {"config": traced_config(cfg, cfg.model_type), "window": _windowed(points, _spans(cfg))}
     return Fitted(rec, shapes, args, size_roles(cfg), points[0], meta=meta)
 
 
@@ -128,26 +127,59 @@ def _fitted(cfg: Any, points: tuple, dtype: str, values: bool) -> Fitted:
 _SPANS = ("sliding_window", "attention_chunk_size", "sliding_window_size", "local_window_size")
 
 
+def _spans(cfg: Any) -> dict[str, int]:
+    """The model's windows and chunks: config field -> positions."""
+    return {f: v for f in _SPANS if isinstance(v := getattr(cfg, f, None), int) and v > 0}
+
+
 def _span(cfg: Any) -> int | None:
     """The smallest window or chunk of the model's layers, if any."""
-    spans = [v for f in _SPANS if isinstance(v := getattr(cfg, f, None), int) and v > 0]
-    return min(spans) if spans else None
+    spans = _spans(cfg)
+    return min(spans.values()) if spans else None
 
 
-def _check_window(span: int | None, points: tuple, wl: Workload | None) -> None:
-    """A traced graph holds while every layer keeps every past key: the probes and the
-    workload both below the smallest window or chunk (beyond it the cache is cut, a branch on
-    the length that one trace does not see)."""
-    if span is None:
-        return
-    if max(t + p for _, t, p in points) >= span - 1:
-        raise ConfigError(f"a window of {span} positions is too short to trace this model at")
-    if wl is not None and wl.key_len >= span - 1:
+def _spans_of(raw: dict[str, Any]) -> dict[str, int]:
+    """`_spans` of the config `raw` describes, kept beside the traces so that a model read
+    from the cache needs no transformers to choose its probes."""
+    key = stored_key(raw, (), "spans", False)
+    spans = load_stored(key)
+    if not isinstance(spans, dict):
+        spans = _spans(hf_config(raw))
+        save_stored(key, spans)
+    return spans
+
+
+def probes(wl: Workload, spans: dict[str, int]) -> tuple[Point, ...]:
+    """The probes of the workload's phase and regime: below every window, or (a sliding
+    window's model asked for more positions than the window) past it, where each windowed
+    layer keeps its last W - 1 keys and its sizes follow other lines."""
+    points = DECODE_PROBES if wl.past_len else PREFILL_PROBES
+    if not spans:
+        return points
+    span = min(spans.values())
+    grown = wl.past_len if wl.past_len else wl.seq_len
+    if wl.key_len < span - 1:
+        if max(t + p for _, t, p in points) >= span - 1:
+            raise ConfigError(f"a window of {span} positions is too short to trace this model at")
+        return points
+    if set(spans) != {"sliding_window"} or grown < span - 1:
         raise ConfigError(
             f"the traced graph holds up to {span - 2} positions (its layers' window or chunk "
-            f"is {span}); this workload has {wl.key_len}: the cache of its windowed layers "
-            "is cut past that, which the trace does not model yet"
+            f"is {span}) or, for a sliding window, from {span - 1} past (or new) tokens on; "
+            f"this workload has {wl.key_len}: between the two, or past a chunk, the cache "
+            "is cut in a way the trace does not model yet"
         )
+    if wl.past_len:
+        return tuple((b, t, span + p) for b, t, p in points)
+    return tuple((b, span + t, 0) for b, t, _ in points)
+
+
+def _windowed(points: tuple[Point, ...], spans: dict[str, int]) -> int | None:
+    """The window whose far side `points` probe (the long regime's), else None."""
+    if not spans or "sliding_window" not in spans:
+        return None
+    w = spans["sliding_window"]
+    return w if min(max(t, p) for _, t, p in points) >= w - 1 else None
 
 
 def _trace_dtype(act: str) -> str:

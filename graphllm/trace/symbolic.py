@@ -172,9 +172,12 @@ def concrete(x, point: Point):
 CHECK_LENGTH = 263
 
 
-def check_point(points: tuple[Point, ...], span: int | None) -> Point:
-    """The probe the fit is checked at: a long one, inside the model's smallest window."""
+def check_point(points: tuple[Point, ...], span: int | None, window: int | None) -> Point:
+    """The probe the fit is checked at: a long one, inside the model's smallest window (or,
+    probing past a sliding window, further past it)."""
     b, _, past = points[-1]
+    if window is not None:
+        return (b, 7, window + CHECK_LENGTH) if past else (b, window + CHECK_LENGTH, 0)
     room = CHECK_LENGTH if span is None else min(CHECK_LENGTH, span - 3 - (past and 7))
     if past:
         return (b, 7, max(room - 7, past + 1))

@@ -38,6 +38,7 @@ def test_sliding_and_full_layers_are_two_kinds():
 
 
 def test_a_second_trace_reads_the_cache(monkeypatch):
+    monkeypatch.delenv("GRAPHLLM_TRACE_CACHE", raising=False)
     raw = dict(FAMILIES["qk_norm"], num_hidden_layers=3)
     first = traced_graph(raw, Workload(seq_len=8, past_len=4))
 

@@ -45,3 +45,28 @@ def test_roles_of_the_traced_dims():
     # the projections are named by their modules, their weights by the checkpoint's names
     q = g["model.layers.1.self_attn.q_proj"]
     assert q.op == "linear" and q.inputs[1].node == "model.layers.1.self_attn.q_proj.weight"
+
+
+@pytest.mark.parametrize(("seq", "past"), [(40, 0), (5, 40), (3, 100)])
+def test_past_a_sliding_window(monkeypatch, seq, past):
+    """Past the window each sliding layer keeps its last W - 1 keys: traced in that regime
+    (probes past the window), the graph still gives transformers' logits and FLOPs."""
+    import tests.support.traced as support
+
+    monkeypatch.setattr(support, "T", seq)
+    c = check_traced(dict(FAMILIES["sliding"], sliding_window=16), past)
+    assert c.results["params"].total == c.params
+    assert c.results["cost"].flops["matmul"] == c.flops
+    np.testing.assert_allclose(c.logits, c.want, atol=2e-5, rtol=1e-4)
+    if past:  # the cache kept and read: the window's last 15 keys
+        key = c.graph["past_key_values.0.key"].out.dims[2]
+        assert (key.size, key.role, key.positions) == (15, "key_token", ("P-15", "P"))
+
+
+def test_between_the_probes_and_the_window_is_refused():
+    from graphllm.errors import ConfigError
+    from graphllm.models.workload import Workload
+    from graphllm.trace import traced_graph
+
+    with pytest.raises(ConfigError, match="too short to trace"):
+        traced_graph(dict(FAMILIES["sliding"], sliding_window=16), Workload(seq_len=3, past_len=8))

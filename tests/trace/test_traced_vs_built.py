@@ -49,3 +49,19 @@ def test_a_multimodal_wrapper_traces_its_text_decoder():
     g = traced_graph(raw, Workload(seq_len=8), name)
     assert g.meta["config"].text_decoder_of == "gemma3"
     assert g.meta["config"].model_type == "gemma3_text"
+
+
+def test_past_gemma3_window_the_cache_is_what_transformers_keeps():
+    """Past Gemma-3-1B's 512-position window the traced graph keeps each sliding layer's last
+    511 keys, as transformers' cache does; the built graph's cache of this step holds the 512
+    it attends over (the new token too): one position a sliding layer apart."""
+    wl = Workload(seq_len=1, past_len=1000)
+    raw, name = read_config_source("gemma3-1b")
+    built = run(build_graph(load_config("gemma3-1b"), wl), PASSES, exact_sets=False)
+    traced = run(traced_graph(raw, wl, name), PASSES, exact_sets=False)
+    for key in ("matmul", "matmul_causal"):
+        assert traced["cost"].flops[key] == built["cost"].flops[key], key
+    cfg = load_config("gemma3-1b")
+    sliding = sum(t == "sliding_attention" for t in cfg.layer_types)
+    one_position = 2 * cfg.num_key_value_heads * cfg.head_dim * 2  # K and V, bf16
+    assert built["memory"].kv_cache - traced["memory"].kv_cache == sliding * one_position
