@@ -9,15 +9,18 @@ import click
 
 from graphllm.cli.common import (
     VERIFY_T,
+    frontend_option,
     model_options,
     resolve,
     seed_option,
     t_given,
+    traced_source,
+    traced_workloads,
     user_errors,
 )
 from graphllm.cli.partition import verify_partition
 from graphllm.errors import ConfigError
-from graphllm.runtime.observe import check_token_mixing
+from graphllm.runtime.observe import check_token_mixing, traced_mixing_check
 
 MAX_T = 256  # verify tokens runs T+1 forward passes
 
@@ -30,6 +33,7 @@ def verify() -> None:
 @verify.command("tokens")
 @model_options
 @seed_option()
+@frontend_option
 @click.option("--full-size", is_flag=True, help="Run the config as given, not a small instance.")
 @click.option("--onnx", "use_onnx", is_flag=True, help="Observe on onnxruntime, exported to ONNX.")
 @user_errors
@@ -45,15 +49,7 @@ def verify_tokens(seed: int, full_size: bool, use_onnx: bool, **options: Any) ->
     chosen = not t_given(options)
     if chosen:  # a short prompt: every cell is checked by a run (T+1 of them)
         options["seq_len"] = [VERIFY_T]
-    config, workload = resolve(options)
-    if workload.seq_len > MAX_T:
-        raise ConfigError(
-            f"verify tokens runs T+1 forward passes: T={workload.seq_len} is over {MAX_T}"
-        )
-    runtime = "onnxruntime" if use_onnx else "numpy"
-    check = check_token_mixing(
-        config, seed=seed, shrink=not full_size, workload=workload, runtime=runtime
-    )
+    check, workload = _checked(options, options.pop("frontend"), seed, full_size, use_onnx)
     if chosen:  # said on stderr once the check has run: a refused one is its error alone
         click.echo(
             f"note: the {'config' if path is not None else 'preset'} gives no seq_len; verify "
@@ -71,6 +67,34 @@ def verify_tokens(seed: int, full_size: bool, use_onnx: bool, **options: Any) ->
     for t, j, pred, obs in diffs[:50]:
         click.echo(f"  output {t} <- input {j}: predicted {int(pred)}, observed {int(obs)}")
     sys.exit(1)
+
+
+def _checked(
+    options: dict[str, Any], frontend: str, seed: int, full_size: bool, use_onnx: bool
+) -> tuple[Any, Any]:
+    """The token-mixing check of the model (built, or traced from transformers' code, as the
+    config gives it) and its workload."""
+    traced = traced_source(options, frontend)
+    if traced is not None:
+        if use_onnx or not full_size:
+            raise ConfigError(
+                "a traced model is checked as its config gives it, in the numpy interpreter: "
+                "give --full-size (a small config), without --onnx"
+            )
+        workload = traced_workloads(options, traced[0])[0]
+    else:
+        config, workload = resolve(options)
+    if workload.seq_len > MAX_T:
+        raise ConfigError(
+            f"verify tokens runs T+1 forward passes: T={workload.seq_len} is over {MAX_T}"
+        )
+    if traced is not None:
+        return traced_mixing_check(*traced, workload, seed), workload
+    runtime = "onnxruntime" if use_onnx else "numpy"
+    check = check_token_mixing(
+        config, seed=seed, shrink=not full_size, workload=workload, runtime=runtime
+    )
+    return check, workload
 
 
 verify.add_command(verify_partition, "partition")

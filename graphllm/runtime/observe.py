@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from graphllm.passes.parallel.partition import Strategy
 from graphllm.runtime.budget import require_interpreted
 from graphllm.runtime.interpret import run_graph
 from graphllm.runtime.session import OnnxModel
+from graphllm.trace import traced_graph
 
 
 def small_instance(
@@ -265,6 +267,30 @@ def mixing_case(
             kv[:, :, p - held :] = rng.standard_normal((b, h, held, e))
             past[n.name] = kv
     return MixingCase(small, wl, graph, predicted, rng, ids, past)
+
+
+def traced_mixing_check(
+    raw: dict[str, Any], name: str, workload: Workload, seed: int = 0
+) -> MixingCheck:
+    """`check_token_mixing` of a model traced from transformers' code (graphllm.trace), as the
+    config gives it (a traced model has no small instance), in the numpy interpreter."""
+    wl = replace(workload, weight_dtype="fp32", act_dtype="fp32", kv_dtype="fp32")
+    graph = traced_graph(raw, wl, name, values=True)
+    require_interpreted(graph, f"the token-mixing check of {name} at B={wl.batch:,}", runs=2)
+    predicted = run(graph, ["tokens"], exact_sets=True)["tokens"].dependence[:, wl.past_len :]
+    rng = np.random.default_rng(seed)
+    config = graph.meta["config"]
+    ids = rng.integers(0, config.vocab_size, size=(wl.batch, wl.seq_len))
+    past = {
+        n.name: rng.standard_normal(tuple(int(x) for x in n.out.shape(graph.bindings))).astype(
+            np.float32
+        )
+        for n in graph.nodes("input")
+        if n.name.startswith("past_key_values.")
+    }
+    case = MixingCase(config, wl, graph, predicted, rng, ids, past)
+    weights = random_weights(graph, seed=seed)
+    return case.observe(lambda x: run_graph(graph, weights, x, past or None)["logits"][0])
 
 
 RUNTIMES = ("numpy", "onnxruntime")

@@ -44,6 +44,7 @@ class TracedConfig:
     num_nextn_predict_layers: int = 0
     norm_weight_offset: float = 0.0  # random norm weights are drawn about 1 (build.weights)
     num_hidden_layers: int = 0
+    vocab_size: int = 0
     sliding_rope: None = None
     frontend: str = FRONTEND
 
@@ -216,4 +217,5 @@ def traced_config(cfg: Any, name: str) -> TracedConfig:
         num_experts_per_tok=int(getattr(cfg, "num_experts_per_tok", 0) or 0),
         text_decoder_of=getattr(cfg, "multimodal_model_type", ""),
         num_hidden_layers=int(getattr(cfg, "num_hidden_layers", 0) or 0),
+        vocab_size=int(getattr(cfg, "vocab_size", 0) or 0),
     )

@@ -74,3 +74,17 @@ def test_render_draws_a_traced_model(tmp_path, view):
     assert "model.layers.0" in text or view in ("model", "tokens")
     if view == "block":  # the block reads like a built one's: attention mixing, the MoE
         assert "mixes tokens" in text and "experts" in text
+
+
+@pytest.mark.parametrize("kind", ["moe", "sliding"])
+def test_verify_tokens_observes_what_the_traced_graph_predicts(tmp_path, kind):
+    path = _write(tmp_path, FAMILIES[kind])
+    for extra in ([], ["--past-len", "4"]):
+        args = ["verify", "tokens", "--config", path, "--frontend", "traced", "--full-size"]
+        args += ["-t", "6", *extra]
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 0, r.output
+        assert "predicted == observed on 36 cells" in r.output
+    args = ["verify", "tokens", "--config", path, "--frontend", "traced", "-t", "6"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2 and "--full-size" in r.output
