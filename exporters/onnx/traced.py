@@ -300,6 +300,22 @@ def _flip(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("Slice", [i[0], c.const(big), c.const(low), c.const(axes), c.const(big)], n, o)
 
 
+@_kinds("linalg_vector_norm")
+def _vector_norm(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    args = n.attrs["args"]
+    rank = c.graph.type_of(n.inputs[0]).rank
+    order = args[1] if len(args) > 1 and args[1] is not None else 2
+    dims = args[2] if len(args) > 2 and args[2] is not None else list(range(rank))
+    axes = c.const([d % rank for d in (dims if isinstance(dims, (list, tuple)) else [dims])])
+    keep = int(bool(args[3])) if len(args) > 3 and args[3] is not None else 0
+    if order == 2:
+        c.final("ReduceL2", [i[0], axes], n, o, keepdims=keep)
+        return
+    powered = c.op("Pow", [c.op("Abs", [i[0]], n.name), c.const(order, c.dtype)], n.name)
+    summed = c.op("ReduceSum", [powered, axes], n.name, keepdims=keep)
+    c.final("Pow", [summed, c.const(1 / order, c.dtype)], n, o)
+
+
 @_kinds("_softmax")
 def _softmax(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("Softmax", [i[0]], n, o, axis=n.attrs["args"][1])

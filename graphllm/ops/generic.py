@@ -107,6 +107,14 @@ def _reduce(fn: Callable[..., np.ndarray]) -> Impl:
     return impl
 
 
+def _vector_norm(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    """linalg_vector_norm(x, ord, dim, keepdim): the ord-norm over `dim`."""
+    x, order = f32(xs[0]), _scalar(a, 1, 2)
+    dims = _dims(a, 2, x.ndim)
+    keep = bool(_scalar(a, 3, False))
+    return np.sum(np.abs(x) ** order, axis=dims, keepdims=keep) ** (1 / order)
+
+
 def _softmax(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     x = f32(xs[0])
     ax = a["args"][1]
@@ -339,6 +347,7 @@ ATEN: dict[str, tuple[str, Impl]] = {
     "sum": (REDUCTION, _reduce(np.sum)),
     "amax": (REDUCTION, _reduce(np.max)),
     "amin": (REDUCTION, _reduce(np.min)),
+    "linalg_vector_norm": (REDUCTION, _vector_norm),
     "any": (REDUCTION, _reduce(np.any)),
     "all": (REDUCTION, _reduce(np.all)),
     "_softmax": (REDUCTION, _softmax),

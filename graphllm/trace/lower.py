@@ -537,7 +537,8 @@ def _reduction(
         out = list(letters)
         out[dim] = fresh()
         return _finish([letters], [out, out], ins, outs)
-    dims = args[1] if len(args) > 1 and args[1] is not None else list(range(rank))
+    at = 2 if kind == "linalg_vector_norm" else 1  # (x, ord, dim, keepdim)
+    dims = args[at] if len(args) > at and args[at] is not None else list(range(rank))
     dims = {d % rank for d in (dims if isinstance(dims, (list, tuple)) else [dims])} or set(
         range(rank)
     )

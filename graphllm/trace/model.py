@@ -130,7 +130,7 @@ _SPANS = ("sliding_window", "attention_chunk_size", "sliding_window_size", "loca
 
 def _spans(cfg: Any) -> dict[str, int]:
     """The model's windows and chunks: config field -> positions."""
-    return {f: v for f in _SPANS if isinstance(v := getattr(cfg, f, None), int) and v > 0}
+    return {f: v for f in _SPANS if isinstance(v := field_of(cfg, f, None), int) and v > 0}
 
 
 def _span(cfg: Any) -> int | None:
@@ -183,6 +183,15 @@ def _windowed(points: tuple[Point, ...], spans: dict[str, int]) -> int | None:
     return w if min(max(t, p) for _, t, p in points) >= w - 1 else None
 
 
+def field_of(cfg: Any, name: str, default: Any = None) -> Any:
+    """A config field, or `default` where the config has none or no one value of it (Gemma 4's
+    head_dim differs by layer, and its config refuses to give one)."""
+    try:
+        return getattr(cfg, name, default)
+    except Exception:
+        return default
+
+
 def _trace_dtype(act: str) -> str:
     if act in ("fp32", "bf16", "fp16"):
         return act
@@ -192,8 +201,8 @@ def _trace_dtype(act: str) -> str:
 def size_roles(cfg: Any) -> dict[int, tuple[str, str]]:
     out: dict[int, tuple[str, str]] = {}
     for field, name, role in _SIZE_FIELDS:
-        v = getattr(cfg, field, None)
-        if field == "head_dim" and v is None and getattr(cfg, "num_attention_heads", None):
+        v = field_of(cfg, field, None)
+        if field == "head_dim" and v is None and field_of(cfg, "num_attention_heads", None):
             v = cfg.hidden_size // cfg.num_attention_heads
         if isinstance(v, int) and not isinstance(v, bool) and v > 1:
             out.setdefault(v, (name, role))
@@ -203,19 +212,19 @@ def size_roles(cfg: Any) -> dict[int, tuple[str, str]]:
 def traced_config(cfg: Any, name: str) -> TracedConfig:
     experts = next(
         (
-            getattr(cfg, f)
+            field_of(cfg, f)
             for f in ("num_local_experts", "num_experts", "n_routed_experts")
-            if isinstance(getattr(cfg, f, None), int)
+            if isinstance(field_of(cfg, f, None), int)
         ),
         0,
     )
     return TracedConfig(
         name=name,
         model_type=cfg.model_type,
-        tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+        tie_word_embeddings=bool(field_of(cfg, "tie_word_embeddings", False)),
         num_experts=experts or 0,
-        num_experts_per_tok=int(getattr(cfg, "num_experts_per_tok", 0) or 0),
-        text_decoder_of=getattr(cfg, "multimodal_model_type", ""),
-        num_hidden_layers=int(getattr(cfg, "num_hidden_layers", 0) or 0),
-        vocab_size=int(getattr(cfg, "vocab_size", 0) or 0),
+        num_experts_per_tok=int(field_of(cfg, "num_experts_per_tok", 0) or 0),
+        text_decoder_of=field_of(cfg, "multimodal_model_type", ""),
+        num_hidden_layers=int(field_of(cfg, "num_hidden_layers", 0) or 0),
+        vocab_size=int(field_of(cfg, "vocab_size", 0) or 0),
     )
