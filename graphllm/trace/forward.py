@@ -8,7 +8,9 @@ layer's name.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import Iterator
 from typing import Any
 
 from graphllm.errors import ConfigError
@@ -38,6 +40,7 @@ def record(model: Any, point: Point) -> Recording:
     takes_positions = "position_ids" in takes
     cache_arg = "cache" if "cache" in takes else "past_key_values"
     norm_units(model)  # each norm class checked on real values, before the fake mode
+    attributes = _attribute_values(model)
     # the buffers' values, read before the fake mode takes every op
     values = {
         n: None if b.device.type == "meta" else b.detach().float().numpy()
@@ -63,7 +66,13 @@ def record(model: Any, point: Point) -> Recording:
             kwargs[cache_arg] = cache
         hooks = box.scope_hooks()
         try:
-            with functions, dispatch, replaying(model, box), lifting(model, box):
+            with (
+                functions,
+                dispatch,
+                replaying(model, box),
+                lifting(model, box),
+                _tensor_attributes(model, mode, box, attributes),
+            ):
                 out = torch.func.functional_call(model, tensors, (), kwargs, strict=False)
         except ConfigError:
             raise
@@ -98,6 +107,45 @@ def _fake_weights(model: Any, mode: Any, box: Any, values: dict[str, Any]) -> di
         tensors[name] = fake = mode.from_tensor(b)
         box.source(fake, "param" if name in stored else "constant", name, values[name])
     return tensors
+
+
+def _attribute_values(model: Any) -> dict[tuple[str, str], Any]:
+    """Tensors modules hold as plain attributes, neither weight nor buffer (longrope's long
+    and short frequencies): (module path, attribute) -> the tensor and its value. Read once a
+    model, before any forward: one may leave tensors of its own behind (a cache of cos/sin)."""
+    import torch
+
+    known = getattr(model, "_graphllm_tensor_attributes", None)
+    if known is not None:
+        return known
+    out = {}
+    for path, m in model.named_modules():
+        for attr, t in vars(m).items():
+            if isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter):
+                value = None if t.device.type == "meta" else t.detach().float().numpy()
+                out[(path, attr)] = (t, value)
+    model._graphllm_tensor_attributes = out
+    return out
+
+
+@contextlib.contextmanager
+def _tensor_attributes(model: Any, mode: Any, box: Any, attributes: dict) -> Iterator[None]:
+    """Within the block, each such attribute is a fake tensor of the recording, a constant."""
+    modules = dict(model.named_modules())
+    before = {path: dict(vars(m)) for path, m in modules.items()}
+    for (path, attr), (t, value) in attributes.items():
+        fake = mode.from_tensor(t)
+        box.source(fake, "constant", f"{path}.{attr}" if path else attr, value)
+        setattr(modules[path], attr, fake)
+    try:
+        yield
+    finally:  # every module's attributes as they were: nothing of this forward stays behind
+        for path, m in modules.items():
+            for attr in [a for a in vars(m) if a not in before[path]]:
+                delattr(m, attr)
+            for attr, v in before[path].items():
+                if vars(m).get(attr) is not v:
+                    setattr(m, attr, v)
 
 
 def _prefill(
