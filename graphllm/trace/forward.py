@@ -41,11 +41,7 @@ def record(model: Any, point: Point) -> Recording:
     cache_arg = "cache" if "cache" in takes else "past_key_values"
     norm_units(model)  # each norm class checked on real values, before the fake mode
     attributes = _attribute_values(model)
-    # the buffers' values, read before the fake mode takes every op
-    values = {
-        n: None if b.device.type == "meta" else b.detach().float().numpy()
-        for n, b in model.named_buffers()
-    }
+    values = _buffer_values(model)
     with mode:
         tensors = _fake_weights(model, mode, box, values)
         cache = None
@@ -81,6 +77,20 @@ def record(model: Any, point: Point) -> Recording:
         finally:
             for h in hooks:
                 h.remove()
+    _note_outputs(rec, box, out)
+    return rec
+
+
+def _buffer_values(model: Any) -> dict[str, Any]:
+    """The buffers' values (None on the meta device), read before the fake mode takes every op."""
+    return {
+        n: None if b.device.type == "meta" else b.detach().float().numpy()
+        for n, b in model.named_buffers()
+    }
+
+
+def _note_outputs(rec: Recording, box: Any, out: Any) -> None:
+    """Into `rec`: the representative layers' notes, the logits and the cache the step wrote."""
     rec.layers = {
         k: {a: b for a, b in v.items() if a != "structure"} for k, v in box.layers.items()
     }
@@ -90,7 +100,6 @@ def record(model: Any, point: Point) -> Recording:
         vid = box.ids.get(id(t))
         if vid in made:  # what the step wrote, not a constant the layer keeps beside it
             rec.outputs[name] = (vid, role)
-    return rec
 
 
 def _fake_weights(model: Any, mode: Any, box: Any, values: dict[str, Any]) -> dict[str, Any]:
