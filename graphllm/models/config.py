@@ -102,6 +102,11 @@ NOOP_ONLY: dict[str, tuple[Any, ...]] = {
 
 
 SUPPORTED = (*FAMILY_TABLE, *MULTIMODAL)  # the model_types a config may name
+# where a command builds families only: the commands that read the model from transformers' code
+TRACED_HINT = (
+    " (graphllm builds no family for it; trace, render, export and verify tokens read it "
+    "from transformers' code)"
+)
 
 # every key some family or rope dict understands: to tell "wrong family" from "misspelt"
 _ALL_FIELDS = frozenset(k for fam in FAMILY_TABLE.values() for k in (*fam.fields, *fam.aliases))
@@ -166,12 +171,12 @@ def _model_type(d: dict) -> str:
     if not isinstance(mt, str):
         raise malformed("model_type", "a string", mt)
     if mt in NOT_SUPPORTED:
-        raise ConfigError(f"model_type {shown(mt)}: {NOT_SUPPORTED[mt]}")
+        raise ConfigError(f"model_type {shown(mt)}: {NOT_SUPPORTED[mt]}{TRACED_HINT}")
     if mt not in FAMILY_TABLE:
         close = difflib.get_close_matches(mt, SUPPORTED, n=1, cutoff=0.6) if len(mt) < 40 else []
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise ConfigError(
-            f"unknown model_type {shown(mt)}; {hint}supported: {', '.join(SUPPORTED)}"
+            f"unknown model_type {shown(mt)}; {hint}supported: {', '.join(SUPPORTED)}{TRACED_HINT}"
         )
     return mt
 
