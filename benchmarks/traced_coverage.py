@@ -5,7 +5,9 @@ remote-code ones, listed with why), a tiny random model is made from transformer
 class (its defaults with the sizes cut down), and the traced frontend is checked against it:
 - trace: prefill and a cached decode step trace and lower to a verified Graph;
 - params: the graph's parameter count equals the model's;
-- flops: the graph's matmul FLOPs equal torch's FlopCounterMode on the same forward;
+- flops: the graph's matmul FLOPs equal torch's FlopCounterMode on the same forward, and its
+  causal convs' work equals FlopCounterMode's convolution count once transformers' padding is
+  counted (its torch code computes K-1 outputs a conv it then drops);
 - logits: the numpy interpreter's logits equal transformers' (eager attention, fp32), prefill
   and decode, within 1e-4;
 - onnx: exported (the decomposed lowering, the model's tensors in a safetensors file), onnxruntime's
@@ -142,6 +144,7 @@ def check(model_type: str) -> dict[str, Any]:
     from graphllm.runtime.interpret import Interpreter
     from graphllm.trace import traced_graph
     from graphllm.trace.hf import hf_config
+    from graphllm.trace.recurrences import reference_conv_flops
 
     row: dict[str, Any] = {"model_type": model_type}
     raw = tiny_config(model_type)
@@ -150,6 +153,9 @@ def check(model_type: str) -> dict[str, Any]:
     if hasattr(cfg, "_experts_implementation"):  # the traced one's: FlopCounterMode counts it
         cfg._experts_implementation = "batched_mm"
     ref = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    # FlopCounterMode's module tracker fails on a parameter handed to a kernel-tagged function
+    # (itself a module) that still asks for a gradient
+    ref.requires_grad_(False)
     # the state dict: parameters and the persistent buffers a checkpoint holds beside them
     weights = {k: v.detach().float().numpy() for k, v in ref.state_dict().items()}
     vocab = ref.get_output_embeddings().weight.shape[0]
@@ -175,7 +181,11 @@ def check(model_type: str) -> dict[str, Any]:
             with FlopCounterMode(display=False) as fc:
                 want = ref(torch.tensor(ids), past_key_values=cache, **kw).logits.float().numpy()
         row["params"] = res["params"].total == _stored_numel(ref)
-        row[f"{phase}_flops"] = res["cost"].flops["matmul"] == fc.get_total_flops()
+        counts = {str(k): v for k, v in fc.get_flop_counts()["Global"].items()}
+        conv = counts.pop("aten.convolution", 0)
+        row[f"{phase}_flops"] = res["cost"].flops["matmul"] == sum(counts.values()) and (
+            conv == reference_conv_flops(g)
+        )
         got = Interpreter(g, weights).run(feeds)["logits"]
         row[f"{phase}_logits"] = bool(np.abs(got - want).max() < 1e-4)
     row["onnx"] = _onnx(raw, ref, ids, past_ids)
@@ -238,15 +248,16 @@ def _stored_numel(ref: Any) -> int:
 def _feeds(g: Any, ids: Any, past: int, cache: Any) -> dict[str, Any]:
     import numpy as np
 
+    from graphllm.trace.forward import cache_tensors
+
     b, t = ids.shape
     feeds = {"input_ids": ids}
     if "position_ids" in g:
         feeds["position_ids"] = np.broadcast_to(np.arange(past, past + t), (b, t)).copy()
+    held = {name: t for name, t, _ in cache_tensors(cache, "past_key_values")} if cache else {}
     for n in g.nodes("input"):
-        if n.name.startswith("past_key_values."):
-            _, i, attr = n.name.split(".", 2)
-            attr = {"key": "keys", "value": "values"}.get(attr, attr)
-            feeds[n.name] = getattr(cache.layers[int(i)], attr).float().numpy().copy()
+        if n.name in held:
+            feeds[n.name] = held[n.name].float().numpy().copy()
     return feeds
 
 

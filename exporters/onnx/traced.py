@@ -18,7 +18,7 @@ from graphllm.errors import GraphllmError
 from graphllm.exporters.onnx.lowering import FALLBACKS, ONNX_TYPES, Lowering, lowers
 from graphllm.ir import Node
 from graphllm.ops import OPS, SOURCE
-from graphllm.ops.generic import PREFIX
+from graphllm.ops.generic import PREFIX, optional_inputs
 from graphllm.trace.symbolic import Expr
 
 INT64_MAX = 2**63 - 1
@@ -347,8 +347,7 @@ def _topk(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
 @_kinds("native_layer_norm")
 def _layer_norm(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     args = n.attrs["args"]
-    it = iter(i[1:])
-    w, b = (next(it) if v is None else "" for v in args[2:4])
+    w, b = optional_inputs(i[1:], n.attrs, 2, 2)
     if not w:
         d = int(n.outputs[0].dims[-1].size)  # type: ignore[arg-type]
         w = c.const(np.ones(d), c.dtype)

@@ -176,10 +176,18 @@ def _stack(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     return np.stack(xs, axis=_scalar(a, 1, 0))
 
 
+def optional_inputs(inputs: list[Any], a: dict[str, Any], first: int, count: int) -> list[Any]:
+    """Args first .. first+count-1 of an op whose args may be tensors or Python None (a layer
+    norm without weight): the next of `inputs` for a tensor, None where the model passed None
+    (attrs["absent"]: the positions it did)."""
+    it = iter(inputs)
+    absent = a.get("absent", ())
+    return [None if first + j in absent else next(it) for j in range(count)]
+
+
 def _native_layer_norm(xs: list[np.ndarray], a: dict[str, Any]) -> tuple[np.ndarray, ...]:
-    it = iter(xs)
-    x = f32(next(it))
-    w, b = (next(it) if v is None else v for v in a["args"][2:4])
+    x = f32(xs[0])
+    w, b = optional_inputs(xs[1:], a, 2, 2)
     axes = tuple(range(x.ndim - len(a["args"][1]), x.ndim))
     mean = np.mean(x, axis=axes, keepdims=True)
     rstd = 1 / np.sqrt(np.mean((x - mean) ** 2, axis=axes, keepdims=True) + a["args"][4])

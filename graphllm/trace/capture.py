@@ -303,14 +303,16 @@ class _Box:
         vids = tuple(self.number(o) for o in outs)
         self.rec.events.append(Event(op, enc_args, enc_kw, vids, self.scope))
 
-    def unit(self, op: str, args: tuple, attrs: dict[str, Any], outs: tuple) -> None:
+    def unit(
+        self, op: str, args: tuple, attrs: dict[str, Any], outs: tuple, scope: str | None = None
+    ) -> None:
         import torch
 
         if self.silent:  # inside another unit, or a forward that is not recorded
             return
         enc = tuple(self.encode(a, torch) if a is not None else None for a in args)
         vids = tuple(self.number(o) for o in outs)
-        self.rec.events.append(Event(op, enc, attrs, vids, self.scope))
+        self.rec.events.append(Event(op, enc, attrs, vids, self.scope if scope is None else scope))
 
 
 def _is_fake(t: Any) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 from graphllm.errors import ConfigError
 from graphllm.ir import CACHE, STATE
 from graphllm.trace.capture import Recording, recorder_modes
+from graphllm.trace.kernels import kernel_units
 from graphllm.trace.layers import replaying, representatives
 from graphllm.trace.symbolic import Point
 from graphllm.trace.units import lifting, norm_units
@@ -48,7 +49,9 @@ def record(model: Any, point: Point) -> Recording:
         if past:
             with box.quiet():
                 cache = _prefill(model, tensors, batch, past, device, takes_positions)
-            for name, t, _ in _cache_tensors(cache, "past_key_values"):
+            for name, t, _ in cache_tensors(cache, "past_key_values"):
+                box.source(t, "input", name)
+            for name, t in _counters(cache):  # bookkeeping: dropped unless read
                 box.source(t, "input", name)
         ids = torch.zeros((batch, seq), dtype=torch.long, device=device)
         box.source(ids, "input", "input_ids")
@@ -67,6 +70,7 @@ def record(model: Any, point: Point) -> Recording:
                 dispatch,
                 replaying(model, box),
                 lifting(model, box),
+                kernel_units(model),
                 _tensor_attributes(model, mode, box, attributes),
             ):
                 out = torch.func.functional_call(model, tensors, (), kwargs, strict=False)
@@ -96,7 +100,7 @@ def _note_outputs(rec: Recording, box: Any, out: Any) -> None:
     }
     rec.outputs["logits"] = (box.val(out.logits).vid, None)
     made = {vid for ev in rec.events for vid in ev.outs}
-    for name, t, role in _cache_tensors(_cache_of(out), "present"):
+    for name, t, role in cache_tensors(_cache_of(out), "present"):
         vid = box.ids.get(id(t))
         if vid in made:  # what the step wrote, not a constant the layer keeps beside it
             rec.outputs[name] = (vid, role)
@@ -179,19 +183,43 @@ def _cache_of(out: Any) -> Any:
     return cache if cache is not None else getattr(out, "past_key_values", None)
 
 
-def _cache_tensors(cache: Any, prefix: str) -> list[tuple[str, Any, str]]:
-    """(name, tensor, role) of every tensor a cache object carries, layer by layer."""
+def cache_tensors(cache: Any, prefix: str) -> list[tuple[str, Any, str]]:
+    """(name, tensor, role) of every tensor a cache object carries, layer by layer: its keys and
+    values, and the states a linear-attention layer keeps by index (`conv_states`,
+    `recurrent_states`, named in the singular where a layer keeps one of each). Integer
+    tensors are its position counters, not model state."""
     import torch
 
     out = []
     for i, layer in enumerate(getattr(cache, "layers", None) or []):
-        for attr, t in vars(layer).items():
-            if isinstance(t, torch.Tensor) and t.numel() > 0:
+        for attr, value in vars(layer).items():
+            many = isinstance(value, (list, dict))
+            items = dict(enumerate(value)) if isinstance(value, list) else value
+            items = items if many else {0: value}
+            tensors = {j: t for j, t in items.items() if isinstance(t, torch.Tensor)}
+            for j, t in tensors.items():
+                if t.numel() == 0 or not t.is_floating_point():
+                    continue
+                name = _CACHE_NAMES.get(attr, attr)
+                if many:
+                    name = name.removesuffix("s") if len(tensors) == 1 else f"{name}.{j}"
                 role = CACHE if attr in _CACHE_NAMES else STATE
-                out.append((f"{prefix}.{i}.{_CACHE_NAMES.get(attr, attr)}", t, role))
+                out.append((f"{prefix}.{i}.{name}", t, role))
     if cache is not None and not out and not hasattr(cache, "layers"):
         raise ConfigError(f"graphllm does not read the cache object {type(cache).__name__}")
     return out
+
+
+def _counters(cache: Any) -> list[tuple[str, Any]]:
+    """The integer tensors a cache's layers keep (their token counts)."""
+    import torch
+
+    return [
+        (f"past_key_values.{i}.{attr}", t)
+        for i, layer in enumerate(getattr(cache, "layers", None) or [])
+        for attr, t in vars(layer).items()
+        if isinstance(t, torch.Tensor) and not t.is_floating_point()
+    ]
 
 
 def _failure(e: Exception, scope: str) -> str:

@@ -129,7 +129,15 @@ REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers")
 
 def _require_sizes(raw: dict[str, Any], cfg: Any) -> None:
     stored = getattr(cfg, "attribute_map", {})  # a public name -> the field that holds it
-    missing = [f for f in REQUIRED if hasattr(cfg, f) and not {f, stored.get(f)} & set(raw)]
+    missing = [
+        f
+        for f in REQUIRED
+        if hasattr(cfg, f)
+        and not {f, stored.get(f)} & set(raw)
+        # a size the config class derives from other fields (Nemotron-H's layer count from
+        # its pattern) is not a default standing in
+        and not isinstance(getattr(type(cfg), f, None), property)
+    ]
     if missing:
         raise ConfigError(
             f"missing required field{'s' if len(missing) > 1 else ''} "

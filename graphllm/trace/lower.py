@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphllm.errors import ConfigError, GraphError
-from graphllm.ir import Dim, Graph, Node, Ref, TensorType
+from graphllm.ir import TOKEN_ROLES, Dim, Graph, Node, Ref, TensorType
 from graphllm.ir.signature import SCALAR
 from graphllm.ops import OPS
 from graphllm.ops.generic import ATEN, generic_row
 from graphllm.trace.capture import Event, Recording, Val
 from graphllm.trace.experts import lower_experts
+from graphllm.trace.recurrences import lower_conv, lower_delta
 from graphllm.trace.scopes import param_kind, scope_kinds
 from graphllm.trace.symbolic import Expr, Point, concrete
 
@@ -55,6 +56,9 @@ class _Lowering:
         self.refs: dict[int, Ref] = {}
         self.masks: dict[int, dict[str, Any]] = {}
         self.dims: dict[Expr, Dim] = {}
+        # (tensor, axis) -> its dim where the size alone does not say it (a fixed number of
+        # positions cut from the end of a token axis)
+        self.axis_dims: dict[tuple[int, int], Dim] = {}
         self.scopes = scope_kinds(self.rec.modules)
         self.g.meta.update(fitted.meta)
         self.g.meta["scopes"] = self.scopes
@@ -105,7 +109,45 @@ class _Lowering:
         return Dim("P_w" if past else "T_w", "key_token", kept, positions=where)
 
     def type_of(self, vid: int) -> TensorType:
-        return TensorType(tuple(self.dim(e) for e in self.f.shapes[vid]), self.rec.dtypes[vid])
+        dims = tuple(
+            self.axis_dims.get((vid, i)) or self.dim(e) for i, e in enumerate(self.f.shapes[vid])
+        )
+        return TensorType(dims, self.rec.dtypes[vid])
+
+    def after_state(self, ev: Event, types: list[TensorType], args: Any) -> None:
+        """A cat of a carried state's c entries (a conv state's last inputs) and the new
+        tokens along their axis holds positions P-c .. P+T."""
+        a = concrete(args, self.point)
+        dim = (a[1] if len(a) > 1 else 0) % types[0].rank
+        e = self.f.shapes[ev.outs[0]][dim]
+        axes = [t.dims[dim] for t in types]
+        if len(types) != 2 or e.t != 1 or e.p or e.b or e.c <= 0 or axes[1].positions != NEW:
+            return
+        if axes[0].size != e.c:
+            return
+        name = f"{e.name}_past"
+        self.g.bindings[name] = e.value(*self.point)
+        self.g.meta.setdefault("sizes", {})[name] = e
+        span = Dim(name, "key_token", positions=(f"P-{e.c}", "P+T"))
+        self.axis_dims[(ev.outs[0], dim)] = span
+
+    def last_positions(self, ev: Event, src: TensorType, args: Any) -> None:
+        """A slice keeping the last c positions of a token axis (a conv's state: the last K
+        inputs) keeps positions stop-c .. stop: a position axis, not c hidden entries."""
+        a = concrete(args, self.point)
+        dim = (a[1] if len(a) > 1 else 0) % src.rank
+        e = self.f.shapes[ev.outs[0]][dim]
+        d = src.dims[dim]
+        if not e.constant or d.role not in TOKEN_ROLES or d.positions is None:
+            return
+        start, end = (a[2] if len(a) > 2 else 0), (a[3] if len(a) > 3 else None)
+        size = d.size if d.size is not None else self.g.bindings.get(d.name)
+        reaches_end = end is None or size is None or end >= size
+        if not reaches_end or start is None or not (start < 0 or start == (size or 0) - e.c):
+            return
+        stop = d.positions[1]
+        kept = Dim(f"last{e.c}", "key_token", e.c, positions=(f"{stop}-{e.c}", stop))
+        self.axis_dims[(ev.outs[0], dim)] = kept
 
     # -- the walk --------------------------------------------------------------------------------
     def run(self) -> Graph:
@@ -118,6 +160,7 @@ class _Lowering:
                 ) from None
         for name, (vid, role) in self.rec.outputs.items():
             self.g.set_output(name, self.ref(vid), role)
+        _drop_unread(self.g)
         self.g.meta["blocks"] = _blocks(self.g, self.scopes)
         return self.g
 
@@ -167,6 +210,15 @@ class _Lowering:
             self.refs[ev.outs[0]] = out
         elif ev.op == "mask":
             self.masks[ev.outs[0]] = ev.kwargs["relation"]
+        elif ev.op == "delta":
+            ins = [None if v is None else self.ref(v.vid) for v in ev.args]
+            out_t = self.type_of(ev.outs[0]).dims[1]
+            node = lower_delta(self.g, ev.scope or "delta", ins, ev.kwargs, out_t)
+            self.out(ev, node)
+        elif ev.op == "conv":
+            ins = [None if v is None else self.ref(v.vid) for v in ev.args]
+            out = lower_conv(self.g, ev.scope or "conv", ins, ev.kwargs["activation"])
+            self.refs[ev.outs[0]] = out
         else:
             self.aten(ev, args)
 
@@ -247,6 +299,14 @@ class _Lowering:
             return
         ins = [self.ref(v.vid) for v in vals]
         types = [self.g.type_of(r) for r in ins]
+        if kind == "slice":
+            self.last_positions(ev, types[0], args)
+        if kind == "cat":
+            self.after_state(ev, types, args)
+        if kind == "copy" and len(types) == 2 and self.type_of(ev.outs[0]).rank == types[1].rank:
+            # copy_ into a buffer (a cache's state): what it holds is the source, axes and all
+            for i, d in enumerate(types[1].dims):
+                self.axis_dims[(ev.outs[0], i)] = d
         self.generic(ev, kind, ins, types, args)
 
     def cache_append(self, ev: Event, vals: list[Val], args: Any) -> bool:
@@ -329,6 +389,9 @@ class _Lowering:
         }
         if kind == "_to_copy":
             attrs["dtype_to"] = out_types[0].dtype
+        absent = tuple(i for i, v in enumerate(args) if v is None)
+        if absent:  # a Python None, where the numpy references read None as a tensor
+            attrs["absent"] = absent
         if kind == "index":
             attrs["indices"] = tuple(None if x is None else 0 for x in args[1])
         if sig.axes:
@@ -652,6 +715,20 @@ def _plain(x: Any) -> Any:
 
 def _shape(t: TensorType, bindings: dict[str, float]) -> tuple[int, ...]:
     return tuple(int(s) for s in t.shape(bindings))
+
+
+def _drop_unread(g: Graph) -> None:
+    """Erase what no output depends on: bookkeeping the model's code does beside its
+    computation (a cache's token counter, a shape's arithmetic) and the past counters it came
+    from. Parameters and the other inputs stay, read or not."""
+    live = {r.node for r in g.outputs.values()}
+    for n in reversed(g.topo()):
+        if n.name in live:
+            live.update(r.node for r in n.inputs)
+    for n in reversed(g.topo()):
+        counter = n.op == "input" and n.name.startswith("past_key_values.")
+        if n.name not in live and (n.op not in ("input", "param") or counter):
+            g.erase(n)
 
 
 def _blocks(g: Graph, scopes: dict[str, str]) -> list[str]:

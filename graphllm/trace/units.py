@@ -75,7 +75,7 @@ def lifting(model: Any, box: Any) -> Iterator[None]:
     modules = dict(model.named_modules())
     handles = []
     for path, attrs in units.items():
-        handles += _lift(modules[path], attrs, box)
+        handles += _lift(modules[path], attrs, box, path)
     try:
         yield
     finally:
@@ -83,12 +83,13 @@ def lifting(model: Any, box: Any) -> Iterator[None]:
             h.remove()
 
 
-def _lift(module: Any, attrs: dict[str, float], box: Any) -> list[Any]:
+def _lift(module: Any, attrs: dict[str, float], box: Any, path: str) -> list[Any]:
     def pre(mod: Any, args: Any) -> None:
         box.silent += 1
 
     def post(mod: Any, args: Any, out: Any) -> None:
         box.silent -= 1
-        box.unit("rmsnorm", (args[0], mod.weight), dict(attrs), (out,))
+        # the norm's own scope: the global hooks that keep the scope stack ran first
+        box.unit("rmsnorm", (args[0], mod.weight), dict(attrs), (out,), scope=path)
 
     return [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]

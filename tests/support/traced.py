@@ -8,11 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from graphllm.ir import Graph
+from graphllm.ir import CACHE, Graph
 from graphllm.models.workload import Workload
 from graphllm.passes import run
 from graphllm.runtime.interpret import Interpreter
 from graphllm.trace import traced_graph
+from graphllm.trace.forward import cache_tensors
 
 B, T, P = 2, 5, 4
 # tiny configs of each kind, as transformers' config classes take them
@@ -35,6 +36,22 @@ FAMILIES = {
     "moe": dict(
         TINY, model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16
     ),
+    # Gated DeltaNet (with its causal conv) and full attention, a layer each; dense MLPs
+    # (mlp_only_layers), whose checkpoint names are the model's
+    "linear_attention": dict(
+        TINY,
+        model_type="qwen3_next",
+        layer_types=["linear_attention", "full_attention"],
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        mlp_only_layers=[0, 1],
+    ),
+    # a LayerNorm with neither weight nor bias (the model passes None for both)
+    "layernorm_no_affine": {
+        k: v for k, v in dict(TINY, model_type="olmo").items() if k != "head_dim"
+    },
     # starcoder2 has no head_dim field: hidden / heads
     "layernorm_bias": {
         k: v
@@ -50,7 +67,8 @@ class Checked:
     results: Any
     logits: np.ndarray
     want: np.ndarray
-    flops: int
+    flops: int  # FlopCounterMode's, less its convolutions
+    conv_flops: int  # FlopCounterMode's convolutions
     params: int
 
 
@@ -73,6 +91,9 @@ def check_traced(raw: dict[str, Any], past: int = 0) -> Checked:
     if hasattr(cfg, "_experts_implementation"):  # the traced one's: FlopCounterMode counts it
         cfg._experts_implementation = "batched_mm"
     ref = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    # FlopCounterMode's module tracker fails on a parameter handed to a kernel-tagged function
+    # (itself a module) that still asks for a gradient
+    ref.requires_grad_(False)
     # the state dict: parameters and the persistent buffers a checkpoint holds beside them
     weights = {k: v.detach().float().numpy() for k, v in ref.state_dict().items()}
     vocab = ref.get_output_embeddings().weight.shape[0]
@@ -84,19 +105,19 @@ def check_traced(raw: dict[str, Any], past: int = 0) -> Checked:
     positions = np.broadcast_to(np.arange(past, past + T), (B, T)).copy()
     with torch.no_grad():
         cache = ref(torch.tensor(past_ids), use_cache=True).past_key_values if past else None
+        held = {k: t for k, t, _ in cache_tensors(cache, "past_key_values")} if past else {}
         for n in g.nodes("input"):
             if n.name == "position_ids":
                 feeds[n.name] = positions
-            elif n.name.startswith("past_key_values."):
-                _, i, attr = n.name.split(".", 2)
-                attr = {"key": "keys", "value": "values"}.get(attr, attr)
-                feeds[n.name] = getattr(cache.layers[int(i)], attr).float().numpy().copy()
+            elif n.name in held:
+                feeds[n.name] = held[n.name].float().numpy().copy()
         with FlopCounterMode(display=False) as fc:
             kw = {"position_ids": torch.tensor(positions)} if "position_ids" in feeds else {}
             want = ref(torch.tensor(ids), past_key_values=cache, **kw).logits.float().numpy()
     got = Interpreter(g, weights).run(feeds)["logits"]
-    n = stored_numel(ref)
-    return Checked(g, res, got, want, fc.get_total_flops(), n)
+    counts = {str(k): v for k, v in fc.get_flop_counts()["Global"].items()}
+    conv = counts.pop("aten.convolution", 0)
+    return Checked(g, res, got, want, sum(counts.values()), conv, stored_numel(ref))
 
 
 def onnx_against_transformers(raw: dict[str, Any], folder: Any) -> tuple[float, float]:
@@ -130,11 +151,13 @@ def onnx_against_transformers(raw: dict[str, Any], folder: Any) -> tuple[float, 
             "position_ids": np.broadcast_to(np.arange(past, P + T), (B, P + T - past)).copy(),
             "attention_mask": np.ones((B, P + T), np.int64),
         }
+        held = {k: (t, role) for k, t, role in cache_tensors(cache, "past_key_values")}
         for i in session.get_inputs():
-            if i.name.startswith("past_key_values."):
-                _, layer, attr = i.name.split(".")
-                held = getattr(cache.layers[int(layer)], {"key": "keys", "value": "values"}[attr])
-                feeds[i.name] = held.numpy() if past else held.numpy()[:, :, :0]
+            if i.name in held:
+                t, role = held[i.name]
+                # no past: no keys, and a recurrent layer's states at their start, zeros
+                empty = t.numpy()[:, :, :0] if role == CACHE else np.zeros_like(t.numpy())
+                feeds[i.name] = t.numpy() if past else empty
         got = session.run(["logits"], feeds)[0]
         diffs.append(float(np.abs(got - want[:, past:]).max()))
     return diffs[0], diffs[1]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("transformers")
+from graphllm.trace.recurrences import reference_conv_flops
 from tests.support.traced import FAMILIES, P, check_traced
 
 
@@ -17,10 +18,16 @@ def test_traced_equals_transformers(kind, past):
     c = check_traced(FAMILIES[kind], past)
     assert c.results["params"].total == c.params
     assert c.results["cost"].flops["matmul"] == c.flops
+    # transformers' torch conv pads both sides and drops K-1 outputs; graphllm counts a kernel's
+    assert c.conv_flops == reference_conv_flops(c.graph)
+    assert (c.conv_flops > 0) == (kind == "linear_attention")
     np.testing.assert_allclose(c.logits, c.want, atol=2e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("kind", sorted(FAMILIES))
+ATTENTION_ONLY = sorted(k for k in FAMILIES if k != "linear_attention")
+
+
+@pytest.mark.parametrize("kind", ATTENTION_ONLY)
 def test_only_core_attention_mixes_tokens(kind):
     c = check_traced(FAMILIES[kind], P)
     tokens = c.results["tokens"].to_dict()
@@ -70,3 +77,38 @@ def test_between_the_probes_and_the_window_is_refused():
 
     with pytest.raises(ConfigError, match="too short to trace"):
         traced_graph(dict(FAMILIES["sliding"], sliding_window=16), Workload(seq_len=3, past_len=8))
+
+
+@pytest.mark.parametrize(
+    ("past", "rule"), [(0, "gated_delta_chunked"), (P, "gated_delta_chunked_state")]
+)
+def test_a_linear_attention_layer_is_lifted_onto_the_delta_rows(past, rule):
+    """Qwen3-Next's Gated DeltaNet: transformers' chunked delta rule and causal conv (their
+    torch code loops over chunks) are one row each, so the trace holds at any length; the
+    recurrent state and the conv state (its last K inputs, as transformers' cache keeps them)
+    are carried outputs."""
+    c = check_traced(FAMILIES["linear_attention"], past)
+    g, tokens = c.graph, c.results["tokens"].to_dict()
+    assert sorted(tokens["mixing_ops"]) == sorted(
+        ["causal_conv1d", rule, "pv", "scores", "softmax"]
+    )
+    core = g["model.layers.0.linear_attn.core"]
+    assert core.op == rule and core.attrs["chunk"] == 64
+    assert [n.op for n in g.nodes() if n.name.endswith("_l2norm")] == ["l2normalize"] * 2
+    conv = g["model.layers.0.linear_attn.conv1d"]
+    assert conv.attrs["kernel"] == 4
+    assert g.output_role("present.0.recurrent_state") == "state"
+    state = g[g.outputs["present.0.conv_state"].node].outputs[0]
+    assert state.dims[-1].size == 4  # (B, C, K)
+    if past:
+        assert "past_key_values.0.recurrent_state" in g and "past_key_values.0.conv_state" in g
+
+
+def test_one_new_token_after_a_state_is_the_recurrent_form():
+    """At one new token transformers runs the delta rule token by token: the traced graph,
+    made from probes of several tokens, lowers to that form too."""
+    from graphllm.models.workload import Workload
+    from graphllm.trace import traced_graph
+
+    g = traced_graph(FAMILIES["linear_attention"], Workload(seq_len=1, past_len=9))
+    assert g["model.layers.0.linear_attn.core"].op == "gated_delta_step"

@@ -14,7 +14,9 @@ from graphllm.cli.main import main
 from tests.support.traced import FAMILIES, onnx_against_transformers
 
 
-@pytest.mark.parametrize("kind", ["dense", "qk_norm", "sliding", "layernorm_bias"])
+@pytest.mark.parametrize(
+    "kind", ["dense", "qk_norm", "sliding", "layernorm_bias", "linear_attention"]
+)
 def test_traced_export_equals_transformers(kind, tmp_path):
     decode, prefill = onnx_against_transformers(FAMILIES[kind], tmp_path)
     assert decode < 2e-5 and prefill < 2e-5, (decode, prefill)

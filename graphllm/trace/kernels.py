@@ -1,0 +1,106 @@
+"""transformers' kernel-tagged functions recorded whole, as one unit each.
+
+transformers marks the functions a kernel may replace with
+`use_kernel_func_from_hub_with_fallback(name, package)`: the gated delta rule in its chunked and
+its recurrent form (FLA's `chunk_gated_delta_rule`, `fused_recurrent_gated_delta_rule`) and the
+causal depthwise convolution from a zero start (`causal_conv1d_fn`). Their torch
+fallbacks loop over chunks or tokens in Python, so no trace at one length holds at another;
+recorded whole (a `delta` or `conv` event), they lower onto the rows graphllm's hand-built
+hybrids use, whose FLOPs, bytes and mixing are the kernels'.
+
+A tagged function is found by its kernel name, in the modeling modules of the model's own
+classes; within `kernel_units` each is swapped for a recording stand-in that
+makes its outputs' shapes.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from graphllm.trace.capture import STATE
+
+
+def _delta(form: str) -> Callable[..., Any]:
+    def unit(query: Any, key: Any, value: Any, g: Any, beta: Any, *args: Any, **kw: Any) -> Any:
+        import torch
+
+        rec = STATE.recorder
+        chunk = args[0] if args else kw.get("chunk_size", 64)
+        state0 = kw.get("initial_state", args[1] if len(args) > 1 else None)
+        b, _, h, dv = value.shape
+        with rec.quiet():
+            out = torch.empty(value.shape, dtype=query.dtype, device=value.device)
+            state = torch.empty((b, h, key.shape[-1], dv), dtype=torch.float32, device=value.device)
+        attrs = {
+            "form": form,
+            "chunk": int(chunk),
+            "l2norm": bool(kw.get("use_qk_l2norm_in_kernel")),
+        }
+        rec.unit("delta", (query, key, value, g, beta, state0), attrs, (out, state))
+        return out, state if kw.get("output_final_state", False) else None
+
+    return unit
+
+
+def _conv_fn(x: Any, weight: Any, bias: Any = None, activation: Any = None, **kw: Any) -> Any:
+    """A causal depthwise conv of (B, C, S) from a zero start: S outputs."""
+    import torch
+
+    rec = STATE.recorder
+    with rec.quiet():
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    rec.unit("conv", (x, weight, bias), {"activation": activation}, (out,))
+    return out
+
+
+# the kernel name transformers tags a function with -> its recording stand-in
+UNITS: dict[str, Callable[..., Any]] = {
+    "chunk_gated_delta_rule": _delta("chunked"),
+    "fused_recurrent_gated_delta_rule": _delta("step"),
+    "causal_conv1d_fn": _conv_fn,
+}
+
+
+def kernel_name(fn: Any) -> str | None:
+    """The kernel name a tagged function carries, else None: the `kernel_layer_name` of the
+    module `kernels` makes of it, or (without `kernels`) the name transformers' fallback
+    wrapper closes over."""
+    name = getattr(type(fn), "kernel_layer_name", None)
+    if name is None and inspect.isfunction(fn) and hasattr(fn, "__wrapped__"):
+        try:
+            name = inspect.getclosurevars(fn).nonlocals.get("func_name")
+        except (TypeError, ValueError):
+            return None
+    return name if isinstance(name, str) else None
+
+
+def tagged(model: Any) -> list[tuple[Any, str, str]]:
+    """(modeling module, global name, kernel name) of each tagged function the model's classes'
+    modules hold."""
+    modules = {sys.modules.get(type(m).__module__) for m in model.modules()}
+    out = []
+    for mod in modules:
+        for attr, fn in list(vars(mod).items()) if mod is not None else ():
+            name = kernel_name(fn)
+            if name is not None:
+                out.append((mod, attr, name))
+    return out
+
+
+@contextmanager
+def kernel_units(model: Any) -> Iterator[None]:
+    """Within the block, each tagged function graphllm has a unit for records one event."""
+    swapped = [
+        (mod, attr, getattr(mod, attr)) for mod, attr, name in tagged(model) if name in UNITS
+    ]
+    for mod, attr, _ in swapped:
+        setattr(mod, attr, UNITS[kernel_name(getattr(mod, attr))])  # type: ignore[index]
+    try:
+        yield
+    finally:
+        for mod, attr, fn in swapped:
+            setattr(mod, attr, fn)

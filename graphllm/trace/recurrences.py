@@ -1,0 +1,105 @@
+"""Traced `delta` and `conv` events (graphllm.trace.kernels) -> the rows graphllm's hand-built
+hybrids use.
+
+- `delta`: transformers' gated delta rule on q, k (B, T, key heads, d_k), v (B, T, value heads,
+  d_v), the log decay g and beta (B, T, value heads), after the layer's carried state where it has
+  one. Its form is transformers' own choice at the workload (the recurrent form for one new token
+  after a state, else the chunked one), so a trace made at other lengths lowers to what runs at
+  this one. `use_qk_l2norm_in_kernel` is the l2normalize row on q and k first (eps 1e-6, FLA's).
+- `conv`: the depthwise causal conv on transformers' channels-first (B, C, S), from a zero
+  start (transformers puts the cache's conv state before the new inputs itself, and keeps its
+  last K positions, in ops of its own). The rows take channels last, so the input and output
+  are transposed around it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from graphllm.errors import ConfigError
+from graphllm.ir import Dim, Graph, Ref, TensorType
+from graphllm.ops.generic import generic_row
+
+# a conv's activation, as transformers names it -> graphllm's row
+_ACTIVATIONS = {"silu": "silu", "swish": "silu"}
+
+
+def lower_delta(g: Graph, p: str, ins: list[Ref | None], attrs: dict[str, Any], out_t: Dim):
+    """The gated delta rule of scope `p`: returns the (output, final state) node."""
+    q, k, v, decay, beta, state = ins
+    if attrs.get("l2norm"):
+        q = Ref(g.add("l2normalize", f"{p}.q_l2norm", (q,), {"eps": 1e-6}).name)
+        k = Ref(g.add("l2normalize", f"{p}.k_l2norm", (k,), {"eps": 1e-6}).name)
+    args: tuple[Ref, ...] = (q, k, v, decay, beta)  # type: ignore[assignment]
+    if state is None:
+        op = "gated_delta_chunked"
+    else:
+        args += (state,)
+        # transformers steps token by token for one new token after a state, else chunks
+        op = "gated_delta_step" if g.bindings["T"] == 1 else "gated_delta_chunked_state"
+    return g.add(op, f"{p}.core", args, {"axes": {"t": out_t}, "chunk": attrs["chunk"]})
+
+
+def lower_conv(g: Graph, p: str, ins: list[Ref | None], activation: Any) -> Ref:
+    """The causal conv of scope `p` on x (B, C, S) from a zero start, its weight (C, K) and
+    bias or None: returns the output (B, C, S)."""
+    x, weight, bias = ins
+    assert x is not None and weight is not None
+    c, kernel = g.type_of(weight).dims
+    xt = _permute(g, f"{p}.channels_last", x)
+    one = Dim("one", "hidden", 1)
+    w = _view(g, f"{p}.conv_weight", weight, (c, one, kernel), "a b -> a c b", {"c": one})
+    attrs = {"axes": {"t": g.type_of(xt).dims[1]}, "kernel": kernel.size, "with_state": False}
+    if bias is not None:
+        conv = g.add("causal_conv1d_bias", f"{p}.conv1d", (xt, w, bias), attrs)
+    else:
+        conv = g.add("causal_conv1d", f"{p}.conv1d", (xt, w), attrs)
+    y = Ref(conv.name)
+    if activation is not None:
+        act = _ACTIVATIONS.get(str(activation))
+        if act is None:
+            raise ConfigError(f"{p}: a causal conv with activation {activation!r}")
+        y = Ref(g.add(act, f"{p}.act", (y,)).name)
+    return _permute(g, f"{p}.channels_first", y)
+
+
+def _permute(g: Graph, name: str, x: Ref) -> Ref:
+    """(a, b, c) -> (a, c, b)."""
+    src = g.type_of(x)
+    dims = (src.dims[0], src.dims[2], src.dims[1])
+    shape = tuple(int(s) for s in TensorType(dims, src.dtype).shape(g.bindings))
+    attrs = _attrs("permute", (None, (0, 2, 1)), src.dtype, shape)
+    return Ref(g.add(generic_row("permute", "a b c -> a c b"), name, (x,), attrs).name)
+
+
+def _view(g: Graph, name: str, x: Ref, dims: tuple[Dim, ...], sig: str, axes: dict) -> Ref:
+    src = g.type_of(x)
+    shape = tuple(int(s) for s in TensorType(dims, src.dtype).shape(g.bindings))
+    attrs = _attrs("view", (None, shape), src.dtype, shape) | {"axes": axes}
+    return Ref(g.add(generic_row("view", sig), name, (x,), attrs).name)
+
+
+def _attrs(kind: str, args: tuple, dtype: str, shape: tuple[int, ...]) -> dict[str, Any]:
+    return {
+        "args": args,
+        "sym_args": args,
+        "kwargs": {},
+        "aten": kind,
+        "dtypes": [dtype],
+        "shape": shape,
+        "shapes": [shape],
+    }
+
+
+def reference_conv_flops(g: Graph) -> int:
+    """The FLOPs of the graph's causal convs as transformers' torch code computes them, for a
+    comparison with torch's FlopCounterMode: a conv1d padded by K-1 on both sides, so S+K-1
+    outputs of which it keeps S, 2 C K B (S+K-1). graphllm counts the S outputs a causal-conv
+    kernel computes (the rows' flops_fn)."""
+    total = 0
+    for n in g.nodes():
+        if n.op in ("causal_conv1d", "causal_conv1d_bias"):
+            b, s, c = (int(x) for x in g.type_of(n.inputs[0]).shape(g.bindings))
+            k = int(n.attrs["kernel"])
+            total += 2 * c * k * b * (s + k - 1)
+    return total
