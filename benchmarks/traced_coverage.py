@@ -113,6 +113,25 @@ def decoder_types() -> tuple[list[str], dict[str, str]]:
     return keep, skipped
 
 
+# what the shared tiny sizes leave inconsistent in a type's own rules (a layer pattern by
+# period and offset, a width derived from others)
+TINY_FOR = {
+    "mamba2": {"head_dim": 32},  # heads x head_dim = hidden x expand
+    "bamba": {"attn_layer_indices": [1]},
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
+    "zamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
+    "zamba2": {"hybrid_layer_ids": [1], "mamba_headdim": 16},
+}
+
+
+def _layer_pattern(values: list[Any], n: int) -> list[Any]:
+    """A per-layer list cut to n layers that keeps one of each kind it has (a hybrid's
+    attention layer among its recurrent ones), in their order."""
+    firsts = sorted({values.index(v) for v in values})[:n]
+    rest = [i for i in range(len(values)) if i not in firsts]
+    return [values[i] for i in sorted(firsts + rest[: n - len(firsts)])]
+
+
 def tiny_config(model_type: str) -> dict[str, Any]:
     """A config.json dict of `model_type` with transformers' defaults and tiny sizes."""
     from transformers import CONFIG_MAPPING
@@ -121,8 +140,15 @@ def tiny_config(model_type: str) -> dict[str, Any]:
     default = cls().to_dict()
     stored = getattr(cls, "attribute_map", {})  # hidden_size -> n_embd, ...
     raw = {stored.get(k, k): v for k, v in TINY.items() if stored.get(k, k) in default}
-    if "qk_rope_head_dim" in default:  # MLA: the head width is its parts'
+    if "qk_rope_head_dim" in default:  # MLA: the head width is its parts', every head its KV
         raw.pop("head_dim", None)
+        raw["num_key_value_heads"] = raw.get("num_attention_heads", TINY["num_attention_heads"])
+    layers = default.get("num_hidden_layers", default.get(stored.get("num_hidden_layers", "")))
+    n = raw.get(stored.get("num_hidden_layers", "num_hidden_layers"))
+    for k, v in default.items():  # per-layer lists of kinds, cut to the tiny depth
+        if isinstance(v, list) and len(v) == layers and n and all(isinstance(x, str) for x in v):
+            raw[k] = _layer_pattern(v, n)
+    raw |= {k: v for k, v in TINY_FOR.get(model_type, {}).items()}
     for k in ("pad_token_id", "bos_token_id", "eos_token_id"):
         if isinstance(default.get(k), int):
             raw[k] = 0

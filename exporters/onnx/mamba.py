@@ -74,7 +74,8 @@ def _ssm_scan(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     r = heads // groups  # type: ignore[operator]
     t = c.dim(i[0], 1, s)  # (1,) the new tokens
     dt = _scan_dt(c, s, dt, dt_bias, a["dt_min"], t, step=len(i) > 7)  # (B, T, H)
-    rate = c.op("Neg", [c.op("Exp", [a_log], s)], s)  # A (H,)
+    # A (H,): the input itself where the model computed it before the scan
+    rate = a_log if a.get("a_is_rate") else c.op("Neg", [c.op("Exp", [a_log], s)], s)
 
     def to_heads(v: str) -> str:  # (B, T, G, N) -> (B, T, H, N): each group's heads
         e = c.op("Unsqueeze", [v, c.const([3])], s)

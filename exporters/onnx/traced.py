@@ -409,6 +409,21 @@ def _slice(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("Slice", [i[0], size(c, start, n.name), ends, c.const([dim]), c.const([step])], n, o)
 
 
+@_kinds("slice_scatter")
+def _slice_scatter(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    """base before the slice, the source, base after it: one Concat along the axis."""
+    args = n.attrs["args"]
+    base = c.graph.type_of(n.inputs[0])
+    dim = args[2] % base.rank
+    start, end = args[3] or 0, args[4]
+    if (args[5] if len(args) > 5 else 1) not in (None, 1):
+        raise GraphllmError(f"{n.name}: a strided slice_scatter is not lowered")
+    axis = c.const([dim])
+    before = c.op("Slice", [i[0], c.const([0]), c.const([start]), axis], n.name)
+    after = c.op("Slice", [i[0], c.const([end]), c.const([INT64_MAX]), axis], n.name)
+    c.final("Concat", [before, i[1], after], n, o, axis=dim)
+
+
 @_kinds("select")
 def _select(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     sym = _sym(n)

@@ -150,6 +150,17 @@ def _slice(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     return x[tuple(idx)]
 
 
+def _slice_scatter(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    """slice_scatter(base, src, dim, start, end, step): base with src written over the slice."""
+    x = xs[0].copy()
+    dim = _scalar(a, 2, 0) % x.ndim
+    start, end, step = _scalar(a, 3, 0), _scalar(a, 4, None), _scalar(a, 5, 1)
+    idx = [slice(None)] * x.ndim
+    idx[dim] = slice(start, end, step)
+    x[tuple(idx)] = xs[1]
+    return x
+
+
 def _select(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     return np.take(xs[0], a["args"][2], axis=a["args"][1])
 
@@ -379,6 +390,7 @@ ATEN: dict[str, tuple[str, Impl]] = {
     "squeeze": (MOVEMENT, _reshape),
     "expand": (MOVEMENT, _expand),
     "slice": (MOVEMENT, _slice),
+    "slice_scatter": (MOVEMENT, _slice_scatter),
     "select": (MOVEMENT, _select),
     "cat": (MOVEMENT, _cat),
     "stack": (MOVEMENT, _stack),

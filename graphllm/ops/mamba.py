@@ -65,13 +65,19 @@ def _segsum(x: np.ndarray) -> np.ndarray:
     return np.where(np.tril(np.ones((n, n), bool), 0), cs, -np.inf).astype(np.float32)
 
 
-def _chunked(x, dt, a_log, b_, c_, d, dt_bias, state0, chunk: int, dt_min: float):
-    """mamba2_chunk_scan in numpy: x (b, t, h, p), dt (b, t, h), B and C (b, t, g, n), state0
-    (b, h, p, n) or None -> y (b, t, h, p), the final state (b, h, p, n)."""
+def rate(a_in: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
+    """A per head: -exp(A_log), or the input itself where attrs a_is_rate says the model
+    computed A before the scan (a traced model hands its scan A)."""
+    a_in = a_in.astype(np.float32)
+    return a_in if attrs.get("a_is_rate") else -np.exp(a_in)
+
+
+def _chunked(x, dt, a, b_, c_, d, dt_bias, state0, chunk: int, dt_min: float):
+    """mamba2_chunk_scan in numpy: x (b, t, h, p), dt (b, t, h), A (h), B and C (b, t, g, n),
+    state0 (b, h, p, n) or None -> y (b, t, h, p), the final state (b, h, p, n)."""
     bsz, t, h, p = x.shape
     g = b_.shape[2]
     dt = np.maximum(_softplus(dt + dt_bias), np.float32(dt_min))
-    a = -np.exp(a_log.astype(np.float32))
     rep = h // g
     bb, cc = np.repeat(b_, rep, axis=2), np.repeat(c_, rep, axis=2)  # (b, t, h, n)
     pad = (chunk - t % chunk) % chunk
@@ -109,25 +115,25 @@ def _chunked(x, dt, a_log, b_, c_, d, dt_bias, state0, chunk: int, dt_min: float
     return y[:, :t].astype(np.float32), final.astype(np.float32)
 
 
-def _step(x, dt, a_log, b_, c_, d, dt_bias, state):
+def _step(x, dt, a, b_, c_, d, dt_bias, state):
     """mamba2_selective_state_update for one token: x (b, 1, h, p) -> y, the new state."""
     h = x.shape[2]
     xt, dtt = x[:, 0], _softplus(dt[:, 0] + dt_bias)  # (b, h, p), (b, h)
     rep = h // b_.shape[2]
     bt, ct = np.repeat(b_[:, 0], rep, axis=1), np.repeat(c_[:, 0], rep, axis=1)  # (b, h, n)
-    da = np.exp(dtt * -np.exp(a_log.astype(np.float32)))[..., None, None]
+    da = np.exp(dtt * a)[..., None, None]
     new = state * da + (dtt[..., None, None] * bt[:, :, None, :]) * xt[..., None]
     y = np.einsum("bhpn,bhn->bhp", new, ct) + xt * d[:, None]
     return y[:, None].astype(np.float32), new.astype(np.float32)
 
 
 def _scan(xs: list[np.ndarray], a: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    x, dt, a_log, b_, c_, d, dt_bias = (f32(v) for v in xs[:7])
+    x, dt, a_in, b_, c_, d, dt_bias = (f32(v) for v in xs[:7])
     state0 = f32(xs[7]) if len(xs) > 7 else None
     # transformers' dispatch: the recurrent step for one token after a past, else the chunks
     if state0 is not None and x.shape[1] == 1:
-        return _step(x, dt, a_log, b_, c_, d, dt_bias, state0)
-    return _chunked(x, dt, a_log, b_, c_, d, dt_bias, state0, a["chunk_size"], a["dt_min"])
+        return _step(x, dt, rate(a_in, a), b_, c_, d, dt_bias, state0)
+    return _chunked(x, dt, rate(a_in, a), b_, c_, d, dt_bias, state0, a["chunk_size"], a["dt_min"])
 
 
 def scan_flops(s: dict[str, float], a: dict[str, Any]) -> tuple[float, float]:
@@ -219,8 +225,8 @@ register(
     _scan_row(
         "ssm_scan",
         SCAN_SIG,
-        "Mamba2's selective scan from a zero state (inputs x, dt, A_log, B, C, D, dt_bias): "
-        "y and the final state (module docstring: the chunked and recurrent forms, FLOPs). "
+        "Mamba2's selective scan from a zero state (inputs x, dt, A_log, B, C, D, dt_bias; A "
+        "itself where attrs a_is_rate): y and the final state (module docstring: the chunked and recurrent forms, FLOPs). "
         "Output t reads every input s <= t: the prefix relation.",
     ),
     _scan_row(

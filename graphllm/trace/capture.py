@@ -216,6 +216,7 @@ class _Box:
         self.keep: list[Any] = []  # tensors stay alive, so their ids stay theirs
         self.silent = 0
         self.stack: list[str] = []
+        self.made_by: dict[int, int] = {}  # a tensor -> the event that made it
 
     @contextlib.contextmanager
     def quiet(self) -> Iterator[None]:
@@ -301,7 +302,29 @@ class _Box:
         # an in-place op's output is its first argument: numbered anew, so its later readers
         # read the op's result
         vids = tuple(self.number(o) for o in outs)
+        self.made_by.update(dict.fromkeys(vids, len(self.rec.events)))
         self.rec.events.append(Event(op, enc_args, enc_kw, vids, self.scope))
+        base = getattr(args[0], "_base", None) if args else None
+        if op.split(".")[1].endswith("_") and base is not None and enc_args:
+            self.write_through(enc_args[0], base, vids[0])
+
+    def write_through(self, view: Val, base: Any, written: int) -> None:
+        """An in-place write into a slice of another tensor (a key filled in two parts,
+        `k[..., :n].copy_(a)`) changes that tensor: recorded as a slice_scatter that makes it
+        anew. Another view written in place is refused: its base would silently keep its
+        old value."""
+        ev = self.rec.events[self.made_by[view.vid]] if view.vid in self.made_by else None
+        base_vid = self.ids.get(id(base))
+        if ev is None or ev.op != "aten.slice.Tensor" or ev.args[0] != Val(base_vid or -1):
+            raise ConfigError(
+                f"{self.scope or 'the model'} writes in place into a view of another tensor "
+                f"({ev.op if ev else 'a view made outside the forward'}), which graphllm "
+                "does not follow"
+            )
+        vid = self.number(base)
+        self.made_by[vid] = len(self.rec.events)
+        args = (Val(base_vid), Val(written), *ev.args[1:])  # type: ignore[arg-type]
+        self.rec.events.append(Event("aten.slice_scatter.default", args, {}, (vid,), self.scope))
 
     def unit(
         self, op: str, args: tuple, attrs: dict[str, Any], outs: tuple, scope: str | None = None

@@ -2,10 +2,11 @@
 
 transformers marks the functions a kernel may replace with
 `use_kernel_func_from_hub_with_fallback(name, package)`: the gated delta rule in its chunked and
-its recurrent form (FLA's `chunk_gated_delta_rule`, `fused_recurrent_gated_delta_rule`) and the
-causal depthwise convolution from a zero start (`causal_conv1d_fn`). Their torch
+its recurrent form (FLA's `chunk_gated_delta_rule`, `fused_recurrent_gated_delta_rule`), Mamba2's
+chunked selective scan (mamba_ssm's `mamba_chunk_scan_combined`) and the causal depthwise
+convolution from a zero start (`causal_conv1d_fn`). Their torch
 fallbacks loop over chunks or tokens in Python, so no trace at one length holds at another;
-recorded whole (a `delta` or `conv` event), they lower onto the rows graphllm's hand-built
+recorded whole (a `delta`, `ssm` or `conv` event), they lower onto the rows graphllm's hand-built
 hybrids use, whose FLOPs, bytes and mixing are the kernels'.
 
 A tagged function is found by its kernel name, in the modeling modules of the model's own
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from graphllm.errors import ConfigError
 from graphllm.trace.capture import STATE
 
 
@@ -57,11 +59,57 @@ def _conv_fn(x: Any, weight: Any, bias: Any = None, activation: Any = None, **kw
     return out
 
 
+# A, B, C and D: the names transformers passes them by
+def _ssm_chunked(
+    x: Any,
+    dt: Any,
+    A: Any,
+    B: Any,
+    C: Any,
+    chunk_size: int,
+    D: Any = None,
+    dt_bias: Any = None,
+    initial_states: Any = None,
+    dt_softplus: bool = False,
+    dt_limit: tuple[float, float] = (0.0, float("inf")),
+    return_final_states: bool = False,
+    **kw: Any,
+) -> Any:
+    """Mamba2's chunked scan (mamba_ssm's `mamba_chunk_scan_combined` contract): x (B, T, H,
+    P), dt (B, T, H) before its bias, A (H), B and C (B, T, G, N) -> y and the final state."""
+    import torch
+
+    rec = STATE.recorder
+    unmodelled = [
+        what
+        for what, off in (
+            ("no D skip", D is None),
+            ("no dt_bias", dt_bias is None),
+            ("dt without softplus", not dt_softplus),
+            ("a gate z inside the scan", kw.get("z") is not None),
+            ("an upper limit on dt", float(dt_limit[1]) != float("inf")),
+        )
+        if off
+    ]
+    if unmodelled:
+        raise ConfigError(
+            f"a Mamba2 scan with {', '.join(unmodelled)}, which graphllm does not model"
+        )
+    bsz, _, h, p = x.shape
+    with rec.quiet():
+        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        state = torch.empty((bsz, h, p, B.shape[-1]), dtype=torch.float32, device=x.device)
+    attrs = {"chunk_size": int(chunk_size), "dt_min": float(dt_limit[0])}
+    rec.unit("ssm", (x, dt, A, B, C, D, dt_bias, initial_states), attrs, (y, state))
+    return (y, state) if return_final_states else y
+
+
 # the kernel name transformers tags a function with -> its recording stand-in
 UNITS: dict[str, Callable[..., Any]] = {
     "chunk_gated_delta_rule": _delta("chunked"),
     "fused_recurrent_gated_delta_rule": _delta("step"),
     "causal_conv1d_fn": _conv_fn,
+    "mamba_chunk_scan_combined": _ssm_chunked,
 }
 
 

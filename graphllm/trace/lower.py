@@ -19,7 +19,7 @@ from graphllm.ops import OPS
 from graphllm.ops.generic import ATEN, generic_row
 from graphllm.trace.capture import Event, Recording, Val
 from graphllm.trace.experts import lower_experts
-from graphllm.trace.recurrences import lower_conv, lower_delta
+from graphllm.trace.recurrences import lower_conv, lower_delta, lower_ssm
 from graphllm.trace.scopes import param_kind, scope_kinds
 from graphllm.trace.symbolic import Expr, Point, concrete
 
@@ -215,6 +215,10 @@ class _Lowering:
             out_t = self.type_of(ev.outs[0]).dims[1]
             node = lower_delta(self.g, ev.scope or "delta", ins, ev.kwargs, out_t)
             self.out(ev, node)
+        elif ev.op == "ssm":
+            ins = [None if v is None else self.ref(v.vid) for v in ev.args]
+            out_t = self.type_of(ev.outs[0]).dims[1]
+            self.out(ev, lower_ssm(self.g, ev.scope or "ssm", ins, ev.kwargs, out_t))
         elif ev.op == "conv":
             ins = [None if v is None else self.ref(v.vid) for v in ev.args]
             out = lower_conv(self.g, ev.scope or "conv", ins, ev.kwargs["activation"])
@@ -466,6 +470,11 @@ def _signature(
         return _reduction(kind, args, ins, outs, fresh)
     if kind in ("slice", "select", "cat", "stack", "split", "split_with_sizes", "unbind"):
         return _along(kind, args, ins, outs, fresh)
+    if kind == "slice_scatter":  # the base's axes, the source's own extent along the slice
+        base = [fresh() for _ in ins[0].dims]
+        dim = args[2] % len(base)
+        src = [fresh() if n == dim else x for n, x in enumerate(base)]
+        return _finish([base, src], [base], ins, outs)
     if kind in ("index_select", "gather", "scatter", "index", "embedding", "constant_pad_nd"):
         return _indexing(kind, args, ins, outs, fresh)
     if kind == "repeat":

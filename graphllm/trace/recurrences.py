@@ -6,6 +6,8 @@ hybrids use.
   one. Its form is transformers' own choice at the workload (the recurrent form for one new token
   after a state, else the chunked one), so a trace made at other lengths lowers to what runs at
   this one. `use_qk_l2norm_in_kernel` is the l2normalize row on q and k first (eps 1e-6, FLA's).
+- `ssm`: Mamba2's selective scan (mamba_ssm's chunked contract), in the form transformers
+  runs at the workload (its recurrent step for one new token after a state).
 - `conv`: the depthwise causal conv on transformers' channels-first (B, C, S), from a zero
   start (transformers puts the cache's conv state before the new inputs itself, and keeps its
   last K positions, in ops of its own). The rows take channels last, so the input and output
@@ -38,6 +40,17 @@ def lower_delta(g: Graph, p: str, ins: list[Ref | None], attrs: dict[str, Any], 
         # transformers steps token by token for one new token after a state, else chunks
         op = "gated_delta_step" if g.bindings["T"] == 1 else "gated_delta_chunked_state"
     return g.add(op, f"{p}.core", args, {"axes": {"t": out_t}, "chunk": attrs["chunk"]})
+
+
+def lower_ssm(g: Graph, p: str, ins: list[Ref | None], attrs: dict[str, Any], out_t: Dim):
+    """Mamba2's scan of scope `p` on (x, dt, A, B, C, D, dt_bias, the state or None): returns
+    the (y, final state) node. The model hands the scan A itself (a_is_rate)."""
+    *args, state = ins
+    form = "recurrent" if state is not None and g.bindings["T"] == 1 else "chunked"
+    attrs = {"axes": {"t": out_t}, **attrs, "form": form, "a_is_rate": True}
+    op = "ssm_scan" if state is None else "ssm_scan_past"
+    inputs = tuple(args) + (() if state is None else (state,))
+    return g.add(op, f"{p}.scan", inputs, attrs)
 
 
 def lower_conv(g: Graph, p: str, ins: list[Ref | None], activation: Any) -> Ref:

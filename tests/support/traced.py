@@ -48,6 +48,23 @@ FAMILIES = {
         linear_value_head_dim=8,
         mlp_only_layers=[0, 1],
     ),
+    # MLA: latent KV with a decoupled RoPE key, written into its key in two parts in place
+    # (k[..., :nope].copy_(k_nope)); dense MLPs (first_k_dense_replace)
+    "mla": dict(
+        {k: v for k, v in TINY.items() if k != "head_dim"},
+        model_type="deepseek_v3",
+        num_key_value_heads=4,
+        kv_lora_rank=16,
+        q_lora_rank=24,
+        qk_rope_head_dim=4,
+        qk_nope_head_dim=8,
+        v_head_dim=8,
+        first_k_dense_replace=2,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+    ),
     # a LayerNorm with neither weight nor bias (the model passes None for both)
     "layernorm_no_affine": {
         k: v for k, v in dict(TINY, model_type="olmo").items() if k != "head_dim"
