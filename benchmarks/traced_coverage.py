@@ -205,7 +205,7 @@ def check(model_type: str) -> dict[str, Any]:
                 else {}
             )
             with FlopCounterMode(display=False) as fc:
-                want = ref(torch.tensor(ids), past_key_values=cache, **kw).logits.float().numpy()
+                want = ref(torch.tensor(ids), **_cache_kw(ref, cache), **kw).logits.float().numpy()
         row["params"] = res["params"].total == _stored_numel(ref)
         counts = {str(k): v for k, v in fc.get_flop_counts()["Global"].items()}
         conv = counts.pop("aten.convolution", 0)
@@ -249,7 +249,7 @@ def _onnx(raw: dict[str, Any], ref: Any, ids: Any, past_ids: Any) -> bool | str:
             with torch.no_grad():
                 cache = ref(torch.tensor(past_ids), use_cache=True).past_key_values
                 feeds = _feeds(g, ids, past_ids.shape[1], cache)  # before the step extends it
-                want = ref(torch.tensor(ids), past_key_values=cache).logits.float().numpy()
+                want = ref(torch.tensor(ids), **_cache_kw(ref, cache)).logits.float().numpy()
             names = {i.name for i in session.get_inputs()}
             feeds["attention_mask"] = np.ones(
                 (ids.shape[0], sum(past_ids.shape[1:]) + ids.shape[1]), np.int64
@@ -263,6 +263,15 @@ def _onnx(raw: dict[str, Any], ref: Any, ids: Any, past_ids: Any) -> bool | str:
         return (
             f"{type(e).__name__}: {str(e).strip().splitlines()[0][:150] if str(e).strip() else ''}"
         )
+
+
+def _cache_kw(ref: Any, cache: Any) -> dict[str, Any]:
+    """The cache as the model's forward takes it (Mamba2 reads `cache`, and takes any other
+    keyword silently)."""
+    import inspect
+
+    takes = inspect.signature(ref.forward).parameters
+    return {"cache" if "cache" in takes else "past_key_values": cache}
 
 
 def _stored_numel(ref: Any) -> int:

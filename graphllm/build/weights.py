@@ -523,6 +523,8 @@ def _per_expert(n: Node) -> bool:
 
 
 def _checkpoint_names(n: Node) -> list[str]:
+    if "stored_as" in n.attrs:  # a traced model's tensor its checkpoints store renamed
+        return [n.attrs["stored_as"]]
     if _per_expert(n):
         return [n.name.replace("*", str(e)) for e in range(_shape(n)[0])]
     return [n.name]

@@ -144,3 +144,26 @@ def _require_sizes(raw: dict[str, Any], cfg: Any) -> None:
             f"{', '.join(repr(f) for f in missing)} for model_type {cfg.model_type!r} "
             "(transformers' defaults would stand in for them)"
         )
+
+
+def checkpoint_names(model: Any) -> dict[str, str]:
+    """The model's tensor name -> the name its checkpoints store it by, where transformers
+    renames it on saving (Nemotron-H's `model.*` is `backbone.*` on the Hub), as transformers'
+    own revert_weight_conversion does. A tensor it stores otherwise (experts split one a
+    tensor) keeps its name, and is not found in a checkpoint: refused where it is read."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import revert_weight_conversion
+
+    if not get_model_conversion_mapping(model, add_legacy=False):
+        return {}
+    out = {}
+    for name, t in model.state_dict().items():
+        try:
+            saved = revert_weight_conversion(model, {name: t})
+        except Exception:  # a conversion that needs its partners: not a rename
+            continue
+        if len(saved) == 1:
+            ((new, kept),) = saved.items()
+            if new != name and tuple(kept.shape) == tuple(t.shape):
+                out[name] = new
+    return out

@@ -172,8 +172,11 @@ class _Lowering:
         t = self.type_of(vid)
         if kind == "param":
             weight = param_kind(name, self.scopes)
-            stacked = {"stacked": "expert"} if weight == "moe_experts" else {}
-            node = self.g.param(name, t, kind=weight, **stacked)
+            extra: dict[str, Any] = {"stacked": "expert"} if weight == "moe_experts" else {}
+            stored = self.f.meta.get("stored_as", {}).get(name)
+            if stored is not None:  # what checkpoints call it
+                extra["stored_as"] = stored
+            node = self.g.param(name, t, kind=weight, **extra)
         elif kind == "input":
             node = self.g.input(name, t)
         elif kind == "constant":

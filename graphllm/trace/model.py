@@ -9,7 +9,7 @@ from graphllm.errors import ConfigError
 from graphllm.ir import Graph
 from graphllm.models.workload import Workload
 from graphllm.trace.forward import record
-from graphllm.trace.hf import causal_lm, hf_config
+from graphllm.trace.hf import causal_lm, checkpoint_names, hf_config
 from graphllm.trace.layers import expand
 from graphllm.trace.lower import Fitted, lower
 from graphllm.trace.relation import read_relation
@@ -120,6 +120,7 @@ def _fitted(cfg: Any, points: tuple, dtype: str, values: bool) -> Fitted:
         if ev.op == "mask":  # the function itself does not outlive this process
             ev.kwargs = {"relation": read_relation(ev.kwargs["function"])}
     meta = {"config": traced_config(cfg, cfg.model_type), "window": _windowed(points, _spans(cfg))}
+    meta["stored_as"] = checkpoint_names(model)
     return Fitted(rec, shapes, args, size_roles(cfg), points[0], meta=meta)
 
 

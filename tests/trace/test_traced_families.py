@@ -20,11 +20,11 @@ def test_traced_equals_transformers(kind, past):
     assert c.results["cost"].flops["matmul"] == c.flops
     # transformers' torch conv pads both sides and drops K-1 outputs; graphllm counts a kernel's
     assert c.conv_flops == reference_conv_flops(c.graph)
-    assert (c.conv_flops > 0) == (kind == "linear_attention")
+    assert (c.conv_flops > 0) == (kind in ("linear_attention", "mamba2"))
     np.testing.assert_allclose(c.logits, c.want, atol=2e-5, rtol=1e-4)
 
 
-ATTENTION_ONLY = sorted(k for k in FAMILIES if k != "linear_attention")
+ATTENTION_ONLY = sorted(k for k in FAMILIES if k not in ("linear_attention", "mamba2"))
 
 
 @pytest.mark.parametrize("kind", ATTENTION_ONLY)
@@ -112,3 +112,17 @@ def test_one_new_token_after_a_state_is_the_recurrent_form():
 
     g = traced_graph(FAMILIES["linear_attention"], Workload(seq_len=1, past_len=9))
     assert g["model.layers.0.linear_attn.core"].op == "gated_delta_step"
+
+
+@pytest.mark.parametrize(("past", "rule"), [(0, "ssm_scan"), (P, "ssm_scan_past")])
+def test_a_mamba2_layer_is_lifted_onto_the_scan_rows(past, rule):
+    """Nemotron-H's Mamba2 mixer: transformers' chunked scan is one ssm_scan row, handed A
+    itself (the model computes -exp(A_log) before the scan), with its conv and states."""
+    c = check_traced(FAMILIES["mamba2"], past)
+    g, tokens = c.graph, c.results["tokens"].to_dict()
+    mixing = ["causal_conv1d_bias", rule, "pv", "scores", "softmax"]
+    assert sorted(tokens["mixing_ops"]) == sorted(mixing)
+    scan = g["model.layers.0.mixer.scan"]
+    assert scan.op == rule and scan.attrs["a_is_rate"] and scan.attrs["chunk_size"] == 16
+    assert scan.attrs["form"] == "chunked"
+    assert g.output_role("present.0.recurrent_state") == "state"
