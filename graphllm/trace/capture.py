@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from graphllm.errors import ConfigError
+from graphllm.trace.complex import is_complex_op, record_complex
 
 ATTENTION = "graphllm_trace"  # the attn_implementation the traced model runs with
 
@@ -260,9 +261,30 @@ class _Box:
         vid = len(self.keep)
         self.ids[id(t)] = vid
         self.keep.append(t)
-        self.rec.shapes[vid] = tuple(int(s) for s in t.shape)
-        self.rec.dtypes[vid] = dtype_name(t.dtype)
+        shape = tuple(int(s) for s in t.shape)
+        if t.is_complex():  # its real and imaginary parts (graphllm.trace.complex)
+            self.rec.shapes[vid], self.rec.dtypes[vid] = (*shape, 2), "fp32"
+        else:
+            self.rec.shapes[vid], self.rec.dtypes[vid] = shape, dtype_name(t.dtype)
         return vid
+
+    def alias(self, t: Any, val: Val) -> None:
+        """`t` is the tensor `val` under another view (its numbers unchanged)."""
+        self.ids[id(t)] = val.vid
+        self.keep.append(t)
+
+    def emit(self, op: str, args: tuple, out: Any = None, shape: tuple | None = None) -> Val:
+        """An event of `op` written by the recorder itself: its output is `out`, or a tensor
+        of `shape` (fp32) that no torch tensor stands for."""
+        if out is not None:
+            vid = self.number(out)
+        else:
+            vid = len(self.keep)
+            self.keep.append(None)
+            self.rec.shapes[vid], self.rec.dtypes[vid] = tuple(int(s) for s in shape), "fp32"
+        self.made_by[vid] = len(self.rec.events)
+        self.rec.events.append(Event(op, args, {}, (vid,), self.scope))
+        return Val(vid)
 
     def val(self, t: Any) -> Val:
         vid = self.ids.get(id(t))
@@ -289,6 +311,9 @@ class _Box:
         return x
 
     def record(self, op: str, args: Any, kwargs: dict[str, Any], out: Any, torch: Any) -> None:
+        if is_complex_op(args, out, torch):
+            record_complex(self, op, tuple(args), out, torch)
+            return
         enc_args = self.encode(tuple(args), torch)
         enc_kw = {k: self.encode(v, torch) for k, v in kwargs.items()}
         outs = out if isinstance(out, (tuple, list)) else (out,)

@@ -21,6 +21,7 @@ def read_relation(fn: Callable[..., Any] | None) -> dict[str, Any]:
     """{'causal': bool, 'window': W | None[, 'chunk': C]} of mask function `fn` (None: causal)."""
     if fn is None:
         return {"causal": True, "window": None}
+    _unpadded(fn)
 
     def allowed(q: int, k: int) -> bool:
         try:
@@ -51,6 +52,30 @@ def read_relation(fn: Callable[..., Any] | None) -> dict[str, Any]:
             "sliding-window or chunked relation, which is what graphllm models"
         )
     return relation
+
+
+def _unpadded(fn: Any, seen: set[int] | None = None) -> None:
+    """The tensors a mask function closes over that the traced forward made (fake ones: Llama
+    4's left-padding offsets per sequence) set to zeros, in it and the functions it combines:
+    graphllm models sequences without padding."""
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+    seen = seen if seen is not None else set()
+    if id(fn) in seen or not callable(fn):
+        return
+    seen.add(id(fn))
+    for cell in getattr(fn, "__closure__", None) or ():
+        value = cell.cell_contents
+        if isinstance(value, FakeTensor):
+            import torch
+
+            with unset_fake_temporarily():
+                cell.cell_contents = torch.zeros(tuple(value.shape), dtype=value.dtype)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                _unpadded(v, seen)
+        else:
+            _unpadded(value, seen)
 
 
 def _first_allowed(allowed: Callable[[int, int], bool], q: int) -> int:

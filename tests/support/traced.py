@@ -76,6 +76,31 @@ FAMILIES = {
         n_group=1,
         topk_group=1,
     ),
+    # RoPE as complex products (torch.polar, view_as_complex): DeepSeek-V2's MLA, dense
+    "complex_rope": dict(
+        {k: v for k, v in TINY.items() if k != "head_dim"},
+        model_type="deepseek_v2",
+        num_key_value_heads=4,
+        kv_lora_rank=16,
+        q_lora_rank=24,
+        qk_rope_head_dim=4,
+        qk_nope_head_dim=8,
+        v_head_dim=8,
+        first_k_dense_replace=2,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+    ),
+    # Llama 4: complex RoPE, chunked attention (its mask closes over per-sequence padding),
+    # layers without RoPE, and its experts, which transformers computes for every token
+    "chunked_complex_rope": dict(
+        TINY,
+        model_type="llama4_text",
+        attention_chunk_size=64,
+        num_local_experts=4,
+        num_experts_per_tok=1,
+        intermediate_size_mlp=64,
+        no_rope_layers=[1, 0],
+    ),
     # a LayerNorm with neither weight nor bias (the model passes None for both)
     "layernorm_no_affine": {
         k: v for k, v in dict(TINY, model_type="olmo").items() if k != "head_dim"

@@ -24,7 +24,11 @@ def test_traced_equals_transformers(kind, past):
     np.testing.assert_allclose(c.logits, c.want, atol=2e-5, rtol=1e-4)
 
 
-ATTENTION_ONLY = sorted(k for k in FAMILIES if k not in ("linear_attention", "mamba2"))
+# Llama 4's experts take every token repeated once an expert (`repeat` along the flattened
+# tokens), which the tokens pass reads as mixing them: not yet a same-position regroup
+ATTENTION_ONLY = sorted(
+    k for k in FAMILIES if k not in ("linear_attention", "mamba2", "chunked_complex_rope")
+)
 
 
 @pytest.mark.parametrize("kind", ATTENTION_ONLY)
@@ -126,3 +130,19 @@ def test_a_mamba2_layer_is_lifted_onto_the_scan_rows(past, rule):
     assert scan.op == rule and scan.attrs["a_is_rate"] and scan.attrs["chunk_size"] == 16
     assert scan.attrs["form"] == "chunked"
     assert g.output_role("present.0.recurrent_state") == "state"
+
+
+def test_llama4_chunked_attention_and_its_repeated_tokens():
+    """Llama 4's chunked layers: the chunk read from its mask function (which closes over
+    per-sequence padding offsets, taken as none); its experts computed for every token as
+    transformers' code does, the tokens repeated once an expert (read as mixing: a gap)."""
+    c = check_traced(FAMILIES["chunked_complex_rope"], P)
+    g = c.graph
+    assert g["model.layers.0.self_attn.core.mask"].attrs == {
+        "causal": True,
+        "window": None,
+        "chunk": 64,
+    }
+    assert g["model.layers.1.self_attn.core.mask"].attrs == {"causal": True, "window": None}
+    mixing = sorted(c.results["tokens"].to_dict()["mixing_ops"])
+    assert mixing == ["aten.repeat[a b -> c b]", "pv", "scores", "softmax"]

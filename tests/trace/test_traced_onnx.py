@@ -15,7 +15,17 @@ from tests.support.traced import FAMILIES, onnx_against_transformers
 
 
 @pytest.mark.parametrize(
-    "kind", ["dense", "qk_norm", "sliding", "layernorm_bias", "linear_attention", "mla", "mamba2"]
+    "kind",
+    [
+        "dense",
+        "qk_norm",
+        "sliding",
+        "layernorm_bias",
+        "linear_attention",
+        "mla",
+        "mamba2",
+        "complex_rope",
+    ],
 )
 def test_traced_export_equals_transformers(kind, tmp_path):
     decode, prefill = onnx_against_transformers(FAMILIES[kind], tmp_path)
