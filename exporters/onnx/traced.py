@@ -424,6 +424,20 @@ def _slice_scatter(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("Concat", [before, i[1], after], n, o, axis=dim)
 
 
+@_kinds("select_scatter")
+def _select_scatter(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    """base before the row, the source as a row, base after it: one Concat along the axis."""
+    args = n.attrs["args"]
+    dim = args[2] % c.graph.type_of(n.inputs[0]).rank
+    at, axis = args[3], c.const([dim])
+    if at < 0:
+        raise GraphllmError(f"{n.name}: a select_scatter from the end is not lowered")
+    before = c.op("Slice", [i[0], c.const([0]), c.const([at]), axis], n.name)
+    after = c.op("Slice", [i[0], c.const([at + 1]), c.const([INT64_MAX]), axis], n.name)
+    row = c.op("Unsqueeze", [i[1], axis], n.name)
+    c.final("Concat", [before, row, after], n, o, axis=dim)
+
+
 @_kinds("select")
 def _select(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     sym = _sym(n)

@@ -161,6 +161,15 @@ def _slice_scatter(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     return x
 
 
+def _select_scatter(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    """select_scatter(base, src, dim, index): base with src written at that index."""
+    x = xs[0].copy()
+    idx = [slice(None)] * x.ndim
+    idx[a["args"][2] % x.ndim] = a["args"][3]
+    x[tuple(idx)] = xs[1]
+    return x
+
+
 def _select(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     return np.take(xs[0], a["args"][2], axis=a["args"][1])
 
@@ -391,6 +400,7 @@ ATEN: dict[str, tuple[str, Impl]] = {
     "expand": (MOVEMENT, _expand),
     "slice": (MOVEMENT, _slice),
     "slice_scatter": (MOVEMENT, _slice_scatter),
+    "select_scatter": (MOVEMENT, _select_scatter),
     "select": (MOVEMENT, _select),
     "cat": (MOVEMENT, _cat),
     "stack": (MOVEMENT, _stack),

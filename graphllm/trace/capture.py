@@ -329,27 +329,29 @@ class _Box:
         vids = tuple(self.number(o) for o in outs)
         self.made_by.update(dict.fromkeys(vids, len(self.rec.events)))
         self.rec.events.append(Event(op, enc_args, enc_kw, vids, self.scope))
-        base = getattr(args[0], "_base", None) if args else None
-        if op.split(".")[1].endswith("_") and base is not None and enc_args:
-            self.write_through(enc_args[0], base, vids[0])
+        view = args and getattr(args[0], "_base", None) is not None
+        if op.split(".")[1].endswith("_") and view and isinstance(enc_args[0], Val):
+            self.write_through(enc_args[0], vids[0])
 
-    def write_through(self, view: Val, base: Any, written: int) -> None:
-        """An in-place write into a slice of another tensor (a key filled in two parts,
-        `k[..., :n].copy_(a)`) changes that tensor: recorded as a slice_scatter that makes it
-        anew. Another view written in place is refused: its base would silently keep its
-        old value."""
+    def write_through(self, view: Val, written: int) -> None:
+        """An in-place write into a slice or a row of another tensor (a key filled in two
+        parts, `k[..., :n].copy_(a)`; a padding row zeroed) changes that tensor: recorded as a
+        slice_scatter (select_scatter) that makes it anew. Another view written in place is
+        refused: the tensor it views would silently keep its old value."""
         ev = self.rec.events[self.made_by[view.vid]] if view.vid in self.made_by else None
-        base_vid = self.ids.get(id(base))
-        if ev is None or ev.op != "aten.slice.Tensor" or ev.args[0] != Val(base_vid or -1):
+        scatters = {"aten.slice.Tensor": "slice_scatter", "aten.select.int": "select_scatter"}
+        viewed = self.keep[ev.args[0].vid] if ev is not None and ev.op in scatters else None
+        if viewed is None or self.ids.get(id(viewed)) != ev.args[0].vid:  # type: ignore[union-attr]
             raise ConfigError(
                 f"{self.scope or 'the model'} writes in place into a view of another tensor "
                 f"({ev.op if ev else 'a view made outside the forward'}), which graphllm "
                 "does not follow"
             )
-        vid = self.number(base)
+        vid = self.number(viewed)
         self.made_by[vid] = len(self.rec.events)
-        args = (Val(base_vid), Val(written), *ev.args[1:])  # type: ignore[arg-type]
-        self.rec.events.append(Event("aten.slice_scatter.default", args, {}, (vid,), self.scope))
+        args = (ev.args[0], Val(written), *ev.args[1:])  # type: ignore[union-attr]
+        scatter = f"aten.{scatters[ev.op]}.default"  # type: ignore[union-attr]
+        self.rec.events.append(Event(scatter, args, {}, (vid,), self.scope))
 
     def unit(
         self, op: str, args: tuple, attrs: dict[str, Any], outs: tuple, scope: str | None = None

@@ -350,15 +350,47 @@ class _Lowering:
         return True
 
     def fold_mask(self, ev: Event, kind: str, vals: list[Val]) -> None:
-        """A mask's bookkeeping (a slice, a cast, a copy of it) carries its relation on."""
-        if kind not in _VIEWS | _POINTWISE_MOVES | {"slice", "expand", "_to_copy", "select"}:
+        """A mask's bookkeeping (a slice, a cast, a copy, a negation of it) carries its
+        relation on; the model's own attention applying it to its scores (adding it, filling
+        or selecting by it) is the `mask` row with that relation."""
+        relation = next(self.masks[v.vid] for v in vals if v.vid in self.masks)
+        if kind in ("bitwise_not", "logical_not"):
+            self.masks[ev.outs[0]] = {**relation, "negated": not relation.get("negated")}
+            return
+        if kind in _VIEWS | _POINTWISE_MOVES | {"slice", "expand", "_to_copy", "select"}:
+            for o in ev.outs:
+                self.masks[o] = relation
+            return
+        scores = [v for v in vals if v.vid not in self.masks]
+        # applied as the model means it: added (a 0/-inf mask), or filling where it is False
+        negated = bool(relation.get("negated"))
+        applies = (
+            (kind == "add" and not negated)
+            or (kind == "masked_fill" and negated and vals[0] in scores)
+            or (kind == "where" and not negated and vals[0].vid in self.masks)
+        )
+        if not applies or len(scores) != 1 or not self.apply_mask(ev, scores[0], relation):
             raise ConfigError(
                 f"{ev.scope or 'the model'} computes with its attention mask (aten.{kind}) "
                 "outside the attention, which graphllm does not model"
             )
-        relation = next(self.masks[v.vid] for v in vals if v.vid in self.masks)
-        for o in ev.outs:
-            self.masks[o] = relation
+
+    def apply_mask(self, ev: Event, scores: Val, relation: dict[str, Any]) -> bool:
+        """The `mask` row on scores (B, H, T, S) with the mask's relation; False where the
+        scores are not that (the mask is not applied to attention scores)."""
+        x = self.ref(scores.vid)
+        t = self.g.type_of(x)
+        if t.rank != 4 or not all(d.role in TOKEN_ROLES for d in t.dims[2:]):
+            return False
+        attrs = {k: v for k, v in relation.items() if k != "negated"}
+        node = self.g.add(
+            "mask", self.unique(f"{ev.scope}.mask" if ev.scope else "mask"), (x,), attrs
+        )
+        if node.out != self.type_of(ev.outs[0]):
+            self.g.erase(node)
+            return False
+        self.out(ev, node)
+        return True
 
     def creation(self, ev: Event, kind: str, args: Any) -> None:
         a = concrete(args, self.point)
@@ -473,10 +505,12 @@ def _signature(
         return _reduction(kind, args, ins, outs, fresh)
     if kind in ("slice", "select", "cat", "stack", "split", "split_with_sizes", "unbind"):
         return _along(kind, args, ins, outs, fresh)
-    if kind == "slice_scatter":  # the base's axes, the source's own extent along the slice
-        base = [fresh() for _ in ins[0].dims]
+    if kind in ("slice_scatter", "select_scatter"):  # the base's axes; the source's own
+        base = [fresh() for _ in ins[0].dims]  # extent along the slice, or none at a row
         dim = args[2] % len(base)
         src = [fresh() if n == dim else x for n, x in enumerate(base)]
+        if kind == "select_scatter":
+            src = [x for n, x in enumerate(base) if n != dim]
         return _finish([base, src], [base], ins, outs)
     if kind in ("index_select", "gather", "scatter", "index", "embedding", "constant_pad_nd"):
         return _indexing(kind, args, ins, outs, fresh)

@@ -101,6 +101,19 @@ FAMILIES = {
         intermediate_size_mlp=64,
         no_rope_layers=[1, 0],
     ),
+    # attention computed by the model's own code, adding the mask to its scores (XGLM)
+    "own_attention": dict(
+        model_type="xglm",
+        vocab_size=96,
+        d_model=32,
+        num_layers=2,
+        attention_heads=4,
+        ffn_dim=64,
+        max_position_embeddings=512,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
     # a LayerNorm with neither weight nor bias (the model passes None for both)
     "layernorm_no_affine": {
         k: v for k, v in dict(TINY, model_type="olmo").items() if k != "head_dim"

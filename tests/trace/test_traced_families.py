@@ -27,7 +27,9 @@ def test_traced_equals_transformers(kind, past):
 # Llama 4's experts take every token repeated once an expert (`repeat` along the flattened
 # tokens), which the tokens pass reads as mixing them: not yet a same-position regroup
 ATTENTION_ONLY = sorted(
-    k for k in FAMILIES if k not in ("linear_attention", "mamba2", "chunked_complex_rope")
+    k
+    for k in FAMILIES
+    if k not in ("linear_attention", "mamba2", "chunked_complex_rope", "own_attention")
 )
 
 
@@ -146,3 +148,15 @@ def test_llama4_chunked_attention_and_its_repeated_tokens():
     assert g["model.layers.1.self_attn.core.mask"].attrs == {"causal": True, "window": None}
     mixing = sorted(c.results["tokens"].to_dict()["mixing_ops"])
     assert mixing == ["aten.repeat[a b -> c b]", "pv", "scores", "softmax"]
+
+
+def test_a_model_that_applies_its_mask_itself():
+    """XGLM computes attention in its own code and adds the mask to its scores: that add is
+    the `mask` row with the relation read from the mask function; the scores, softmax and
+    values are its own ops (bmm, softmax), and they are what mixes tokens."""
+    c = check_traced(FAMILIES["own_attention"], P)
+    g = c.graph
+    masks = [n for n in g.nodes() if n.op == "mask"]
+    assert len(masks) == 2 and all(n.attrs == {"causal": True, "window": None} for n in masks)
+    mixing = sorted(c.results["tokens"].to_dict()["mixing_ops"])
+    assert [m.split("[")[0] for m in mixing] == ["aten._softmax", "aten.bmm"]
