@@ -412,7 +412,7 @@ def step(
 
 def _apply(node: Node, ins: list[list[str]], out: list[str], vals: list[Any], n: int) -> Any:
     """One op's effect on positions, by the shape of its position letters."""
-    if not out:
+    if not out or all(v is _NONE for v in vals):  # made from no token (a constant's slice)
         return _NONE
     same = _passed_through(ins, out, vals) if len(out) == 1 else None
     if same is not None:

@@ -10,6 +10,7 @@ count exactly the routed pairs and bytes the experts the tokens touch.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from fractions import Fraction
 from typing import Any
 
@@ -30,6 +31,7 @@ def lower_experts(g: Graph, p: str, ins: list[Ref], act: str, transposed: bool) 
     w = _regroup(g, f"{p}.unflatten_weights", weights, (b, t, g.type_of(weights).dims[-1]))
     n_exp = g.type_of(gate_up).dims[0]
     k = g.type_of(index).dims[-1]
+    _note_routing(g, int(n_exp.size), int(k.size))  # type: ignore[arg-type]
     pairs = int(g.bindings["B"] * g.bindings["T"]) * int(k.size)  # type: ignore[arg-type]
     e = int(n_exp.size)  # type: ignore[arg-type]
     g.bindings["C"] = pairs // e if pairs % e == 0 else Fraction(pairs, e)
@@ -45,6 +47,14 @@ def lower_experts(g: Graph, p: str, ins: list[Ref], act: str, transposed: bool) 
     y = g.add(matmul, f"{p}.down", (m, down))
     out = g.add("moe_combine", f"{p}.combine", (y, w, idx))
     return _regroup(g, f"{p}.flatten", Ref(out.name), flat.dims)
+
+
+def _note_routing(g: Graph, experts: int, k: int) -> None:
+    """The experts and choices the graph routes over, into its config where that names them
+    otherwise (Aria's moe_num_experts, moe_topk): the costs' expected reads use them."""
+    cfg = g.meta.get("config")
+    if cfg is not None and (cfg.num_experts, cfg.num_experts_per_tok) != (experts, k):
+        g.meta["config"] = replace(cfg, num_experts=experts, num_experts_per_tok=k)
 
 
 def _batch_and_tokens(g: Graph) -> tuple[Dim, Dim]:

@@ -205,6 +205,12 @@ def cache_tensors(cache: Any, prefix: str) -> list[tuple[str, Any, str]]:
                     name = name.removesuffix("s") if len(tensors) == 1 else f"{name}.{j}"
                 role = CACHE if attr in _CACHE_NAMES else STATE
                 out.append((f"{prefix}.{i}.{name}", t, role))
+    for attr, value in vars(cache).items() if cache is not None else ():
+        # states a cache object keeps itself, a list by layer (MiniMax's linear_cache)
+        if attr != "layers" and isinstance(value, list):
+            for i, t in enumerate(value):
+                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
+                    out.append((f"{prefix}.{i}.{attr}", t, STATE))
     if cache is not None and not out and not hasattr(cache, "layers"):
         raise ConfigError(f"graphllm does not read the cache object {type(cache).__name__}")
     return out
