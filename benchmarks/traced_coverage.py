@@ -121,6 +121,12 @@ TINY_FOR = {
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
     "zamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
     "zamba2": {"hybrid_layer_ids": [1], "mamba_headdim": 16},
+    "granitemoehybrid": {"layer_types": ["mamba", "attention", "mamba", "mamba"]},
+    "dots3_note": {"num_key_value_heads": 4},
+    "dots3_note_text": {"num_key_value_heads": 4},
+    "zaya": {"num_experts_per_tok": 1},
+    "gemma3n": {"num_kv_shared_layers": 0},
+    "gemma3n_text": {"num_kv_shared_layers": 0},
 }
 
 
@@ -155,6 +161,10 @@ def tiny_config(model_type: str) -> dict[str, Any]:
     text = default.get("text_config")
     if isinstance(text, dict):
         raw["text_config"] = {k: v for k, v in TINY.items() if k in text}
+        for k in ("pad_token_id", "bos_token_id", "eos_token_id"):
+            if isinstance(text.get(k), int):
+                raw["text_config"][k] = 0
+        raw["text_config"] |= TINY_FOR.get(text.get("model_type", ""), {})
     raw["model_type"] = model_type
     return raw
 
@@ -250,11 +260,18 @@ def _onnx(raw: dict[str, Any], ref: Any, ids: Any, past_ids: Any) -> bool | str:
 
     try:
         with tempfile.TemporaryDirectory() as folder:
-            # the tensors as the model holds them (transformers' save_pretrained writes its
-            # experts one tensor an expert, which the traced graph does not read yet)
+            # the tensors as the model holds them, under the names its checkpoints give them
+            # (transformers' renames on saving); experts stay fused, where save_pretrained
+            # writes one tensor an expert, which the traced graph does not read yet
             from safetensors.torch import save_file
 
-            tensors = {k: v.detach().clone().contiguous() for k, v in ref.state_dict().items()}
+            from graphllm.trace.hf import checkpoint_names
+
+            stored = checkpoint_names(ref)
+            tensors = {
+                stored.get(k, k): v.detach().clone().contiguous()
+                for k, v in ref.state_dict().items()
+            }
             save_file(tensors, str(Path(folder) / "model.safetensors"))
             ref.config.to_json_file(str(Path(folder) / "config.json"))
             cached = past_ids.shape[1] > 0

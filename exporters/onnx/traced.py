@@ -106,10 +106,14 @@ def _operands(c: Lowering, n: Node, i: list[str], count: int) -> list[str]:
     return out
 
 
+_INTS = ("int64", "int32", "bool")
+_ARITHMETIC = ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min")
+
+
 def _dtype(c: Lowering, n: Node) -> str:
     types = [c.graph.type_of(r).dtype for r in n.inputs]
-    floats = [t for t in types if t not in ("int64", "int32", "bool")]
-    if floats:
+    floats = [t for t in types if t not in _INTS]
+    if floats or (n.outputs and n.outputs[0].dtype not in _INTS):
         return c.dtype
     return types[0] if types else "int64"
 
@@ -117,6 +121,15 @@ def _dtype(c: Lowering, n: Node) -> str:
 # -- pointwise ---------------------------------------------------------------------------------
 def _binary(onnx_op: str) -> Lower:
     def low(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+        if onnx_op in _ARITHMETIC and n.outputs[0].dtype not in _INTS:
+            # integers in, a float out (position_ids / 16384, torch's true division): the
+            # operands computed in the float type
+            i = [
+                c.cast(x, c.graph.type_of(r).dtype, c.dtype, n.name)
+                if c.graph.type_of(r).dtype in _INTS
+                else x
+                for x, r in zip(i, n.inputs)
+            ]
         a, b = _operands(c, n, i, 2)
         alpha = n.attrs["kwargs"].get("alpha")
         if alpha not in (None, 1):
