@@ -192,6 +192,12 @@ def check(model_type: str) -> dict[str, Any]:
     # FlopCounterMode's module tracker fails on a parameter handed to a kernel-tagged function
     # (itself a module) that still asks for a gradient
     ref.requires_grad_(False)
+    # a tensor transformers starts at zero (a router's weight, a bias) ties every choice a
+    # router makes, which torch and numpy break differently: random values instead
+    with torch.no_grad():
+        for t in ref.parameters():
+            if t.is_floating_point() and not t.any():
+                t.normal_(0.0, 0.02)
     # the state dict: parameters and the persistent buffers a checkpoint holds beside them
     weights = {k: v.detach().float().numpy() for k, v in ref.state_dict().items()}
     vocab = ref.get_output_embeddings().weight.shape[0]
