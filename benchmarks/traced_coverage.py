@@ -125,6 +125,7 @@ TINY_FOR = {
     "dots3_note": {"num_key_value_heads": 4},
     "dots3_note_text": {"num_key_value_heads": 4},
     "zaya": {"num_experts_per_tok": 1},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention", "conv", "full_attention"]},
     "gemma3n": {"num_kv_shared_layers": 0},
     "gemma3n_text": {"num_kv_shared_layers": 0},
 }
