@@ -294,7 +294,13 @@ def token_pass(
     letters = {
         n.name: position_letters(graph, n) for n in graph.nodes() if OPS[n.op].category != SOURCE
     }
-    verdicts = {n.name: mixing_verdict(graph, n, letters.get(n.name)) for n in graph.nodes()}
+    fed = _fed_by_inputs(graph)
+    verdicts = {
+        n.name: mixing_verdict(graph, n, letters.get(n.name))
+        if n.name in fed
+        else Verdict(False, "made from weights and constants alone")
+        for n in graph.nodes()
+    }
     mixing = [(n.name, n.op) for n in graph.nodes() if verdicts[n.name].mixes]
     p_len, s_len = sequence(graph)
     exact = exact_sets
@@ -314,6 +320,16 @@ def token_pass(
         if name in reach
     ]
     return TokenReport(verdicts, mixing, bool(exact), s_len, p_len, logits.deps, per_layer)
+
+
+def _fed_by_inputs(graph: Graph) -> set[str]:
+    """The nodes a graph input reaches: an op on weights and constants alone (a causal buffer
+    sliced to the positions) carries no token's information, whatever its axes pair."""
+    fed: set[str] = set()
+    for n in graph.nodes():
+        if n.op == "input" or any(r.node in fed for r in n.inputs):
+            fed.add(n.name)
+    return fed
 
 
 # Arrays of positions alive at once while propagating, measured on llama3-8b and deepseek-v3 with

@@ -1,0 +1,41 @@
+"""Edges of the traced frontend: a size a config class derives, a model that keeps no cache,
+a write into a view graphllm does not follow."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+from graphllm.errors import ConfigError
+from graphllm.models.workload import Workload
+from graphllm.passes import run
+from graphllm.trace import traced_graph
+from graphllm.trace.hf import hf_config
+from tests.support.traced import FAMILIES, TINY
+
+
+def test_a_layer_count_the_config_class_derives_is_not_a_default():
+    """Nemotron-H's num_hidden_layers is a property of its layer pattern: a config without the
+    field is complete; one without its hidden size is not."""
+    raw = {k: v for k, v in FAMILIES["mamba2"].items() if k != "num_hidden_layers"}
+    assert hf_config(raw).num_hidden_layers == 3
+    with pytest.raises(ConfigError, match="missing required field 'hidden_size'"):
+        hf_config({k: v for k, v in raw.items() if k != "hidden_size"})
+
+
+def test_a_model_without_a_cache_traces_its_prefill():
+    """GPT-1 keeps no cache and slices its causal buffer, a constant, by the positions: the
+    slice carries no token's information, and a cached step is refused in one line."""
+    raw = dict(
+        model_type="openai-gpt", vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=512
+    )
+    g = traced_graph(raw, Workload(batch=2, seq_len=5))
+    mixing = sorted(run(g, ["tokens"])["tokens"].to_dict()["mixing_ops"])
+    assert [m.split("[")[0] for m in mixing] == ["aten._softmax", "aten.bmm"]
+    with pytest.raises(ConfigError, match="returns no cache"):
+        traced_graph(raw, Workload(batch=2, seq_len=1, past_len=4))
+
+
+def test_the_tiny_families_cover_each_kind():
+    assert {"dense", "moe", "mla", "sliding", "linear_attention", "mamba2"} <= set(FAMILIES)
+    assert TINY["num_hidden_layers"] == 2
