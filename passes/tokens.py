@@ -430,6 +430,13 @@ def _apply(node: Node, ins: list[list[str]], out: list[str], vals: list[Any], n:
     """One op's effect on positions, by the shape of its position letters."""
     if not out or all(v is _NONE for v in vals):  # made from no token (a constant's slice)
         return _NONE
+    if (
+        len(ins) == 1
+        and ins[0] == out
+        and isinstance(vals[0], _One)
+        and OPS[node.op].relation is None
+    ):
+        return vals[0]  # a source's two position axes (made from positions) kept as they are
     same = _passed_through(ins, out, vals) if len(out) == 1 else None
     if same is not None:
         return same

@@ -208,6 +208,11 @@ def recorder_modes(rec: Recording, names: dict[int, str]) -> tuple[Any, Any, _Bo
     return Dispatch(), Functions(), box
 
 
+# the views an in-place write into is followed back to the tensor they view
+_WRITABLE_VIEWS = {"slice", "select", "permute", "transpose", "view", "_unsafe_view"}
+_WRITABLE_VIEWS |= {"unsqueeze", "squeeze", "reshape"}
+
+
 class _Box:
     """The recorder itself: tensor numbering, the scope stack and a silence counter."""
 
@@ -334,24 +339,33 @@ class _Box:
             self.write_through(enc_args[0], vids[0])
 
     def write_through(self, view: Val, written: int) -> None:
-        """An in-place write into a slice or a row of another tensor (a key filled in two
-        parts, `k[..., :n].copy_(a)`; a padding row zeroed) changes that tensor: recorded as a
-        slice_scatter (select_scatter) that makes it anew. Another view written in place is
-        refused: the tensor it views would silently keep its old value."""
+        """An in-place write into a view of another tensor changes that tensor: recorded as the
+        op that makes it anew from what was written. A slice or a row (a key filled in two
+        parts, `k[..., :n].copy_(a)`; a padding row zeroed) is a slice_scatter (select_scatter);
+        a view of all of it (a permute, a transpose, a reshape) is written through whole, the
+        view undone. Any other view is refused: the tensor it views would keep its old value."""
         ev = self.rec.events[self.made_by[view.vid]] if view.vid in self.made_by else None
-        scatters = {"aten.slice.Tensor": "slice_scatter", "aten.select.int": "select_scatter"}
-        viewed = self.keep[ev.args[0].vid] if ev is not None and ev.op in scatters else None
+        kind = ev.op.split(".")[1] if ev is not None else ""
+        viewed = self.keep[ev.args[0].vid] if ev is not None and kind in _WRITABLE_VIEWS else None
         if viewed is None or self.ids.get(id(viewed)) != ev.args[0].vid:  # type: ignore[union-attr]
             raise ConfigError(
                 f"{self.scope or 'the model'} writes in place into a view of another tensor "
                 f"({ev.op if ev else 'a view made outside the forward'}), which graphllm "
                 "does not follow"
             )
+        base, rest = ev.args[0], ev.args[1:]  # type: ignore[union-attr]
+        if kind in ("slice", "select"):
+            op, args = f"aten.{kind}_scatter.default", (base, Val(written), *rest)
+        elif kind == "permute":
+            inverse = tuple(sorted(range(len(rest[0])), key=lambda i: rest[0][i] % len(rest[0])))
+            op, args = "aten.permute.default", (Val(written), inverse)
+        elif kind == "transpose":
+            op, args = "aten.transpose.int", (Val(written), *rest)
+        else:  # a reshape of all of it
+            op, args = "aten.view.default", (Val(written), tuple(viewed.shape))
         vid = self.number(viewed)
         self.made_by[vid] = len(self.rec.events)
-        args = (ev.args[0], Val(written), *ev.args[1:])  # type: ignore[union-attr]
-        scatter = f"aten.{scatters[ev.op]}.default"  # type: ignore[union-attr]
-        self.rec.events.append(Event(scatter, args, {}, (vid,), self.scope))
+        self.rec.events.append(Event(op, args, {}, (vid,), self.scope))
 
     def unit(
         self, op: str, args: tuple, attrs: dict[str, Any], outs: tuple, scope: str | None = None

@@ -115,8 +115,8 @@ class _Lowering:
         return TensorType(dims, self.rec.dtypes[vid])
 
     def after_state(self, ev: Event, types: list[TensorType], args: Any) -> None:
-        """A cat of a carried state's c entries (a conv state's last inputs) and the new
-        tokens along their axis holds positions P-c .. P+T."""
+        """A cat of a carried state's c entries (a past input: a conv state's last inputs)
+        and the new tokens along their axis holds positions P-c .. P+T."""
         a = concrete(args, self.point)
         dim = (a[1] if len(a) > 1 else 0) % types[0].rank
         e = self.f.shapes[ev.outs[0]][dim]
@@ -308,7 +308,7 @@ class _Lowering:
         types = [self.g.type_of(r) for r in ins]
         if kind == "slice":
             self.last_positions(ev, types[0], args)
-        if kind == "cat":
+        if kind == "cat" and self.rec.sources.get(vals[0].vid, ("",))[0] == "input":
             self.after_state(ev, types, args)
         if kind == "copy" and len(types) == 2 and self.type_of(ev.outs[0]).rank == types[1].rank:
             # copy_ into a buffer (a cache's state): what it holds is the source, axes and all
@@ -729,10 +729,12 @@ def _indexing(
     if kind == "embedding":
         idx = [fresh() for _ in ins[1].dims]
         return _finish([x, idx], [[*idx, x[1]]], ins, outs)
-    # constant_pad_nd, repeat: an axis whose size changes is a new axis
+    # constant_pad_nd, repeat: an axis whose size changes is a new axis; repeat's extra axes
+    # come first (the input lines up with the output's last axes)
+    lead = len(outs[0].dims) - len(x)
     out = [
-        v if n < len(ins[0].dims) and ins[0].dims[n] == d else fresh()
-        for n, (v, d) in enumerate(zip(x, outs[0].dims))
+        x[n - lead] if n >= lead and ins[0].dims[n - lead] == d else fresh()
+        for n, d in enumerate(outs[0].dims)
     ]
     return _finish([x], [out], ins, outs)
 
