@@ -429,12 +429,26 @@ def _slice_scatter(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     base = c.graph.type_of(n.inputs[0])
     dim = args[2] % base.rank
     start, end = args[3] or 0, args[4]
-    if (args[5] if len(args) > 5 else 1) not in (None, 1):
-        raise GraphllmError(f"{n.name}: a strided slice_scatter is not lowered")
+    step = args[5] if len(args) > 5 and args[5] is not None else 1
+    if step != 1:  # every step-th entry (an interleaved rotary's even channels)
+        _strided_scatter(c, n, i, o, dim, step)
+        return
     axis = c.const([dim])
     before = c.op("Slice", [i[0], c.const([0]), c.const([start]), axis], n.name)
     after = c.op("Slice", [i[0], c.const([end]), c.const([INT64_MAX]), axis], n.name)
     c.final("Concat", [before, i[1], after], n, o, axis=dim)
+
+
+def _strided_scatter(c: Lowering, n: Node, i: list[str], o: list[str], dim: int, step: int) -> None:
+    """slice_scatter with a step: ScatterElements at start, start + step, ... along the axis."""
+    args = n.attrs["args"]
+    src = c.graph.type_of(n.inputs[1])
+    count = int(src.dims[dim].size)  # type: ignore[arg-type]
+    at = (args[3] or 0) + step * np.arange(count, dtype=np.int64)
+    shape = [1] * src.rank
+    shape[dim] = count
+    index = c.op("Expand", [c.const(at.reshape(shape)), c.op("Shape", [i[1]], n.name)], n.name)
+    c.final("ScatterElements", [i[0], index, i[1]], n, o, axis=dim)
 
 
 @_kinds("select_scatter")

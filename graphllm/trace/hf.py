@@ -6,6 +6,7 @@ refused, and the model class is the one the installed transformers maps the mode
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from graphllm.echo import shown
@@ -166,4 +167,8 @@ def checkpoint_names(model: Any) -> dict[str, str]:
             ((new, kept),) = saved.items()
             if new != name and tuple(kept.shape) == tuple(t.shape):
                 out[name] = new
-    return out
+    # a name two tensors are saved under, or another tensor's own, is a merge (q, k and v into
+    # one query_key_value), not a rename
+    targets = Counter(out.values())
+    names = set(model.state_dict())
+    return {k: v for k, v in out.items() if targets[v] == 1 and v not in names}
