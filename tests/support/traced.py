@@ -29,6 +29,19 @@ TINY = dict(
     bos_token_id=1,
     eos_token_id=2,
 )
+# DeepSeek's attention, tiny: every head its own latent-derived K and V
+MLA = dict(
+    {k: v for k, v in TINY.items() if k != "head_dim"},
+    num_key_value_heads=4,
+    kv_lora_rank=16,
+    q_lora_rank=24,
+    qk_rope_head_dim=4,
+    qk_nope_head_dim=8,
+    v_head_dim=8,
+    first_k_dense_replace=2,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+)
 FAMILIES = {
     "dense": dict(TINY, model_type="llama"),
     "qk_norm": dict(TINY, model_type="qwen3"),
@@ -61,35 +74,9 @@ FAMILIES = {
     ),
     # MLA: latent KV with a decoupled RoPE key, written into its key in two parts in place
     # (k[..., :nope].copy_(k_nope)); dense MLPs (first_k_dense_replace)
-    "mla": dict(
-        {k: v for k, v in TINY.items() if k != "head_dim"},
-        model_type="deepseek_v3",
-        num_key_value_heads=4,
-        kv_lora_rank=16,
-        q_lora_rank=24,
-        qk_rope_head_dim=4,
-        qk_nope_head_dim=8,
-        v_head_dim=8,
-        first_k_dense_replace=2,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        n_group=1,
-        topk_group=1,
-    ),
+    "mla": dict(MLA, model_type="deepseek_v3", n_group=1, topk_group=1),
     # RoPE as complex products (torch.polar, view_as_complex): DeepSeek-V2's MLA, dense
-    "complex_rope": dict(
-        {k: v for k, v in TINY.items() if k != "head_dim"},
-        model_type="deepseek_v2",
-        num_key_value_heads=4,
-        kv_lora_rank=16,
-        q_lora_rank=24,
-        qk_rope_head_dim=4,
-        qk_nope_head_dim=8,
-        v_head_dim=8,
-        first_k_dense_replace=2,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-    ),
+    "complex_rope": dict(MLA, model_type="deepseek_v2"),
     # Llama 4: complex RoPE, chunked attention (its mask closes over per-sequence padding),
     # layers without RoPE, and its experts, which transformers computes for every token
     "chunked_complex_rope": dict(
