@@ -548,7 +548,12 @@ def _pad(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
 
 @_kinds("repeat")
 def _repeat(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
-    c.final("Tile", [i[0], c.const(list(n.attrs["args"][1]))], n, o)
+    reps = list(n.attrs["args"][1])
+    extra = len(reps) - c.graph.type_of(n.inputs[0]).rank
+    x = i[0]
+    if extra > 0:  # torch's repeat puts the axes it adds first
+        x = c.op("Unsqueeze", [x, c.const(list(range(extra)))], n.name)
+    c.final("Tile", [x, c.const(reps)], n, o)
 
 
 @_kinds("tril", "triu")
