@@ -180,6 +180,7 @@ def check(model_type: str) -> dict[str, Any]:
     from graphllm.passes import run
     from graphllm.runtime.interpret import Interpreter
     from graphllm.trace import traced_graph
+    from graphllm.trace.forward import cache_argument
     from graphllm.trace.hf import hf_config
     from graphllm.trace.recurrences import reference_conv_flops
 
@@ -226,7 +227,11 @@ def check(model_type: str) -> dict[str, Any]:
                 else {}
             )
             with FlopCounterMode(display=False) as fc:
-                want = ref(torch.tensor(ids), **_cache_kw(ref, cache), **kw).logits.float().numpy()
+                want = (
+                    ref(torch.tensor(ids), **{cache_argument(ref): cache}, **kw)
+                    .logits.float()
+                    .numpy()
+                )
         row["params"] = res["params"].total == _stored_numel(ref)
         counts = {str(k): v for k, v in fc.get_flop_counts()["Global"].items()}
         conv = counts.pop("aten.convolution", 0)
@@ -264,6 +269,7 @@ def _onnx(raw: dict[str, Any], ref: Any, ids: Any, past_ids: Any) -> bool | str:
     from graphllm.exporters.onnx import export_onnx
     from graphllm.models.workload import Workload
     from graphllm.trace import traced_graph
+    from graphllm.trace.forward import cache_argument
 
     try:
         with tempfile.TemporaryDirectory() as folder:
@@ -292,7 +298,7 @@ def _onnx(raw: dict[str, Any], ref: Any, ids: Any, past_ids: Any) -> bool | str:
                     ref(torch.tensor(past_ids), use_cache=True).past_key_values if cached else None
                 )
                 feeds = _feeds(g, ids, past_ids.shape[1], cache)  # before the step extends it
-                want = ref(torch.tensor(ids), **_cache_kw(ref, cache)).logits.float().numpy()
+                want = ref(torch.tensor(ids), **{cache_argument(ref): cache}).logits.float().numpy()
             names = {i.name for i in session.get_inputs()}
             feeds["attention_mask"] = np.ones(
                 (ids.shape[0], sum(past_ids.shape[1:]) + ids.shape[1]), np.int64
@@ -306,15 +312,6 @@ def _onnx(raw: dict[str, Any], ref: Any, ids: Any, past_ids: Any) -> bool | str:
         return (
             f"{type(e).__name__}: {str(e).strip().splitlines()[0][:150] if str(e).strip() else ''}"
         )
-
-
-def _cache_kw(ref: Any, cache: Any) -> dict[str, Any]:
-    """The cache as the model's forward takes it (Mamba2 reads `cache`, and takes any other
-    keyword silently)."""
-    import inspect
-
-    takes = inspect.signature(ref.forward).parameters
-    return {"cache" if "cache" in takes else "past_key_values": cache}
 
 
 def _stored_numel(ref: Any) -> int:

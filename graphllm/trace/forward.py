@@ -39,7 +39,7 @@ def record(model: Any, point: Point) -> Recording:
     device = next(model.parameters()).device
     takes = inspect.signature(model.forward).parameters
     takes_positions = "position_ids" in takes
-    cache_arg = "cache" if "cache" in takes else "past_key_values"
+    cache_arg = cache_argument(model)
     norm_units(model)  # each norm class checked on real values, before the fake mode
     attributes = _attribute_values(model)
     values = _buffer_values(model)
@@ -83,6 +83,13 @@ def record(model: Any, point: Point) -> Recording:
                 h.remove()
     _note_outputs(rec, box, out)
     return rec
+
+
+def cache_argument(model: Any) -> str:
+    """The keyword a model's forward takes its cache by (Mamba2's `cache`; any other keyword
+    it would take and ignore)."""
+    takes = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in takes else "past_key_values"
 
 
 def _buffer_values(model: Any) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from graphllm.models.workload import Workload
 from graphllm.passes import run
 from graphllm.runtime.interpret import Interpreter
 from graphllm.trace import traced_graph
-from graphllm.trace.forward import cache_tensors
+from graphllm.trace.forward import cache_argument, cache_tensors
 
 B, T, P = 2, 5, 4
 # tiny configs of each kind, as transformers' config classes take them
@@ -125,15 +125,6 @@ class Checked:
     params: int
 
 
-def _cache_kw(ref: Any, cache: Any) -> dict[str, Any]:
-    """The cache as the model's forward takes it (Mamba2 reads `cache`, and takes any other
-    keyword silently)."""
-    import inspect
-
-    takes = inspect.signature(ref.forward).parameters
-    return {"cache" if "cache" in takes else "past_key_values": cache}
-
-
 def stored_numel(ref: Any) -> int:
     """What a checkpoint of `ref` holds: its parameters and persistent buffers, a tied tensor
     once."""
@@ -175,7 +166,9 @@ def check_traced(raw: dict[str, Any], past: int = 0) -> Checked:
                 feeds[n.name] = held[n.name].float().numpy().copy()
         with FlopCounterMode(display=False) as fc:
             kw = {"position_ids": torch.tensor(positions)} if "position_ids" in feeds else {}
-            want = ref(torch.tensor(ids), **_cache_kw(ref, cache), **kw).logits.float().numpy()
+            want = (
+                ref(torch.tensor(ids), **{cache_argument(ref): cache}, **kw).logits.float().numpy()
+            )
     got = Interpreter(g, weights).run(feeds)["logits"]
     counts = {str(k): v for k, v in fc.get_flop_counts()["Global"].items()}
     conv = counts.pop("aten.convolution", 0)
