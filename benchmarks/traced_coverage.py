@@ -172,20 +172,33 @@ def tiny_config(model_type: str) -> dict[str, Any]:
 
 def check(model_type: str) -> dict[str, Any]:
     import numpy as np
-    import torch
-    import transformers
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from graphllm.models.workload import Workload
-    from graphllm.passes import run
-    from graphllm.runtime.interpret import Interpreter
-    from graphllm.trace import traced_graph
-    from graphllm.trace.forward import cache_argument
-    from graphllm.trace.hf import hf_config
-    from graphllm.trace.recurrences import reference_conv_flops
 
     row: dict[str, Any] = {"model_type": model_type}
     raw = tiny_config(model_type)
+    ref = _reference(raw)
+    # the state dict: parameters and the persistent buffers a checkpoint holds beside them
+    weights = {k: v.detach().float().numpy() for k, v in ref.state_dict().items()}
+    vocab = ref.get_output_embeddings().weight.shape[0]
+    b, t, p = 2, 5, 4
+    rng = np.random.default_rng(0)
+    ids, past_ids = rng.integers(0, vocab, (b, t)), rng.integers(0, vocab, (b, p))
+    for phase, past in (("prefill", 0), ("decode", p)):
+        if past and _keeps_no_cache(ref, past_ids):  # GPT-1: no cached step to check
+            row |= dict.fromkeys(("decode_trace", "decode_flops", "decode_logits"), NO_CACHE)
+            past_ids = past_ids[:, :0]
+            break
+        row |= _check_phase(raw, ref, weights, phase, ids, past_ids if past else None)
+    row["onnx"] = _onnx(raw, ref, ids, past_ids)
+    return row
+
+
+def _reference(raw: dict[str, Any]) -> Any:
+    """transformers' model of the tiny config, eager attention, random values."""
+    import torch
+    import transformers
+
+    from graphllm.trace.hf import hf_config
+
     torch.manual_seed(0)
     cfg = hf_config(raw)  # the text decoder of a multimodal wrapper, as the trace takes it
     if hasattr(cfg, "_experts_implementation"):  # the traced one's: FlopCounterMode counts it
@@ -200,47 +213,45 @@ def check(model_type: str) -> dict[str, Any]:
         for t in ref.parameters():
             if t.is_floating_point() and not t.any():
                 t.normal_(0.0, 0.02)
-    # the state dict: parameters and the persistent buffers a checkpoint holds beside them
-    weights = {k: v.detach().float().numpy() for k, v in ref.state_dict().items()}
-    vocab = ref.get_output_embeddings().weight.shape[0]
-    b, t, p = 2, 5, 4
-    rng = np.random.default_rng(0)
-    ids, past_ids = rng.integers(0, vocab, (b, t)), rng.integers(0, vocab, (b, p))
-    for phase, past in (("prefill", 0), ("decode", p)):
-        start = time.perf_counter()
-        if past and _keeps_no_cache(ref, past_ids):  # GPT-1: no cached step to check
-            row |= dict.fromkeys(("decode_trace", "decode_flops", "decode_logits"), NO_CACHE)
-            past_ids = past_ids[:, :0]
-            break
-        g = traced_graph(
-            raw, Workload(batch=b, seq_len=t, past_len=past, dtype="fp32"), values=True
+    return ref
+
+
+def _check_phase(
+    raw: dict[str, Any], ref: Any, weights: dict, phase: str, ids: Any, past_ids: Any
+) -> dict[str, Any]:
+    """One phase (prefill, or a cached step after `past_ids`): trace, params, FLOPs, logits."""
+    import numpy as np
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from graphllm.models.workload import Workload
+    from graphllm.passes import run
+    from graphllm.runtime.interpret import Interpreter
+    from graphllm.trace import traced_graph
+    from graphllm.trace.forward import cache_argument
+    from graphllm.trace.recurrences import reference_conv_flops
+
+    (b, t), past = ids.shape, 0 if past_ids is None else past_ids.shape[1]
+    start = time.perf_counter()
+    g = traced_graph(raw, Workload(batch=b, seq_len=t, past_len=past, dtype="fp32"), values=True)
+    row: dict[str, Any] = {f"{phase}_s": time.perf_counter() - start, f"{phase}_trace": True}
+    res = run(g, ["verify", "params", "tokens", "cost"])
+    with torch.no_grad():
+        cache = ref(torch.tensor(past_ids), use_cache=True).past_key_values if past else None
+        feeds = _feeds(g, ids, past, cache)
+        kw = (
+            {"position_ids": torch.tensor(feeds["position_ids"])} if "position_ids" in feeds else {}
         )
-        row[f"{phase}_s"] = time.perf_counter() - start
-        row[f"{phase}_trace"] = True
-        res = run(g, ["verify", "params", "tokens", "cost"])
-        with torch.no_grad():
-            cache = ref(torch.tensor(past_ids), use_cache=True).past_key_values if past else None
-            feeds = _feeds(g, ids, past, cache)
-            kw = (
-                {"position_ids": torch.tensor(feeds["position_ids"])}
-                if "position_ids" in feeds
-                else {}
-            )
-            with FlopCounterMode(display=False) as fc:
-                want = (
-                    ref(torch.tensor(ids), **{cache_argument(ref): cache}, **kw)
-                    .logits.float()
-                    .numpy()
-                )
-        row["params"] = res["params"].total == _stored_numel(ref)
-        counts = {str(k): v for k, v in fc.get_flop_counts()["Global"].items()}
-        conv = counts.pop("aten.convolution", 0)
-        row[f"{phase}_flops"] = res["cost"].flops["matmul"] == sum(counts.values()) and (
-            conv == reference_conv_flops(g)
-        )
-        got = Interpreter(g, weights).run(feeds)["logits"]
-        row[f"{phase}_logits"] = bool(np.abs(got - want).max() < 1e-4)
-    row["onnx"] = _onnx(raw, ref, ids, past_ids)
+        with FlopCounterMode(display=False) as fc:
+            out = ref(torch.tensor(ids), **{cache_argument(ref): cache}, **kw)
+    row["params"] = res["params"].total == _stored_numel(ref)
+    counts = {str(k): v for k, v in fc.get_flop_counts()["Global"].items()}
+    conv = counts.pop("aten.convolution", 0)
+    row[f"{phase}_flops"] = res["cost"].flops["matmul"] == sum(counts.values()) and (
+        conv == reference_conv_flops(g)
+    )
+    got = Interpreter(g, weights).run(feeds)["logits"]
+    row[f"{phase}_logits"] = bool(np.abs(got - out.logits.float().numpy()).max() < 1e-4)
     return row
 
 
