@@ -8,6 +8,7 @@ from typing import Any
 from graphllm.errors import ConfigError
 from graphllm.ir import Graph
 from graphllm.models.workload import Workload
+from graphllm.trace.capture import Val
 from graphllm.trace.forward import record
 from graphllm.trace.hf import causal_lm, checkpoint_names, hf_config
 from graphllm.trace.layers import expand
@@ -116,12 +117,31 @@ def _fitted(cfg: Any, points: tuple, dtype: str, values: bool) -> Fitted:
     check_fit(recs[0], record(model, long), shapes, long, points[0])
     rec = recs[0]
     args = expand(rec, args, shapes, rec.layers)
+    read = _read_tensors(rec)
     for ev in rec.events:
         if ev.op == "mask":  # the function itself does not outlive this process
-            ev.kwargs = {"relation": read_relation(ev.kwargs["function"])}
+            # a mask no layer reads (Qwen2-MoE's sliding one, with no sliding layer) says nothing
+            used = ev.outs[0] in read
+            ev.kwargs = {"relation": read_relation(ev.kwargs["function"]) if used else {}}
     meta = {"config": traced_config(cfg, cfg.model_type), "window": _windowed(points, _spans(cfg))}
     meta["stored_as"] = checkpoint_names(model)
     return Fitted(rec, shapes, args, size_roles(cfg), points[0], meta=meta)
+
+
+def _read_tensors(rec: Any) -> set[int]:
+    """The tensors some event of `rec` reads."""
+    out: set[int] = set()
+
+    def walk(x: Any) -> None:
+        if isinstance(x, Val):
+            out.add(x.vid)
+        elif isinstance(x, (tuple, list)):
+            for v in x:
+                walk(v)
+
+    for ev in rec.events:
+        walk(ev.args)
+    return out
 
 
 # config fields holding a span of positions past which transformers' cache code takes another

@@ -39,3 +39,19 @@ def test_a_model_without_a_cache_traces_its_prefill():
 def test_the_tiny_families_cover_each_kind():
     assert {"dense", "moe", "mla", "sliding", "linear_attention", "mamba2"} <= set(FAMILIES)
     assert TINY["num_hidden_layers"] == 2
+
+
+def test_a_mask_no_layer_reads_is_not_read():
+    """Qwen2-MoE builds a sliding-window mask beside the causal one even with no sliding layer
+    (use_sliding_window false, its window then 0, a relation of nothing): only the masks the
+    attention reads are read."""
+    raw = dict(
+        FAMILIES["moe"],
+        model_type="qwen2_moe",
+        shared_expert_intermediate_size=16,
+        sliding_window=64,
+        use_sliding_window=False,
+    )
+    g = traced_graph(raw, Workload(batch=2, seq_len=5))
+    masks = [n.attrs for n in g.nodes() if n.op == "mask"]
+    assert masks and all(m == {"causal": True, "window": None} for m in masks)
