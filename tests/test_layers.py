@@ -2,7 +2,7 @@
 import under `if TYPE_CHECKING:` or inside a function closes a cycle as well as any), and only
 heavy optional packages are imported inside functions.
 
-cli -> report | runtime -> exporters -> passes -> build | trace -> ops -> ir -> models -> base
+cli -> report | runtime -> exporters -> passes -> build | trace | frontends -> ops -> ir -> models -> base
 (base: graphllm.errors, graphllm.echo, graphllm.files, graphllm.limits and graphllm.forked). report and runtime share a rank: a report may embed
 what a runtime measured and the other way round is not needed, but neither is a layer above
 the other. `graphllm/__init__.py` is the public facade and may import any layer.
@@ -30,6 +30,7 @@ RANKS = {
     "graphllm.ops": 3,
     "graphllm.build": 4,
     "graphllm.trace": 4,  # the traced frontend: the builder's twin
+    "graphllm.frontends": 4,  # a config's graph, from whichever of the two made the config
     "graphllm.passes": 5,
     "graphllm.exporters": 6,
     "graphllm.runtime": 7,

@@ -16,18 +16,22 @@ from graphllm.build.builder import build_graph
 from graphllm.cli.common import (
     VERIFY_T,
     deepseek_options,
+    frontend_option,
     json_option,
     mla_for,
     model_options,
     resolve,
     seed_option,
     t_given,
+    traced_source,
+    traced_workloads,
     user_errors,
 )
 from graphllm.cli.layout import partition_options, strategy_from, strategy_options, training_from
 from graphllm.errors import ConfigError
 from graphllm.exporters.trace import chrome_trace, require_traceable, write_trace
 from graphllm.files import check_target, json_text
+from graphllm.ir import Graph
 from graphllm.models.hardware import load_hardware
 from graphllm.models.workload import Workload
 from graphllm.passes.parallel.engine import mla_why
@@ -37,12 +41,14 @@ from graphllm.report.console import console as new_console
 from graphllm.report.summary import _b, _n, _t, hardware_model_line
 from graphllm.runtime.observe import small_instance
 from graphllm.runtime.spmd import check_partition
+from graphllm.trace.model import traced_graph
 
 MAX_VERIFY_PARAMS = 200_000_000  # numpy runs every rank on one CPU: keep verification small
 
 
 @click.command()
 @partition_options
+@frontend_option
 @json_option
 @click.option("--print-graph", is_flag=True, help="Print one rank's program, one line a node.")
 @click.option(
@@ -57,6 +63,7 @@ def partition(
     attention: str,
     mla: str,
     mtp: bool,
+    frontend: str,
     as_json: bool,
     print_graph: bool,
     trace_path: Path | None,
@@ -68,8 +75,7 @@ def partition(
         check_target(trace_path, inputs=(options["config_path"],))  # before the work
     strategy = strategy_from(options)
     training = training_from(options)
-    config, wl = resolve(options)
-    chosen_mla, mla = mla, mla_for(config, wl, training is not None, mla)
+    config, wl, graph, form = _model(options, frontend, mla, mtp, training is not None)
     if training is not None and training.zero and strategy.dp == 1:
         raise ConfigError("--zero shards over the data parallel group: give --dp N with N > 1")
     hw = load_hardware(hardware) if hardware else None
@@ -77,7 +83,7 @@ def partition(
         raise ConfigError("--trace times the schedule on a device: give --hardware NAME")
     if trace_path is not None:
         require_traceable(strategy.microbatches, strategy.devices)
-    graph = partition_graph(build_graph(config, wl, mla=mla, mtp=mtp), strategy, hw)
+    graph = partition_graph(graph, strategy, hw)
     if print_graph:
         click.echo(graph.print())
         return
@@ -90,7 +96,9 @@ def partition(
         "partition": report.to_dict(),
     }
     if config.is_mla:
-        doc["mla"] = {"form": mla, "why": mla_why(chosen_mla)}
+        doc["mla"] = {"form": form, "why": mla_why(mla)}
+    if getattr(config, "frontend", "built") == "traced":
+        doc["model"]["frontend"] = config.frontend
     if trace_path is not None:
         trace = chrome_trace(graph, doc["partition"], hw, attention, training is not None)
         write_trace(trace_path, trace)
@@ -100,6 +108,24 @@ def partition(
         print_partition(doc)
         if trace_path is not None:
             click.echo(f"wrote {trace_path} (open in ui.perfetto.dev or chrome://tracing)")
+
+
+def _model(
+    options: dict[str, Any], frontend: str, mla: str, mtp: bool, training: bool
+) -> tuple[Any, Workload, Graph, str | None]:
+    """The config, workload, whole graph to partition and its MLA form: built, or traced from
+    transformers' code (--frontend), whose weights are cut as transformers' own plans say."""
+    traced = traced_source(options, frontend)
+    if traced is not None:
+        raw, name = traced
+        workloads = traced_workloads(options, raw)
+        if len(workloads) > 1:
+            raise ConfigError("partition takes one --seq-len, not a list")
+        graph = traced_graph(raw, workloads[0], name)
+        return graph.meta["config"], workloads[0], graph, None
+    config, wl = resolve(options)
+    form = mla_for(config, wl, training, mla)
+    return config, wl, build_graph(config, wl, mla=form, mtp=mtp), form
 
 
 def print_partition(doc: dict[str, Any]) -> None:
@@ -138,8 +164,10 @@ def _headline(doc: dict[str, Any]) -> str:
     p, w, hw = doc["partition"], doc["workload"], doc["hardware"]
     mesh = " x ".join(f"{k}={v}" for k, v in p["mesh"].items() if v > 1) or "one device"
     where = f" {hw['name']}" if hw else ""
+    traced = " (traced)" if doc["model"].get("frontend") == "traced" else ""
     return (
-        f"[bold]{doc['model']['name']}[/bold], {w['phase']} B={w['batch']} T={w['seq_len']} "
+        f"[bold]{doc['model']['name']}[/bold]{traced}, {w['phase']} B={w['batch']} "
+        f"T={w['seq_len']} "
         f"P={w['past_len']}: {len(p['devices'])}{where} devices ({mesh}"
         + (", sequence parallel" if p["strategy"]["sp"] else "")
         + (", embedding and LM head whole" if p["strategy"].get("whole_vocab") else "")
@@ -250,15 +278,20 @@ def _instance_workload(
 @model_options
 @strategy_options
 @deepseek_options
+@frontend_option
 @seed_option()
 @user_errors
-def verify_partition(seed: int, mla: str, mtp: bool, **options: Any) -> None:
+def verify_partition(seed: int, mla: str, mtp: bool, frontend: str, **options: Any) -> None:
     """Run the partitioned graph rank by rank in numpy and compare its logits with one device's.
 
     Exit 0 when they agree within 1e-5 (fp32), 1 with the largest differences otherwise.
     """
 
     strategy = strategy_from(options)
+    traced = traced_source(options, frontend)
+    if traced is not None:
+        _report_check(*_traced_check(traced, options, strategy, seed))
+        return
     given_t = t_given(options)  # before resolve takes the workload flags out of options
     given_b = options.get("batch") is not None
     config, wl = resolve(options)
@@ -282,8 +315,35 @@ def verify_partition(seed: int, mla: str, mtp: bool, **options: Any) -> None:
         config = small_instance(config, wl.seq_len, strategy)
         graph = build_graph(config, wl, mla=mla, mtp=mtp)
     check = check_partition(graph, partition_graph(graph, strategy), seed=seed)
+    _report_check(config.name, wl, strategy, check)
+
+
+def _traced_check(
+    source: tuple[dict, str], options: dict[str, Any], strategy: Strategy, seed: int
+) -> tuple[str, Workload, Strategy, Any]:
+    """verify partition of a model traced from transformers' code, at the size it is given
+    (a traced model has no small instance of itself: give a tiny config of the architecture)."""
+    raw, name = source
+    workloads = traced_workloads(options, raw)
+    if len(workloads) > 1:
+        raise ConfigError("verify partition takes one --seq-len, not a list")
+    wl = Workload.with_dtype(workloads[0], dtype="fp32")
+    graph = traced_graph(raw, wl, name, values=True)
+    params = sum(n.out.numel(graph.bindings) for n in graph.params())
+    if params > MAX_VERIFY_PARAMS:
+        raise ConfigError(
+            f"{graph.meta['config'].name} has {params:,.0f} parameters, too many to run every "
+            f"rank in numpy (at most {MAX_VERIFY_PARAMS:,}): verify a config of the same "
+            "architecture at small sizes"
+        )
+    check = check_partition(graph, partition_graph(graph, strategy), seed=seed)
+    return f"{graph.meta['config'].name} (traced)", wl, strategy, check
+
+
+def _report_check(name: str, wl: Workload, strategy: Strategy, check: Any) -> None:
+    """The result line of verify partition (and the largest differences, exit 1, if any)."""
     what = (
-        f"{config.name} (B={wl.batch} T={wl.seq_len} P={wl.past_len}), "
+        f"{name} (B={wl.batch} T={wl.seq_len} P={wl.past_len}), "
         f"{strategy.describe()} on {check.ranks} devices"
     )
     mtp_diff = max((v for k, v in check.others.items() if k.startswith("mtp.")), default=None)

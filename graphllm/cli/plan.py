@@ -11,24 +11,30 @@ from rich.table import Table
 from graphllm.cli.common import (
     ATTENTION_HELP,
     attention_option,
+    frontend_option,
     hardware_option,
     json_option,
     mla_option,
     model_options,
     resolve,
+    traced_source,
+    traced_workloads,
     user_errors,
 )
 from graphllm.cli.layout import training_from, training_options
 from graphllm.cli.progress import bar, showing
 from graphllm.errors import ConfigError
 from graphllm.files import json_text
+from graphllm.frontends import is_traced, require_engine_form
 from graphllm.models.hardware import load_hardware
 from graphllm.passes.parallel.engine import mla_form, mla_why
+from graphllm.passes.parallel.plan import TRACED_NO_PP
 from graphllm.passes.parallel.plan import plan as make_plan
 from graphllm.passes.training import TrainingOptions
 from graphllm.report.console import console as new_console
 from graphllm.report.fit import fewest_devices, one_device
 from graphllm.report.summary import _b, _t, hardware_model_line
+from graphllm.trace.model import traced_graph
 
 
 @click.command()
@@ -44,6 +50,7 @@ from graphllm.report.summary import _b, _t, hardware_model_line
 @click.option("--ep", type=click.IntRange(min=1), help="Pin the expert parallel size.")
 @click.option("--dp", type=click.IntRange(min=1), help="Pin the data parallel size.")
 @mla_option()
+@frontend_option
 @json_option
 @user_errors
 def plan(
@@ -52,6 +59,7 @@ def plan(
     attention: str,
     top: int,
     mla: str,
+    frontend: str,
     as_json: bool,
     **options: Any,
 ) -> None:
@@ -60,7 +68,7 @@ def plan(
 
     pinned = {k: options.pop(k) for k in ("tp", "cp", "pp", "ep", "dp")}
     training = training_from(options)
-    config, wl = resolve(options)
+    config, wl = _model(options, frontend, mla, training is not None)
     hw = load_hardware(hardware)
     with bar(f"planning {devices} devices: layouts", showing(as_json)) as told:
         report = make_plan(config, wl, devices, hw, training, attention, pinned, told, mla)
@@ -74,6 +82,9 @@ def plan(
         "training": None if training is None else training.__dict__,
         "plan": report.to_dict(),
     }
+    if is_traced(config):
+        doc["model"]["frontend"] = config.frontend
+        doc["notes"] = [TRACED_NO_PP]
     if config.is_mla:
         form = mla_form(config, report.phase, mla)
         doc["mla"] = {"form": form, "why": mla_why(mla)}
@@ -81,6 +92,22 @@ def plan(
         click.echo(json_text(doc, indent=2))
     else:
         print_plan(doc, top)
+
+
+def _model(options: dict[str, Any], frontend: str, mla: str, training: bool) -> tuple[Any, Any]:
+    """The config and workload to plan: built, or traced from transformers' code (--frontend),
+    its layouts cut as transformers' own parallel plans say."""
+    traced = traced_source(options, frontend)
+    if traced is None:
+        return resolve(options)
+    raw, name = traced
+    workloads = traced_workloads(options, raw)
+    if len(workloads) > 1:
+        raise ConfigError("plan takes one --seq-len, not a list")
+    config = traced_graph(raw, workloads[0], name).meta["config"]
+    if training or workloads[0].phase == "decode":
+        require_engine_form(config, mla)
+    return config, workloads[0]
 
 
 def _none_fits(
@@ -102,6 +129,8 @@ def _none_fits(
         f"{describe(small['strategy'])}, needs {_b(small['memory_bytes'])} a device of "
         f"{_b(hw.memory_bytes)}"
     )
+    if is_traced(config):  # the search below enumerates a built family's layouts
+        return f"{head}; give more devices (-n)"
     # from what one device would need, as trace's count starts: no fewer devices can hold it
     whole = one_device(config, wl, hw, training, attention, mla)["memory_bytes"]
     low = max(n + 1, math.ceil(whole / hw.memory_bytes))
@@ -158,6 +187,8 @@ def print_plan(doc: dict[str, Any], top: int) -> None:
     if "mla" in doc:
         m = doc["mla"]
         con.print(f"MLA: {m['form']} for this {p['phase']} step ({m['why']})")
+    for note in doc.get("notes", ()):
+        con.print(f"note: {note}")
     if p["too_big"]:
         c = p["too_big"][0]
         con.print(

@@ -7,14 +7,26 @@ from typing import Any
 
 import click
 
-from graphllm.cli.common import IntList, mla_for, renderer_option, resolve_sweep, user_errors
+from graphllm.cli.common import (
+    IntList,
+    frontend_option,
+    mla_for,
+    renderer_option,
+    resolve_sweep,
+    traced_source,
+    traced_workloads,
+    user_errors,
+)
 from graphllm.cli.layout import partition_options, strategy_from, training_from
 from graphllm.errors import ConfigError
 from graphllm.exporters.html import write_page
 from graphllm.exporters.render import find_renderer
 from graphllm.files import check_target
+from graphllm.frontends import require_engine_form
 from graphllm.models.hardware import load_hardware
+from graphllm.models.workload import Workload
 from graphllm.report.html import report_data
+from graphllm.trace.model import traced_graph
 
 
 @click.command()
@@ -29,6 +41,7 @@ from graphllm.report.html import report_data
     "--output", "-o", type=click.Path(path_type=Path), required=True, help="FILE.html to write."
 )
 @renderer_option("Diagrams: dot binary or graphviz-pure [default: $GRAPHLLM_RENDERER, else auto].")
+@frontend_option
 @user_errors
 def report(
     hardware: str | None,
@@ -38,6 +51,7 @@ def report(
     sweep_lens: list[int] | None,
     output: Path,
     renderer: str | None,
+    frontend: str,
     **options: Any,
 ) -> None:
     """Write an interactive HTML report: summary, diagrams, op table, charts, devices."""
@@ -48,8 +62,16 @@ def report(
     find_renderer("svg", renderer)  # the diagrams need one: fail before building
     strategy = strategy_from(options)
     training = training_from(options)
-    config, workloads = resolve_sweep(options)
-    mla = mla_for(config, workloads[0], training is not None, mla)
+    traced = traced_source(options, frontend)
+    if traced is None:
+        config, workloads = resolve_sweep(options)
+        mla = mla_for(config, workloads[0], training is not None, mla)
+    else:  # the config traced once; each view and sweep point at its own shape
+        workloads = traced_workloads(options, traced[0])
+        config = traced_graph(traced[0], Workload(), traced[1]).meta["config"]
+        if workloads[0].phase == "decode":
+            require_engine_form(config, mla)
+        mla = "naive"
     if len(workloads) > 1 and sweep_lens is None:
         sweep_lens = [w.seq_len for w in workloads]  # the workload is the list's first
     hw = load_hardware(hardware) if hardware else None

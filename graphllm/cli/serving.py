@@ -13,10 +13,13 @@ from rich.table import Table
 
 from graphllm.cli.common import (
     device_options,
+    frontend_option,
     json_option,
     mla_option,
     model_options,
     resolve,
+    traced_source,
+    traced_workloads,
     user_errors,
 )
 from graphllm.cli.layout import strategy_from, strategy_options
@@ -24,9 +27,13 @@ from graphllm.errors import ConfigError
 from graphllm.files import check_target, json_text
 from graphllm.models.config import load_workload_section
 from graphllm.models.hardware import Hardware, load_hardware
+from graphllm.models.workload import Workload
 from graphllm.report.console import console as new_console
 from graphllm.report.serving import MEMORY_FRACTION, plot_curve, serving_report
 from graphllm.report.summary import _b, _t
+from graphllm.trace.model import traced_graph
+
+DTYPES = ("weight_dtype", "act_dtype", "kv_dtype")
 
 
 @click.command("serving")
@@ -43,6 +50,7 @@ from graphllm.report.summary import _b, _t
     help="Share of device memory for weights and KV cache (vLLM's gpu_memory_utilization).",
 )
 @mla_option()
+@frontend_option
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Draw the curve.")
 @json_option
 @user_errors
@@ -53,6 +61,7 @@ def serving(
     output_len: int,
     memory_fraction: float,
     mla: str,
+    frontend: str,
     plot_path: Path | None,
     as_json: bool,
     **options: Any,
@@ -70,7 +79,7 @@ def serving(
     # still apply, its shape is said to be unused once the figures are out
     unused = [k for k in ("batch", "seq_len", "past_len", "logits") if k in section]
     strategy = strategy_from(options)
-    config, wl = resolve(options)
+    config, wl = _model(options, frontend)
     hw = load_hardware(hardware)
     doc = serving_report(
         config,
@@ -99,6 +108,18 @@ def serving(
     print_serving(doc, hw)
     if plot_path is not None:
         click.echo(f"wrote {plot_path}")
+
+
+def _model(options: dict[str, Any], frontend: str) -> tuple[Any, Workload]:
+    """The config and base workload (its dtypes) to serve: built, or traced from transformers'
+    code (--frontend), each step then traced at its own shape."""
+    traced = traced_source(options, frontend)
+    if traced is None:
+        return resolve(options)
+    raw, name = traced
+    wl = traced_workloads(options, raw)[0]
+    one_token = Workload(**{k: getattr(wl, k) for k in DTYPES})  # traced for its config alone
+    return traced_graph(raw, one_token, name).meta["config"], wl
 
 
 def _require_requests(options: dict[str, Any]) -> None:

@@ -22,6 +22,7 @@ from graphllm.cli.common import (
 )
 from graphllm.errors import ConfigError
 from graphllm.files import check_target, json_text, write_text_atomic
+from graphllm.frontends import require_engine_form
 from graphllm.models.hardware import Hardware, load_hardware
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload
@@ -30,6 +31,7 @@ from graphllm.report.plot import plot_sweep
 from graphllm.report.reuse import trace_document
 from graphllm.report.summary import print_sweep, print_trace
 from graphllm.report.trace_report import per_op_text, sweep, trace_report, traced_report
+from graphllm.trace.model import traced_graph
 
 
 @click.command()
@@ -70,7 +72,8 @@ def trace(
             check_target(target, inputs=(options["config_path"],))  # before the work
     traced = traced_source(options, frontend)
     if traced is not None:
-        _traced(traced, options, hardware, attention, training, as_json, print_graph, per_op)
+        args = (traced, options, hardware, (attention, mla), training, as_json, print_graph)
+        _traced(*args, per_op, plot)
         return
     again = _same_model_flags(options)  # before resolve takes them out of `options`
     config, workloads = resolve_sweep(options)
@@ -106,19 +109,30 @@ def _traced(
     source: tuple[dict, str],
     options: dict[str, Any],
     hardware: str | None,
-    attention: str,
+    forms: tuple[str, str],
     training: bool,
     as_json: bool,
     print_graph: bool,
     per_op: tuple[str, Path] | None,
+    plot: Path | None,
 ) -> None:
-    """trace of a model traced from transformers' code: the same document, without the
-    sweep, MLA and plan sections a built family has."""
+    """trace of a model traced from transformers' code: the same document, without the MLA
+    and plan sections a built family has; a --seq-len list sweeps it, each point traced at its
+    own shape. `forms`: the attention and MLA flags."""
     raw, name = source
+    attention, mla = forms
     workloads = traced_workloads(options, raw)
-    if len(workloads) > 1:
-        raise ConfigError("a traced model takes one --seq-len, not a list")
     hw = load_hardware(hardware) if hardware else None
+    config = traced_graph(raw, workloads[0], name).meta["config"]
+    if any(wl.phase == "decode" for wl in workloads):  # a cost engines do not pay is no default
+        require_engine_form(config, mla)
+    if len(workloads) > 1:
+        if per_op or print_graph:
+            raise ConfigError("--per-op and --print-graph take one --seq-len, not a list")
+        _sweep(config, workloads, hw, (attention, training, "naive", False), as_json, plot)
+        return
+    if plot:
+        raise ConfigError("--plot draws a sweep: give --seq-len a list, e.g. 128,1024,8192")
     doc, graph = traced_report(raw, name, workloads[0], hw, attention, training)
     if per_op:
         write_text_atomic(per_op[1], per_op_text(graph, per_op[0]))

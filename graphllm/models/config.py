@@ -104,8 +104,8 @@ NOOP_ONLY: dict[str, tuple[Any, ...]] = {
 SUPPORTED = (*FAMILY_TABLE, *MULTIMODAL)  # the model_types a config may name
 # where a command builds families only: the commands that read the model from transformers' code
 TRACED_HINT = (
-    " (graphllm builds no family for it; trace, render, export and verify tokens read it "
-    "from transformers' code)"
+    " (graphllm builds no family for it; trace, render, export, report, partition, serving, "
+    "verify tokens and verify partition read it from transformers' code)"
 )
 
 # every key some family or rope dict understands: to tell "wrong family" from "misspelt"

@@ -477,12 +477,16 @@ def generic_row(
     sig: str,
     same_position: tuple[tuple[str, ...], ...] = (),
     reduce: tuple[str, ...] = (),
+    carries: tuple[tuple[str, str], ...] = (),
 ) -> str:
-    """The op name of aten op `kind` applied as `sig` says, its row declared on first use."""
+    """The op name of aten op `kind` applied as `sig` says, its row declared on first use.
+    `carries`: letter pairs that one split cuts alike (a reshape's merged or split axis and its
+    outermost factor), so that a sharding passes through it (passes/parallel/sharding.py)."""
     if kind not in ATEN:
         raise GraphError(f"aten op {kind!r} has no generic row")
     extra = ";" + " ".join("=".join(g) for g in same_position) if same_position else ""
     extra += ";reduce " + " ".join(reduce) if reduce else ""
+    extra += ";carries " + " ".join(">".join(p) for p in carries) if carries else ""
     name = f"{PREFIX}{kind}[{sig}{extra}]"
     if name in OPS:
         return name
@@ -502,6 +506,7 @@ def generic_row(
         matmul=kind in MATMULS,
         view=kind in VIEWS,
         linear=() if category == ELEMENTWISE and kind not in ("add", "sub", "neg") else None,
+        carries=carries,
     )
     register(spec)
     return name
@@ -516,12 +521,16 @@ def ensure_row(name: str) -> None:
     parts = rest[:-1].split(";")
     same: tuple[tuple[str, ...], ...] = ()
     reduce: tuple[str, ...] = ()
+    carries: tuple[tuple[str, str], ...] = ()
     for part in parts[1:]:
         if part.startswith("reduce "):
             reduce = tuple(part[len("reduce ") :].split())
+        elif part.startswith("carries "):
+            pairs = (p.split(">") for p in part[len("carries ") :].split())
+            carries = tuple((x, y) for x, y in pairs)
         else:
             same = tuple(tuple(g.split("=")) for g in part.split())
-    generic_row(kind, parts[0], same, reduce)
+    generic_row(kind, parts[0], same, reduce, carries)
 
 
 register(

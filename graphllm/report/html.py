@@ -23,9 +23,9 @@ from graphllm.exporters.dot import KIND_TITLE, view_dot
 from graphllm.exporters.render import svg_text
 from graphllm.exporters.trace import chrome_trace, require_traceable
 from graphllm.files import json_text
+from graphllm.frontends import is_traced, model_graph
 from graphllm.ir import Graph
 from graphllm.models.hardware import Hardware
-from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload
 from graphllm.passes.cost import layer_of, layer_scopes
 from graphllm.passes.parallel.partition import Strategy, partition, partition_report
@@ -34,7 +34,7 @@ from graphllm.passes.training import TrainingOptions
 from graphllm.report.fit import fit_section, training_fit_section
 from graphllm.report.reuse import trace_document
 from graphllm.report.summary import _activations, _b, _n, _t
-from graphllm.report.trace_report import analysed, per_op_rows, sweep
+from graphllm.report.trace_report import analysed, per_op_rows, sweep, traced_report
 
 ATTENTION_KINDS = ("attention", "linear_attention", "mamba")  # what exporters.dot draws as such
 FFN_KINDS = ("mlp", "moe")
@@ -59,7 +59,7 @@ def default_sweep(seq_len: int) -> list[int]:
 
 
 def report_data(
-    config: ModelConfig,
+    config: Any,
     workload: Workload,
     hardware: Hardware | None = None,
     strategy: Strategy | None = None,
@@ -75,12 +75,8 @@ def report_data(
     if split and hardware is not None:
         require_traceable(strategy.microbatches, strategy.devices)
     trains = training is not None
-    doc = trace_document(config, workload, hardware, attention, trains, mla, mtp)
-    if hardware is not None and trains:
-        doc["fit"] = training_fit_section(config, workload, hardware, attention)
-    elif hardware is not None:
-        doc["fit"] = fit_section(config, workload, hardware, doc["memory"], attention, mla)
-    graph = build_graph(config, workload, mla=mla, mtp=mtp)
+    doc = _document(config, workload, hardware, attention, trains, mla, mtp)
+    graph = model_graph(config, workload, mla=mla, mtp=mtp)
     kinds = _layer_kinds(config, graph)
     lens = sweep_lens or default_sweep(workload.seq_len)
     points = [replace(workload, seq_len=t) for t in lens]
@@ -110,11 +106,41 @@ def report_data(
     return data
 
 
+def _document(
+    config: Any,
+    workload: Workload,
+    hardware: Hardware | None,
+    attention: str,
+    training: bool,
+    mla: str,
+    mtp: bool,
+) -> dict[str, Any]:
+    """trace's document, with the fit on one device (a built family's: the plan behind it
+    enumerates built layouts)."""
+    if is_traced(config):
+        assert config.raw is not None
+        return traced_report(config.raw, config.name, workload, hardware, attention, training)[0]
+    doc = trace_document(config, workload, hardware, attention, training, mla, mtp)
+    if hardware is not None and training:
+        doc["fit"] = training_fit_section(config, workload, hardware, attention)
+    elif hardware is not None:
+        doc["fit"] = fit_section(config, workload, hardware, doc["memory"], attention, mla)
+    return doc
+
+
 # -- the layers and their kinds --------------------------------------------------------------
-def _layer_kinds(config: ModelConfig, graph: Graph) -> dict[str, Any]:
-    """Each layer's kind (plan.reduced_config's index), the first layer of each kind, and a
-    label per kind from its sub-layers (`attention + MoE`)."""
-    _, index = reduced_config(config)
+def traced_layer_kinds(graph: Graph) -> list[int]:
+    """Each layer's kind in a traced graph, numbered in order of first appearance: layers whose
+    modules are alike (classes, parameter shapes, plain attributes) are one kind."""
+    reps: dict[str, str] = graph.meta.get("layer_kinds", {})
+    order: dict[str, int] = {}
+    return [order.setdefault(reps.get(p, p), len(order)) for p in layer_scopes(graph)]
+
+
+def _layer_kinds(config: Any, graph: Graph) -> dict[str, Any]:
+    """Each layer's kind (plan.reduced_config's index, or as the trace recognised it), the
+    first layer of each kind, and a label per kind from its sub-layers (`attention + MoE`)."""
+    index = traced_layer_kinds(graph) if is_traced(config) else reduced_config(config)[1]
     prefixes = layer_scopes(graph)
     scopes: dict[str, str] = graph.meta.get("scopes", {})
     first: dict[int, int] = {}
@@ -236,7 +262,7 @@ def _op_kinds(last: dict[str, Any], hw: Hardware | None) -> dict[str, Any]:
 
 # -- the op table ------------------------------------------------------------------------------
 def _op_table(
-    config: ModelConfig,
+    config: Any,
     workload: Workload,
     hw: Hardware | None,
     attention: str,
@@ -246,24 +272,43 @@ def _op_table(
 ) -> dict[str, Any]:
     """One row per op of each kind of layer (and of the ops outside the layers), named as in
     the first layer of its kind, with the number of layers that run it."""
-    small_cfg, index = reduced_config(config)
-    small, res = analysed(small_cfg, workload, hw, attention, training, mla, mtp)
-    verdicts = res["tokens"].verdicts
+    if is_traced(config):  # the full graph, its layers' kinds as the trace recognised them
+        small, res = analysed(config, workload, hw, attention, training, mla, mtp)
+        index = traced_layer_kinds(small)
+        first_of = {k: i for i, k in reversed(list(enumerate(index)))}
+        where = {layer_scopes(small)[i]: k for k, i in first_of.items()}
+    else:  # one layer of each kind, layer k of the reduced graph the k-th kind
+        small_cfg, index = reduced_config(config)
+        small, res = analysed(small_cfg, workload, hw, attention, training, mla, mtp)
+        where = {p: k for k, p in enumerate(layer_scopes(small))}
+    mtp_prefixes: dict[str, str] = {}
+    if small.meta.get("mtp"):
+        full = build_graph(config, workload, mla=mla, mtp=mtp).meta["mtp"]
+        mtp_prefixes = {m["prefix"]: f["prefix"] for m, f in zip(small.meta["mtp"], full)}
+    rows = _op_rows(small, res["tokens"].verdicts, index, where, mtp_prefixes)
+    return {"columns": list(OP_COLUMNS), "rows": rows}
+
+
+def _op_rows(
+    small: Graph,
+    verdicts: dict[str, Any],
+    index: list[int],
+    where: dict[str, int],
+    mtp_prefixes: dict[str, str],
+) -> list[list[Any]]:
+    """The op table's rows of `small`, whose layer `where` names stands for its kind (another
+    layer's rows are left out), each named as in the first layer of its kind."""
     count: dict[int, int] = {}
     first: dict[int, int] = {}
     for i, k in enumerate(index):
         count[k] = count.get(k, 0) + 1
         first.setdefault(k, i)
-    small_prefixes = layer_scopes(small)
-    mtp_prefixes: dict[str, str] = {}
-    if small.meta.get("mtp"):
-        full = build_graph(config, workload, mla=mla, mtp=mtp).meta["mtp"]
-        mtp_prefixes = {m["prefix"]: f["prefix"] for m, f in zip(small.meta["mtp"], full)}
-    where = {p: k for k, p in enumerate(small_prefixes)}
     rows = []
     for row in per_op_rows(small):
         lay = layer_of(small, row["name"])
         k = where.get(lay) if lay else None
+        if lay and k is None and not mtp_prefixes:
+            continue  # a layer its kind's first stands for
         name, layers = row["name"], 1
         if k is not None and k in first:
             layers = count[k]
@@ -286,7 +331,7 @@ def _op_table(
                 bool(verdicts[row["name"]].mixes),
             ]
         )
-    return {"columns": list(OP_COLUMNS), "rows": rows}
+    return rows
 
 
 def _real_prefix(prefix: str, i: int) -> str:
@@ -303,7 +348,7 @@ def _svg(dot: str, renderer: str | None, key: str) -> str:
 
 
 def _diagrams(
-    config: ModelConfig,
+    config: Any,
     workload: Workload,
     graph: Graph,
     kinds: dict[str, Any],
@@ -340,9 +385,9 @@ def _diagrams(
         if f"ffn-{k}" in targets:
             dot = view_dot(graph, "ffn", layer=i)
             out.append(_diagram(f"ffn-{k}", f"FFN (layer {i})", dot, {}, renderer))
-    small_cfg, _ = reduced_config(config)
+    small_cfg = config if is_traced(config) else reduced_config(config)[0]
     few = replace(workload, batch=1, seq_len=TOKENS, past_len=0)
-    tokens = build_graph(small_cfg, few, mla=mla, mtp=mtp)
+    tokens = model_graph(small_cfg, few, mla=mla, mtp=mtp)
     dot = view_dot(tokens, "tokens")
     out.append(_diagram("tokens", f"tokens ({TOKENS} positions, layer 0)", dot, {}, renderer))
     return out

@@ -56,6 +56,7 @@ from typing import Any
 
 from graphllm.errors import ConfigError
 from graphllm.files import write_atomic
+from graphllm.frontends import require_engine_form
 from graphllm.models.hardware import Hardware
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import MAX_POSITIONS, Workload
@@ -89,7 +90,9 @@ def _require_combination(s: Strategy) -> None:
 
 def _require_context(config: ModelConfig, prompt: int, output: int) -> None:
     """One line for requests longer than the model's context (a server refuses them)."""
-    total, context = prompt + output, min(config.max_position_embeddings, MAX_POSITIONS)
+    # a traced model whose config gives no max_position_embeddings: graphllm's limit alone
+    limit = config.max_position_embeddings or MAX_POSITIONS
+    total, context = prompt + output, min(limit, MAX_POSITIONS)
     if total > context:
         raise ConfigError(
             f"--prompt-len {prompt} + --output-len {output} = {total:,} tokens, past "
@@ -138,9 +141,15 @@ def mla_forms(config: ModelConfig, mla: str) -> dict[str, str]:
 
 
 def _require_request(
-    config: ModelConfig, strategy: Strategy, prompt: int, output: int, memory_fraction: float
+    config: ModelConfig,
+    strategy: Strategy,
+    prompt: int,
+    output: int,
+    memory_fraction: float,
+    mla: str,
 ) -> None:
-    """One line for a request, strategy or memory share serving does not model."""
+    """One line for a request, strategy, memory share or MLA form serving does not model."""
+    require_engine_form(config, mla)
     _require_combination(strategy)
     _require_context(config, prompt, output)
     require_cp_cache(config, strategy.cp, prompt)
@@ -221,7 +230,7 @@ def serving_report(
     the strategy's microbatches in flight through the stages where above 1 or
     `microbatches_given` (`--microbatches 1` with `--pp`: one, the other stages idle), else pp.
     `mla`: an MLA model's form in both phases, or 'auto': each phase's as engines run it."""
-    _require_request(config, strategy, prompt, output, memory_fraction)
+    _require_request(config, strategy, prompt, output, memory_fraction, mla)
     dtypes = {k: getattr(base, k) for k in ("weight_dtype", "act_dtype", "kv_dtype")}
     forms = mla_forms(config, mla)
     replica = dataclasses.replace(strategy, dp=1, microbatches=1)

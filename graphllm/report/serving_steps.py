@@ -41,8 +41,8 @@ import dataclasses
 import math
 from typing import Any
 
-from graphllm.build.builder import build_graph
 from graphllm.errors import ConfigError
+from graphllm.frontends import is_traced, model_graph
 from graphllm.ir import Graph
 from graphllm.models.hardware import Hardware
 from graphllm.models.model_config import ModelConfig
@@ -69,7 +69,7 @@ def programs(
 ) -> tuple[Graph, list[dict[str, Any]]]:
     """One rank's program of a step (an MLA model's attention in form `mla`), and each pipeline
     stage's figures (partition report)."""
-    graph = partition(build_graph(config, wl, mla=mla), s, hw)
+    graph = partition(model_graph(config, wl, mla=mla), s, hw)
     return graph, partition_report(graph, hw, attention).to_dict()["stages"]
 
 
@@ -77,6 +77,12 @@ def require_cp_cache(config: ModelConfig, cp: int, prompt: int) -> None:
     """One line for a model or prompt whose cache the cp ranks cannot shard by position."""
     if cp == 1:
         return
+    if is_traced(config):
+        raise ConfigError(
+            f"serving --cp shards each layer's cache of every position over the cp ranks; "
+            f"{config.name} is traced from transformers' code, and which of its layers keep "
+            "a window or a state is not read from it"
+        )
     other = sorted({t for t in config.layer_types if t != "full_attention"})
     if other:
         raise ConfigError(

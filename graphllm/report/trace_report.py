@@ -8,8 +8,8 @@ from collections import Counter
 from dataclasses import asdict
 from typing import Any
 
-from graphllm.build.builder import build_graph
 from graphllm.files import json_text
+from graphllm.frontends import model_graph
 from graphllm.ir import Graph
 from graphllm.models.hardware import Hardware
 from graphllm.models.model_config import ModelConfig
@@ -93,7 +93,7 @@ def analysed(
 ) -> tuple[Graph, Results]:
     """The model's graph and the results of `passes` on it (trace's analyses by default);
     `exact_sets`: the tokens pass's option, left to its default when None."""
-    graph = build_graph(config, workload, mla=mla, mtp=mtp)
+    graph = model_graph(config, workload, mla=mla, mtp=mtp)
     opts: dict[str, Any] = {"hardware": hardware, "attention": attention, "training": training}
     if exact_sets is not None:
         opts["exact_sets"] = exact_sets

@@ -66,13 +66,16 @@ def _regroup(g: Graph, name: str, x: Ref, dims: tuple[Dim, ...]) -> Ref:
     """A view of x as `dims`: (B*T, ...) <-> (B, T, ...), the tokens' positions kept."""
     src = g.type_of(x)
     shape = tuple(int(s) for s in TensorType(dims, src.dtype).shape(g.bindings))
+    # a cut of the batch (dp, ep) is a cut of the flat tokens' outer factor, and back; of one
+    # sequence, a cut of its positions
+    one = g.bindings["B"] == 1
     if len(dims) > src.rank:  # unflatten: a -> (c d)
-        sig, same = "a b -> c d b", (("d", "a"),)
+        sig, same, carries = "a b -> c d b", (("d", "a"),), (("a", "d" if one else "c"),)
         axes = {"c": dims[0], "d": dims[1]}
     else:  # flatten: (a b) -> c
-        sig, same = "a b c -> d c", (("d", "b"),)
+        sig, same, carries = "a b c -> d c", (("d", "b"),), (("b" if one else "a", "d"),)
         axes = {"d": dims[0]}
-    op = generic_row("view", sig, same)
+    op = generic_row("view", sig, same, carries=carries)
     attrs: dict[str, Any] = {"args": (None, shape), "sym_args": (None, shape), "kwargs": {}}
     attrs |= {"aten": "view", "dtypes": [src.dtype], "shape": shape, "shapes": [shape]}
     attrs["axes"] = axes

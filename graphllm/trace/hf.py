@@ -172,3 +172,13 @@ def checkpoint_names(model: Any) -> dict[str, str]:
     targets = Counter(out.values())
     names = set(model.state_dict())
     return {k: v for k, v in out.items() if targets[v] == 1 and v not in names}
+
+
+def parallel_plans(model: Any) -> dict[str, dict[str, str]]:
+    """The tensor- and expert-parallel plans a transformers model resolved for itself
+    (module-name patterns to styles: the config's base_model plans under the base model's
+    prefix, and the LM head's own entry)."""
+    return {
+        "tp_plan": dict(getattr(model, "_tp_plan", None) or {}),
+        "ep_plan": dict(getattr(model, "_ep_plan", None) or {}),
+    }

@@ -416,7 +416,10 @@ class _Lowering:
     ) -> None:
         out_types = [self.type_of(o) for o in ev.outs]
         sig = _signature(kind, concrete(args, self.point), types, out_types, self.rec.shapes, ev)
-        name = generic_row(kind, sig.text, sig.same_position, sig.reduce)
+        if sig.groups:
+            shapes = [_shape(t, self.g.bindings) for t in (types[0], out_types[0])]
+            sig.carries = _view_carries(sig, *shapes)
+        name = generic_row(kind, sig.text, sig.same_position, sig.reduce, sig.carries)
         attrs: dict[str, Any] = {
             "args": _plain(concrete(args, self.point)),
             "sym_args": _plain(args),
@@ -458,6 +461,8 @@ class _Sig:
     axes: dict[str, Dim]
     same_position: tuple[tuple[str, ...], ...] = ()
     reduce: tuple[str, ...] = ()
+    carries: tuple[tuple[str, str], ...] = ()
+    groups: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()  # a reshape's regroupings
 
     @property
     def text(self) -> str:
@@ -597,6 +602,7 @@ def _regroup(
     a = [fresh() for _ in src.dims]
     b: list[str | None] = [None] * len(dst.dims)
     same: list[tuple[str, ...]] = []
+    outer: list[tuple[tuple[int, ...], tuple[int, ...]]] = []  # regrouped axes, in and out
     i = j = 0
     while i < len(a) or j < len(b):
         gi, gj = [i] if i < len(a) else [], [j] if j < len(b) else []
@@ -618,13 +624,33 @@ def _regroup(
         real_j = [n for n in gj if dst_probe[n] != 1 or len(gj) == 1]
         if len(real_i) == 1 and len(real_j) == 1 and src.dims[real_i[0]] == dst.dims[real_j[0]]:
             b[real_j[0]] = a[real_i[0]]
+        elif real_i and real_j:
+            outer.append((tuple(gi), tuple(gj)))
         pos_in = [a[n] for n in gi if src.dims[n].role in ("token", "key_token", "slot")]
         for n in gj:
             if b[n] is None:
                 b[n] = fresh()
                 if dst.dims[n].role in ("token", "key_token", "slot") and pos_in:
                     same.append((b[n], *pos_in))
-    return _finish([a], [[x for x in b if x is not None]], [src], [dst], tuple(same))
+    sig = _finish([a], [[x for x in b if x is not None]], [src], [dst], tuple(same))
+    sig.groups = tuple(outer)
+    return sig
+
+
+def _view_carries(
+    sig: _Sig, src: tuple[int, ...], dst: tuple[int, ...]
+) -> tuple[tuple[str, str], ...]:
+    """A split of a merged (or split) axis in blocks cuts its outermost factor alike (the heads
+    of a projection's output viewed per head, and back; the batch of tokens flattened): the
+    outermost axes of each regrouped group that are not 1 at this workload (tokens flattened
+    from one sequence are cut as its positions are)."""
+    out = []
+    for gi, gj in sig.groups:
+        i = next((n for n in gi if src[n] != 1), None)
+        j = next((n for n in gj if dst[n] != 1), None)
+        if i is not None and j is not None:
+            out.append((sig.ins[0][i], sig.outs[0][j]))
+    return tuple(out)
 
 
 def _layer_norm(args: Any, ins: list[TensorType], outs: list[TensorType], fresh: _Fresh) -> _Sig:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -10,8 +11,8 @@ from graphllm.ir import Graph
 from graphllm.models.workload import Workload
 from graphllm.trace.capture import Val
 from graphllm.trace.forward import record
-from graphllm.trace.hf import causal_lm, checkpoint_names, hf_config
-from graphllm.trace.layers import expand
+from graphllm.trace.hf import causal_lm, checkpoint_names, hf_config, parallel_plans
+from graphllm.trace.layers import expand, representatives
 from graphllm.trace.lower import Fitted, lower
 from graphllm.trace.relation import read_relation
 from graphllm.trace.store import load as load_stored
@@ -48,6 +49,14 @@ class TracedConfig:
     vocab_size: int = 0
     sliding_rope: None = None
     frontend: str = FRONTEND
+    max_position_embeddings: int = 0
+    latent_attention: bool = False  # transformers' MLA, traced in its naive form
+    # the config.json fields it was traced from: what traces it again at another workload
+    raw: dict[str, Any] | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     def rotates(self, layer: int) -> bool:
         """Whether a layer rotates q and k (RoPE): unknown of a traced model, so no layer is
@@ -94,7 +103,7 @@ def traced_graph(
     fitted.name = label
     fitted.meta = dict(
         fitted.meta,
-        config=replace(fitted.meta["config"], name=label),
+        config=replace(fitted.meta["config"], name=label, raw=raw),
         workload=wl,
         frontend=FRONTEND,
         act_dtype=wl.act_dtype,
@@ -125,6 +134,9 @@ def _fitted(cfg: Any, points: tuple, dtype: str, values: bool) -> Fitted:
             ev.kwargs = {"relation": read_relation(ev.kwargs["function"]) if used else {}}
     meta = {"config": traced_config(cfg, cfg.model_type), "window": _windowed(points, _spans(cfg))}
     meta["stored_as"] = checkpoint_names(model)
+    # each repeating layer -> the first layer of its kind (the report's layer kinds)
+    meta["layer_kinds"] = dict(representatives(model))
+    meta |= parallel_plans(model)
     return Fitted(rec, shapes, args, size_roles(cfg), points[0], meta=meta)
 
 
@@ -248,4 +260,11 @@ def traced_config(cfg: Any, name: str) -> TracedConfig:
         text_decoder_of=field_of(cfg, "multimodal_model_type", ""),
         num_hidden_layers=int(field_of(cfg, "num_hidden_layers", 0) or 0),
         vocab_size=int(field_of(cfg, "vocab_size", 0) or 0),
+        max_position_embeddings=_int_field(cfg, "max_position_embeddings"),
+        latent_attention=bool(_int_field(cfg, "kv_lora_rank")),
     )
+
+
+def _int_field(cfg: Any, name: str) -> int:
+    v = field_of(cfg, name, 0)
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0

@@ -29,7 +29,7 @@ from typing import Any
 
 from graphllm.echo import shown
 from graphllm.errors import ConfigError
-from graphllm.ir import HEAD_ROLES, TOKEN_ROLES, Dim, Graph, Node, Ref
+from graphllm.ir import TOKEN_ROLES, Dim, Graph, Node, Ref
 from graphllm.limits import require_at_most
 from graphllm.models.hardware import Hardware
 from graphllm.models.model_config import ModelConfig
@@ -46,6 +46,7 @@ from graphllm.passes.parallel.figures import (
     step_seconds,
     tally,
 )
+from graphllm.passes.parallel.module_plans import heads_of, plan_seeds
 from graphllm.passes.parallel.sharding import Mesh, Sharding, Split, hoist_gathers, spmd
 from graphllm.passes.registry import forget, meta_result, register, run
 from graphllm.passes.training import TrainingOptions, training_memory
@@ -117,9 +118,11 @@ def _check(ok: bool, msg: str) -> None:
 
 
 def validate(cfg: ModelConfig, wl: Workload, s: Strategy) -> dict[str, str]:
-    """One clear line for a strategy the model or workload cannot take; where tokens are cut."""
+    """One clear line for a strategy the model or workload cannot take; where tokens are cut.
+    A traced model's widths are checked as its plans cut them (module_plans.py)."""
     _require_sizes(s)
-    _require_tp(cfg, s)
+    if getattr(cfg, "frontend", "built") != "traced":
+        _require_tp(cfg, s)
     if s.ep > 1:
         _check(cfg.is_moe, f"--ep needs a mixture-of-experts model; {cfg.name} has no experts")
         e = cfg.num_experts
@@ -208,16 +211,6 @@ def make_mesh(s: Strategy) -> Mesh:
 
 
 # -- seeds ---------------------------------------------------------------------------------------
-def _heads_of(graph: Graph, n: Node) -> int | None:
-    """Heads a projection's output is viewed as (the head axis of the view reading it)."""
-    for lin in graph.users(n):
-        for u in graph.users(lin):
-            h = next((d for d in u.out.dims if d.role in HEAD_ROLES), None)
-            if h is not None:
-                return int(h.size)  # type: ignore[arg-type]
-    return None
-
-
 def _fused(graph: Graph, n: Node) -> bool:
     """A projection whose output a multi-output split cuts apart (phi3's fused qkv, gate_up)."""
     return any(
@@ -313,7 +306,7 @@ def _tp_cut(
             return 0, tp
         notes.append(f"vocab {dims[0].size} is not a multiple of tp: {p.name} is whole")
         return 0, 0
-    heads = _heads_of(graph, p) or tp
+    heads = heads_of(graph, p) or tp
     blocks = min(heads, tp)  # fewer KV heads than ranks: a head per tp/heads ranks
     if blocks < tp and f"{heads} KV heads" not in " ".join(notes):
         notes.append(
@@ -479,7 +472,18 @@ def partition(
         hint = f"give a batch that --ep {strategy.ep} divides (-b), so that ep cuts the batch"
         _no_sequence_ops_cut_on_t(graph, "--ep on the tokens", hint)
     mesh = make_mesh(strategy)
-    seeded, notes = seeds(graph, strategy, split)
+    if graph.meta.get("frontend") == "traced":  # cut as transformers' own plans say
+        b = wl.batch // strategy.dp // strategy.microbatches
+        _check(
+            split.get("ep") != "token" or b == 1,
+            f"--ep {strategy.ep}: a traced model flattens its tokens (B*T) before routing, so ep "
+            f"cuts the batch (or one sequence's positions), and it does not divide the {b} "
+            f"sequences a rank holds: give -b a multiple of {strategy.ep}",
+        )
+        seeded, notes = plan_seeds(graph, strategy.tp, strategy.ep, strategy.whole_vocab)
+        seeded |= _input_seeds(graph, strategy, split)
+    else:
+        seeded, notes = seeds(graph, strategy, split)
     if split.get("ep") == "token":
         notes.append("ep cuts the tokens on T: core attention gathers K/V over the ep ranks")
     if strategy.cp > 1 and wl.past_len:

@@ -27,10 +27,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphllm.build.builder import build_graph
 from graphllm.echo import shown
 from graphllm.errors import ConfigError, GraphllmError
 from graphllm.forked import ordered_map, workers
+from graphllm.frontends import is_traced, model_graph
 from graphllm.ir import Graph, Node
 from graphllm.limits import require_at_most
 from graphllm.models.hardware import Hardware
@@ -155,6 +155,16 @@ def reduced_config(cfg: ModelConfig) -> tuple[ModelConfig, list[int]]:
         return cfg, list(range(n))
     where = {k: j for j, k in enumerate(kinds[i] for i in keep)}
     return small, [where[k] for k in kinds]
+
+
+def planned_config(cfg: Any, wl: Workload) -> tuple[Any, list[int]]:
+    """The config the layouts are partitioned on, and each real layer's index in it: a built
+    family's reduced to one layer of each kind; a traced model whole, each layer its own (a
+    traced layer's kind is known from its modules, not from config fields a smaller config
+    could be made with)."""
+    if not is_traced(cfg):
+        return reduced_config(cfg)
+    return cfg, list(range(len(layer_scopes(model_graph(cfg, wl)))))
 
 
 @dataclass
@@ -434,11 +444,11 @@ def plan(
     """Every legal layout of `devices`, those that fit ranked by predicted step time.
     `progress(done, total)` is told the layouts tried after each. `mla`: an MLA model's form,
     or 'auto': the step's as engines run it (engine.mla_form: absorbed for a decode step)."""
-    pinned = _pinned(devices, hw, training, pinned)
+    pinned = _pinned(devices, hw, training, _traced_pins(cfg, pinned))
     _require_few_layouts(devices, pinned, cfg.is_moe)
     phase = "training" if training is not None else wl.phase
     form = mla_form(cfg, phase, mla)
-    small, kinds = reduced_config(cfg)
+    small, kinds = planned_config(cfg, wl)
     ok, big, bad = [], [], []
     layouts = factorisations(devices, pinned, cfg.is_moe)
     tried: list[Strategy | GraphllmError] = []
@@ -466,6 +476,23 @@ def plan(
     ok.sort(key=lambda c: c["seconds"])
     big.sort(key=lambda c: c["memory_bytes"])
     return PlanReport(devices, phase, ok, big, bad)
+
+
+# why a traced model's plan has no pipeline stages
+TRACED_NO_PP = (
+    "a traced model's layers read tensors its stem computes once (RoPE tables), each sent to "
+    "every later stage, which the plan's per-layer assembly does not price: its layouts have "
+    "no pipeline stages (graphllm partition --pp prices them)"
+)
+
+
+def _traced_pins(cfg: Any, pinned: dict[str, int | None] | None) -> dict[str, int | None] | None:
+    """A traced model's plan pins pp to 1 (TRACED_NO_PP); --pp above 1 is refused."""
+    if not is_traced(cfg):
+        return pinned
+    if (pinned or {}).get("pp") not in (None, 1):
+        raise ConfigError(f"--pp with plan: {TRACED_NO_PP}")
+    return {**(pinned or {}), "pp": 1}
 
 
 def _pinned(
@@ -583,7 +610,7 @@ def _graph(context: _Context, b_mb: int) -> Graph:
     partition leaves its input as it was."""
     (small, form), wl, graphs = context[0], context[1], context[5]
     if b_mb not in graphs:
-        built = build_graph(small, dataclasses.replace(wl, batch=b_mb), mla=form)
+        built = model_graph(small, dataclasses.replace(wl, batch=b_mb), mla=form)
         built.verify()
         graphs[b_mb] = built
     return graphs[b_mb]

@@ -162,6 +162,13 @@ def local_dim(d: Dim, blocks: int, bindings: dict[str, float], where: str) -> Di
     return Dim(name, d.role, positions=d.positions)  # a block of the whole axis's range
 
 
+def _local_shape(shape: tuple[int, ...], sh: Sharding) -> tuple[int, ...]:
+    """A concrete whole shape cut as `sh` cuts its axes (the traced rows' `shape` attrs)."""
+    if not sh._axis_of or len(shape) != len(sh.axes):
+        return tuple(shape)
+    return tuple(n // b for n, b in zip(shape, sh._blocks))
+
+
 def local_type(t: TensorType, sh: Sharding, bindings: dict[str, float], where: str) -> TensorType:
     if not sh._axis_of:  # held whole: the type as it is
         return t
@@ -625,6 +632,9 @@ class _SPMD:
             attrs["axes"] = axes
         if "sizes" in attrs:
             attrs["sizes"] = [int(lt.dims[-1].size) for lt in local_outs]  # type: ignore[arg-type]
+        if "shapes" in attrs:  # a traced op's concrete output shapes: the rank's blocks
+            attrs["shapes"] = [_local_shape(s, sh) for s, sh in zip(attrs["shapes"], out_sh)]
+            attrs["shape"] = attrs["shapes"][0]
         refs = [a.ref for a in args]
         if not self.checked:  # the caller verifies the whole program after (partition)
             node = self.g.add(n.op, n.name, refs, attrs, tuple(local_outs))  # type: ignore[arg-type]

@@ -9,6 +9,9 @@ from click.testing import CliRunner
 
 pytest.importorskip("transformers")
 from graphllm.cli.main import main
+from graphllm.models.workload import Workload
+from graphllm.report.html import report_data
+from graphllm.trace import traced_graph
 from tests.support.traced import FAMILIES
 
 
@@ -88,3 +91,42 @@ def test_verify_tokens_observes_what_the_traced_graph_predicts(tmp_path, kind):
     args = ["verify", "tokens", "--config", path, "--frontend", "traced", "-t", "6"]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 2 and "--full-size" in r.output
+
+
+def test_report_of_a_traced_model(tmp_path):
+    path = _write(tmp_path, FAMILIES["moe"])
+    out = tmp_path / "r.html"
+    args = ["report", "--config", path, "--frontend", "traced", "-t", "16", "--sweep", "4,16"]
+    r = CliRunner().invoke(main, [*args, "--hardware", "h100", "--ep", "2", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    text = out.read_text(encoding="utf-8")
+    assert "all_to_all" in text and "block-0" in text
+    # the op table: each op of the first layer of its kind, standing for both layers
+    config = traced_graph(FAMILIES["moe"], Workload()).meta["config"]
+    rows = report_data(config, Workload(seq_len=16), sweep_lens=[4])["ops"]["rows"]
+    layers = {r[0]: r[4] for r in rows}
+    assert layers["model.layers.0.mlp.experts.dispatch"] == 2
+    assert not any(name.startswith("model.layers.1.") for name in layers)
+    assert layers["lm_head"] == 1
+
+
+def test_traced_latent_attention_decode_is_not_naive_unasked(tmp_path):
+    path = _write(tmp_path, FAMILIES["mla"])
+    args = ["trace", "--config", path, "--frontend", "traced", "-t", "1", "--past-len", "8"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2 and "give --mla naive" in r.output
+    r = CliRunner().invoke(main, [*args, "--mla", "naive", "--json"])
+    assert r.exit_code == 0, r.output
+    assert CliRunner().invoke(main, args[:-2] + ["--past-len", "0"]).exit_code == 0
+
+
+def test_a_seq_len_list_sweeps_a_traced_model(tmp_path):
+    path = _write(tmp_path, FAMILIES["dense"])
+    rows = {}
+    for frontend in ("built", "traced"):
+        args = ["trace", "--config", path, "--seq-len", "8,32", "--json", "--frontend", frontend]
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 0, r.output
+        rows[frontend] = json.loads(r.output)["sweep"]
+    assert [r["seq_len"] for r in rows["traced"]] == [8, 32]
+    assert [r["matmul"] for r in rows["traced"]] == [r["matmul"] for r in rows["built"]]
