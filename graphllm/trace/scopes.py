@@ -12,17 +12,23 @@ import re
 
 from graphllm.build.kinds import WEIGHT_KINDS
 
-# class-name patterns, first match wins: a scope kind of graphllm.build.kinds.SCOPE_KINDS
-_CLASS_KINDS = (
-    (re.compile(r"Embed"), "embedding"),
-    (re.compile(r"Norm"), "norms"),
+# class-name patterns, first match wins: a scope kind of graphllm.build.kinds.SCOPE_KINDS, read
+# from the end of the name (its start is the family's: `Qwen3MoeAttention` is an attention,
+# `Glm4MoeMLP` a dense MLP); a rotary embedding's tables are no embedding
+_CLASS_KINDS: tuple[tuple[re.Pattern[str], str | None], ...] = (
+    (re.compile(r"RotaryEmbedding$"), None),
+    (re.compile(r"Embed(ding|dings|s)?$"), "embedding"),
+    (re.compile(r"Norm(Gated|1P|PerHead)?$"), "norms"),
     (re.compile(r"Experts?$"), "experts"),
-    (re.compile(r"(Router|Gate|TopkRouter)$"), "router"),
-    (re.compile(r"(SparseMoe|MoE|Moe)"), "moe"),
-    (re.compile(r"(Mamba|Mixer)"), "mamba"),
-    (re.compile(r"(GatedDeltaNet|LinearAttention|DeltaNet|Lightning)"), "linear_attention"),
-    (re.compile(r"Attention"), "attention"),
-    (re.compile(r"(MLP|FeedForward|FFN|Mlp)"), "mlp"),
+    (re.compile(r"(Router|Gate|Gating)$"), "router"),
+    (re.compile(r"(SparseMo[eE]Block|SparseMoe|MoeBlock|MoE|Moe|MoELayer|MoeLayer)$"), "moe"),
+    (re.compile(r"(Mamba\d?Mixer|Mixer|Mamba\d?)$"), "mamba"),
+    (
+        re.compile(r"(GatedDeltaNet|LinearAttention|DeltaNet|LightningAttention)$"),
+        "linear_attention",
+    ),
+    (re.compile(r"Attention(Block)?$"), "attention"),
+    (re.compile(r"(MLP|FeedForward|FFN|Mlp)(Block)?$"), "mlp"),
 )
 _LAYER = re.compile(r"^(.*\.)?(layers|h|blocks|layer)\.\d+$")
 # a scope kind -> the kind its weights count under
@@ -57,7 +63,8 @@ def scope_kinds(modules: dict[str, str]) -> dict[str, str]:
             if pattern.search(cls):
                 if kind == "mlp" and "shared" in path.rsplit(".", 1)[-1]:
                     kind = "shared_expert"
-                out[path] = kind
+                if kind is not None:
+                    out[path] = kind
                 break
     return out
 
@@ -66,7 +73,11 @@ def param_kind(name: str, scopes: dict[str, str]) -> str:
     """The weight kind of parameter `name`: its innermost scope's that has one."""
     parts = name.split(".")
     for i in range(len(parts) - 1, 0, -1):
-        kind = _WEIGHT_OF.get(scopes.get(".".join(parts[:i]), ""))
+        scope = scopes.get(".".join(parts[:i]), "")
+        kind = _WEIGHT_OF.get(scope)
+        # a gate of the MoE block's own (Qwen's shared_expert_gate) routes, as a router does
+        if scope == "moe" and i == len(parts) - 2 and "gate" in parts[i]:
+            return "router"
         if kind is not None:
             return kind
     return "mlp" if "mlp" in WEIGHT_KINDS else WEIGHT_KINDS[0]

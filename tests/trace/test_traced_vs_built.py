@@ -39,6 +39,9 @@ def test_traced_equals_built(preset, past):
     traced = run(g, PASSES, exact_sets=False)
     assert traced["params"].total == built["params"].total
     assert traced["params"].active == built["params"].active
+    # each weight under the kind the built family counts it in (attention, MoE, router, ...)
+    kinds = [r["params"].to_dict()["by_kind"] for r in (traced, built)]
+    assert kinds[0] == kinds[1]
     for key in ("matmul", "matmul_causal"):
         assert traced["cost"].flops[key] == built["cost"].flops[key], key
     assert traced["memory"].kv_cache == built["memory"].kv_cache
