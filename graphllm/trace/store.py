@@ -10,6 +10,7 @@ off. A file that does not read back is traced again and replaced, never trusted 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -22,6 +23,7 @@ from graphllm.errors import GraphllmError
 from graphllm.files import write_atomic
 
 FORMAT = 1  # bump when what is stored changes
+KEEP_GRAPH_BYTES = 512 << 20  # lowered graphs kept: Llama-3.1-405B's is 1.3 MB a workload
 
 
 def cache_folder() -> Path | None:
@@ -63,6 +65,8 @@ def load(name: str) -> Any | None:
     if folder is None:
         return None
     path = folder / f"{name}.pkl"
+    with contextlib.suppress(OSError):
+        os.utime(path)  # read lately: the last a trim removes
     try:
         with open(path, "rb") as f:
             return pickle.load(f)
@@ -77,5 +81,25 @@ def save(name: str, fitted: Any) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         write_atomic(folder / f"{name}.pkl", lambda p: p.write_bytes(pickle.dumps(fitted, 5)))
+        _trim(folder)
     except (OSError, GraphllmError):
         pass  # a cache that cannot be written costs the next run a trace, nothing more
+
+
+def lowered_key(stored: str, workload: dict[str, Any], name: str) -> str:
+    """The key of a recording's graph lowered at one workload, under one name."""
+    text = json.dumps([stored, workload, name], sort_keys=True, default=repr)
+    return "graph-" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _trim(folder: Path) -> None:
+    """Keep the lowered graphs (one a workload a model is traced at: a serving curve writes
+    tens) within KEEP_GRAPH_BYTES, the least lately read removed first; recordings stay."""
+    graphs = [(p.stat().st_mtime, p.stat().st_size, p) for p in folder.glob("graph-*.pkl")]
+    total = sum(size for _, size, _ in graphs)
+    for _, size, path in sorted(graphs):
+        if total <= KEEP_GRAPH_BYTES:
+            break
+        with contextlib.suppress(OSError):
+            path.unlink()
+            total -= size

@@ -48,6 +48,16 @@ def test_a_second_trace_reads_the_cache(monkeypatch):
     monkeypatch.setattr(traced_model, "causal_lm", no_model)
     again = traced_graph(raw, Workload(seq_len=8, past_len=4))
     assert again.print() == first.print()
+    assert again.meta["stored_as"] == first.meta["stored_as"]
+
+    def no_lowering(*a, **k):
+        raise AssertionError("lowered again: the graph of this workload was not read")
+
+    # the same workload again is the graph lowered before, read back
+    lower = traced_model.lower
+    monkeypatch.setattr(traced_model, "lower", no_lowering)
+    assert traced_graph(raw, Workload(seq_len=8, past_len=4)).print() == first.print()
+    monkeypatch.setattr(traced_model, "lower", lower)
     # another workload of the phase is lowered from the same recording
     longer = traced_graph(raw, Workload(seq_len=32, past_len=100, batch=3))
     assert longer.bindings["S"] == 132 and longer.bindings["B"] == 3
