@@ -501,6 +501,9 @@ def _read_params(
             yield n, reads[n.name][0]()
             continue
         shape, names = _shape(n), _checkpoint_names(n)
+        if isinstance(n.attrs.get("stored_as"), dict):
+            yield n, _assembled(n, shape, reads[n.name], _DTYPES[dtype])
+            continue
         stacked = _per_expert(n)
         want = shape[1:] if stacked else shape
         out = np.empty(shape, _DTYPES[dtype]) if stacked else None
@@ -516,6 +519,21 @@ def _read_params(
         yield n, out
 
 
+def _assembled(n: Node, shape: tuple[int, ...], reads: list[Read], dtype: Any) -> np.ndarray:
+    """A traced model's tensor its checkpoint stores in pieces (`stored_as`: the pieces of each
+    source pattern, stacked on one axis, the stacks concatenated on another), put together as
+    transformers' converter does on loading."""
+    how = n.attrs["stored_as"]
+    it = iter(reads)
+    stacks = [np.stack([next(it)() for _ in group], axis=how["stack"]) for group in how["parts"]]
+    out = stacks[0] if how["concat"] is None else np.concatenate(stacks, axis=how["concat"])
+    if out.shape != shape:
+        raise WeightsError(
+            f"{n.name}: its checkpoint pieces make {out.shape}, graph expects {shape}"
+        )
+    return out.astype(dtype, copy=False)
+
+
 def _per_expert(n: Node) -> bool:
     """Stacked experts the checkpoint keeps one tensor per expert (`*` in the name); gpt-oss's
     hold every expert in one tensor, read whole."""
@@ -523,8 +541,11 @@ def _per_expert(n: Node) -> bool:
 
 
 def _checkpoint_names(n: Node) -> list[str]:
-    if "stored_as" in n.attrs:  # a traced model's tensor its checkpoints store renamed
-        return [n.attrs["stored_as"]]
+    stored = n.attrs.get("stored_as")
+    if isinstance(stored, dict):  # a traced model's tensor its checkpoints store in pieces
+        return [name for group in stored["parts"] for name in group]
+    if stored is not None:  # ... or renamed
+        return [stored]
     if _per_expert(n):
         return [n.name.replace("*", str(e)) for e in range(_shape(n)[0])]
     return [n.name]

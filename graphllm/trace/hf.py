@@ -6,6 +6,7 @@ refused, and the model class is the one the installed transformers maps the mode
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Any
 
@@ -147,31 +148,80 @@ def _require_sizes(raw: dict[str, Any], cfg: Any) -> None:
         )
 
 
-def checkpoint_names(model: Any) -> dict[str, str]:
-    """The model's tensor name -> the name its checkpoints store it by, where transformers
-    renames it on saving (Nemotron-H's `model.*` is `backbone.*` on the Hub), as transformers'
-    own revert_weight_conversion does. A tensor it stores otherwise (experts split one a
-    tensor) keeps its name, and is not found in a checkpoint: refused where it is read."""
+def checkpoint_names(model: Any) -> dict[str, Any]:
+    """The model's tensor name -> how its checkpoints store it, as transformers' own
+    revert_weight_conversion saves it: a name, where it renames the tensor (Nemotron-H's
+    `model.*` is `backbone.*` on the Hub); or, where it splits it (routed experts held as one
+    `experts.gate_up_proj`, stored one tensor an expert and a projection), the pieces and how
+    they stack (`pieces`). A tensor stored some other way keeps its name, and is not found in a
+    checkpoint: refused where it is read."""
     from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import revert_weight_conversion
 
-    if not get_model_conversion_mapping(model, add_legacy=False):
+    converters = get_model_conversion_mapping(model, add_legacy=False)
+    if not converters:
         return {}
-    out = {}
+    out: dict[str, Any] = {}
     for name, t in model.state_dict().items():
         try:
             saved = revert_weight_conversion(model, {name: t})
         except Exception:  # a conversion that needs its partners: not a rename
             continue
-        if len(saved) == 1:
+        if len(saved) > 1:
+            how = pieces(converters, name, tuple(t.shape), saved)
+            if how is not None:
+                out[name] = how
+        elif len(saved) == 1:
             ((new, kept),) = saved.items()
             if new != name and tuple(kept.shape) == tuple(t.shape):
                 out[name] = new
     # a name two tensors are saved under, or another tensor's own, is a merge (q, k and v into
     # one query_key_value), not a rename
-    targets = Counter(out.values())
+    targets = Counter(v for v in out.values() if isinstance(v, str))
     names = set(model.state_dict())
-    return {k: v for k, v in out.items() if targets[v] == 1 and v not in names}
+    return {
+        k: v
+        for k, v in out.items()
+        if not isinstance(v, str) or (targets[v] == 1 and v not in names)
+    }
+
+
+def pieces(
+    converters: list[Any], name: str, shape: tuple[int, ...], saved: dict[str, Any]
+) -> dict[str, Any] | None:
+    """How a tensor saved split into `saved` is put back together, as the converter that
+    merges it on loading does (transformers.core_model_loading): its source patterns' pieces,
+    each in index order, stacked on MergeModulelist's axis, the patterns' stacks concatenated on
+    Concatenate's. None for any other conversion (not read from a checkpoint)."""
+    for conv in converters:
+        targets = getattr(conv, "target_patterns", None) or []
+        if not any(name.endswith(p) for p in targets):
+            continue
+        ops = {type(op).__name__: op for op in getattr(conv, "operations", [])}
+        if set(ops) - {"MergeModulelist", "Concatenate"} or "MergeModulelist" not in ops:
+            return None
+        groups = [_in_order(p, saved) for p in conv.source_patterns]
+        stack, concat = ops["MergeModulelist"].dim, getattr(ops.get("Concatenate"), "dim", None)
+        widths = [tuple(saved[g[0]].shape) if g else () for g in groups]
+        if not all(groups) or len(set(len(g) for g in groups)) != 1:
+            return None
+        rebuilt = list(widths[0])
+        rebuilt.insert(stack, len(groups[0]))
+        if concat is not None:
+            rebuilt[concat] = sum(w[concat - (concat > stack)] for w in widths)
+        if tuple(rebuilt) != shape or (concat is None and len(groups) != 1):
+            return None
+        return {"parts": groups, "stack": stack, "concat": concat}
+    return None
+
+
+def _in_order(pattern: str, saved: dict[str, Any]) -> list[str]:
+    """The saved names matching a source pattern (`mlp.experts.*.gate_proj.weight`), by the
+    index `*` stands for."""
+    core = re.escape(pattern.lstrip(".")).replace(r"\*", r"(\d+)")
+    rx = re.compile(r"(?:^|\.)" + core + "$")
+    found = [(int(m.group(1)), k) for k in saved if (m := rx.search(k))]
+    return [k for _, k in sorted(found)]
 
 
 def parallel_plans(model: Any) -> dict[str, dict[str, str]]:

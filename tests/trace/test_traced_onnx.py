@@ -18,6 +18,7 @@ from tests.support.traced import FAMILIES, onnx_against_transformers
     "kind",
     [
         "dense",
+        "moe",  # its checkpoint stores one tensor an expert and a projection: put together
         "qk_norm",
         "sliding",
         "layernorm_bias",
@@ -44,3 +45,11 @@ def test_export_command_traces_and_refuses_what_it_does_not_lower(tmp_path):
     )
     assert r.exit_code == 2 and "decomposed lowering" in r.output
     assert not (tmp_path / "h.onnx").exists()
+
+
+def test_experts_renamed_and_split_in_the_checkpoint(tmp_path):
+    # Mixtral's checkpoint keeps block_sparse_moe.experts.{e}.w1/w3/w2: renamed, and one
+    # tensor an expert and a projection where the model holds one gate_up_proj
+    raw = dict(FAMILIES["moe"], model_type="mixtral", num_local_experts=4)
+    decode, prefill = onnx_against_transformers(raw, tmp_path)
+    assert decode < 2e-5 and prefill < 2e-5, (decode, prefill)
