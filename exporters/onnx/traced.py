@@ -548,12 +548,12 @@ def _pad(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
 
 @_kinds("repeat")
 def _repeat(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
-    reps = list(n.attrs["args"][1])
+    reps = list(_sym(n)[1])  # a count may be a size (BLOOM repeats its ALiBi B times)
     extra = len(reps) - c.graph.type_of(n.inputs[0]).rank
     x = i[0]
     if extra > 0:  # torch's repeat puts the axes it adds first
         x = c.op("Unsqueeze", [x, c.const(list(range(extra)))], n.name)
-    c.final("Tile", [x, c.const(reps)], n, o)
+    c.final("Tile", [x, shape_of(c, reps, n.name)], n, o)
 
 
 @_kinds("tril", "triu")

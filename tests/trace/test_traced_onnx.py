@@ -53,3 +53,10 @@ def test_experts_renamed_and_split_in_the_checkpoint(tmp_path):
     raw = dict(FAMILIES["moe"], model_type="mixtral", num_local_experts=4)
     decode, prefill = onnx_against_transformers(raw, tmp_path)
     assert decode < 2e-5 and prefill < 2e-5, (decode, prefill)
+
+
+def test_a_repeat_by_the_batch_follows_it(tmp_path):
+    # BLOOM repeats its ALiBi slopes B times: the count is the batch, not the traced one's
+    raw = {"model_type": "bloom", "vocab_size": 96, "hidden_size": 32, "n_layer": 2, "n_head": 4}
+    decode, prefill = onnx_against_transformers(raw, tmp_path)
+    assert decode < 2e-5 and prefill < 2e-5, (decode, prefill)
