@@ -23,21 +23,32 @@ def model_graph(config: Any, workload: Workload, mla: str = "naive", mtp: bool =
     model computes as transformers' code does: its latent attention in the naive form only)."""
     if not is_traced(config):
         return build_graph(config, workload, mla=mla, mtp=mtp)
-    if mla == "absorbed":
-        raise ConfigError(
-            f"--mla absorbed: {config.name}'s latent attention is traced from transformers' "
-            "code, which re-expands the cached latent every step (the naive form); graphllm "
-            "absorbs it only in the families it builds"
-        )
-    if mtp:
-        raise ConfigError(f"--mtp: {config.name} is traced, without its multi-token prediction")
+    require_traced_forms(config, mla, mtp)
     assert config.raw is not None, "a TracedConfig keeps the fields it was traced from"
     return traced_graph(config.raw, workload, config.name)
 
 
-def require_engine_form(config: Any, mla: str) -> None:
-    """One line for a traced model whose latent attention would be costed in the naive form
-    where engines run it absorbed (decode), unless the user asked for the naive form."""
+def require_traced_forms(config: Any, mla: str, mtp: bool = False) -> None:
+    """One line for what a traced model cannot give: multi-token prediction, absorbed MLA."""
+    if not is_traced(config):
+        return
+    if mla == "absorbed":
+        raise ConfigError(
+            f"--mla absorbed: {config.name} is traced from transformers' code, which "
+            "re-expands the cached latent every step (the naive form); graphllm absorbs latent "
+            "attention only in the families it builds"
+        )
+    if mtp:
+        raise ConfigError(f"--mtp: {config.name} is traced, without its multi-token prediction")
+
+
+def require_engine_form(config: Any, mla: str, phase: str = "decode", mtp: bool = False) -> None:
+    """require_traced_forms, and one line for a traced model whose latent attention a decode
+    step would cost in the naive form where engines run it absorbed, unless the user asked for
+    the naive form."""
+    require_traced_forms(config, mla, mtp)
+    if phase != "decode":
+        return
     if is_traced(config) and config.latent_attention and mla != "naive":
         raise ConfigError(
             f"{config.name}'s latent attention (MLA) is traced from transformers' code in the "

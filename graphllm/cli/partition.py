@@ -31,6 +31,7 @@ from graphllm.cli.layout import partition_options, strategy_from, strategy_optio
 from graphllm.errors import ConfigError
 from graphllm.exporters.trace import chrome_trace, require_traceable, write_trace
 from graphllm.files import check_target, json_text
+from graphllm.frontends import require_engine_form, require_traced_forms
 from graphllm.ir import Graph
 from graphllm.models.hardware import load_hardware
 from graphllm.models.workload import Workload
@@ -122,6 +123,8 @@ def _model(
         if len(workloads) > 1:
             raise ConfigError("partition takes one --seq-len, not a list")
         graph = traced_graph(raw, workloads[0], name)
+        phase = "training" if training else workloads[0].phase
+        require_engine_form(graph.meta["config"], mla, phase, mtp)
         return graph.meta["config"], workloads[0], graph, None
     config, wl = resolve(options)
     form = mla_for(config, wl, training, mla)
@@ -290,7 +293,7 @@ def verify_partition(seed: int, mla: str, mtp: bool, frontend: str, **options: A
     strategy = strategy_from(options)
     traced = traced_source(options, frontend)
     if traced is not None:
-        _report_check(*_traced_check(traced, options, strategy, seed))
+        _report_check(*_traced_check(traced, options, strategy, (seed, mla, mtp)))
         return
     given_t = t_given(options)  # before resolve takes the workload flags out of options
     given_b = options.get("batch") is not None
@@ -319,23 +322,27 @@ def verify_partition(seed: int, mla: str, mtp: bool, frontend: str, **options: A
 
 
 def _traced_check(
-    source: tuple[dict, str], options: dict[str, Any], strategy: Strategy, seed: int
+    source: tuple[dict, str], options: dict[str, Any], strategy: Strategy, how: tuple
 ) -> tuple[str, Workload, Strategy, Any]:
     """verify partition of a model traced from transformers' code, at the size it is given
-    (a traced model has no small instance of itself: give a tiny config of the architecture)."""
+    (a traced model has no small instance of itself: give a tiny config of the architecture).
+    `how`: the seed, and the MLA and MTP flags."""
     raw, name = source
+    seed, mla, mtp = how
     workloads = traced_workloads(options, raw)
     if len(workloads) > 1:
         raise ConfigError("verify partition takes one --seq-len, not a list")
     wl = Workload.with_dtype(workloads[0], dtype="fp32")
-    graph = traced_graph(raw, wl, name, values=True)
-    params = sum(n.out.numel(graph.bindings) for n in graph.params())
+    shape = traced_graph(raw, wl, name)  # on the meta device: counted before any weight is made
+    require_traced_forms(shape.meta["config"], mla, mtp)
+    params = sum(n.out.numel(shape.bindings) for n in shape.params())
     if params > MAX_VERIFY_PARAMS:
         raise ConfigError(
-            f"{graph.meta['config'].name} has {params:,.0f} parameters, too many to run every "
+            f"{shape.meta['config'].name} has {params:,.0f} parameters, too many to run every "
             f"rank in numpy (at most {MAX_VERIFY_PARAMS:,}): verify a config of the same "
             "architecture at small sizes"
         )
+    graph = traced_graph(raw, wl, name, values=True)
     check = check_partition(graph, partition_graph(graph, strategy), seed=seed)
     return f"{graph.meta['config'].name} (traced)", wl, strategy, check
 

@@ -105,8 +105,7 @@ def _model(options: dict[str, Any], frontend: str, mla: str, training: bool) -> 
     if len(workloads) > 1:
         raise ConfigError("plan takes one --seq-len, not a list")
     config = traced_graph(raw, workloads[0], name).meta["config"]
-    if training or workloads[0].phase == "decode":
-        require_engine_form(config, mla)
+    require_engine_form(config, mla, "training" if training else workloads[0].phase)
     return config, workloads[0]
 
 

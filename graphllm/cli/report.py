@@ -69,8 +69,7 @@ def report(
     else:  # the config traced once; each view and sweep point at its own shape
         workloads = traced_workloads(options, traced[0])
         config = traced_graph(traced[0], Workload(), traced[1]).meta["config"]
-        if workloads[0].phase == "decode":
-            require_engine_form(config, mla)
+        require_engine_form(config, mla, workloads[0].phase, mtp)
         mla = "naive"
     if len(workloads) > 1 and sweep_lens is None:
         sweep_lens = [w.seq_len for w in workloads]  # the workload is the list's first

@@ -72,7 +72,7 @@ def trace(
             check_target(target, inputs=(options["config_path"],))  # before the work
     traced = traced_source(options, frontend)
     if traced is not None:
-        args = (traced, options, hardware, (attention, mla), training, as_json, print_graph)
+        args = (traced, options, hardware, (attention, mla, mtp), training, as_json, print_graph)
         _traced(*args, per_op, plot)
         return
     again = _same_model_flags(options)  # before resolve takes them out of `options`
@@ -109,7 +109,7 @@ def _traced(
     source: tuple[dict, str],
     options: dict[str, Any],
     hardware: str | None,
-    forms: tuple[str, str],
+    forms: tuple[str, str, bool],
     training: bool,
     as_json: bool,
     print_graph: bool,
@@ -118,14 +118,14 @@ def _traced(
 ) -> None:
     """trace of a model traced from transformers' code: the same document, without the MLA
     and plan sections a built family has; a --seq-len list sweeps it, each point traced at its
-    own shape. `forms`: the attention and MLA flags."""
+    own shape. `forms`: the attention, MLA and MTP flags."""
     raw, name = source
-    attention, mla = forms
+    attention, mla, mtp = forms
     workloads = traced_workloads(options, raw)
     hw = load_hardware(hardware) if hardware else None
     config = traced_graph(raw, workloads[0], name).meta["config"]
-    if any(wl.phase == "decode" for wl in workloads):  # a cost engines do not pay is no default
-        require_engine_form(config, mla)
+    for phase in {wl.phase for wl in workloads}:  # a cost engines do not pay is no default
+        require_engine_form(config, mla, phase, mtp)
     if len(workloads) > 1:
         if per_op or print_graph:
             raise ConfigError("--per-op and --print-graph take one --seq-len, not a list")

@@ -58,6 +58,13 @@ class Graph:
         self._at: tuple[Node, bool] | None = None  # insertion point: (anchor, before it)
         self._nx: tuple[int, nx.DiGraph] | None = None
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # a graph read back (the trace cache) is another graph: a version of its own, so that
+        # no cache keyed by version takes it for the one it was written from
+        self.__dict__.update(state)
+        self._version = next(_VERSIONS)
+        self._nx = None
+
     @property
     def version(self) -> int:
         """Changes with every change to the nodes, edges or outputs; unique across graphs."""

@@ -149,7 +149,7 @@ def _require_request(
     mla: str,
 ) -> None:
     """One line for a request, strategy, memory share or MLA form serving does not model."""
-    require_engine_form(config, mla)
+    require_engine_form(config, mla)  # its decode steps
     _require_combination(strategy)
     _require_context(config, prompt, output)
     require_cp_cache(config, strategy.cp, prompt)

@@ -51,11 +51,13 @@ def stored_key(raw: dict[str, Any], points: tuple, dtype: str, values: bool) -> 
 
 
 def _code() -> str:
-    """A hash of the code that records and fits a trace: a cached recording of other code is
-    never read back."""
-    here = Path(__file__).parent
+    """A hash of the code that records, fits and lowers a trace, and of the IR and op rows a
+    lowered graph is made of: a cached recording or graph of other code is never read back."""
+    root = Path(__file__).parent.parent
+    paths = [*(root / "trace").glob("*.py"), *(root / "ops").glob("*.py")]
+    paths += [*(root / "ir").glob("*.py"), root / "build" / "kinds.py"]
     h = hashlib.sha256()
-    for path in sorted(here.glob("*.py")) + [here.parent / "ops" / "generic.py"]:
+    for path in sorted(paths):
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
@@ -70,7 +72,15 @@ def load(name: str) -> Any | None:
     try:
         with open(path, "rb") as f:
             return pickle.load(f)
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, ValueError):
+    except (
+        OSError,
+        pickle.UnpicklingError,
+        EOFError,
+        AttributeError,
+        ImportError,
+        ValueError,
+        TypeError,
+    ):
         return None
 
 

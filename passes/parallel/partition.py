@@ -473,11 +473,12 @@ def partition(
         _no_sequence_ops_cut_on_t(graph, "--ep on the tokens", hint)
     mesh = make_mesh(strategy)
     if graph.meta.get("frontend") == "traced":  # cut as transformers' own plans say
+        # the flatten carries a cut of the positions only where the batch is one sequence
         b = wl.batch // strategy.dp // strategy.microbatches
         _check(
-            split.get("ep") != "token" or b == 1,
+            split.get("ep") != "token" or wl.batch == 1,
             f"--ep {strategy.ep}: a traced model flattens its tokens (B*T) before routing, so ep "
-            f"cuts the batch (or one sequence's positions), and it does not divide the {b} "
+            f"cuts the batch (or a lone sequence's positions), and it does not divide the {b} "
             f"sequences a rank holds: give -b a multiple of {strategy.ep}",
         )
         seeded, notes = plan_seeds(graph, strategy.tp, strategy.ep, strategy.whole_vocab)

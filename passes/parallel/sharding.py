@@ -162,10 +162,12 @@ def local_dim(d: Dim, blocks: int, bindings: dict[str, float], where: str) -> Di
     return Dim(name, d.role, positions=d.positions)  # a block of the whole axis's range
 
 
-def _local_shape(shape: tuple[int, ...], sh: Sharding) -> tuple[int, ...]:
+def _local_shape(shape: tuple[int, ...], sh: Sharding, where: str) -> tuple[int, ...]:
     """A concrete whole shape cut as `sh` cuts its axes (the traced rows' `shape` attrs)."""
-    if not sh._axis_of or len(shape) != len(sh.axes):
+    if not sh._axis_of:
         return tuple(shape)
+    if len(shape) != len(sh.axes) or any(n % b for n, b in zip(shape, sh._blocks)):
+        raise GraphError(f"{where}: shape {tuple(shape)} does not cut as {sh.axes}")
     return tuple(n // b for n, b in zip(shape, sh._blocks))
 
 
@@ -289,7 +291,10 @@ class _SPMD:
             return
         src = self.src[a.src]
         t = self._local(a.gtype, a.sh, a.src)
-        node = self.g.add(src.op, src.name, (), {**src.attrs, "type": t})
+        attrs = {**src.attrs, "type": t}
+        if "shape" in attrs and src.op != "param":  # a traced creation's concrete shape
+            attrs["shape"] = _local_shape(attrs["shape"], a.sh, src.name)
+        node = self.g.add(src.op, src.name, (), attrs)
         node.meta["sharding"] = (a.sh,)
         a.ref = Ref(node.name)
         self.val[a.ref] = (a.ref, a.sh)
@@ -503,7 +508,7 @@ class _SPMD:
             partial = [i for i, a in enumerate(args) if m in a.sh.partial]
             if not splits and not partial:
                 return None, False
-            red = [(i, j) for i, j in splits if args[i].letters[j] in spec.reduce]
+            red = [(i, j) for i, j in splits if self._whole(spec, args[i], j, out_letters)]
             if red:
                 for i, j in red:
                     self._gather(args[i], j, m)
@@ -524,6 +529,20 @@ class _SPMD:
                 self._onto(n, spec, i, a, target, blocks, kept, rel, m)
             return target, not kept
         raise GraphError(f"{n.name} ({n.op}): no layout of its inputs over mesh axis {m}")
+
+    @staticmethod
+    def _whole(spec: Any, a: _Arg, j: int, out_letters: list[str]) -> bool:
+        """Whether input axis j must be whole: a letter the op reduces, or positions a
+        sequence op (a causal conv's window, a recurrence) reads in order into others of its
+        output (a sequence-parallel stream reaching a traced Mamba mixer no plan cuts)."""
+        x = a.letters[j]
+        if x in spec.reduce:
+            return True
+        return (
+            spec.relation is not None
+            and a.gtype.dims[j].role in TOKEN_ROLES
+            and x not in out_letters
+        )
 
     def _settle_partial(
         self,
@@ -633,7 +652,9 @@ class _SPMD:
         if "sizes" in attrs:
             attrs["sizes"] = [int(lt.dims[-1].size) for lt in local_outs]  # type: ignore[arg-type]
         if "shapes" in attrs:  # a traced op's concrete output shapes: the rank's blocks
-            attrs["shapes"] = [_local_shape(s, sh) for s, sh in zip(attrs["shapes"], out_sh)]
+            attrs["shapes"] = [
+                _local_shape(s, sh, n.name) for s, sh in zip(attrs["shapes"], out_sh)
+            ]
             attrs["shape"] = attrs["shapes"][0]
         refs = [a.ref for a in args]
         if not self.checked:  # the caller verifies the whole program after (partition)

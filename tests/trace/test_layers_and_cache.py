@@ -49,6 +49,7 @@ def test_a_second_trace_reads_the_cache(monkeypatch):
     again = traced_graph(raw, Workload(seq_len=8, past_len=4))
     assert again.print() == first.print()
     assert again.meta["stored_as"] == first.meta["stored_as"]
+    assert again.version != first.version  # read back, another graph to version-keyed caches
 
     def no_lowering(*a, **k):
         raise AssertionError("lowered again: the graph of this workload was not read")

@@ -47,10 +47,21 @@ def test_export_command_traces_and_refuses_what_it_does_not_lower(tmp_path):
     assert not (tmp_path / "h.onnx").exists()
 
 
-def test_experts_renamed_and_split_in_the_checkpoint(tmp_path):
-    # Mixtral's checkpoint keeps block_sparse_moe.experts.{e}.w1/w3/w2: renamed, and one
-    # tensor an expert and a projection where the model holds one gate_up_proj
-    raw = dict(FAMILIES["moe"], model_type="mixtral", num_local_experts=4)
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # Mixtral's checkpoint keeps block_sparse_moe.experts.{e}.w1/w3/w2: renamed, and one
+        # tensor an expert and a projection where the model holds one gate_up_proj
+        dict(FAMILIES["moe"], model_type="mixtral", num_local_experts=4),
+        dict(FAMILIES["moe"], model_type="olmoe"),
+        # DeepSeek-V3's MoE layer beside its latent attention, with a shared expert
+        dict(
+            FAMILIES["mla"], first_k_dense_replace=1, n_shared_experts=1, moe_intermediate_size=16
+        ),
+    ],
+    ids=lambda raw: raw["model_type"],
+)
+def test_experts_renamed_and_split_in_the_checkpoint(tmp_path, raw):
     decode, prefill = onnx_against_transformers(raw, tmp_path)
     assert decode < 2e-5 and prefill < 2e-5, (decode, prefill)
 

@@ -42,11 +42,16 @@ QWEN3_MOE = dict(
         ("moe", dict(tp=2, ep=2, pp=2)),
         ("mla", dict(tp=2)),
         ("linear_attention", dict(tp=2)),
+        # Nemotron-H's plan cuts its attention only: the Mamba mixer takes the sp stream whole
+        ("mamba2", dict(tp=2, sp=True)),
+        ("moe", dict(dp=2, ep=2)),
+        ("moe", dict(microbatches=2, ep=2)),
     ],
 )
 @pytest.mark.parametrize("past", [0, 4])
 def test_every_rank_equals_one_device(family, layout, past):
-    wl = Workload(past_len=past, **FP32)
+    batch = 2 * layout.get("dp", 1) * layout.get("microbatches", 1)
+    wl = Workload(past_len=past, **dict(FP32, batch=batch))
     g = traced_graph(FAMILIES[family], wl, values=True)
     check = check_partition(g, partition(g, Strategy(**layout)))
     assert check.agrees(), check.differences(3)
@@ -131,10 +136,11 @@ def test_ep_cuts_one_sequence_on_its_positions():
     assert check_partition(g, local).agrees()
 
 
-def test_ep_needs_a_batch_it_divides():
+@pytest.mark.parametrize("batch, layout", [(3, dict(ep=2)), (2, dict(dp=2, ep=2))])
+def test_ep_needs_a_batch_it_divides(batch, layout):
     # several sequences flattened: a cut of their positions is no block of the flat tokens
-    with pytest.raises(ConfigError, match="does not divide the 3 sequences"):
-        partition(traced_graph(QWEN3_MOE, Workload(batch=3, seq_len=8)), Strategy(ep=2))
+    with pytest.raises(ConfigError, match="flattens its tokens"):
+        partition(traced_graph(QWEN3_MOE, Workload(batch=batch, seq_len=8)), Strategy(**layout))
 
 
 def test_a_style_graphllm_does_not_model_is_named():
@@ -142,6 +148,22 @@ def test_a_style_graphllm_does_not_model_is_named():
     g.meta["tp_plan"] = dict(g.meta["tp_plan"], **{"model.layers.*.mlp": "mystery_style"})
     with pytest.raises(ConfigError, match="mystery_style"):
         partition(g, Strategy(tp=2))
+
+
+def test_cli_refuses_what_a_traced_model_cannot_give(tmp_path):
+    path = tmp_path / "mla.json"
+    path.write_text(json.dumps(FAMILIES["mla"]))
+    runner = CliRunner()
+    base = ["partition", "--config", str(path), "--frontend", "traced", "--tp", "2"]
+    for extra, says in [
+        (["-t", "1", "--past-len", "8"], "give --mla naive"),
+        (["--mla", "absorbed"], "--mla absorbed"),
+        (["--mtp"], "--mtp"),
+    ]:
+        got = runner.invoke(main, [*base, *extra])
+        assert got.exit_code == 2 and says in got.output, got.output
+    got = runner.invoke(main, [*base, "-t", "1", "--past-len", "8", "--mla", "naive"])
+    assert got.exit_code == 0, got.output
 
 
 def test_cli_partition_and_verify(tmp_path):
