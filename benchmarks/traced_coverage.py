@@ -119,8 +119,10 @@ TINY_FOR = {
     "mamba2": {"head_dim": 32},  # heads x head_dim = hidden x expand
     "bamba": {"attn_layer_indices": [1]},
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
-    "zamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
-    "zamba2": {"hybrid_layer_ids": [1], "mamba_headdim": 16},
+    # two hybrid layers: their shared transformer block is one module that both run (a single
+    # hybrid layer leaves transformers' weight tying with nothing to tie)
+    "zamba": {"layers_block_type": ["linear_attention", "hybrid"] * 2},
+    "zamba2": {"layers_block_type": ["linear_attention", "hybrid"] * 2},
     "granitemoehybrid": {"layer_types": ["mamba", "attention", "mamba", "mamba"]},
     "dots3_note": {"num_key_value_heads": 4},
     "dots3_note_text": {"num_key_value_heads": 4},
@@ -128,6 +130,16 @@ TINY_FOR = {
     "lfm2_moe": {"layer_types": ["conv", "full_attention", "conv", "full_attention"]},
     "gemma3n": {"num_kv_shared_layers": 0},
     "gemma3n_text": {"num_kv_shared_layers": 0},
+    # the class's defaults leave rope_parameters empty, which its rotary module reads per layer type
+    "cohere_compass_text": {
+        "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    },
+    # nested sub-configs, which the shared sizes do not reach; the attention reads rope_theta
+    # from attn_config, where the published configs (dbrx-instruct) hold it
+    "dbrx": {
+        "attn_config": {"kv_n_heads": 2, "clip_qkv": 8.0, "rope_theta": 500000.0},
+        "ffn_config": {"ffn_hidden_size": 96, "moe_num_experts": 4, "moe_top_k": 2},
+    },
 }
 
 

@@ -17,7 +17,7 @@ from graphllm.errors import ConfigError
 from graphllm.ir import CACHE, STATE
 from graphllm.trace.capture import Recording, recorder_modes
 from graphllm.trace.kernels import kernel_units
-from graphllm.trace.layers import replaying, representatives
+from graphllm.trace.layers import Looped, replaying, representatives
 from graphllm.trace.symbolic import Point
 from graphllm.trace.units import lifting, norm_units
 
@@ -28,6 +28,14 @@ _CACHE_NAMES = {"keys": "key", "values": "value"}
 
 def record(model: Any, point: Point) -> Recording:
     """The forward of `model` at `point` as a Recording."""
+    try:
+        return _record(model, point)
+    except Looped:  # a looped model: every layer records each of its calls
+        model._graphllm_layer_kinds = {}
+        return _record(model, point)
+
+
+def _record(model: Any, point: Point) -> Recording:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -74,7 +82,7 @@ def record(model: Any, point: Point) -> Recording:
                 _tensor_attributes(model, mode, box, attributes),
             ):
                 out = torch.func.functional_call(model, tensors, (), kwargs, strict=False)
-        except ConfigError:
+        except (ConfigError, Looped):
             raise
         except Exception as e:  # the model's own code failed on fake tensors: say where
             raise ConfigError(_failure(e, box.scope)) from None

@@ -48,16 +48,23 @@ def signature(module: Any) -> tuple:
     return tuple(parts), params
 
 
+class Looped(Exception):
+    """A layer ran a second time in one forward (a looped model's, HRM's): what a call of it
+    reads and writes (its cache entry) depends on the call, so no layer may stand for another."""
+
+
 def representatives(model: Any) -> dict[str, str]:
     """Each repeating decoder layer's path -> the path of the first layer of its kind (found
     once a model: every probe of it asks)."""
     known = getattr(model, "_graphllm_layer_kinds", None)
     if known is not None:
         return known
+    layers = {path: m for path, m in model.named_modules() if _LAYER.match(path)}
+    shared = _sharing(layers)
     first: dict[tuple, str] = {}
     out: dict[str, str] = {}
-    for path, module in model.named_modules():
-        if not _LAYER.match(path):
+    for path, module in layers.items():
+        if path in shared:
             continue
         sig = signature(module)
         rep = first.setdefault(sig, path)
@@ -65,6 +72,18 @@ def representatives(model: Any) -> dict[str, str]:
             out[path] = rep
     model._graphllm_layer_kinds = out
     return out
+
+
+def _sharing(layers: dict[str, Any]) -> set[str]:
+    """The layers that hold a parameter another layer holds too (Zamba's shared transformer
+    block, tied into every hybrid layer): each runs itself, reading the one tensor, and picks
+    its own adapters by its index, so none repeats another."""
+    holders: dict[int, set[str]] = {}
+    for path, m in layers.items():
+        for p in m.parameters():
+            holders.setdefault(id(p), set()).add(path)
+    top = {p for p in layers if not any(p.startswith(q + ".") for q in layers)}
+    return {p for paths in holders.values() if len(paths & top) > 1 for p in paths}
 
 
 @contextmanager
@@ -76,7 +95,7 @@ def replaying(model: Any, box: Any) -> Iterator[None]:
     reps = representatives(model)
     modules = dict(model.named_modules())
     handles = []
-    box.layers = {}
+    box.layers, box.replayed = {}, set()
     for rep in set(reps.values()):
         handles += _note(modules[rep], rep, box, torch)
     for path, rep in reps.items():
@@ -102,6 +121,8 @@ def _tensors(x: Any, torch: Any) -> list[Any]:
 
 def _note(module: Any, path: str, box: Any, torch: Any) -> list[Any]:
     def pre(mod: Any, args: Any, kwargs: Any) -> None:
+        if path in box.layers:
+            raise Looped(path)
         ins = [box.ids[id(t)] for t in _tensors((args, kwargs), torch) if id(t) in box.ids]
         box.layers[path] = {"start": len(box.rec.events), "ins": ins}
 
@@ -119,6 +140,9 @@ def _note(module: Any, path: str, box: Any, torch: Any) -> list[Any]:
 
 def _replay(path: str, rep: str, box: Any, torch: Any) -> Any:
     def forward(*args: Any, **kwargs: Any) -> Any:
+        if path in box.replayed:
+            raise Looped(path)
+        box.replayed.add(path)
         note = box.layers.get(rep)
         if note is None or "end" not in note:
             raise ConfigError(f"{path} repeats {rep}, which has not run before it")
