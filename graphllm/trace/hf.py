@@ -94,7 +94,11 @@ def causal_lm(cfg: Any, values: bool, dtype: str) -> Any:
     from transformers import AutoModelForCausalLM
 
     register_attention()
-    cfg._attn_implementation = ATTENTION
+    # a model that picks its attention classes by the implementation's name (GPT-Neo, GIT)
+    # takes no registered function: it is built with its eager attention, recorded op by op
+    # (the own-attention case), and its masks still come from graphllm's mask function
+    own = not _supports_attention_backend(cfg)
+    cfg._attn_implementation = "eager" if own else ATTENTION
     if hasattr(cfg, "_experts_implementation"):
         # graphllm's experts (graphllm.trace.capture): routed experts onto graphllm's MoE rows
         # where it has them, else transformers' batched matmuls, traceable at any dtype (the
@@ -109,7 +113,18 @@ def causal_lm(cfg: Any, values: bool, dtype: str) -> Any:
         raise ConfigError(
             f"transformers cannot build this {cfg.model_type} model: {str(e).splitlines()[0]}"
         ) from None
+    if own:
+        model.config._attn_implementation = ATTENTION
     return model.eval()
+
+
+def _supports_attention_backend(cfg: Any) -> bool:
+    """Whether the causal-LM class of `cfg` calls the attention function registered under the
+    config's implementation name (transformers' `_supports_attention_backend`)."""
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    cls = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(cfg), None)
+    return cls is None or bool(getattr(cls, "_supports_attention_backend", False))
 
 
 def _floats(x: Any) -> Any:

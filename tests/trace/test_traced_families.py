@@ -160,3 +160,24 @@ def test_a_model_that_applies_its_mask_itself():
     assert len(masks) == 2 and all(n.attrs == {"causal": True, "window": None} for n in masks)
     mixing = sorted(c.results["tokens"].to_dict()["mixing_ops"])
     assert [m.split("[")[0] for m in mixing] == ["aten._softmax", "aten.bmm"]
+
+
+def test_a_model_that_picks_its_attention_class_by_name():
+    """GPT-Neo keys its attention classes by the implementation's name, so it takes no
+    registered function: it is built with its eager attention, recorded op by op, its local
+    layers' window read from the mask function graphllm's mask interface receives."""
+    raw = dict(
+        model_type="gpt_neo",
+        vocab_size=96,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        attention_types=[[["global", "local"], 1]],
+        window_size=3,
+        intermediate_size=64,
+        max_position_embeddings=512,
+    )
+    c = check_traced(raw, P)
+    assert c.params == c.results["params"].total
+    assert c.results["cost"].flops["matmul"] == c.flops
+    assert np.abs(c.logits - c.want).max() < 1e-4
