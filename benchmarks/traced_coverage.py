@@ -134,6 +134,8 @@ TINY_FOR = {
     "cohere_compass_text": {
         "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}
     },
+    # its rotary tables' width, a field of its own that published configs set to qk_rope_head_dim
+    "longcat_flash": {"head_dim": 8},
     # nested sub-configs, which the shared sizes do not reach; the attention reads rope_theta
     # from attn_config, where the published configs (dbrx-instruct) hold it
     "dbrx": {

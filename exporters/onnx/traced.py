@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from onnx import helper
+from onnx import TensorProto, helper
 
 from graphllm.errors import GraphllmError
 from graphllm.exporters.onnx.lowering import FALLBACKS, ONNX_TYPES, Lowering, lowers
@@ -218,6 +218,23 @@ def _expm1(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("Sub", [c.op("Exp", [i[0]], n.name), c.const(1.0, c.dtype)], n, o)
 
 
+@_kinds("log_sigmoid")
+def _log_sigmoid(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    """log(sigmoid(x)) = -softplus(-x), which stays finite where sigmoid underflows."""
+    softplus = c.op("Softplus", [c.op("Neg", [i[0]], n.name)], n.name)
+    c.final("Neg", [softplus], n, o)
+
+
+@_kinds("floor_divide")
+def _floor_divide(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    """torch rounds the quotient down, ONNX's integer Div toward zero: the quotient floored in
+    double (exact for integers below 2^53), cast back to the result's type."""
+    a, b = (c.op("Cast", [x], n.name, to=TensorProto.DOUBLE) for x in _operands(c, n, i, 2))
+    floor = c.op("Floor", [c.op("Div", [a, b], n.name)], n.name)
+    dt = n.outputs[0].dtype
+    c.final("Cast", [floor], n, o, to=ONNX_TYPES[dt if dt in _INTS else c.dtype])
+
+
 @_kinds("silu")
 def _silu(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("Mul", [i[0], c.op("Sigmoid", [i[0]], n.name)], n, o)
@@ -237,7 +254,7 @@ def _clamp(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     hi = (
         args[2] if kind == "clamp" and len(args) > 2 else (args[1] if kind == "clamp_max" else None)
     )
-    bounds = [c.const(v, c.dtype) if v is not None else "" for v in (lo, hi)]
+    bounds = [c.const(v, _dtype(c, n)) if v is not None else "" for v in (lo, hi)]
     c.final("Clip", [i[0], *bounds], n, o)
 
 
@@ -291,6 +308,7 @@ GENERIC.update(
     sum=_reduction("ReduceSum"),
     amax=_reduction("ReduceMax"),
     amin=_reduction("ReduceMin"),
+    logsumexp=_reduction("ReduceLogSumExp"),
 )
 
 

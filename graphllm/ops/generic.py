@@ -107,6 +107,13 @@ def _reduce(fn: Callable[..., np.ndarray]) -> Impl:
     return impl
 
 
+def _logsumexp(x: np.ndarray, axis: Any, keepdims: bool) -> np.ndarray:
+    m = np.max(x, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)  # a row of -inf sums to -inf, not nan
+    out = np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True)) + m
+    return out if keepdims else np.squeeze(out, axis=axis)
+
+
 def _vector_norm(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     """linalg_vector_norm(x, ord, dim, keepdim): the ord-norm over `dim`."""
     x, order = f32(xs[0]), _scalar(a, 1, 2)
@@ -326,6 +333,7 @@ ATEN: dict[str, tuple[str, Impl]] = {
     "rsub": (ELEMENTWISE, _binary(lambda x, y: y - x)),
     "mul": (ELEMENTWISE, _binary(np.multiply)),
     "div": (ELEMENTWISE, _binary(np.divide)),
+    "floor_divide": (ELEMENTWISE, _binary(np.floor_divide)),
     "maximum": (ELEMENTWISE, _binary(np.maximum)),
     "minimum": (ELEMENTWISE, _binary(np.minimum)),
     "eq": (ELEMENTWISE, _binary(np.equal)),
@@ -355,6 +363,7 @@ ATEN: dict[str, tuple[str, Impl]] = {
     "relu": (ELEMENTWISE, _unary(lambda x: np.maximum(x, 0))),
     "gelu": (ELEMENTWISE, _gelu),
     "softplus": (ELEMENTWISE, _unary(lambda x: np.logaddexp(0, x))),
+    "log_sigmoid": (ELEMENTWISE, _unary(lambda x: -np.logaddexp(0, -x))),
     "erf": (ELEMENTWISE, _unary(_erf)),
     "cos": (ELEMENTWISE, _unary(np.cos)),
     "sin": (ELEMENTWISE, _unary(np.sin)),
@@ -375,6 +384,7 @@ ATEN: dict[str, tuple[str, Impl]] = {
     "sum": (REDUCTION, _reduce(np.sum)),
     "amax": (REDUCTION, _reduce(np.max)),
     "amin": (REDUCTION, _reduce(np.min)),
+    "logsumexp": (REDUCTION, _reduce(_logsumexp)),
     "linalg_vector_norm": (REDUCTION, _vector_norm),
     "any": (REDUCTION, _reduce(np.any)),
     "all": (REDUCTION, _reduce(np.all)),

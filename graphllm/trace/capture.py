@@ -108,7 +108,10 @@ def _attention(module: Any, query: Any, key: Any, value: Any, attention_mask: An
         "softcap": kw.get("softcap"),
         "is_causal": getattr(module, "is_causal", True),
     }
-    rec.unit("attention", (query, key, value, attention_mask, sinks), attrs, (out,))
+    # a bias added to the scaled scores before the mask (Inkling's relative-position logits)
+    bias = kw.get("position_bias")
+    ins = (query, key, value, attention_mask, sinks) + ((bias,) if bias is not None else ())
+    rec.unit("attention", ins, attrs, (out,))
     return out, None
 
 

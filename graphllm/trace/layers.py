@@ -99,7 +99,8 @@ def replaying(model: Any, box: Any) -> Iterator[None]:
     for rep in set(reps.values()):
         handles += _note(modules[rep], rep, box, torch)
     for path, rep in reps.items():
-        modules[path].forward = _replay(path, rep, box, torch)
+        slots = _slots(modules[rep], modules[path])
+        modules[path].forward = _replay(path, rep, slots, box, torch)
     try:
         yield
     finally:
@@ -138,7 +139,19 @@ def _note(module: Any, path: str, box: Any, torch: Any) -> list[Any]:
     ]
 
 
-def _replay(path: str, rep: str, box: Any, torch: Any) -> Any:
+def _slots(rep: Any, repeat: Any) -> dict[str, str]:
+    """The cache entries of `rep`'s modules -> those of `repeat`'s, by the index each module
+    keeps its cache under (`layer_idx`): a layer may hold several (LongCat-Flash's two
+    attentions a layer use entries 2i and 2i + 1)."""
+    out = {}
+    for (_, a), (_, b) in zip(rep.named_modules(), repeat.named_modules()):
+        i, j = getattr(a, "layer_idx", None), getattr(b, "layer_idx", None)
+        if isinstance(i, int) and isinstance(j, int):
+            out[str(i)] = str(j)
+    return out
+
+
+def _replay(path: str, rep: str, slots: dict[str, str], box: Any, torch: Any) -> Any:
     def forward(*args: Any, **kwargs: Any) -> Any:
         if path in box.replayed:
             raise Looped(path)
@@ -153,7 +166,13 @@ def _replay(path: str, rep: str, box: Any, torch: Any) -> Any:
             out = _like(note["structure"], torch)
         outs = tuple(box.number(t) for t in _tensors(out, torch))
         box.rec.events.append(
-            Event("replay", tuple(Val(v) for v in ins), {"of": rep, "as": path}, outs, path)
+            Event(
+                "replay",
+                tuple(Val(v) for v in ins),
+                {"of": rep, "as": path, "slots": slots},
+                outs,
+                path,
+            )
         )
         return out
 
@@ -213,7 +232,7 @@ class _Copy:
         self, rec: Recording, shapes: dict, ev: Event, note: dict, by_name: dict, fresh: list[int]
     ) -> None:
         self.rec, self.shapes, self.by_name, self.fresh = rec, shapes, by_name, fresh
-        self.names = _Renamer(ev.kwargs["of"], ev.kwargs["as"])
+        self.names = _Renamer(ev.kwargs["of"], ev.kwargs["as"], ev.kwargs.get("slots") or {})
         self.vmap = dict(zip(note["ins"], (v.vid for v in ev.args)))
         self.vmap.update(zip(note["outs"], ev.outs))
         self.inside = {o for e in rec.events[note["start"] : note["end"]] for o in e.outs}
@@ -242,9 +261,10 @@ class _Copy:
 class _Renamer:
     """Names under a representative layer -> the same names under its repeat."""
 
-    def __init__(self, rep: str, path: str) -> None:
+    def __init__(self, rep: str, path: str, slots: dict[str, str]) -> None:
         self.rep, self.path = rep, path
-        self.rep_i, self.path_i = rep.rsplit(".", 1)[-1], path.rsplit(".", 1)[-1]
+        # the cache entries by the modules' own indices; else the layers' positions
+        self.slots = slots or {rep.rsplit(".", 1)[-1]: path.rsplit(".", 1)[-1]}
 
     def name(self, name: str) -> str:
         if name == self.rep or name.startswith(self.rep + "."):
@@ -254,8 +274,8 @@ class _Renamer:
     def cache(self, name: str) -> str:
         """past_key_values.{r}.key -> past_key_values.{i}.key (present. the same)."""
         parts = name.split(".")
-        if len(parts) > 2 and parts[1] == self.rep_i and parts[0] in ("past_key_values", "present"):
-            parts[1] = self.path_i
+        if len(parts) > 2 and parts[1] in self.slots and parts[0] in ("past_key_values", "present"):
+            parts[1] = self.slots[parts[1]]
         return ".".join(parts)
 
 

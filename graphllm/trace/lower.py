@@ -238,7 +238,7 @@ class _Lowering:
         self.out(ev, self.g.add(op, name, ins, {}))
 
     def attention(self, ev: Event) -> None:
-        q, k, v, mask, sinks = ev.args
+        q, k, v, mask, sinks, *bias = ev.args
         a = ev.kwargs
         p = f"{ev.scope}.core" if ev.scope else "attention"
         base, i = p, 1
@@ -265,6 +265,8 @@ class _Lowering:
         s = g.add("mul_const", f"{p}.scale", (s,), {"value": float(scale)})
         if a.get("softcap"):
             s = g.add("softcap", f"{p}.softcap", (s,), {"cap": float(a["softcap"])})
+        if bias:
+            s = g.add("add", f"{p}.position_bias", (s, self.ref(bias[0].vid)))
         s = g.add("mask", f"{p}.mask", (s,), relation)
         if sinks is not None:
             s = g.add("softmax_sink", f"{p}.softmax", (s, self.ref(sinks.vid)))
@@ -282,6 +284,8 @@ class _Lowering:
             kind = kind[:-1]  # in place: its result is a new tensor here
         if kind in ("max", "min") and len(ev.outs) == 1:  # max.default: over every axis
             kind, args = f"a{kind}", (args[0], None, False)
+        if kind == "log_sigmoid_forward":  # its second output is scratch for the backward
+            kind, ev = "log_sigmoid", Event(ev.op, ev.args, ev.kwargs, ev.outs[:1], ev.scope)
         vals = _vals(args)
         if kind == "cat":  # an empty start (a cache's first keys) adds nothing
             vals = [v for v in vals if 0 not in self.rec.shapes[v.vid]]

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("transformers")
 from graphllm.trace.recurrences import reference_conv_flops
-from tests.support.traced import FAMILIES, P, check_traced
+from tests.support.traced import FAMILIES, MLA, TINY, P, check_traced
 
 
 @pytest.mark.parametrize("past", [0, P], ids=["prefill", "decode"])
@@ -180,4 +180,54 @@ def test_a_model_that_picks_its_attention_class_by_name():
     c = check_traced(raw, P)
     assert c.params == c.results["params"].total
     assert c.results["cost"].flops["matmul"] == c.flops
+    assert np.abs(c.logits - c.want).max() < 1e-4
+
+
+INKLING = dict(
+    TINY,
+    model_type="inkling_text",
+    swa_num_attention_heads=4,
+    swa_num_key_value_heads=2,
+    swa_head_dim=8,
+    sliding_window_size=64,
+    d_rel=4,
+    rel_extent=16,
+    layer_types=["hybrid_sliding", "hybrid"],
+    mlp_layer_types=["sparse", "sparse"],
+    moe_intermediate_size=16,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    n_shared_experts=1,
+)
+
+
+def test_a_position_bias_the_attention_function_is_given():
+    """Inkling hands its attention function relative-position logits (position_bias), added to
+    the scaled scores; its router reads log_sigmoid and logsumexp."""
+    c = check_traced(INKLING, P)
+    biased = [n for n in c.graph.nodes() if n.name.endswith("core.position_bias")]
+    assert len(biased) == 2
+    assert "model.layers.0.self_attn.r_proj" in c.graph  # the bias's projection is read
+    assert c.results["cost"].flops["matmul"] == c.flops
+    assert np.abs(c.logits - c.want).max() < 1e-4
+
+
+def test_a_layer_with_two_attentions_keeps_two_cache_entries():
+    """LongCat-Flash's layer i attends twice, through cache entries 2i and 2i + 1: the second
+    layer, a replay of the first, reads and writes entries 2 and 3. Its zero experts spread
+    their tokens with a floor division."""
+    raw = dict(
+        {k: v for k, v in MLA.items() if k != "num_hidden_layers"},  # its attentions': 2 a layer
+        model_type="longcat_flash",
+        num_layers=2,
+        ffn_hidden_size=64,
+        expert_ffn_hidden_size=16,
+        moe_topk=2,
+        zero_expert_num=2,
+        head_dim=4,
+    )
+    c = check_traced(raw, P)
+    inputs = {n.name for n in c.graph.nodes("input")}
+    assert {f"past_key_values.{i}.key" for i in range(4)} <= inputs
+    assert {f"present.{i}.value" for i in range(4)} <= set(c.graph.outputs)
     assert np.abs(c.logits - c.want).max() < 1e-4
