@@ -483,13 +483,15 @@ def _moe_sum(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
 
 
 # -- gpt-oss -------------------------------------------------------------------------
-@lowers("softmax_sink")
+@lowers("softmax_sink", "softmax_token_sink")
 def _softmax_sink(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     # the sink joins each row's max and denominator; a padding query (every key at the lowest
     # finite value) puts all its mass on the sink, so its probabilities are 0, not NaN
     s = n.name
     x = c.cast(i[0], c.dtype, "fp32", s)
-    sink = c.op("Reshape", [c.cast(i[1], c.dtype, "fp32", s), c.const([1, -1, 1, 1])], s)
+    sink = c.cast(i[1], c.dtype, "fp32", s)  # (B, H, T, 1) a query's, or (H,) a head's
+    if n.op == "softmax_sink":
+        sink = c.op("Reshape", [sink, c.const([1, -1, 1, 1])], s)
     m = c.op("Max", [c.op("ReduceMax", [x, c.const([-1])], s, keepdims=1), sink], s)
     e = c.op("Exp", [c.op("Sub", [x, m], s)], s)
     den = c.op("ReduceSum", [e, c.const([-1])], s, keepdims=1)

@@ -268,8 +268,10 @@ class _Lowering:
         if bias:
             s = g.add("add", f"{p}.position_bias", (s, self.ref(bias[0].vid)))
         s = g.add("mask", f"{p}.mask", (s,), relation)
-        if sinks is not None:
-            s = g.add("softmax_sink", f"{p}.softmax", (s, self.ref(sinks.vid)))
+        if sinks is not None:  # a sink logit a head, or one each query computes
+            sink = self.ref(sinks.vid)
+            op = "softmax_sink" if g.type_of(sink).rank == 1 else "softmax_token_sink"
+            s = g.add(op, f"{p}.softmax", (s, sink))
         else:
             s = g.add("softmax", f"{p}.softmax", (s,))
         o = g.add("pv", f"{p}.pv", (s, vr))
