@@ -124,7 +124,12 @@ TINY_FOR = {
     "zamba": {"layers_block_type": ["linear_attention", "hybrid"] * 2},
     "zamba2": {"layers_block_type": ["linear_attention", "hybrid"] * 2},
     "granitemoehybrid": {"layer_types": ["mamba", "attention", "mamba", "mamba"]},
-    "dots3_note": {"num_key_value_heads": 4},
+    # (and its vision and audio adapters' output width, which it checks against the text's)
+    "dots3_note": {
+        "num_key_value_heads": 4,
+        "vision_config": {"adapter_out_dim": 64},
+        "audio_config": {"adapter_out_dim": 64},
+    },
     "dots3_note_text": {"num_key_value_heads": 4},
     "zaya": {"num_experts_per_tok": 1},
     "lfm2_moe": {"layer_types": ["conv", "full_attention", "conv", "full_attention"]},
@@ -134,6 +139,30 @@ TINY_FOR = {
     "cohere_compass_text": {
         "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}
     },
+    # its causal LM refuses a config that is not a decoder's (the class's default is not)
+    # (and its axial position embeddings' widths sum to the hidden size)
+    "reformer": {"is_decoder": True, "axial_pos_embds_dim": [16, 48]},
+    # nested sub-configs the shared sizes do not reach (the defaults' hash embeddings alone
+    # hold 3e9 parameters)
+    "blt": {
+        "encoder_hash_byte_group_vocab": 64,
+        **{
+            f"{part}_config": {"num_attention_heads": 4, "head_dim": 16, "intermediate_size": 96}
+            | {"hidden_size": 64, "num_hidden_layers": 2}
+            | ({"hidden_size_global": 64} if part in ("encoder", "decoder") else {})
+            for part in ("patcher", "encoder", "decoder", "global")
+        },
+    },
+    # its indexer's heads: at most the query heads a key head serves (4 / 2)
+    "kolibri1_1": {"index_num_heads": 2},
+    # its full-attention layers are always indexed (QSA), whose sizes have no defaults
+    "qwen4_exp_text": {
+        "indexer_n_heads": 2,
+        "indexer_kv_heads": 1,
+        "indexer_head_dim": 16,
+        "indexer_budget": 32,
+        "indexer_compress_ratio": 4,
+    },
     # its rotary tables' width, a field of its own that published configs set to qk_rope_head_dim
     "longcat_flash": {"head_dim": 8},
     # nested sub-configs, which the shared sizes do not reach; the attention reads rope_theta
@@ -141,6 +170,19 @@ TINY_FOR = {
     "dbrx": {
         "attn_config": {"kv_n_heads": 2, "clip_qkv": 8.0, "rope_theta": 500000.0},
         "ffn_config": {"ffn_hidden_size": 96, "moe_num_experts": 4, "moe_top_k": 2},
+    },
+}
+
+
+# what a config class needs beside its defaults to validate at all
+REQUIRED_FOR = {
+    "gemma4_assistant": {
+        "text_config": {
+            "hidden_size_per_layer_input": 0,
+            "vocab_size_per_layer_input": 0,
+            "enable_moe_block": False,
+            "use_double_wide_mlp": False,
+        }
     },
 }
 
@@ -158,7 +200,9 @@ def tiny_config(model_type: str) -> dict[str, Any]:
     from transformers import CONFIG_MAPPING
 
     cls = CONFIG_MAPPING[model_type]
-    default = cls().to_dict()
+    # the class's defaults, with what its own rules need beside them where its defaults alone
+    # do not validate (Gemma 4's assistant: a text decoder without per-layer inputs)
+    default = cls(**REQUIRED_FOR.get(model_type, {})).to_dict()
     stored = getattr(cls, "attribute_map", {})  # hidden_size -> n_embd, ...
     raw = {stored.get(k, k): v for k, v in TINY.items() if stored.get(k, k) in default}
     if "qk_rope_head_dim" in default:  # MLA: the head width is its parts', every head its KV
@@ -180,6 +224,8 @@ def tiny_config(model_type: str) -> dict[str, Any]:
             if isinstance(text.get(k), int):
                 raw["text_config"][k] = 0
         raw["text_config"] |= TINY_FOR.get(text.get("model_type", ""), {})
+    for k, v in REQUIRED_FOR.get(model_type, {}).items():
+        raw[k] = raw[k] | v if isinstance(v, dict) and isinstance(raw.get(k), dict) else v
     raw["model_type"] = model_type
     return raw
 

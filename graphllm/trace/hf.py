@@ -71,6 +71,7 @@ def hf_config(raw: dict[str, Any]) -> Any:
             f"model_type {model_type!r} is an encoder (bidirectional unless is_decoder is set): "
             "graphllm models decoder-only causal language models"
         )
+    _refuse_drafter(cfg)
     text = getattr(cfg, "text_config", None)
     if text is None:  # a wrapper's text config class holds its family's sizes as defaults
         _require_sizes(raw, cfg)
@@ -116,6 +117,21 @@ def causal_lm(cfg: Any, values: bool, dtype: str) -> Any:
     if own:
         model.config._attn_implementation = ATTENTION
     return model.eval()
+
+
+def _refuse_drafter(cfg: Any) -> None:
+    """A speculative-decoding drafter (Gemma 4's assistant) runs on its target model's
+    embeddings and KV states (`shared_kv_states`): no forward of its own to trace."""
+    import inspect
+
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    cls = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(cfg), None)
+    if cls is not None and "shared_kv_states" in inspect.signature(cls.forward).parameters:
+        raise ConfigError(
+            f"model_type {cfg.model_type!r} is a drafter that attends to its target model's KV "
+            "states (shared_kv_states), not a causal LM that runs on its own"
+        )
 
 
 def _supports_attention_backend(cfg: Any) -> bool:

@@ -55,3 +55,10 @@ def test_a_mask_no_layer_reads_is_not_read():
     g = traced_graph(raw, Workload(batch=2, seq_len=5))
     masks = [n.attrs for n in g.nodes() if n.op == "mask"]
     assert masks and all(m == {"causal": True, "window": None} for m in masks)
+
+
+def test_a_drafter_that_reads_its_targets_kv_states_is_refused():
+    # Gemma 4's assistant runs on its target model's embeddings and KV states: building its
+    # text decoder alone would trace a model that is not the one asked for
+    with pytest.raises(ConfigError, match="drafter that attends to its target model's KV"):
+        hf_config({"model_type": "gemma4_unified_assistant"})
