@@ -131,7 +131,8 @@ def _fitted(cfg: Any, points: tuple, dtype: str, values: bool) -> Fitted:
 
 def _refuse_unread(model: Any, read: set[str]) -> None:
     """A model whose text forward leaves some of its weights unread (an image encoder, a
-    cross-attention to one) is more than the graph would hold: refused, naming them."""
+    cross-attention to one, XLNet's segment embeddings) is more than the graph would hold:
+    refused, naming them."""
     unread = {n: p.numel() for n, p in model.named_parameters() if n not in read}
     if not unread:
         return
@@ -146,8 +147,8 @@ def _refuse_unread(model: Any, read: set[str]) -> None:
     named = ", ".join(tops[:3]) + (f" and {len(tops) - 3} more" if len(tops) > 3 else "")
     raise ConfigError(
         f"the model's text forward never reads {sum(unread.values())} of its parameters "
-        f"({named or ', '.join(list(unread)[:3])}): another modality's encoder or a "
-        "cross-attention to one, which graphllm does not model"
+        f"({named or ', '.join(list(unread)[:3])}): what runs only on inputs graphllm does "
+        "not model (another modality's encoder, a cross-attention to one, segment embeddings)"
     )
 
 
