@@ -163,6 +163,16 @@ TINY_FOR = {
         "indexer_budget": 32,
         "indexer_compress_ratio": 4,
     },
+    # the head's rows (the checkpoint's unpadded vocabulary), fewer than the embedding's
+    "inkling2_text": {"unpadded_vocab_size": 120},
+    # (and a layer before, two in and one after its loop, as the published 6 / 12 / 6 in blocks
+    # of six, here in blocks of one: the defaults' loop starts past a tiny model's last layer)
+    "inkling2_loop_text": {
+        "unpadded_vocab_size": 120,
+        "n_layers_per_attn_res_block": 1,
+        "loop_layer_index_start": 1,
+        "loop_layer_index_end": 3,
+    },
     # its rotary tables' width, a field of its own that published configs set to qk_rope_head_dim
     "longcat_flash": {"head_dim": 8},
     # nested sub-configs, which the shared sizes do not reach; the attention reads rope_theta

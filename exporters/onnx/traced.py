@@ -235,6 +235,26 @@ def _floor_divide(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("Cast", [floor], n, o, to=ONNX_TYPES[dt if dt in _INTS else c.dtype])
 
 
+@_kinds("unfold")
+def _unfold(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    """The windows of K along `dim` (step 1, as the trace takes it): a Gather of the rows
+    start + 0..K-1 for each start, the window's axis then moved last, where torch puts it."""
+    rank = c.graph.type_of(n.inputs[0]).rank
+    dim, size = n.attrs["args"][1] % rank, n.attrs["args"][2]
+    s = n.name
+    length = c.op("Shape", [i[0]], s, start=dim, end=dim + 1)
+    count = c.op("Squeeze", [c.op("Sub", [length, c.const([size - 1])], s)], s)
+    starts = c.op("Range", [c.const(0), count, c.const(1)], s)
+    rows = c.op("Unsqueeze", [starts, c.const([1])], s)
+    index = c.op("Add", [rows, c.const(np.arange(size)[None, :])], s)  # (windows, K)
+    if dim == rank - 1:
+        c.final("Gather", [i[0], index], n, o, axis=dim)
+        return
+    gathered = c.op("Gather", [i[0], index], s, axis=dim)
+    perm = [a for a in range(rank + 1) if a != dim + 1] + [dim + 1]
+    c.final("Transpose", [gathered], n, o, perm=perm)
+
+
 @_kinds("silu")
 def _silu(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("Mul", [i[0], c.op("Sigmoid", [i[0]], n.name)], n, o)

@@ -316,6 +316,20 @@ def _pad(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     return np.pad(x, width, constant_values=_scalar(a, 2, 0))
 
 
+def _unfold(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    """unfold(x, dim, size, step): the windows of `size` along `dim`, `step` apart, each
+    window's entries on a new last axis."""
+    x, (dim, size, step) = xs[0], a["args"][1:4]
+    windows = np.lib.stride_tricks.sliding_window_view(x, size, axis=dim % x.ndim)
+    return np.take(windows, np.arange(0, windows.shape[dim % x.ndim], step), axis=dim % x.ndim)
+
+
+def _window_ending_at(a: dict[str, Any], t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """unfold over the token axis: output position t holds the window of inputs t-K+1 .. t (a
+    causal window: the input holds K-1 positions before the outputs')."""
+    return t - a["args"][2] + 1, t.copy()
+
+
 def _repeat(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     reps = a["args"][1]
     x = xs[0].reshape((1,) * (len(reps) - xs[0].ndim) + xs[0].shape)
@@ -431,6 +445,7 @@ ATEN: dict[str, tuple[str, Impl]] = {
     "embedding": (MOVEMENT, lambda xs, a: f32(xs[0])[xs[1]]),
     "constant_pad_nd": (MOVEMENT, _pad),
     "repeat": (MOVEMENT, _repeat),
+    "unfold": (MOVEMENT, _unfold),
     "flip": (MOVEMENT, lambda xs, a: np.flip(xs[0], axis=tuple(a["args"][1]))),
     "tril": (MOVEMENT, _tri(np.tril)),
     "triu": (MOVEMENT, _tri(np.triu)),
@@ -512,6 +527,7 @@ def generic_row(
         matmul=kind in MATMULS,
         view=kind in VIEWS,
         linear=() if category == ELEMENTWISE and kind not in ("add", "sub", "neg") else None,
+        relation=_window_ending_at if kind == "unfold" else None,
     )
     register(spec)
     return name

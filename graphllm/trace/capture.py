@@ -205,6 +205,10 @@ def recorder_modes(rec: Recording, names: dict[int, str]) -> tuple[Any, Any, _Bo
                 bias = args[2] if len(args) > 2 else kwargs.get("bias")
                 box.unit("linear", (args[0], args[1], bias), {}, (out,))
                 return out
+            if func is torch.Tensor.__deepcopy__:
+                # a copy of its values (Inkling2-Loop's cache layers, one for each pass), not a
+                # copy of its storage's bytes
+                return args[0].clone()
             return func(*args, **kwargs)
 
     STATE.recorder = box

@@ -55,7 +55,7 @@ def _record(model: Any, point: Point) -> Recording:
         tensors = _fake_weights(model, mode, box, values)
         cache = None
         if past:
-            with box.quiet():
+            with box.quiet(), functions:  # (functions: a tensor deep-copied is cloned)
                 cache = _prefill(model, tensors, batch, past, device, takes_positions)
             for name, t, _ in cache_tensors(cache, "past_key_values"):
                 box.source(t, "input", name)

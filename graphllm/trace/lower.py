@@ -60,6 +60,7 @@ class _Lowering:
         # positions cut from the end of a token axis)
         self.axis_dims: dict[tuple[int, int], Dim] = {}
         self.scopes = scope_kinds(self.rec.modules)
+        self.unit_scopes: set[str] = set()
         self.g.meta.update(fitted.meta)
         self.g.meta["scopes"] = self.scopes
 
@@ -197,6 +198,16 @@ class _Lowering:
             i += 1
         return f"{name}_{i}"
 
+    def unit_scope(self, scope: str) -> str:
+        """The scope of a unit's nodes: its module's, with _2, _3 ... for its later calls (a
+        looped model runs a layer's conv more than once a forward)."""
+        base, i = scope, 1
+        while scope in self.unit_scopes:
+            i += 1
+            scope = f"{base}_{i}"
+        self.unit_scopes.add(scope)
+        return scope
+
     def event(self, ev: Event, args: Any) -> None:
         if ev.op == "linear":
             self.linear(ev)
@@ -208,7 +219,7 @@ class _Lowering:
             self.scopes.setdefault(ev.scope, "norms")
         elif ev.op == "experts":
             ins = [self.ref(v.vid) for v in ev.args]
-            p = ev.scope or "experts"
+            p = self.unit_scope(ev.scope or "experts")
             out = lower_experts(self.g, p, ins, ev.kwargs["act"], ev.kwargs["transposed"])
             self.refs[ev.outs[0]] = out
         elif ev.op == "mask":
@@ -216,15 +227,18 @@ class _Lowering:
         elif ev.op == "delta":
             ins = [None if v is None else self.ref(v.vid) for v in ev.args]
             out_t = self.type_of(ev.outs[0]).dims[1]
-            node = lower_delta(self.g, ev.scope or "delta", ins, ev.kwargs, out_t)
+            node = lower_delta(self.g, self.unit_scope(ev.scope or "delta"), ins, ev.kwargs, out_t)
             self.out(ev, node)
         elif ev.op == "ssm":
             ins = [None if v is None else self.ref(v.vid) for v in ev.args]
             out_t = self.type_of(ev.outs[0]).dims[1]
-            self.out(ev, lower_ssm(self.g, ev.scope or "ssm", ins, ev.kwargs, out_t))
+            self.out(
+                ev, lower_ssm(self.g, self.unit_scope(ev.scope or "ssm"), ins, ev.kwargs, out_t)
+            )
         elif ev.op == "conv":
             ins = [None if v is None else self.ref(v.vid) for v in ev.args]
-            out = lower_conv(self.g, ev.scope or "conv", ins, ev.kwargs["activation"])
+            p = self.unit_scope(ev.scope or "conv")
+            out = lower_conv(self.g, p, ins, ev.kwargs["activation"])
             self.refs[ev.outs[0]] = out
         else:
             self.aten(ev, args)
@@ -522,6 +536,13 @@ def _signature(
         return _indexing(kind, args, ins, outs, fresh)
     if kind == "repeat":
         return _indexing(kind, args, ins, outs, fresh)
+    if kind == "unfold":  # the windows along `dim` in its place, each window's entries last
+        letters = [fresh() for _ in ins[0].dims]
+        dim = args[1] % len(letters)
+        if args[3] != 1:
+            raise ConfigError(f"{ev.scope}: unfold {args[3]} positions apart, not 1")
+        windows = [fresh() if i == dim else x for i, x in enumerate(letters)]
+        return _finish([letters], [windows + [fresh()]], ins, outs)
     # pointwise: ELEMENTWISE rows, copies, expand, flip, tril/triu, where, masked_fill
     out = [fresh() for _ in outs[0].dims]
     operands = []

@@ -231,3 +231,47 @@ def test_a_layer_with_two_attentions_keeps_two_cache_entries():
     assert {f"past_key_values.{i}.key" for i in range(4)} <= inputs
     assert {f"present.{i}.value" for i in range(4)} <= set(c.graph.outputs)
     assert np.abs(c.logits - c.want).max() < 1e-4
+
+
+INKLING2 = dict(
+    TINY,
+    model_type="inkling2_text",
+    unpadded_vocab_size=90,
+    moe_intermediate_size=16,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    sliding_window_size=64,
+    layer_types=["hybrid_sliding", "hybrid"],
+)
+
+
+def test_a_convolution_over_windows_of_tokens():
+    """Inkling 2's keys and values pass a short conv whose taps each token computes: the
+    windows come from `unfold` over the tokens (each output position reads the K ending at
+    it), its attention a sink logit per query."""
+    c = check_traced(INKLING2, P)
+    assert any(n.op.startswith("aten.unfold") for n in c.graph.nodes())
+    assert any(n.op == "softmax_token_sink" for n in c.graph.nodes())
+    mixing = c.results["tokens"].to_dict()["mixing_ops"]
+    assert any(m.startswith("aten.unfold") for m in mixing)
+    assert c.results["cost"].flops["matmul"] == c.flops
+    assert np.abs(c.logits - c.want).max() < 1e-4
+
+
+def test_a_looped_model_that_copies_its_cache_layers():
+    """Inkling2-Loop runs its middle layers three times, each pass with its own copies of their
+    cache layers (copy.deepcopy in its forward: a clone), its convs once a call."""
+    raw = dict(
+        INKLING2,
+        model_type="inkling2_loop_text",
+        num_hidden_layers=4,
+        layer_types=["hybrid_sliding", "hybrid_sliding", "hybrid", "hybrid_sliding"],
+        n_layers_per_attn_res_block=1,
+        loop_layer_index_start=1,
+        loop_layer_index_end=3,
+    )
+    c = check_traced(raw, P)
+    assert "model.layers.1.self_attn.k_proj.sconv_3.channels_last" in c.graph
+    assert c.params == c.results["params"].total
+    assert c.results["cost"].flops["matmul"] == c.flops
+    assert np.abs(c.logits - c.want).max() < 1e-4
