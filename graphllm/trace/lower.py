@@ -539,8 +539,10 @@ def _signature(
     if kind == "unfold":  # the windows along `dim` in its place, each window's entries last
         letters = [fresh() for _ in ins[0].dims]
         dim = args[1] % len(letters)
-        if args[3] != 1:
-            raise ConfigError(f"{ev.scope}: unfold {args[3]} positions apart, not 1")
+        src, out = ins[0].dims[dim].positions, outs[0].dims[dim].positions
+        if args[3] != 1 or (src and out and src[1] != out[1]):  # the row's window: the K
+            # positions that end at each output's, in a source that ends where the outputs do
+            raise ConfigError(f"{ev.scope}: unfold {args[3]} apart over {src}: not a causal window")
         windows = [fresh() if i == dim else x for i, x in enumerate(letters)]
         return _finish([letters], [windows + [fresh()]], ins, outs)
     # pointwise: ELEMENTWISE rows, copies, expand, flip, tril/triu, where, masked_fill
