@@ -412,6 +412,12 @@ def _mm(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("MatMul", i, n, o)
 
 
+@_kinds("convolution")
+def _convolution(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    """ONNX's Conv, in its groups (stride 1, no padding: as the trace takes it)."""
+    c.final("Conv", i, n, o, group=int(n.attrs["args"][8]))
+
+
 @_kinds("addmm", "baddbmm")
 def _addmm(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     beta, alpha = (n.attrs["kwargs"].get(k, 1) for k in ("beta", "alpha"))

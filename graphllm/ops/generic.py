@@ -324,10 +324,34 @@ def _unfold(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     return np.take(windows, np.arange(0, windows.shape[dim % x.ndim], step), axis=dim % x.ndim)
 
 
+def _convolution(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    """A 1-d convolution, stride 1 and no padding (as the trace takes it): x (B, Cin, L), w
+    (Cout, Cin/g, K) in g groups, an optional bias (Cout,) -> (B, Cout, L-K+1)."""
+    x, w = f32(xs[0]), f32(xs[1])
+    (bias,) = optional_inputs(xs[2:], a, 2, 1)
+    groups, k = a["args"][8], w.shape[-1]
+    t = x.shape[-1] - k + 1
+    cin, cout = x.shape[1] // groups, w.shape[0] // groups
+    out = np.zeros((x.shape[0], w.shape[0], t), np.float32)
+    for g in range(groups):
+        xg, wg = x[:, g * cin : (g + 1) * cin], w[g * cout : (g + 1) * cout]
+        for j in range(k):  # tap j reads the input j positions into the window
+            out[:, g * cout : (g + 1) * cout] += np.einsum(
+                "oi,bit->bot", wg[:, :, j], xg[..., j : j + t]
+            )
+    return out + f32(bias)[None, :, None] if bias is not None else out
+
+
+def _conv_flops(s: dict[str, float]) -> float:
+    """2 per tap a channel of its group reads, an output: the letters the trace's
+    convolution signature gives (a b c, d e f -> a d g: B Cin L, Cout Cin/g K -> B Cout T)."""
+    return 2 * s["a"] * s["d"] * s["g"] * s["e"] * s["f"]
+
+
 def _window_ending_at(a: dict[str, Any], t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """unfold over the token axis: output position t holds the window of inputs t-K+1 .. t (a
-    causal window: the input holds K-1 positions before the outputs')."""
-    return t - a["args"][2] + 1, t.copy()
+    """unfold or a convolution over the token axis: output position t reads the window of
+    inputs t-K+1 .. t (a causal window: the input holds K-1 positions before the outputs')."""
+    return t - a.get("kernel", a["args"][2]) + 1, t.copy()
 
 
 def _repeat(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
@@ -410,6 +434,7 @@ ATEN: dict[str, tuple[str, Impl]] = {
     "bmm": (CONTRACTION, _mm),
     "addmm": (CONTRACTION, _addmm),
     "baddbmm": (CONTRACTION, _addmm),
+    "convolution": (CONTRACTION, _convolution),
     "view": (MOVEMENT, _reshape),
     "_unsafe_view": (MOVEMENT, _reshape),
     "reshape": (MOVEMENT, _reshape),
@@ -522,12 +547,14 @@ def generic_row(
         reduce=reduce,
         same_position=same_position,
         flops_per_elem=1 if category == ELEMENTWISE and kind != "_to_copy" else 0,
-        flops_fn=_reduction_flops if category == REDUCTION else None,
+        flops_fn=_conv_flops
+        if kind == "convolution"
+        else (_reduction_flops if category == REDUCTION else None),
         out_dtypes=("attr",) * n_out,
         matmul=kind in MATMULS,
         view=kind in VIEWS,
         linear=() if category == ELEMENTWISE and kind not in ("add", "sub", "neg") else None,
-        relation=_window_ending_at if kind == "unfold" else None,
+        relation=_window_ending_at if kind in ("unfold", "convolution") else None,
     )
     register(spec)
     return name

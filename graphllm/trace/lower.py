@@ -448,6 +448,8 @@ class _Lowering:
         }
         if kind == "_to_copy":
             attrs["dtype_to"] = out_types[0].dtype
+        if kind == "convolution":  # its window's width, the relation's
+            attrs["kernel"] = types[1].dims[-1].size
         absent = tuple(i for i, v in enumerate(args) if v is None)
         if absent:  # a Python None, where the numpy references read None as a tensor
             attrs["absent"] = absent
@@ -509,6 +511,8 @@ def _signature(
     category = ATEN[kind][0]
     if kind in ("mm", "bmm", "addmm", "baddbmm"):
         return _contraction(kind, ins, outs, fresh)
+    if kind == "convolution":
+        return _convolution(args, ins, outs, ev)
     if kind in ("permute", "transpose", "t"):
         letters = [fresh() for _ in ins[0].dims]
         order = _permutation(kind, args, len(letters))
@@ -572,6 +576,22 @@ def _finish(
             if x not in known:
                 axes[x] = d
     return _Sig(ins, outs, axes, same, reduce)
+
+
+def _convolution(args: Any, ins: list[TensorType], outs: list[TensorType], ev: Event) -> _Sig:
+    """A 1-d convolution over the token axis: stride 1, no padding or dilation (a valid conv
+    over K-1 positions before the outputs', ZAYA's), its window the row's relation."""
+    stride, padding, dilation, transposed = args[3:7]
+    src, out = ins[0].dims[-1].positions, outs[0].dims[-1].positions
+    plain = list(stride) == [1] and list(padding) == [0] and list(dilation) == [1]
+    if ins[0].rank != 3 or not plain or transposed or (src and out and src[1] != out[1]):
+        raise ConfigError(
+            f"{ev.scope}: a convolution of stride {stride}, padding {padding}, dilation "
+            f"{dilation} over {ins[0]}: not a causal window over the tokens"
+        )
+    # the letters _conv_flops reads: a b c, d e f -> a d g (B Cin L, Cout Cin/g K -> B Cout T)
+    bias = [["d"]] if len(ins) > 2 else []
+    return _finish([["a", "b", "c"], ["d", "e", "f"], *bias], [["a", "d", "g"]], ins, outs)
 
 
 def _contraction(kind: str, ins: list[TensorType], outs: list[TensorType], fresh: _Fresh) -> _Sig:

@@ -275,3 +275,26 @@ def test_a_looped_model_that_copies_its_cache_layers():
     assert c.params == c.results["params"].total
     assert c.results["cost"].flops["matmul"] == c.flops
     assert np.abs(c.logits - c.want).max() < 1e-4
+
+
+def test_convolutions_over_the_tokens_in_torch_code():
+    """ZAYA mixes its queries and keys with two valid convs over the tokens after its conv
+    state (or K-1 zeros): a depthwise one, then one in head groups; each output position reads
+    the K positions ending at it, and their work is torch's, output for output."""
+    raw = dict(
+        TINY,
+        model_type="zaya",
+        num_hidden_layers=2,
+        moe_intermediate_size=16,
+        num_experts=4,
+        num_experts_per_tok=1,
+        layer_types=["hybrid", "hybrid"],
+    )
+    c = check_traced(raw, P)
+    convs = [n for n in c.graph.nodes() if n.op.startswith("aten.convolution")]
+    assert len(convs) == 4
+    assert reference_conv_flops(c.graph) == c.conv_flops
+    mixing = c.results["tokens"].to_dict()["mixing_ops"]
+    assert any(m.startswith("aten.convolution") for m in mixing)
+    assert c.results["cost"].flops["matmul"] == c.flops
+    assert np.abs(c.logits - c.want).max() < 1e-4
