@@ -60,7 +60,7 @@ class _Lowering:
         # positions cut from the end of a token axis)
         self.axis_dims: dict[tuple[int, int], Dim] = {}
         self.scopes = scope_kinds(self.rec.modules)
-        self.unit_scopes: set[str] = set()
+        self.unit_scopes: set[tuple[str, str]] = set()
         self.g.meta.update(fitted.meta)
         self.g.meta["scopes"] = self.scopes
 
@@ -198,14 +198,15 @@ class _Lowering:
             i += 1
         return f"{name}_{i}"
 
-    def unit_scope(self, scope: str) -> str:
-        """The scope of a unit's nodes: its module's, with _2, _3 ... for its later calls (a
-        looped model runs a layer's conv more than once a forward)."""
-        base, i = scope, 1
-        while scope in self.unit_scopes:
+    def unit_scope(self, ev: Event, default: str) -> str:
+        """The scope of a unit's nodes: its module's, with _2, _3 ... for the unit's later
+        calls there (a looped model runs a layer's conv more than once a forward)."""
+        base = scope = ev.scope or default
+        i = 1
+        while (ev.op, scope) in self.unit_scopes:
             i += 1
             scope = f"{base}_{i}"
-        self.unit_scopes.add(scope)
+        self.unit_scopes.add((ev.op, scope))
         return scope
 
     def event(self, ev: Event, args: Any) -> None:
@@ -219,7 +220,7 @@ class _Lowering:
             self.scopes.setdefault(ev.scope, "norms")
         elif ev.op == "experts":
             ins = [self.ref(v.vid) for v in ev.args]
-            p = self.unit_scope(ev.scope or "experts")
+            p = self.unit_scope(ev, "experts")
             out = lower_experts(self.g, p, ins, ev.kwargs["act"], ev.kwargs["transposed"])
             self.refs[ev.outs[0]] = out
         elif ev.op == "mask":
@@ -227,17 +228,15 @@ class _Lowering:
         elif ev.op == "delta":
             ins = [None if v is None else self.ref(v.vid) for v in ev.args]
             out_t = self.type_of(ev.outs[0]).dims[1]
-            node = lower_delta(self.g, self.unit_scope(ev.scope or "delta"), ins, ev.kwargs, out_t)
+            node = lower_delta(self.g, self.unit_scope(ev, "delta"), ins, ev.kwargs, out_t)
             self.out(ev, node)
         elif ev.op == "ssm":
             ins = [None if v is None else self.ref(v.vid) for v in ev.args]
             out_t = self.type_of(ev.outs[0]).dims[1]
-            self.out(
-                ev, lower_ssm(self.g, self.unit_scope(ev.scope or "ssm"), ins, ev.kwargs, out_t)
-            )
+            self.out(ev, lower_ssm(self.g, self.unit_scope(ev, "ssm"), ins, ev.kwargs, out_t))
         elif ev.op == "conv":
             ins = [None if v is None else self.ref(v.vid) for v in ev.args]
-            p = self.unit_scope(ev.scope or "conv")
+            p = self.unit_scope(ev, "conv")
             out = lower_conv(self.g, p, ins, ev.kwargs["activation"])
             self.refs[ev.outs[0]] = out
         else:
