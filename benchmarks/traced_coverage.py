@@ -119,15 +119,81 @@ TINY_FOR = {
     "mamba2": {"head_dim": 32},  # heads x head_dim = hidden x expand
     "bamba": {"attn_layer_indices": [1]},
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
-    "zamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
-    "zamba2": {"hybrid_layer_ids": [1], "mamba_headdim": 16},
+    # two hybrid layers: their shared transformer block is one module that both run (a single
+    # hybrid layer leaves transformers' weight tying with nothing to tie)
+    "zamba": {"layers_block_type": ["linear_attention", "hybrid"] * 2},
+    "zamba2": {"layers_block_type": ["linear_attention", "hybrid"] * 2},
     "granitemoehybrid": {"layer_types": ["mamba", "attention", "mamba", "mamba"]},
-    "dots3_note": {"num_key_value_heads": 4},
+    # (and its vision and audio adapters' output width, which it checks against the text's)
+    "dots3_note": {
+        "num_key_value_heads": 4,
+        "vision_config": {"adapter_out_dim": 64},
+        "audio_config": {"adapter_out_dim": 64},
+    },
     "dots3_note_text": {"num_key_value_heads": 4},
     "zaya": {"num_experts_per_tok": 1},
     "lfm2_moe": {"layer_types": ["conv", "full_attention", "conv", "full_attention"]},
     "gemma3n": {"num_kv_shared_layers": 0},
     "gemma3n_text": {"num_kv_shared_layers": 0},
+    # the class's defaults leave rope_parameters empty, which its rotary module reads per layer type
+    "cohere_compass_text": {
+        "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    },
+    # its causal LM refuses a config that is not a decoder's (the class's default is not)
+    # (and its axial position embeddings' widths sum to the hidden size)
+    "reformer": {"is_decoder": True, "axial_pos_embds_dim": [16, 48]},
+    # nested sub-configs the shared sizes do not reach (the defaults' hash embeddings alone
+    # hold 3e9 parameters)
+    "blt": {
+        "encoder_hash_byte_group_vocab": 64,
+        **{
+            f"{part}_config": {"num_attention_heads": 4, "head_dim": 16, "intermediate_size": 96}
+            | {"hidden_size": 64, "num_hidden_layers": 2}
+            | ({"hidden_size_global": 64} if part in ("encoder", "decoder") else {})
+            for part in ("patcher", "encoder", "decoder", "global")
+        },
+    },
+    # its indexer's heads: at most the query heads a key head serves (4 / 2)
+    "kolibri1_1": {"index_num_heads": 2},
+    # its full-attention layers are always indexed (QSA), whose sizes have no defaults
+    "qwen4_exp_text": {
+        "indexer_n_heads": 2,
+        "indexer_kv_heads": 1,
+        "indexer_head_dim": 16,
+        "indexer_budget": 32,
+        "indexer_compress_ratio": 4,
+    },
+    # the head's rows (the checkpoint's unpadded vocabulary), fewer than the embedding's
+    "inkling2_text": {"unpadded_vocab_size": 120},
+    # (and a layer before, two in and one after its loop, as the published 6 / 12 / 6 in blocks
+    # of six, here in blocks of one: the defaults' loop starts past a tiny model's last layer)
+    "inkling2_loop_text": {
+        "unpadded_vocab_size": 120,
+        "n_layers_per_attn_res_block": 1,
+        "loop_layer_index_start": 1,
+        "loop_layer_index_end": 3,
+    },
+    # its rotary tables' width, a field of its own that published configs set to qk_rope_head_dim
+    "longcat_flash": {"head_dim": 8},
+    # nested sub-configs, which the shared sizes do not reach; the attention reads rope_theta
+    # from attn_config, where the published configs (dbrx-instruct) hold it
+    "dbrx": {
+        "attn_config": {"kv_n_heads": 2, "clip_qkv": 8.0, "rope_theta": 500000.0},
+        "ffn_config": {"ffn_hidden_size": 96, "moe_num_experts": 4, "moe_top_k": 2},
+    },
+}
+
+
+# what a config class needs beside its defaults to validate at all
+REQUIRED_FOR = {
+    "gemma4_assistant": {
+        "text_config": {
+            "hidden_size_per_layer_input": 0,
+            "vocab_size_per_layer_input": 0,
+            "enable_moe_block": False,
+            "use_double_wide_mlp": False,
+        }
+    },
 }
 
 
@@ -144,7 +210,9 @@ def tiny_config(model_type: str) -> dict[str, Any]:
     from transformers import CONFIG_MAPPING
 
     cls = CONFIG_MAPPING[model_type]
-    default = cls().to_dict()
+    # the class's defaults, with what its own rules need beside them where its defaults alone
+    # do not validate (Gemma 4's assistant: a text decoder without per-layer inputs)
+    default = cls(**REQUIRED_FOR.get(model_type, {})).to_dict()
     stored = getattr(cls, "attribute_map", {})  # hidden_size -> n_embd, ...
     raw = {stored.get(k, k): v for k, v in TINY.items() if stored.get(k, k) in default}
     if "qk_rope_head_dim" in default:  # MLA: the head width is its parts', every head its KV
@@ -166,6 +234,8 @@ def tiny_config(model_type: str) -> dict[str, Any]:
             if isinstance(text.get(k), int):
                 raw["text_config"][k] = 0
         raw["text_config"] |= TINY_FOR.get(text.get("model_type", ""), {})
+    for k, v in REQUIRED_FOR.get(model_type, {}).items():
+        raw[k] = raw[k] | v if isinstance(v, dict) and isinstance(raw.get(k), dict) else v
     raw["model_type"] = model_type
     return raw
 
@@ -284,20 +354,8 @@ def _onnx(raw: dict[str, Any], ref: Any, ids: Any, past_ids: Any) -> bool | str:
 
     try:
         with tempfile.TemporaryDirectory() as folder:
-            # the tensors as the model holds them, under the names its checkpoints give them
-            # (transformers' renames on saving); experts stay fused, where save_pretrained
-            # writes one tensor an expert, which the traced graph does not read yet
-            from safetensors.torch import save_file
-
-            from graphllm.trace.hf import checkpoint_names
-
-            stored = checkpoint_names(ref)
-            tensors = {
-                stored.get(k, k): v.detach().clone().contiguous()
-                for k, v in ref.state_dict().items()
-            }
-            save_file(tensors, str(Path(folder) / "model.safetensors"))
-            ref.config.to_json_file(str(Path(folder) / "config.json"))
+            # the checkpoint as transformers writes it: renamed tensors, experts one a tensor
+            ref.save_pretrained(folder)
             cached = past_ids.shape[1] > 0
             wl = Workload(seq_len=1, past_len=int(cached), dtype="fp32")
             g = traced_graph(raw, wl, values=True)

@@ -485,11 +485,20 @@ def _moe_sum(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
 # -- gpt-oss -------------------------------------------------------------------------
 @lowers("softmax_sink")
 def _softmax_sink(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    sink = c.cast(i[1], c.dtype, "fp32", n.name)  # (H,): a head's, along the head axis
+    _with_sink(c, n, i[0], c.op("Reshape", [sink, c.const([1, -1, 1, 1])], n.name), o)
+
+
+@lowers("softmax_token_sink")
+def _softmax_token_sink(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    _with_sink(c, n, i[0], c.cast(i[1], c.dtype, "fp32", n.name), o)  # (B, H, T, 1): a query's
+
+
+def _with_sink(c: Lowering, n: Node, scores: str, sink: str, o: list[str]) -> None:
     # the sink joins each row's max and denominator; a padding query (every key at the lowest
     # finite value) puts all its mass on the sink, so its probabilities are 0, not NaN
     s = n.name
-    x = c.cast(i[0], c.dtype, "fp32", s)
-    sink = c.op("Reshape", [c.cast(i[1], c.dtype, "fp32", s), c.const([1, -1, 1, 1])], s)
+    x = c.cast(scores, c.dtype, "fp32", s)
     m = c.op("Max", [c.op("ReduceMax", [x, c.const([-1])], s, keepdims=1), sink], s)
     e = c.op("Exp", [c.op("Sub", [x, m], s)], s)
     den = c.op("ReduceSum", [e, c.const([-1])], s, keepdims=1)

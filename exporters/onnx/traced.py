@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from onnx import helper
+from onnx import TensorProto, helper
 
 from graphllm.errors import GraphllmError
 from graphllm.exporters.onnx.lowering import FALLBACKS, ONNX_TYPES, Lowering, lowers
@@ -218,6 +218,43 @@ def _expm1(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("Sub", [c.op("Exp", [i[0]], n.name), c.const(1.0, c.dtype)], n, o)
 
 
+@_kinds("log_sigmoid")
+def _log_sigmoid(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    """log(sigmoid(x)) = -softplus(-x), which stays finite where sigmoid underflows."""
+    softplus = c.op("Softplus", [c.op("Neg", [i[0]], n.name)], n.name)
+    c.final("Neg", [softplus], n, o)
+
+
+@_kinds("floor_divide")
+def _floor_divide(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    """torch rounds the quotient down, ONNX's integer Div toward zero: the quotient floored in
+    double (exact for integers below 2^53), cast back to the result's type."""
+    a, b = (c.op("Cast", [x], n.name, to=TensorProto.DOUBLE) for x in _operands(c, n, i, 2))
+    floor = c.op("Floor", [c.op("Div", [a, b], n.name)], n.name)
+    dt = n.outputs[0].dtype
+    c.final("Cast", [floor], n, o, to=ONNX_TYPES[dt if dt in _INTS else c.dtype])
+
+
+@_kinds("unfold")
+def _unfold(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    """The windows of K along `dim` (step 1, as the trace takes it): a Gather of the rows
+    start + 0..K-1 for each start, the window's axis then moved last, where torch puts it."""
+    rank = c.graph.type_of(n.inputs[0]).rank
+    dim, size = n.attrs["args"][1] % rank, n.attrs["args"][2]
+    s = n.name
+    length = c.op("Shape", [i[0]], s, start=dim, end=dim + 1)
+    count = c.op("Squeeze", [c.op("Sub", [length, c.const([size - 1])], s)], s)
+    starts = c.op("Range", [c.const(0), count, c.const(1)], s)
+    rows = c.op("Unsqueeze", [starts, c.const([1])], s)
+    index = c.op("Add", [rows, c.const(np.arange(size)[None, :])], s)  # (windows, K)
+    if dim == rank - 1:
+        c.final("Gather", [i[0], index], n, o, axis=dim)
+        return
+    gathered = c.op("Gather", [i[0], index], s, axis=dim)
+    perm = [a for a in range(rank + 1) if a != dim + 1] + [dim + 1]
+    c.final("Transpose", [gathered], n, o, perm=perm)
+
+
 @_kinds("silu")
 def _silu(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("Mul", [i[0], c.op("Sigmoid", [i[0]], n.name)], n, o)
@@ -237,7 +274,7 @@ def _clamp(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     hi = (
         args[2] if kind == "clamp" and len(args) > 2 else (args[1] if kind == "clamp_max" else None)
     )
-    bounds = [c.const(v, c.dtype) if v is not None else "" for v in (lo, hi)]
+    bounds = [c.const(v, _dtype(c, n)) if v is not None else "" for v in (lo, hi)]
     c.final("Clip", [i[0], *bounds], n, o)
 
 
@@ -291,6 +328,7 @@ GENERIC.update(
     sum=_reduction("ReduceSum"),
     amax=_reduction("ReduceMax"),
     amin=_reduction("ReduceMin"),
+    logsumexp=_reduction("ReduceLogSumExp"),
 )
 
 
@@ -372,6 +410,12 @@ def _layer_norm(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
 @_kinds("mm", "bmm")
 def _mm(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("MatMul", i, n, o)
+
+
+@_kinds("convolution")
+def _convolution(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    """ONNX's Conv, in its groups (stride 1, no padding: as the trace takes it)."""
+    c.final("Conv", i, n, o, group=int(n.attrs["args"][8]))
 
 
 @_kinds("addmm", "baddbmm")

@@ -247,8 +247,8 @@ register(
 
 # -- gpt-oss's attention sinks -------------------------------------------------------
 def _softmax_sink(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
-    x, sink = f32(xs[0]), f32(xs[1])  # x: (B, H, T, S); sink: (H,)
-    s = np.broadcast_to(sink[None, :, None, None], (*x.shape[:-1], 1))
+    x, sink = f32(xs[0]), f32(xs[1])  # x: (B, H, T, S); sink: (H,), or (B, H, T, 1) a query's
+    s = np.broadcast_to(sink if sink.ndim == 4 else sink[None, :, None, None], (*x.shape[:-1], 1))
     m = np.maximum(np.max(x, axis=-1, keepdims=True), s)
     e = np.exp(x - m)
     return e / (np.sum(e, axis=-1, keepdims=True) + np.exp(s - m))
@@ -264,6 +264,19 @@ register(
         "which takes probability mass and has no value (gpt-oss), in fp32. 5 FLOPs per "
         "element of the row and its sink: max, subtract, exp, sum, divide.",
         reduce=("s",),
+        flops_fn=lambda s: 5 * s["b"] * s["h"] * s["t"] * (s["s"] + 1),
+        backward_reads="output",
+        backward_stats=1,
+    ),
+    OpSpec(
+        "softmax_token_sink",
+        "b h t s, b h t o -> b h t s",
+        REDUCTION,
+        _softmax_sink,
+        "Softmax over the key axis with a sink logit each query computes (o: one entry) in the "
+        "denominator, which takes probability mass and has no value (Inkling 2), in fp32. 5 "
+        "FLOPs per element of the row and its sink, as softmax_sink.",
+        reduce=("s", "o"),
         flops_fn=lambda s: 5 * s["b"] * s["h"] * s["t"] * (s["s"] + 1),
         backward_reads="output",
         backward_stats=1,

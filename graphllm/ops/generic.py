@@ -107,6 +107,13 @@ def _reduce(fn: Callable[..., np.ndarray]) -> Impl:
     return impl
 
 
+def _logsumexp(x: np.ndarray, axis: Any, keepdims: bool) -> np.ndarray:
+    m = np.max(x, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)  # a row of -inf sums to -inf, not nan
+    out = np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True)) + m
+    return out if keepdims else np.squeeze(out, axis=axis)
+
+
 def _vector_norm(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     """linalg_vector_norm(x, ord, dim, keepdim): the ord-norm over `dim`."""
     x, order = f32(xs[0]), _scalar(a, 1, 2)
@@ -309,6 +316,44 @@ def _pad(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     return np.pad(x, width, constant_values=_scalar(a, 2, 0))
 
 
+def _unfold(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    """unfold(x, dim, size, step): the windows of `size` along `dim`, `step` apart, each
+    window's entries on a new last axis."""
+    x, (dim, size, step) = xs[0], a["args"][1:4]
+    windows = np.lib.stride_tricks.sliding_window_view(x, size, axis=dim % x.ndim)
+    return np.take(windows, np.arange(0, windows.shape[dim % x.ndim], step), axis=dim % x.ndim)
+
+
+def _convolution(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    """A 1-d convolution, stride 1 and no padding (as the trace takes it): x (B, Cin, L), w
+    (Cout, Cin/g, K) in g groups, an optional bias (Cout,) -> (B, Cout, L-K+1)."""
+    x, w = f32(xs[0]), f32(xs[1])
+    (bias,) = optional_inputs(xs[2:], a, 2, 1)
+    groups, k = a["args"][8], w.shape[-1]
+    t = x.shape[-1] - k + 1
+    cin, cout = x.shape[1] // groups, w.shape[0] // groups
+    out = np.zeros((x.shape[0], w.shape[0], t), np.float32)
+    for g in range(groups):
+        xg, wg = x[:, g * cin : (g + 1) * cin], w[g * cout : (g + 1) * cout]
+        for j in range(k):  # tap j reads the input j positions into the window
+            out[:, g * cout : (g + 1) * cout] += np.einsum(
+                "oi,bit->bot", wg[:, :, j], xg[..., j : j + t]
+            )
+    return out + f32(bias)[None, :, None] if bias is not None else out
+
+
+def _conv_flops(s: dict[str, float]) -> float:
+    """2 per tap a channel of its group reads, an output: the letters the trace's
+    convolution signature gives (a b c, d e f -> a d g: B Cin L, Cout Cin/g K -> B Cout T)."""
+    return 2 * s["a"] * s["d"] * s["g"] * s["e"] * s["f"]
+
+
+def _window_ending_at(a: dict[str, Any], t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """unfold or a convolution over the token axis: output position t reads the window of
+    inputs t-K+1 .. t (a causal window: the input holds K-1 positions before the outputs')."""
+    return t - a.get("kernel", a["args"][2]) + 1, t.copy()
+
+
 def _repeat(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     reps = a["args"][1]
     x = xs[0].reshape((1,) * (len(reps) - xs[0].ndim) + xs[0].shape)
@@ -326,6 +371,7 @@ ATEN: dict[str, tuple[str, Impl]] = {
     "rsub": (ELEMENTWISE, _binary(lambda x, y: y - x)),
     "mul": (ELEMENTWISE, _binary(np.multiply)),
     "div": (ELEMENTWISE, _binary(np.divide)),
+    "floor_divide": (ELEMENTWISE, _binary(np.floor_divide)),
     "maximum": (ELEMENTWISE, _binary(np.maximum)),
     "minimum": (ELEMENTWISE, _binary(np.minimum)),
     "eq": (ELEMENTWISE, _binary(np.equal)),
@@ -355,6 +401,7 @@ ATEN: dict[str, tuple[str, Impl]] = {
     "relu": (ELEMENTWISE, _unary(lambda x: np.maximum(x, 0))),
     "gelu": (ELEMENTWISE, _gelu),
     "softplus": (ELEMENTWISE, _unary(lambda x: np.logaddexp(0, x))),
+    "log_sigmoid": (ELEMENTWISE, _unary(lambda x: -np.logaddexp(0, -x))),
     "erf": (ELEMENTWISE, _unary(_erf)),
     "cos": (ELEMENTWISE, _unary(np.cos)),
     "sin": (ELEMENTWISE, _unary(np.sin)),
@@ -375,6 +422,7 @@ ATEN: dict[str, tuple[str, Impl]] = {
     "sum": (REDUCTION, _reduce(np.sum)),
     "amax": (REDUCTION, _reduce(np.max)),
     "amin": (REDUCTION, _reduce(np.min)),
+    "logsumexp": (REDUCTION, _reduce(_logsumexp)),
     "linalg_vector_norm": (REDUCTION, _vector_norm),
     "any": (REDUCTION, _reduce(np.any)),
     "all": (REDUCTION, _reduce(np.all)),
@@ -386,6 +434,7 @@ ATEN: dict[str, tuple[str, Impl]] = {
     "bmm": (CONTRACTION, _mm),
     "addmm": (CONTRACTION, _addmm),
     "baddbmm": (CONTRACTION, _addmm),
+    "convolution": (CONTRACTION, _convolution),
     "view": (MOVEMENT, _reshape),
     "_unsafe_view": (MOVEMENT, _reshape),
     "reshape": (MOVEMENT, _reshape),
@@ -421,6 +470,7 @@ ATEN: dict[str, tuple[str, Impl]] = {
     "embedding": (MOVEMENT, lambda xs, a: f32(xs[0])[xs[1]]),
     "constant_pad_nd": (MOVEMENT, _pad),
     "repeat": (MOVEMENT, _repeat),
+    "unfold": (MOVEMENT, _unfold),
     "flip": (MOVEMENT, lambda xs, a: np.flip(xs[0], axis=tuple(a["args"][1]))),
     "tril": (MOVEMENT, _tri(np.tril)),
     "triu": (MOVEMENT, _tri(np.triu)),
@@ -501,12 +551,15 @@ def generic_row(
         reduce=reduce,
         same_position=same_position,
         flops_per_elem=1 if category == ELEMENTWISE and kind != "_to_copy" else 0,
-        flops_fn=_reduction_flops if category == REDUCTION else None,
+        flops_fn=_conv_flops
+        if kind == "convolution"
+        else (_reduction_flops if category == REDUCTION else None),
         out_dtypes=("attr",) * n_out,
         matmul=kind in MATMULS,
         view=kind in VIEWS,
         linear=() if category == ELEMENTWISE and kind not in ("add", "sub", "neg") else None,
         carries=carries,
+        relation=_window_ending_at if kind in ("unfold", "convolution") else None,
     )
     register(spec)
     return name

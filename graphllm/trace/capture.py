@@ -108,7 +108,10 @@ def _attention(module: Any, query: Any, key: Any, value: Any, attention_mask: An
         "softcap": kw.get("softcap"),
         "is_causal": getattr(module, "is_causal", True),
     }
-    rec.unit("attention", (query, key, value, attention_mask, sinks), attrs, (out,))
+    # a bias added to the scaled scores before the mask (Inkling's relative-position logits)
+    bias = kw.get("position_bias")
+    ins = (query, key, value, attention_mask, sinks) + ((bias,) if bias is not None else ())
+    rec.unit("attention", ins, attrs, (out,))
     return out, None
 
 
@@ -202,6 +205,10 @@ def recorder_modes(rec: Recording, names: dict[int, str]) -> tuple[Any, Any, _Bo
                 bias = args[2] if len(args) > 2 else kwargs.get("bias")
                 box.unit("linear", (args[0], args[1], bias), {}, (out,))
                 return out
+            if func is torch.Tensor.__deepcopy__:
+                # a copy of its values (Inkling2-Loop's cache layers, one for each pass), not a
+                # copy of its storage's bytes
+                return args[0].clone()
             return func(*args, **kwargs)
 
     STATE.recorder = box

@@ -17,7 +17,7 @@ from graphllm.errors import ConfigError
 from graphllm.ir import CACHE, STATE
 from graphllm.trace.capture import Recording, recorder_modes
 from graphllm.trace.kernels import kernel_units
-from graphllm.trace.layers import replaying, representatives
+from graphllm.trace.layers import Looped, replaying, representatives
 from graphllm.trace.symbolic import Point
 from graphllm.trace.units import lifting, norm_units
 
@@ -28,6 +28,14 @@ _CACHE_NAMES = {"keys": "key", "values": "value"}
 
 def record(model: Any, point: Point) -> Recording:
     """The forward of `model` at `point` as a Recording."""
+    try:
+        return _record(model, point)
+    except Looped:  # a looped model: every layer records each of its calls
+        model._graphllm_layer_kinds = {}
+        return _record(model, point)
+
+
+def _record(model: Any, point: Point) -> Recording:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -47,7 +55,7 @@ def record(model: Any, point: Point) -> Recording:
         tensors = _fake_weights(model, mode, box, values)
         cache = None
         if past:
-            with box.quiet():
+            with box.quiet(), functions:  # (functions: a tensor deep-copied is cloned)
                 cache = _prefill(model, tensors, batch, past, device, takes_positions)
             for name, t, _ in cache_tensors(cache, "past_key_values"):
                 box.source(t, "input", name)
@@ -74,7 +82,7 @@ def record(model: Any, point: Point) -> Recording:
                 _tensor_attributes(model, mode, box, attributes),
             ):
                 out = torch.func.functional_call(model, tensors, (), kwargs, strict=False)
-        except ConfigError:
+        except (ConfigError, Looped):
             raise
         except Exception as e:  # the model's own code failed on fake tensors: say where
             raise ConfigError(_failure(e, box.scope)) from None

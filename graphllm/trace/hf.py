@@ -6,6 +6,7 @@ refused, and the model class is the one the installed transformers maps the mode
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections import Counter
 from typing import Any
@@ -72,6 +73,7 @@ def hf_config(raw: dict[str, Any]) -> Any:
             f"model_type {model_type!r} is an encoder (bidirectional unless is_decoder is set): "
             "graphllm models decoder-only causal language models"
         )
+    _refuse_drafter(cfg)
     text = getattr(cfg, "text_config", None)
     if text is None:  # a wrapper's text config class holds its family's sizes as defaults
         _require_sizes(raw, cfg)
@@ -95,7 +97,11 @@ def causal_lm(cfg: Any, values: bool, dtype: str) -> Any:
     from transformers import AutoModelForCausalLM
 
     register_attention()
-    cfg._attn_implementation = ATTENTION
+    # a model that picks its attention classes by the implementation's name (GPT-Neo, GIT)
+    # takes no registered function: it is built with its eager attention, recorded op by op
+    # (the own-attention case), and its masks still come from graphllm's mask function
+    own = not _supports_attention_backend(cfg)
+    cfg._attn_implementation = "eager" if own else ATTENTION
     if hasattr(cfg, "_experts_implementation"):
         # graphllm's experts (graphllm.trace.capture): routed experts onto graphllm's MoE rows
         # where it has them, else transformers' batched matmuls, traceable at any dtype (the
@@ -110,7 +116,31 @@ def causal_lm(cfg: Any, values: bool, dtype: str) -> Any:
         raise ConfigError(
             f"transformers cannot build this {cfg.model_type} model: {str(e).splitlines()[0]}"
         ) from None
+    if own:
+        model.config._attn_implementation = ATTENTION
     return model.eval()
+
+
+def _refuse_drafter(cfg: Any) -> None:
+    """A speculative-decoding drafter (Gemma 4's assistant) runs on its target model's
+    embeddings and KV states (`shared_kv_states`): no forward of its own to trace."""
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    cls = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(cfg), None)
+    if cls is not None and "shared_kv_states" in inspect.signature(cls.forward).parameters:
+        raise ConfigError(
+            f"model_type {cfg.model_type!r} is a drafter that attends to its target model's KV "
+            "states (shared_kv_states), not a causal LM that runs on its own"
+        )
+
+
+def _supports_attention_backend(cfg: Any) -> bool:
+    """Whether the causal-LM class of `cfg` calls the attention function registered under the
+    config's implementation name (transformers' `_supports_attention_backend`)."""
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    cls = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(cfg), None)
+    return cls is None or bool(getattr(cls, "_supports_attention_backend", False))
 
 
 def _floats(x: Any) -> Any:

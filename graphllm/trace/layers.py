@@ -48,16 +48,23 @@ def signature(module: Any) -> tuple:
     return tuple(parts), params
 
 
+class Looped(Exception):
+    """A layer ran a second time in one forward (a looped model's, HRM's): what a call of it
+    reads and writes (its cache entry) depends on the call, so no layer may stand for another."""
+
+
 def representatives(model: Any) -> dict[str, str]:
     """Each repeating decoder layer's path -> the path of the first layer of its kind (found
     once a model: every probe of it asks)."""
     known = getattr(model, "_graphllm_layer_kinds", None)
     if known is not None:
         return known
+    layers = {path: m for path, m in model.named_modules() if _LAYER.match(path)}
+    shared = _sharing(layers)
     first: dict[tuple, str] = {}
     out: dict[str, str] = {}
-    for path, module in model.named_modules():
-        if not _LAYER.match(path):
+    for path, module in layers.items():
+        if path in shared:
             continue
         sig = signature(module)
         rep = first.setdefault(sig, path)
@@ -65,6 +72,18 @@ def representatives(model: Any) -> dict[str, str]:
             out[path] = rep
     model._graphllm_layer_kinds = out
     return out
+
+
+def _sharing(layers: dict[str, Any]) -> set[str]:
+    """The layers that hold a parameter another layer holds too (Zamba's shared transformer
+    block, tied into every hybrid layer): each runs itself, reading the one tensor, and picks
+    its own adapters by its index, so none repeats another."""
+    holders: dict[int, set[str]] = {}
+    for path, m in layers.items():
+        for p in m.parameters():
+            holders.setdefault(id(p), set()).add(path)
+    top = {p for p in layers if not any(p.startswith(q + ".") for q in layers)}
+    return {p for paths in holders.values() if len(paths & top) > 1 for p in paths}
 
 
 @contextmanager
@@ -76,11 +95,12 @@ def replaying(model: Any, box: Any) -> Iterator[None]:
     reps = representatives(model)
     modules = dict(model.named_modules())
     handles = []
-    box.layers = {}
+    box.layers, box.replayed = {}, set()
     for rep in set(reps.values()):
         handles += _note(modules[rep], rep, box, torch)
     for path, rep in reps.items():
-        modules[path].forward = _replay(path, rep, box, torch)
+        slots = _slots(modules[rep], modules[path])
+        modules[path].forward = _replay(path, rep, slots, box, torch)
     try:
         yield
     finally:
@@ -102,6 +122,8 @@ def _tensors(x: Any, torch: Any) -> list[Any]:
 
 def _note(module: Any, path: str, box: Any, torch: Any) -> list[Any]:
     def pre(mod: Any, args: Any, kwargs: Any) -> None:
+        if path in box.layers:
+            raise Looped(path)
         ins = [box.ids[id(t)] for t in _tensors((args, kwargs), torch) if id(t) in box.ids]
         box.layers[path] = {"start": len(box.rec.events), "ins": ins}
 
@@ -117,8 +139,23 @@ def _note(module: Any, path: str, box: Any, torch: Any) -> list[Any]:
     ]
 
 
-def _replay(path: str, rep: str, box: Any, torch: Any) -> Any:
+def _slots(rep: Any, repeat: Any) -> dict[str, str]:
+    """The cache entries of `rep`'s modules -> those of `repeat`'s, by the index each module
+    keeps its cache under (`layer_idx`): a layer may hold several (LongCat-Flash's two
+    attentions a layer use entries 2i and 2i + 1)."""
+    out = {}
+    for (_, a), (_, b) in zip(rep.named_modules(), repeat.named_modules()):
+        i, j = getattr(a, "layer_idx", None), getattr(b, "layer_idx", None)
+        if isinstance(i, int) and isinstance(j, int):
+            out[str(i)] = str(j)
+    return out
+
+
+def _replay(path: str, rep: str, slots: dict[str, str], box: Any, torch: Any) -> Any:
     def forward(*args: Any, **kwargs: Any) -> Any:
+        if path in box.replayed:
+            raise Looped(path)
+        box.replayed.add(path)
         note = box.layers.get(rep)
         if note is None or "end" not in note:
             raise ConfigError(f"{path} repeats {rep}, which has not run before it")
@@ -129,7 +166,13 @@ def _replay(path: str, rep: str, box: Any, torch: Any) -> Any:
             out = _like(note["structure"], torch)
         outs = tuple(box.number(t) for t in _tensors(out, torch))
         box.rec.events.append(
-            Event("replay", tuple(Val(v) for v in ins), {"of": rep, "as": path}, outs, path)
+            Event(
+                "replay",
+                tuple(Val(v) for v in ins),
+                {"of": rep, "as": path, "slots": slots},
+                outs,
+                path,
+            )
         )
         return out
 
@@ -189,7 +232,7 @@ class _Copy:
         self, rec: Recording, shapes: dict, ev: Event, note: dict, by_name: dict, fresh: list[int]
     ) -> None:
         self.rec, self.shapes, self.by_name, self.fresh = rec, shapes, by_name, fresh
-        self.names = _Renamer(ev.kwargs["of"], ev.kwargs["as"])
+        self.names = _Renamer(ev.kwargs["of"], ev.kwargs["as"], ev.kwargs.get("slots") or {})
         self.vmap = dict(zip(note["ins"], (v.vid for v in ev.args)))
         self.vmap.update(zip(note["outs"], ev.outs))
         self.inside = {o for e in rec.events[note["start"] : note["end"]] for o in e.outs}
@@ -218,9 +261,10 @@ class _Copy:
 class _Renamer:
     """Names under a representative layer -> the same names under its repeat."""
 
-    def __init__(self, rep: str, path: str) -> None:
+    def __init__(self, rep: str, path: str, slots: dict[str, str]) -> None:
         self.rep, self.path = rep, path
-        self.rep_i, self.path_i = rep.rsplit(".", 1)[-1], path.rsplit(".", 1)[-1]
+        # the cache entries by the modules' own indices; else the layers' positions
+        self.slots = slots or {rep.rsplit(".", 1)[-1]: path.rsplit(".", 1)[-1]}
 
     def name(self, name: str) -> str:
         if name == self.rep or name.startswith(self.rep + "."):
@@ -230,8 +274,8 @@ class _Renamer:
     def cache(self, name: str) -> str:
         """past_key_values.{r}.key -> past_key_values.{i}.key (present. the same)."""
         parts = name.split(".")
-        if len(parts) > 2 and parts[1] == self.rep_i and parts[0] in ("past_key_values", "present"):
-            parts[1] = self.path_i
+        if len(parts) > 2 and parts[1] in self.slots and parts[0] in ("past_key_values", "present"):
+            parts[1] = self.slots[parts[1]]
         return ".".join(parts)
 
 

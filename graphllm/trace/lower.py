@@ -60,6 +60,7 @@ class _Lowering:
         # positions cut from the end of a token axis)
         self.axis_dims: dict[tuple[int, int], Dim] = {}
         self.scopes = scope_kinds(self.rec.modules)
+        self.unit_scopes: set[tuple[str, str]] = set()
         self.g.meta.update(fitted.meta)
         self.g.meta["scopes"] = self.scopes
 
@@ -197,6 +198,17 @@ class _Lowering:
             i += 1
         return f"{name}_{i}"
 
+    def unit_scope(self, ev: Event, default: str) -> str:
+        """The scope of a unit's nodes: its module's, with _2, _3 ... for the unit's later
+        calls there (a looped model runs a layer's conv more than once a forward)."""
+        base = scope = ev.scope or default
+        i = 1
+        while (ev.op, scope) in self.unit_scopes:
+            i += 1
+            scope = f"{base}_{i}"
+        self.unit_scopes.add((ev.op, scope))
+        return scope
+
     def event(self, ev: Event, args: Any) -> None:
         if ev.op == "linear":
             self.linear(ev)
@@ -208,7 +220,7 @@ class _Lowering:
             self.scopes.setdefault(ev.scope, "norms")
         elif ev.op == "experts":
             ins = [self.ref(v.vid) for v in ev.args]
-            p = ev.scope or "experts"
+            p = self.unit_scope(ev, "experts")
             out = lower_experts(self.g, p, ins, ev.kwargs["act"], ev.kwargs["transposed"])
             self.refs[ev.outs[0]] = out
         elif ev.op == "mask":
@@ -216,15 +228,16 @@ class _Lowering:
         elif ev.op == "delta":
             ins = [None if v is None else self.ref(v.vid) for v in ev.args]
             out_t = self.type_of(ev.outs[0]).dims[1]
-            node = lower_delta(self.g, ev.scope or "delta", ins, ev.kwargs, out_t)
+            node = lower_delta(self.g, self.unit_scope(ev, "delta"), ins, ev.kwargs, out_t)
             self.out(ev, node)
         elif ev.op == "ssm":
             ins = [None if v is None else self.ref(v.vid) for v in ev.args]
             out_t = self.type_of(ev.outs[0]).dims[1]
-            self.out(ev, lower_ssm(self.g, ev.scope or "ssm", ins, ev.kwargs, out_t))
+            self.out(ev, lower_ssm(self.g, self.unit_scope(ev, "ssm"), ins, ev.kwargs, out_t))
         elif ev.op == "conv":
             ins = [None if v is None else self.ref(v.vid) for v in ev.args]
-            out = lower_conv(self.g, ev.scope or "conv", ins, ev.kwargs["activation"])
+            p = self.unit_scope(ev, "conv")
+            out = lower_conv(self.g, p, ins, ev.kwargs["activation"])
             self.refs[ev.outs[0]] = out
         else:
             self.aten(ev, args)
@@ -238,7 +251,7 @@ class _Lowering:
         self.out(ev, self.g.add(op, name, ins, {}))
 
     def attention(self, ev: Event) -> None:
-        q, k, v, mask, sinks = ev.args
+        q, k, v, mask, sinks, *bias = ev.args
         a = ev.kwargs
         p = f"{ev.scope}.core" if ev.scope else "attention"
         base, i = p, 1
@@ -265,9 +278,13 @@ class _Lowering:
         s = g.add("mul_const", f"{p}.scale", (s,), {"value": float(scale)})
         if a.get("softcap"):
             s = g.add("softcap", f"{p}.softcap", (s,), {"cap": float(a["softcap"])})
+        if bias:
+            s = g.add("add", f"{p}.position_bias", (s, self.ref(bias[0].vid)))
         s = g.add("mask", f"{p}.mask", (s,), relation)
-        if sinks is not None:
-            s = g.add("softmax_sink", f"{p}.softmax", (s, self.ref(sinks.vid)))
+        if sinks is not None:  # a sink logit a head, or one each query computes
+            sink = self.ref(sinks.vid)
+            op = "softmax_sink" if g.type_of(sink).rank == 1 else "softmax_token_sink"
+            s = g.add(op, f"{p}.softmax", (s, sink))
         else:
             s = g.add("softmax", f"{p}.softmax", (s,))
         o = g.add("pv", f"{p}.pv", (s, vr))
@@ -282,6 +299,8 @@ class _Lowering:
             kind = kind[:-1]  # in place: its result is a new tensor here
         if kind in ("max", "min") and len(ev.outs) == 1:  # max.default: over every axis
             kind, args = f"a{kind}", (args[0], None, False)
+        if kind == "log_sigmoid_forward":  # its second output is scratch for the backward
+            kind, ev = "log_sigmoid", Event(ev.op, ev.args, ev.kwargs, ev.outs[:1], ev.scope)
         vals = _vals(args)
         if kind == "cat":  # an empty start (a cache's first keys) adds nothing
             vals = [v for v in vals if 0 not in self.rec.shapes[v.vid]]
@@ -431,6 +450,8 @@ class _Lowering:
         }
         if kind == "_to_copy":
             attrs["dtype_to"] = out_types[0].dtype
+        if kind == "convolution":  # its window's width, the relation's
+            attrs["kernel"] = types[1].dims[-1].size
         absent = tuple(i for i, v in enumerate(args) if v is None)
         if absent:  # a Python None, where the numpy references read None as a tensor
             attrs["absent"] = absent
@@ -494,6 +515,8 @@ def _signature(
     category = ATEN[kind][0]
     if kind in ("mm", "bmm", "addmm", "baddbmm"):
         return _contraction(kind, ins, outs, fresh)
+    if kind == "convolution":
+        return _convolution(args, ins, outs, ev)
     if kind in ("permute", "transpose", "t"):
         letters = [fresh() for _ in ins[0].dims]
         order = _permutation(kind, args, len(letters))
@@ -521,6 +544,15 @@ def _signature(
         return _indexing(kind, args, ins, outs, fresh)
     if kind == "repeat":
         return _indexing(kind, args, ins, outs, fresh)
+    if kind == "unfold":  # the windows along `dim` in its place, each window's entries last
+        letters = [fresh() for _ in ins[0].dims]
+        dim = args[1] % len(letters)
+        src, out = ins[0].dims[dim].positions, outs[0].dims[dim].positions
+        if args[3] != 1 or (src and out and src[1] != out[1]):  # the row's window: the K
+            # positions that end at each output's, in a source that ends where the outputs do
+            raise ConfigError(f"{ev.scope}: unfold {args[3]} apart over {src}: not a causal window")
+        windows = [fresh() if i == dim else x for i, x in enumerate(letters)]
+        return _finish([letters], [windows + [fresh()]], ins, outs)
     # pointwise: ELEMENTWISE rows, copies, expand, flip, tril/triu, where, masked_fill
     out = [fresh() for _ in outs[0].dims]
     operands = []
@@ -548,6 +580,22 @@ def _finish(
             if x not in known:
                 axes[x] = d
     return _Sig(ins, outs, axes, same, reduce)
+
+
+def _convolution(args: Any, ins: list[TensorType], outs: list[TensorType], ev: Event) -> _Sig:
+    """A 1-d convolution over the token axis: stride 1, no padding or dilation (a valid conv
+    over K-1 positions before the outputs', ZAYA's), its window the row's relation."""
+    stride, padding, dilation, transposed = args[3:7]
+    src, out = ins[0].dims[-1].positions, outs[0].dims[-1].positions
+    plain = list(stride) == [1] and list(padding) == [0] and list(dilation) == [1]
+    if ins[0].rank != 3 or not plain or transposed or (src and out and src[1] != out[1]):
+        raise ConfigError(
+            f"{ev.scope}: a convolution of stride {stride}, padding {padding}, dilation "
+            f"{dilation} over {ins[0]}: not a causal window over the tokens"
+        )
+    # the letters _conv_flops reads: a b c, d e f -> a d g (B Cin L, Cout Cin/g K -> B Cout T)
+    bias = [["d"]] if len(ins) > 2 else []
+    return _finish([["a", "b", "c"], ["d", "e", "f"], *bias], [["a", "d", "g"]], ins, outs)
 
 
 def _contraction(kind: str, ins: list[TensorType], outs: list[TensorType], fresh: _Fresh) -> _Sig:

@@ -136,6 +136,7 @@ def _fitted(cfg: Any, points: tuple, dtype: str, values: bool) -> Fitted:
     rec = recs[0]
     args = expand(rec, args, shapes, rec.layers)
     read = _read_tensors(rec)
+    _refuse_unread(model, {name for v, (kind, name) in rec.sources.items() if v in read})
     for ev in rec.events:
         if ev.op == "mask":  # the function itself does not outlive this process
             # a mask no layer reads (Qwen2-MoE's sliding one, with no sliding layer) says nothing
@@ -147,6 +148,29 @@ def _fitted(cfg: Any, points: tuple, dtype: str, values: bool) -> Fitted:
     meta["layer_kinds"] = dict(representatives(model))
     meta |= parallel_plans(model)
     return Fitted(rec, shapes, args, size_roles(cfg), points[0], meta=meta)
+
+
+def _refuse_unread(model: Any, read: set[str]) -> None:
+    """A model whose text forward leaves some of its weights unread (an image encoder, a
+    cross-attention to one, XLNet's segment embeddings) is more than the graph would hold:
+    refused, naming them."""
+    unread = {n: p.numel() for n, p in model.named_parameters() if n not in read}
+    if not unread:
+        return
+    modules = [
+        path
+        for path, m in model.named_modules()
+        if path
+        and all(f"{path}.{n}" in unread for n, _ in m.named_parameters())
+        and any(True for _ in m.parameters())
+    ]
+    tops = [p for p in modules if not any(p.startswith(q + ".") for q in modules)]
+    named = ", ".join(tops[:3]) + (f" and {len(tops) - 3} more" if len(tops) > 3 else "")
+    raise ConfigError(
+        f"the model's text forward never reads {sum(unread.values())} of its parameters "
+        f"({named or ', '.join(list(unread)[:3])}): what runs only on inputs graphllm does "
+        "not model (another modality's encoder, a cross-attention to one, segment embeddings)"
+    )
 
 
 def _read_tensors(rec: Any) -> set[int]:

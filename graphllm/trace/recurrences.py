@@ -16,6 +16,7 @@ hybrids use.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from graphllm.errors import ConfigError
@@ -115,4 +116,8 @@ def reference_conv_flops(g: Graph) -> int:
             b, s, c = (int(x) for x in g.type_of(n.inputs[0]).shape(g.bindings))
             k = int(n.attrs["kernel"])
             total += 2 * c * k * b * (s + k - 1)
+        elif n.op.startswith("aten.convolution["):  # torch's own: the outputs it keeps
+            out = g.type_of(Ref(n.name)).shape(g.bindings)
+            taps = g.type_of(n.inputs[1]).shape(g.bindings)[1:]
+            total += 2 * int(math.prod(out)) * int(math.prod(taps))
     return total

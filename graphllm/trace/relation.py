@@ -21,6 +21,7 @@ def read_relation(fn: Callable[..., Any] | None) -> dict[str, Any]:
     """{'causal': bool, 'window': W | None[, 'chunk': C]} of mask function `fn` (None: causal)."""
     if fn is None:
         return {"causal": True, "window": None}
+    fn = _one_sequence(fn)
     _unpadded(fn)
 
     def allowed(q: int, k: int) -> bool:
@@ -52,6 +53,46 @@ def read_relation(fn: Callable[..., Any] | None) -> dict[str, Any]:
             "sliding-window or chunked relation, which is what graphllm models"
         )
     return relation
+
+
+def _everywhere(b: Any, h: Any, q: Any, k: Any) -> Any:
+    return q >= 0  # True, a tensor where the positions are
+
+
+def _nowhere(b: Any, h: Any, q: Any, k: Any) -> Any:
+    return q < 0
+
+
+# transformers' overlays that read a tensor of the tokens (the packed sequence each is of, the
+# image block each is in), as they are for one text sequence a batch row, which is what
+# graphllm models: no sequence boundary, no image block
+_ONE_SEQUENCE = {
+    "packed_sequence_mask_function.<locals>.inner_mask": _everywhere,
+    "blockwise_overlay.<locals>.inner_mask": _nowhere,
+}
+_REMAP = "remap_positions_for_packed_sequence.<locals>.inner_mask"  # positions: the indices
+
+
+def _one_sequence(fn: Any, seen: set[int] | None = None) -> Any:
+    """`fn` with those overlays, in it and the functions it combines, as one sequence has them."""
+    seen = seen if seen is not None else set()
+    qual = getattr(fn, "__qualname__", "")
+    if qual in _ONE_SEQUENCE:
+        return _ONE_SEQUENCE[qual]
+    cells = getattr(fn, "__closure__", None) or ()
+    if qual == _REMAP:
+        inner = [c.cell_contents for c in cells if callable(c.cell_contents)]
+        return _one_sequence(inner[0], seen) if len(inner) == 1 else fn
+    if id(fn) in seen:
+        return fn
+    seen.add(id(fn))
+    for cell in cells:
+        value = cell.cell_contents
+        if isinstance(value, (list, tuple)) and value and all(callable(v) for v in value):
+            cell.cell_contents = type(value)(_one_sequence(v, seen) for v in value)
+        elif callable(value):
+            cell.cell_contents = _one_sequence(value, seen)
+    return fn
 
 
 def _unpadded(fn: Any, seen: set[int] | None = None) -> None:

@@ -3,6 +3,7 @@ read back from the disk cache the second time."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 pytest.importorskip("transformers")
@@ -12,7 +13,7 @@ from graphllm.trace import traced_graph
 from graphllm.trace.forward import record
 from graphllm.trace.hf import causal_lm, hf_config
 from graphllm.trace.layers import representatives
-from tests.support.traced import FAMILIES
+from tests.support.traced import FAMILIES, TINY, P, check_traced
 
 
 def test_layers_of_one_kind_run_once():
@@ -62,3 +63,39 @@ def test_a_second_trace_reads_the_cache(monkeypatch):
     # another workload of the phase is lowered from the same recording
     longer = traced_graph(raw, Workload(seq_len=32, past_len=100, batch=3))
     assert longer.bindings["S"] == 132 and longer.bindings["B"] == 3
+
+
+def test_a_looped_model_records_every_call_of_a_layer():
+    # HRM runs its L stack L_cycles times, then its H stack, H_cycles times over: each call of
+    # a layer writes its own cache entry (its index plus the pass's offset), so no layer may
+    # stand for another; the weights are one param node however many calls read them
+    raw = dict(TINY, model_type="hrm_text", num_hidden_layers=2, H_cycles=2, L_cycles=2)
+    model = causal_lm(hf_config(raw), False, "bf16")
+    rec = record(model, (2, 5, 0))
+    assert representatives(model) == {}
+    assert not [ev for ev in rec.events if ev.op == "replay"]
+    c = check_traced(raw, past=P)
+    assert c.params == c.results["params"].total
+    assert c.results["cost"].flops["matmul"] == c.flops
+    assert np.abs(c.logits - c.want).max() < 1e-4
+    # 2 layers x 2 H cycles x (2 L passes + 1 H pass): twelve cache entries, each appended once
+    appended = [n for n in c.graph.nodes() if n.op == "kv_concat"]
+    assert len(appended) == 2 * 12 and "present.11.key" in c.graph.outputs
+
+
+def test_layers_sharing_a_block_each_run():
+    # Zamba2's shared transformer block is tied into both hybrid layers, each of which picks
+    # its own adapter by its index: neither repeats the other, and the tied weights count once
+    raw = dict(
+        {k: v for k, v in TINY.items() if k != "head_dim"},  # its attention's: 2 x hidden / heads
+        model_type="zamba2",
+        num_hidden_layers=4,
+        layers_block_type=["mamba", "hybrid", "mamba", "hybrid"],
+        mamba_d_state=8,
+        n_mamba_heads=4,
+    )
+    kinds = representatives(causal_lm(hf_config(raw), False, "bf16"))
+    assert kinds == {"model.layers.2": "model.layers.0"}
+    c = check_traced(raw, past=P)
+    assert c.params == c.results["params"].total
+    assert np.abs(c.logits - c.want).max() < 1e-4

@@ -47,3 +47,19 @@ def test_fit_recovers_each_rule(rule, points):
 def test_a_size_that_branches_fits_nothing():
     # min(T, 6): a sliding cache cut at its window, seen below and above it
     assert fit([min(t, 6) for _, t, _ in PREFILL_PROBES], PREFILL_PROBES) is None
+
+
+def test_overlays_of_packed_sequences_and_image_blocks_read_as_one_text_sequence():
+    # transformers adds these when it cannot tell the tokens' values (on fake tensors): which
+    # packed sequence each token is of (its positions remapped), which image block it is in
+    torch = pytest.importorskip("torch")
+    positions, sequences = torch.zeros((2, 5), dtype=torch.long), torch.zeros((2, 5))
+    packed = masking.and_masks(
+        masking.remap_positions_for_packed_sequence(masking.causal_mask_function, positions),
+        masking.packed_sequence_mask_function(sequences),
+    )
+    assert read_relation(packed) == {"causal": True, "window": None}
+    blocks = masking.or_masks(
+        masking.causal_mask_function, masking.blockwise_overlay(torch.full((2, 5), -1))
+    )
+    assert read_relation(blocks) == {"causal": True, "window": None}

@@ -55,3 +55,26 @@ def test_a_mask_no_layer_reads_is_not_read():
     g = traced_graph(raw, Workload(batch=2, seq_len=5))
     masks = [n.attrs for n in g.nodes() if n.op == "mask"]
     assert masks and all(m == {"causal": True, "window": None} for m in masks)
+
+
+def test_a_drafter_that_reads_its_targets_kv_states_is_refused():
+    # Gemma 4's assistant runs on its target model's embeddings and KV states: building its
+    # text decoder alone would trace a model that is not the one asked for
+    with pytest.raises(ConfigError, match="drafter that attends to its target model's KV"):
+        hf_config({"model_type": "gemma4_unified_assistant"})
+
+
+def test_weights_the_text_forward_never_reads_are_refused():
+    # TrOCR's decoder layers each hold a cross-attention to an image encoder's states, which a
+    # text-only forward skips: the graph would be a plainer model than the one asked for
+    raw = dict(
+        model_type="trocr",
+        vocab_size=96,
+        d_model=32,
+        decoder_layers=2,
+        decoder_attention_heads=4,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+    )
+    with pytest.raises(ConfigError, match=r"never reads .*decoder.layers.0.encoder_attn"):
+        traced_graph(raw, Workload(seq_len=4))

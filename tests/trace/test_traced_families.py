@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("transformers")
 from graphllm.trace.recurrences import reference_conv_flops
-from tests.support.traced import FAMILIES, P, check_traced
+from tests.support.traced import FAMILIES, MLA, TINY, P, check_traced
 
 
 @pytest.mark.parametrize("past", [0, P], ids=["prefill", "decode"])
@@ -160,3 +160,141 @@ def test_a_model_that_applies_its_mask_itself():
     assert len(masks) == 2 and all(n.attrs == {"causal": True, "window": None} for n in masks)
     mixing = sorted(c.results["tokens"].to_dict()["mixing_ops"])
     assert [m.split("[")[0] for m in mixing] == ["aten._softmax", "aten.bmm"]
+
+
+def test_a_model_that_picks_its_attention_class_by_name():
+    """GPT-Neo keys its attention classes by the implementation's name, so it takes no
+    registered function: it is built with its eager attention, recorded op by op, its local
+    layers' window read from the mask function graphllm's mask interface receives."""
+    raw = dict(
+        model_type="gpt_neo",
+        vocab_size=96,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        attention_types=[[["global", "local"], 1]],
+        window_size=3,
+        intermediate_size=64,
+        max_position_embeddings=512,
+    )
+    c = check_traced(raw, P)
+    assert c.params == c.results["params"].total
+    assert c.results["cost"].flops["matmul"] == c.flops
+    assert np.abs(c.logits - c.want).max() < 1e-4
+
+
+INKLING = dict(
+    TINY,
+    model_type="inkling_text",
+    swa_num_attention_heads=4,
+    swa_num_key_value_heads=2,
+    swa_head_dim=8,
+    sliding_window_size=64,
+    d_rel=4,
+    rel_extent=16,
+    layer_types=["hybrid_sliding", "hybrid"],
+    mlp_layer_types=["sparse", "sparse"],
+    moe_intermediate_size=16,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    n_shared_experts=1,
+)
+
+
+def test_a_position_bias_the_attention_function_is_given():
+    """Inkling hands its attention function relative-position logits (position_bias), added to
+    the scaled scores; its router reads log_sigmoid and logsumexp."""
+    c = check_traced(INKLING, P)
+    biased = [n for n in c.graph.nodes() if n.name.endswith("core.position_bias")]
+    assert len(biased) == 2
+    assert "model.layers.0.self_attn.r_proj" in c.graph  # the bias's projection is read
+    assert c.results["cost"].flops["matmul"] == c.flops
+    assert np.abs(c.logits - c.want).max() < 1e-4
+
+
+def test_a_layer_with_two_attentions_keeps_two_cache_entries():
+    """LongCat-Flash's layer i attends twice, through cache entries 2i and 2i + 1: the second
+    layer, a replay of the first, reads and writes entries 2 and 3. Its zero experts spread
+    their tokens with a floor division."""
+    raw = dict(
+        {k: v for k, v in MLA.items() if k != "num_hidden_layers"},  # its attentions': 2 a layer
+        model_type="longcat_flash",
+        num_layers=2,
+        ffn_hidden_size=64,
+        expert_ffn_hidden_size=16,
+        moe_topk=2,
+        zero_expert_num=2,
+        head_dim=4,
+    )
+    c = check_traced(raw, P)
+    inputs = {n.name for n in c.graph.nodes("input")}
+    assert {f"past_key_values.{i}.key" for i in range(4)} <= inputs
+    assert {f"present.{i}.value" for i in range(4)} <= set(c.graph.outputs)
+    assert np.abs(c.logits - c.want).max() < 1e-4
+
+
+INKLING2 = dict(
+    TINY,
+    model_type="inkling2_text",
+    unpadded_vocab_size=90,
+    moe_intermediate_size=16,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    sliding_window_size=64,
+    layer_types=["hybrid_sliding", "hybrid"],
+)
+
+
+def test_a_convolution_over_windows_of_tokens():
+    """Inkling 2's keys and values pass a short conv whose taps each token computes: the
+    windows come from `unfold` over the tokens (each output position reads the K ending at
+    it), its attention a sink logit per query."""
+    c = check_traced(INKLING2, P)
+    assert any(n.op.startswith("aten.unfold") for n in c.graph.nodes())
+    assert any(n.op == "softmax_token_sink" for n in c.graph.nodes())
+    mixing = c.results["tokens"].to_dict()["mixing_ops"]
+    assert any(m.startswith("aten.unfold") for m in mixing)
+    assert c.results["cost"].flops["matmul"] == c.flops
+    assert np.abs(c.logits - c.want).max() < 1e-4
+
+
+def test_a_looped_model_that_copies_its_cache_layers():
+    """Inkling2-Loop runs its middle layers three times, each pass with its own copies of their
+    cache layers (copy.deepcopy in its forward: a clone), its convs once a call."""
+    raw = dict(
+        INKLING2,
+        model_type="inkling2_loop_text",
+        num_hidden_layers=4,
+        layer_types=["hybrid_sliding", "hybrid_sliding", "hybrid", "hybrid_sliding"],
+        n_layers_per_attn_res_block=1,
+        loop_layer_index_start=1,
+        loop_layer_index_end=3,
+    )
+    c = check_traced(raw, P)
+    assert "model.layers.1.self_attn.k_proj.sconv_3.channels_last" in c.graph
+    assert c.params == c.results["params"].total
+    assert c.results["cost"].flops["matmul"] == c.flops
+    assert np.abs(c.logits - c.want).max() < 1e-4
+
+
+def test_convolutions_over_the_tokens_in_torch_code():
+    """ZAYA mixes its queries and keys with two valid convs over the tokens after its conv
+    state (or K-1 zeros): a depthwise one, then one in head groups; each output position reads
+    the K positions ending at it, and their work is torch's, output for output."""
+    raw = dict(
+        TINY,
+        model_type="zaya",
+        num_hidden_layers=2,
+        moe_intermediate_size=16,
+        num_experts=4,
+        num_experts_per_tok=1,
+        layer_types=["hybrid", "hybrid"],
+    )
+    c = check_traced(raw, P)
+    convs = [n for n in c.graph.nodes() if n.op.startswith("aten.convolution")]
+    assert len(convs) == 4
+    assert reference_conv_flops(c.graph) == c.conv_flops
+    mixing = c.results["tokens"].to_dict()["mixing_ops"]
+    assert any(m.startswith("aten.convolution") for m in mixing)
+    assert c.results["cost"].flops["matmul"] == c.flops
+    assert np.abs(c.logits - c.want).max() < 1e-4
