@@ -7,6 +7,7 @@ package's __init__, which imports the library."""
 
 from __future__ import annotations
 
+import gc
 import signal
 import sys
 
@@ -29,6 +30,10 @@ def main() -> None:
         signal.signal(s, _interrupted_while_starting)
     from graphllm.cli import main as cli_main  # the heavy imports, now interruptible
 
+    # what the imports made lives as long as the process: the collector need not walk it again
+    # at each full collection that a graph of thousands of nodes brings on (a test process
+    # running many commands does not come through here, and collects as usual)
+    gc.freeze()
     cli_main()
 
 

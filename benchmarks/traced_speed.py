@@ -1,7 +1,8 @@
 """How long tracing a model takes: Llama-3.1-405B at full size (the preset's published config),
 traced from transformers' code, first with no cache, then read back from the disk cache (the
 graph lowered at that workload before; a workload not lowered before: the recording read and
-lowered), beside building the same graph by hand. Each figure is a median over fresh processes;
+lowered), beside building the same graph by hand; then the `trace` command end to end on the cached model
+beside the built family's (one layer of each kind analysed, standing for the rest). Each figure is a median over fresh processes;
 the imports (torch, transformers) are timed apart from the trace.
 
     python benchmarks/traced_speed.py [--model llama3.1-405b] [--repeats 3]
@@ -16,6 +17,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 CHILD = r"""
 import json, sys, time
@@ -51,6 +53,15 @@ def run(model: str, cache: str, fresh: bool, seq_len: int = 128) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def command(model: str, cache: str, frontend: str) -> float:
+    """Seconds of one `graphllm trace` run in a fresh process, imports and all."""
+    env = dict(os.environ, XDG_CACHE_HOME=cache, TRANSFORMERS_VERBOSITY="error")
+    argv = [sys.executable, "-m", "graphllm_entry", "trace", "--model", model, "--frontend", frontend]
+    t0 = time.perf_counter()
+    subprocess.run(argv, env=env, capture_output=True, check=True)
+    return time.perf_counter() - t0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="llama3.1-405b")
@@ -61,6 +72,10 @@ def main() -> None:
         run(args.model, cache, fresh=False)  # fills the cache
         cached = [run(args.model, cache, fresh=False) for _ in range(args.repeats)]
         other = [run(args.model, cache, False, 256 + i) for i in range(args.repeats)]
+        cli = {
+            f: statistics.median(command(args.model, cache, f) for _ in range(args.repeats))
+            for f in ("traced", "built")
+        }
     med = {k: statistics.median(r[k] for r in first) for k in ("imports", "trace", "built")}
     hit = statistics.median(r["trace"] for r in cached)
     lowered = statistics.median(r["trace"] for r in other)
@@ -72,6 +87,10 @@ def main() -> None:
     print(f"  trace, other T:      {lowered:.2f} s (the recording read, lowered at T)")
     print(f"  built by hand:       {med['built']:.2f} s")
     print(f"  cached / built:      {hit / med['built']:.1f}x")
+    print("`graphllm trace` end to end (a fresh process: imports, graph, analyses, printing):")
+    print(f"  traced, disk cache:  {cli['traced']:.2f} s")
+    print(f"  built by hand:       {cli['built']:.2f} s")
+    print(f"  traced / built:      {cli['traced'] / cli['built']:.2f}x")
 
 
 if __name__ == "__main__":

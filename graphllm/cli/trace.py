@@ -133,7 +133,11 @@ def _traced(
         return
     if plot:
         raise ConfigError("--plot draws a sweep: give --seq-len a list, e.g. 128,1024,8192")
-    doc, graph = traced_report(raw, name, workloads[0], hw, attention, training)
+    graph = None
+    if per_op or print_graph:
+        doc, graph = traced_report(raw, name, workloads[0], hw, attention, training)
+    else:  # one layer of each kind standing for the rest
+        doc = trace_document(config, workloads[0], hw, attention, training)
     if per_op:
         write_text_atomic(per_op[1], per_op_text(graph, per_op[0]))
     if print_graph:

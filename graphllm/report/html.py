@@ -34,7 +34,7 @@ from graphllm.passes.training import TrainingOptions
 from graphllm.report.fit import fit_section, training_fit_section
 from graphllm.report.reuse import trace_document
 from graphllm.report.summary import _activations, _b, _n, _t
-from graphllm.report.trace_report import analysed, per_op_rows, sweep, traced_report
+from graphllm.report.trace_report import analysed, per_op_rows, sweep
 
 ATTENTION_KINDS = ("attention", "linear_attention", "mamba")  # what exporters.dot draws as such
 FFN_KINDS = ("mlp", "moe")
@@ -117,10 +117,9 @@ def _document(
 ) -> dict[str, Any]:
     """trace's document, with the fit on one device (a built family's: the plan behind it
     enumerates built layouts)."""
-    if is_traced(config):
-        assert config.raw is not None
-        return traced_report(config.raw, config.name, workload, hardware, attention, training)[0]
     doc = trace_document(config, workload, hardware, attention, training, mla, mtp)
+    if is_traced(config):
+        return doc
     if hardware is not None and training:
         doc["fit"] = training_fit_section(config, workload, hardware, attention)
     elif hardware is not None:

@@ -25,11 +25,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from graphllm.frontends import is_traced, model_graph
 from graphllm.ir import Graph, Node
 from graphllm.models.hardware import Hardware
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload, nbytes
 from graphllm.ops import OPS, SOURCE
+from graphllm.passes import run
 from graphllm.passes import tokens as tk
 from graphllm.passes.attention_region import core_attention_region
 from graphllm.passes.cost import CostReport, CostTally, layer_of, layer_scopes, scopes_of
@@ -53,7 +55,8 @@ from graphllm.passes.roofline import (
     step_bandwidth,
 )
 from graphllm.passes.stored import param_bytes
-from graphllm.report.trace_report import analysed, document, trace_report
+from graphllm.report.reduced import reduced_traced, same_nodes
+from graphllm.report.trace_report import ANALYSES, analysed, document, trace_report
 
 
 @dataclass
@@ -178,19 +181,23 @@ def _layout(small: Graph, index: list[int]) -> _Layout | None:
     if any(starts[r + 1] <= ends[r] for r in range(len(blocks) - 1)):
         return None
     seg_of = {n.name: r for r in range(len(blocks)) for n in nodes[starts[r] : ends[r] + 1]}
-    stream0 = _stream0(nodes, starts[0], ends[0])
+    stream0 = _stream0(nodes, starts[0], ends[0], small[blocks[0]].outputs)
     if stream0 is None:
         return None
     return _Layout(nodes, blocks, starts, ends, seg_of, stream0)
 
 
-def _stream0(nodes: list[Node], start: int, end: int) -> str | None:
+def _stream0(nodes: list[Node], start: int, end: int, stream: tuple) -> str | None:
     """The residual stream entering layer 0 (nodes[start:end + 1]): the last op before it that
-    it reads. None where a later layer reads it too (a skip from the embedding): its layer 0
-    read and the stream could not be told apart."""
+    it reads of the stream's type (`stream`: the layer's output types; a traced model makes
+    its rotary tables after the embedding). None where a later layer reads it too (a skip from
+    the embedding): its layer 0 read and the stream could not be told apart."""
     read0 = {x.node for n in nodes[start : end + 1] for x in n.inputs}
     pre = nodes[:start]
-    stream0 = next((n.name for n in reversed(pre) if n.name in read0 and _computes(n)), None)
+    stream0 = next(
+        (n.name for n in reversed(pre) if n.name in read0 and _computes(n) and n.outputs == stream),
+        None,
+    )
     later = {x.node for n in nodes[end + 1 :] for x in n.inputs}
     return None if stream0 is None or stream0 in later else stream0
 
@@ -365,12 +372,12 @@ def _reused(
     """The unrolled sequence and the reports of trace's analyses over it."""
     if mtp:
         return None
-    small_cfg, index = reduced_config(config)
-    if small_cfg is config:
+    got = _reduced(config, workload, hardware, attention, training, mla, exact_sets)
+    if got is None:
         return None
-    small, res = analysed(small_cfg, workload, hardware, attention, training, mla, mtp, exact_sets)
+    small, index, res, full = got
     u = unroll(small, index)
-    if u is None:
+    if u is None or (full is not None and not _gives_back(u, full)):
         return None
     tokens = _tokens(u, res["tokens"])
     if tokens is None:
@@ -382,6 +389,46 @@ def _reused(
     out["memory"] = _memory(u, attention)
     out["roofline"] = _roofline(u, hardware, attention, training) if hardware is not None else None
     return u, out
+
+
+def _reduced(
+    config: Any,
+    workload: Workload,
+    hardware: Hardware | None,
+    attention: str,
+    training: bool,
+    mla: str,
+    exact_sets: bool | None,
+) -> tuple[Graph, list[int], Results, Graph | None] | None:
+    """The graph of one layer of each kind, each real layer's index in it, the analyses of it,
+    and (a traced model's, cut from it) the full graph its unrolling must give back."""
+    if not is_traced(config):
+        small_cfg, index = reduced_config(config)
+        if small_cfg is config:
+            return None
+        args = (workload, hardware, attention, training, mla, False, exact_sets)
+        small, res = analysed(small_cfg, *args)
+        return small, index, res, None
+    full = model_graph(config, workload)
+    cut = reduced_traced(full)
+    if cut is None:
+        return None
+    opts: dict[str, Any] = {"hardware": hardware, "attention": attention, "training": training}
+    if exact_sets is not None:
+        opts["exact_sets"] = exact_sets
+    return cut[0], cut[1], run(cut[0], ANALYSES, **opts), full
+
+
+def _gives_back(u: Unrolled, full: Graph) -> bool:
+    """Whether `u` is `full` node for node and output for output (its outputs then put in the
+    full graph's order, which a traced model's lowering chose)."""
+    order = {k: i for i, k in enumerate(full.outputs)}
+    if not same_nodes(full, u.names, u.reps, u.inputs) or set(order) != {
+        k for k, _, _ in u.outputs
+    }:
+        return False
+    u.outputs.sort(key=lambda o: order[o[0]])
+    return True
 
 
 def _graph_section(u: Unrolled) -> dict[str, Any]:

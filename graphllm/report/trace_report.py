@@ -65,7 +65,6 @@ def traced_report(
     results = (res[k] for k in ("params", "tokens", "cost", "memory", "roofline"))
     config = graph.meta["config"]
     doc = document(config, workload, attention, training, "naive", False, section, *results)
-    doc["model"]["frontend"] = config.frontend
     return doc, graph
 
 
@@ -119,7 +118,7 @@ def document(
         "model": {
             "name": config.name,
             "model_type": config.model_type,
-            "frontend": "built",
+            "frontend": getattr(config, "frontend", "built"),
             "config": asdict(config),
             # a multimodal model's text decoder: what is modelled, said in the report
             **({"text_decoder_of": config.text_decoder_of} if config.text_decoder_of else {}),
