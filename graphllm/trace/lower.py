@@ -173,6 +173,7 @@ class _Lowering:
         t = self.type_of(vid)
         if kind == "param":
             weight = param_kind(name, self.scopes)
+            t = self.expert_axis(t, weight)
             extra: dict[str, Any] = {"stacked": "expert"} if weight == "moe_experts" else {}
             stored = self.f.meta.get("stored_as", {}).get(name)
             if stored is not None:  # what checkpoints call it
@@ -189,6 +190,35 @@ class _Lowering:
             raise ConfigError(f"a traced tensor ({vid}) is used before it is made")
         self.refs[vid] = Ref(node.name)
         return self.refs[vid]
+
+    def expert_axis(self, t: TensorType, weight: str) -> TensorType:
+        """An experts' stack or a router's weight leads with the expert axis, whatever other
+        size of the config it equals (Mixtral's 8 experts and 8 KV heads, Qwen3-30B-A3B's 128
+        experts and head dim): the role by size alone takes the first field of that size."""
+        experts = getattr(self.f.meta.get("config"), "num_experts", 0)
+        if weight not in ("moe_experts", "router") or not experts or t.rank < 1:
+            return t
+        if t.dims[0].size != experts or t.dims[0].role == "expert":
+            return t
+        return TensorType((Dim("e", "expert", experts), *t.dims[1:]), t.dtype)
+
+    def expert_carried(self, vid: int, ins: list[TensorType], scope: str) -> TensorType:
+        """type_of `vid`, an axis of the size of an input's expert axis taken for that axis (a
+        router's scores softmaxed, cast, compared), and in an MoE block's code an axis of the
+        experts' count for the expert axis (Llama 4's tokens viewed per expert): named by its
+        size alone, it would be another field's of that size."""
+        t = self.type_of(vid)
+        experts = {d.size: d for x in ins for d in x.dims if d.role == "expert"}
+        count = getattr(self.f.meta.get("config"), "num_experts", 0)
+        if count and _innermost_kind(self.scopes, scope) in ("experts", "router", "moe"):
+            experts.setdefault(count, Dim("e", "expert", count))
+        if not experts:
+            return t
+        for k, d in enumerate(t.dims):
+            e = experts.get(d.size)
+            if e is not None and d != e and d.size is not None and d.role not in TOKEN_ROLES:
+                self.axis_dims[(vid, k)] = e
+        return self.type_of(vid)
 
     def unique(self, name: str) -> str:
         if name not in self.g:
@@ -433,7 +463,7 @@ class _Lowering:
     def generic(
         self, ev: Event, kind: str, ins: list[Ref], types: list[TensorType], args: Any, at: str = ""
     ) -> None:
-        out_types = [self.type_of(o) for o in ev.outs]
+        out_types = [self.expert_carried(o, types, ev.scope) for o in ev.outs]
         sig = _signature(kind, concrete(args, self.point), types, out_types, self.rec.shapes, ev)
         if sig.groups:
             shapes = [_shape(t, self.g.bindings) for t in (types[0], out_types[0])]
@@ -466,12 +496,38 @@ class _Lowering:
     def out(self, ev: Event, node: Node) -> None:
         for i, vid in enumerate(ev.outs):
             self.refs[vid] = Ref(node.name, i)
-            want = self.type_of(vid)
-            if node.outputs[i] != want and node.op in OPS:
+            want, got = self.type_of(vid), node.outputs[i]
+            if got == want or node.op not in OPS:
+                continue
+            if not _expert_of(got, want):
                 raise ConfigError(
                     f"{node.name} ({node.op}): the trace says {want} {want.dtype}, the op "
-                    f"table {node.outputs[i]} {node.outputs[i].dtype}"
+                    f"table {got} {got.dtype}"
                 )
+            for k, (g, w) in enumerate(zip(got.dims, want.dims, strict=True)):
+                if g != w:  # the expert axis carried from the weights, not named by its size
+                    self.axis_dims[(vid, k)] = g
+
+
+def _innermost_kind(scopes: dict[str, str], scope: str) -> str:
+    """The kind of the innermost scope holding `scope` that has one; '' for none."""
+    parts = scope.split(".")
+    for k in range(len(parts), 0, -1):
+        kind = scopes.get(".".join(parts[:k]))
+        if kind is not None:
+            return kind
+    return ""
+
+
+def _expert_of(got: TensorType, want: TensorType) -> bool:
+    """Whether the op table's type is the trace's with an expert axis where the trace, naming
+    axes by their sizes, took it for another field of the same size."""
+    if got.dtype != want.dtype or got.rank != want.rank:
+        return False
+    return all(
+        g == w or (g.role == "expert" and g.size is not None and g.size == w.size)
+        for g, w in zip(got.dims, want.dims, strict=True)
+    )
 
 
 # -- signatures ----------------------------------------------------------------------------------

@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 
 from graphllm.errors import ConfigError
+from graphllm.models.config import read_config_source
+from graphllm.models.workload import Workload
+from graphllm.trace import traced_graph
 from graphllm.trace.relation import read_relation
 from graphllm.trace.symbolic import DECODE_PROBES, PREFILL_PROBES, Expr, fit
 
@@ -63,3 +66,24 @@ def test_overlays_of_packed_sequences_and_image_blocks_read_as_one_text_sequence
         masking.causal_mask_function, masking.blockwise_overlay(torch.full((2, 5), -1))
     )
     assert read_relation(blocks) == {"causal": True, "window": None}
+
+
+@pytest.mark.parametrize(
+    ("preset", "other"),
+    [("mixtral-8x7b", "kv_head"), ("qwen3-30b-a3b", "head_dim")],  # 8 = KV heads, 128 = head dim
+)
+def test_the_expert_axis_is_named_so_where_another_field_has_its_size(preset, other):
+    raw, name = read_config_source(preset)
+    g = traced_graph({**raw, "num_hidden_layers": 1}, Workload(seq_len=16), name)
+    experts = g.meta["config"].num_experts
+    layer = "model.layers.0.mlp"
+    for node in ("gate.weight", "gate", "experts.gate_up_proj", "experts.dispatch"):
+        n = g[f"{layer}.{node}"]
+        expert_axes = [d for d in n.out.dims if d.role == "expert"]
+        assert [d.size for d in expert_axes] == [experts], node
+    # the router's scores keep the axis through the code between units (cast, softmax)
+    scores = [n for n in g.nodes() if n.name.startswith(f"{layer}.gate.") and "softmax" in n.name]
+    assert scores and all(n.out.dims[-1].role == "expert" for n in scores)
+    # and the attention's axes of the same size keep their own role
+    attention = [d.role for n in g.nodes() if ".self_attn." in n.name for d in n.out.dims]
+    assert other in attention and "expert" not in attention
