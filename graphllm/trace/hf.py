@@ -196,7 +196,8 @@ def checkpoint_names(model: Any) -> dict[str, Any]:
     reverse = _reversed(converters)
     state = model.state_dict()
     out: dict[str, Any] = {}
-    joined: dict[tuple[int, str], list[tuple[int, str]]] = {}
+    # the tensors a converter saves joined in one, by (converter, the joined tensor's name)
+    joined: dict[tuple[int, str], tuple[Any, list[tuple[int, str]]]] = {}
     for name, t in state.items():
         saved = _reverted(model, {name: t})
         found = _converter_of(reverse, name)
@@ -208,12 +209,11 @@ def checkpoint_names(model: Any) -> dict[str, Any]:
             continue
         conv, index = found
         if _kinds(conv) in SPLIT_ON_LOADING and saved is not None and len(saved) == 1:
-            joined.setdefault((id(conv), next(iter(saved))), []).append((index, name))
+            joined.setdefault((id(conv), next(iter(saved))), (conv, []))[1].append((index, name))
             continue
         how = pieces([conv], name, tuple(t.shape), saved) if saved else None
         out[name] = how if how is not None else unread(conv)
-    for (key, _), group in joined.items():
-        conv = next(c for c, _ in reverse if id(c) == key)
+    for conv, group in joined.values():
         out |= _joined(model, conv, [n for _, n in sorted(group)], state)
     # a name two tensors are saved under, or another tensor's own, is not a rename
     targets = Counter(v for v in out.values() if isinstance(v, str))
