@@ -309,9 +309,7 @@ def _check_phase(
     with torch.no_grad():
         cache = ref(torch.tensor(past_ids), use_cache=True).past_key_values if past else None
         feeds = _feeds(g, ids, past, cache)
-        kw = (
-            {"position_ids": torch.tensor(feeds["position_ids"])} if "position_ids" in feeds else {}
-        )
+        kw = _positions(feeds)
         with FlopCounterMode(display=False) as fc:
             out = ref(torch.tensor(ids), **{cache_argument(ref): cache}, **kw)
     row["params"] = res["params"].total == _stored_numel(ref)
@@ -367,7 +365,10 @@ def _onnx(raw: dict[str, Any], ref: Any, ids: Any, past_ids: Any) -> bool | str:
                     ref(torch.tensor(past_ids), use_cache=True).past_key_values if cached else None
                 )
                 feeds = _feeds(g, ids, past_ids.shape[1], cache)  # before the step extends it
-                want = ref(torch.tensor(ids), **{cache_argument(ref): cache}).logits.float().numpy()
+                # the positions the export is fed: transformers' Bamba starts them at 0 after
+                # a cache when it is given none
+                kw = {**_positions(feeds), cache_argument(ref): cache}
+                want = ref(torch.tensor(ids), **kw).logits.float().numpy()
             names = {i.name for i in session.get_inputs()}
             feeds["attention_mask"] = np.ones(
                 (ids.shape[0], sum(past_ids.shape[1:]) + ids.shape[1]), np.int64
@@ -381,6 +382,13 @@ def _onnx(raw: dict[str, Any], ref: Any, ids: Any, past_ids: Any) -> bool | str:
         return (
             f"{type(e).__name__}: {str(e).strip().splitlines()[0][:150] if str(e).strip() else ''}"
         )
+
+
+def _positions(feeds: dict[str, Any]) -> dict[str, Any]:
+    """transformers' position_ids argument: the positions the graph is fed, where it reads any."""
+    import torch
+
+    return {"position_ids": torch.tensor(feeds["position_ids"])} if "position_ids" in feeds else {}
 
 
 def _stored_numel(ref: Any) -> int:

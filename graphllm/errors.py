@@ -12,6 +12,10 @@ class ConfigError(GraphllmError):
     """A model config or workload that graphllm cannot model as given."""
 
 
+class NoCacheError(ConfigError):
+    """A cached step asked of a model that keeps no cache (GPT-1): its prefill is all it runs."""
+
+
 class GraphError(GraphllmError):
     """A graph that breaks an invariant of the IR or of an op's signature."""
 

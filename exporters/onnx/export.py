@@ -511,7 +511,8 @@ def _checked(
     dtype = built.act_dtype
     if dtype not in EXPORT_DTYPES:
         raise ConfigError(f"ONNX export runs in {' or '.join(EXPORT_DTYPES)}, not {dtype}")
-    if built.past_len == 0:
+    # a model that carries nothing to a next step (GPT-1 keeps no cache) has its prefill alone
+    if built.past_len == 0 and graph.carried_outputs():
         raise ConfigError("the graph has no past K/V inputs: build it with past_len > 0")
     if "partition" in graph.meta:
         raise ConfigError(

@@ -417,6 +417,9 @@ def checkpoint_tensors(
             home = _quantized_home(n.name, fmt, ckpt, text_decoder)
             reads[n.name] = [check_int_groups(ckpt, home, fmt, want)]  # type: ignore[list-item]
             continue
+        if _sliced(n):
+            reads[n.name] = [_slice_read(ckpt, n, text_decoder)]
+            continue
         reads[n.name] = [
             _plain_read(ckpt, _stored_name(name, ckpt, text_decoder), name)
             if fmt is None
@@ -493,6 +496,36 @@ def _plain_read(ckpt: SafetensorsFolder, stored: str, name: str) -> Read:
     return lambda: ckpt.read(stored)
 
 
+def _sliced(n: Node) -> bool:
+    """A traced model's tensor its checkpoint keeps joined with others (graphllm.trace.hf's
+    `slices`), or through a conversion graphllm does not read (refused here, by name)."""
+    how = n.attrs.get("stored_as")
+    if isinstance(how, dict) and "unread" in how:
+        raise WeightsError(
+            f"{n.name}: its checkpoint stores it through transformers' {how['unread']} "
+            "conversion, which graphllm does not read"
+        )
+    return isinstance(how, dict) and "slice_of" in how
+
+
+def _slice_read(ckpt: SafetensorsFolder, n: Node, text_decoder: bool) -> Read:
+    """The slice of a joined tensor (q, k and v in one query_key_value) that transformers'
+    converter splits off for `n` on loading; the joined tensor's shape checked first."""
+    how = n.attrs["stored_as"]
+    stored, axis = _stored_name(how["slice_of"], ckpt, text_decoder), how["axis"]
+    _plain_read(ckpt, stored, how["slice_of"])  # there, and of a dtype read as values
+    have = ckpt.dtype_shape(stored)[1]
+    want = list(_shape(n))
+    want[axis] = how["size"]
+    if tuple(have) != tuple(want):
+        raise WeightsError(
+            f"{shown(stored)}: checkpoint shape {tuple(have)}, where the tensors transformers "
+            f"splits it into on axis {axis} ({n.name} among them) make {tuple(want)}"
+        )
+    part = (slice(None),) * axis + (slice(how["start"], how["stop"]),)
+    return lambda: ckpt.stored(stored)[part].astype(np.float32)
+
+
 def _read_params(
     graph: Graph, reads: dict[str, list[Read]], dtype: str, packed: Collection[str]
 ) -> Iterator[tuple[Node, Any]]:
@@ -501,7 +534,7 @@ def _read_params(
             yield n, reads[n.name][0]()
             continue
         shape, names = _shape(n), _checkpoint_names(n)
-        if isinstance(n.attrs.get("stored_as"), dict):
+        if isinstance(n.attrs.get("stored_as"), dict) and "parts" in n.attrs["stored_as"]:
             yield n, _assembled(n, shape, reads[n.name], _DTYPES[dtype])
             continue
         stacked = _per_expert(n)
@@ -525,7 +558,10 @@ def _assembled(n: Node, shape: tuple[int, ...], reads: list[Read], dtype: Any) -
     transformers' converter does on loading."""
     how = n.attrs["stored_as"]
     it = iter(reads)
-    stacks = [np.stack([next(it)() for _ in group], axis=how["stack"]) for group in how["parts"]]
+    if how["stack"] is None:  # one piece a part (OLMo-Hybrid's q, k and v convs)
+        stacks = [next(it)() for _ in how["parts"]]
+    else:
+        stacks = [np.stack([next(it)() for _ in g], axis=how["stack"]) for g in how["parts"]]
     out = stacks[0] if how["concat"] is None else np.concatenate(stacks, axis=how["concat"])
     if out.shape != shape:
         raise WeightsError(
@@ -542,6 +578,8 @@ def _per_expert(n: Node) -> bool:
 
 def _checkpoint_names(n: Node) -> list[str]:
     stored = n.attrs.get("stored_as")
+    if isinstance(stored, dict) and "slice_of" in stored:  # ... or joined with others
+        return [stored["slice_of"]]
     if isinstance(stored, dict):  # a traced model's tensor its checkpoints store in pieces
         return [name for group in stored["parts"] for name in group]
     if stored is not None:  # ... or renamed

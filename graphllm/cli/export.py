@@ -30,7 +30,7 @@ from graphllm.cli.common import (
     user_errors,
 )
 from graphllm.cli.progress import bar, showing
-from graphllm.errors import ConfigError
+from graphllm.errors import ConfigError, NoCacheError
 from graphllm.exporters.genai import CONFIG, MODEL, export_genai
 from graphllm.exporters.model_explorer import export_model_explorer, overlay_paths
 from graphllm.exporters.onnx import ExportResult, export_onnx
@@ -372,18 +372,28 @@ def export_traced(
                 f"{flag}: a traced model exports at fp32 with the decomposed lowering"
             )
     check_export_target(output, inputs=(config_path, weights))
-    raw, name = source
-    graph = traced_graph(raw, Workload(batch=1, seq_len=1, past_len=1, dtype="fp32"), name, True)
+    graph, steps = _traced_export_graph(*source)
     r = export_onnx(
         graph, output, weights=weights, seed=seed, no_weights=no_weights, ops="decomposed"
     )
     data = f" + {r.data_path.name}" if r.data_path else ""
     click.echo(
-        f"wrote {r.path}{data}: {name} (traced from transformers' code), fp32, "
+        f"wrote {r.path}{data}: {source[1]} (traced from transformers' code), fp32, {steps}, "
         f"{r.lowering} lowering, {r.nodes} ONNX nodes, {r.params / 1e6:.1f}M params, "
         f"weights {r.weights}"
     )
     return True
+
+
+def _traced_export_graph(raw: dict[str, Any], name: str) -> tuple[Graph, str]:
+    """The traced graph an export lowers, and the steps it runs: a cached step (its export
+    serves the prefill too), or the prefill alone where the model keeps no cache (GPT-1)."""
+    try:
+        wl = Workload(batch=1, seq_len=1, past_len=1, dtype="fp32")
+        return traced_graph(raw, wl, name, True), "prefill and cached steps"
+    except NoCacheError:
+        wl = Workload(batch=1, seq_len=1, past_len=0, dtype="fp32")
+        return traced_graph(raw, wl, name, True), "prefill only (the model keeps no cache)"
 
 
 def _written_quantization(

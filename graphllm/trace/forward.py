@@ -13,7 +13,7 @@ import inspect
 from collections.abc import Iterator
 from typing import Any
 
-from graphllm.errors import ConfigError
+from graphllm.errors import ConfigError, NoCacheError
 from graphllm.ir import CACHE, STATE
 from graphllm.trace.capture import Recording, recorder_modes
 from graphllm.trace.kernels import kernel_units
@@ -189,7 +189,7 @@ def _prefill(
     out = torch.func.functional_call(model, tensors, (), kwargs, strict=False)
     cache = _cache_of(out)
     if cache is None:
-        raise ConfigError("the model returns no cache, so a cached step cannot be traced")
+        raise NoCacheError("the model returns no cache, so a cached step cannot be traced")
     return cache
 
 

@@ -181,39 +181,140 @@ def _require_sizes(raw: dict[str, Any], cfg: Any) -> None:
 def checkpoint_names(model: Any) -> dict[str, Any]:
     """The model's tensor name -> how its checkpoints store it, as transformers' own
     revert_weight_conversion saves it: a name, where it renames the tensor (Nemotron-H's
-    `model.*` is `backbone.*` on the Hub); or, where it splits it (routed experts held as one
-    `experts.gate_up_proj`, stored one tensor an expert and a projection), the pieces and how
-    they stack (`pieces`). A tensor stored some other way keeps its name, and is not found in a
-    checkpoint: refused where it is read."""
+    `model.*` is `backbone.*` on the Hub); where it stores it in pieces (routed experts held as
+    one `experts.gate_up_proj`, stored one tensor an expert and a projection; OLMo-Hybrid's
+    conv1d, stored as a q, a k and a v conv), the pieces and how they join (`pieces`); where it
+    joins it with others (q, k and v in one `query_key_value`), its slice of the joined tensor
+    (`slices`); where the conversion is one graphllm does not read, `{"unread": its
+    operations}`, refused where the tensor is read. A tensor no conversion names keeps its
+    name."""
     from transformers.conversion_mapping import get_model_conversion_mapping
-    from transformers.core_model_loading import revert_weight_conversion
 
     converters = get_model_conversion_mapping(model, add_legacy=False)
     if not converters:
         return {}
+    reverse = _reversed(converters)
+    state = model.state_dict()
     out: dict[str, Any] = {}
-    for name, t in model.state_dict().items():
-        try:
-            saved = revert_weight_conversion(model, {name: t})
-        except Exception:  # a conversion that needs its partners: not a rename
+    # the tensors a converter saves joined in one, by (converter, the joined tensor's name)
+    joined: dict[tuple[int, str], tuple[Any, list[tuple[int, str]]]] = {}
+    for name, t in state.items():
+        saved = _reverted(model, {name: t})
+        found = _converter_of(reverse, name)
+        if found is None:  # renamed at most
+            if saved is not None and len(saved) == 1:
+                ((new, kept),) = saved.items()
+                if new != name and tuple(kept.shape) == tuple(t.shape):
+                    out[name] = new
             continue
-        if len(saved) > 1:
-            how = pieces(converters, name, tuple(t.shape), saved)
-            if how is not None:
-                out[name] = how
-        elif len(saved) == 1:
-            ((new, kept),) = saved.items()
-            if new != name and tuple(kept.shape) == tuple(t.shape):
-                out[name] = new
-    # a name two tensors are saved under, or another tensor's own, is a merge (q, k and v into
-    # one query_key_value), not a rename
+        conv, index = found
+        if _kinds(conv) in SPLIT_ON_LOADING and saved is not None and len(saved) == 1:
+            joined.setdefault((id(conv), next(iter(saved))), (conv, []))[1].append((index, name))
+            continue
+        how = pieces([conv], name, tuple(t.shape), saved) if saved else None
+        out[name] = how if how is not None else unread(conv)
+    for conv, group in joined.values():
+        out |= _joined(model, conv, [n for _, n in sorted(group)], state)
+    # a name two tensors are saved under, or another tensor's own, is not a rename
     targets = Counter(v for v in out.values() if isinstance(v, str))
-    names = set(model.state_dict())
     return {
         k: v
         for k, v in out.items()
-        if not isinstance(v, str) or (targets[v] == 1 and v not in names)
+        if not isinstance(v, str) or (targets[v] == 1 and v not in state)
     }
+
+
+# the operations (transformers.core_model_loading's classes) of a conversion that splits one
+# stored tensor into several of the model's on loading, which `slices` reads
+SPLIT_ON_LOADING = (("Split",), ("Chunk",))
+
+
+def _kinds(conv: Any) -> tuple[str, ...]:
+    return tuple(type(op).__name__ for op in getattr(conv, "operations", []))
+
+
+def unread(conv: Any) -> dict[str, str]:
+    """A tensor stored through a conversion graphllm does not read, named by its operations."""
+    return {"unread": ", ".join(_kinds(conv)) or type(conv).__name__}
+
+
+def _reversed(converters: list[Any]) -> list[tuple[Any, Any]]:
+    """(converter, its reverse) of each converter, in the order revert_weight_conversion tries
+    them (the last first); a converter with no reverse (a quantizer's) is left out."""
+    out = []
+    for conv in converters[::-1]:
+        if not hasattr(conv, "operations"):  # a renaming, applied by revert_weight_conversion
+            continue
+        try:
+            out.append((conv, conv.reverse_transform()))
+        except ValueError:
+            continue
+    return out
+
+
+def _converter_of(reverse: list[tuple[Any, Any]], name: str) -> tuple[Any, int] | None:
+    """The converter that saves the model's tensor `name` (the first whose reverse matches it,
+    as revert_weight_conversion picks it) and the index of its target pattern that matched."""
+    for conv, rev in reverse:
+        _, pattern = rev.rename_source_key(name)
+        if pattern is not None:
+            return conv, rev.source_patterns.index(pattern)
+    return None
+
+
+def _reverted(model: Any, tensors: dict[str, Any]) -> dict[str, Any] | None:
+    """The tensors as save_pretrained writes them; None where the conversion needs partners."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    try:
+        return revert_weight_conversion(model, tensors)
+    except Exception:  # a conversion that cannot save these tensors alone
+        return None
+
+
+def _joined(model: Any, conv: Any, names: list[str], state: dict[str, Any]) -> dict[str, Any]:
+    """The model's tensors `names` (in the converter's target order) that save_pretrained
+    joins into one: each one's slice of it, or unread."""
+    whole = _reverted(model, {n: state[n] for n in names})
+    if whole is None or len(whole) != 1:
+        return dict.fromkeys(names, unread(conv))
+    ((stored, t),) = whole.items()
+    parts = [(n, tuple(state[n].shape)) for n in names]
+    got = slices(conv, parts, stored, tuple(t.shape))
+    return got if got is not None else dict.fromkeys(names, unread(conv))
+
+
+def slices(
+    conv: Any, parts: list[tuple[str, tuple[int, ...]]], stored: str, shape: tuple[int, ...]
+) -> dict[str, dict[str, Any]] | None:
+    """Each of the model's tensors `parts` (name, shape), in the order of the converter's target
+    patterns, as its slice of the one tensor `stored` (of `shape`) a checkpoint keeps them in,
+    which transformers' converter splits on loading: Split (each target as long as the model's
+    tensor on the axis) or Chunk (equal parts). None for any other conversion, or parts that
+    do not make the stored tensor."""
+    kinds = _kinds(conv)
+    if kinds not in SPLIT_ON_LOADING or len(getattr(conv, "source_patterns", [])) != 1:
+        return None
+    op = conv.operations[0]
+    if getattr(op, "num_shards_attribute", None) is not None:  # as many parts as a config says
+        return None
+    if len(parts) != len(conv.target_patterns) or not shape:
+        return None
+    if any(len(p) != len(shape) for _, p in parts):
+        return None
+    axis = op.dim % len(shape)
+    sizes = [p[axis] for _, p in parts]
+    rest = {p[:axis] + p[axis + 1 :] for _, p in parts}
+    if rest != {shape[:axis] + shape[axis + 1 :]} or sum(sizes) != shape[axis]:
+        return None
+    if kinds == ("Chunk",) and len(set(sizes)) != 1:  # torch.chunk makes equal parts here
+        return None
+    out, start = {}, 0
+    for (name, _), size in zip(parts, sizes, strict=True):
+        out[name] = {"slice_of": stored, "axis": axis, "start": start, "stop": start + size}
+        out[name]["size"] = shape[axis]
+        start += size
+    return out
 
 
 def pieces(
@@ -222,14 +323,17 @@ def pieces(
     """How a tensor saved split into `saved` is put back together, as the converter that
     merges it on loading does (transformers.core_model_loading): its source patterns' pieces,
     each in index order, stacked on MergeModulelist's axis, the patterns' stacks concatenated on
-    Concatenate's. None for any other conversion (not read from a checkpoint)."""
+    Concatenate's; or, with Concatenate alone, each source pattern's one piece concatenated
+    (`stack` None). None for any other conversion (not read from a checkpoint)."""
     for conv in converters:
         targets = getattr(conv, "target_patterns", None) or []
         if not any(name.endswith(p) for p in targets):
             continue
         ops = {type(op).__name__: op for op in getattr(conv, "operations", [])}
-        if set(ops) - {"MergeModulelist", "Concatenate"} or "MergeModulelist" not in ops:
+        if not ops or set(ops) - {"MergeModulelist", "Concatenate"}:
             return None
+        if "MergeModulelist" not in ops:
+            return _concatenated(conv, ops["Concatenate"], shape, saved)
         groups = [_in_order(p, saved) for p in conv.source_patterns]
         stack, concat = ops["MergeModulelist"].dim, getattr(ops.get("Concatenate"), "dim", None)
         widths = [tuple(saved[g[0]].shape) if g else () for g in groups]
@@ -245,12 +349,34 @@ def pieces(
     return None
 
 
+def _concatenated(
+    conv: Any, op: Any, shape: tuple[int, ...], saved: dict[str, Any]
+) -> dict[str, Any] | None:
+    """A tensor stored as one piece a source pattern (none of them a `*` list), joined on
+    Concatenate's axis on loading."""
+    if getattr(op, "num_shards_attribute", None) is not None:
+        return None
+    groups = [_in_order(p, saved) for p in conv.source_patterns]
+    if any(len(g) != 1 for g in groups) or len(groups) != len(saved):
+        return None
+    widths = [tuple(saved[g[0]].shape) for g in groups]
+    if not shape or any(len(w) != len(shape) for w in widths):
+        return None
+    axis = op.dim % len(shape)
+    rest = {w[:axis] + w[axis + 1 :] for w in widths}
+    if rest != {shape[:axis] + shape[axis + 1 :]} or sum(w[axis] for w in widths) != shape[axis]:
+        return None
+    return {"parts": groups, "stack": None, "concat": axis}
+
+
 def _in_order(pattern: str, saved: dict[str, Any]) -> list[str]:
     """The saved names matching a source pattern (`mlp.experts.*.gate_proj.weight`), by the
-    index `*` stands for."""
-    core = re.escape(pattern.lstrip(".")).replace(r"\*", r"(\d+)")
-    rx = re.compile(r"(?:^|\.)" + core + "$")
-    found = [(int(m.group(1)), k) for k in saved if (m := rx.search(k))]
+    index `*` stands for. The pattern is a regex, `*.` any name part and a word's end a name's,
+    as transformers' WeightTransform reads it (DeepSeek-V4's `\\.experts.*.w1.weight`); `*` is
+    an index here."""
+    core = pattern.replace("*.", r"(?P<index>\d+)\.")
+    rx = re.compile(core + (r"(?!\w)" if re.search(r"[a-zA-Z0-9]$", pattern) else ""))
+    found = [(int(m.groupdict().get("index") or 0), k) for k in saved if (m := rx.search(k))]
     return [k for _, k in sorted(found)]
 
 
