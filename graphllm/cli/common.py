@@ -21,6 +21,8 @@ from graphllm.build.mla import MLA_FORMS
 from graphllm.echo import shown
 from graphllm.errors import ConfigError, GraphllmError, Interrupted
 from graphllm.files import forget_inputs
+from graphllm.frontends import require_engine_form
+from graphllm.ir import Graph
 from graphllm.models.config import (
     SUPPORTED,
     load_config,
@@ -32,6 +34,7 @@ from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import ATTENTION_FORMS, Workload
 from graphllm.models.workload_merge import merge_workload
 from graphllm.passes.parallel.engine import mla_form
+from graphllm.trace.model import traced_graph
 
 DTYPE_NAMES = ["fp32", "bf16", "fp16", "fp8", "int8", "int4", "int4g32"]
 PRESET_HELP = "A preset name (see `graphllm presets`)."
@@ -360,6 +363,25 @@ def traced_workloads(options: dict[str, Any], raw: dict) -> list[Workload]:
     seq_lens = options.pop("seq_len") or []
     flags = {k: options.pop(k) for k in WORKLOAD_FLAGS}
     return list(merge_workload(_NoQuantization(), section, flags, seq_lens, False).workloads)
+
+
+def traced_model(
+    source: tuple[dict, str],
+    options: dict[str, Any],
+    command: str,
+    mla: str,
+    phase: str,
+    mtp: bool = False,
+) -> tuple[Graph, Workload]:
+    """The graph of a model traced at the one workload a command takes (`phase`: the step's,
+    or training), its latent attention checked to be in the form engines run."""
+    raw, name = source
+    workloads = traced_workloads(options, raw)
+    if len(workloads) > 1:
+        raise ConfigError(f"{command} takes one --seq-len, not a list")
+    graph = traced_graph(raw, workloads[0], name)
+    require_engine_form(graph.meta["config"], mla, phase or workloads[0].phase, mtp)
+    return graph, workloads[0]
 
 
 class _NoQuantization:

@@ -23,6 +23,7 @@ from graphllm.cli.common import (
     resolve,
     seed_option,
     t_given,
+    traced_model,
     traced_source,
     traced_workloads,
     user_errors,
@@ -31,7 +32,7 @@ from graphllm.cli.layout import partition_options, strategy_from, strategy_optio
 from graphllm.errors import ConfigError
 from graphllm.exporters.trace import chrome_trace, require_traceable, write_trace
 from graphllm.files import check_target, json_text
-from graphllm.frontends import require_engine_form, require_traced_forms
+from graphllm.frontends import require_traced_forms
 from graphllm.ir import Graph
 from graphllm.models.hardware import load_hardware
 from graphllm.models.workload import Workload
@@ -118,14 +119,9 @@ def _model(
     transformers' code (--frontend), whose weights are cut as transformers' own plans say."""
     traced = traced_source(options, frontend)
     if traced is not None:
-        raw, name = traced
-        workloads = traced_workloads(options, raw)
-        if len(workloads) > 1:
-            raise ConfigError("partition takes one --seq-len, not a list")
-        graph = traced_graph(raw, workloads[0], name)
-        phase = "training" if training else workloads[0].phase
-        require_engine_form(graph.meta["config"], mla, phase, mtp)
-        return graph.meta["config"], workloads[0], graph, None
+        phase = "training" if training else ""
+        graph, wl = traced_model(traced, options, "partition", mla, phase, mtp)
+        return graph.meta["config"], wl, graph, None
     config, wl = resolve(options)
     form = mla_for(config, wl, training, mla)
     return config, wl, build_graph(config, wl, mla=form, mtp=mtp), form

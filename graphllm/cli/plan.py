@@ -17,15 +17,15 @@ from graphllm.cli.common import (
     mla_option,
     model_options,
     resolve,
+    traced_model,
     traced_source,
-    traced_workloads,
     user_errors,
 )
 from graphllm.cli.layout import training_from, training_options
 from graphllm.cli.progress import bar, showing
 from graphllm.errors import ConfigError
 from graphllm.files import json_text
-from graphllm.frontends import is_traced, require_engine_form
+from graphllm.frontends import is_traced
 from graphllm.models.hardware import load_hardware
 from graphllm.passes.parallel.engine import mla_form, mla_why
 from graphllm.passes.parallel.plan import TRACED_NO_PP
@@ -34,7 +34,6 @@ from graphllm.passes.training import TrainingOptions
 from graphllm.report.console import console as new_console
 from graphllm.report.fit import fewest_devices, one_device
 from graphllm.report.summary import _b, _t, hardware_model_line
-from graphllm.trace.model import traced_graph
 
 
 @click.command()
@@ -100,13 +99,8 @@ def _model(options: dict[str, Any], frontend: str, mla: str, training: bool) -> 
     traced = traced_source(options, frontend)
     if traced is None:
         return resolve(options)
-    raw, name = traced
-    workloads = traced_workloads(options, raw)
-    if len(workloads) > 1:
-        raise ConfigError("plan takes one --seq-len, not a list")
-    config = traced_graph(raw, workloads[0], name).meta["config"]
-    require_engine_form(config, mla, "training" if training else workloads[0].phase)
-    return config, workloads[0]
+    graph, wl = traced_model(traced, options, "plan", mla, "training" if training else "")
+    return graph.meta["config"], wl
 
 
 def _none_fits(
