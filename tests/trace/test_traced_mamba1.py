@@ -217,8 +217,18 @@ def test_mamba_2_8b_parameters_equal_the_published_count():
     prints for state-spaces/mamba-2.8b ("Number of parameters: 2768345600", AMD's ROCm blog on
     Mamba: github.com/ROCm/rocm-blogs, blogs/artificial-intelligence/mamba/README.md); the -hf
     checkpoint holds the same tensors, its LM head tied to the embedding."""
-    g = traced_graph(MAMBA_2_8B, Workload(seq_len=8, dtype="fp32"))
+    g = traced_graph(MAMBA_2_8B, Workload(seq_len=8))  # bf16, the residual in fp32
     res = run(g, ["params", "memory"])
     assert res["params"].total == 2_768_345_600
-    # a layer's cache: its conv's last 4 inputs and its state, 5120 channels each, fp32
-    assert res["memory"].state == 64 * 5120 * (4 + 16) * 4
+    # a layer's cache: its conv's last 4 inputs (bf16) and its fp32 state, 5120 channels each
+    assert res["memory"].state == 64 * 5120 * (4 * 2 + 16 * 4)
+
+
+def test_a_layer_that_takes_other_dtypes_is_a_kind_of_its_own():
+    """Mamba keeps its residual in fp32: layer 0 reads the embedding's bf16, every later layer
+    the fp32 sum, which its code casts back to bf16 before the norm. Layer 1 cannot replay
+    layer 0's recording (it has no cast): it is recorded itself, and the later ones replay it."""
+    g = traced_graph(dict(MAMBA, num_hidden_layers=3), Workload(seq_len=8))
+    norms = [g.type_of(n.inputs[0]).dtype for n in g.nodes() if n.op == "rmsnorm"]
+    assert norms == ["bf16"] * 3 + ["fp32"]  # norm_f reads the residual itself
+    assert g.meta["layer_kinds"] == {"backbone.layers.2": "backbone.layers.1"}
