@@ -258,7 +258,13 @@ class _Lowering:
             self.carried = carried_states(self.rec)
         p = self.unit_scope(ev, "ssm")
         state: Ref | None = None
-        if ev.outs[1] in self.carried and self.g.bindings["T"] == 1:  # what the step reads
+        step = self.g.bindings["T"] == 1 and self.g.bindings["P"] > 0
+        if step and ev.outs[1] not in self.carried:  # transformers steps from a state: which?
+            raise ConfigError(
+                f"{p}: a one-token step reads the Mamba-1 scan's cached state, and graphllm "
+                "does not find the cache entry it is kept in"
+            )
+        if step:  # what the step reads
             vid, head = self.carried[ev.outs[1]]
             state = self.ref(vid)
             if head is not None:
