@@ -17,7 +17,7 @@ from graphllm.errors import ConfigError, NoCacheError
 from graphllm.ir import CACHE, STATE
 from graphllm.trace.capture import Recording, recorder_modes
 from graphllm.trace.kernels import kernel_units
-from graphllm.trace.layers import Looped, replaying, representatives
+from graphllm.trace.layers import Looped, Unlike, replaying, representatives, split_kind
 from graphllm.trace.symbolic import Point
 from graphllm.trace.units import lifting, norm_units
 
@@ -28,11 +28,13 @@ _CACHE_NAMES = {"keys": "key", "values": "value"}
 
 def record(model: Any, point: Point) -> Recording:
     """The forward of `model` at `point` as a Recording."""
-    try:
-        return _record(model, point)
-    except Looped:  # a looped model: every layer records each of its calls
-        model._graphllm_layer_kinds = {}
-        return _record(model, point)
+    while True:
+        try:
+            return _record(model, point)
+        except Looped:  # a looped model: every layer records each of its calls
+            model._graphllm_layer_kinds = {}
+        except Unlike as e:  # a layer that takes other dtypes: a kind of its own
+            split_kind(model, e.path)
 
 
 def _record(model: Any, point: Point) -> Recording:
@@ -82,7 +84,7 @@ def _record(model: Any, point: Point) -> Recording:
                 _tensor_attributes(model, mode, box, attributes),
             ):
                 out = torch.func.functional_call(model, tensors, (), kwargs, strict=False)
-        except (ConfigError, Looped):
+        except (ConfigError, Looped, Unlike):
             raise
         except Exception as e:  # the model's own code failed on fake tensors: say where
             raise ConfigError(_failure(e, box.scope)) from None

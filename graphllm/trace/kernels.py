@@ -3,11 +3,11 @@
 transformers marks the functions a kernel may replace with
 `use_kernel_func_from_hub_with_fallback(name, package)`: the gated delta rule in its chunked and
 its recurrent form (FLA's `chunk_gated_delta_rule`, `fused_recurrent_gated_delta_rule`), Mamba2's
-chunked selective scan (mamba_ssm's `mamba_chunk_scan_combined`) and the causal depthwise
-convolution from a zero start (`causal_conv1d_fn`). Their torch
-fallbacks loop over chunks or tokens in Python, so no trace at one length holds at another;
-recorded whole (a `delta`, `ssm` or `conv` event), they lower onto the rows graphllm's hand-built
-hybrids use, whose FLOPs, bytes and mixing are the kernels'.
+chunked selective scan (mamba_ssm's `mamba_chunk_scan_combined`), Mamba-1's selective scan
+(`selective_scan_fn`) and the causal depthwise convolution from a zero start
+(`causal_conv1d_fn`). Their torch fallbacks loop over chunks or tokens in Python, so no trace at
+one length holds at another; recorded whole (a `delta`, `ssm`, `ssm1` or `conv` event), they
+lower onto rows whose FLOPs, bytes and mixing are the kernels'.
 
 A tagged function is found by its kernel name, in the modeling modules of the model's own
 classes; within `kernel_units` each is swapped for a recording stand-in that
@@ -104,12 +104,59 @@ def _ssm_chunked(
     return (y, state) if return_final_states else y
 
 
-# the kernel name transformers tags a function with -> its recording stand-in
+# A, B, C, D and z: the names transformers passes them by
+def _ssm1_scan(
+    u: Any,
+    delta: Any,
+    A: Any,
+    B: Any,
+    C: Any,
+    D: Any = None,
+    z: Any = None,
+    delta_bias: Any = None,
+    delta_softplus: bool = False,
+    return_last_state: bool = False,
+    **kw: Any,
+) -> Any:
+    """Mamba-1's scan (mamba_ssm's `selective_scan_fn` contract): u and delta (B, D, T), A
+    (D, N), B and C (B, N, T) -> y (B, D, T) and the last state (B, D, N), from a zero state."""
+    import torch
+
+    rec = STATE.recorder
+    unmodelled = [
+        what
+        for what, off in (
+            ("no D skip", D is None),
+            ("no gate z", z is None),
+            ("no delta_bias", delta_bias is None),
+            ("delta without softplus", not delta_softplus),
+            ("B or C in groups", B.dim() != 3 or C.dim() != 3),
+        )
+        if off
+    ]
+    if unmodelled:
+        raise ConfigError(
+            f"a Mamba-1 scan with {', '.join(unmodelled)}, which graphllm does not model"
+        )
+    bsz, channels, _ = u.shape
+    with rec.quiet():
+        y = torch.empty(u.shape, dtype=u.dtype, device=u.device)
+        state = torch.empty((bsz, channels, A.shape[-1]), dtype=torch.float32, device=u.device)
+    rec.unit("ssm1", (u, delta, A, B, C, D, z, delta_bias), {}, (y, state))
+    return (y, state) if return_last_state else y
+
+
+# the kernel name transformers tags a function with -> its recording stand-in. Mamba-1's
+# `selective_state_update` needs none: transformers calls it for one new token after a past
+# (or in a loop over tokens, which no one recording follows), and the decode probes take
+# several; the lowering steps from the carried state at one token (graphllm.trace.recurrences).
+# `mamba_inner_fn` runs only in training.
 UNITS: dict[str, Callable[..., Any]] = {
     "chunk_gated_delta_rule": _delta("chunked"),
     "fused_recurrent_gated_delta_rule": _delta("step"),
     "causal_conv1d_fn": _conv_fn,
     "mamba_chunk_scan_combined": _ssm_chunked,
+    "selective_scan_fn": _ssm1_scan,
 }
 
 

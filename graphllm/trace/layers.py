@@ -53,6 +53,27 @@ class Looped(Exception):
     reads and writes (its cache entry) depends on the call, so no layer may stand for another."""
 
 
+class Unlike(Exception):
+    """A layer took inputs of other dtypes than the first layer of its kind (Mamba's first layer
+    reads the embedding's bf16, the later ones the fp32 residual): its code casts where the
+    representative's did not, so it starts a kind of its own (`split_kind`)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
+
+
+def split_kind(model: Any, path: str) -> None:
+    """`path`, which repeated a layer of another kind, and every later layer that did: a kind
+    of their own, `path` its first."""
+    kinds = model._graphllm_layer_kinds
+    rep = kinds.pop(path)
+    order = list(dict(model.named_modules()))
+    for p, r in kinds.items():
+        if r == rep and order.index(p) > order.index(path):
+            kinds[p] = path
+
+
 def representatives(model: Any) -> dict[str, str]:
     """Each repeating decoder layer's path -> the path of the first layer of its kind (found
     once a model: every probe of it asks)."""
@@ -124,8 +145,10 @@ def _note(module: Any, path: str, box: Any, torch: Any) -> list[Any]:
     def pre(mod: Any, args: Any, kwargs: Any) -> None:
         if path in box.layers:
             raise Looped(path)
-        ins = [box.ids[id(t)] for t in _tensors((args, kwargs), torch) if id(t) in box.ids]
-        box.layers[path] = {"start": len(box.rec.events), "ins": ins}
+        known = [t for t in _tensors((args, kwargs), torch) if id(t) in box.ids]
+        ins = [box.ids[id(t)] for t in known]
+        dtypes = [str(t.dtype) for t in known]
+        box.layers[path] = {"start": len(box.rec.events), "ins": ins, "dtypes": dtypes}
 
     def post(mod: Any, args: Any, kwargs: Any, out: Any) -> None:
         note = box.layers[path]
@@ -159,9 +182,12 @@ def _replay(path: str, rep: str, slots: dict[str, str], box: Any, torch: Any) ->
         note = box.layers.get(rep)
         if note is None or "end" not in note:
             raise ConfigError(f"{path} repeats {rep}, which has not run before it")
-        ins = [box.ids[id(t)] for t in _tensors((args, kwargs), torch) if id(t) in box.ids]
+        known = [t for t in _tensors((args, kwargs), torch) if id(t) in box.ids]
+        ins = [box.ids[id(t)] for t in known]
         if len(ins) != len(note["ins"]):
             raise ConfigError(f"{path} takes other tensors than {rep}, the layer it repeats")
+        if [str(t.dtype) for t in known] != note["dtypes"]:
+            raise Unlike(path)
         with box.quiet():
             out = _like(note["structure"], torch)
         outs = tuple(box.number(t) for t in _tensors(out, torch))

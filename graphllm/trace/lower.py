@@ -19,7 +19,14 @@ from graphllm.ops import OPS
 from graphllm.ops.generic import ATEN, generic_row
 from graphllm.trace.capture import Event, Recording, Val
 from graphllm.trace.experts import lower_experts
-from graphllm.trace.recurrences import lower_conv, lower_delta, lower_ssm
+from graphllm.trace.recurrences import (
+    carried_states,
+    lower_conv,
+    lower_delta,
+    lower_ssm,
+    lower_ssm1,
+    select_head,
+)
 from graphllm.trace.scopes import param_kind, scope_kinds
 from graphllm.trace.symbolic import Expr, Point, concrete
 
@@ -61,6 +68,7 @@ class _Lowering:
         self.axis_dims: dict[tuple[int, int], Dim] = {}
         self.scopes = scope_kinds(self.rec.modules)
         self.unit_scopes: set[tuple[str, str]] = set()
+        self.carried: dict[int, tuple[int, int | None]] | None = None  # Mamba-1's, on first use
         self.g.meta.update(fitted.meta)
         self.g.meta["scopes"] = self.scopes
 
@@ -264,6 +272,8 @@ class _Lowering:
             ins = [None if v is None else self.ref(v.vid) for v in ev.args]
             out_t = self.type_of(ev.outs[0]).dims[1]
             self.out(ev, lower_ssm(self.g, self.unit_scope(ev, "ssm"), ins, ev.kwargs, out_t))
+        elif ev.op == "ssm1":
+            self.ssm1(ev)
         elif ev.op == "conv":
             ins = [None if v is None else self.ref(v.vid) for v in ev.args]
             p = self.unit_scope(ev, "conv")
@@ -273,6 +283,26 @@ class _Lowering:
             self.aten(ev, args)
 
     # -- units -----------------------------------------------------------------------------------
+    def ssm1(self, ev: Event) -> None:
+        if self.carried is None:
+            self.carried = carried_states(self.rec)
+        p = self.unit_scope(ev, "ssm")
+        state: Ref | None = None
+        step = self.g.bindings["T"] == 1 and self.g.bindings["P"] > 0
+        if step and ev.outs[1] not in self.carried:  # transformers steps from a state: which?
+            raise ConfigError(
+                f"{p}: a one-token step reads the Mamba-1 scan's cached state, and graphllm "
+                "does not find the cache entry it is kept in"
+            )
+        if step:  # what the step reads
+            vid, head = self.carried[ev.outs[1]]
+            state = self.ref(vid)
+            if head is not None:
+                state = select_head(self.g, f"{p}.carried_state", state, head)
+        ins = [self.ref(v.vid) for v in ev.args]
+        out_t = self.type_of(ev.outs[0]).dims[2]
+        self.out(ev, lower_ssm1(self.g, p, ins, out_t, state))
+
     def linear(self, ev: Event) -> None:
         x, w, b = ev.args
         ins = [self.ref(x.vid), self.ref(w.vid)] + ([self.ref(b.vid)] if b is not None else [])

@@ -8,6 +8,9 @@ hybrids use.
   this one. `use_qk_l2norm_in_kernel` is the l2normalize row on q and k first (eps 1e-6, FLA's).
 - `ssm`: Mamba2's selective scan (mamba_ssm's chunked contract), in the form transformers
   runs at the workload (its recurrent step for one new token after a state).
+- `ssm1`: Mamba-1's selective scan (mamba_ssm's `selective_scan_fn`, channels first) from a
+  zero state; at one new token after a past, transformers' step from the layer's carried state
+  (`selective_state_update`), the cache input the scan's final state is copied into.
 - `conv`: the depthwise causal conv on transformers' channels-first (B, C, S), from a zero
   start (transformers puts the cache's conv state before the new inputs itself, and keeps its
   last K positions, in ops of its own). The rows take channels last, so the input and output
@@ -20,11 +23,14 @@ import math
 from typing import Any
 
 from graphllm.errors import ConfigError
-from graphllm.ir import Dim, Graph, Ref, TensorType
+from graphllm.ir import Dim, Graph, Node, Ref, TensorType
 from graphllm.ops.generic import generic_row
+from graphllm.trace.capture import Event, Recording, Val
 
 # a conv's activation, as transformers names it -> graphllm's row
 _ACTIVATIONS = {"silu": "silu", "swish": "silu"}
+# ops that pass a whole tensor on unchanged but for its dtype
+_MOVES = {"_to_copy", "clone", "alias", "detach", "to", "lift_fresh", "lift_fresh_copy"}
 
 
 def lower_delta(g: Graph, p: str, ins: list[Ref | None], attrs: dict[str, Any], out_t: Dim):
@@ -52,6 +58,66 @@ def lower_ssm(g: Graph, p: str, ins: list[Ref | None], attrs: dict[str, Any], ou
     op = "ssm_scan" if state is None else "ssm_scan_past"
     inputs = tuple(args) + (() if state is None else (state,))
     return g.add(op, f"{p}.scan", inputs, attrs)
+
+
+def lower_ssm1(g: Graph, p: str, ins: list[Ref | None], out_t: Dim, carried: Ref | None) -> Node:
+    """Mamba-1's scan of scope `p` on (u, dt, A, B, C, D, z, dt_bias): returns the (y, final
+    state) node. `carried`: the layer's state in the past cache, which transformers steps from
+    for one new token; a scan of several tokens starts from zeros (selective_scan_fn takes no
+    state), so the recording of several never reads it."""
+    attrs = {"axes": {"t": out_t}}
+    if carried is not None and g.bindings["T"] == 1:
+        return g.add("selective_state_update", f"{p}.scan", (*ins, carried), attrs)
+    return g.add("selective_scan", f"{p}.scan", tuple(ins), attrs)
+
+
+def carried_states(rec: Recording) -> dict[int, tuple[int, int | None]]:
+    """Each Mamba-1 scan's final state (by tensor) -> the past cache input the step copies it
+    into, and its index along axis 1 there where the layer stacks several scans' states (Zamba's
+    heads), else None: the state a one-token step of that scan starts from."""
+    made = {vid: ev for ev in rec.events for vid in ev.outs}
+    finals = {ev.outs[1] for ev in rec.events if ev.op == "ssm1"}
+
+    def origin(v: Any) -> int | None:  # back through casts and copies of the whole tensor
+        while isinstance(v, Val) and v.vid not in finals and v.vid in made:
+            ev = made[v.vid]
+            if _kind(ev) not in _MOVES:
+                return v.vid
+            v = ev.args[0]
+        return v.vid if isinstance(v, Val) else None
+
+    out: dict[int, tuple[int, int | None]] = {}
+    for ev in rec.events:
+        dst, src = (ev.args + (None, None))[:2]
+        if _kind(ev) != "copy_" or not isinstance(dst, Val):
+            continue
+        if rec.sources.get(dst.vid, ("",))[0] != "input":
+            continue
+        vid = origin(src)
+        if vid in finals:
+            out[vid] = (dst.vid, None)
+        elif vid in made and made[vid].op == "aten.stack.default" and _stack_dim(made[vid]) == 1:
+            for h, part in enumerate(made[vid].args[0]):
+                if origin(part) in finals:
+                    out[origin(part)] = (dst.vid, h)  # type: ignore[index]
+    return out
+
+
+def _kind(ev: Event) -> str:
+    return ev.op.split(".")[1] if ev.op.startswith("aten.") else ""
+
+
+def _stack_dim(ev: Event) -> int:
+    return int(ev.args[1] if len(ev.args) > 1 else ev.kwargs.get("dim", 0))
+
+
+def select_head(g: Graph, name: str, x: Ref, index: int) -> Ref:
+    """x[:, index]: one head's state of a state stacked by heads on axis 1."""
+    src = g.type_of(x)
+    dims = (src.dims[0], *src.dims[2:])
+    shape = tuple(int(s) for s in TensorType(dims, src.dtype).shape(g.bindings))
+    attrs = _attrs("select", (None, 1, index), src.dtype, shape)
+    return Ref(g.add(generic_row("select", "a b c d -> a c d"), name, (x,), attrs).name)
 
 
 def lower_conv(g: Graph, p: str, ins: list[Ref | None], activation: Any) -> Ref:

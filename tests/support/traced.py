@@ -131,8 +131,8 @@ def stored_numel(ref: Any) -> int:
     return sum(t.numel() for t in {t.data_ptr(): t for t in ref.state_dict().values()}.values())
 
 
-def check_traced(raw: dict[str, Any], past: int = 0) -> Checked:
-    """Trace `raw` at B=2, T=5 (after `past` cached tokens) and run it beside transformers'
+def check_traced(raw: dict[str, Any], past: int = 0, new: int = T) -> Checked:
+    """Trace `raw` at B=2, T=`new` (after `past` cached tokens) and run it beside transformers'
     eager forward of a random model with the same weights."""
     import torch
     import transformers
@@ -151,11 +151,12 @@ def check_traced(raw: dict[str, Any], past: int = 0) -> Checked:
     weights = {k: v.detach().float().numpy() for k, v in ref.state_dict().items()}
     vocab = ref.get_output_embeddings().weight.shape[0]
     rng = np.random.default_rng(0)
-    ids, past_ids = rng.integers(0, vocab, (B, T)), rng.integers(0, vocab, (B, past))
-    g = traced_graph(raw, Workload(batch=B, seq_len=T, past_len=past, dtype="fp32"), values=True)
+    ids, past_ids = rng.integers(0, vocab, (B, new)), rng.integers(0, vocab, (B, past))
+    wl = Workload(batch=B, seq_len=new, past_len=past, dtype="fp32")
+    g = traced_graph(raw, wl, values=True)
     res = run(g, ["verify", "params", "tokens", "cost", "memory"])
     feeds: dict[str, np.ndarray] = {"input_ids": ids}
-    positions = np.broadcast_to(np.arange(past, past + T), (B, T)).copy()
+    positions = np.broadcast_to(np.arange(past, past + new), (B, new)).copy()
     with torch.no_grad():
         cache = ref(torch.tensor(past_ids), use_cache=True).past_key_values if past else None
         held = {k: t for k, t, _ in cache_tensors(cache, "past_key_values")} if past else {}
@@ -175,10 +176,13 @@ def check_traced(raw: dict[str, Any], past: int = 0) -> Checked:
     return Checked(g, res, got, want, sum(counts.values()), conv, stored_numel(ref))
 
 
-def onnx_against_transformers(raw: dict[str, Any], folder: Any) -> tuple[float, float]:
+def onnx_against_transformers(
+    raw: dict[str, Any], folder: Any, new: int = T
+) -> tuple[float, float]:
     """Export the traced model with the weights of a random transformers model saved in
-    `folder`, run it on onnxruntime after 4 cached tokens and from an empty cache, and return
-    the largest logit difference to transformers' of each (decode, prefill)."""
+    `folder`, run `new` tokens on onnxruntime after 4 cached tokens, and all of them from an
+    empty cache, and return the largest logit difference to transformers' of each (decode,
+    prefill)."""
     import onnxruntime as ort
     import torch
     import transformers
@@ -195,7 +199,7 @@ def onnx_against_transformers(raw: dict[str, Any], folder: Any) -> tuple[float, 
     export_onnx(g, path, weights=folder, ops="decomposed")
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     vocab = ref.get_output_embeddings().weight.shape[0]
-    ids = np.random.default_rng(0).integers(0, vocab, (B, P + T))
+    ids = np.random.default_rng(0).integers(0, vocab, (B, P + new))
     with torch.no_grad():
         want = ref(torch.tensor(ids)).logits.numpy()
         cache = ref(torch.tensor(ids[:, :P]), use_cache=True).past_key_values
@@ -203,8 +207,8 @@ def onnx_against_transformers(raw: dict[str, Any], folder: Any) -> tuple[float, 
     for past in (P, 0):
         feeds = {
             "input_ids": ids[:, past:],
-            "position_ids": np.broadcast_to(np.arange(past, P + T), (B, P + T - past)).copy(),
-            "attention_mask": np.ones((B, P + T), np.int64),
+            "position_ids": np.broadcast_to(np.arange(past, P + new), (B, P + new - past)).copy(),
+            "attention_mask": np.ones((B, P + new), np.int64),
         }
         held = {k: (t, role) for k, t, role in cache_tensors(cache, "past_key_values")}
         for i in session.get_inputs():
