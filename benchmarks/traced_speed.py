@@ -56,7 +56,16 @@ def run(model: str, cache: str, fresh: bool, seq_len: int = 128) -> dict:
 def command(model: str, cache: str, frontend: str) -> float:
     """Seconds of one `graphllm trace` run in a fresh process, imports and all."""
     env = dict(os.environ, XDG_CACHE_HOME=cache, TRANSFORMERS_VERBOSITY="error")
-    argv = [sys.executable, "-m", "graphllm_entry", "trace", "--model", model, "--frontend", frontend]
+    argv = [
+        sys.executable,
+        "-m",
+        "graphllm_entry",
+        "trace",
+        "--model",
+        model,
+        "--frontend",
+        frontend,
+    ]
     t0 = time.perf_counter()
     subprocess.run(argv, env=env, capture_output=True, check=True)
     return time.perf_counter() - t0
