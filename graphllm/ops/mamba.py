@@ -188,27 +188,38 @@ def _gated_check(node: Node, env: dict[str, Dim]) -> str | None:
     return None
 
 
-def _scan_row(name: str, sig: str, doc: str, **fields: Any) -> OpSpec:
-    """A selective scan row: what the scan from a zero state and from a carried one share.
-
-    Output t reads every input s <= t (prefix); the fp32 state splits with its heads (h carries
-    g); nothing in it is linear, so a partial sum cannot pass through it.
-    """
+def state_scan_row(
+    name: str,
+    sig: str,
+    doc: str,
+    reference: Any,
+    flops: Any,
+    **fields: Any,
+) -> OpSpec:
+    """A selective scan row (Mamba-1's or Mamba2's): output t reads every input s <= t
+    (prefix); it returns y and its fp32 state; nothing in it is linear, so a partial sum cannot
+    pass through it. `flops(sizes, attrs)`: its (matmul, other) FLOPs."""
     return OpSpec(
         name,
         sig,
         CONTRACTION,
-        _scan,
+        reference,
         doc,
         relation=prefix,
-        matmul_flops_fn=lambda s, a: scan_flops(s, a)[0],
-        flops_attrs_fn=lambda s, a: scan_flops(s, a)[1],
-        check=_scan_check,
+        matmul_flops_fn=lambda s, a: flops(s, a)[0],
+        flops_attrs_fn=lambda s, a: flops(s, a)[1],
         out_dtypes=("same", "fp32"),
-        carries=(("h", "g"),),
         linear=(),
         backward_reads="inputs",
         **fields,
+    )
+
+
+def _scan_row(name: str, sig: str, doc: str, **fields: Any) -> OpSpec:
+    """A Mamba2 scan row: what the scan from a zero state and from a carried one share (its
+    state splits with its heads: h carries g)."""
+    return state_scan_row(
+        name, sig, doc, _scan, scan_flops, check=_scan_check, carries=(("h", "g"),), **fields
     )
 
 

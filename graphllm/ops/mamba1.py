@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from graphllm.ir.opspec import CONTRACTION, OpSpec, register
+from graphllm.ir.opspec import OpSpec, register
 from graphllm.ops.common import f32
-from graphllm.ops.recurrent import prefix
+from graphllm.ops.mamba import state_scan_row
 
 # inputs on s, outputs on t (attrs axes t), so that the tokens pass reads the prefix relation:
 # u, dt, A, B, C, D, z, dt_bias [, the carried state] -> y, the final state
@@ -66,22 +66,8 @@ def selective_flops(s: dict[str, float], a: dict[str, Any]) -> tuple[float, floa
 
 
 def _row(name: str, sig: str, doc: str, **fields: Any) -> OpSpec:
-    """A Mamba-1 scan row: output t reads every input s <= t (prefix); the fp32 state splits
-    with its channels; nothing in it is linear, so a partial sum cannot pass through it."""
-    return OpSpec(
-        name,
-        sig,
-        CONTRACTION,
-        _scan,
-        doc,
-        relation=prefix,
-        matmul_flops_fn=lambda s, a: selective_flops(s, a)[0],
-        flops_attrs_fn=lambda s, a: selective_flops(s, a)[1],
-        out_dtypes=("same", "fp32"),
-        linear=(),
-        backward_reads="inputs",
-        **fields,
-    )
+    """A Mamba-1 scan row (its fp32 state splits with its channels)."""
+    return state_scan_row(name, sig, doc, _scan, selective_flops, **fields)
 
 
 register(

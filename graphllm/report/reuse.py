@@ -31,7 +31,6 @@ from graphllm.models.hardware import Hardware
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload, nbytes
 from graphllm.ops import OPS, SOURCE
-from graphllm.passes import run
 from graphllm.passes import tokens as tk
 from graphllm.passes.attention_region import core_attention_region
 from graphllm.passes.cost import CostReport, CostTally, layer_of, layer_scopes, scopes_of
@@ -56,7 +55,7 @@ from graphllm.passes.roofline import (
 )
 from graphllm.passes.stored import param_bytes
 from graphllm.report.reduced import reduced_traced, same_nodes
-from graphllm.report.trace_report import ANALYSES, analysed, document, trace_report
+from graphllm.report.trace_report import analysed, analyses, document, trace_report
 
 
 @dataclass
@@ -413,10 +412,8 @@ def _reduced(
     cut = reduced_traced(full)
     if cut is None:
         return None
-    opts: dict[str, Any] = {"hardware": hardware, "attention": attention, "training": training}
-    if exact_sets is not None:
-        opts["exact_sets"] = exact_sets
-    return cut[0], cut[1], run(cut[0], ANALYSES, **opts), full
+    res = analyses(cut[0], hardware, attention, training, exact_sets)
+    return cut[0], cut[1], res, full
 
 
 def _gives_back(u: Unrolled, full: Graph) -> bool:

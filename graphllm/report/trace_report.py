@@ -93,10 +93,22 @@ def analysed(
     """The model's graph and the results of `passes` on it (trace's analyses by default);
     `exact_sets`: the tokens pass's option, left to its default when None."""
     graph = model_graph(config, workload, mla=mla, mtp=mtp)
+    return graph, analyses(graph, hardware, attention, training, exact_sets, passes)
+
+
+def analyses(
+    graph: Graph,
+    hardware: Hardware | None,
+    attention: str,
+    training: bool,
+    exact_sets: bool | None = None,
+    passes: list[str] = ANALYSES,
+) -> Results:
+    """The results of `passes` on `graph` (trace's analyses by default)."""
     opts: dict[str, Any] = {"hardware": hardware, "attention": attention, "training": training}
     if exact_sets is not None:
         opts["exact_sets"] = exact_sets
-    return graph, run(graph, passes, **opts)
+    return run(graph, passes, **opts)
 
 
 def document(

@@ -59,6 +59,16 @@ def _conv_fn(x: Any, weight: Any, bias: Any = None, activation: Any = None, **kw
     return out
 
 
+def _require_modelled(scan: str, *features: tuple[str, bool]) -> None:
+    """One line naming every feature of a `scan` call that graphllm does not model (those
+    whose flag is set)."""
+    unmodelled = [what for what, present in features if present]
+    if unmodelled:
+        raise ConfigError(
+            f"a {scan} scan with {', '.join(unmodelled)}, which graphllm does not model"
+        )
+
+
 # A, B, C and D: the names transformers passes them by
 def _ssm_chunked(
     x: Any,
@@ -80,21 +90,14 @@ def _ssm_chunked(
     import torch
 
     rec = STATE.recorder
-    unmodelled = [
-        what
-        for what, off in (
-            ("no D skip", D is None),
-            ("no dt_bias", dt_bias is None),
-            ("dt without softplus", not dt_softplus),
-            ("a gate z inside the scan", kw.get("z") is not None),
-            ("an upper limit on dt", float(dt_limit[1]) != float("inf")),
-        )
-        if off
-    ]
-    if unmodelled:
-        raise ConfigError(
-            f"a Mamba2 scan with {', '.join(unmodelled)}, which graphllm does not model"
-        )
+    _require_modelled(
+        "Mamba2",
+        ("no D skip", D is None),
+        ("no dt_bias", dt_bias is None),
+        ("dt without softplus", not dt_softplus),
+        ("a gate z inside the scan", kw.get("z") is not None),
+        ("an upper limit on dt", float(dt_limit[1]) != float("inf")),
+    )
     bsz, _, h, p = x.shape
     with rec.quiet():
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -123,21 +126,14 @@ def _ssm1_scan(
     import torch
 
     rec = STATE.recorder
-    unmodelled = [
-        what
-        for what, off in (
-            ("no D skip", D is None),
-            ("no gate z", z is None),
-            ("no delta_bias", delta_bias is None),
-            ("delta without softplus", not delta_softplus),
-            ("B or C in groups", B.dim() != 3 or C.dim() != 3),
-        )
-        if off
-    ]
-    if unmodelled:
-        raise ConfigError(
-            f"a Mamba-1 scan with {', '.join(unmodelled)}, which graphllm does not model"
-        )
+    _require_modelled(
+        "Mamba-1",
+        ("no D skip", D is None),
+        ("no gate z", z is None),
+        ("no delta_bias", delta_bias is None),
+        ("delta without softplus", not delta_softplus),
+        ("B or C in groups", B.dim() != 3 or C.dim() != 3),
+    )
     bsz, channels, _ = u.shape
     with rec.quiet():
         y = torch.empty(u.shape, dtype=u.dtype, device=u.device)
