@@ -137,7 +137,7 @@ def print_costs(doc: dict[str, Any], con: Console) -> None:
         f"{_b(m['activations'])}"
     )
     if m.get("state"):
-        con.print(_state_line(m))
+        con.print(_state_line(m, doc["model"].get("frontend") != "traced"))
     fit = doc.get("fit") or {}
     if fit.get("parts"):  # a training step's memory on one device
         parts, o = fit["parts"], fit["options"]
@@ -283,16 +283,19 @@ def sweep_model_line(row: dict[str, Any]) -> str:
     )
 
 
-def _state_line(m: dict) -> str:
-    """the linear-attention / Mamba layers' states beside the attention layers' keys,
-    against full attention on every layer at the same length."""
+def _state_line(m: dict, compared: bool = True) -> str:
+    """the linear-attention / Mamba layers' states beside the attention layers' keys, against
+    full attention on every layer at the same length where that is `compared` (a traced
+    model's recurrent layers have no K/V shape of the model's to price them at)."""
     held, full = m["kv_cache"] + m["state"], m.get("kv_cache_full", 0.0)
-    saving = f": {1 - held / full:.0%} less" if full > held else ""
-    return (
+    line = (
         f"state (conv and recurrent, constant in the sequence length) {_b(m['state'])}; "
-        f"KV cache + state {_b(held)}, against {_b(full)} with full attention on every "
-        f"layer{saving}"
+        f"KV cache + state {_b(held)}"
     )
+    if not compared:
+        return line
+    saving = f": {1 - held / full:.0%} less" if full > held else ""
+    return f"{line}, against {_b(full)} with full attention on every layer{saving}"
 
 
 def _limited(doc: dict[str, Any]) -> str:

@@ -130,3 +130,14 @@ def test_a_seq_len_list_sweeps_a_traced_model(tmp_path):
         rows[frontend] = json.loads(r.output)["sweep"]
     assert [r["seq_len"] for r in rows["traced"]] == [8, 32]
     assert [r["matmul"] for r in rows["traced"]] == [r["matmul"] for r in rows["built"]]
+
+
+def test_a_traced_hybrids_state_is_not_set_against_an_unknown_full_attention(tmp_path):
+    # a traced model's recurrent layers have no K/V shape of the model's to price as full
+    # attention: the state line gives the state and the cache, not a comparison with 0 B
+    traced = ["--config", _write(tmp_path, FAMILIES["mamba2"]), "--frontend", "traced"]
+    for args, compared in ((traced, False), (["--model", "nemotron-h-8b"], True)):
+        r = CliRunner().invoke(main, ["trace", *args, "-t", "16"])
+        assert r.exit_code == 0, r.output
+        line = next(x for x in r.output.splitlines() if x.startswith("state (conv"))
+        assert ("with full attention on every layer" in line) == compared
