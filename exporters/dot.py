@@ -351,9 +351,12 @@ class _Ctx:
         parts = []
         members = list(members)
         recurrent = _recurrence(self.g, members)
-        if "linear_attention" in kinds and recurrent:
-            # a Gated DeltaNet layer says its own heads, not attention's
-            sizes = {k: v for k, v in sizes.items() if k not in ("head", "kv_head", "head_dim")}
+        channels = any(n.op.startswith("selective_") for n in members)  # Mamba-1's scan
+        if ("linear_attention" in kinds or channels) and recurrent:
+            # a Gated DeltaNet layer says its own heads, not attention's; a Mamba-1 mixer its
+            # channels, which the trace names by the config's intermediate_size (ffn)
+            drop = ("head", "kv_head", "head_dim") + (("ffn",) if channels else ())
+            sizes = {k: v for k, v in sizes.items() if k not in drop}
             parts.append(recurrent)
         if "head" in sizes:
             kv = sizes.get("kv_head")
@@ -371,6 +374,14 @@ class _Ctx:
         return ", ".join(parts)
 
 
+def kind_title(kind: str, members: Iterable[Node]) -> str:
+    """A scope's title by its kind; a Mamba mixer's by its scan (Mamba-1's selective scan, a
+    traced Mamba or Jamba, or Mamba2's chunked one)."""
+    if kind == "mamba" and any(n.op.startswith("selective_") for n in members):
+        return "Mamba"
+    return KIND_TITLE.get(kind, kind)
+
+
 def _recurrence(g: Graph, members: Iterable[Node]) -> str:
     """A linear-attention layer's key and value heads and widths, the chunk of its
     recurrence and its conv's taps, read off the ops that read the tokens in order (a row with
@@ -383,11 +394,19 @@ def _recurrence(g: Graph, members: Iterable[Node]) -> str:
             kernel = n.attrs["kernel"]
             continue
         q, out = g.type_of(n.inputs[0]).dims, n.out.dims  # (B, T, key heads, d_k), value heads
+        if len(q) != 4 or len(out) != 4:  # a scan over channels (Mamba-1's: B, D, T)
+            lines.append(f"{_channels(out)} channels")
+            continue
         lines.append(f"{q[2].size} key / {out[2].size} value heads, d_k {q[3].size}")
         lines.append(f"d_v {out[3].size}")
         if "chunk" in n.attrs:
             lines.append(f"chunks of {n.attrs['chunk']}")
     return ", ".join(lines + ([f"conv {kernel}"] if kernel is not None else []))
+
+
+def _channels(dims: tuple) -> int:
+    """The entries a position of a scan's output holds: its axes other than batch and tokens."""
+    return math.prod(d.size or 1 for d in dims if d.role not in TOKEN_ROLES and d.role != "batch")
 
 
 # -- lanes: per head / per expert -------------------------------------------------------------
@@ -575,7 +594,7 @@ class _View:
 
     def scope_lines(self, key: str, members: list[Node]) -> list[str]:
         kind = self.ctx.scopes.get(key, "")
-        return [KIND_TITLE.get(kind, kind), self.ctx.short(key), self.ctx.summary(members)]
+        return [kind_title(kind, members), self.ctx.short(key), self.ctx.summary(members)]
 
     def _insert_lanes(self, path: list[tuple[str, str]], lane: list[tuple[str, str]]) -> list:
         """Lane clusters go right under the deepest scope that holds every lane node."""
@@ -697,8 +716,8 @@ def model_view(ctx: _Ctx, layer: int, all_layers: bool) -> Drawing:
         kinds = [ctx.scopes[c] for c in ctx.child_scopes(layers[r[0]]) if ctx.scopes[c] != "norms"]
         head = f"decoder block × {len(r)}" if len(r) > 1 else f"decoder block {r[0]}"
         where = f"layers {r[0]}-{r[-1]}" if len(r) > 1 else layers[r[0]]
-        body = " + ".join(KIND_TITLE.get(k, k) for k in kinds)
         per = [m for m in members if of_layer[m.name] == layers[r[0]]]
+        body = " + ".join(kind_title(k, per) for k in kinds)
         summary = _rope_note(g, r[0], "attention" in kinds, ctx.summary(per))
         return [head, where, body, summary]
 

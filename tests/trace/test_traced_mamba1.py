@@ -5,11 +5,15 @@ after a past) and on onnxruntime; a published config's parameter count."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 pytest.importorskip("transformers")
 from graphllm.build.dims import B, T
+from graphllm.cli.main import main
 from graphllm.ir import STATE, Dim, Graph, Ref, TensorType
 from graphllm.models.workload import Workload
 from graphllm.ops import OPS, node_flops
@@ -232,3 +236,17 @@ def test_a_layer_that_takes_other_dtypes_is_a_kind_of_its_own():
     norms = [g.type_of(n.inputs[0]).dtype for n in g.nodes() if n.op == "rmsnorm"]
     assert norms == ["bf16"] * 3 + ["fp32"]  # norm_f reads the residual itself
     assert g.meta["layer_kinds"] == {"backbone.layers.2": "backbone.layers.1"}
+
+
+@pytest.mark.parametrize("view", ["model", "block"])
+def test_diagrams_draw_a_mamba1_mixer_by_its_channels(tmp_path, view):
+    """The block of a traced Mamba says what it is: a Mamba mixer (not Mamba2) of its channels
+    and conv taps (the scan's output has no heads to name)."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(MAMBA))
+    out = tmp_path / f"{view}.dot"
+    r = CliRunner().invoke(main, ["render", "--config", str(path), "--view", view, "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    text = out.read_text()
+    assert "Mamba\\n" in text and "Mamba2" not in text
+    assert "64 channels, conv 4" in text and "ffn" not in text
