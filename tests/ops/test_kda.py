@@ -151,3 +151,16 @@ def test_the_decay_is_a_key_channels():
     s = g.input("s", TensorType((B, T, hd), "fp32"))
     with pytest.raises(Exception, match="k="):
         g.add("kda_chunked", "d", (q, q, q, wrong, s), {"axes": {"t": T}, "chunk": 4})
+
+
+@pytest.mark.parametrize(("op", "t", "p"), [("kda_chunked", 6, 0), ("kda_step", 1, 5)])
+def test_the_state_is_read_and_written_once(op, t, p):
+    """Bytes: q, k, v, the decay (d_k a head) and beta read, the output written, and the fp32
+    state (B, H, d_k, d_v) read where it is carried and written once, whatever the chunking."""
+    g = _kda_graph(t, p, op)
+    run(g, ["cost"])
+    cost = g["kda"].meta["cost"]
+    state = 4 * 2 * H * DK * DV
+    tokens = 4 * 2 * t * H * (3 * DK + DV + 1)
+    assert cost.bytes_read == tokens + (state if p else 0)
+    assert cost.bytes_written == 4 * 2 * t * H * DV + state
