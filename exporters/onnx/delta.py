@@ -3,11 +3,12 @@
 
 The delta rule, in every form the IR gives it (chunked for a prefill, from a carried state, or
 the decode step; KDA's with its decay per key channel), is one Scan over the new tokens: the
-recurrent form, step by step, the state (B, H, d_k, d_v) carried in fp32. Why not the chunked form: its UT transform is a triangular
-solve per chunk, a second loop (or 63 unrolled row updates per chunk) inside the loop over
-chunks, where the token Scan is one small body that is exact for any T and is the same
-arithmetic as the decode step; the IR keeps the chunked form for what it costs. The logits of
-both agree with transformers' within fp32 rounding (tests/exporters/onnx/test_export_qwen3_next.py).
+recurrent form, step by step, the state (B, H, d_k, d_v) carried in fp32. Why not the chunked
+form: its UT transform is a triangular solve per chunk, a second loop (or 63 unrolled row
+updates per chunk) inside the loop over chunks, where the token Scan is one small body that is
+exact for any T and is the same arithmetic as the decode step; the IR keeps the chunked form
+for what it costs. The logits of both agree with transformers' within fp32 rounding
+(tests/exporters/onnx/test_export_qwen3_next.py, tests/trace/test_traced_kda.py).
 
 - `select_blocked` is a Gather on the channel axis, `select_rows` on a
   weight's rows; `to_heads`/`from_heads`/`ungroup_heads` are Reshapes.

@@ -43,15 +43,15 @@ def lower_delta(g: Graph, p: str, ins: list[Ref | None], attrs: dict[str, Any], 
         k = Ref(g.add("l2normalize", f"{p}.k_l2norm", (k,), {"eps": 1e-6}).name)
     args: tuple[Ref, ...] = (q, k, v, decay, beta)  # type: ignore[assignment]
     # a decay per key channel (B, T, H, d_k) is KDA's; one per head (B, T, H), the gated rule's
-    family = "kda" if len(g.type_of(decay).dims) == 4 else "gated_delta"  # type: ignore[arg-type]
+    family = "kda" if g.type_of(decay).rank == 4 else "gated_delta"  # type: ignore[arg-type]
     if state is None:
         form = "chunked"
     else:
         args += (state,)
         # transformers steps token by token for one new token after a state, else chunks
         form = "step" if g.bindings["T"] == 1 else "chunked_state"
-    attrs = {"axes": {"t": out_t}, "chunk": attrs["chunk"]}
-    return g.add(f"{family}_{form}", f"{p}.core", args, attrs)
+    row_attrs = {"axes": {"t": out_t}, "chunk": attrs["chunk"]}
+    return g.add(f"{family}_{form}", f"{p}.core", args, row_attrs)
 
 
 def lower_ssm(g: Graph, p: str, ins: list[Ref | None], attrs: dict[str, Any], out_t: Dim):
