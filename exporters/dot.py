@@ -108,6 +108,9 @@ CAPTIONS: dict[str, Callable[[Node], str]] = {
         f"gated delta rule from the state, chunks of {n.attrs['chunk']}"
     ),
     "gated_delta_step": lambda n: "gated delta rule, token by token from the state",
+    "kda_chunked": lambda n: f"KDA (decay per key channel), chunks of {n.attrs['chunk']}",
+    "kda_chunked_state": lambda n: f"KDA from the state, chunks of {n.attrs['chunk']}",
+    "kda_step": lambda n: "KDA, token by token from the state",
     "gated_rmsnorm": lambda n: "RMSNorm · silu(z)",
     "mul": lambda n: "elementwise ×",
     "add": lambda n: "+",

@@ -1,12 +1,14 @@
-"""Decomposed ONNX lowerings of Qwen3-Next's Gated DeltaNet rows (graphllm.ops.delta).
+"""Decomposed ONNX lowerings of Qwen3-Next's Gated DeltaNet rows and Kimi Delta Attention's
+(graphllm.ops.delta).
 
 The delta rule, in every form the IR gives it (chunked for a prefill, from a carried state, or
-the decode step), is one Scan over the new tokens: the recurrent form, step by step, the state
-(B, H, d_k, d_v) carried in fp32. Why not the chunked form: its UT transform is a triangular
-solve per chunk, a second loop (or 63 unrolled row updates per chunk) inside the loop over
-chunks, where the token Scan is one small body that is exact for any T and is the same
-arithmetic as the decode step; the IR keeps the chunked form for what it costs. The logits of
-both agree with transformers' within fp32 rounding (tests/exporters/onnx/test_export_qwen3_next.py).
+the decode step; KDA's with its decay per key channel), is one Scan over the new tokens: the
+recurrent form, step by step, the state (B, H, d_k, d_v) carried in fp32. Why not the chunked
+form: its UT transform is a triangular solve per chunk, a second loop (or 63 unrolled row
+updates per chunk) inside the loop over chunks, where the token Scan is one small body that is
+exact for any T and is the same arithmetic as the decode step; the IR keeps the chunked form
+for what it costs. The logits of both agree with transformers' within fp32 rounding
+(tests/exporters/onnx/test_export_qwen3_next.py, tests/trace/test_traced_kda.py).
 
 - `select_blocked` is a Gather on the channel axis, `select_rows` on a
   weight's rows; `to_heads`/`from_heads`/`ungroup_heads` are Reshapes.
@@ -85,9 +87,10 @@ def _gated_rmsnorm(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final_from_fp32(c.op("Mul", [normed, gate], s), n, o)
 
 
-def _step_body(c: Lowering, s: str) -> object:
+def _step_body(c: Lowering, s: str, per_channel: bool) -> object:
     """The Scan body: state (B, H, d_k, d_v) and one token's q, k (B, H, d_k), v (B, H, d_v),
-    g, beta (B, H) -> the next state and the token's output S^T q (B, H, d_v)."""
+    g (B, H), or (B, H, d_k) for a decay per key channel (KDA), and beta (B, H) -> the next
+    state and the token's output S^T q (B, H, d_v)."""
     f = TensorProto.FLOAT
     ax2, ax3, ax23 = c.const([2]), c.const([3]), c.const([2, 3])
     nodes = []
@@ -97,7 +100,8 @@ def _step_body(c: Lowering, s: str) -> object:
         nodes.append(helper.make_node(kind, ins, [out], name=out, **attrs))
         return out
 
-    decay = op("Unsqueeze", [op("Exp", ["g_t"], "exp_g"), ax23], "decay")  # (B, H, 1, 1)
+    # (B, H, d_k, 1) scales each key channel's row of the state, (B, H, 1, 1) all of it
+    decay = op("Unsqueeze", [op("Exp", ["g_t"], "exp_g"), ax3 if per_channel else ax23], "decay")
     state = op("Mul", ["state_in", decay], "decayed")
     k_col = op("Unsqueeze", ["k_t", ax3], "k_col")  # (B, H, d_k, 1)
     kv_mem = op("ReduceSum", [op("Mul", [state, k_col], "sk"), ax2], "kv_mem", keepdims=0)
@@ -118,7 +122,14 @@ def _step_body(c: Lowering, s: str) -> object:
     return helper.make_graph(nodes, f"{s}/scan_body", ins, [vi("state_out"), vi("o_t")])
 
 
-@lowers("gated_delta_chunked", "gated_delta_chunked_state", "gated_delta_step")
+@lowers(
+    "gated_delta_chunked",
+    "gated_delta_chunked_state",
+    "gated_delta_step",
+    "kda_chunked",
+    "kda_chunked_state",
+    "kda_step",
+)
 def _gated_delta(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     s = n.name
     q, k, v, g, beta = (c.cast(x, c.dtype, "fp32", s) for x in i[:5])
@@ -148,7 +159,7 @@ def _gated_delta(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
         [state, q, k, v, g, beta],
         s,
         n_out=2,
-        body=_step_body(c, s),
+        body=_step_body(c, s, per_channel=n.op.startswith("kda_")),
         num_scan_inputs=5,
         scan_input_axes=[1] * 5,
         scan_output_axes=[1],

@@ -7,6 +7,9 @@ The delta rule, per value head h, with a state S (k x v) carried from step to st
 transformers' torch_chunk_gated_delta_rule does for a prefill (chunks of `chunk` positions: the
 UT transform by a unit-lower-triangular solve inside each chunk, then a scan over chunks), and
 `gated_delta_step` as torch_recurrent_gated_delta_rule does for a decode step (token by token).
+The `kda_*` rows are the same three forms with a decay per key channel (Kimi Delta Attention:
+g_t a vector of d_k, exp(g_t) scaling each row of S), as transformers' chunk_kimi_delta_attention
+and recurrent_kimi_delta_attention compute it; one reference serves both decays.
 Both output position t reads every input position s <= t, and the carried state every earlier
 one: the `prefix` relation with the state as a `state_inputs` input.
 """
@@ -25,17 +28,22 @@ from graphllm.ops.recurrent import prefix
 
 DELTA_SIG = "b s g k, b s g k, b s h v, b s h, b s h -> b t h v, b h k v"
 DELTA_STATE_SIG = "b s g k, b s g k, b s h v, b s h, b s h, b h k v -> b t h v, b h k v"
+# KDA (Kimi Delta Attention): the same rule with a decay per key channel, g (B, T, H, d_k)
+KDA_SIG = "b s g k, b s g k, b s h v, b s h k, b s h -> b t h v, b h k v"
+KDA_STATE_SIG = "b s g k, b s g k, b s h v, b s h k, b s h, b h k v -> b t h v, b h k v"
 
 
 def _heads_first(xs: list[np.ndarray]) -> tuple[np.ndarray, ...]:
     """q, k (repeated to the value heads, as repeat_interleave does), v, g, beta as (B, H, T, ...),
-    q scaled by 1/sqrt(d_k); the state (B, H, d_k, d_v), zeros without a past."""
+    q scaled by 1/sqrt(d_k), g with a channel axis (of size 1 where the decay is a head's, d_k
+    where it is a channel's: KDA); the state (B, H, d_k, d_v), zeros without a past."""
     q, k, v, g, beta = (f32(x) for x in xs[:5])
     b, _, n_k, d_k = k.shape
     n_v, d_v = v.shape[2], v.shape[3]
     q, k = (np.repeat(x, n_v // n_k, axis=2) for x in (q, k))
     q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
-    g, beta = g.transpose(0, 2, 1), beta.transpose(0, 2, 1)
+    g = g[..., None] if g.ndim == 3 else g
+    g, beta = g.transpose(0, 2, 1, 3), beta.transpose(0, 2, 1)
     q = q * np.float32(d_k**-0.5)
     state = f32(xs[5]) if len(xs) > 5 else np.zeros((b, n_v, d_k, d_v), np.float32)
     return q, k, v, g, beta, state
@@ -45,7 +53,7 @@ def _step(xs: list[np.ndarray], a: dict[str, Any]) -> tuple[np.ndarray, np.ndarr
     q, k, v, g, beta, state = _heads_first(xs)
     out = np.zeros_like(v)
     for i in range(v.shape[2]):
-        state = state * np.exp(g[:, :, i])[..., None, None]
+        state = state * np.exp(g[:, :, i])[..., None]  # a head's decay, or each key channel's
         kv_mem = (state * k[:, :, i, :, None]).sum(-2)  # (B, H, d_v)
         delta = (v[:, :, i] - kv_mem) * beta[:, :, i, None]
         state = state + k[:, :, i, :, None] * delta[:, :, None, :]
@@ -62,32 +70,41 @@ def _unit_lower_solve(lower: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     return x
 
 
+def _decayed_pairs(a: np.ndarray, b: np.ndarray, cum: np.ndarray, diag: bool) -> np.ndarray:
+    """sum_e a_ie b_je exp(cum_ie - cum_je) for j < i (j <= i with `diag`), 0 above: (..., C, C).
+    A head's decay (a channel axis of 1) factors out of the sum, a channel's (KDA) does not."""
+    c = cum.shape[-2]
+    keep = np.tril(np.ones((c, c), bool), 0 if diag else -1)
+    diff = np.where(keep[..., None], cum[..., :, None, :] - cum[..., None, :, :], -np.inf)
+    with np.errstate(over="ignore"):
+        pair = np.exp(diff)  # (..., C, C, channels)
+    if cum.shape[-1] == 1:
+        return (a @ b.swapaxes(-1, -2)) * pair[..., 0]
+    return np.einsum("...ie,...je,...ije->...ij", a, b, pair)
+
+
 def _chunked(xs: list[np.ndarray], a: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     q, k, v, g, beta, state = _heads_first(xs)
     b, h, t, d_v = v.shape
     c = a["chunk"]
     pad = (c - t % c) % c  # transformers pads T up to a multiple of the chunk
-    q, k, v = (np.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0))) for x in (q, k, v))
-    g, beta = (np.pad(x, ((0, 0), (0, 0), (0, pad))) for x in (g, beta))
+    q, k, v, g = (np.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0))) for x in (q, k, v, g))
+    beta = np.pad(beta, ((0, 0), (0, 0), (0, pad)))
     n = (t + pad) // c
     v_beta, k_beta = v * beta[..., None], k * beta[..., None]
-    q, k, k_beta, v_beta = (x.reshape(b, h, n, c, -1) for x in (q, k, k_beta, v_beta))
-    cum = g.reshape(b, h, n, c).cumsum(-1)
-    upper = np.triu(np.ones((c, c), bool), 1)
-    with np.errstate(over="ignore"):
-        pair = np.exp(np.where(upper, -np.inf, cum[..., :, None] - cum[..., None, :]))
-    ut = (k_beta @ k.swapaxes(-1, -2)) * pair
-    intra = (q @ k.swapaxes(-1, -2)) * pair
-    new_values = _unit_lower_solve(ut, v_beta)
-    k_cumdecay = _unit_lower_solve(ut, k_beta * np.exp(cum)[..., None])
-    q = q * np.exp(cum)[..., None]
-    k = k * np.exp(cum[..., -1:] - cum)[..., None]
-    chunk_decay = np.exp(cum[..., -1])[..., None, None]
-    out = np.zeros_like(new_values)
+    q, k, k_beta, v_beta, g = (x.reshape(b, h, n, c, -1) for x in (q, k, k_beta, v_beta, g))
+    cum = g.cumsum(-2)  # (B, H, n, C, channels)
+    out = np.zeros((b, h, n, c, d_v), np.float32)
     for i in range(n):
-        v_new = new_values[:, :, i] - k_cumdecay[:, :, i] @ state
-        out[:, :, i] = q[:, :, i] @ state + intra[:, :, i] @ v_new
-        state = state * chunk_decay[:, :, i] + k[:, :, i].swapaxes(-1, -2) @ v_new
+        ci = cum[:, :, i]
+        ut = _decayed_pairs(k_beta[:, :, i], k[:, :, i], ci, diag=False)
+        intra = _decayed_pairs(q[:, :, i], k[:, :, i], ci, diag=True)
+        new_values = _unit_lower_solve(ut, v_beta[:, :, i])
+        k_cumdecay = _unit_lower_solve(ut, k_beta[:, :, i] * np.exp(ci))
+        v_new = new_values - k_cumdecay @ state
+        out[:, :, i] = (q[:, :, i] * np.exp(ci)) @ state + intra @ v_new
+        k_rest = k[:, :, i] * np.exp(ci[..., -1:, :] - ci)
+        state = state * np.exp(ci[..., -1, :])[..., None] + k_rest.swapaxes(-1, -2) @ v_new
     out = out.reshape(b, h, n * c, d_v)[:, :, :t]
     return out.transpose(0, 2, 1, 3), state
 
@@ -122,6 +139,37 @@ def step_flops(s: dict[str, float], a: dict[str, Any]) -> float:
     (2 d_k d_v), the delta (2 d_v), write k delta^T (2 d_k d_v), read it with q (2 d_k d_v),
     and exp(g) (1); none of it is a matrix multiply."""
     return s["b"] * s["t"] * s["h"] * (7 * s["k"] * s["v"] + 2 * s["v"] + 1)
+
+
+def kda_matmul_flops(s: dict[str, float], a: dict[str, Any]) -> float:
+    """KDA's chunked form's matrix multiplies, as FlopCounterMode counts transformers'
+    chunk_kimi_delta_attention (T padded to Tp; H heads): per chunk the inverted UT matrix
+    applied to V_beta and to the decayed K_beta (2 C d_v and 2 C d_k a position), then in the
+    scan (Q e^g) S, K_cumdecay S and K^T V_new (2 d_k d_v each) and A V_new (2 C d_v). A
+    channel's decay cannot leave the pair products Q K^T and K_beta K^T, so they are
+    elementwise there (kda_other_flops)."""
+    tp, c, dk, dv = _padded(s, a), a["chunk"], s["k"], s["v"]
+    return s["b"] * s["h"] * tp * (2 * c * dk + 4 * c * dv + 6 * dk * dv)
+
+
+def kda_other_flops(s: dict[str, float], a: dict[str, Any]) -> float:
+    """KDA's chunked form's elementwise work, as the fallback does it: a position's pair
+    decays against its chunk (a subtraction and an exp per pair and channel, 2 C d_k) and its
+    two decayed pair products (K_beta K^T and Q K^T: two multiplies and an add per pair and
+    channel, 6 C d_k), beta on K and V (d_k + d_v), the cumsum of g (d_k), e^g on K_beta and
+    on Q (4 d_k), K's decay to the chunk's end (3 d_k), the scan's subtraction and sum
+    (2 d_v); per chunk the UT matrix's inversion by row updates (sum over rows i < C of 2 i^2)
+    and the state's decay and update (2 d_k d_v, d_k for e^g at the end)."""
+    tp, c, dk, dv = _padded(s, a), a["chunk"], s["k"], s["v"]
+    per_position = 8 * c * dk + 8 * dk + 3 * dv
+    per_chunk = (c - 1) * c * (2 * c - 1) / 3 + 2 * dk * dv + dk
+    return s["b"] * s["h"] * (tp * per_position + (tp // c) * per_chunk)
+
+
+def kda_step_flops(s: dict[str, float], a: dict[str, Any]) -> float:
+    """KDA's recurrent form per token and head: the gated delta rule's step (step_flops) with
+    exp(g) per key channel (d_k) in place of one per head."""
+    return s["b"] * s["t"] * s["h"] * (7 * s["k"] * s["v"] + 2 * s["v"] + s["k"])
 
 
 def _delta_check(node: Node, env: dict[str, Dim]) -> str | None:
@@ -210,6 +258,37 @@ register(
         "FLOPs per token and value head (step_flops), none a matmul.",
         state_inputs=(5,),
         flops_attrs_fn=step_flops,
+    ),
+    _delta_row(
+        "kda_chunked",
+        KDA_SIG,
+        _chunked,
+        "Kimi Delta Attention in chunks of attrs['chunk'] positions from a zero state: the "
+        "gated delta rule with a decay g per key channel (B, T, H, d_k), as transformers' "
+        "chunk_kimi_delta_attention (FLA's chunk_kda) computes it. FLOPs: kda_matmul_flops, "
+        "kda_other_flops.",
+        matmul_flops_fn=kda_matmul_flops,
+        flops_attrs_fn=kda_other_flops,
+    ),
+    _delta_row(
+        "kda_chunked_state",
+        KDA_STATE_SIG,
+        _chunked,
+        "kda_chunked after a carried state (input 5): several new tokens after a past.",
+        state_inputs=(5,),
+        matmul_flops_fn=kda_matmul_flops,
+        flops_attrs_fn=kda_other_flops,
+    ),
+    _delta_row(
+        "kda_step",
+        KDA_STATE_SIG,
+        _step,
+        "Kimi Delta Attention token by token from a carried state (transformers' "
+        "recurrent_kimi_delta_attention, FLA's fused_recurrent_kda): each key channel's row of "
+        "the state decays by its own exp(g). 7 d_k d_v + 2 d_v + d_k FLOPs per token and head "
+        "(kda_step_flops), none a matmul.",
+        state_inputs=(5,),
+        flops_attrs_fn=kda_step_flops,
     ),
     OpSpec(
         "l2normalize",

@@ -2,7 +2,8 @@
 
 transformers marks the functions a kernel may replace with
 `use_kernel_func_from_hub_with_fallback(name, package)`: the gated delta rule in its chunked and
-its recurrent form (FLA's `chunk_gated_delta_rule`, `fused_recurrent_gated_delta_rule`), Mamba2's
+its recurrent form (FLA's `chunk_gated_delta_rule`, `fused_recurrent_gated_delta_rule`; Kimi Delta
+Attention's `chunk_kda`, `fused_recurrent_kda`, the rule with a decay per key channel), Mamba2's
 chunked selective scan (mamba_ssm's `mamba_chunk_scan_combined`), Mamba-1's selective scan
 (`selective_scan_fn`) and the causal depthwise convolution from a zero start
 (`causal_conv1d_fn`). Their torch fallbacks loop over chunks or tokens in Python, so no trace at
@@ -150,6 +151,9 @@ def _ssm1_scan(
 UNITS: dict[str, Callable[..., Any]] = {
     "chunk_gated_delta_rule": _delta("chunked"),
     "fused_recurrent_gated_delta_rule": _delta("step"),
+    # KDA: the same contract with g per key channel (B, T, H, d_k)
+    "chunk_kda": _delta("chunked"),
+    "fused_recurrent_kda": _delta("step"),
     "causal_conv1d_fn": _conv_fn,
     "mamba_chunk_scan_combined": _ssm_chunked,
     "selective_scan_fn": _ssm1_scan,

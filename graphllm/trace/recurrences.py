@@ -6,6 +6,8 @@ hybrids use.
   one. Its form is transformers' own choice at the workload (the recurrent form for one new token
   after a state, else the chunked one), so a trace made at other lengths lowers to what runs at
   this one. `use_qk_l2norm_in_kernel` is the l2normalize row on q and k first (eps 1e-6, FLA's).
+  A decay per key channel (B, T, H, d_k) is Kimi Delta Attention's (FLA's chunk_kda and
+  fused_recurrent_kda): the `kda_*` rows.
 - `ssm`: Mamba2's selective scan (mamba_ssm's chunked contract), in the form transformers
   runs at the workload (its recurrent step for one new token after a state).
 - `ssm1`: Mamba-1's selective scan (mamba_ssm's `selective_scan_fn`, channels first) from a
@@ -40,13 +42,16 @@ def lower_delta(g: Graph, p: str, ins: list[Ref | None], attrs: dict[str, Any], 
         q = Ref(g.add("l2normalize", f"{p}.q_l2norm", (q,), {"eps": 1e-6}).name)
         k = Ref(g.add("l2normalize", f"{p}.k_l2norm", (k,), {"eps": 1e-6}).name)
     args: tuple[Ref, ...] = (q, k, v, decay, beta)  # type: ignore[assignment]
+    # a decay per key channel (B, T, H, d_k) is KDA's; one per head (B, T, H), the gated rule's
+    family = "kda" if g.type_of(decay).rank == 4 else "gated_delta"  # type: ignore[arg-type]
     if state is None:
-        op = "gated_delta_chunked"
+        form = "chunked"
     else:
         args += (state,)
         # transformers steps token by token for one new token after a state, else chunks
-        op = "gated_delta_step" if g.bindings["T"] == 1 else "gated_delta_chunked_state"
-    return g.add(op, f"{p}.core", args, {"axes": {"t": out_t}, "chunk": attrs["chunk"]})
+        form = "step" if g.bindings["T"] == 1 else "chunked_state"
+    row_attrs = {"axes": {"t": out_t}, "chunk": attrs["chunk"]}
+    return g.add(f"{family}_{form}", f"{p}.core", args, row_attrs)
 
 
 def lower_ssm(g: Graph, p: str, ins: list[Ref | None], attrs: dict[str, Any], out_t: Dim):

@@ -20,11 +20,13 @@ _CLASS_KINDS: tuple[tuple[re.Pattern[str], str | None], ...] = (
     (re.compile(r"Embed(ding|dings|s)?$"), "embedding"),
     (re.compile(r"Norm(Gated|1P|PerHead)?$"), "norms"),
     (re.compile(r"Experts?$"), "experts"),
+    # a linear attention's forget gate (Kimi Linear's) makes its decay, it routes nothing
+    (re.compile(r"ForgetGate$"), None),
     (re.compile(r"(Router|Gate|Gating)$"), "router"),
     (re.compile(r"(SparseMo[eE]Block|SparseMoe|MoeBlock|MoE|Moe|MoELayer|MoeLayer)$"), "moe"),
     (re.compile(r"(Mamba\d?Mixer|Mixer|Mamba\d?)$"), "mamba"),
     (
-        re.compile(r"(GatedDeltaNet|LinearAttention|DeltaNet|LightningAttention)$"),
+        re.compile(r"(GatedDeltaNet|LinearAttention|DeltaNet|DeltaAttention|LightningAttention)$"),
         "linear_attention",
     ),
     (re.compile(r"Attention(Block)?$"), "attention"),
