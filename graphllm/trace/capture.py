@@ -230,6 +230,9 @@ class _Box:
         self.silent = 0
         self.stack: list[str] = []
         self.made_by: dict[int, int] = {}  # a tensor -> the event that made it
+        # a conv's input -> the length transformers' cache would have padded it to
+        # (graphllm.trace.kernels)
+        self.padded_to: dict[int, int] = {}
 
     @contextlib.contextmanager
     def quiet(self) -> Iterator[None]:

@@ -154,9 +154,21 @@ class _Lowering:
         reaches_end = end is None or size is None or end >= size
         if not reaches_end or start is None or not (start < 0 or start == (size or 0) - e.c):
             return
-        stop = d.positions[1]
-        kept = Dim(f"last{e.c}", "key_token", e.c, positions=(f"{stop}-{e.c}", stop))
-        self.axis_dims[(ev.outs[0], dim)] = kept
+        self.axis_dims[(ev.outs[0], dim)] = _last(e.c, d)
+
+    def pad_positions(self, ev: Event, src: TensorType, args: Any) -> None:
+        """Zeros put before a token axis to make it c positions long (a first step's conv
+        state, K - T zeros before it; a negative pad cuts a longer step to its last K) keep
+        positions stop-c .. stop, as a slice of the last c does."""
+        a = concrete(args, self.point)
+        pads, value = a[1], (a[2] if len(a) > 2 and a[2] is not None else 0)
+        shape = self.f.shapes[ev.outs[0]]
+        for i in range(len(pads) // 2):
+            dim = src.rank - 1 - i
+            e, d = shape[dim], src.dims[dim]
+            plain = value == 0 and pads[2 * i + 1] == 0
+            if plain and e.constant and d.role in TOKEN_ROLES and d.positions is not None:
+                self.axis_dims[(ev.outs[0], dim)] = _last(e.c, d)
 
     # -- the walk --------------------------------------------------------------------------------
     def run(self) -> Graph:
@@ -277,7 +289,7 @@ class _Lowering:
         elif ev.op == "conv":
             ins = [None if v is None else self.ref(v.vid) for v in ev.args]
             p = self.unit_scope(ev, "conv")
-            out = lower_conv(self.g, p, ins, ev.kwargs["activation"])
+            out = lower_conv(self.g, p, ins, ev.kwargs)
             self.refs[ev.outs[0]] = out
         else:
             self.aten(ev, args)
@@ -387,6 +399,8 @@ class _Lowering:
         types = [self.g.type_of(r) for r in ins]
         if kind == "slice":
             self.last_positions(ev, types[0], args)
+        if kind == "constant_pad_nd":
+            self.pad_positions(ev, types[0], args)
         if kind == "cat" and self.rec.sources.get(vals[0].vid, ("",))[0] == "input":
             self.after_state(ev, types, args)
         if kind == "copy" and len(types) == 2 and self.type_of(ev.outs[0]).rank == types[1].rank:
@@ -626,7 +640,9 @@ def _signature(
         if kind == "select_scatter":
             src = [x for n, x in enumerate(base) if n != dim]
         return _finish([base, src], [base], ins, outs)
-    if kind in ("index_select", "gather", "scatter", "index", "embedding", "constant_pad_nd"):
+    if kind == "constant_pad_nd":
+        return _padded(ins, outs, fresh)
+    if kind in ("index_select", "gather", "scatter", "index", "embedding"):
         return _indexing(kind, args, ins, outs, fresh)
     if kind == "repeat":
         return _indexing(kind, args, ins, outs, fresh)
@@ -855,10 +871,24 @@ def _along(
     return _finish([src], results, ins, outs, same)
 
 
+def _padded(ins: list[TensorType], outs: list[TensorType], fresh: _Fresh) -> _Sig:
+    """A constant pad: an axis whose size changes is a new axis, the same positions where
+    both sides say which they hold (a conv state's last K, `pad_positions`)."""
+    x = [fresh() for _ in ins[0].dims]
+    out = [x[n] if d == outs[0].dims[n] else fresh() for n, d in enumerate(ins[0].dims)]
+    same = tuple(
+        (o, i)
+        for o, i, a, b in zip(out, x, ins[0].dims, outs[0].dims)
+        if o != i and a.positions is not None and b.positions is not None
+    )
+    return _finish([x], [out], ins, outs, same)
+
+
 def _indexing(
     kind: str, args: Any, ins: list[TensorType], outs: list[TensorType], fresh: _Fresh
 ) -> _Sig:
-    """Gathers and pads: the output axes a run-time index chooses read any input position."""
+    """Gathers and repeats: the output axes a run-time index chooses read any input
+    position."""
     x = [fresh() for _ in ins[0].dims]
     if kind == "index_select":
         dim = args[1] % len(x)
@@ -889,8 +919,8 @@ def _indexing(
     if kind == "embedding":
         idx = [fresh() for _ in ins[1].dims]
         return _finish([x, idx], [[*idx, x[1]]], ins, outs)
-    # constant_pad_nd, repeat: an axis whose size changes is a new axis; repeat's extra axes
-    # come first (the input lines up with the output's last axes)
+    # repeat: an axis whose size changes is a new axis; its extra axes come first (the input
+    # lines up with the output's last axes)
     lead = len(outs[0].dims) - len(x)
     out = [
         x[n - lead] if n >= lead and ins[0].dims[n - lead] == d else fresh()
@@ -900,6 +930,12 @@ def _indexing(
 
 
 # -- helpers ---------------------------------------------------------------------------------------
+def _last(c: int, d: Dim) -> Dim:
+    """The last c positions of the token axis `d`."""
+    stop = d.positions[1]  # type: ignore[index]
+    return Dim(f"last{c}", "key_token", c, positions=(f"{stop}-{c}", stop))
+
+
 def _vals(args: Any) -> list[Val]:
     out: list[Val] = []
     for a in args:

@@ -72,6 +72,9 @@ FAMILIES = {
         n_groups=1,
         chunk_size=16,
     ),
+    # LFM3's short conv (kernel 7: a 5-token prefill is shorter, which transformers' cache pads)
+    # beside full attention
+    "short_conv": dict(TINY, model_type="lfm3", layer_types=["conv", "full_attention"]),
     # MLA: latent KV with a decoupled RoPE key, written into its key in two parts in place
     # (k[..., :nope].copy_(k_nope)); dense MLPs (first_k_dense_replace)
     "mla": dict(MLA, model_type="deepseek_v3", n_group=1, topk_group=1),

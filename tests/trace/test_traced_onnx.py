@@ -31,6 +31,7 @@ from tests.support.traced import FAMILIES, TINY, onnx_against_transformers
         "linear_attention",
         "mla",
         "mamba2",
+        "short_conv",
         "complex_rope",
     ],
 )
