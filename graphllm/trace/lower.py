@@ -274,7 +274,8 @@ class _Lowering:
             out = lower_experts(self.g, p, ins, ev.kwargs["act"], ev.kwargs["transposed"])
             self.refs[ev.outs[0]] = out
         elif ev.op == "mask":
-            self.masks[ev.outs[0]] = ev.kwargs["relation"]
+            form = {"additive": True} if ev.kwargs.get("additive") else {}
+            self.masks[ev.outs[0]] = {**ev.kwargs["relation"], **form}
         elif ev.op == "delta":
             ins = [None if v is None else self.ref(v.vid) for v in ev.args]
             out_t = self.type_of(ev.outs[0]).dims[1]
@@ -331,11 +332,7 @@ class _Lowering:
             i += 1
             p = f"{base}_{i}"
         self.scopes[p] = "core_attention"
-        relation = dict(self.masks.get(mask.vid, {})) if mask is not None else {}
-        if mask is not None and not relation:
-            raise ConfigError(f"{ev.scope}: the attention mask is not one graphllm can read")
-        if not relation:
-            relation = {"causal": bool(a.get("is_causal", True)), "window": None}
+        relation, masked_bias = self.attention_relation(ev, mask)
         if a.get("sliding_window") and not relation.get("window"):
             relation["window"] = int(a["sliding_window"])
         g = self.g
@@ -352,6 +349,8 @@ class _Lowering:
             s = g.add("softcap", f"{p}.softcap", (s,), {"cap": float(a["softcap"])})
         if bias:
             s = g.add("add", f"{p}.position_bias", (s, self.ref(bias[0].vid)))
+        if masked_bias is not None:
+            s = g.add("add", f"{p}.mask_bias", (s, masked_bias))
         s = g.add("mask", f"{p}.mask", (s,), relation)
         if sinks is not None:  # a sink logit a head, or one each query computes
             sink = self.ref(sinks.vid)
@@ -363,6 +362,37 @@ class _Lowering:
         self.generic(
             ev, "permute", [Ref(o.name)], [g.type_of(Ref(o.name))], (None, (0, 2, 1, 3)), p
         )
+
+    def attention_relation(self, ev: Event, mask: Val | None) -> tuple[dict[str, Any], Ref | None]:
+        """The relation the attention's mask holds, and the mask itself where it is a bias the
+        model's code made by applying the mask to values of its own (Doge's per-key dynamic
+        mask, the minimum where the mask is False): added to the scores, then the relation."""
+        relation = dict(self.masks.get(mask.vid, {})) if mask is not None else {}
+        relation.pop("additive", None)
+        if mask is not None and not relation:
+            ref = self.ref(mask.vid)
+            found = self.masked_by(ref)
+            if found is None or self.g.type_of(ref).dtype == "bool":
+                raise ConfigError(f"{ev.scope}: the attention mask is not one graphllm can read")
+            return found, ref
+        if not relation:
+            relation = {"causal": bool(ev.kwargs.get("is_causal", True)), "window": None}
+        return relation, None
+
+    def masked_by(self, ref: Ref) -> dict[str, Any] | None:
+        """The relation of the one `mask` row the tensor `ref` is computed from within its
+        attention's module, else None."""
+        scope = ref.node.rsplit(".", 1)[0]
+        seen, todo, found = set(), [ref.node], []
+        while todo:
+            n = self.g[todo.pop()]
+            if n.name in seen or not n.name.startswith(scope):
+                continue
+            seen.add(n.name)
+            if n.op == "mask":
+                found.append(dict(n.attrs))
+            todo.extend(r.node for r in n.inputs)
+        return found[0] if found and all(f == found[0] for f in found) else None
 
     # -- aten ops --------------------------------------------------------------------------------
     def aten(self, ev: Event, args: Any) -> None:
@@ -450,6 +480,8 @@ class _Lowering:
         if kind in ("bitwise_not", "logical_not"):
             self.masks[ev.outs[0]] = {**relation, "negated": not relation.get("negated")}
             return
+        if self.mask_form(ev, kind, vals, relation):
+            return
         if kind in _VIEWS | _POINTWISE_MOVES | {"slice", "expand", "_to_copy", "select"}:
             for o in ev.outs:
                 self.masks[o] = relation
@@ -468,6 +500,25 @@ class _Lowering:
                 "outside the attention, which graphllm does not model"
             )
 
+    def mask_form(self, ev: Event, kind: str, vals: list[Val], relation: dict[str, Any]) -> bool:
+        """A mask turned into another form of itself: eager's (0 where a key is attended, the
+        minimum where not) made bool or compared with 0 is True where a key is masked; sdpa's
+        (True where attended) selecting between two numbers is eager's (Doge)."""
+        plain = {k: v for k, v in relation.items() if k not in ("additive", "negated")}
+        out = ev.outs[0]
+        to_bool = kind == "_to_copy" and self.rec.dtypes[out] == "bool"
+        nonzero = kind == "ne" and len(vals) == 1 and ev.args[1:2] == (0,)
+        if relation.get("additive") and (to_bool or nonzero):
+            self.masks[out] = {**plain, "negated": True}
+            return True
+        sdpa = not relation.get("negated") and not relation.get("additive")
+        numbers = all(not self.rec.shapes[v.vid] for v in vals[1:])
+        selects = kind == "where" and vals[0].vid in self.masks and numbers
+        if sdpa and selects and self.rec.dtypes[out] != "bool":
+            self.masks[out] = {**plain, "additive": True}
+            return True
+        return False
+
     def apply_mask(self, ev: Event, scores: Val, relation: dict[str, Any]) -> bool:
         """The `mask` row on scores (B, H, T, S) with the mask's relation; False where the
         scores are not that (the mask is not applied to attention scores)."""
@@ -475,7 +526,7 @@ class _Lowering:
         t = self.g.type_of(x)
         if t.rank != 4 or not all(d.role in TOKEN_ROLES for d in t.dims[2:]):
             return False
-        attrs = {k: v for k, v in relation.items() if k != "negated"}
+        attrs = {k: v for k, v in relation.items() if k not in ("negated", "additive")}
         node = self.g.add(
             "mask", self.unique(f"{ev.scope}.mask" if ev.scope else "mask"), (x,), attrs
         )

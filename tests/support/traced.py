@@ -104,6 +104,20 @@ FAMILIES = {
         bos_token_id=1,
         eos_token_id=2,
     ),
+    # attention computed by the model's own code for eager's mask, cast to bool (True where a
+    # key is masked) and filled there (MPT, with ALiBi)
+    "own_attention_filled": dict(
+        model_type="mpt",
+        vocab_size=96,
+        d_model=32,
+        n_heads=4,
+        n_layers=2,
+        expansion_ratio=2,
+        max_seq_len=512,
+    ),
+    # Doge's dynamic mask attention: a bias a key (from its values) where the mask allows, the
+    # minimum where not, handed to the attention as its mask (below keep_window_size keys)
+    "dynamic_mask": dict(TINY, model_type="doge", keep_window_size=64),
     # a LayerNorm with neither weight nor bias (the model passes None for both)
     "layernorm_no_affine": {
         k: v for k, v in dict(TINY, model_type="olmo").items() if k != "head_dim"
