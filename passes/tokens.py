@@ -529,6 +529,10 @@ def _to_two(
             return _Two(v.support, row, col, lo, hi)
     rows = [v for letters, v in zip(ins, vals) if letters == [t] and isinstance(v, _One)]
     cols = [v for letters, v in zip(ins, vals) if letters == [s] and isinstance(v, _One)]
+    if cols and not rows and all(t not in letters for letters in ins):
+        # the columns broadcast over rows no input has (a bias a key, made a score matrix):
+        # every row reads the same columns and nothing of its own position
+        rows = [_One(np.ones(n, bool), Deps(n, exact))]
     if not (rows and cols):
         return None
     r, c = rows[0], cols[0]

@@ -309,11 +309,16 @@ def _constant(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
 
 
 def _pad(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    """torch's constant_pad_nd: (before, after) pairs from the last axis back; a negative
+    one cuts that many entries off instead (a conv state padded to K or cut to its last K)."""
     x, pads = xs[0], a["args"][1]
     width = [(0, 0)] * x.ndim
+    cut = [slice(None)] * x.ndim
     for i in range(len(pads) // 2):
-        width[x.ndim - 1 - i] = (pads[2 * i], pads[2 * i + 1])
-    return np.pad(x, width, constant_values=_scalar(a, 2, 0))
+        lo, hi = pads[2 * i], pads[2 * i + 1]
+        width[x.ndim - 1 - i] = (max(lo, 0), max(hi, 0))
+        cut[x.ndim - 1 - i] = slice(max(-lo, 0), x.shape[x.ndim - 1 - i] - max(-hi, 0))
+    return np.pad(x[tuple(cut)], width, constant_values=_scalar(a, 2, 0))
 
 
 def _unfold(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:

@@ -27,6 +27,9 @@ from graphllm.errors import ConfigError
 from graphllm.trace.complex import is_complex_op, record_complex
 
 ATTENTION = "graphllm_trace"  # the attn_implementation the traced model runs with
+# the one a model that computes its attention itself runs with: its code is written for eager's
+# masks (0 where a key is attended, the dtype's minimum where not), which its mask function gives
+EAGER_MASKS = "graphllm_trace_eager"
 
 
 @dataclass(frozen=True)
@@ -116,20 +119,35 @@ def _attention(module: Any, query: Any, key: Any, value: Any, attention_mask: An
 
 
 def _mask(batch_size: int, q_length: int, kv_length: int, **kw: Any):
-    """The mask function the traced model calls: a `mask` event holding the mask function."""
+    """The mask function the traced model calls: a `mask` event holding the mask function; the
+    mask is sdpa's form, True where a key is attended."""
+    import torch
+
+    return _mask_event((batch_size, 1, q_length, kv_length), torch.bool, kw, additive=False)
+
+
+def _eager_mask(batch_size: int, q_length: int, kv_length: int, **kw: Any):
+    """The mask function of EAGER_MASKS: the same event, the mask in eager's form (added to
+    the scores: 0 where a key is attended, the dtype's minimum where not)."""
+    import torch
+
+    shape = (batch_size, 1, q_length, kv_length)
+    return _mask_event(shape, kw.get("dtype", torch.float32), kw, additive=True)
+
+
+def _mask_event(shape: tuple[int, ...], dtype: Any, kw: dict[str, Any], additive: bool) -> Any:
     import torch
 
     rec = STATE.recorder
     with rec.quiet():
-        out = torch.ones(
-            (batch_size, 1, q_length, kv_length), dtype=torch.bool, device=kw.get("device", "meta")
-        )
+        out = torch.ones(shape, dtype=dtype, device=kw.get("device", "meta"))
     attrs = {
         "function": kw.get("mask_function"),
         "q_offset": kw.get("q_offset", 0),
         "kv_offset": kw.get("kv_offset", 0),
-        "q_length": q_length,
-        "kv_length": kv_length,
+        "q_length": shape[2],
+        "kv_length": shape[3],
+        "additive": additive,
     }
     rec.unit("mask", (), attrs, (out,))
     return out
@@ -168,14 +186,16 @@ def _experts(module: Any, hidden: Any, top_k_index: Any, top_k_weights: Any) -> 
 
 
 def register_attention() -> None:
-    """Register ATTENTION with transformers' attention, mask and experts interfaces (once a
-    process)."""
+    """Register ATTENTION with transformers' attention, mask and experts interfaces, and
+    EAGER_MASKS with its attention and mask ones (once a process)."""
     from transformers.integrations.moe import ExpertsInterface
     from transformers.masking_utils import AttentionMaskInterface
     from transformers.modeling_utils import AttentionInterface
 
     AttentionInterface.register(ATTENTION, _attention)
     AttentionMaskInterface.register(ATTENTION, _mask)
+    AttentionInterface.register(EAGER_MASKS, _attention)
+    AttentionMaskInterface.register(EAGER_MASKS, _eager_mask)
     ExpertsInterface.register(ATTENTION, _experts)
 
 
@@ -230,6 +250,9 @@ class _Box:
         self.silent = 0
         self.stack: list[str] = []
         self.made_by: dict[int, int] = {}  # a tensor -> the event that made it
+        # a conv's input -> the length transformers' cache would have padded it to
+        # (graphllm.trace.kernels)
+        self.padded_to: dict[int, int] = {}
 
     @contextlib.contextmanager
     def quiet(self) -> Iterator[None]:

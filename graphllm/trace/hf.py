@@ -14,7 +14,7 @@ from typing import Any
 from graphllm.echo import shown
 from graphllm.errors import ConfigError
 from graphllm.models.parse import json_float
-from graphllm.trace.capture import ATTENTION, register_attention
+from graphllm.trace.capture import ATTENTION, EAGER_MASKS, register_attention
 
 INSTALL = "pip install 'graphllm[parity]' torch"
 
@@ -99,7 +99,8 @@ def causal_lm(cfg: Any, values: bool, dtype: str) -> Any:
     register_attention()
     # a model that picks its attention classes by the implementation's name (GPT-Neo, GIT)
     # takes no registered function: it is built with its eager attention, recorded op by op
-    # (the own-attention case), and its masks still come from graphllm's mask function
+    # (the own-attention case), and its masks still come from graphllm's mask function, in
+    # the eager form its code applies (MPT casts it to bool and fills where it is True)
     own = not _supports_attention_backend(cfg)
     cfg._attn_implementation = "eager" if own else ATTENTION
     if hasattr(cfg, "_experts_implementation"):
@@ -117,7 +118,7 @@ def causal_lm(cfg: Any, values: bool, dtype: str) -> Any:
             f"transformers cannot build this {cfg.model_type} model: {str(e).splitlines()[0]}"
         ) from None
     if own:
-        model.config._attn_implementation = ATTENTION
+        model.config._attn_implementation = EAGER_MASKS
     return model.eval()
 
 

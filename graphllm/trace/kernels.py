@@ -56,8 +56,35 @@ def _conv_fn(x: Any, weight: Any, bias: Any = None, activation: Any = None, **kw
     rec = STATE.recorder
     with rec.quiet():
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    rec.unit("conv", (x, weight, bias), {"activation": activation}, (out,))
+    attrs = {"activation": activation, "padded_to": rec.padded_to.get(rec.ids.get(id(x)))}
+    rec.unit("conv", (x, weight, bias), attrs, (out,))
     return out
+
+
+def _first_conv_step(update: Callable[..., Any]) -> Callable[..., Any]:
+    """transformers' cache layer's conv-state update, in one form for any length at a first
+    step. transformers pads a first step shorter than the kernel to K positions (its conv then
+    runs on them) and keeps the last K: a branch on the length, so no one recording holds on
+    both sides of K. The same state is the step padded (or cut) to K, and a conv from a zero
+    start computes the step's outputs from the step alone; the conv's input is marked, so
+    `reference_conv_flops` counts the K positions transformers' torch code convolves."""
+
+    def step(layer: Any, x: Any, state_idx: int = 0, conv_kernel_size: Any = None, **kw: Any):
+        import torch.nn.functional as F
+
+        k = conv_kernel_size
+        if layer.has_previous_state[state_idx] or layer.record_past or k is None:
+            return update(layer, x, state_idx, conv_kernel_size, **kw)
+        t = x.shape[-1]
+        # K - T zeros before a shorter step; a negative pad keeps a longer one's last K
+        update(layer, F.pad(x, (k - t, 0)), state_idx, conv_kernel_size, **kw)
+        if state_idx == 0:  # the layer counted the K positions it was given: the step has T
+            layer.cumulative_length_linear.add_(t - k)
+        rec = STATE.recorder
+        rec.padded_to[rec.val(x).vid] = int(k)
+        return x
+
+    return step
 
 
 def _require_modelled(scan: str, *features: tuple[str, bool]) -> None:
@@ -188,14 +215,36 @@ def tagged(model: Any) -> list[tuple[Any, str, str]]:
 
 @contextmanager
 def kernel_units(model: Any) -> Iterator[None]:
-    """Within the block, each tagged function graphllm has a unit for records one event."""
+    """Within the block, each tagged function graphllm has a unit for records one event, and
+    the cache's conv states start in one form for any length."""
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
     swapped = [
         (mod, attr, getattr(mod, attr)) for mod, attr, name in tagged(model) if name in UNITS
     ]
     for mod, attr, _ in swapped:
         setattr(mod, attr, UNITS[kernel_name(getattr(mod, attr))])  # type: ignore[index]
+    layers = [
+        (cls, vars(cls)["update_conv_state"])
+        for cls in _subclasses(LinearAttentionCacheLayerMixin)
+        if _updates_conv(cls)
+    ]
+    for cls, update in layers:
+        cls.update_conv_state = _first_conv_step(update)  # type: ignore[attr-defined]
     try:
         yield
     finally:
         for mod, attr, fn in swapped:
             setattr(mod, attr, fn)
+        for cls, update in layers:
+            cls.update_conv_state = update  # type: ignore[attr-defined]
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [cls, *(c for sub in cls.__subclasses__() for c in _subclasses(sub))]
+
+
+def _updates_conv(cls: type) -> bool:
+    """Whether `cls` defines the conv-state update itself (not abstractly)."""
+    fn = vars(cls).get("update_conv_state")
+    return fn is not None and not getattr(fn, "__isabstractmethod__", False)

@@ -154,9 +154,21 @@ class _Lowering:
         reaches_end = end is None or size is None or end >= size
         if not reaches_end or start is None or not (start < 0 or start == (size or 0) - e.c):
             return
-        stop = d.positions[1]
-        kept = Dim(f"last{e.c}", "key_token", e.c, positions=(f"{stop}-{e.c}", stop))
-        self.axis_dims[(ev.outs[0], dim)] = kept
+        self.axis_dims[(ev.outs[0], dim)] = _last(e.c, d)
+
+    def pad_positions(self, ev: Event, src: TensorType, args: Any) -> None:
+        """Zeros put before a token axis to make it c positions long (a first step's conv
+        state, K - T zeros before it; a negative pad cuts a longer step to its last K) keep
+        positions stop-c .. stop, as a slice of the last c does."""
+        a = concrete(args, self.point)
+        pads, value = a[1], (a[2] if len(a) > 2 and a[2] is not None else 0)
+        shape = self.f.shapes[ev.outs[0]]
+        for i in range(len(pads) // 2):
+            dim = src.rank - 1 - i
+            e, d = shape[dim], src.dims[dim]
+            plain = value == 0 and pads[2 * i + 1] == 0
+            if plain and e.constant and d.role in TOKEN_ROLES and d.positions is not None:
+                self.axis_dims[(ev.outs[0], dim)] = _last(e.c, d)
 
     # -- the walk --------------------------------------------------------------------------------
     def run(self) -> Graph:
@@ -262,7 +274,8 @@ class _Lowering:
             out = lower_experts(self.g, p, ins, ev.kwargs["act"], ev.kwargs["transposed"])
             self.refs[ev.outs[0]] = out
         elif ev.op == "mask":
-            self.masks[ev.outs[0]] = ev.kwargs["relation"]
+            form = {"additive": True} if ev.kwargs.get("additive") else {}
+            self.masks[ev.outs[0]] = {**ev.kwargs["relation"], **form}
         elif ev.op == "delta":
             ins = [None if v is None else self.ref(v.vid) for v in ev.args]
             out_t = self.type_of(ev.outs[0]).dims[1]
@@ -277,7 +290,7 @@ class _Lowering:
         elif ev.op == "conv":
             ins = [None if v is None else self.ref(v.vid) for v in ev.args]
             p = self.unit_scope(ev, "conv")
-            out = lower_conv(self.g, p, ins, ev.kwargs["activation"])
+            out = lower_conv(self.g, p, ins, ev.kwargs)
             self.refs[ev.outs[0]] = out
         else:
             self.aten(ev, args)
@@ -319,11 +332,7 @@ class _Lowering:
             i += 1
             p = f"{base}_{i}"
         self.scopes[p] = "core_attention"
-        relation = dict(self.masks.get(mask.vid, {})) if mask is not None else {}
-        if mask is not None and not relation:
-            raise ConfigError(f"{ev.scope}: the attention mask is not one graphllm can read")
-        if not relation:
-            relation = {"causal": bool(a.get("is_causal", True)), "window": None}
+        relation, masked_bias = self.attention_relation(ev, mask)
         if a.get("sliding_window") and not relation.get("window"):
             relation["window"] = int(a["sliding_window"])
         g = self.g
@@ -340,6 +349,8 @@ class _Lowering:
             s = g.add("softcap", f"{p}.softcap", (s,), {"cap": float(a["softcap"])})
         if bias:
             s = g.add("add", f"{p}.position_bias", (s, self.ref(bias[0].vid)))
+        if masked_bias is not None:
+            s = g.add("add", f"{p}.mask_bias", (s, masked_bias))
         s = g.add("mask", f"{p}.mask", (s,), relation)
         if sinks is not None:  # a sink logit a head, or one each query computes
             sink = self.ref(sinks.vid)
@@ -351,6 +362,37 @@ class _Lowering:
         self.generic(
             ev, "permute", [Ref(o.name)], [g.type_of(Ref(o.name))], (None, (0, 2, 1, 3)), p
         )
+
+    def attention_relation(self, ev: Event, mask: Val | None) -> tuple[dict[str, Any], Ref | None]:
+        """The relation the attention's mask holds, and the mask itself where it is a bias the
+        model's code made by applying the mask to values of its own (Doge's per-key dynamic
+        mask, the minimum where the mask is False): added to the scores, then the relation."""
+        relation = dict(self.masks.get(mask.vid, {})) if mask is not None else {}
+        relation.pop("additive", None)
+        if mask is not None and not relation:
+            ref = self.ref(mask.vid)
+            found = self.masked_by(ref)
+            if found is None or self.g.type_of(ref).dtype == "bool":
+                raise ConfigError(f"{ev.scope}: the attention mask is not one graphllm can read")
+            return found, ref
+        if not relation:
+            relation = {"causal": bool(ev.kwargs.get("is_causal", True)), "window": None}
+        return relation, None
+
+    def masked_by(self, ref: Ref) -> dict[str, Any] | None:
+        """The relation of the one `mask` row the tensor `ref` is computed from within its
+        attention's module, else None."""
+        scope = ref.node.rsplit(".", 1)[0]
+        seen, todo, found = set(), [ref.node], []
+        while todo:
+            n = self.g[todo.pop()]
+            if n.name in seen or not n.name.startswith(scope):
+                continue
+            seen.add(n.name)
+            if n.op == "mask":
+                found.append(dict(n.attrs))
+            todo.extend(r.node for r in n.inputs)
+        return found[0] if found and all(f == found[0] for f in found) else None
 
     # -- aten ops --------------------------------------------------------------------------------
     def aten(self, ev: Event, args: Any) -> None:
@@ -387,6 +429,8 @@ class _Lowering:
         types = [self.g.type_of(r) for r in ins]
         if kind == "slice":
             self.last_positions(ev, types[0], args)
+        if kind == "constant_pad_nd":
+            self.pad_positions(ev, types[0], args)
         if kind == "cat" and self.rec.sources.get(vals[0].vid, ("",))[0] == "input":
             self.after_state(ev, types, args)
         if kind == "copy" and len(types) == 2 and self.type_of(ev.outs[0]).rank == types[1].rank:
@@ -436,6 +480,8 @@ class _Lowering:
         if kind in ("bitwise_not", "logical_not"):
             self.masks[ev.outs[0]] = {**relation, "negated": not relation.get("negated")}
             return
+        if self.mask_form(ev, kind, vals, relation):
+            return
         if kind in _VIEWS | _POINTWISE_MOVES | {"slice", "expand", "_to_copy", "select"}:
             for o in ev.outs:
                 self.masks[o] = relation
@@ -454,6 +500,25 @@ class _Lowering:
                 "outside the attention, which graphllm does not model"
             )
 
+    def mask_form(self, ev: Event, kind: str, vals: list[Val], relation: dict[str, Any]) -> bool:
+        """A mask turned into another form of itself: eager's (0 where a key is attended, the
+        minimum where not) made bool or compared with 0 is True where a key is masked; sdpa's
+        (True where attended) selecting between two numbers is eager's (Doge)."""
+        plain = {k: v for k, v in relation.items() if k not in ("additive", "negated")}
+        out = ev.outs[0]
+        to_bool = kind == "_to_copy" and self.rec.dtypes[out] == "bool"
+        nonzero = kind == "ne" and len(vals) == 1 and ev.args[1:2] == (0,)
+        if relation.get("additive") and (to_bool or nonzero):
+            self.masks[out] = {**plain, "negated": True}
+            return True
+        sdpa = not relation.get("negated") and not relation.get("additive")
+        numbers = all(not self.rec.shapes[v.vid] for v in vals[1:])
+        selects = kind == "where" and vals[0].vid in self.masks and numbers
+        if sdpa and selects and self.rec.dtypes[out] != "bool":
+            self.masks[out] = {**plain, "additive": True}
+            return True
+        return False
+
     def apply_mask(self, ev: Event, scores: Val, relation: dict[str, Any]) -> bool:
         """The `mask` row on scores (B, H, T, S) with the mask's relation; False where the
         scores are not that (the mask is not applied to attention scores)."""
@@ -461,7 +526,7 @@ class _Lowering:
         t = self.g.type_of(x)
         if t.rank != 4 or not all(d.role in TOKEN_ROLES for d in t.dims[2:]):
             return False
-        attrs = {k: v for k, v in relation.items() if k != "negated"}
+        attrs = {k: v for k, v in relation.items() if k not in ("negated", "additive")}
         node = self.g.add(
             "mask", self.unique(f"{ev.scope}.mask" if ev.scope else "mask"), (x,), attrs
         )
@@ -626,7 +691,9 @@ def _signature(
         if kind == "select_scatter":
             src = [x for n, x in enumerate(base) if n != dim]
         return _finish([base, src], [base], ins, outs)
-    if kind in ("index_select", "gather", "scatter", "index", "embedding", "constant_pad_nd"):
+    if kind == "constant_pad_nd":
+        return _padded(ins, outs, fresh)
+    if kind in ("index_select", "gather", "scatter", "index", "embedding"):
         return _indexing(kind, args, ins, outs, fresh)
     if kind == "repeat":
         return _indexing(kind, args, ins, outs, fresh)
@@ -855,10 +922,24 @@ def _along(
     return _finish([src], results, ins, outs, same)
 
 
+def _padded(ins: list[TensorType], outs: list[TensorType], fresh: _Fresh) -> _Sig:
+    """A constant pad: an axis whose size changes is a new axis, the same positions where
+    both sides say which they hold (a conv state's last K, `pad_positions`)."""
+    x = [fresh() for _ in ins[0].dims]
+    out = [x[n] if d == outs[0].dims[n] else fresh() for n, d in enumerate(ins[0].dims)]
+    same = tuple(
+        (o, i)
+        for o, i, a, b in zip(out, x, ins[0].dims, outs[0].dims)
+        if o != i and a.positions is not None and b.positions is not None
+    )
+    return _finish([x], [out], ins, outs, same)
+
+
 def _indexing(
     kind: str, args: Any, ins: list[TensorType], outs: list[TensorType], fresh: _Fresh
 ) -> _Sig:
-    """Gathers and pads: the output axes a run-time index chooses read any input position."""
+    """Gathers and repeats: the output axes a run-time index chooses read any input
+    position."""
     x = [fresh() for _ in ins[0].dims]
     if kind == "index_select":
         dim = args[1] % len(x)
@@ -889,8 +970,8 @@ def _indexing(
     if kind == "embedding":
         idx = [fresh() for _ in ins[1].dims]
         return _finish([x, idx], [[*idx, x[1]]], ins, outs)
-    # constant_pad_nd, repeat: an axis whose size changes is a new axis; repeat's extra axes
-    # come first (the input lines up with the output's last axes)
+    # repeat: an axis whose size changes is a new axis; its extra axes come first (the input
+    # lines up with the output's last axes)
     lead = len(outs[0].dims) - len(x)
     out = [
         x[n - lead] if n >= lead and ins[0].dims[n - lead] == d else fresh()
@@ -900,6 +981,12 @@ def _indexing(
 
 
 # -- helpers ---------------------------------------------------------------------------------------
+def _last(c: int, d: Dim) -> Dim:
+    """The last c positions of the token axis `d`."""
+    stop = d.positions[1]  # type: ignore[index]
+    return Dim(f"last{c}", "key_token", c, positions=(f"{stop}-{c}", stop))
+
+
 def _vals(args: Any) -> list[Val]:
     out: list[Val] = []
     for a in args:

@@ -141,7 +141,8 @@ def _fitted(cfg: Any, points: tuple, dtype: str, values: bool) -> Fitted:
         if ev.op == "mask":  # the function itself does not outlive this process
             # a mask no layer reads (Qwen2-MoE's sliding one, with no sliding layer) says nothing
             used = ev.outs[0] in read
-            ev.kwargs = {"relation": read_relation(ev.kwargs["function"]) if used else {}}
+            relation = read_relation(ev.kwargs["function"]) if used else {}
+            ev.kwargs = {"relation": relation, "additive": bool(ev.kwargs.get("additive"))}
     meta = {"config": traced_config(cfg, cfg.model_type), "window": _windowed(points, _spans(cfg))}
     meta["stored_as"] = checkpoint_names(model)
     # each repeating layer -> the first layer of its kind (the report's layer kinds)
@@ -192,6 +193,10 @@ def _read_tensors(rec: Any) -> set[int]:
 # config fields holding a span of positions past which transformers' cache code takes another
 # path (a sliding-window layer keeps W - 1 past keys, a chunked one its chunk's)
 _SPANS = ("sliding_window", "attention_chunk_size", "sliding_window_size", "local_window_size")
+# past this many keys a layer attends to the ones it selects at run time (Doge's dynamic mask
+# keeps each query's top keep_window_size keys): below it every key is attended
+_SELECTING = "keep_window_size"
+_SPANS += (_SELECTING,)
 
 
 def _spans(cfg: Any) -> dict[str, int]:
@@ -221,6 +226,14 @@ def probes(wl: Workload, spans: dict[str, int]) -> tuple[Point, ...]:
     window's model asked for more positions than the window) past it, where each windowed
     layer keeps its last W - 1 keys and its sizes follow other lines."""
     points = DECODE_PROBES if wl.past_len else PREFILL_PROBES
+    selects = spans.get(_SELECTING)
+    if selects is not None and wl.key_len > selects:
+        raise ConfigError(
+            f"past {selects} keys ({_SELECTING}) each query attends to the {selects} keys its "
+            "dynamic mask ranks highest (a top-k over the keys, chosen at run time): sparse "
+            "attention, which graphllm does not model yet"
+        )
+    spans = {k: v for k, v in spans.items() if k != _SELECTING}
     if not spans:
         return points
     span = min(spans.values())

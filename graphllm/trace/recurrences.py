@@ -16,7 +16,8 @@ hybrids use.
 - `conv`: the depthwise causal conv on transformers' channels-first (B, C, S), from a zero
   start (transformers puts the cache's conv state before the new inputs itself, and keeps its
   last K positions, in ops of its own). The rows take channels last, so the input and output
-  are transposed around it.
+  are transposed around it. `padded_to`: a first step's conv, which transformers' cache pads
+  to K positions when shorter (graphllm.trace.kernels); the row convolves the step alone.
 """
 
 from __future__ import annotations
@@ -125,16 +126,19 @@ def select_head(g: Graph, name: str, x: Ref, index: int) -> Ref:
     return Ref(g.add(generic_row("select", "a b c d -> a c d"), name, (x,), attrs).name)
 
 
-def lower_conv(g: Graph, p: str, ins: list[Ref | None], activation: Any) -> Ref:
+def lower_conv(g: Graph, p: str, ins: list[Ref | None], unit: dict[str, Any]) -> Ref:
     """The causal conv of scope `p` on x (B, C, S) from a zero start, its weight (C, K) and
-    bias or None: returns the output (B, C, S)."""
+    bias or None, `unit` the event's attrs: returns the output (B, C, S)."""
     x, weight, bias = ins
     assert x is not None and weight is not None
+    activation = unit["activation"]
     c, kernel = g.type_of(weight).dims
     xt = _permute(g, f"{p}.channels_last", x)
     one = Dim("one", "hidden", 1)
     w = _view(g, f"{p}.conv_weight", weight, (c, one, kernel), "a b -> a c b", {"c": one})
     attrs = {"axes": {"t": g.type_of(xt).dims[1]}, "kernel": kernel.size, "with_state": False}
+    if unit.get("padded_to"):
+        attrs["padded_to"] = unit["padded_to"]
     if bias is not None:
         conv = g.add("causal_conv1d_bias", f"{p}.conv1d", (xt, w, bias), attrs)
     else:
@@ -179,12 +183,14 @@ def _attrs(kind: str, args: tuple, dtype: str, shape: tuple[int, ...]) -> dict[s
 def reference_conv_flops(g: Graph) -> int:
     """The FLOPs of the graph's causal convs as transformers' torch code computes them, for a
     comparison with torch's FlopCounterMode: a conv1d padded by K-1 on both sides, so S+K-1
-    outputs of which it keeps S, 2 C K B (S+K-1). graphllm counts the S outputs a causal-conv
-    kernel computes (the rows' flops_fn)."""
+    outputs of which it keeps S, 2 C K B (S+K-1), S at least the length transformers' cache
+    pads a first step to (`padded_to`). graphllm counts the S outputs a causal-conv kernel
+    computes (the rows' flops_fn)."""
     total = 0
     for n in g.nodes():
         if n.op in ("causal_conv1d", "causal_conv1d_bias"):
             b, s, c = (int(x) for x in g.type_of(n.inputs[0]).shape(g.bindings))
+            s = max(s, int(n.attrs.get("padded_to", 0)))
             k = int(n.attrs["kernel"])
             total += 2 * c * k * b * (s + k - 1)
         elif n.op.startswith("aten.convolution["):  # torch's own: the outputs it keeps

@@ -72,6 +72,9 @@ FAMILIES = {
         n_groups=1,
         chunk_size=16,
     ),
+    # LFM3's short conv (kernel 7: a 5-token prefill is shorter, which transformers' cache pads)
+    # beside full attention
+    "short_conv": dict(TINY, model_type="lfm3", layer_types=["conv", "full_attention"]),
     # MLA: latent KV with a decoupled RoPE key, written into its key in two parts in place
     # (k[..., :nope].copy_(k_nope)); dense MLPs (first_k_dense_replace)
     "mla": dict(MLA, model_type="deepseek_v3", n_group=1, topk_group=1),
@@ -101,6 +104,20 @@ FAMILIES = {
         bos_token_id=1,
         eos_token_id=2,
     ),
+    # attention computed by the model's own code for eager's mask, cast to bool (True where a
+    # key is masked) and filled there (MPT, with ALiBi)
+    "own_attention_filled": dict(
+        model_type="mpt",
+        vocab_size=96,
+        d_model=32,
+        n_heads=4,
+        n_layers=2,
+        expansion_ratio=2,
+        max_seq_len=512,
+    ),
+    # Doge's dynamic mask attention: a bias a key (from its values) where the mask allows, the
+    # minimum where not, handed to the attention as its mask (below keep_window_size keys)
+    "dynamic_mask": dict(TINY, model_type="doge", keep_window_size=64),
     # a LayerNorm with neither weight nor bias (the model passes None for both)
     "layernorm_no_affine": {
         k: v for k, v in dict(TINY, model_type="olmo").items() if k != "head_dim"

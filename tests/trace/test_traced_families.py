@@ -20,17 +20,18 @@ def test_traced_equals_transformers(kind, past):
     assert c.results["cost"].flops["matmul"] == c.flops
     # transformers' torch conv pads both sides and drops K-1 outputs; graphllm counts a kernel's
     assert c.conv_flops == reference_conv_flops(c.graph)
-    assert (c.conv_flops > 0) == (kind in ("linear_attention", "mamba2"))
+    assert (c.conv_flops > 0) == (kind in ("linear_attention", "mamba2", "short_conv"))
     np.testing.assert_allclose(c.logits, c.want, atol=2e-5, rtol=1e-4)
 
 
-# Llama 4's experts take every token repeated once an expert (`repeat` along the flattened
-# tokens), which the tokens pass reads as mixing them: not yet a same-position regroup
-ATTENTION_ONLY = sorted(
-    k
-    for k in FAMILIES
-    if k not in ("linear_attention", "mamba2", "chunked_complex_rope", "own_attention")
-)
+# recurrences and convs mix tokens too; Llama 4's experts take every token repeated once an
+# expert (`repeat` along the flattened tokens), which the tokens pass reads as mixing them: not
+# yet a same-position regroup; XGLM's and MPT's attention is their own ops; Doge's per-key
+# bias is broadcast over the queries
+NOT_ATTENTION_ONLY = ("linear_attention", "mamba2", "short_conv", "chunked_complex_rope")
+NOT_ATTENTION_ONLY += ("dynamic_mask",)
+OWN = ("own_attention", "own_attention_filled")
+ATTENTION_ONLY = sorted(k for k in FAMILIES if k not in (*NOT_ATTENTION_ONLY, *OWN))
 
 
 @pytest.mark.parametrize("kind", ATTENTION_ONLY)
@@ -160,6 +161,52 @@ def test_a_model_that_applies_its_mask_itself():
     assert len(masks) == 2 and all(n.attrs == {"causal": True, "window": None} for n in masks)
     mixing = sorted(c.results["tokens"].to_dict()["mixing_ops"])
     assert [m.split("[")[0] for m in mixing] == ["aten._softmax", "aten.bmm"]
+
+
+@pytest.mark.parametrize("past", [0, P], ids=["prefill", "decode"])
+def test_a_model_that_fills_where_its_eager_mask_is_set(past):
+    """MPT computes attention itself for eager's mask (0 where a key is attended, the minimum
+    where not): it casts the mask to bool, True where a key is masked, and fills its scores
+    there. It is handed the mask in that form, so the fill is the `mask` row with the causal
+    relation and the graph keeps the keys transformers keeps (its logits)."""
+    c = check_traced(FAMILIES["own_attention_filled"], past)
+    masks = [n for n in c.graph.nodes() if n.op == "mask"]
+    assert [n.name for n in masks] == [f"transformer.blocks.{i}.attn.mask" for i in (0, 1)]
+    assert all(n.attrs == {"causal": True, "window": None} for n in masks)
+    mixing = sorted(c.results["tokens"].to_dict()["mixing_ops"])
+    assert [m.split("[")[0] for m in mixing] == ["aten._softmax", "aten.bmm"]
+    np.testing.assert_allclose(c.logits, c.want, atol=2e-5, rtol=1e-4)
+
+
+def test_a_mask_made_a_bias_by_the_model():
+    """Doge's dynamic mask: exp(A softplus(dt_proj(v))) a key and head, broadcast over the
+    queries, the minimum where the causal mask is False (its code turns sdpa's bool mask into
+    eager's form and fills where it is not 0), handed to the attention as its mask. The mask
+    rows keep the causal relation; the attention adds the bias to its scores, then masks; each
+    position depends on itself and those before."""
+    c = check_traced(FAMILIES["dynamic_mask"], 0)
+    g = c.graph
+    core = "model.layers.0.self_attn.core"
+    assert g[f"{core}.mask_bias"].op == "add"
+    assert g[f"{core}.mask"].attrs == g["model.layers.0.self_attn.mask"].attrs
+    assert g[f"{core}.mask"].attrs == {"causal": True, "window": None}
+    tokens = c.results["tokens"]
+    assert [tokens.depends_on(t) for t in range(3)] == [[0], [0, 1], [0, 1, 2]]
+    mixing = sorted(m.split("[")[0] for m in tokens.to_dict()["mixing_ops"])
+    assert mixing == ["aten.expand", "pv", "scores", "softmax"]
+
+
+def test_past_its_kept_keys_a_dynamic_mask_selects_keys():
+    """Past keep_window_size keys each query keeps the keys its dynamic mask ranks highest
+    (a top-k chosen at run time): refused in one line, up to it traced."""
+    from graphllm.errors import ConfigError
+    from graphllm.models.workload import Workload
+    from graphllm.trace import traced_graph
+
+    raw = FAMILIES["dynamic_mask"]
+    with pytest.raises(ConfigError, match="top-k over the keys"):
+        traced_graph(raw, Workload(seq_len=1, past_len=64))
+    assert "logits" in traced_graph(raw, Workload(seq_len=1, past_len=63)).outputs
 
 
 def test_a_model_that_picks_its_attention_class_by_name():

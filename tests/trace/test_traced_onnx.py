@@ -31,7 +31,10 @@ from tests.support.traced import FAMILIES, TINY, onnx_against_transformers
         "linear_attention",
         "mla",
         "mamba2",
+        "short_conv",
         "complex_rope",
+        "own_attention_filled",
+        "dynamic_mask",
     ],
 )
 def test_traced_export_equals_transformers(kind, tmp_path):
