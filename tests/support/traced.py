@@ -14,6 +14,7 @@ from graphllm.passes import run
 from graphllm.runtime.interpret import Interpreter
 from graphllm.trace import traced_graph
 from graphllm.trace.forward import cache_argument, cache_tensors
+from graphllm.trace.recurrences import reference_conv_flops
 
 B, T, P = 2, 5, 4
 # tiny configs of each kind, as transformers' config classes take them
@@ -146,6 +147,16 @@ def stored_numel(ref: Any) -> int:
     """What a checkpoint of `ref` holds: its parameters and persistent buffers, a tied tensor
     once."""
     return sum(t.numel() for t in {t.data_ptr(): t for t in ref.state_dict().values()}.values())
+
+
+def assert_recurrent_equal(c: Checked, new: int) -> None:
+    """A traced recurrent model's parameters, matmul FLOPs (FlopCounterMode), its convs' FLOPs
+    (transformers' padded torch code) and logits within 1e-4 equal transformers'."""
+    assert c.results["params"].total == c.params
+    assert c.results["cost"].flops["matmul"] == c.flops
+    if new > 1:  # transformers' conv at one token is its own update (no padding to count)
+        assert c.conv_flops == reference_conv_flops(c.graph)
+    np.testing.assert_allclose(c.logits, c.want, atol=1e-4, rtol=0)
 
 
 def check_traced(raw: dict[str, Any], past: int = 0, new: int = T) -> Checked:
