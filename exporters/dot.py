@@ -354,12 +354,15 @@ class _Ctx:
         parts = []
         members = list(members)
         recurrent = _recurrence(self.g, members)
-        channels = any(n.op.startswith("selective_") for n in members)  # Mamba-1's scan
+        channels = {_channels(n.out.dims) for n in members if n.op in _MAMBA1_SCANS}
         if ("linear_attention" in kinds or channels) and recurrent:
             # a Gated DeltaNet layer says its own heads, not attention's; a Mamba-1 mixer its
-            # channels, which the trace names by the config's intermediate_size (ffn)
-            drop = ("head", "kv_head", "head_dim") + (("ffn",) if channels else ())
+            # channels, which the trace names by the config's intermediate_size (ffn) where
+            # they are as many (a Jamba block's MLP keeps its own ffn)
+            drop = ("head", "kv_head", "head_dim")
             sizes = {k: v for k, v in sizes.items() if k not in drop}
+            if sizes.get("ffn") in channels:
+                del sizes["ffn"]
             parts.append(recurrent)
         if "head" in sizes:
             kv = sizes.get("kv_head")
@@ -377,12 +380,16 @@ class _Ctx:
         return ", ".join(parts)
 
 
+_MAMBA1_SCANS = ("selective_scan", "selective_state_update")
+
+
 def kind_title(kind: str, members: Iterable[Node]) -> str:
     """A scope's title by its kind; a Mamba mixer's by its scan (Mamba-1's selective scan, a
     traced Mamba or Jamba, or Mamba2's chunked one)."""
-    if kind == "mamba" and any(n.op.startswith("selective_") for n in members):
+    title = KIND_TITLE.get(kind, kind)
+    if title == "Mamba2" and any(n.op in _MAMBA1_SCANS for n in members):
         return "Mamba"
-    return KIND_TITLE.get(kind, kind)
+    return title
 
 
 def _recurrence(g: Graph, members: Iterable[Node]) -> str:

@@ -155,14 +155,16 @@ def _heads(prefix: str) -> list[str]:
 
 def same_nodes(full: Graph, names: list[str], reps: list[Node], inputs: list[list[str]]) -> bool:
     """Whether an unrolled sequence is `full` node for node: the same names in the same order,
-    each with its stand-in's op, attributes and output types, reading the same nodes (a layer
-    index kept in an attribute would differ)."""
+    each with its stand-in's op, attributes and output types, reading the same outputs of the
+    same nodes (a layer index kept in an attribute would differ)."""
     if len(names) != len(full):
         return False
     for n, name, rep, ins in zip(full.nodes(), names, reps, inputs, strict=True):
         if n.name != name or n.op != rep.op or n.outputs != rep.outputs:
             return False
         if [x.node for x in n.inputs] != ins or not _same_attrs(n.attrs, rep.attrs):
+            return False
+        if [x.index for x in n.inputs] != [x.index for x in rep.inputs]:  # the same outputs read
             return False
     return True
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphllm.frontends import is_traced, model_graph
-from graphllm.ir import Graph, Node
+from graphllm.ir import Graph, Node, Ref
 from graphllm.models.hardware import Hardware
 from graphllm.models.model_config import ModelConfig
 from graphllm.models.workload import Workload, nbytes
@@ -408,7 +408,7 @@ def _reduced(
         args = (workload, hardware, attention, training, mla, False, exact_sets)
         small, res = analysed(small_cfg, *args)
         return small, index, res, None
-    full = model_graph(config, workload)
+    full = model_graph(config, workload, mla=mla)  # refuses a form the trace cannot give
     cut = reduced_traced(full)
     if cut is None:
         return None
@@ -420,10 +420,14 @@ def _gives_back(u: Unrolled, full: Graph) -> bool:
     """Whether `u` is `full` node for node and output for output (its outputs then put in the
     full graph's order, which a traced model's lowering chose)."""
     order = {k: i for i, k in enumerate(full.outputs)}
-    if not same_nodes(full, u.names, u.reps, u.inputs) or set(order) != {
-        k for k, _, _ in u.outputs
-    }:
+    if not same_nodes(full, u.names, u.reps, u.inputs):
         return False
+    if set(order) != {k for k, _, _ in u.outputs}:
+        return False
+    for key, ref, node in u.outputs:  # each output the same tensor, in the same role
+        role = u.small.output_roles.get(_reduced_key(u.small, ref))
+        if full.outputs[key] != Ref(node, ref.index) or full.output_roles.get(key) != role:
+            return False
     u.outputs.sort(key=lambda o: order[o[0]])
     return True
 

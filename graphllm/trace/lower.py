@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from graphllm.errors import ConfigError, GraphError
 from graphllm.ir import TOKEN_ROLES, Dim, Graph, Node, Ref, TensorType
 from graphllm.ir.signature import SCALAR
@@ -514,10 +516,30 @@ class _Lowering:
         sdpa = not relation.get("negated") and not relation.get("additive")
         numbers = all(not self.rec.shapes[v.vid] for v in vals[1:])
         selects = kind == "where" and vals[0].vid in self.masks and numbers
+        selects = selects and self.eager_fill(vals[1:])
         if sdpa and selects and self.rec.dtypes[out] != "bool":
             self.masks[out] = {**plain, "additive": True}
             return True
         return False
+
+    def eager_fill(self, vals: list[Val]) -> bool:
+        """Whether two numbers a mask selects between are eager's: 0 where attended, a
+        dtype's minimum (fp16's -65504 or below) where not; any other pair is not a mask."""
+        fill = [self.number(v.vid) for v in vals]
+        if len(fill) != 2 or any(f is None for f in fill):
+            return False
+        return float(np.asarray(fill[0])) == 0.0 and float(np.asarray(fill[1])) <= -65504.0
+
+    def number(self, vid: int) -> Any:
+        """The value of a tensor of one number: a constant's, or the fill a creation made it
+        with (scalar_tensor, full); None where the trace does not know it."""
+        value = self.rec.values.get(vid)
+        node = self.g[self.refs[vid].node] if value is None and vid in self.refs else None
+        while node is not None and node.attrs.get("aten") in _COPIES and len(node.inputs) == 1:
+            node = self.g[node.inputs[0].node]  # a copy of the number (detach, a cast)
+        if node is not None:
+            value = node.attrs.get("fill", node.attrs.get("value"))
+        return value
 
     def apply_mask(self, ev: Event, scores: Val, relation: dict[str, Any]) -> bool:
         """The `mask` row on scores (B, H, T, S) with the mask's relation; False where the
@@ -602,6 +624,9 @@ class _Lowering:
             for k, (g, w) in enumerate(zip(got.dims, want.dims, strict=True)):
                 if g != w:  # the expert axis carried from the weights, not named by its size
                     self.axis_dims[(vid, k)] = g
+
+
+_COPIES = ("detach", "_to_copy", "clone", "alias", "lift_fresh_copy")
 
 
 def _innermost_kind(scopes: dict[str, str], scope: str) -> str:
@@ -693,9 +718,7 @@ def _signature(
         return _finish([base, src], [base], ins, outs)
     if kind == "constant_pad_nd":
         return _padded(ins, outs, fresh)
-    if kind in ("index_select", "gather", "scatter", "index", "embedding"):
-        return _indexing(kind, args, ins, outs, fresh)
-    if kind == "repeat":
+    if kind in ("index_select", "gather", "scatter", "index", "embedding", "repeat"):
         return _indexing(kind, args, ins, outs, fresh)
     if kind == "unfold":  # the windows along `dim` in its place, each window's entries last
         letters = [fresh() for _ in ins[0].dims]

@@ -20,8 +20,9 @@ _CLASS_KINDS: tuple[tuple[re.Pattern[str], str | None], ...] = (
     (re.compile(r"Embed(ding|dings|s)?$"), "embedding"),
     (re.compile(r"Norm(Gated|1P|PerHead)?$"), "norms"),
     (re.compile(r"Experts?$"), "experts"),
-    # a linear attention's forget gate (Kimi Linear's) makes its decay, it routes nothing
-    (re.compile(r"ForgetGate$"), None),
+    # a linear attention's forget gate (Kimi Linear's) makes its decay, a residual or message
+    # gate (Ergo's, Inkling 2 Loop's) scales a stream: they route nothing
+    (re.compile(r"(Forget|Residual|Message)Gate$"), None),
     (re.compile(r"(Router|Gate|Gating)$"), "router"),
     (re.compile(r"(SparseMo[eE]Block|SparseMoe|MoeBlock|MoE|Moe|MoELayer|MoeLayer)$"), "moe"),
     (re.compile(r"(Mamba\d?Mixer|Mixer|Mamba\d?)$"), "mamba"),
@@ -63,7 +64,9 @@ def scope_kinds(modules: dict[str, str]) -> dict[str, str]:
             continue
         for pattern, kind in _CLASS_KINDS:
             if pattern.search(cls):
-                if kind == "mlp" and "shared" in path.rsplit(".", 1)[-1]:
+                # a shared expert runs on every token, whether its class reads as an MLP or
+                # as experts (Inkling's SharedExperts)
+                if kind in ("mlp", "experts") and "shared" in path.rsplit(".", 1)[-1]:
                     kind = "shared_expert"
                 if kind is not None:
                     out[path] = kind

@@ -9,6 +9,7 @@ from graphllm.models.config import read_config_source
 from graphllm.models.workload import Workload
 from graphllm.trace import traced_graph
 from graphllm.trace.relation import read_relation
+from graphllm.trace.scopes import param_kind, scope_kinds
 from graphllm.trace.symbolic import DECODE_PROBES, PREFILL_PROBES, Expr, fit
 
 masking = pytest.importorskip("transformers.masking_utils")
@@ -87,3 +88,25 @@ def test_the_expert_axis_is_named_so_where_another_field_has_its_size(preset, ot
     # and the attention's axes of the same size keep their own role
     attention = [d.role for n in g.nodes() if ".self_attn." in n.name for d in n.out.dims]
     assert other in attention and "expert" not in attention
+
+
+def test_scope_kinds_read_gates_and_shared_experts_by_what_they_do():
+    kinds = scope_kinds(
+        {
+            "model.layers.0.mlp": "InklingSparseMoeBlock",
+            "model.layers.0.mlp.gate": "Qwen2MoeTopKRouter",
+            "model.layers.0.mlp.experts": "InklingExperts",
+            "model.layers.0.mlp.shared_experts": "InklingSharedExperts",  # on every token
+            "model.layers.0.mlp.shared_expert": "Qwen2MoeMLP",
+            "model.layers.0.residual_gate": "ErgoResidualGate",  # scales a stream
+            "model.layers.0.self_attn.f_a_proj": "KimiForgetGate",  # makes a decay
+        }
+    )
+    assert kinds["model.layers.0.mlp.gate"] == "router"
+    assert kinds["model.layers.0.mlp.experts"] == "experts"
+    assert kinds["model.layers.0.mlp.shared_experts"] == "shared_expert"
+    assert kinds["model.layers.0.mlp.shared_expert"] == "shared_expert"
+    assert "model.layers.0.residual_gate" not in kinds
+    assert "model.layers.0.self_attn.f_a_proj" not in kinds
+    weight = param_kind("model.layers.0.mlp.shared_experts.gate_up_proj", kinds)
+    assert weight == "shared_experts"  # not routed experts: counted active on every token

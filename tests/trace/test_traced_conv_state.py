@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 pytest.importorskip("transformers")
+from graphllm.runtime.interpret import Interpreter
+from graphllm.trace.forward import cache_tensors
 from graphllm.trace.recurrences import reference_conv_flops
 from tests.support.traced import FAMILIES, P, check_traced
 
@@ -19,9 +21,6 @@ def _present_states(c, raw, past: int, new: int) -> dict[str, float]:
     """Each conv state the graph writes against transformers' cache after the same step."""
     import torch
     import transformers
-
-    from graphllm.runtime.interpret import Interpreter
-    from graphllm.trace.forward import cache_tensors
 
     fields = {k: v for k, v in raw.items() if k != "model_type"}
     torch.manual_seed(0)

@@ -8,6 +8,9 @@ import numpy as np
 import pytest
 
 pytest.importorskip("transformers")
+from graphllm.errors import ConfigError
+from graphllm.models.workload import Workload
+from graphllm.trace import traced_graph
 from graphllm.trace.recurrences import reference_conv_flops
 from tests.support.traced import FAMILIES, MLA, TINY, P, check_traced
 
@@ -199,10 +202,6 @@ def test_a_mask_made_a_bias_by_the_model():
 def test_past_its_kept_keys_a_dynamic_mask_selects_keys():
     """Past keep_window_size keys each query keeps the keys its dynamic mask ranks highest
     (a top-k chosen at run time): refused in one line, up to it traced."""
-    from graphllm.errors import ConfigError
-    from graphllm.models.workload import Workload
-    from graphllm.trace import traced_graph
-
     raw = FAMILIES["dynamic_mask"]
     with pytest.raises(ConfigError, match="top-k over the keys"):
         traced_graph(raw, Workload(seq_len=1, past_len=64))

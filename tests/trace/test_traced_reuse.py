@@ -12,6 +12,7 @@ import json
 import pytest
 
 pytest.importorskip("transformers")
+from graphllm.errors import ConfigError
 from graphllm.files import json_text
 from graphllm.models.config import read_config_source
 from graphllm.models.hardware import load_hardware
@@ -76,7 +77,7 @@ def test_a_stand_in_that_differs_from_its_layer_is_analysed_in_full(monkeypatch)
     full = traced_graph(raw, wl, name)
     node = full["model.layers.7.input_layernorm"]
     node.attrs = {**node.attrs, "eps": 0.5}
-    monkeypatch.setattr(reuse, "model_graph", lambda config, workload: full)
+    monkeypatch.setattr(reuse, "model_graph", lambda config, workload, mla: full)
     assert reuse.reused_report(full.meta["config"], wl) is None
     small, index = reduced.reduced_traced(full)
     u = reuse.unroll(small, index)
@@ -89,3 +90,22 @@ def test_a_model_whose_layers_do_not_repeat_has_no_cut():
     raw, name = _model("qwen3-0.6b")
     raw = {**raw, "num_hidden_layers": 1}
     assert reduced.reduced_traced(traced_graph(raw, Workload(seq_len=8), name)) is None
+
+
+def test_an_output_that_is_not_its_stand_ins_is_analysed_in_full(monkeypatch):
+    # the unrolled outputs must be the full graph's tensors in their roles, not only its names
+    raw, name = _model("qwen3-0.6b")
+    wl = WORKLOADS[1]
+    full = traced_graph(raw, wl, name)
+    monkeypatch.setattr(reuse, "model_graph", lambda config, workload, mla: full)
+    assert reuse.reused_report(full.meta["config"], wl) is not None
+    key, value = full.outputs["present.2.key"], full.outputs["present.2.value"]
+    full.outputs["present.2.key"], full.outputs["present.2.value"] = value, key
+    assert reuse.reused_report(full.meta["config"], wl) is None
+
+
+def test_a_form_the_trace_cannot_give_is_refused_on_one_layer_of_each_kind_too():
+    raw, name = _model(HUB.format("deepseek-ai/DeepSeek-V2-Lite"))
+    config = traced_graph(raw, WORKLOADS[1], name).meta["config"]
+    with pytest.raises(ConfigError, match="absorbed"):
+        reuse.reused_report(config, WORKLOADS[1], mla="absorbed")
