@@ -53,9 +53,13 @@ _WEIGHT_OF = {
 
 def scope_kinds(modules: dict[str, str]) -> dict[str, str]:
     """Module path -> scope kind, for the modules whose class says one (`modules`: path ->
-    class name, as the forward ran them)."""
+    class name, as the forward ran them). A class is read without the family's name, which
+    the outermost module's class starts with: Kimi Linear's MLA layer is `KimiLinear` + `Attention`, no
+    linear attention."""
     out: dict[str, str] = {}
-    for path, cls in modules.items():
+    family = _family(min(modules.items(), key=lambda m: m[0].count("."))[1] if modules else "")
+    for path, name in modules.items():
+        cls = name[len(family) :] if family and name.startswith(family) else name
         if _LAYER.match(path):
             out[path] = "layer"
             continue
@@ -72,6 +76,16 @@ def scope_kinds(modules: dict[str, str]) -> dict[str, str]:
                     out[path] = kind
                 break
     return out
+
+
+_MODEL_CLASS = re.compile(r"(For[A-Z]\w*|LMHeadModel|Model)$")
+
+
+def _family(root: str) -> str:
+    """The family's name the outermost module's class starts with (`KimiLinearModel`:
+    `KimiLinear`); '' where it is not a model class."""
+    m = _MODEL_CLASS.search(root)
+    return root[: m.start()] if m else ""
 
 
 def param_kind(name: str, scopes: dict[str, str]) -> str:

@@ -110,3 +110,18 @@ def test_scope_kinds_read_gates_and_shared_experts_by_what_they_do():
     assert "model.layers.0.self_attn.f_a_proj" not in kinds
     weight = param_kind("model.layers.0.mlp.shared_experts.gate_up_proj", kinds)
     assert weight == "shared_experts"  # not routed experts: counted active on every token
+
+
+def test_a_class_is_read_without_its_familys_name():
+    # Kimi Linear's MLA layer is KimiLinear + Attention, not a LinearAttention
+    kinds = scope_kinds(
+        {
+            "model": "KimiLinearModel",
+            "model.layers.0.self_attn": "KimiLinearDeltaAttention",
+            "model.layers.3.self_attn": "KimiLinearAttention",
+            "model.layers.0.mlp": "KimiLinearMoE",
+        }
+    )
+    assert kinds["model.layers.0.self_attn"] == "linear_attention"
+    assert kinds["model.layers.3.self_attn"] == "attention"
+    assert kinds["model.layers.0.mlp"] == "moe"
