@@ -116,7 +116,9 @@ class _Costing:
             if OPS[m.op].relation is not None:
                 return m
             nbrs = [self.g[r.node] for r in m.inputs] + self.g.users(m)
-            todo += [x for x in nbrs if x.name in self.pairs]
+            # a boolean pair tensor is a selection of keys that another chain's scores made
+            # (DSA's indexer), not these scores
+            todo += [x for x in nbrs if x.name in self.pairs and x.out.dtype != "bool"]
         return None
 
     def _allowed(self, n: Node) -> tuple[float, float]:
@@ -143,8 +145,11 @@ class _Costing:
         first_key = last_key + 1 - n_keys  # a rolling cache holds the last positions only
         lo, hi = OPS[rel.op].relation(rel.attrs, np.arange(p, s))
         lo, hi = np.maximum(lo, first_key), np.minimum(hi, last_key)
+        allowed = np.clip(hi - lo + 1, 0, None)
+        if rel.attrs.get("topk"):  # selected keys: at most k of the allowed ones a query
+            allowed = np.minimum(allowed, int(rel.attrs["topk"]))
         # a Fraction: the causal count, matmul x pairs, is then the exact allowed-pair count
-        pairs = Fraction(int(np.clip(hi - lo + 1, 0, None).sum()), int((s - p) * n_keys))
+        pairs = Fraction(int(allowed.sum()), int((s - p) * n_keys))
         keys = max(int(hi.max()) - int(lo.min()) + 1, 0) / n_keys
         return pairs, keys
 

@@ -4,7 +4,8 @@ Importing this package registers every lowering.
 """
 
 # register the lowerings (recurrent, the hybrid layers' shared rows; delta, Qwen3-Next's;
-# mamba, Nemotron-H's; mamba1, Mamba-1's; traced, the generic rows of a traced model)
+# mamba, Nemotron-H's; mamba1, Mamba-1's; sparse, selected-keys attention's; traced, the generic
+# rows of a traced model)
 from graphllm.exporters.onnx import (  # noqa: F401
     decomposed,
     delta,
@@ -13,6 +14,7 @@ from graphllm.exporters.onnx import (  # noqa: F401
     mamba1,
     mla,
     recurrent,
+    sparse,
     traced,
 )
 from graphllm.exporters.onnx.export import (

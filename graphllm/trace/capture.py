@@ -111,9 +111,12 @@ def _attention(module: Any, query: Any, key: Any, value: Any, attention_mask: An
         "softcap": kw.get("softcap"),
         "is_causal": getattr(module, "is_causal", True),
     }
-    # a bias added to the scaled scores before the mask (Inkling's relative-position logits)
-    bias = kw.get("position_bias")
-    ins = (query, key, value, attention_mask, sinks) + ((bias,) if bias is not None else ())
+    # tensors the attention reads beyond q, k, v, the mask and the sinks: a bias added to the
+    # scaled scores before the mask (Inkling's relative-position logits); the keys each query
+    # reads, where the model hands its selection to a kernel rather than mask by it (DSA)
+    extra = {k: kw[k] for k in ("position_bias", "indices") if kw.get(k) is not None}
+    attrs["extra"] = tuple(extra)
+    ins = (query, key, value, attention_mask, sinks, *extra.values())
     rec.unit("attention", ins, attrs, (out,))
     return out, None
 
@@ -211,9 +214,14 @@ def recorder_modes(rec: Recording, names: dict[int, str]) -> tuple[Any, Any, _Bo
 
     class Dispatch(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
+            kwargs = kwargs or {}
+            keep = box.selects.get(box.scope) if func is torch.ops.aten.topk.default else None
+            if keep is not None:
+                args = _select_all(args, kwargs)
+            out = func(*args, **kwargs)
             if box.silent == 0 and func.namespace == "aten":
-                box.record(str(func), args, kwargs or {}, out, torch)
+                noted = {**kwargs, "keep": keep} if keep is not None else kwargs
+                box.record(str(func), args, noted, out, torch)
             return out
 
     class Functions(TorchFunctionMode):
@@ -235,6 +243,19 @@ def recorder_modes(rec: Recording, names: dict[int, str]) -> tuple[Any, Any, _Bo
     return Dispatch(), Functions(), box
 
 
+# a module's attribute holding the number of keys it selects for each query (DeepSeek Sparse
+# Attention's indexer): a top-k it runs is a selection of keys
+_SELECT_ATTRS = ("index_topk",)
+
+
+def _select_all(args: tuple, kwargs: dict[str, Any]) -> tuple:
+    """A selection's top-k run over the whole axis (recorded with the k it keeps as `keep`):
+    the model's code takes min(k, keys), a branch on the length that no one recording holds for
+    (every key below k); graphllm's `topk_select` row takes the min itself."""
+    x, dim = args[0], (list(args[2:3]) or [kwargs.get("dim", -1)])[0]
+    return (x, int(x.shape[dim]), *args[2:])
+
+
 # the views an in-place write into is followed back to the tensor they view
 _WRITABLE_VIEWS = {"slice", "select", "permute", "transpose", "view", "_unsafe_view"}
 _WRITABLE_VIEWS |= {"unsqueeze", "squeeze", "reshape"}
@@ -249,6 +270,8 @@ class _Box:
         self.keep: list[Any] = []  # tensors stay alive, so their ids stay theirs
         self.silent = 0
         self.stack: list[str] = []
+        # a selecting module's path -> the keys it keeps (_SELECT_ATTRS)
+        self.selects: dict[str, int] = {}
         self.made_by: dict[int, int] = {}  # a tensor -> the event that made it
         # a conv's input -> the length transformers' cache would have padded it to
         # (graphllm.trace.kernels)
@@ -274,6 +297,9 @@ class _Box:
             if name is not None:
                 self.stack.append(name)
                 self.rec.modules.setdefault(name, type(module).__name__)
+                keep = [getattr(module, a) for a in _SELECT_ATTRS if hasattr(module, a)]
+                if keep and isinstance(keep[0], int):
+                    self.selects[name] = keep[0]
 
         def post(module: Any, args: Any, out: Any) -> None:
             if id(module) in self.names and self.stack:

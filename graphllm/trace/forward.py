@@ -23,7 +23,9 @@ from graphllm.trace.units import lifting, norm_units
 
 # a cache layer's attribute -> the name its tensor has in graphllm's (and onnxruntime-genai's)
 # inputs and outputs; any other tensor keeps its attribute's name
-_CACHE_NAMES = {"keys": "key", "values": "value"}
+# what a cache layer keeps a position (tensors that grow with the tokens), and the name graphllm
+# gives it: its keys and values, and a sparse layer's indexer keys (DSA)
+_CACHE_NAMES = {"keys": "key", "values": "value", "indexer_keys": "indexer_keys"}
 
 
 def record(model: Any, point: Point) -> Recording:

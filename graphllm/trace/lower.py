@@ -30,6 +30,7 @@ from graphllm.trace.recurrences import (
     select_head,
 )
 from graphllm.trace.scopes import param_kind, scope_kinds
+from graphllm.trace.selection import Selection, follow, select, selected_keys
 from graphllm.trace.symbolic import Expr, Point, concrete
 
 NEW = ("P", "P+T")
@@ -64,6 +65,7 @@ class _Lowering:
         self.g = Graph(fitted.name, self._bindings())
         self.refs: dict[int, Ref] = {}
         self.masks: dict[int, dict[str, Any]] = {}
+        self.selections: dict[int, Selection] = {}  # graphllm.trace.selection
         self.dims: dict[Expr, Dim] = {}
         # (tensor, axis) -> its dim where the size alone does not say it (a fixed number of
         # positions cut from the end of a token axis)
@@ -326,8 +328,9 @@ class _Lowering:
         self.out(ev, self.g.add(op, name, ins, {}))
 
     def attention(self, ev: Event) -> None:
-        q, k, v, mask, sinks, *bias = ev.args
+        q, k, v, mask, sinks, *more = ev.args
         a = ev.kwargs
+        extra = dict(zip(a.get("extra", ()), more, strict=True))
         p = f"{ev.scope}.core" if ev.scope else "attention"
         base, i = p, 1
         while f"{p}.scores" in self.g:  # the module attends twice (two groups of heads)
@@ -349,11 +352,16 @@ class _Lowering:
         s = g.add("mul_const", f"{p}.scale", (s,), {"value": float(scale)})
         if a.get("softcap"):
             s = g.add("softcap", f"{p}.softcap", (s,), {"cap": float(a["softcap"])})
-        if bias:
-            s = g.add("add", f"{p}.position_bias", (s, self.ref(bias[0].vid)))
+        if "position_bias" in extra:
+            s = g.add("add", f"{p}.position_bias", (s, self.ref(extra["position_bias"].vid)))
         if masked_bias is not None:
             s = g.add("add", f"{p}.mask_bias", (s, masked_bias))
-        s = g.add("mask", f"{p}.mask", (s,), relation)
+        selection = selected_keys(self, ev, extra.get("indices"))
+        if selection is not None:  # within the relation, the keys a selecting module chose
+            attrs = {**relation, "topk": selection.topk}
+            s = g.add("mask_selected", f"{p}.mask", (s, selection.ref), attrs)
+        else:
+            s = g.add("mask", f"{p}.mask", (s,), relation)
         if sinks is not None:  # a sink logit a head, or one each query computes
             sink = self.ref(sinks.vid)
             op = "softmax_sink" if g.type_of(sink).rank == 1 else "softmax_token_sink"
@@ -408,8 +416,14 @@ class _Lowering:
         vals = _vals(args)
         if kind == "cat":  # an empty start (a cache's first keys) adds nothing
             vals = [v for v in vals if 0 not in self.rec.shapes[v.vid]]
+        if kind == "topk" and "keep" in ev.kwargs:
+            select(self, ev, self.ref(vals[0].vid))
+            return
         if any(v.vid in self.masks for v in vals):
             self.fold_mask(ev, kind, vals)
+            return
+        if any(v.vid in self.selections for v in vals):
+            follow(self, ev, kind, vals, args)
             return
         if kind not in ATEN:
             raise ConfigError(
@@ -450,11 +464,13 @@ class _Lowering:
         past, new = (self.ref(v.vid) for v in vals)
         pt, nt = self.g.type_of(past), self.g.type_of(new)
         dim = concrete(args, self.point)[1] % pt.rank if len(args) > 1 else 0
-        if pt.rank != 4 or dim != 2 or pt.dims[2].role != "key_token" or nt.dims[2].role != "token":
+        # keys by head (B, heads, P, d), or one a position (an indexer's: B, P, d)
+        op = {(4, 2): "kv_concat", (3, 1): "kv_concat_nohead"}.get((pt.rank, dim))
+        if op is None or pt.dims[dim].role != "key_token" or nt.dims[dim].role != "token":
             return False
         out = self.type_of(ev.outs[0])
-        axes = {"axes": {"s": out.dims[2]}}
-        node = self.g.add("kv_concat", self.unique(f"{ev.scope}.cache_append"), (past, new), axes)
+        axes = {"axes": {"s": out.dims[dim]}}
+        node = self.g.add(op, self.unique(f"{ev.scope}.cache_append"), (past, new), axes)
         if node.out != out:
             self.g.erase(node)
             return False
@@ -546,12 +562,11 @@ class _Lowering:
         scores are not that (the mask is not applied to attention scores)."""
         x = self.ref(scores.vid)
         t = self.g.type_of(x)
-        if t.rank != 4 or not all(d.role in TOKEN_ROLES for d in t.dims[2:]):
+        if t.rank not in (3, 4) or not all(d.role in TOKEN_ROLES for d in t.dims[-2:]):
             return False
         attrs = {k: v for k, v in relation.items() if k not in ("negated", "additive")}
-        node = self.g.add(
-            "mask", self.unique(f"{ev.scope}.mask" if ev.scope else "mask"), (x,), attrs
-        )
+        op = "mask" if t.rank == 4 else "mask_nohead"  # an indexer's scores: no heads
+        node = self.g.add(op, self.unique(f"{ev.scope}.mask" if ev.scope else "mask"), (x,), attrs)
         if node.out != self.type_of(ev.outs[0]):
             self.g.erase(node)
             return False

@@ -242,8 +242,10 @@ def onnx_against_transformers(
         for i in session.get_inputs():
             if i.name in held:
                 t, role = held[i.name]
-                # no past: no keys, and a recurrent layer's states at their start, zeros
-                empty = t.numpy()[:, :, :0] if role == CACHE else np.zeros_like(t.numpy())
+                # no past: no keys (none along the input's past axis), and a recurrent
+                # layer's states at their start, zeros
+                axis = [d.name for d in g[i.name].out.dims].index("P") if role == CACHE else 0
+                empty = np.take(t.numpy(), [], axis) if role == CACHE else np.zeros_like(t.numpy())
                 feeds[i.name] = t.numpy() if past else empty
         names = {i.name for i in session.get_inputs()}
         got = session.run(["logits"], {k: v for k, v in feeds.items() if k in names})[0]

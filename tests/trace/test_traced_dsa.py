@@ -1,0 +1,130 @@
+"""DeepSeek Sparse Attention traced (DeepSeek-V3.2 and the families that copy its indexer): the
+indexer's top-k over the keys is the `topk_select` row with the k it keeps, the attention that
+reads its indices masks with `mask_selected`; tiny random models whose top-k is smaller than the
+keys, so the selection changes the logits, against transformers' forward (prefill, several
+tokens after a past, one token after a past) and on onnxruntime; the engine's count of a
+selected-keys attention (k keys a query) beside the dense count FlopCounterMode gives."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+from graphllm.models.workload import Workload
+from graphllm.ops import OPS
+from graphllm.passes import run
+from graphllm.runtime.interpret import Interpreter
+from graphllm.trace import traced_graph
+from tests.support.traced import P, check_traced, onnx_against_transformers
+
+TOPK = 3
+# MLA and DeepSeek's MoE, an indexer of 8 heads of 8 channels keeping 3 keys a query
+DSA = dict(
+    model_type="deepseek_v32",
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=64,
+    moe_intermediate_size=16,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    kv_lora_rank=16,
+    q_lora_rank=24,
+    qk_rope_head_dim=4,
+    qk_nope_head_dim=8,
+    v_head_dim=8,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    n_group=1,
+    topk_group=1,
+    first_k_dense_replace=1,
+    index_n_heads=8,
+    index_head_dim=8,
+    index_topk=TOPK,
+    pad_token_id=0,
+    bos_token_id=0,
+    eos_token_id=0,
+)
+
+
+@pytest.mark.parametrize(("past", "new"), [(0, 9), (P, 5), (P, 1)])
+def test_traced_dsa_equals_transformers(past, new):
+    """Parameters, matmul FLOPs (FlopCounterMode: transformers' eager attention is dense, its
+    mask kept where the indexer chose) and logits within 1e-4, with 3 keys kept of up to 9."""
+    c = check_traced(DSA, past, new)
+    assert c.results["params"].total == c.params
+    assert c.results["cost"].flops["matmul"] == c.flops
+    np.testing.assert_allclose(c.logits, c.want, atol=1e-4, rtol=0)
+    g = c.graph
+    select = [n for n in g.nodes() if n.op == "topk_select"]
+    masks = [n for n in g.nodes() if n.op == "mask_selected"]
+    assert len(select) == len(masks) == 2 and {n.attrs["topk"] for n in select} == {TOPK}
+    assert all(g[m.inputs[1].node] in select for m in masks)
+    # the selection reads every score of its query (a mixing op), the indexer's scores masked
+    # causally before it
+    assert "topk_select" in c.results["tokens"].to_dict()["mixing_ops"]
+    assert {g[n.inputs[0].node].op for n in select} == {"mask_nohead"}
+
+
+def test_a_dense_attention_would_not_give_transformers_logits():
+    """The check above fails if the selection is dropped: the same weights with every key
+    kept (index_topk past the prompt) differ from transformers' sparse logits."""
+    c = check_traced(DSA, 0, 9)
+    wl = Workload(batch=2, seq_len=9, dtype="fp32")
+    dense = traced_graph(dict(DSA, index_topk=64), wl, values=True)
+    weights = _weights(DSA)
+    ids = np.random.default_rng(0).integers(0, 96, (2, 9))  # check_traced's prompt
+    feeds = {"input_ids": ids, "position_ids": np.broadcast_to(np.arange(9), (2, 9)).copy()}
+    got = Interpreter(dense, weights).run(feeds)["logits"]
+    assert np.abs(got - c.want).max() > 1e-3
+
+
+def _weights(raw: dict) -> dict[str, np.ndarray]:
+    import torch
+    import transformers
+
+    cfg = transformers.CONFIG_MAPPING[raw["model_type"]](
+        **{k: v for k, v in raw.items() if k != "model_type"}
+    )
+    torch.manual_seed(0)
+    ref = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    return {k: v.detach().float().numpy() for k, v in ref.state_dict().items()}
+
+
+@pytest.mark.parametrize("new", [1, 5])
+def test_traced_dsa_export_equals_transformers(new, tmp_path):
+    """One export on onnxruntime (TopK with k = min(3, keys)): `new` tokens after 4 cached
+    ones, and all of them from an empty cache, against transformers' whole-sequence forward."""
+    decode, prefill = onnx_against_transformers(DSA, tmp_path, new)
+    assert decode < 1e-4, decode
+    assert prefill < 1e-4, prefill
+
+
+def test_the_engine_pays_k_keys_a_query_and_the_indexer_the_prefix():
+    """At 64 tokens keeping 3: the attention's scores count min(3, t + 1) keys for query t
+    (the engine's sparse kernel), FlopCounterMode's dense count all 64; the indexer's scores
+    count the causal prefix, t + 1 keys."""
+    g = traced_graph(DSA, Workload(batch=1, seq_len=64, dtype="fp32"))
+    run(g, ["verify", "cost"])
+    scores = next(n for n in g.nodes() if n.op == "scores" and "layers.0" in n.name)
+    c = scores.meta["cost"]
+    assert c.matmul_causal * 64 * 64 == c.matmul * sum(min(TOPK, t + 1) for t in range(64))
+    index = [n for n in g.nodes() if "layers.0.self_attn.indexer" in n.name and n.op != "linear"]
+    index = [n for n in index if n.meta["cost"].matmul]
+    assert index and all(
+        n.meta["cost"].matmul_causal * 64 * 64 == n.meta["cost"].matmul * 64 * 65 // 2
+        for n in index
+    )
+
+
+def test_the_selection_keeps_its_k_past_the_probes():
+    """The trace records the indexer's top-k over every key with the k it keeps, so a
+    workload longer than k (the probes are shorter) keeps k, not every key."""
+    g = traced_graph(dict(DSA, index_topk=16), Workload(batch=1, seq_len=40, dtype="fp32"))
+    sel = next(n for n in g.nodes() if n.op == "topk_select")
+    assert sel.attrs["topk"] == 16
+    scores = np.random.default_rng(1).standard_normal((1, 40, 40)).astype(np.float32)
+    kept = OPS["topk_select"].impl([scores], sel.attrs)
+    assert kept.dtype == bool and kept.sum(-1).tolist() == [[16] * 40]
+    assert (kept == (scores >= np.sort(scores, -1)[..., -16:-15])).all()
