@@ -2,16 +2,23 @@
 tokens (after the cache's state) recorded as one unit (graphllm.trace.loops) and lowered onto the
 lightning_attention rows; tiny random models against transformers' forward (prefill inside a
 block and over several, several tokens and one after a past) and on onnxruntime, the states
-its cache keeps in a list of its own; a method whose source is not the stand-in's refused.
+its cache keeps in a list of its own; one lightning layer analysed for both; a method whose
+source is not the stand-in's refused.
 The rows themselves are checked against transformers' loops in tests/ops/test_lightning.py."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 pytest.importorskip("transformers")
 from graphllm.errors import ConfigError
+from graphllm.files import json_text
+from graphllm.models.hardware import load_hardware
 from graphllm.models.workload import Workload
+from graphllm.report import reduced, reuse
+from graphllm.report.trace_report import traced_report
 from graphllm.trace import loops, traced_graph
 from tests.support.traced import P, assert_recurrent_equal, check_traced, onnx_against_transformers
 
@@ -93,3 +100,16 @@ def test_a_method_not_the_stand_ins_is_refused(monkeypatch):
     monkeypatch.setitem(loops.METHODS, key, ("0" * 16, stand_in))
     with pytest.raises(ConfigError, match=r"MiniMaxLightningAttention\.forward is not the code"):
         traced_graph(MINIMAX, Workload(seq_len=8, dtype="fp32"))
+
+
+@pytest.mark.parametrize("wl", [Workload(seq_len=40), Workload(batch=2, seq_len=1, past_len=30)])
+def test_one_lightning_layer_stands_for_the_others(wl):
+    """trace's one-layer-of-each-kind analysis: the second lightning layer (its own rate and
+    decay tables, its own cache entry) unrolled from the first gives the full document."""
+    hw = load_hardware("h100")
+    full = traced_graph(MINIMAX, wl, "minimax")
+    assert reduced.reduced_traced(full)[1] == [0, 1, 1]
+    got = reuse.reused_report(full.meta["config"], wl, hw)
+    assert got is not None
+    want, _ = traced_report(MINIMAX, "minimax", wl, hw)
+    assert json.loads(json_text(got)) == json.loads(json_text(want))
