@@ -21,12 +21,14 @@ from graphllm.ir.opspec import (
 )
 
 # register the rows (recurrent, the hybrid layers' shared rows; delta, Qwen3-Next's;
-# mamba, Nemotron-H's; mamba1, Mamba-1's; sparse, selected-keys attention's)
+# mamba, Nemotron-H's; mamba1, Mamba-1's; lightning, MiniMax-01's; sparse, selected-keys
+# attention's)
 from graphllm.ops import (  # noqa: F401
     attention,
     collectives,
     core,
     delta,
+    lightning,
     mamba,
     mamba1,
     mla,

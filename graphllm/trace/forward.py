@@ -18,6 +18,7 @@ from graphllm.ir import CACHE, STATE
 from graphllm.trace.capture import Recording, recorder_modes
 from graphllm.trace.kernels import kernel_units
 from graphllm.trace.layers import Looped, Unlike, replaying, representatives, split_kind
+from graphllm.trace.loops import loop_units
 from graphllm.trace.symbolic import Point
 from graphllm.trace.units import lifting, norm_units
 
@@ -83,6 +84,7 @@ def _record(model: Any, point: Point) -> Recording:
                 replaying(model, box),
                 lifting(model, box),
                 kernel_units(model),
+                loop_units(model),
                 _tensor_attributes(model, mode, box, attributes),
             ):
                 out = torch.func.functional_call(model, tensors, (), kwargs, strict=False)

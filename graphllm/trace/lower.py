@@ -25,6 +25,7 @@ from graphllm.trace.recurrences import (
     carried_states,
     lower_conv,
     lower_delta,
+    lower_lightning,
     lower_ssm,
     lower_ssm1,
     select_head,
@@ -291,6 +292,11 @@ class _Lowering:
             self.out(ev, lower_ssm(self.g, self.unit_scope(ev, "ssm"), ins, ev.kwargs, out_t))
         elif ev.op == "ssm1":
             self.ssm1(ev)
+        elif ev.op == "lightning":  # the decay tables beside the rate: parameters, unread
+            ins = [None if v is None else self.ref(v.vid) for v in ev.args]
+            out_t = self.type_of(ev.outs[0]).dims[2]
+            p = self.unit_scope(ev, "lightning")
+            self.out(ev, lower_lightning(self.g, p, ins, ev.kwargs, out_t))
         elif ev.op == "conv":
             ins = [None if v is None else self.ref(v.vid) for v in ev.args]
             p = self.unit_scope(ev, "conv")

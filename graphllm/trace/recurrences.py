@@ -13,6 +13,11 @@ hybrids use.
 - `ssm1`: Mamba-1's selective scan (mamba_ssm's `selective_scan_fn`, channels first) from a
   zero state; at one new token after a past, transformers' step from the layer's carried state
   (`selective_state_update`), the cache input the scan's final state is copied into.
+- `lightning`: MiniMax-01's lightning attention (graphllm.trace.loops): q, k, v (B, H, T, d),
+  the layer's rate (H, 1, 1), its decay tables, the carried state or None. From a zero state
+  transformers loops over blocks (`lightning_attention`), from the state over tokens
+  (`lightning_attention_past`). The tables are powers of the rate, which the rows compute:
+  they stay parameters of the graph (the checkpoint holds them), read by no row.
 - `conv`: the depthwise causal conv on transformers' channels-first (B, C, S), from a zero
   start (transformers puts the cache's conv state before the new inputs itself, and keeps its
   last K positions, in ops of its own). The rows take channels last, so the input and output
@@ -75,6 +80,21 @@ def lower_ssm1(g: Graph, p: str, ins: list[Ref | None], out_t: Dim, carried: Ref
     if carried is not None and g.bindings["T"] == 1:
         return g.add("selective_state_update", f"{p}.scan", (*ins, carried), attrs)
     return g.add("selective_scan", f"{p}.scan", tuple(ins), attrs)
+
+
+def lower_lightning(
+    g: Graph, p: str, ins: list[Ref | None], attrs: dict[str, Any], out_t: Dim
+) -> Node:
+    """Lightning attention of scope `p` on (q, k, v, rate, the three decay tables, the state or
+    None): returns the (output, final state) node."""
+    q, k, v, rate, *_, state = ins
+    assert rate is not None
+    heads = g.type_of(rate).dims[0]
+    rate = _view(g, f"{p}.rate", rate, (heads,), "a b c -> a", {})
+    row_attrs = {"axes": {"t": out_t}, "block": attrs["block"]}
+    if state is None:
+        return g.add("lightning_attention", f"{p}.core", (q, k, v, rate), row_attrs)
+    return g.add("lightning_attention_past", f"{p}.core", (q, k, v, rate, state), row_attrs)
 
 
 def carried_states(rec: Recording) -> dict[int, tuple[int, int | None]]:
