@@ -54,9 +54,11 @@ class Looped(Exception):
 
 
 class Unlike(Exception):
-    """A layer took inputs of other dtypes than the first layer of its kind (Mamba's first layer
-    reads the embedding's bf16, the later ones the fp32 residual): its code casts where the
-    representative's did not, so it starts a kind of its own (`split_kind`)."""
+    """A layer took other inputs than the first layer of its kind: other dtypes (Mamba's first
+    layer reads the embedding's bf16, the later ones the fp32 residual: its code casts where the
+    representative's did not), or more or fewer tensors (GLM-5's later layers are handed the
+    layer before's selection of keys, its first none). It starts a kind of its own
+    (`split_kind`)."""
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
@@ -184,9 +186,7 @@ def _replay(path: str, rep: str, slots: dict[str, str], box: Any, torch: Any) ->
             raise ConfigError(f"{path} repeats {rep}, which has not run before it")
         known = [t for t in _tensors((args, kwargs), torch) if id(t) in box.ids]
         ins = [box.ids[id(t)] for t in known]
-        if len(ins) != len(note["ins"]):
-            raise ConfigError(f"{path} takes other tensors than {rep}, the layer it repeats")
-        if [str(t.dtype) for t in known] != note["dtypes"]:
+        if len(ins) != len(note["ins"]) or [str(t.dtype) for t in known] != note["dtypes"]:
             raise Unlike(path)
         with box.quiet():
             out = _like(note["structure"], torch)
@@ -225,7 +225,13 @@ def expand(rec: Recording, args: list[Any], shapes: dict[int, Any], layers: dict
     new_args: list[Any] = []
     by_name = {name: vid for vid, (kind, name) in rec.sources.items() if kind == "input"}
     fresh = [max(rec.shapes) + 1]
+    # a repeat's output that is one of its inputs handed back (a layer passing the layer
+    # before's selection of keys on) -> that input, for everything after it
+    same: dict[int, int] = {}
     for ev, a in zip(rec.events, args):
+        if same:
+            ev = Event(ev.op, _map_vals(ev.args, _via(same)), ev.kwargs, ev.outs, ev.scope)
+            a = _map_vals(a, _via(same))
         if ev.op != "replay":
             events.append(ev)
             new_args.append(a)
@@ -237,6 +243,7 @@ def expand(rec: Recording, args: list[Any], shapes: dict[int, Any], layers: dict
             if module == rep or module.startswith(rep + "."):
                 rec.modules.setdefault(path + module[len(rep) :], cls)
         copy = _Copy(rec, shapes, ev, note, by_name, fresh)
+        same.update(copy.handed_back)
         for rev, ra in zip(rec.events[span], args[span]):
             outs = tuple(copy.vid(o) for o in rev.outs)
             ins = _map_vals(rev.args, copy.vid)
@@ -246,8 +253,14 @@ def expand(rec: Recording, args: list[Any], shapes: dict[int, Any], layers: dict
             renamed = copy.names.cache(name)
             if name.startswith("present.") and renamed != name and vid in copy.vmap:
                 rec.outputs[renamed] = (copy.vmap[vid], role)
+    for name, (vid, role) in list(rec.outputs.items()):
+        rec.outputs[name] = (same.get(vid, vid), role)
     rec.events = events
     return new_args
+
+
+def _via(same: dict[int, int]) -> Any:
+    return lambda v: same.get(v, v)
 
 
 class _Copy:
@@ -260,7 +273,11 @@ class _Copy:
         self.rec, self.shapes, self.by_name, self.fresh = rec, shapes, by_name, fresh
         self.names = _Renamer(ev.kwargs["of"], ev.kwargs["as"], ev.kwargs.get("slots") or {})
         self.vmap = dict(zip(note["ins"], (v.vid for v in ev.args)))
-        self.vmap.update(zip(note["outs"], ev.outs))
+        # an output that is an input handed back is no new tensor: the repeat's own input
+        self.handed_back = {
+            n: self.vmap[o] for o, n in zip(note["outs"], ev.outs) if o in self.vmap
+        }
+        self.vmap.update((o, n) for o, n in zip(note["outs"], ev.outs) if o not in self.vmap)
         self.inside = {o for e in rec.events[note["start"] : note["end"]] for o in e.outs}
 
     def vid(self, v: int) -> int:

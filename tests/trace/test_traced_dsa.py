@@ -47,6 +47,11 @@ DSA = dict(
     eos_token_id=0,
 )
 
+# GLM-5's option: a layer reuses the selection of the layer before (its indexer skipped), here
+# the first layer's, handed on by the second to the third
+SHARED = dict(DSA, model_type="glm_moe_dsa", num_hidden_layers=3)
+SHARED["indexer_types"] = ["full", "shared", "shared"]
+
 
 @pytest.mark.parametrize(("past", "new"), [(0, 9), (P, 5), (P, 1)])
 def test_traced_dsa_equals_transformers(past, new):
@@ -78,6 +83,21 @@ def test_a_dense_attention_would_not_give_transformers_logits():
     feeds = {"input_ids": ids, "position_ids": np.broadcast_to(np.arange(9), (2, 9)).copy()}
     got = Interpreter(dense, weights).run(feeds)["logits"]
     assert np.abs(got - c.want).max() > 1e-3
+
+
+@pytest.mark.parametrize(("past", "new"), [(0, 9), (P, 1)])
+def test_a_layer_reusing_the_selection_before_it(past, new):
+    """Layers 1 and 2 have no indexer: their attention reads layer 0's selection, which layer 1
+    hands on unchanged (a layer output that is its input); logits equal transformers'."""
+    c = check_traced(SHARED, past, new)
+    assert c.results["params"].total == c.params
+    assert c.results["cost"].flops["matmul"] == c.flops
+    np.testing.assert_allclose(c.logits, c.want, atol=1e-4, rtol=0)
+    g = c.graph
+    (select,) = [n.name for n in g.nodes() if n.op == "topk_select"]
+    masks = sorted(n.name for n in g.nodes() if n.op == "mask_selected")
+    assert len(masks) == 3 and all(g[m].inputs[1].node == select for m in masks)
+    assert select.startswith("model.layers.0.")
 
 
 def _weights(raw: dict) -> dict[str, np.ndarray]:
