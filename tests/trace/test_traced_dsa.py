@@ -15,6 +15,7 @@ from graphllm.models.workload import Workload
 from graphllm.ops import OPS
 from graphllm.passes import run
 from graphllm.runtime.interpret import Interpreter
+from graphllm.runtime.observe import MixingCheck, traced_mixing_check
 from graphllm.trace import traced_graph
 from tests.support.traced import P, check_traced, onnx_against_transformers
 
@@ -148,3 +149,16 @@ def test_the_selection_keeps_its_k_past_the_probes():
     kept = OPS["topk_select"].impl([scores], sel.attrs)
     assert kept.dtype == bool and kept.sum(-1).tolist() == [[16] * 40]
     assert (kept == (scores >= np.sort(scores, -1)[..., -16:-15])).all()
+
+
+def test_verify_tokens_holds_a_selection_to_its_bound():
+    """Perturbing each position: what a query reads lies within the causal bound the tokens
+    pass predicts, and the selection (3 keys of up to 12, in each of two layers) leaves some of
+    the bound unread; a read outside the bound still fails the check."""
+    check = traced_mixing_check(DSA, "dsa", Workload(batch=1, seq_len=12, dtype="fp32"))
+    assert check.selects and check.agrees
+    assert (check.predicted & ~check.observed).any()
+    outside = check.observed.copy()
+    outside[0, 5] = True  # the first position reading the sixth
+    wrong = MixingCheck(check.config, check.predicted, outside, selects=True)
+    assert not wrong.agrees and wrong.differences() == [(0, 5, False, True)]
