@@ -17,35 +17,20 @@ from graphllm.passes import run
 from graphllm.runtime.interpret import Interpreter
 from graphllm.runtime.observe import MixingCheck, traced_mixing_check
 from graphllm.trace import traced_graph
-from tests.support.traced import P, check_traced, onnx_against_transformers
+from tests.support.traced import MLA, P, check_traced, onnx_against_transformers
 
 TOPK = 3
 # MLA and DeepSeek's MoE, an indexer of 8 heads of 8 channels keeping 3 keys a query
 DSA = dict(
+    MLA,
     model_type="deepseek_v32",
-    vocab_size=96,
-    hidden_size=32,
-    intermediate_size=64,
     moe_intermediate_size=16,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    kv_lora_rank=16,
-    q_lora_rank=24,
-    qk_rope_head_dim=4,
-    qk_nope_head_dim=8,
-    v_head_dim=8,
-    n_routed_experts=4,
-    num_experts_per_tok=2,
     n_group=1,
     topk_group=1,
     first_k_dense_replace=1,
     index_n_heads=8,
     index_head_dim=8,
     index_topk=TOPK,
-    pad_token_id=0,
-    bos_token_id=0,
-    eos_token_id=0,
 )
 
 # GLM-5's option: a layer reuses the selection of the layer before (its indexer skipped), here
