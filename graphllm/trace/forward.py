@@ -16,6 +16,7 @@ from typing import Any
 from graphllm.errors import ConfigError, NoCacheError
 from graphllm.ir import CACHE, STATE
 from graphllm.trace.capture import Recording, recorder_modes
+from graphllm.trace.expert_units import experts_units, lifting_experts
 from graphllm.trace.kernels import kernel_units
 from graphllm.trace.layers import Looped, Unlike, replaying, representatives, split_kind
 from graphllm.trace.symbolic import Point
@@ -50,10 +51,13 @@ def _record(model: Any, point: Point) -> Recording:
     takes = inspect.signature(model.forward).parameters
     takes_positions = "position_ids" in takes
     cache_arg = cache_argument(model)
-    norm_units(model)  # each norm class checked on real values, before the fake mode
+    # each norm and eager experts class checked on real values, before the fake mode
+    norm_units(model)
+    experts_units(model)
     attributes = _attribute_values(model)
     values = _buffer_values(model)
-    with mode:
+    # the experts lifted in the prefill before a step too: their own code may not trace
+    with mode, lifting_experts(model, box):
         tensors = _fake_weights(model, mode, box, values)
         cache = None
         if past:
