@@ -17,7 +17,6 @@ from __future__ import annotations
 import inspect
 import itertools
 from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import reduce
 from typing import Any
 
@@ -195,24 +194,14 @@ def rows_reference(
     return run("moe_combine", y, wb, ib)[0]
 
 
-@contextmanager
-def lifting_experts(model: Any, box: Any) -> Iterator[None]:
-    """Within the block, each lifted experts module's forward records one `experts` event for
-    the hidden states' ranks its check passed (its own code runs for any other)."""
-    units = experts_units(model)
-    modules = dict(model.named_modules())
-    kept = {p: modules[p].__dict__.get("forward") for p in units}
-    for path, form in units.items():
-        m = modules[path]
-        m.forward = _stand_in(m, form, box, m.forward)
-    try:
-        yield
-    finally:
-        for path, own in kept.items():
-            if own is None:
-                del modules[path].forward
-            else:
-                modules[path].forward = own
+def experts_stand_ins(model: Any, modules: dict[str, Any], box: Any) -> dict[tuple[str, str], Any]:
+    """(module path, "forward") -> the stand-in that records it, for each lifted experts module:
+    an `experts` event for the hidden states' ranks its check passed, its own code for any
+    other."""
+    return {
+        (path, "forward"): _stand_in(modules[path], form, box, modules[path].forward)
+        for path, form in experts_units(model).items()
+    }
 
 
 def _stand_in(m: Any, form: dict[str, Any], box: Any, own: Any) -> Any:

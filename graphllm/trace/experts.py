@@ -31,7 +31,6 @@ def lower_experts(
     experts interface hands them, or (B, T, d)."""
     hidden, index, weights, *stacks = ins
     given = g.type_of(hidden)
-    k = g.type_of(index).dims[-1]
     x = _per_position(g, f"{p}.unflatten", hidden)
     idx = _per_position(g, f"{p}.unflatten_index", index)
     w = _per_position(g, f"{p}.unflatten_weights", weights)
@@ -43,11 +42,7 @@ def lower_experts(
         for role, r, f in zip(attrs["roles"], stacks, flat, strict=True)
     }
     layout = dict(zip(attrs["roles"], attrs["layouts"], strict=True))
-    _note_routing(g, int(n_exp.size), int(k.size))  # type: ignore[arg-type]
-    pairs = int(g.bindings["B"] * g.bindings["T"]) * int(k.size)  # type: ignore[arg-type]
-    e = int(n_exp.size)  # type: ignore[arg-type]
-    g.bindings["C"] = pairs // e if pairs % e == 0 else Fraction(pairs, e)
-    slots = g.add("moe_dispatch", f"{p}.dispatch", (x, idx), {"axes": {"x": n_exp, "c": SLOTS}})
+    slots = _dispatch(g, f"{p}.dispatch", "moe_dispatch", x, idx, n_exp)
 
     def matmul(name: str, role: str, s: Any) -> Ref:
         op = "expert_linear" if layout[role] == "linear" else "expert_matmul"
@@ -66,6 +61,39 @@ def lower_experts(
     y = matmul("down", "down", m)
     out = Ref(g.add("moe_combine", f"{p}.combine", (y, w, idx)).name)
     return out if given.rank == 3 else _regroup(g, f"{p}.flatten", out, given.dims)
+
+
+def lower_experts_map(g: Graph, p: str, ins: list[Ref]) -> Ref:
+    """A mixture of attention heads' query projections on (hidden (B, T, d), top-k index,
+    input stack) refs: each (token, choice) pair's query from its expert, (B, T, k, f)."""
+    hidden, index, stack = ins
+    idx = _per_position(g, f"{p}.unflatten_index", index)
+    slots = _dispatch(g, f"{p}.dispatch", "moe_dispatch", hidden, idx, g.type_of(stack).dims[0])
+    y = g.add("expert_linear", f"{p}.input_linear", (slots, stack))
+    return Ref(g.add("moe_gather", f"{p}.gather", (y, idx)).name)
+
+
+def lower_experts_reduce(g: Graph, p: str, ins: list[Ref]) -> Ref:
+    """A mixture of attention heads' output projections on (each pair's output (B, T, k, f),
+    top-k index, top-k weights, output stack) refs: the pairs through their experts, weighted
+    and summed, (B, T, d)."""
+    pairs, index, weights, stack = ins
+    idx = _per_position(g, f"{p}.unflatten_pairs_index", index)
+    w = _per_position(g, f"{p}.unflatten_weights", weights)
+    n_exp = g.type_of(stack).dims[0]
+    slots = _dispatch(g, f"{p}.dispatch_pairs", "moe_dispatch_pairs", pairs, idx, n_exp)
+    y = g.add("expert_linear", f"{p}.output_linear", (slots, stack))
+    return Ref(g.add("moe_combine", f"{p}.combine", (y, w, idx)).name)
+
+
+def _dispatch(g: Graph, name: str, op: str, x: Ref, idx: Ref, n_exp: Dim) -> Ref:
+    """x into the experts' slots: balanced routing's B*T*k/E an expert (the binding C)."""
+    k = g.type_of(idx).dims[-1]
+    _note_routing(g, int(n_exp.size), int(k.size))  # type: ignore[arg-type]
+    pairs = int(g.bindings["B"] * g.bindings["T"]) * int(k.size)  # type: ignore[arg-type]
+    e = int(n_exp.size)  # type: ignore[arg-type]
+    g.bindings["C"] = pairs // e if pairs % e == 0 else Fraction(pairs, e)
+    return Ref(g.add(op, name, (x, idx), {"axes": {"x": n_exp, "c": SLOTS}}).name)
 
 
 def _per_position(g: Graph, name: str, x: Ref) -> Ref:

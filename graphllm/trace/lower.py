@@ -20,7 +20,7 @@ from graphllm.ir.signature import SCALAR
 from graphllm.ops import OPS
 from graphllm.ops.generic import ATEN, generic_row
 from graphllm.trace.capture import Event, Recording, Val
-from graphllm.trace.experts import lower_experts
+from graphllm.trace.experts import lower_experts, lower_experts_map, lower_experts_reduce
 from graphllm.trace.recurrences import (
     carried_states,
     lower_conv,
@@ -279,6 +279,11 @@ class _Lowering:
             p = self.unit_scope(ev, "experts")
             out = lower_experts(self.g, p, ins, ev.kwargs, self.const_dim)
             self.refs[ev.outs[0]] = out
+        elif ev.op in ("experts_map", "experts_reduce"):
+            ins = [self.ref(v.vid) for v in ev.args]
+            p = self.unit_scope(ev, ev.op)
+            lowered = lower_experts_map if ev.op == "experts_map" else lower_experts_reduce
+            self.refs[ev.outs[0]] = lowered(self.g, p, ins)
         elif ev.op == "mask":
             form = {"additive": True} if ev.kwargs.get("additive") else {}
             self.masks[ev.outs[0]] = {**ev.kwargs["relation"], **form}

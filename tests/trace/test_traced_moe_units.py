@@ -1,7 +1,9 @@
 """Experts modules that compute in eager code of their own (DBRX's loop over the experts its
-tokens hit), recorded whole as graphllm's MoE rows once their class is checked on random values:
-the check itself, a class that computes otherwise left to its own code, and traced DBRX against
-transformers (parameters total and active, FLOPs, logits, prefill and a cached step; ONNX)."""
+tokens hit) and ScatterMoE blocks (JetMoE's MoE and mixture of attention heads, which hand the
+experts' counts to Python), recorded whole as graphllm's MoE rows once their class is checked on
+random values: the check itself, a class that computes otherwise left to its own code, and the
+traced models against transformers (parameters total and active, FLOPs, logits, prefill and a
+cached step; ONNX)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from graphllm.models.workload import Workload
 from graphllm.passes import run
 from graphllm.trace import traced_graph
 from graphllm.trace.expert_units import experts_units, rows_reference
+from graphllm.trace.routed_blocks import routed_units
 from tests.support.traced import B, T, check_traced, onnx_against_transformers
 
 E, K, D, F = 4, 2, 32, 48
@@ -29,13 +32,32 @@ DBRX = dict(
 )
 
 
-def _model():
+# two experts a token of four, in the MLP and in the attention (each choice its own query
+# heads, h_kv of them)
+JETMOE = dict(
+    model_type="jetmoe",
+    vocab_size=96,
+    hidden_size=D,
+    intermediate_size=F,
+    num_hidden_layers=2,
+    num_key_value_heads=2,
+    kv_channels=8,
+    num_local_experts=E,
+    num_experts_per_tok=K,
+    max_position_embeddings=512,
+    bos_token_id=0,
+    eos_token_id=0,
+)
+
+
+def _model(raw=DBRX):
     import torch
     import transformers
 
-    fields = {k: v for k, v in DBRX.items() if k != "model_type"}
+    fields = {k: v for k, v in raw.items() if k != "model_type"}
+    cfg = transformers.CONFIG_MAPPING[raw["model_type"]](**fields)
     with torch.device("meta"):
-        return transformers.AutoModelForCausalLM.from_config(transformers.DbrxConfig(**fields))
+        return transformers.AutoModelForCausalLM.from_config(cfg)
 
 
 def test_dbrx_experts_are_read_as_gate_up_and_down_after_the_check():
@@ -74,6 +96,7 @@ def test_an_experts_class_that_computes_otherwise_runs_its_own_code(monkeypatch)
         return ((x @ expert_w1.T) * (x @ expert_v1.T)) @ expert_w2
 
     monkeypatch.setattr(modeling_dbrx.DbrxExpertGLU, "forward", ungated)
+    monkeypatch.setenv("GRAPHLLM_TRACE_CACHE", "0")  # the model's code runs, not a recording
     assert experts_units(_model()) == {}
     with pytest.raises(ConfigError, match="nonzero"):
         traced_graph(DBRX, Workload(batch=B, seq_len=T, dtype="fp32"))
@@ -106,4 +129,49 @@ def test_traced_dbrx_counts_an_experts_share_of_its_flat_stacks_as_active():
 
 def test_traced_dbrx_on_onnxruntime(tmp_path):
     decode, prefill = onnx_against_transformers(DBRX, tmp_path)
+    assert decode < 1e-4 and prefill < 1e-4
+
+
+def test_jetmoe_blocks_are_read_as_moe_rows_after_the_check():
+    units = routed_units(_model(JETMOE))
+    for i in range(2):
+        assert units[f"model.layers.{i}.mlp"] == {"kind": "mlp", "act": "silu"}
+        assert units[f"model.layers.{i}.self_attention.experts"] == {"kind": "attention"}
+
+
+def test_a_scatter_block_that_computes_otherwise_runs_its_own_code(monkeypatch):
+    from transformers.models.jetmoe import modeling_jetmoe
+
+    own = modeling_jetmoe.JetMoeMoE.forward
+    monkeypatch.setattr(modeling_jetmoe.JetMoeMoE, "forward", lambda self, x: 2 * own(self, x))
+    monkeypatch.setenv("GRAPHLLM_TRACE_CACHE", "0")  # the model's code runs, not a recording
+    units = routed_units(_model(JETMOE))
+    assert set(units) == {f"model.layers.{i}.self_attention.experts" for i in range(2)}
+    # its own code hands the experts' counts to Python
+    with pytest.raises(ConfigError, match=r"model\.layers\.0\.mlp\.router"):
+        traced_graph(JETMOE, Workload(batch=B, seq_len=T, dtype="fp32"))
+
+
+@pytest.mark.parametrize("past", [0, 4])
+def test_traced_jetmoe_equals_transformers(past):
+    c = check_traced(JETMOE, past)
+    assert c.results["params"].total == c.params
+    assert c.results["cost"].flops["matmul"] == c.flops
+    np.testing.assert_allclose(c.logits, c.want, atol=1e-4, rtol=0)
+    g = c.graph
+    for i in range(2):  # the replayed layer too
+        moa, mlp = f"model.layers.{i}.self_attention.experts", f"model.layers.{i}.mlp"
+        assert g[f"{moa}.dispatch"].op == "moe_dispatch" and g[f"{moa}.gather"].op == "moe_gather"
+        assert g[f"{moa}.dispatch_pairs"].op == "moe_dispatch_pairs"
+        assert g[f"{moa}.combine"].op == g[f"{mlp}.combine"].op == "moe_combine"
+        assert g[f"{mlp}.gate_up"].op == g[f"{mlp}.down"].op == "expert_linear"
+    # the experts' stacks count as routed experts, in the attention too
+    r = c.results["params"]
+    experts = 2 * E * (2 * F * D + F * D + 2 * 16 * D)
+    assert r.by_kind["moe_experts"] == experts
+    assert r.active == r.total - experts + experts * K // E
+
+
+def test_traced_jetmoe_on_onnxruntime(tmp_path):
+    decode, prefill = onnx_against_transformers(JETMOE, tmp_path)
     assert decode < 1e-4 and prefill < 1e-4
