@@ -14,6 +14,7 @@ event; a class that matches none runs its own code, traced op by op.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import itertools
 from collections.abc import Iterator
@@ -74,25 +75,57 @@ def _candidate(m: Any) -> int | None:
 def _form(m: Any, experts: int) -> dict[str, Any] | None:
     params = {n: tuple(p.shape) for n, p in m.named_parameters()}
     forms = list(_forms(params, experts))
-    if not forms:
-        return None
-    gen = np.random.default_rng(0)
-    values = {n: (gen.standard_normal(s) * 0.5).astype(np.float32) for n, s in params.items()}
     matched = []
     for rank in (2, 3):
-        theirs: dict[int, Any] = {}  # by hidden size: the module's output, None where it fails
+        # by (hidden, width): the module at small widths, its weights and output (None where
+        # it fails)
+        runs: dict[tuple[int, int], Any] = {}
         for form in forms:
-            d = form["hidden"]
-            if d not in theirs:
-                theirs[d] = _run(m, values, d, experts, rank)
-            if theirs[d] is not None and _matches(form, values, theirs[d], experts):
+            key = (form["hidden"], form["width"])
+            if key not in runs:
+                runs[key] = _run(m, _small_widths(*key, experts), experts, rank)
+            values, y = runs[key]
+            if y is not None and _matches(form, values, y, experts):
                 matched.append((rank, form))
                 break
     if not matched:
         return None
     form = dict(matched[0][1], ranks=sorted({r for r, f in matched if f == matched[0][1]}))
-    form.pop("hidden")
+    del form["hidden"], form["width"]
     return form
+
+
+def _small_widths(d: int, f: int, experts: int) -> dict[int, int]:
+    """The widths a class is checked at: the hidden size d and the experts' width f (and the
+    2f of a joined gate-up, the E*f rows of a flat stack) a few elements each."""
+    small = {d: 12, f: 12 if f == d else 10}
+    for big, to in ((2 * f, 2 * small[f]), (experts * f, experts * small[f])):
+        small.setdefault(big, to)
+    return small
+
+
+def shrunk(m: Any, sizes: dict[int, int]) -> tuple[Any, dict[str, np.ndarray]]:
+    """A copy of module `m` on the CPU at the widths `sizes` maps (every int attribute of it
+    and its submodules of a mapped value, every weight axis), its weights random, and those
+    weights: a class's code is checked at a few elements a width, not at the model's size. A
+    class whose code reads a width from elsewhere fails or computes otherwise, and is not
+    lifted."""
+    import torch
+
+    small = copy.deepcopy(m)
+    for sub in small.modules():
+        for k, v in list(vars(sub).items()):
+            if type(v) is int and v in sizes:
+                setattr(sub, k, sizes[v])
+    gen = np.random.default_rng(0)
+    values = {}
+    for name, p in list(small.named_parameters()):
+        shape = tuple(sizes.get(int(n), int(n)) for n in p.shape)
+        values[name] = (gen.standard_normal(shape) * 0.5).astype(np.float32)
+        owner, _, attr = name.rpartition(".")
+        held = small.get_submodule(owner) if owner else small
+        held._parameters[attr] = torch.nn.Parameter(torch.from_numpy(values[name]), False)
+    return small, values
 
 
 def _matrices(shape: tuple[int, ...], experts: int) -> tuple[int, int, bool] | None:
@@ -132,6 +165,7 @@ def _forms(params: dict[str, tuple[int, ...]], experts: int) -> Iterator[dict[st
                     "flat": tuple(mats[n][2] for n in names),  # type: ignore[index]
                     "experts": experts,
                     "hidden": d,
+                    "width": f,
                 }
 
 
@@ -144,26 +178,25 @@ def _inputs(d: int, experts: int, rank: int) -> tuple[np.ndarray, ...]:
     return (x if rank == 2 else x.reshape(2, _TOKENS // 2, d)), idx, w
 
 
-def _run(m: Any, values: dict[str, np.ndarray], d: int, experts: int, rank: int) -> Any:
-    """The module's output on the random inputs, None where it fails or changes the hidden
-    states' shape."""
+def _run(m: Any, sizes: dict[int, int], experts: int, rank: int) -> tuple[dict, Any]:
+    """The module at small widths: its weights, and its output on the random inputs (None where
+    it fails or changes the hidden states' shape)."""
     import torch
 
-    x, idx, w = _inputs(d, experts, rank)
-    weights = {n: torch.from_numpy(v) for n, v in values.items()}
-    args = (torch.from_numpy(x), torch.from_numpy(idx), torch.from_numpy(w))
     try:
+        small, values = shrunk(m, sizes)
+        x, idx, w = _inputs(next(iter(sizes.values())), experts, rank)
         with torch.no_grad():
-            y = torch.func.functional_call(m, weights, args)
+            y = small(torch.from_numpy(x), torch.from_numpy(idx), torch.from_numpy(w))
     except Exception:  # a module that fails on them computes something else
-        return None
+        return {}, None
     if not isinstance(y, torch.Tensor) or tuple(y.shape) != x.shape:
-        return None
-    return y.float().numpy()
+        return values, None
+    return values, y.float().numpy()
 
 
 def _matches(form: dict[str, Any], values: dict[str, np.ndarray], y: Any, experts: int) -> bool:
-    x, idx, w = _inputs(form["hidden"], experts, y.ndim)
+    x, idx, w = _inputs(y.shape[-1], experts, y.ndim)
     ours = rows_reference(form, [values[n] for n in form["weights"]], x, idx, w)
     return bool(np.allclose(ours.reshape(y.shape), y, rtol=1e-4, atol=1e-5))
 

@@ -175,3 +175,46 @@ def test_traced_jetmoe_equals_transformers(past):
 def test_traced_jetmoe_on_onnxruntime(tmp_path):
     decode, prefill = onnx_against_transformers(JETMOE, tmp_path)
     assert decode < 1e-4 and prefill < 1e-4
+
+
+# published configs (dbrx-instruct, jetmoe-8b): each class is checked at a few elements a width,
+# not at the model's (DBRX's experts alone hold 126 billion weights)
+DBRX_INSTRUCT = dict(
+    model_type="dbrx",
+    d_model=6144,
+    n_heads=48,
+    n_layers=40,
+    max_seq_len=32768,
+    vocab_size=100352,
+    attn_config={"kv_n_heads": 8, "clip_qkv": 8, "rope_theta": 500000},
+    ffn_config={"ffn_hidden_size": 10752, "moe_num_experts": 16, "moe_top_k": 4},
+)
+JETMOE_8B = dict(
+    model_type="jetmoe",
+    hidden_size=2048,
+    intermediate_size=5632,
+    kv_channels=128,
+    max_position_embeddings=4096,
+    num_experts_per_tok=2,
+    num_key_value_heads=16,
+    num_hidden_layers=24,
+    num_local_experts=8,
+    tie_word_embeddings=True,
+    vocab_size=32000,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
+@pytest.mark.parametrize(
+    ("raw", "k", "e", "active_billions"), [(DBRX_INSTRUCT, 4, 16, 36), (JETMOE_8B, 2, 8, 2)]
+)
+def test_published_configs_count_transformers_parameters(raw, k, e, active_billions):
+    model = _model(raw)
+    want = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    g = traced_graph(raw, Workload(batch=1, seq_len=8, dtype="bf16"))
+    r = run(g, ["params"])["params"]
+    assert r.total == want  # DBRX 131,596,523,520; JetMoE-8B 8,522,237,952
+    experts = r.by_kind["moe_experts"]
+    assert r.active == want - experts + experts * k // e
+    assert int(r.active / 1e9) == active_billions  # DBRX's published 36B active
