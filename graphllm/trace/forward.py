@@ -54,7 +54,8 @@ def _record(model: Any, point: Point) -> Recording:
     cache_arg = cache_argument(model)
     # each norm, eager experts and ScatterMoE class checked on real values, before the fake
     # mode
-    norm_units(model), experts_units(model), routed_units(model)
+    for checked in (norm_units, experts_units, routed_units):
+        checked(model)
     attributes = _attribute_values(model)
     values = _buffer_values(model)
     # the experts lifted in the prefill before a step too: their own code may not trace
