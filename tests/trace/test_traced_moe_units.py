@@ -17,6 +17,7 @@ from graphllm.passes import run
 from graphllm.trace import traced_graph
 from graphllm.trace.expert_units import experts_units, rows_reference
 from graphllm.trace.routed_blocks import routed_units
+from graphllm.trace.scopes import scope_kinds
 from tests.support.traced import B, T, check_traced, onnx_against_transformers
 
 E, K, D, F = 4, 2, 32, 48
@@ -218,3 +219,18 @@ def test_published_configs_count_transformers_parameters(raw, k, e, active_billi
     experts = r.by_kind["moe_experts"]
     assert r.active == want - experts + experts * k // e
     assert int(r.active / 1e9) == active_billions  # DBRX's published 36B active
+
+
+def test_dbrx_norm_attention_norm_wrapper_is_no_norm():
+    # its attention is drawn and counted as one (the attention view of a traced DBRX)
+    kinds = scope_kinds(
+        {
+            "transformer": "DbrxModel",
+            "transformer.blocks.0.norm_attn_norm": "DbrxNormAttentionNorm",
+            "transformer.blocks.0.norm_attn_norm.attn": "DbrxAttention",
+            "transformer.blocks.0.norm_attn_norm.norm_1": "LayerNorm",
+        }
+    )
+    assert "transformer.blocks.0.norm_attn_norm" not in kinds
+    assert kinds["transformer.blocks.0.norm_attn_norm.attn"] == "attention"
+    assert kinds["transformer.blocks.0.norm_attn_norm.norm_1"] == "norms"
