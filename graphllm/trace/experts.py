@@ -4,8 +4,12 @@ activation, and the router-weighted combine back to the tokens.
 
 transformers hands its experts the tokens flattened, (B*T, d), with the router's top-k choices
 and weights (B*T, k); the rows take them per batch and position, so views regroup them on the
-way in and out. The slots of an expert are balanced routing's B*T*k/E (the binding C), so FLOPs
-count exactly the routed pairs and bytes the experts the tokens touch.
+way in and out (an eager experts module, DBRX's, takes them per position already). The slots of
+an expert are balanced routing's B*T*k/E (the binding C), so FLOPs count exactly the routed
+pairs and bytes the experts the tokens touch. A mixture of attention heads (JetMoE's `map` and
+`reduce`) routes each (token, choice) pair's own vector: `experts_map` reads each pair's query
+back from its slot uncombined (moe_gather), `experts_reduce` dispatches each pair's attention
+output (moe_dispatch_pairs) and combines the experts' outputs as the MLP's do.
 """
 
 from __future__ import annotations
