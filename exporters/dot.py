@@ -119,6 +119,8 @@ CAPTIONS: dict[str, Callable[[Node], str]] = {
     "normalize": lambda n: "weights sum to 1",
     "moe_dispatch": lambda n: "route to experts",
     "moe_combine": lambda n: "weighted combine",
+    "moe_dispatch_pairs": lambda n: "route each choice's own vector to its expert",
+    "moe_gather": lambda n: "each choice's expert output, uncombined",
     "moe_scale_slots": lambda n: "× router weight (input)",
     "moe_sum": lambda n: "sum of experts",
     # gpt-oss's sinks, interleaved gate/up and clamped SwiGLU

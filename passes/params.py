@@ -57,7 +57,8 @@ def tally(params: Iterable[Node], config: Any, in_mtp: Container[str] = ()) -> P
         if n.name in in_mtp:
             mtp += numel
         if kind == "moe_experts":
-            n_exp = n.out.dims[0].size  # stacked: the expert axis comes first
+            # stacked: the expert axis comes first, or a flat stack's rows hold them (DBRX's)
+            n_exp = n.attrs.get("experts") or n.out.dims[0].size
             k = config.num_experts_per_tok
             assert numel % n_exp == 0
             active += numel // n_exp * k

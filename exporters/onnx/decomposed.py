@@ -461,6 +461,30 @@ def _moe_combine(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     c.final("ReduceSum", [weighted, c.const([2])], n, o, keepdims=0)  # (B, T, d)
 
 
+@lowers("moe_dispatch_pairs")
+def _moe_dispatch_pairs(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    s, x, chosen = n.name, i[0], i[1]
+    n_exp, k = axis_size(n, "x"), int(c.graph.type_of(n.inputs[1]).dims[-1].size)  # type: ignore[arg-type]
+    d = int(c.graph.type_of(n.inputs[0]).dims[-1].size)  # type: ignore[arg-type]
+    where = _expert_slots(c, chosen, n_exp, s)  # (N, 2), pairs in (b, t, k) order
+    rows = c.op("Reshape", [x, c.const([-1, d])], s)  # (N, d): a vector each pair
+    tokens = c.op("Div", [c.dim(rows, 0, s), c.const([k], hint="k")], s)
+    shape = c.op("Concat", [c.const([n_exp]), tokens, c.const([d])], s, axis=0)
+    zero = numpy_helper.from_array(np.zeros(1, NP_TYPES[c.dtype]))
+    empty = c.op("ConstantOfShape", [shape], s, value=zero)  # (E, B*T, d): room for all
+    c.final("ScatterND", [empty, where, rows], n, o)
+
+
+@lowers("moe_gather")
+def _moe_gather(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    s, y, chosen = n.name, i[0], i[1]
+    n_exp, f = (int(x.size) for x in c.graph.type_of(n.inputs[0]).dims[::2])  # type: ignore[arg-type]
+    where = _expert_slots(c, chosen, n_exp, s)
+    picked = c.op("GatherND", [y, where], s)  # (N, f)
+    shape = c.op("Concat", [c.op("Shape", [chosen], s), c.const([f])], s, axis=0)
+    c.final("Reshape", [picked, shape], n, o)  # (B, T, k, f)
+
+
 @lowers("moe_scale_slots")
 def _moe_scale_slots(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     s, y, w, chosen = n.name, i[0], i[1], i[2]

@@ -43,6 +43,20 @@ def _dispatch(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     return out
 
 
+def _dispatch_pairs(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    x, idx = xs  # x: (B, T, k, d), a vector each (token, choice) pair; idx: (B, T, k)
+    n_exp = a["axes"]["x"].size
+    slot = _slots(idx, n_exp)
+    out = np.zeros((n_exp, idx.shape[0] * idx.shape[1], x.shape[-1]), dtype=np.float32)
+    out[idx, slot] = x
+    return out
+
+
+def _gather_pairs(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    y, idx = xs  # y: (E, slots, f); idx: (B, T, k)
+    return f32(y)[idx, _slots(idx, y.shape[0])]  # (B, T, k, f)
+
+
 def _combine(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     y, w, idx = xs  # y: (E, slots, d); w, idx: (B, T, k)
     slot = _slots(idx, y.shape[0])
@@ -104,6 +118,28 @@ register(
         same_position=(("c", "t"),),
         carries=(("c", "t"), ("c", "b")),
         flops_fn=lambda s: 2 * s["b"] * s["t"] * s["k"] * s["d"],
+    ),
+    # a mixture of attention heads (JetMoE): each (token, choice) pair its own vector into
+    # its expert, and each pair's expert output back, uncombined
+    OpSpec(
+        "moe_dispatch_pairs",
+        "b t k d, b t k -> x c d",
+        MOVEMENT,
+        _dispatch_pairs,
+        "Copy each (token, choice) pair's own vector to its expert's slot (a mixture of "
+        "attention heads: a pair's attention output into its expert's output projection).",
+        same_position=(("c", "t"),),
+        carries=(("c", "t"), ("c", "b")),
+    ),
+    OpSpec(
+        "moe_gather",
+        "x c f, b t k -> b t k f",
+        MOVEMENT,
+        _gather_pairs,
+        "Each (token, choice) pair's expert output, read back from its slot without combining "
+        "(a mixture of attention heads: a query a chosen expert).",
+        same_position=(("c", "t"),),
+        carries=(("c", "t"), ("c", "b")),
     ),
     # Llama 4: the router weight scales the expert's input, so the combine is a plain sum
     OpSpec(

@@ -183,7 +183,8 @@ def _experts(module: Any, hidden: Any, top_k_index: Any, top_k_weights: Any) -> 
     with rec.quiet():
         out = torch.empty_like(hidden)
     weights = (module.gate_up_proj, module.down_proj)
-    attrs = {"act": act, "transposed": bool(module.is_transposed)}
+    layout = "matmul" if module.is_transposed else "linear"
+    attrs = {"act": act, "roles": ("gate_up", "down"), "layouts": (layout, layout)}
     rec.unit("experts", (hidden, top_k_index, top_k_weights, *weights), attrs, (out,))
     return out
 

@@ -16,11 +16,13 @@ from typing import Any
 from graphllm.errors import ConfigError, NoCacheError
 from graphllm.ir import CACHE, STATE
 from graphllm.trace.capture import Recording, recorder_modes
+from graphllm.trace.expert_units import experts_units
 from graphllm.trace.kernels import kernel_units
 from graphllm.trace.layers import Looped, Unlike, replaying, representatives, split_kind
 from graphllm.trace.loops import loop_units
+from graphllm.trace.routed_blocks import routed_units
 from graphllm.trace.symbolic import Point
-from graphllm.trace.units import lifting, norm_units
+from graphllm.trace.units import lifting, lifting_experts, norm_units
 
 # a cache layer's attribute -> the name its tensor has in graphllm's (and onnxruntime-genai's)
 # inputs and outputs; any other tensor keeps its attribute's name
@@ -53,10 +55,14 @@ def _record(model: Any, point: Point) -> Recording:
     takes = inspect.signature(model.forward).parameters
     takes_positions = "position_ids" in takes
     cache_arg = cache_argument(model)
-    norm_units(model)  # each norm class checked on real values, before the fake mode
+    # each norm, eager experts and ScatterMoE class checked on real values, before the fake
+    # mode
+    for checked in (norm_units, experts_units, routed_units):
+        checked(model)
     attributes = _attribute_values(model)
     values = _buffer_values(model)
-    with mode:
+    # the experts lifted in the prefill before a step too: their own code may not trace
+    with mode, lifting_experts(model, box):
         tensors = _fake_weights(model, mode, box, values)
         cache = None
         if past:

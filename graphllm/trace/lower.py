@@ -20,7 +20,7 @@ from graphllm.ir.signature import SCALAR
 from graphllm.ops import OPS
 from graphllm.ops.generic import ATEN, generic_row
 from graphllm.trace.capture import Event, Recording, Val
-from graphllm.trace.experts import lower_experts
+from graphllm.trace.experts import lower_experts, lower_experts_map, lower_experts_reduce
 from graphllm.trace.recurrences import (
     carried_states,
     lower_conv,
@@ -96,13 +96,17 @@ class _Lowering:
                 self.g.meta.setdefault("sizes", {})[d.name] = e
         return d
 
+    def const_dim(self, size: int) -> Dim:
+        """The axis of a constant size, named as a recorded one of that size is."""
+        name, role = self.f.size_roles.get(size, (str(size), "hidden"))
+        return Dim(name, role, size)
+
     def _make_dim(self, e: Expr) -> Dim:
         window = self.f.meta.get("window")
         if window is not None and e.b == 0 and e.p == 0 and e.c == window - 1 and e.t in (0, 1):
             return self._window_dim(e, window - 1)
         if e.constant:
-            name, role = self.f.size_roles.get(e.c, (str(e.c), "hidden"))
-            return Dim(name, role, e.c)
+            return self.const_dim(e.c)
         if e.t == 0 and e.p == 0:
             return Dim(e.name, "batch")
         if e.c == 0 and e.t == 1 and e.p == 0:
@@ -276,8 +280,13 @@ class _Lowering:
         elif ev.op == "experts":
             ins = [self.ref(v.vid) for v in ev.args]
             p = self.unit_scope(ev, "experts")
-            out = lower_experts(self.g, p, ins, ev.kwargs["act"], ev.kwargs["transposed"])
+            out = lower_experts(self.g, p, ins, ev.kwargs, self.const_dim)
             self.refs[ev.outs[0]] = out
+        elif ev.op in ("experts_map", "experts_reduce"):
+            ins = [self.ref(v.vid) for v in ev.args]
+            p = self.unit_scope(ev, ev.op)
+            lowered = lower_experts_map if ev.op == "experts_map" else lower_experts_reduce
+            self.refs[ev.outs[0]] = lowered(self.g, p, ins)
         elif ev.op == "mask":
             form = {"additive": True} if ev.kwargs.get("additive") else {}
             self.masks[ev.outs[0]] = {**ev.kwargs["relation"], **form}

@@ -18,6 +18,8 @@ from graphllm.build.kinds import WEIGHT_KINDS
 _CLASS_KINDS: tuple[tuple[re.Pattern[str], str | None], ...] = (
     (re.compile(r"RotaryEmbedding$"), None),
     (re.compile(r"Embed(ding|dings|s)?$"), "embedding"),
+    # a wrapper of a norm, the attention and a norm (DBRX's NormAttentionNorm) is no norm
+    (re.compile(r"AttentionNorm$"), None),
     (re.compile(r"Norm(Gated|1P|PerHead)?$"), "norms"),
     (re.compile(r"Experts?$"), "experts"),
     # a linear attention's forget gate (Kimi Linear's) makes its decay, a residual or message

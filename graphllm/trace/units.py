@@ -1,4 +1,6 @@
-"""Modules recorded whole as one of graphllm's rows: RMSNorm.
+"""Modules recorded whole as one of graphllm's rows: RMSNorm here; eager experts modules
+(graphllm.trace.expert_units) and ScatterMoE blocks (graphllm.trace.routed_blocks) through
+`lifting_experts`.
 
 transformers tags its norms for kernel swapping (`use_kernel_forward_from_hub("RMSNorm")`), a
 promise that the module computes what the kernel does; graphllm holds it to that. Each norm
@@ -17,6 +19,8 @@ from typing import Any
 import numpy as np
 
 from graphllm.ops.core import _rmsnorm
+from graphllm.trace.expert_units import experts_stand_ins
+from graphllm.trace.routed_blocks import routed_stand_ins
 
 _EPS_ATTRS = ("variance_epsilon", "eps", "epsilon")
 
@@ -93,3 +97,22 @@ def _lift(module: Any, attrs: dict[str, float], box: Any, path: str) -> list[Any
         box.unit("rmsnorm", (args[0], mod.weight), dict(attrs), (out,), scope=path)
 
     return [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+
+
+@contextmanager
+def lifting_experts(model: Any, box: Any) -> Iterator[None]:
+    """Within the block, each checked experts module's and ScatterMoE block's methods are
+    their stand-ins, which record MoE events."""
+    modules = dict(model.named_modules())
+    swaps = experts_stand_ins(model, modules, box) | routed_stand_ins(model, modules, box)
+    kept = {(p, a): modules[p].__dict__.get(a) for p, a in swaps}
+    for (path, attr), fn in swaps.items():
+        setattr(modules[path], attr, fn)
+    try:
+        yield
+    finally:
+        for (path, attr), own in kept.items():
+            if own is None:
+                delattr(modules[path], attr)
+            else:
+                setattr(modules[path], attr, own)

@@ -119,6 +119,25 @@ def test_mask_causal_with_past_and_window():
     assert (np.isfinite(m[0, 0]) == [[0, 0, 1, 1, 0], [0, 0, 0, 1, 1]]).all()
 
 
+def test_pair_dispatch_and_gather_keep_each_choice_its_own_vector():
+    # a mixture of attention heads: a (token, choice) pair's own vector into its expert's slot
+    # and back, or weighted into its token
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((2, 5, 2, 4)).astype(np.float32)
+    w, idx = run("topk", rng.random((2, 5, 3)).astype(np.float32), k=2)
+    axes = {"x": Dim("E", "expert", 3)}
+    slots = run("moe_dispatch_pairs", a, idx, axes=axes)
+    assert slots.shape == (3, 2 * 5, 4)
+    np.testing.assert_array_equal(run("moe_gather", slots, idx), a)
+    np.testing.assert_allclose(
+        run("moe_combine", slots, w, idx), np.einsum("btk,btkd->btd", w, a), rtol=1e-6
+    )
+    # a token's vector dispatched to its k experts comes back once a choice
+    x = a[:, :, 0]
+    back = run("moe_gather", run("moe_dispatch", x, idx, axes=axes), idx)
+    np.testing.assert_array_equal(back, np.repeat(x[:, :, None], 2, axis=2))
+
+
 def test_softmax_rows_sum_to_one_with_masked_entries():
     x = run("mask", np.random.default_rng(0).standard_normal((1, 2, 3, 3)).astype(np.float32))
     p = run("softmax", x)
