@@ -64,14 +64,7 @@ def _record(model: Any, point: Point) -> Recording:
     # the experts lifted in the prefill before a step too: their own code may not trace
     with mode, lifting_experts(model, box):
         tensors = _fake_weights(model, mode, box, values)
-        cache = None
-        if past:
-            with box.quiet(), functions:  # (functions: a tensor deep-copied is cloned)
-                cache = _prefill(model, tensors, batch, past, device, takes_positions)
-            for name, t, _ in cache_tensors(cache, "past_key_values"):
-                box.source(t, "input", name)
-            for name, t in _counters(cache):  # bookkeeping: dropped unless read
-                box.source(t, "input", name)
+        cache = _past(model, tensors, box, functions, (batch, past), takes_positions)
         ids = torch.zeros((batch, seq), dtype=torch.long, device=device)
         box.source(ids, "input", "input_ids")
         kwargs: dict[str, Any] = {"input_ids": ids, "use_cache": True}
@@ -103,6 +96,24 @@ def _record(model: Any, point: Point) -> Recording:
                 h.remove()
     _note_outputs(rec, box, out)
     return rec
+
+
+def _past(
+    model: Any, tensors: Any, box: Any, functions: Any, sizes: tuple[int, int], positions: bool
+) -> Any:
+    """The cache of a prefill of `past` tokens (None without one), its tensors the recording's
+    inputs: the step's past as transformers' cache object holds it."""
+    batch, past = sizes
+    if not past:
+        return None
+    device = next(model.parameters()).device
+    with box.quiet(), functions:  # (functions: a tensor deep-copied is cloned)
+        cache = _prefill(model, tensors, batch, past, device, positions)
+    for name, t, _ in cache_tensors(cache, "past_key_values"):
+        box.source(t, "input", name)
+    for name, t in _counters(cache):  # bookkeeping: dropped unless read
+        box.source(t, "input", name)
+    return cache
 
 
 def cache_argument(model: Any) -> str:
