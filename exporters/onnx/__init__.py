@@ -4,7 +4,8 @@ Importing this package registers every lowering.
 """
 
 # register the lowerings (recurrent, the hybrid layers' shared rows; delta, Qwen3-Next's;
-# mamba, Nemotron-H's; mamba1, Mamba-1's; traced, the generic rows of a traced model)
+# mamba, Nemotron-H's; mamba1, Mamba-1's; wkv, RWKV's; traced, the generic rows of a traced
+# model)
 from graphllm.exporters.onnx import (  # noqa: F401
     decomposed,
     delta,
@@ -14,6 +15,7 @@ from graphllm.exporters.onnx import (  # noqa: F401
     mla,
     recurrent,
     traced,
+    wkv,
 )
 from graphllm.exporters.onnx.export import (
     ExportedModel,

@@ -21,7 +21,7 @@ from graphllm.ir.opspec import (
 )
 
 # register the rows (recurrent, the hybrid layers' shared rows; delta, Qwen3-Next's;
-# mamba, Nemotron-H's; mamba1, Mamba-1's)
+# mamba, Nemotron-H's; mamba1, Mamba-1's; wkv, RWKV's)
 from graphllm.ops import (  # noqa: F401
     attention,
     collectives,
@@ -32,6 +32,7 @@ from graphllm.ops import (  # noqa: F401
     mla,
     moe,
     recurrent,
+    wkv,
 )
 
 __all__ = [

@@ -27,6 +27,7 @@ from graphllm.trace.recurrences import (
     lower_delta,
     lower_ssm,
     lower_ssm1,
+    lower_wkv,
     select_head,
 )
 from graphllm.trace.scopes import param_kind, scope_kinds
@@ -289,6 +290,10 @@ class _Lowering:
             self.out(ev, lower_ssm(self.g, self.unit_scope(ev, "ssm"), ins, ev.kwargs, out_t))
         elif ev.op == "ssm1":
             self.ssm1(ev)
+        elif ev.op == "wkv":
+            ins = [self.ref(v.vid) for v in ev.args]
+            out_t = self.type_of(ev.outs[0]).dims[1]
+            self.out(ev, lower_wkv(self.g, self.unit_scope(ev, "wkv"), ins, out_t))
         elif ev.op == "conv":
             ins = [None if v is None else self.ref(v.vid) for v in ev.args]
             p = self.unit_scope(ev, "conv")

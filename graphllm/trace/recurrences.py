@@ -13,6 +13,8 @@ hybrids use.
 - `ssm1`: Mamba-1's selective scan (mamba_ssm's `selective_scan_fn`, channels first) from a
   zero state; at one new token after a past, transformers' step from the layer's carried state
   (`selective_state_update`), the cache input the scan's final state is copied into.
+- `wkv`: RWKV-4's WKV recurrence (transformers' `rwkv_linear_attention`), from the state
+  handed in (a layer's cache entries) or transformers' default.
 - `conv`: the depthwise causal conv on transformers' channels-first (B, C, S), from a zero
   start (transformers puts the cache's conv state before the new inputs itself, and keeps its
   last K positions, in ops of its own). The rows take channels last, so the input and output
@@ -75,6 +77,14 @@ def lower_ssm1(g: Graph, p: str, ins: list[Ref | None], out_t: Dim, carried: Ref
     if carried is not None and g.bindings["T"] == 1:
         return g.add("selective_state_update", f"{p}.scan", (*ins, carried), attrs)
     return g.add("selective_scan", f"{p}.scan", tuple(ins), attrs)
+
+
+def lower_wkv(g: Graph, p: str, ins: list[Ref], out_t: Dim) -> Node:
+    """RWKV's WKV recurrence of scope `p` on (key, value, time_decay, time_first[, num, den,
+    max]): returns the (output, num, den, max) node, from the carried state where one is
+    handed in."""
+    op = "wkv4_scan_state" if len(ins) > 4 else "wkv4_scan"
+    return g.add(op, f"{p}.wkv", tuple(ins), {"axes": {"t": out_t}})
 
 
 def carried_states(rec: Recording) -> dict[int, tuple[int, int | None]]:

@@ -13,7 +13,7 @@ from graphllm.models.workload import Workload
 from graphllm.passes import run
 from graphllm.runtime.interpret import Interpreter
 from graphllm.trace import traced_graph
-from graphllm.trace.forward import cache_argument, cache_tensors
+from graphllm.trace.forward import cache_argument, cache_of, cache_tensors
 from graphllm.trace.recurrences import reference_conv_flops
 
 B, T, P = 2, 5, 4
@@ -186,7 +186,7 @@ def check_traced(raw: dict[str, Any], past: int = 0, new: int = T) -> Checked:
     feeds: dict[str, np.ndarray] = {"input_ids": ids}
     positions = np.broadcast_to(np.arange(past, past + new), (B, new)).copy()
     with torch.no_grad():
-        cache = ref(torch.tensor(past_ids), use_cache=True).past_key_values if past else None
+        cache = cache_of(ref(torch.tensor(past_ids), use_cache=True)) if past else None
         held = {k: t for k, t, _ in cache_tensors(cache, "past_key_values")} if past else {}
         for n in g.nodes("input"):
             if n.name == "position_ids":
@@ -230,7 +230,7 @@ def onnx_against_transformers(
     ids = np.random.default_rng(0).integers(0, vocab, (B, P + new))
     with torch.no_grad():
         want = ref(torch.tensor(ids)).logits.numpy()
-        cache = ref(torch.tensor(ids[:, :P]), use_cache=True).past_key_values
+        cache = cache_of(ref(torch.tensor(ids[:, :P]), use_cache=True))
     diffs = []
     for past in (P, 0):
         feeds = {
