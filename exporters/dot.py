@@ -383,16 +383,18 @@ class _Ctx:
 
 
 _MAMBA1_SCANS = ("selective_scan", "selective_state_update")
+_WKV_SCANS = ("wkv4_scan", "wkv4_scan_state")  # RWKV's
 
 
 def kind_title(kind: str, members: Iterable[Node]) -> str:
     """A scope's title by its kind; a Mamba mixer's by its scan (Mamba-1's selective scan, a
-    traced Mamba or Jamba, or Mamba2's chunked one)."""
+    traced Mamba or Jamba, or Mamba2's chunked one), a linear attention's by its recurrence
+    (RWKV's WKV, or Gated DeltaNet's rule)."""
     title = KIND_TITLE.get(kind, kind)
     members = list(members)
     if title == "Mamba2" and any(n.op in _MAMBA1_SCANS for n in members):
         return "Mamba"
-    if kind == "linear_attention" and any(n.op.startswith("wkv4_") for n in members):
+    if kind == "linear_attention" and any(n.op in _WKV_SCANS for n in members):
         return "linear attention (RWKV-4 WKV)"
     return title
 
