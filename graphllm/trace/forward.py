@@ -2,8 +2,9 @@
 
 The inputs are the ones graphllm's built graphs take (`input_ids`, `position_ids`, the past
 cache as `past_key_values.{i}.*`); the outputs `logits` and the cache after the step
-(`present.{i}.*`), each carried piece found by walking transformers' cache object, never by a
-layer's name.
+(`present.{i}.*`), each carried piece found by walking transformers' cache object (or, for a
+cache kept as a plain list of tensors stacked over the layers, RWKV's `state`, each layer's
+column: graphllm.trace.stacked), never by a layer's name.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ lower onto rows whose FLOPs, bytes and mixing are the kernels'.
 
 A tagged function is found by its kernel name, in the modeling modules of the model's own
 classes; within `kernel_units` each is swapped for a recording stand-in that
-makes its outputs' shapes.
+makes its outputs' shapes. A function that loops over the tokens in Python but carries no tag
+(RWKV's `rwkv_linear_attention`, a `wkv` event) is found by its name there instead (`LOOPS`).
 """
 
 from __future__ import annotations
