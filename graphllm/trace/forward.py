@@ -17,7 +17,7 @@ from typing import Any
 from graphllm.errors import ConfigError, NoCacheError
 from graphllm.ir import CACHE, STATE
 from graphllm.trace.capture import Recording, recorder_modes
-from graphllm.trace.kernels import kernel_units
+from graphllm.trace.kernels import kernel_units, loop_units
 from graphllm.trace.layers import (
     Looped,
     Unlike,
@@ -66,7 +66,8 @@ def _record(model: Any, point: Point) -> Recording:
         tensors = _fake_weights(model, mode, box, values)
         cache = None
         if past:
-            with box.quiet(), functions:  # (functions: a tensor deep-copied is cloned)
+            # (functions: a tensor deep-copied is cloned; loop_units: one op for a token loop)
+            with box.quiet(), functions, loop_units(model):
                 cache = _prefill(model, tensors, batch, past, device, takes_positions)
                 if listed(cache):  # each layer's entry a tensor of its own
                     cache = held_apart(cache)

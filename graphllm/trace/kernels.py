@@ -259,6 +259,21 @@ def _loops(model: Any) -> list[tuple[Any, str]]:
 
 
 @contextmanager
+def loop_units(model: Any) -> Iterator[None]:
+    """Within the block, each function of LOOPS the model's modules hold records one event
+    (nothing while the recorder is quiet: a cached step's past, run before the step and not
+    recorded, then costs one op a layer, not a Python loop over its tokens)."""
+    looped = [(mod, attr, vars(mod)[attr]) for mod, attr in _loops(model)]
+    for mod, attr, _ in looped:
+        setattr(mod, attr, LOOPS[attr])
+    try:
+        yield
+    finally:
+        for mod, attr, fn in looped:
+            setattr(mod, attr, fn)
+
+
+@contextmanager
 def kernel_units(model: Any) -> Iterator[None]:
     """Within the block, each tagged function graphllm has a unit for records one event, and
     the cache's conv states start in one form for any length."""
@@ -269,10 +284,6 @@ def kernel_units(model: Any) -> Iterator[None]:
     ]
     for mod, attr, _ in swapped:
         setattr(mod, attr, UNITS[kernel_name(getattr(mod, attr))])  # type: ignore[index]
-    looped = [(mod, attr, vars(mod)[attr]) for mod, attr in _loops(model)]
-    for mod, attr, _ in looped:
-        setattr(mod, attr, LOOPS[attr])
-    swapped += looped
     layers = [
         (cls, vars(cls)["update_conv_state"])
         for cls in _subclasses(LinearAttentionCacheLayerMixin)
@@ -281,7 +292,8 @@ def kernel_units(model: Any) -> Iterator[None]:
     for cls, update in layers:
         cls.update_conv_state = _first_conv_step(update)  # type: ignore[attr-defined]
     try:
-        yield
+        with loop_units(model):
+            yield
     finally:
         for mod, attr, fn in swapped:
             setattr(mod, attr, fn)
