@@ -99,7 +99,8 @@ def apart_in_layers(model: Any, box: Any, keyword: str, layers: list[str]) -> It
         cache = kwargs.get(keyword)
         if not isinstance(cache, list) or not listed(cache):
             return
-        top = box.stack.pop() if box.stack else None  # the layer's scope: not yet entered
+        own = box.names.get(id(module))  # the layer's scope, entered just now: not yet
+        top = box.stack.pop() if box.stack and box.stack[-1] == own else None
         try:
             for j, t in enumerate(cache):
                 if isinstance(t, Stacked):
