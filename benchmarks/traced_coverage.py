@@ -298,7 +298,7 @@ def _check_phase(
     from graphllm.passes import run
     from graphllm.runtime.interpret import Interpreter
     from graphllm.trace import traced_graph
-    from graphllm.trace.forward import cache_argument
+    from graphllm.trace.forward import cache_argument, cache_of
     from graphllm.trace.recurrences import reference_conv_flops
 
     (b, t), past = ids.shape, 0 if past_ids is None else past_ids.shape[1]
@@ -307,7 +307,7 @@ def _check_phase(
     row: dict[str, Any] = {f"{phase}_s": time.perf_counter() - start, f"{phase}_trace": True}
     res = run(g, ["verify", "params", "tokens", "cost"])
     with torch.no_grad():
-        cache = ref(torch.tensor(past_ids), use_cache=True).past_key_values if past else None
+        cache = cache_of(ref(torch.tensor(past_ids), use_cache=True)) if past else None
         feeds = _feeds(g, ids, past, cache)
         kw = _positions(feeds)
         with FlopCounterMode(display=False) as fc:
@@ -329,9 +329,11 @@ NO_CACHE = "no cache"  # a model that keeps none: its cached step is not a check
 def _keeps_no_cache(ref: Any, past_ids: Any) -> bool:
     import torch
 
+    from graphllm.trace.forward import cache_of
+
     with torch.no_grad():
         out = ref(torch.tensor(past_ids), use_cache=True)
-    return getattr(out, "past_key_values", None) is None and getattr(out, "cache", None) is None
+    return cache_of(out) is None
 
 
 def _onnx(raw: dict[str, Any], ref: Any, ids: Any, past_ids: Any) -> bool | str:
@@ -348,7 +350,7 @@ def _onnx(raw: dict[str, Any], ref: Any, ids: Any, past_ids: Any) -> bool | str:
     from graphllm.exporters.onnx import export_onnx
     from graphllm.models.workload import Workload
     from graphllm.trace import traced_graph
-    from graphllm.trace.forward import cache_argument
+    from graphllm.trace.forward import cache_argument, cache_of
 
     try:
         with tempfile.TemporaryDirectory() as folder:
@@ -361,9 +363,7 @@ def _onnx(raw: dict[str, Any], ref: Any, ids: Any, past_ids: Any) -> bool | str:
             export_onnx(g, path, weights=folder, ops="decomposed")
             session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
             with torch.no_grad():
-                cache = (
-                    ref(torch.tensor(past_ids), use_cache=True).past_key_values if cached else None
-                )
+                cache = cache_of(ref(torch.tensor(past_ids), use_cache=True)) if cached else None
                 feeds = _feeds(g, ids, past_ids.shape[1], cache)  # before the step extends it
                 # the positions the export is fed: transformers' Bamba starts them at 0 after
                 # a cache when it is given none

@@ -111,6 +111,8 @@ CAPTIONS: dict[str, Callable[[Node], str]] = {
     "kda_chunked": lambda n: f"KDA (decay per key channel), chunks of {n.attrs['chunk']}",
     "kda_chunked_state": lambda n: f"KDA from the state, chunks of {n.attrs['chunk']}",
     "kda_step": lambda n: "KDA, token by token from the state",
+    "wkv4_scan": lambda n: "WKV (RWKV-4), token by token",
+    "wkv4_scan_state": lambda n: "WKV (RWKV-4), token by token from the state",
     "gated_rmsnorm": lambda n: "RMSNorm · silu(z)",
     "mul": lambda n: "elementwise ×",
     "add": lambda n: "+",
@@ -383,14 +385,19 @@ class _Ctx:
 
 
 _MAMBA1_SCANS = ("selective_scan", "selective_state_update")
+_WKV_SCANS = ("wkv4_scan", "wkv4_scan_state")  # RWKV's
 
 
 def kind_title(kind: str, members: Iterable[Node]) -> str:
     """A scope's title by its kind; a Mamba mixer's by its scan (Mamba-1's selective scan, a
-    traced Mamba or Jamba, or Mamba2's chunked one)."""
+    traced Mamba or Jamba, or Mamba2's chunked one), a linear attention's by its recurrence
+    (RWKV's WKV, or Gated DeltaNet's rule)."""
     title = KIND_TITLE.get(kind, kind)
+    members = list(members)
     if title == "Mamba2" and any(n.op in _MAMBA1_SCANS for n in members):
         return "Mamba"
+    if kind == "linear_attention" and any(n.op in _WKV_SCANS for n in members):
+        return "linear attention (RWKV-4 WKV)"
     return title
 
 
@@ -404,6 +411,8 @@ def _recurrence(g: Graph, members: Iterable[Node]) -> str:
             continue
         if "kernel" in n.attrs:
             kernel = n.attrs["kernel"]
+            continue
+        if "shift" in n.attrs:  # a token shift (RWKV's) is no recurrence of its own
             continue
         q, out = g.type_of(n.inputs[0]).dims, n.out.dims  # (B, T, key heads, d_k), value heads
         if len(q) != 4 or len(out) != 4:  # a scan over channels (Mamba-1's: B, D, T)

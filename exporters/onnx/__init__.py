@@ -5,7 +5,7 @@ Importing this package registers every lowering.
 
 # register the lowerings (recurrent, the hybrid layers' shared rows; delta, Qwen3-Next's;
 # mamba, Nemotron-H's; mamba1, Mamba-1's; lightning, MiniMax-01's; sparse, selected-keys
-# attention's; traced, the generic rows of a traced model)
+# attention's; wkv, RWKV's; traced, the generic rows of a traced model)
 from graphllm.exporters.onnx import (  # noqa: F401
     decomposed,
     delta,
@@ -17,6 +17,7 @@ from graphllm.exporters.onnx import (  # noqa: F401
     recurrent,
     sparse,
     traced,
+    wkv,
 )
 from graphllm.exporters.onnx.export import (
     ExportedModel,

@@ -22,7 +22,7 @@ from graphllm.ir.opspec import (
 
 # register the rows (recurrent, the hybrid layers' shared rows; delta, Qwen3-Next's;
 # mamba, Nemotron-H's; mamba1, Mamba-1's; lightning, MiniMax-01's; sparse, selected-keys
-# attention's)
+# attention's; wkv, RWKV's)
 from graphllm.ops import (  # noqa: F401
     attention,
     collectives,
@@ -35,6 +35,7 @@ from graphllm.ops import (  # noqa: F401
     moe,
     recurrent,
     sparse,
+    wkv,
 )
 
 __all__ = [

@@ -359,6 +359,12 @@ def _window_ending_at(a: dict[str, Any], t: np.ndarray) -> tuple[np.ndarray, np.
     return t - a.get("kernel", a["args"][2]) + 1, t.copy()
 
 
+def _shifted(a: dict[str, Any], t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A pad that shifts the token axis by attrs['shift'] (RWKV's time shift: one zero before,
+    the last position cut): output position t reads input position t - shift."""
+    return t - a["shift"], t - a["shift"]
+
+
 def _repeat(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     reps = a["args"][1]
     x = xs[0].reshape((1,) * (len(reps) - xs[0].ndim) + xs[0].shape)
@@ -533,15 +539,19 @@ def generic_row(
     same_position: tuple[tuple[str, ...], ...] = (),
     reduce: tuple[str, ...] = (),
     carries: tuple[tuple[str, str], ...] = (),
+    shift: bool = False,
 ) -> str:
     """The op name of aten op `kind` applied as `sig` says, its row declared on first use.
     `carries`: letter pairs that one split cuts alike (a reshape's merged or split axis and its
-    outermost factor), so that a sharding passes through it (passes/parallel/sharding.py)."""
+    outermost factor), so that a sharding passes through it (passes/parallel/sharding.py).
+    `shift`: a pad that shifts the token axis (its output letter the input's moved by
+    attrs['shift'] positions, the row's relation)."""
     if kind not in ATEN:
         raise GraphError(f"aten op {kind!r} has no generic row")
     extra = ";" + " ".join("=".join(g) for g in same_position) if same_position else ""
     extra += ";reduce " + " ".join(reduce) if reduce else ""
     extra += ";carries " + " ".join(">".join(p) for p in carries) if carries else ""
+    extra += ";shift" if shift else ""
     name = f"{PREFIX}{kind}[{sig}{extra}]"
     if name in OPS:
         return name
@@ -564,7 +574,9 @@ def generic_row(
         view=kind in VIEWS,
         linear=() if category == ELEMENTWISE and kind not in ("add", "sub", "neg") else None,
         carries=carries,
-        relation=_window_ending_at if kind in ("unfold", "convolution") else None,
+        relation=_shifted
+        if shift
+        else (_window_ending_at if kind in ("unfold", "convolution") else None),
     )
     register(spec)
     return name
@@ -580,15 +592,18 @@ def ensure_row(name: str) -> None:
     same: tuple[tuple[str, ...], ...] = ()
     reduce: tuple[str, ...] = ()
     carries: tuple[tuple[str, str], ...] = ()
+    shift = False
     for part in parts[1:]:
-        if part.startswith("reduce "):
+        if part == "shift":
+            shift = True
+        elif part.startswith("reduce "):
             reduce = tuple(part[len("reduce ") :].split())
         elif part.startswith("carries "):
             pairs = (p.split(">") for p in part[len("carries ") :].split())
             carries = tuple((x, y) for x, y in pairs)
         else:
             same = tuple(tuple(g.split("=")) for g in part.split())
-    generic_row(kind, parts[0], same, reduce, carries)
+    generic_row(kind, parts[0], same, reduce, carries, shift)
 
 
 register(

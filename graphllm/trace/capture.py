@@ -68,6 +68,9 @@ class Recording:
     # a representative decoder layer's path -> its events' span, input and output tensors
     # (graphllm.trace.layers)
     layers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # tensors made in the forward that hold one layer's cache entry (a view of a cache kept
+    # stacked over the layers, graphllm.trace.stacked) -> the entry's name, as an input's
+    slots: dict[int, str] = field(default_factory=dict)
 
 
 _DTYPES = {
@@ -386,6 +389,8 @@ class _Box:
                     "which a trace cannot follow"
                 )
             return  # a size query: nothing computed
+        if _identity(op, args):  # the tensor as it was: nothing to record
+            return
         # an in-place op's output is its first argument: numbered anew, so its later readers
         # read the op's result
         vids = tuple(self.number(o) for o in outs)
@@ -434,6 +439,17 @@ class _Box:
         enc = tuple(self.encode(a, torch) if a is not None else None for a in args)
         vids = tuple(self.number(o) for o in outs)
         self.rec.events.append(Event(op, enc, attrs, vids, self.scope if scope is None else scope))
+
+
+# in-place ops that leave a tensor as it was when their second argument is 1
+_BY_ONE = {"aten.div_.Tensor", "aten.div_.Scalar", "aten.mul_.Tensor", "aten.mul_.Scalar"}
+
+
+def _identity(op: str, args: Any) -> bool:
+    """An in-place division or product by the number 1 (RWKV's rescale of the layers below
+    `rescale_every`, by 2^0): it changes nothing, and recording it would give a weight a new
+    tensor that the repeated layers, which read their own weights, never see."""
+    return op in _BY_ONE and len(args) > 1 and type(args[1]) in (int, float) and args[1] == 1
 
 
 def _is_fake(t: Any) -> bool:

@@ -2,8 +2,9 @@
 
 The inputs are the ones graphllm's built graphs take (`input_ids`, `position_ids`, the past
 cache as `past_key_values.{i}.*`); the outputs `logits` and the cache after the step
-(`present.{i}.*`), each carried piece found by walking transformers' cache object, never by a
-layer's name.
+(`present.{i}.*`), each carried piece found by walking transformers' cache object (or, for a
+cache kept as a plain list of tensors stacked over the layers, RWKV's `state`, each layer's
+column: graphllm.trace.stacked), never by a layer's name.
 """
 
 from __future__ import annotations
@@ -17,10 +18,18 @@ from graphllm.errors import ConfigError, NoCacheError
 from graphllm.ir import CACHE, STATE
 from graphllm.trace.capture import Recording, recorder_modes
 from graphllm.trace.expert_units import experts_units
-from graphllm.trace.kernels import kernel_units
-from graphllm.trace.layers import Looped, Unlike, replaying, representatives, split_kind
+from graphllm.trace.kernels import kernel_units, loop_functions
+from graphllm.trace.layers import (
+    Looped,
+    Unlike,
+    layer_paths,
+    replaying,
+    representatives,
+    split_kind,
+)
 from graphllm.trace.loops import loop_units
 from graphllm.trace.routed_blocks import routed_units
+from graphllm.trace.stacked import apart_in_layers, entries, held_apart, listed
 from graphllm.trace.symbolic import Point
 from graphllm.trace.units import lifting, lifting_experts, norm_units
 
@@ -84,6 +93,7 @@ def _record(model: Any, point: Point) -> Recording:
                 lifting(model, box),
                 kernel_units(model),
                 loop_units(model),
+                apart_in_layers(model, box, cache_arg, layer_paths(model)),
                 _tensor_attributes(model, mode, box, attributes),
             ):
                 out = torch.func.functional_call(model, tensors, (), kwargs, strict=False)
@@ -107,8 +117,11 @@ def _past(
     if not past:
         return None
     device = next(model.parameters()).device
-    with box.quiet(), functions:  # (functions: a tensor deep-copied is cloned)
+    # (functions: a tensor deep-copied is cloned; loop_functions: one op for a token loop)
+    with box.quiet(), functions, loop_functions(model):
         cache = _prefill(model, tensors, batch, past, device, positions)
+        if listed(cache):  # each layer's entry a tensor of its own
+            cache = held_apart(cache)
     for name, t, _ in cache_tensors(cache, "past_key_values"):
         box.source(t, "input", name)
     for name, t in _counters(cache):  # bookkeeping: dropped unless read
@@ -117,10 +130,10 @@ def _past(
 
 
 def cache_argument(model: Any) -> str:
-    """The keyword a model's forward takes its cache by (Mamba2's `cache`; any other keyword
-    it would take and ignore)."""
+    """The keyword a model's forward takes its cache by (Mamba2's `cache`, RWKV's `state`; any
+    other keyword it would take and ignore)."""
     takes = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in takes else "past_key_values"
+    return next((k for k in ("cache", "state") if k in takes), "past_key_values")
 
 
 def _buffer_values(model: Any) -> dict[str, Any]:
@@ -138,7 +151,7 @@ def _note_outputs(rec: Recording, box: Any, out: Any) -> None:
     }
     rec.outputs["logits"] = (box.val(out.logits).vid, None)
     made = {vid for ev in rec.events for vid in ev.outs}
-    for name, t, role in cache_tensors(_cache_of(out), "present"):
+    for name, t, role in cache_tensors(cache_of(out), "present"):
         vid = box.ids.get(id(t))
         if vid in made:  # what the step wrote, not a constant the layer keeps beside it
             rec.outputs[name] = (vid, role)
@@ -210,24 +223,32 @@ def _prefill(
     if positions:
         kwargs["position_ids"] = torch.zeros((batch, past), dtype=torch.long, device=device)
     out = torch.func.functional_call(model, tensors, (), kwargs, strict=False)
-    cache = _cache_of(out)
+    cache = cache_of(out)
     if cache is None:
         raise NoCacheError("the model returns no cache, so a cached step cannot be traced")
     return cache
 
 
-def _cache_of(out: Any) -> Any:
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else getattr(out, "past_key_values", None)
+def cache_of(out: Any) -> Any:
+    """The cache a forward's output holds, under the name the model gives it (`cache`,
+    `past_key_values`, RWKV's `state`), or None."""
+    for name in ("cache", "past_key_values", "state"):
+        cache = getattr(out, name, None)
+        if cache is not None:
+            return cache
+    return None
 
 
 def cache_tensors(cache: Any, prefix: str) -> list[tuple[str, Any, str]]:
     """(name, tensor, role) of every tensor a cache object carries, layer by layer: its keys and
     values, and the states a linear-attention layer keeps by index (`conv_states`,
-    `recurrent_states`, named in the singular where a layer keeps one of each). Integer
-    tensors are its position counters, not model state."""
+    `recurrent_states`, named in the singular where a layer keeps one of each); of a cache
+    kept as a plain list of tensors stacked over the layers (RWKV's), each layer's entries
+    (graphllm.trace.stacked). Integer tensors are its position counters, not model state."""
     import torch
 
+    if listed(cache):
+        return [(name, t, STATE) for name, t in entries(cache, prefix)]
     out = []
     for i, layer in enumerate(getattr(cache, "layers", None) or []):
         for attr, value in vars(layer).items():

@@ -74,6 +74,7 @@ def hf_config(raw: dict[str, Any]) -> Any:
             "graphllm models decoder-only causal language models"
         )
     _refuse_drafter(cfg)
+    _refuse_rescaling(cfg)
     text = getattr(cfg, "text_config", None)
     if text is None:  # a wrapper's text config class holds its family's sizes as defaults
         _require_sizes(raw, cfg)
@@ -120,6 +121,20 @@ def causal_lm(cfg: Any, values: bool, dtype: str) -> Any:
     if own:
         model.config._attn_implementation = EAGER_MASKS
     return model.eval()
+
+
+def _refuse_rescaling(cfg: Any) -> None:
+    """A model that rescales itself at inference: RWKV's `rescale_every` N, with which its
+    first forward in eval mode divides layer i's output projections by 2^(i // N) in place and
+    every later one halves the hidden state after each N-th layer (an fp16 overflow guard).
+    Below N layers neither happens (the division is by 1)."""
+    every, layers = getattr(cfg, "rescale_every", 0), getattr(cfg, "num_hidden_layers", 0)
+    if isinstance(every, int) and isinstance(layers, int) and 0 < every <= layers:
+        raise ConfigError(
+            f"rescale_every={every} with {layers} layers: transformers divides layer i's "
+            f"output weights by 2^(i // {every}) at inference and halves the hidden state "
+            f"every {every} layers, which graphllm does not model (rescale_every=0 turns it off)"
+        )
 
 
 def _refuse_drafter(cfg: Any) -> None:

@@ -12,7 +12,8 @@ lower onto rows whose FLOPs, bytes and mixing are the kernels'.
 
 A tagged function is found by its kernel name, in the modeling modules of the model's own
 classes; within `kernel_units` each is swapped for a recording stand-in that
-makes its outputs' shapes.
+makes its outputs' shapes. A function that loops over the tokens in Python but carries no tag
+(RWKV's `rwkv_linear_attention`, a `wkv` event) is found by its name there instead (`LOOPS`).
 """
 
 from __future__ import annotations
@@ -170,6 +171,32 @@ def _ssm1_scan(
     return (y, state) if return_last_state else y
 
 
+def _wkv4(
+    time_decay: Any,
+    time_first: Any,
+    key: Any,
+    value: Any,
+    state: Any = None,
+    return_state: bool = False,
+) -> Any:
+    """RWKV-4's WKV recurrence (transformers' `rwkv_linear_attention` contract): key and value
+    (B, T, D), time_decay and time_first (D), the state (num, den, max; each (B, D)) or None
+    -> the output (B, T, D, the key's dtype) and the final state, a list of three (fp32), where
+    a state came in or is asked for."""
+    import torch
+
+    rec = STATE.recorder
+    bsz, _, channels = key.shape
+    with rec.quiet():
+        out = torch.empty(key.shape, dtype=key.dtype, device=key.device)
+        final = [
+            torch.empty((bsz, channels), dtype=torch.float32, device=key.device) for _ in range(3)
+        ]
+    carried = tuple(state) if state is not None else ()
+    rec.unit("wkv", (key, value, time_decay, time_first, *carried), {}, (out, *final))
+    return out, final if (return_state or state is not None) else None
+
+
 # the kernel name transformers tags a function with -> its recording stand-in. Mamba-1's
 # `selective_state_update` needs none: transformers calls it for one new token after a past
 # (or in a loop over tokens, which no one recording follows), and the decode probes take
@@ -185,6 +212,11 @@ UNITS: dict[str, Callable[..., Any]] = {
     "mamba_chunk_scan_combined": _ssm_chunked,
     "selective_scan_fn": _ssm1_scan,
 }
+
+# functions that loop over the tokens in Python and carry no kernel tag, by the name their
+# modeling module gives them -> the recording stand-in: RWKV's WKV recurrence (its CUDA kernel is
+# loaded by the model's own code, and the dispatcher runs the torch loop without it)
+LOOPS: dict[str, Callable[..., Any]] = {"rwkv_linear_attention": _wkv4}
 
 
 def kernel_name(fn: Any) -> str | None:
@@ -213,6 +245,34 @@ def tagged(model: Any) -> list[tuple[Any, str, str]]:
     return out
 
 
+def _loops(model: Any) -> list[tuple[Any, str]]:
+    """(modeling module, global name) of each function of LOOPS the model's classes' modules
+    hold."""
+    modules = {sys.modules.get(type(m).__module__) for m in model.modules()}
+    return [
+        (mod, attr)
+        for mod in modules
+        if mod is not None
+        for attr in LOOPS
+        if callable(vars(mod).get(attr))
+    ]
+
+
+@contextmanager
+def loop_functions(model: Any) -> Iterator[None]:
+    """Within the block, each function of LOOPS the model's modules hold records one event
+    (nothing while the recorder is quiet: a cached step's past, run before the step and not
+    recorded, then costs one op a layer, not a Python loop over its tokens)."""
+    looped = [(mod, attr, vars(mod)[attr]) for mod, attr in _loops(model)]
+    for mod, attr, _ in looped:
+        setattr(mod, attr, LOOPS[attr])
+    try:
+        yield
+    finally:
+        for mod, attr, fn in looped:
+            setattr(mod, attr, fn)
+
+
 @contextmanager
 def kernel_units(model: Any) -> Iterator[None]:
     """Within the block, each tagged function graphllm has a unit for records one event, and
@@ -232,7 +292,8 @@ def kernel_units(model: Any) -> Iterator[None]:
     for cls, update in layers:
         cls.update_conv_state = _first_conv_step(update)  # type: ignore[attr-defined]
     try:
-        yield
+        with loop_functions(model):
+            yield
     finally:
         for mod, attr, fn in swapped:
             setattr(mod, attr, fn)

@@ -76,6 +76,11 @@ def split_kind(model: Any, path: str) -> None:
             kinds[p] = path
 
 
+def layer_paths(model: Any) -> list[str]:
+    """The paths of the model's decoder layers (and of any module named like one inside)."""
+    return [path for path, _ in model.named_modules() if _LAYER.match(path)]
+
+
 def representatives(model: Any) -> dict[str, str]:
     """Each repeating decoder layer's path -> the path of the first layer of its kind (found
     once a model: every probe of it asks)."""
@@ -224,6 +229,7 @@ def expand(rec: Recording, args: list[Any], shapes: dict[int, Any], layers: dict
     events: list[Event] = []
     new_args: list[Any] = []
     by_name = {name: vid for vid, (kind, name) in rec.sources.items() if kind == "input"}
+    by_name |= {name: vid for vid, name in rec.slots.items()}
     fresh = [max(rec.shapes) + 1]
     # a repeat's output that is one of its inputs handed back (a layer passing the layer
     # before's selection of keys on) -> that input, for everything after it
@@ -285,7 +291,8 @@ class _Copy:
             return self.vmap[v]
         rec = self.rec
         kind, name = rec.sources.get(v, ("", ""))
-        if kind == "input":  # the repeat's own cache entry, where it has one
+        if kind == "input" or v in rec.slots:  # the repeat's own cache entry, where it has one
+            name = rec.slots.get(v, name)
             self.vmap[v] = self.by_name.get(self.names.cache(name), v)
             return self.vmap[v]
         if not (v in self.inside or (kind and self.names.name(name) != name)):

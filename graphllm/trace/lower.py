@@ -28,6 +28,7 @@ from graphllm.trace.recurrences import (
     lower_lightning,
     lower_ssm,
     lower_ssm1,
+    lower_wkv,
     select_head,
 )
 from graphllm.trace.scopes import param_kind, scope_kinds
@@ -72,6 +73,9 @@ class _Lowering:
         # positions cut from the end of a token axis)
         self.axis_dims: dict[tuple[int, int], Dim] = {}
         self.scopes = scope_kinds(self.rec.modules)
+        for ev in self.rec.events:  # RWKV's RwkvSelfAttention runs a recurrence, no attention
+            if ev.op == "wkv":
+                self.scopes[ev.scope] = "linear_attention"
         self.unit_scopes: set[tuple[str, str]] = set()
         self.carried: dict[int, tuple[int, int | None]] | None = None  # Mamba-1's, on first use
         self.g.meta.update(fitted.meta)
@@ -306,6 +310,10 @@ class _Lowering:
             out_t = self.type_of(ev.outs[0]).dims[2]
             p = self.unit_scope(ev, "lightning")
             self.out(ev, lower_lightning(self.g, p, ins, ev.kwargs, out_t))
+        elif ev.op == "wkv":
+            ins = [self.ref(v.vid) for v in ev.args]
+            out_t = self.type_of(ev.outs[0]).dims[1]
+            self.out(ev, lower_wkv(self.g, self.unit_scope(ev, "wkv"), ins, out_t))
         elif ev.op == "conv":
             ins = [None if v is None else self.ref(v.vid) for v in ev.args]
             p = self.unit_scope(ev, "conv")
@@ -615,7 +623,9 @@ class _Lowering:
         if sig.groups:
             shapes = [_shape(t, self.g.bindings) for t in (types[0], out_types[0])]
             sig.carries = _view_carries(sig, *shapes)
-        name = generic_row(kind, sig.text, sig.same_position, sig.reduce, sig.carries)
+        name = generic_row(
+            kind, sig.text, sig.same_position, sig.reduce, sig.carries, sig.shift != 0
+        )
         attrs: dict[str, Any] = {
             "args": _plain(concrete(args, self.point)),
             "sym_args": _plain(args),
@@ -629,6 +639,8 @@ class _Lowering:
             attrs["dtype_to"] = out_types[0].dtype
         if kind == "convolution":  # its window's width, the relation's
             attrs["kernel"] = types[1].dims[-1].size
+        if sig.shift:
+            attrs["shift"] = sig.shift
         absent = tuple(i for i, v in enumerate(args) if v is None)
         if absent:  # a Python None, where the numpy references read None as a tensor
             attrs["absent"] = absent
@@ -690,6 +702,7 @@ class _Sig:
     reduce: tuple[str, ...] = ()
     carries: tuple[tuple[str, str], ...] = ()
     groups: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()  # a reshape's regroupings
+    shift: int = 0  # a pad that moves the token axis by this many positions
 
     @property
     def text(self) -> str:
@@ -747,7 +760,7 @@ def _signature(
             src = [x for n, x in enumerate(base) if n != dim]
         return _finish([base, src], [base], ins, outs)
     if kind == "constant_pad_nd":
-        return _padded(ins, outs, fresh)
+        return _padded(args, ins, outs, fresh)
     if kind in ("index_select", "gather", "scatter", "index", "embedding", "repeat"):
         return _indexing(kind, args, ins, outs, fresh)
     if kind == "unfold":  # the windows along `dim` in its place, each window's entries last
@@ -975,17 +988,35 @@ def _along(
     return _finish([src], results, ins, outs, same)
 
 
-def _padded(ins: list[TensorType], outs: list[TensorType], fresh: _Fresh) -> _Sig:
+def _padded(args: Any, ins: list[TensorType], outs: list[TensorType], fresh: _Fresh) -> _Sig:
     """A constant pad: an axis whose size changes is a new axis, the same positions where
-    both sides say which they hold (a conv state's last K, `pad_positions`)."""
+    both sides say which they hold (a conv state's last K, `pad_positions`). A token axis padded
+    before by as many positions as are cut after (RWKV's time shift, ZeroPad2d((0, 0, 1, -1)))
+    keeps its size and moves: a new axis, each output position reading the one `shift`
+    before it (the row's relation)."""
+    pads, dims = args[1], ins[0].dims
+    moved = {
+        len(dims) - 1 - i: pads[2 * i]
+        for i in range(len(pads) // 2)
+        if pads[2 * i]
+        and pads[2 * i] == -pads[2 * i + 1]
+        and dims[len(dims) - 1 - i].role in TOKEN_ROLES
+    }
     x = [fresh() for _ in ins[0].dims]
-    out = [x[n] if d == outs[0].dims[n] else fresh() for n, d in enumerate(ins[0].dims)]
+    out = [
+        x[n] if d == outs[0].dims[n] and n not in moved else fresh()
+        for n, d in enumerate(ins[0].dims)
+    ]
     same = tuple(
         (o, i)
-        for o, i, a, b in zip(out, x, ins[0].dims, outs[0].dims)
-        if o != i and a.positions is not None and b.positions is not None
+        for n, (o, i, a, b) in enumerate(zip(out, x, ins[0].dims, outs[0].dims))
+        if o != i and n not in moved and a.positions is not None and b.positions is not None
     )
-    return _finish([x], [out], ins, outs, same)
+    if len(moved) > 1:
+        raise ConfigError(f"a pad that shifts two token axes of {ins[0]}, which is not modelled")
+    sig = _finish([x], [out], ins, outs, same)
+    sig.shift = next(iter(moved.values()), 0)
+    return sig
 
 
 def _indexing(

@@ -18,6 +18,8 @@ hybrids use.
   transformers loops over blocks (`lightning_attention`), from the state over tokens
   (`lightning_attention_past`). The tables are powers of the rate, which the rows compute:
   they stay parameters of the graph (the checkpoint holds them), read by no row.
+- `wkv`: RWKV-4's WKV recurrence (transformers' `rwkv_linear_attention`), from the state
+  handed in (a layer's cache entries) or transformers' default.
 - `conv`: the depthwise causal conv on transformers' channels-first (B, C, S), from a zero
   start (transformers puts the cache's conv state before the new inputs itself, and keeps its
   last K positions, in ops of its own). The rows take channels last, so the input and output
@@ -95,6 +97,14 @@ def lower_lightning(
     if state is None:
         return g.add("lightning_attention", f"{p}.core", (q, k, v, rate), row_attrs)
     return g.add("lightning_attention_past", f"{p}.core", (q, k, v, rate, state), row_attrs)
+
+
+def lower_wkv(g: Graph, p: str, ins: list[Ref], out_t: Dim) -> Node:
+    """RWKV's WKV recurrence of scope `p` on (key, value, time_decay, time_first[, num, den,
+    max]): returns the (output, num, den, max) node, from the carried state where one is
+    handed in."""
+    op = "wkv4_scan_state" if len(ins) > 4 else "wkv4_scan"
+    return g.add(op, f"{p}.wkv", tuple(ins), {"axes": {"t": out_t}})
 
 
 def carried_states(rec: Recording) -> dict[int, tuple[int, int | None]]:

@@ -13,7 +13,7 @@ from graphllm.models.workload import Workload
 from graphllm.passes import run
 from graphllm.runtime.interpret import Interpreter
 from graphllm.trace import traced_graph
-from graphllm.trace.forward import cache_argument, cache_tensors
+from graphllm.trace.forward import cache_argument, cache_of, cache_tensors
 from graphllm.trace.recurrences import reference_conv_flops
 
 B, T, P = 2, 5, 4
@@ -159,9 +159,9 @@ def assert_recurrent_equal(c: Checked, new: int) -> None:
     np.testing.assert_allclose(c.logits, c.want, atol=1e-4, rtol=0)
 
 
-def check_traced(raw: dict[str, Any], past: int = 0, new: int = T) -> Checked:
-    """Trace `raw` at B=2, T=`new` (after `past` cached tokens) and run it beside transformers'
-    eager forward of a random model with the same weights."""
+def check_traced(raw: dict[str, Any], past: int = 0, new: int = T, batch: int = B) -> Checked:
+    """Trace `raw` at B=`batch`, T=`new` (after `past` cached tokens) and run it beside
+    transformers' eager forward of a random model with the same weights."""
     import torch
     import transformers
     from torch.utils.flop_counter import FlopCounterMode
@@ -179,14 +179,14 @@ def check_traced(raw: dict[str, Any], past: int = 0, new: int = T) -> Checked:
     weights = {k: v.detach().float().numpy() for k, v in ref.state_dict().items()}
     vocab = ref.get_output_embeddings().weight.shape[0]
     rng = np.random.default_rng(0)
-    ids, past_ids = rng.integers(0, vocab, (B, new)), rng.integers(0, vocab, (B, past))
-    wl = Workload(batch=B, seq_len=new, past_len=past, dtype="fp32")
+    ids, past_ids = rng.integers(0, vocab, (batch, new)), rng.integers(0, vocab, (batch, past))
+    wl = Workload(batch=batch, seq_len=new, past_len=past, dtype="fp32")
     g = traced_graph(raw, wl, values=True)
     res = run(g, ["verify", "params", "tokens", "cost", "memory"])
     feeds: dict[str, np.ndarray] = {"input_ids": ids}
-    positions = np.broadcast_to(np.arange(past, past + new), (B, new)).copy()
+    positions = np.broadcast_to(np.arange(past, past + new), (batch, new)).copy()
     with torch.no_grad():
-        cache = ref(torch.tensor(past_ids), use_cache=True).past_key_values if past else None
+        cache = cache_of(ref(torch.tensor(past_ids), use_cache=True)) if past else None
         held = {k: t for k, t, _ in cache_tensors(cache, "past_key_values")} if past else {}
         for n in g.nodes("input"):
             if n.name == "position_ids":
@@ -230,7 +230,7 @@ def onnx_against_transformers(
     ids = np.random.default_rng(0).integers(0, vocab, (B, P + new))
     with torch.no_grad():
         want = ref(torch.tensor(ids)).logits.numpy()
-        cache = ref(torch.tensor(ids[:, :P]), use_cache=True).past_key_values
+        cache = cache_of(ref(torch.tensor(ids[:, :P]), use_cache=True))
     diffs = []
     for past in (P, 0):
         feeds = {
