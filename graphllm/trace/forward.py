@@ -246,8 +246,39 @@ def _counters(cache: Any) -> list[tuple[str, Any]]:
 
 
 def _failure(e: Exception, scope: str) -> str:
+    where = scope or "the model"
+    read = _value_read(e, where)
+    if read:
+        return read
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     if len(first) > 200:
         first = first[:200] + "..."
-    where = scope or "the model"
     return f"the traced forward fails in {where}: {type(e).__name__}: {first}"
+
+
+def _value_read(e: Exception, where: str) -> str | None:
+    """The refusal of a model whose code reads a tensor's values where a trace has none (a
+    `.item()`, a Python branch on a tensor, a shape chosen by the values): the construct and
+    the line of the model's code that reads it; None for any other failure."""
+    import os
+    import traceback
+
+    import torch
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+    )
+
+    if isinstance(e, DataDependentOutputException):
+        what = "reads a tensor's value in Python (.item(), a branch on a tensor)"
+    elif isinstance(e, DynamicOutputShapeException):
+        what = f"makes a tensor whose shape its values choose ({e.args[0] if e.args else 'op'})"
+    else:
+        return None
+    # the model's own line: the last frame outside torch and graphllm's hooks
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    skip = (os.path.dirname(torch.__file__) + os.sep, package + os.sep)
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(skip)]
+    at = f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+    code = f": `{frames[-1].line}`" if frames and frames[-1].line else ""
+    return f"{where} {what}{at}{code}, which a trace cannot follow"

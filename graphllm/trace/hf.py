@@ -73,6 +73,11 @@ def hf_config(raw: dict[str, Any]) -> Any:
             f"model_type {model_type!r} is an encoder (bidirectional unless is_decoder is set): "
             "graphllm models decoder-only causal language models"
         )
+    if getattr(cfg, "causal", None) is False:  # XLM's default: a masked LM's attention
+        raise ConfigError(
+            f"model_type {model_type!r} is a bidirectional encoder here (its config's causal "
+            "is False): graphllm models decoder-only causal language models"
+        )
     _refuse_drafter(cfg)
     text = getattr(cfg, "text_config", None)
     if text is None:  # a wrapper's text config class holds its family's sizes as defaults
