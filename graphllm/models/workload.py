@@ -43,6 +43,7 @@ class DType:
 
 
 DTYPES: dict[str, DType] = {
+    "fp64": DType("fp64", 64),
     "fp32": DType("fp32", 32),
     "bf16": DType("bf16", 16),
     "fp16": DType("fp16", 16),
