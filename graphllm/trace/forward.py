@@ -192,7 +192,30 @@ def _prefill(
     cache = _cache_of(out)
     if cache is None:
         raise NoCacheError("the model returns no cache, so a cached step cannot be traced")
+    _refuse_whole_sequence_step(model)
     return cache
+
+
+def _refuse_whole_sequence_step(model: Any) -> None:
+    """A model that keeps a cache but whose generation feeds each cached step the whole
+    sequence's ids (CPM-Ant: its forward prepends its prompt, numbers the positions and builds
+    the mask over every token, then drops the cached prefix itself) has another step than
+    graphllm's, which reads the new tokens alone: refused in one line."""
+    import torch
+
+    try:
+        step = model.prepare_inputs_for_generation(
+            torch.zeros((1, 3), dtype=torch.long), next_sequence_length=1
+        )
+    except Exception:  # generation that needs more than the ids: the step is judged by its run
+        return
+    ids = step.get("input_ids") if isinstance(step, dict) else None
+    if ids is not None and ids.shape[-1] != 1:
+        raise ConfigError(
+            "the model's cached step reads the whole sequence's ids (its generation feeds them "
+            "all after a cache, and its forward drops the cached prefix itself), where "
+            "graphllm's cached step reads the new tokens alone"
+        )
 
 
 def _cache_of(out: Any) -> Any:
