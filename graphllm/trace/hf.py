@@ -68,16 +68,7 @@ def hf_config(raw: dict[str, Any]) -> Any:
         first = str(e).strip().splitlines()
         said = " ".join(line.strip() for line in first[:2])[:300] if first else type(e).__name__
         raise ConfigError(f"transformers refuses this {model_type} config: {said}") from None
-    if getattr(cfg, "is_decoder", None) is False and hasattr(cfg, "add_cross_attention"):
-        raise ConfigError(
-            f"model_type {model_type!r} is an encoder (bidirectional unless is_decoder is set): "
-            "graphllm models decoder-only causal language models"
-        )
-    if getattr(cfg, "causal", None) is False:  # XLM's default: a masked LM's attention
-        raise ConfigError(
-            f"model_type {model_type!r} is a bidirectional encoder here (its config's causal "
-            "is False): graphllm models decoder-only causal language models"
-        )
+    _refuse_encoder(cfg)
     _refuse_drafter(cfg)
     text = getattr(cfg, "text_config", None)
     if text is None:  # a wrapper's text config class holds its family's sizes as defaults
@@ -125,6 +116,21 @@ def causal_lm(cfg: Any, values: bool, dtype: str) -> Any:
     if own:
         model.config._attn_implementation = EAGER_MASKS
     return model.eval()
+
+
+def _refuse_encoder(cfg: Any) -> None:
+    """A config whose model attends both ways: an encoder not set as a decoder, or one whose
+    `causal` is False (XLM's default: a masked LM's attention)."""
+    if getattr(cfg, "is_decoder", None) is False and hasattr(cfg, "add_cross_attention"):
+        raise ConfigError(
+            f"model_type {cfg.model_type!r} is an encoder (bidirectional unless is_decoder is "
+            "set): graphllm models decoder-only causal language models"
+        )
+    if getattr(cfg, "causal", None) is False:
+        raise ConfigError(
+            f"model_type {cfg.model_type!r} is a bidirectional encoder here (its config's "
+            "causal is False): graphllm models decoder-only causal language models"
+        )
 
 
 def _refuse_drafter(cfg: Any) -> None:
