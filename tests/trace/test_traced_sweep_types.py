@@ -95,6 +95,8 @@ def test_ergo_holds_every_check(tc):
     checkpoint stores the router and the shared expert transposed (read back swapped)."""
     row = tc.check("ergo")
     assert all(row[k] is True for k in CHECKS), row
+    with pytest.raises(ConfigError, match="fp64 is a dtype of a model's own ops"):
+        Workload(dtype="fp64")  # a tensor's dtype in a trace, never a whole workload's
 
 
 def test_fp64_angles_hold_at_far_positions(tc, tmp_path):
