@@ -80,18 +80,26 @@ TINY = {
 EXCLUDED = {
     "encoder": "an encoder (BERT-like, or a seq2seq model's half): bidirectional unless used as "
     "a decoder, not a decoder-only LM",
+    "not causal": "a bidirectional encoder by default (its config's causal is False, XLM's "
+    "masked LM): not a decoder-only LM",
 }
 
 
-def _encoder(cls: Any) -> bool:
+def _encoder(cls: Any) -> str | None:
+    """Why the default model of config class `cls` is no decoder-only LM (a key of
+    EXCLUDED), or None."""
     try:
         cfg = cls()
     except Exception:  # a default config that does not validate: judged by its fields
-        return getattr(cls, "is_encoder_decoder", False)
+        return "encoder" if getattr(cls, "is_encoder_decoder", False) else None
     seq2seq = getattr(cfg, "is_encoder_decoder", False)
-    return seq2seq or (
+    if seq2seq or (
         getattr(cfg, "is_decoder", None) is False and hasattr(cfg, "add_cross_attention")
-    )
+    ):
+        return "encoder"
+    # a field that says the attention is not causal (XLM's `causal`, as graphllm.trace.hf reads
+    # it): every position attends to every other
+    return "not causal" if getattr(cfg, "causal", None) is False else None
 
 
 def decoder_types() -> tuple[list[str], dict[str, str]]:
@@ -106,8 +114,8 @@ def decoder_types() -> tuple[list[str], dict[str, str]]:
         cls = CONFIG_MAPPING[mt]
         if cls is None:
             skipped[mt] = "no config class"
-        elif _encoder(cls):
-            skipped[mt] = EXCLUDED["encoder"]
+        elif why := _encoder(cls):
+            skipped[mt] = EXCLUDED[why]
         else:
             keep.append(mt)
     return keep, skipped
@@ -153,6 +161,21 @@ TINY_FOR = {
             for part in ("patcher", "encoder", "decoder", "global")
         },
     },
+    # the defaults serialize each layer as an attention and an "mlp" entry, which the config
+    # halves (layers and section sizes alike): four layers given directly, one before and one
+    # after its two looped layers (the defaults' 8 + 20 + 8 in 36)
+    "dory": {
+        "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+        "n_input_layers": 1,
+        "n_output_layers": 1,
+    },
+    # its cache's state shapes round the q/k and v widths up to multiples of 64, its layers
+    # do not: a hidden size whose widths (x 0.5, x 1) are multiples of 64 as published ones are
+    "xlstm": {"hidden_size": 128},
+    # its weights' initial spread (1.0 by default, where the other types' is about 0.02) makes
+    # logits of ~30, whose fp32 rounding alone (torch's own against float64: ~1e-4) is the
+    # comparison's tolerance: the spread of the others
+    "cpmant": {"init_std": 0.02},
     # its indexer's heads: at most the query heads a key head serves (4 / 2)
     "kolibri1_1": {"index_num_heads": 2},
     # its full-attention layers are always indexed (QSA), whose sizes have no defaults
@@ -487,7 +510,9 @@ def report(rows: list[dict[str, Any]], skipped: dict[str, str]) -> None:
             f"{r['model_type']:28} {marks[0]:6} {marks[1]:6} {marks[2]:6} {logits:7} "
             f"{'ok' if r.get('onnx') is True else '--':5} {r.get('prefill_s', 0):.2f}"
         )
-    print(f"\n{n} decoder-only types; {len(skipped)} excluded (encoders, seq2seq models)")
+    print(
+        f"\n{n} decoder-only types; {len(skipped)} excluded (encoders, seq2seq models, bidirectional ones)"
+    )
     print("ok*: the model keeps no cache (prefill checked; no cached step exists)")
     print(
         f"trace with exact params and FLOPs: {len(exact)}/{n} = {100 * len(exact) / max(n, 1):.0f}%"

@@ -34,6 +34,7 @@ DIM_NAMES = {
     "C": "expert_slots",
 }
 ONNX_TYPES = {
+    "fp64": TensorProto.DOUBLE,
     "fp32": TensorProto.FLOAT,
     "fp16": TensorProto.FLOAT16,
     "int64": TensorProto.INT64,
@@ -42,6 +43,7 @@ ONNX_TYPES = {
     "bool": TensorProto.BOOL,
 }
 NP_TYPES = {
+    "fp64": np.float64,
     "fp32": np.float32,
     "fp16": np.float16,
     "int64": np.int64,

@@ -110,8 +110,16 @@ _INTS = ("int64", "int32", "bool")
 _ARITHMETIC = ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min")
 
 
+def _kept(c: Lowering, dt: str) -> str:
+    """The export's type of a traced dtype: an integer one, and fp64 (Ergo's RoPE angles, which
+    torch computes in it), as traced; any other float the export's float type."""
+    return dt if dt in _INTS or dt == "fp64" else c.dtype
+
+
 def _dtype(c: Lowering, n: Node) -> str:
     types = [c.graph.type_of(r).dtype for r in n.inputs]
+    if "fp64" in types or any(t.dtype == "fp64" for t in n.outputs):
+        return "fp64"
     floats = [t for t in types if t not in _INTS]
     if floats or (n.outputs and n.outputs[0].dtype not in _INTS):
         return c.dtype
@@ -125,7 +133,7 @@ def _binary(onnx_op: str) -> Lower:
             # integers in, a float out (position_ids / 16384, torch's true division): the
             # operands computed in the float type
             i = [
-                c.cast(x, c.graph.type_of(r).dtype, c.dtype, n.name)
+                c.cast(x, c.graph.type_of(r).dtype, _dtype(c, n), n.name)
                 if c.graph.type_of(r).dtype in _INTS
                 else x
                 for x, r in zip(i, n.inputs)
@@ -232,7 +240,7 @@ def _floor_divide(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     a, b = (c.op("Cast", [x], n.name, to=TensorProto.DOUBLE) for x in _operands(c, n, i, 2))
     floor = c.op("Floor", [c.op("Div", [a, b], n.name)], n.name)
     dt = n.outputs[0].dtype
-    c.final("Cast", [floor], n, o, to=ONNX_TYPES[dt if dt in _INTS else c.dtype])
+    c.final("Cast", [floor], n, o, to=ONNX_TYPES[_kept(c, dt)])
 
 
 @_kinds("unfold")
@@ -293,9 +301,7 @@ def _masked_fill(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
 @_kinds("_to_copy")
 def _to_copy(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     dt = n.outputs[0].dtype
-    c.final(
-        "Cast", [i[0]], n, o, to=ONNX_TYPES[dt if dt in ("int64", "int32", "bool") else c.dtype]
-    )
+    c.final("Cast", [i[0]], n, o, to=ONNX_TYPES[_kept(c, dt)])
 
 
 @_kinds("copy")
@@ -614,7 +620,7 @@ def _arange(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
         (0, numbers[0], 1) if len(numbers) == 1 else (*numbers[:2], (numbers + [1])[2])
     )
     dt = n.outputs[0].dtype
-    dt = dt if dt in ("int64", "int32") else c.dtype
+    dt = _kept(c, dt) if dt != "bool" else c.dtype
     scal = [_scalar(c, v, dt, n.name) for v in (start, end, step)]
     c.final("Range", scal, n, o)
 
@@ -632,13 +638,13 @@ def _scalar(c: Lowering, v: Any, dtype: str, scope: str) -> str:
 )  # fmt: skip
 def _full(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     dt = n.outputs[0].dtype
-    dt = dt if dt in ("int64", "int32", "bool") else c.dtype
+    dt = _kept(c, dt)
     fill = np.asarray([n.attrs["fill"] or 0], dtype=_NP.get(dt, np.float32))
     value = helper.make_tensor("value", ONNX_TYPES[dt], [1], fill.tolist())
     c.final("ConstantOfShape", [shape_of(c, _out_sizes(c, n), n.name)], n, o, value=value)
 
 
-_NP = {"int64": np.int64, "int32": np.int32, "bool": np.bool_}
+_NP = {"int64": np.int64, "int32": np.int32, "bool": np.bool_, "fp64": np.float64}
 
 
 @lowers("constant")
@@ -646,7 +652,7 @@ def _constant(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
     value = n.attrs.get("value")
     if value is None:
         raise GraphllmError(f"{n.name}: the model was traced without its constants' values")
-    dt = n.out.dtype if n.out.dtype in ("int64", "int32", "bool") else c.dtype
+    dt = _kept(c, n.out.dtype)
     c.final("Identity", [c.const(np.asarray(value).reshape(_shape(n)), dt, "traced")], n, o)
 
 

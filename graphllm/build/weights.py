@@ -420,6 +420,9 @@ def checkpoint_tensors(
         if _sliced(n):
             reads[n.name] = [_slice_read(ckpt, n, text_decoder)]
             continue
+        if _transposed(n):
+            reads[n.name] = [_transposed_read(ckpt, n, text_decoder)]
+            continue
         reads[n.name] = [
             _plain_read(ckpt, _stored_name(name, ckpt, text_decoder), name)
             if fmt is None
@@ -508,6 +511,29 @@ def _sliced(n: Node) -> bool:
     return isinstance(how, dict) and "slice_of" in how
 
 
+def _transposed(n: Node) -> bool:
+    """A traced model's tensor its checkpoint stores transposed (graphllm.trace.hf's
+    `transposed`)."""
+    how = n.attrs.get("stored_as")
+    return isinstance(how, dict) and "transpose_of" in how
+
+
+def _transposed_read(ckpt: SafetensorsFolder, n: Node, text_decoder: bool) -> Read:
+    """The stored tensor with its two axes swapped back, as transformers' Transpose does on
+    loading; its shape checked first."""
+    how = n.attrs["stored_as"]
+    stored, (a, b) = _stored_name(how["transpose_of"], ckpt, text_decoder), how["axes"]
+    _plain_read(ckpt, stored, how["transpose_of"])  # there, and of a dtype read as values
+    have, want = ckpt.dtype_shape(stored)[1], list(_shape(n))
+    want[a], want[b] = want[b], want[a]
+    if tuple(have) != tuple(want):
+        raise WeightsError(
+            f"{shown(stored)}: checkpoint shape {tuple(have)}, where {n.name} transposed on "
+            f"axes {a} and {b} is {tuple(want)}"
+        )
+    return lambda: np.ascontiguousarray(np.swapaxes(ckpt.stored(stored), a, b), np.float32)
+
+
 def _slice_read(ckpt: SafetensorsFolder, n: Node, text_decoder: bool) -> Read:
     """The slice of a joined tensor (q, k and v in one query_key_value) that transformers'
     converter splits off for `n` on loading; the joined tensor's shape checked first."""
@@ -580,6 +606,8 @@ def _checkpoint_names(n: Node) -> list[str]:
     stored = n.attrs.get("stored_as")
     if isinstance(stored, dict) and "slice_of" in stored:  # ... or joined with others
         return [stored["slice_of"]]
+    if isinstance(stored, dict) and "transpose_of" in stored:  # ... or transposed
+        return [stored["transpose_of"]]
     if isinstance(stored, dict):  # a traced model's tensor its checkpoints store in pieces
         return [name for group in stored["parts"] for name in group]
     if stored is not None:  # ... or renamed

@@ -43,6 +43,7 @@ class DType:
 
 
 DTYPES: dict[str, DType] = {
+    "fp64": DType("fp64", 64),
     "fp32": DType("fp32", 32),
     "bf16": DType("bf16", 16),
     "fp16": DType("fp16", 16),
@@ -59,6 +60,8 @@ DTYPES: dict[str, DType] = {
 }
 # dtypes that only make sense for stored weights (activations need a float format)
 WEIGHT_ONLY = {"int4", "mxfp4", "int4g32"}
+# dtypes some ops of a traced model compute in (Ergo's float64 RoPE angles), never a workload's
+OPS_ONLY = {"fp64"}
 # activation dtypes that are a GEMM's quantized input (W8A8), not a stream's: FP8 and int8
 # engines (TensorRT-LLM, vLLM, SGLang) quantize a linear's input and keep the residual stream,
 # the norms, the attention's inputs and the collectives in 16 bits
@@ -126,6 +129,8 @@ class Workload:
             canon = _dtype(getattr(self, name)).name
             if canon in WEIGHT_ONLY and name != "weight_dtype":
                 raise ConfigError(f"{canon} is a weight-only format; it cannot be the {name}")
+            if canon in OPS_ONLY:
+                raise ConfigError(f"{canon} is a dtype of a model's own ops, not a workload's")
             object.__setattr__(self, name, canon)
 
     @property

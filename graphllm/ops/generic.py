@@ -38,8 +38,20 @@ Impl = Callable[[list[np.ndarray], dict[str, Any]], Any]
 PREFIX = "aten."
 
 
+def _fl(x: Any) -> np.ndarray:
+    """A float operand at the interpreter's precision: fp32, or fp64 where the trace computes
+    in it (Ergo's RoPE angles), so that those ops run as torch runs them."""
+    return x if isinstance(x, np.ndarray) and x.dtype == np.float64 else f32(x)
+
+
+def _name(x: np.ndarray) -> str | None:
+    """fp64 for an fp64 array (kept so by an op without a dtype of its own), else None."""
+    return "fp64" if x.dtype == np.float64 else None
+
+
 def _np_dtype(name: str | None) -> Any:
     return {
+        "fp64": np.float64,
         "int64": np.int64,
         "int32": np.int32,
         "bool": np.bool_,
@@ -59,7 +71,7 @@ def _binary(fn: Callable[[Any, Any], Any]) -> Impl:
     def impl(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
         it = iter(xs)
         ops = [next(it) if v is None else v for v in a["args"][:2]]
-        ops = [f32(v) if isinstance(v, np.ndarray) and v.dtype.kind == "f" else v for v in ops]
+        ops = [_fl(v) if isinstance(v, np.ndarray) and v.dtype.kind == "f" else v for v in ops]
         alpha = a["kwargs"].get("alpha")
         if alpha is not None:
             ops[1] = ops[1] * alpha
@@ -69,7 +81,7 @@ def _binary(fn: Callable[[Any, Any], Any]) -> Impl:
 
 
 def _unary(fn: Callable[[np.ndarray], Any]) -> Impl:
-    return lambda xs, a: np.asarray(fn(f32(xs[0]) if xs[0].dtype.kind == "f" else xs[0]))
+    return lambda xs, a: np.asarray(fn(_fl(xs[0]) if xs[0].dtype.kind == "f" else xs[0]))
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
@@ -77,7 +89,7 @@ def _erf(x: np.ndarray) -> np.ndarray:
 
 
 def _gelu(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
-    x = f32(xs[0])
+    x = _fl(xs[0])
     if a["kwargs"].get("approximate", "none") == "tanh":
         c = np.float32(math.sqrt(2.0 / math.pi))
         return 0.5 * x * (1 + np.tanh(c * (x + np.float32(0.044715) * x**3)))
@@ -87,7 +99,7 @@ def _gelu(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
 def _pow(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     it = iter(xs)
     base, exp = (next(it) if v is None else v for v in a["args"][:2])
-    return np.power(f32(base), exp if not isinstance(exp, np.ndarray) else f32(exp))
+    return np.power(_fl(base), exp if not isinstance(exp, np.ndarray) else _fl(exp))
 
 
 def _dims(a: dict[str, Any], i: int, rank: int) -> tuple[int, ...]:
@@ -101,8 +113,8 @@ def _reduce(fn: Callable[..., np.ndarray]) -> Impl:
     def impl(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
         x = xs[0]
         keep = bool(_scalar(a, 2, a["kwargs"].get("keepdim", False)))
-        out = fn(f32(x) if x.dtype.kind == "f" else x, axis=_dims(a, 1, x.ndim), keepdims=keep)
-        return np.asarray(out).astype(_np_dtype(a.get("dtype")))
+        out = fn(_fl(x) if x.dtype.kind == "f" else x, axis=_dims(a, 1, x.ndim), keepdims=keep)
+        return np.asarray(out).astype(_np_dtype(a.get("dtype") or _name(x)))
 
     return impl
 
@@ -116,14 +128,14 @@ def _logsumexp(x: np.ndarray, axis: Any, keepdims: bool) -> np.ndarray:
 
 def _vector_norm(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     """linalg_vector_norm(x, ord, dim, keepdim): the ord-norm over `dim`."""
-    x, order = f32(xs[0]), _scalar(a, 1, 2)
+    x, order = _fl(xs[0]), _scalar(a, 1, 2)
     dims = _dims(a, 2, x.ndim)
     keep = bool(_scalar(a, 3, False))
     return np.sum(np.abs(x) ** order, axis=dims, keepdims=keep) ** (1 / order)
 
 
 def _softmax(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
-    x = f32(xs[0])
+    x = _fl(xs[0])
     ax = a["args"][1]
     e = np.exp(x - np.max(x, axis=ax, keepdims=True))
     return e / np.sum(e, axis=ax, keepdims=True)
@@ -213,14 +225,14 @@ def optional_inputs(inputs: list[Any], a: dict[str, Any], first: int, count: int
 
 
 def _native_layer_norm(xs: list[np.ndarray], a: dict[str, Any]) -> tuple[np.ndarray, ...]:
-    x = f32(xs[0])
+    x = _fl(xs[0])
     w, b = optional_inputs(xs[1:], a, 2, 2)
     axes = tuple(range(x.ndim - len(a["args"][1]), x.ndim))
     mean = np.mean(x, axis=axes, keepdims=True)
     rstd = 1 / np.sqrt(np.mean((x - mean) ** 2, axis=axes, keepdims=True) + a["args"][4])
     out = (x - mean) * rstd
-    out = out * f32(w) if w is not None else out
-    out = out + f32(b) if b is not None else out
+    out = out * _fl(w) if w is not None else out
+    out = out + _fl(b) if b is not None else out
     return out, mean, rstd
 
 
@@ -248,10 +260,10 @@ def _masked_fill(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
 
 
 def _to(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
-    dt = a.get("dtype")
-    if dt in ("int64", "int32", "bool", "int8", "uint8"):
+    dt = a.get("dtype") or a.get("dtype_to")
+    if dt in ("fp64", "int64", "int32", "bool", "int8", "uint8"):
         return xs[0].astype(_np_dtype(dt))
-    return f32(xs[0])
+    return f32(xs[0]) if dt else _fl(xs[0])
 
 
 def _arange(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
@@ -281,24 +293,24 @@ def _index_select(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
 
 
 def _mm(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
-    return f32(xs[0]) @ f32(xs[1])
+    return _fl(xs[0]) @ _fl(xs[1])
 
 
 def _addmm(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     beta, alpha = a["kwargs"].get("beta", 1), a["kwargs"].get("alpha", 1)
-    return beta * f32(xs[0]) + alpha * (f32(xs[1]) @ f32(xs[2]))
+    return beta * _fl(xs[0]) + alpha * (_fl(xs[1]) @ _fl(xs[2]))
 
 
 def _cumsum(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     x = xs[0]
-    return np.cumsum(f32(x) if x.dtype.kind == "f" else x, axis=a["args"][1]).astype(
-        _np_dtype(a.get("dtype"))
+    return np.cumsum(_fl(x) if x.dtype.kind == "f" else x, axis=a["args"][1]).astype(
+        _np_dtype(a.get("dtype") or _name(x))
     )
 
 
 def _clamp(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     lo, hi = _scalar(a, 1), _scalar(a, 2)
-    return np.clip(f32(xs[0]), lo, hi)
+    return np.clip(_fl(xs[0]), lo, hi)
 
 
 def _constant(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
@@ -332,7 +344,7 @@ def _unfold(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
 def _convolution(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     """A 1-d convolution, stride 1 and no padding (as the trace takes it): x (B, Cin, L), w
     (Cout, Cin/g, K) in g groups, an optional bias (Cout,) -> (B, Cout, L-K+1)."""
-    x, w = f32(xs[0]), f32(xs[1])
+    x, w = _fl(xs[0]), _fl(xs[1])
     (bias,) = optional_inputs(xs[2:], a, 2, 1)
     groups, k = a["args"][8], w.shape[-1]
     t = x.shape[-1] - k + 1
@@ -344,7 +356,7 @@ def _convolution(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
             out[:, g * cout : (g + 1) * cout] += np.einsum(
                 "oi,bit->bot", wg[:, :, j], xg[..., j : j + t]
             )
-    return out + f32(bias)[None, :, None] if bias is not None else out
+    return out + _fl(bias)[None, :, None] if bias is not None else out
 
 
 def _conv_flops(s: dict[str, float]) -> float:
@@ -426,8 +438,8 @@ ATEN: dict[str, tuple[str, Impl]] = {
         _unary(lambda x: np.invert(x.astype(bool) if x.dtype.kind == "f" else x)),
     ),
     "clamp": (ELEMENTWISE, _clamp),
-    "clamp_min": (ELEMENTWISE, lambda xs, a: np.maximum(f32(xs[0]), a["args"][1])),
-    "clamp_max": (ELEMENTWISE, lambda xs, a: np.minimum(f32(xs[0]), a["args"][1])),
+    "clamp_min": (ELEMENTWISE, lambda xs, a: np.maximum(_fl(xs[0]), a["args"][1])),
+    "clamp_max": (ELEMENTWISE, lambda xs, a: np.minimum(_fl(xs[0]), a["args"][1])),
     "_to_copy": (ELEMENTWISE, _to),
     "mean": (REDUCTION, _reduce(np.mean)),
     "sum": (REDUCTION, _reduce(np.sum)),
@@ -478,7 +490,7 @@ ATEN: dict[str, tuple[str, Impl]] = {
     "index_select": (MOVEMENT, _index_select),
     "gather": (MOVEMENT, _gather),
     "scatter": (MOVEMENT, _scatter),
-    "embedding": (MOVEMENT, lambda xs, a: f32(xs[0])[xs[1]]),
+    "embedding": (MOVEMENT, lambda xs, a: _fl(xs[0])[xs[1]]),
     "constant_pad_nd": (MOVEMENT, _pad),
     "repeat": (MOVEMENT, _repeat),
     "unfold": (MOVEMENT, _unfold),
@@ -528,8 +540,10 @@ def _typed(impl: Impl) -> Impl:
 
 
 def _as(x: Any, dtype: str) -> Any:
-    if dtype in ("int64", "int32", "bool") and isinstance(x, np.ndarray):
+    if dtype in ("fp64", "int64", "int32", "bool") and isinstance(x, np.ndarray):
         return x.astype(_np_dtype(dtype), copy=False)
+    if isinstance(x, np.ndarray) and x.dtype == np.float64:  # fp64 only where torch has it
+        return f32(x)
     return x
 
 

@@ -74,6 +74,7 @@ class Recording:
 
 
 _DTYPES = {
+    "torch.float64": "fp64",
     "torch.float32": "fp32",
     "torch.bfloat16": "bf16",
     "torch.float16": "fp16",

@@ -226,6 +226,7 @@ def _prefill(
     cache = cache_of(out)
     if cache is None:
         raise NoCacheError("the model returns no cache, so a cached step cannot be traced")
+    _refuse_whole_sequence_step(model)
     return cache
 
 
@@ -237,6 +238,28 @@ def cache_of(out: Any) -> Any:
         if cache is not None:
             return cache
     return None
+
+
+def _refuse_whole_sequence_step(model: Any) -> None:
+    """A model that keeps a cache but whose generation feeds each cached step the whole
+    sequence's ids (CPM-Ant: its forward prepends its prompt, numbers the positions and builds
+    the mask over every token, then drops the cached prefix itself) has another step than
+    graphllm's, which reads the new tokens alone: refused in one line."""
+    import torch
+
+    try:
+        step = model.prepare_inputs_for_generation(
+            torch.zeros((1, 3), dtype=torch.long), next_sequence_length=1
+        )
+    except Exception:  # generation that needs more than the ids: the step is judged by its run
+        return
+    ids = step.get("input_ids") if isinstance(step, dict) else None
+    if ids is not None and ids.shape[-1] != 1:
+        raise ConfigError(
+            "the model's cached step reads the whole sequence's ids (its generation feeds them "
+            "all after a cache, and its forward drops the cached prefix itself), where "
+            "graphllm's cached step reads the new tokens alone"
+        )
 
 
 def cache_tensors(cache: Any, prefix: str) -> list[tuple[str, Any, str]]:
@@ -288,8 +311,39 @@ def _counters(cache: Any) -> list[tuple[str, Any]]:
 
 
 def _failure(e: Exception, scope: str) -> str:
+    where = scope or "the model"
+    read = _value_read(e, where)
+    if read:
+        return read
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     if len(first) > 200:
         first = first[:200] + "..."
-    where = scope or "the model"
     return f"the traced forward fails in {where}: {type(e).__name__}: {first}"
+
+
+def _value_read(e: Exception, where: str) -> str | None:
+    """The refusal of a model whose code reads a tensor's values where a trace has none (a
+    `.item()`, a Python branch on a tensor, a shape chosen by the values): the construct and
+    the line of the model's code that reads it; None for any other failure."""
+    import os
+    import traceback
+
+    import torch
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+    )
+
+    if isinstance(e, DataDependentOutputException):
+        what = "reads a tensor's value in Python (.item(), a branch on a tensor)"
+    elif isinstance(e, DynamicOutputShapeException):
+        what = f"makes a tensor whose shape its values choose ({e.args[0] if e.args else 'op'})"
+    else:
+        return None
+    # the model's own line: the last frame outside torch and graphllm's hooks
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    skip = (os.path.dirname(torch.__file__) + os.sep, package + os.sep)
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(skip)]
+    at = f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+    code = f": `{frames[-1].line}`" if frames and frames[-1].line else ""
+    return f"{where} {what}{at}{code}, which a trace cannot follow"

@@ -68,11 +68,7 @@ def hf_config(raw: dict[str, Any]) -> Any:
         first = str(e).strip().splitlines()
         said = " ".join(line.strip() for line in first[:2])[:300] if first else type(e).__name__
         raise ConfigError(f"transformers refuses this {model_type} config: {said}") from None
-    if getattr(cfg, "is_decoder", None) is False and hasattr(cfg, "add_cross_attention"):
-        raise ConfigError(
-            f"model_type {model_type!r} is an encoder (bidirectional unless is_decoder is set): "
-            "graphllm models decoder-only causal language models"
-        )
+    _refuse_encoder(cfg)
     _refuse_drafter(cfg)
     _refuse_rescaling(cfg)
     text = getattr(cfg, "text_config", None)
@@ -134,6 +130,21 @@ def _refuse_rescaling(cfg: Any) -> None:
             f"rescale_every={every} with {layers} layers: transformers divides layer i's "
             f"output weights by 2^(i // {every}) at inference and halves the hidden state "
             f"every {every} layers, which graphllm does not model (rescale_every=0 turns it off)"
+        )
+
+
+def _refuse_encoder(cfg: Any) -> None:
+    """A config whose model attends both ways: an encoder not set as a decoder, or one whose
+    `causal` is False (XLM's default: a masked LM's attention)."""
+    if getattr(cfg, "is_decoder", None) is False and hasattr(cfg, "add_cross_attention"):
+        raise ConfigError(
+            f"model_type {cfg.model_type!r} is an encoder (bidirectional unless is_decoder is "
+            "set): graphllm models decoder-only causal language models"
+        )
+    if getattr(cfg, "causal", None) is False:
+        raise ConfigError(
+            f"model_type {cfg.model_type!r} is a bidirectional encoder here (its config's "
+            "causal is False): graphllm models decoder-only causal language models"
         )
 
 
@@ -201,7 +212,8 @@ def checkpoint_names(model: Any) -> dict[str, Any]:
     one `experts.gate_up_proj`, stored one tensor an expert and a projection; OLMo-Hybrid's
     conv1d, stored as a q, a k and a v conv), the pieces and how they join (`pieces`); where it
     joins it with others (q, k and v in one `query_key_value`), its slice of the joined tensor
-    (`slices`); where the conversion is one graphllm does not read, `{"unread": its
+    (`slices`); where it stores it transposed, the stored tensor and the axes (`transposed`);
+    where the conversion is one graphllm does not read, `{"unread": its
     operations}`, refused where the tensor is read. A tensor no conversion names keeps its
     name."""
     from transformers.conversion_mapping import get_model_conversion_mapping
@@ -228,6 +240,7 @@ def checkpoint_names(model: Any) -> dict[str, Any]:
             joined.setdefault((id(conv), next(iter(saved))), (conv, []))[1].append((index, name))
             continue
         how = pieces([conv], name, tuple(t.shape), saved) if saved else None
+        how = how or (transposed(conv, tuple(t.shape), saved) if saved else None)
         out[name] = how if how is not None else unread(conv)
     for conv, group in joined.values():
         out |= _joined(model, conv, [n for _, n in sorted(group)], state)
@@ -331,6 +344,25 @@ def slices(
         out[name]["size"] = shape[axis]
         start += size
     return out
+
+
+def transposed(conv: Any, shape: tuple[int, ...], saved: dict[str, Any]) -> dict[str, Any] | None:
+    """A tensor a checkpoint stores transposed (Ergo's router and shared expert, stored
+    (in, out)), which transformers' Transpose swaps back on loading: the stored tensor and the
+    two axes. None for any other conversion, or a Transpose that swaps only where the shapes
+    differ (`check_dims`)."""
+    if _kinds(conv) != ("Transpose",) or len(saved) != 1:
+        return None
+    op = conv.operations[0]
+    if getattr(op, "check_dims", False) or len(shape) < 2:
+        return None
+    ((stored, t),) = saved.items()
+    axes = sorted((op.dim0 % len(shape), op.dim1 % len(shape)))
+    swapped = list(shape)
+    swapped[axes[0]], swapped[axes[1]] = shape[axes[1]], shape[axes[0]]
+    if tuple(t.shape) != tuple(swapped):
+        return None
+    return {"transpose_of": stored, "axes": axes}
 
 
 def pieces(
