@@ -4,11 +4,13 @@ Importing this package registers every lowering.
 """
 
 # register the lowerings (recurrent, the hybrid layers' shared rows; delta, Qwen3-Next's;
-# mamba, Nemotron-H's; mamba1, Mamba-1's; traced, the generic rows of a traced model)
+# mamba, Nemotron-H's; mamba1, Mamba-1's; lru, the RG-LRU's; traced, the generic rows of a
+# traced model)
 from graphllm.exporters.onnx import (  # noqa: F401
     decomposed,
     delta,
     fused,
+    lru,
     mamba,
     mamba1,
     mla,

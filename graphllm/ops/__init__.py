@@ -21,12 +21,13 @@ from graphllm.ir.opspec import (
 )
 
 # register the rows (recurrent, the hybrid layers' shared rows; delta, Qwen3-Next's;
-# mamba, Nemotron-H's; mamba1, Mamba-1's)
+# mamba, Nemotron-H's; mamba1, Mamba-1's; lru, RecurrentGemma's RG-LRU)
 from graphllm.ops import (  # noqa: F401
     attention,
     collectives,
     core,
     delta,
+    lru,
     mamba,
     mamba1,
     mla,

@@ -25,8 +25,10 @@ from graphllm.trace.recurrences import (
     carried_states,
     lower_conv,
     lower_delta,
+    lower_lru,
     lower_ssm,
     lower_ssm1,
+    padded_conv_reader,
     select_head,
 )
 from graphllm.trace.scopes import param_kind, scope_kinds
@@ -71,6 +73,7 @@ class _Lowering:
         self.scopes = scope_kinds(self.rec.modules)
         self.unit_scopes: set[tuple[str, str]] = set()
         self.carried: dict[int, tuple[int, int | None]] | None = None  # Mamba-1's, on first use
+        self.lowered: set[int] = set()  # events lowered with an earlier one (by id)
         self.g.meta.update(fitted.meta)
         self.g.meta["scopes"] = self.scopes
 
@@ -175,6 +178,8 @@ class _Lowering:
     # -- the walk --------------------------------------------------------------------------------
     def run(self) -> Graph:
         for i, ev in enumerate(self.rec.events):
+            if id(ev) in self.lowered:
+                continue
             try:
                 self.event(ev, self.f.args[i])
             except GraphError as e:
@@ -289,6 +294,10 @@ class _Lowering:
             self.out(ev, lower_ssm(self.g, self.unit_scope(ev, "ssm"), ins, ev.kwargs, out_t))
         elif ev.op == "ssm1":
             self.ssm1(ev)
+        elif ev.op == "lru":
+            ins = [None if v is None else self.ref(v.vid) for v in ev.args]
+            out_t = self.type_of(ev.outs[0]).dims[1]
+            self.out(ev, lower_lru(self.g, self.unit_scope(ev, "lru"), ins, out_t))
         elif ev.op == "conv":
             ins = [None if v is None else self.ref(v.vid) for v in ev.args]
             p = self.unit_scope(ev, "conv")
@@ -317,6 +326,19 @@ class _Lowering:
         ins = [self.ref(v.vid) for v in ev.args]
         out_t = self.type_of(ev.outs[0]).dims[2]
         self.out(ev, lower_ssm1(self.g, p, ins, out_t, state))
+
+    def causal_conv(self, ev: Event) -> bool:
+        """torch's causal depthwise conv1d and the slice keeping its first S outputs, as the
+        causal conv row (recurrences.padded_conv_reader); False where it is not that pair."""
+        reader = padded_conv_reader(self.rec, ev)
+        if reader is None:
+            return False
+        x, w, b = ev.args[:3]
+        ins = [self.ref(x.vid), self.ref(w.vid), None if b is None else self.ref(b.vid)]
+        conv = lower_conv(self.g, self.unit_scope(ev, "conv"), ins, {"activation": None})
+        self.refs[reader.outs[0]] = conv
+        self.lowered.add(id(reader))
+        return True
 
     def linear(self, ev: Event) -> None:
         x, w, b = ev.args
@@ -422,6 +444,8 @@ class _Lowering:
             self.out(ev, self.g.add("embedding", self.unique(ev.scope or "embedding"), ins))
             return
         if kind == "cat" and self.cache_append(ev, vals, args):
+            return
+        if kind == "convolution" and self.causal_conv(ev):
             return
         category = ATEN[kind][0]
         if category == "source":

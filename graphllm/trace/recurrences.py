@@ -13,6 +13,8 @@ hybrids use.
 - `ssm1`: Mamba-1's selective scan (mamba_ssm's `selective_scan_fn`, channels first) from a
   zero state; at one new token after a past, transformers' step from the layer's carried state
   (`selective_state_update`), the cache input the scan's final state is copied into.
+- `lru`: the RG-LRU's linear recurrence h_t = a_t h_{t-1} + x_t (RecurrentGemma's `_rnn_scan`),
+  from the layer's carried state where transformers passes one (its first step's zeros too).
 - `conv`: the depthwise causal conv on transformers' channels-first (B, C, S), from a zero
   start (transformers puts the cache's conv state before the new inputs itself, and keeps its
   last K positions, in ops of its own). The rows take channels last, so the input and output
@@ -77,6 +79,51 @@ def lower_ssm1(g: Graph, p: str, ins: list[Ref | None], out_t: Dim, carried: Ref
     return g.add("selective_scan", f"{p}.scan", tuple(ins), attrs)
 
 
+def lower_lru(g: Graph, p: str, ins: list[Ref | None], out_t: Dim) -> Node:
+    """The RG-LRU's scan of scope `p` on x, the decay a (B, T, D) and the carried state (B, D)
+    or None: returns the (y, final state) node."""
+    x, decay, state = ins
+    attrs = {"axes": {"t": out_t}}
+    if state is None:
+        return g.add("linear_recurrence", f"{p}.scan", (x, decay), attrs)
+    return g.add("linear_recurrence_state", f"{p}.scan", (x, decay, state), attrs)
+
+
+def padded_conv_reader(rec: Recording, ev: Event) -> Event | None:
+    """For torch's causal depthwise conv1d (nn.Conv1d, groups = C, padded by K-1 on both sides:
+    S + K - 1 outputs), the slice that keeps its first S outputs, where that slice is the only
+    event reading it; else None. The K-1 outputs past the input's end see the right padding,
+    which no causal conv computes: the pair is the causal conv on the S input positions."""
+    x, w = ev.args[:2]
+    stride, padding, dilation, transposed, _, groups = ev.args[3:9]
+    channels, per_group, k = rec.shapes[w.vid]
+    plain = list(stride) == [1] and list(dilation) == [1] and not transposed
+    depthwise = per_group == 1 and groups == channels == rec.shapes[x.vid][1]
+    if not (plain and depthwise and list(padding) == [k - 1] and len(rec.shapes[x.vid]) == 3):
+        return None
+    out = ev.outs[0]
+    readers = [e for e in rec.events if out in _vids(e.args) or out in _vids(e.kwargs)]
+    if len(readers) != 1 or readers[0].op != "aten.slice.Tensor":
+        return None
+    _, dim, start, *rest = readers[0].args
+    step = rest[1] if len(rest) > 1 else 1
+    if dim not in (2, -1) or start not in (0, None) or step != 1:
+        return None
+    if rec.shapes[readers[0].outs[0]] != rec.shapes[x.vid]:
+        return None
+    return readers[0]
+
+
+def _vids(x: Any) -> set[int]:
+    if isinstance(x, Val):
+        return {x.vid}
+    if isinstance(x, dict):
+        x = list(x.values())
+    if isinstance(x, (tuple, list)):
+        return {v for item in x for v in _vids(item)}
+    return set()
+
+
 def carried_states(rec: Recording) -> dict[int, tuple[int, int | None]]:
     """Each Mamba-1 scan's final state (by tensor) -> the past cache input the step copies it
     into, and its index along axis 1 there where the layer stacks several scans' states (Zamba's
@@ -127,15 +174,17 @@ def select_head(g: Graph, name: str, x: Ref, index: int) -> Ref:
 
 
 def lower_conv(g: Graph, p: str, ins: list[Ref | None], unit: dict[str, Any]) -> Ref:
-    """The causal conv of scope `p` on x (B, C, S) from a zero start, its weight (C, K) and
-    bias or None, `unit` the event's attrs: returns the output (B, C, S)."""
+    """The causal conv of scope `p` on x (B, C, S) from a zero start, its weight (C, K) or
+    (C, 1, K) and bias or None, `unit` the event's attrs: returns the output (B, C, S)."""
     x, weight, bias = ins
     assert x is not None and weight is not None
     activation = unit["activation"]
-    c, kernel = g.type_of(weight).dims
+    kernel = g.type_of(weight).dims[-1]
     xt = _permute(g, f"{p}.channels_last", x)
-    one = Dim("one", "hidden", 1)
-    w = _view(g, f"{p}.conv_weight", weight, (c, one, kernel), "a b -> a c b", {"c": one})
+    w = weight
+    if g.type_of(weight).rank == 2:  # (C, K), as a kernel takes it: nn.Conv1d's (C, 1, K)
+        c, one = g.type_of(weight).dims[0], Dim("one", "hidden", 1)
+        w = _view(g, f"{p}.conv_weight", weight, (c, one, kernel), "a b -> a c b", {"c": one})
     attrs = {"axes": {"t": g.type_of(xt).dims[1]}, "kernel": kernel.size, "with_state": False}
     if unit.get("padded_to"):
         attrs["padded_to"] = unit["padded_to"]
