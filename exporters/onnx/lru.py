@@ -5,6 +5,9 @@ scan).
 (B, D) carried in fp32, as Mamba-1's rows lower (exporters/onnx/mamba1.py): each step is a
 multiply and an add. The state row starts from its state input at any length, as transformers'
 RG-LRU does after a past (one token or several).
+
+`one_token_state` is a Where on the step's length: the carried conv inputs for one new token,
+zeros (the state less itself, of its shape and dtype) for several.
 """
 
 from __future__ import annotations
@@ -55,3 +58,11 @@ def _linear_recurrence(c: Lowering, n: Node, i: list[str], o: list[str]) -> None
     )  # final (B, D); y (B, T, D)
     c.final_from_fp32(y, n, [o[0]])
     c.named("Identity", [final], [o[1]], f"{s}/state")
+
+
+@lowers("one_token_state")
+def _one_token_state(c: Lowering, n: Node, i: list[str], o: list[str]) -> None:
+    s = n.name
+    one = c.op("Equal", [c.dim(i[1], 2, s), c.const([1])], s)
+    zeros = c.op("Sub", [i[0], i[0]], s)  # of the state's shape and dtype
+    c.final("Where", [one, i[0], zeros], n, o)

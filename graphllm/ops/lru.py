@@ -12,6 +12,11 @@ layer's carried state (zeros at a first step).
 FLOPs: 2 a token and channel (the decay's product and the sum), none of them a matmul (torch's
 loop runs them elementwise, and FlopCounterMode counts none). The state is read and written
 once, not once a token: the row's bytes are its inputs and outputs.
+
+`one_token_state`: RecurrentGemma's conv reads the layer's carried inputs (its last K-1, kept on
+the module) for one new token only; a call of several tokens runs its prefill branch, a conv from
+zeros, after a past too. The row is that dispatch, so that one graph (and one export) holds for
+both: the carried state where the step has one token, zeros otherwise.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from graphllm.ir.opspec import register
+from graphllm.ir.opspec import MOVEMENT, OpSpec, register
 from graphllm.ops.common import f32
 from graphllm.ops.mamba import state_scan_row
 
@@ -46,7 +51,21 @@ def lru_flops(s: dict[str, float], a: dict[str, Any]) -> tuple[float, float]:
     return 0.0, 2 * s["b"] * s["t"] * s["d"]
 
 
+def _one_token_state(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
+    state, x = f32(xs[0]), xs[1]  # state (B, C, W); x (B, C, T), read for its length
+    return state if x.shape[2] == 1 else np.zeros_like(state)
+
+
 register(
+    OpSpec(
+        "one_token_state",
+        "b c w, b c t -> b c w",
+        MOVEMENT,
+        _one_token_state,
+        "The carried state (input 0) where the new tokens (input 1, read for its length) are "
+        "one, zeros otherwise: transformers' dispatch of RecurrentGemma's conv, which reads its "
+        "state for a one-token step only (module docstring).",
+    ),
     state_scan_row(
         "linear_recurrence",
         LRU_SIG,

@@ -17,7 +17,14 @@ from graphllm.errors import ConfigError, NoCacheError
 from graphllm.ir import CACHE, STATE
 from graphllm.trace.capture import Recording, recorder_modes
 from graphllm.trace.kernels import kernel_units
-from graphllm.trace.layers import Looped, Unlike, replaying, representatives, split_kind
+from graphllm.trace.layers import (
+    Looped,
+    Unlike,
+    layer_index,
+    replaying,
+    representatives,
+    split_kind,
+)
 from graphllm.trace.symbolic import Point
 from graphllm.trace.units import lifting, norm_units
 
@@ -38,6 +45,11 @@ def record(model: Any, point: Point) -> Recording:
 
 
 def _record(model: Any, point: Point) -> Recording:
+    with _module_attributes_kept(model):  # the states a forward leaves on modules, dropped after
+        return _record_step(model, point)
+
+
+def _record_step(model: Any, point: Point) -> Recording:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -53,13 +65,15 @@ def _record(model: Any, point: Point) -> Recording:
     norm_units(model)  # each norm class checked on real values, before the fake mode
     attributes = _attribute_values(model)
     values = _buffer_values(model)
+    # made before the fake mode: its counters (a window's length) are real tensors, constants
+    cache = handed = handed_cache(model)
     with mode:
         tensors = _fake_weights(model, mode, box, values)
-        cache = None
+        holder = None if handed is None else model  # the states it keeps on its modules
         if past:
             with box.quiet(), functions:  # (functions: a tensor deep-copied is cloned)
-                cache = _prefill(model, tensors, batch, past, device, takes_positions)
-            for name, t, _ in cache_tensors(cache, "past_key_values"):
+                cache = _prefill(model, tensors, batch, past, device, takes_positions, cache)
+            for name, t, _ in cache_tensors(cache, "past_key_values", holder):
                 box.source(t, "input", name)
             for name, t in _counters(cache):  # bookkeeping: dropped unless read
                 box.source(t, "input", name)
@@ -84,6 +98,8 @@ def _record(model: Any, point: Point) -> Recording:
                 _tensor_attributes(model, mode, box, attributes),
             ):
                 out = torch.func.functional_call(model, tensors, (), kwargs, strict=False)
+                # before the attributes are restored
+                states = [] if holder is None else module_states(model, "present")
         except (ConfigError, Looped, Unlike):
             raise
         except Exception as e:  # the model's own code failed on fake tensors: say where
@@ -91,7 +107,7 @@ def _record(model: Any, point: Point) -> Recording:
         finally:
             for h in hooks:
                 h.remove()
-    _note_outputs(rec, box, out)
+    _note_outputs(rec, box, out, cache, states)
     return rec
 
 
@@ -110,14 +126,16 @@ def _buffer_values(model: Any) -> dict[str, Any]:
     }
 
 
-def _note_outputs(rec: Recording, box: Any, out: Any) -> None:
+def _note_outputs(rec: Recording, box: Any, out: Any, handed: Any, states: list) -> None:
     """Into `rec`: the representative layers' notes, the logits and the cache the step wrote."""
     rec.layers = {
         k: {a: b for a, b in v.items() if a != "structure"} for k, v in box.layers.items()
     }
     rec.outputs["logits"] = (box.val(out.logits).vid, None)
     made = {vid for ev in rec.events for vid in ev.outs}
-    for name, t, role in cache_tensors(_cache_of(out), "present"):
+    cache = _cache_of(out)
+    carried = cache_tensors(handed if cache is None else cache, "present") + states
+    for name, t, role in carried:
         vid = box.ids.get(id(t))
         if vid in made:  # what the step wrote, not a constant the layer keeps beside it
             rec.outputs[name] = (vid, role)
@@ -179,20 +197,97 @@ def _tensor_attributes(model: Any, mode: Any, box: Any, attributes: dict) -> Ite
 
 
 def _prefill(
-    model: Any, tensors: dict[str, Any], batch: int, past: int, device: Any, positions: bool
+    model: Any,
+    tensors: dict[str, Any],
+    batch: int,
+    past: int,
+    device: Any,
+    positions: bool,
+    handed: Any,
 ) -> Any:
-    """The cache after `past` tokens: what a cached step starts from (not recorded)."""
+    """The cache after `past` tokens: what a cached step starts from (not recorded).
+    `handed`: the cache the model is given, for a model that returns none (it keeps the one it
+    is handed), else None."""
     import torch
 
     ids = torch.zeros((batch, past), dtype=torch.long, device=device)
     kwargs: dict[str, Any] = {"input_ids": ids, "use_cache": True}
     if positions:
         kwargs["position_ids"] = torch.zeros((batch, past), dtype=torch.long, device=device)
+    if handed is not None:
+        kwargs[cache_argument(model)] = handed
     out = torch.func.functional_call(model, tensors, (), kwargs, strict=False)
-    cache = _cache_of(out)
+    cache = _cache_of(out) if handed is None else handed
     if cache is None:
         raise NoCacheError("the model returns no cache, so a cached step cannot be traced")
     return cache
+
+
+def handed_cache(model: Any) -> Any:
+    """A new cache for a model whose forward takes one but whose output carries none
+    (RecurrentGemma's CausalLMOutput): it keeps the cache it is handed, and makes one it never
+    returns when handed none. None for any other model."""
+    import dataclasses
+
+    from transformers import DynamicCache
+
+    returns = inspect.signature(type(model).forward).return_annotation
+    if (
+        not dataclasses.is_dataclass(returns)
+        or "cache" not in inspect.signature(model.forward).parameters
+    ):
+        return None
+    fields = {f.name for f in dataclasses.fields(returns)}
+    if fields & {"past_key_values", "cache"}:
+        return None
+    return DynamicCache(config=model.config)
+
+
+@contextlib.contextmanager
+def _module_attributes_kept(model: Any) -> Iterator[None]:
+    """Within the block, the model's modules may take tensors as attributes (the states a
+    forward keeps on them); after it, each such attribute is what it was before (deleted where
+    it is new). Other attributes (the layer kinds graphllm notes on the model) stay."""
+    import torch
+
+    before = {m: dict(vars(m)) for m in model.modules()}
+    try:
+        yield
+    finally:
+        for m, attrs in before.items():
+            for attr, v in list(vars(m).items()):
+                if not isinstance(v, torch.Tensor) or attrs.get(attr) is v:
+                    continue
+                if attr in attrs:
+                    setattr(m, attr, attrs[attr])
+                else:
+                    delattr(m, attr)
+
+
+def module_states(model: Any, prefix: str) -> list[tuple[str, Any, str]]:
+    """(name, tensor, role) of each floating tensor a forward left on the model's modules as a
+    plain attribute (RecurrentGemma's conv and RG-LRU states, which it keeps beside the cache
+    object it is handed): `{prefix}.{layer}.{attribute}`, by the decoder layer holding the
+    module."""
+    import torch
+
+    before = getattr(model, "_graphllm_tensor_attributes", {})
+    out: dict[str, Any] = {}
+    for path, m in model.named_modules():
+        for attr, t in vars(m).items():
+            if not isinstance(t, torch.Tensor) or isinstance(t, torch.nn.Parameter):
+                continue
+            if (path, attr) in before or not t.is_floating_point() or attr.startswith("_"):
+                continue
+            layer = layer_index(path)
+            name = f"{prefix}.{layer}.{attr}"
+            if layer is None or name in out:
+                raise ConfigError(
+                    f"{path} keeps a state {attr!r} on itself that graphllm cannot name by "
+                    "its decoder layer (outside one, or a second of that name in it)"
+                )
+            out[name] = t
+    return [(name, t, STATE) for name, t in out.items()]
 
 
 def _cache_of(out: Any) -> Any:
@@ -200,14 +295,15 @@ def _cache_of(out: Any) -> Any:
     return cache if cache is not None else getattr(out, "past_key_values", None)
 
 
-def cache_tensors(cache: Any, prefix: str) -> list[tuple[str, Any, str]]:
+def cache_tensors(cache: Any, prefix: str, model: Any = None) -> list[tuple[str, Any, str]]:
     """(name, tensor, role) of every tensor a cache object carries, layer by layer: its keys and
     values, and the states a linear-attention layer keeps by index (`conv_states`,
     `recurrent_states`, named in the singular where a layer keeps one of each). Integer
-    tensors are its position counters, not model state."""
+    tensors are its position counters, not model state. With `model`, the states its modules
+    keep beside the cache too (`module_states`)."""
     import torch
 
-    out = []
+    out = module_states(model, prefix) if model is not None else []
     for i, layer in enumerate(getattr(cache, "layers", None) or []):
         for attr, value in vars(layer).items():
             many = isinstance(value, (list, dict))
@@ -228,7 +324,7 @@ def cache_tensors(cache: Any, prefix: str) -> list[tuple[str, Any, str]]:
             for i, t in enumerate(value):
                 if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
                     out.append((f"{prefix}.{i}.{attr}", t, STATE))
-    if cache is not None and not out and not hasattr(cache, "layers"):
+    if cache is not None and not out and not hasattr(cache, "layers"):  # (none of a module's)
         raise ConfigError(f"graphllm does not read the cache object {type(cache).__name__}")
     return out
 

@@ -186,10 +186,10 @@ def _linear_recurrence(
     own elementwise code, traced; the loop over the tokens is the unit."""
     import torch
 
-    rec = STATE.recorder
     _require_modelled(
         "RG-LRU", ("an accumulator other than fp32", acc_dtype not in (None, torch.float32))
     )
+    rec = STATE.recorder
     decay = recurrent_gate * ~reset
     bsz, _, width = hidden_states.shape
     with rec.quiet():

@@ -23,6 +23,8 @@ from graphllm.trace.capture import Event, Recording, Val
 from graphllm.trace.experts import lower_experts
 from graphllm.trace.recurrences import (
     carried_states,
+    conv_carried,
+    lower_carried_conv,
     lower_conv,
     lower_delta,
     lower_lru,
@@ -335,7 +337,19 @@ class _Lowering:
             return False
         x, w, b = ev.args[:3]
         ins = [self.ref(x.vid), self.ref(w.vid), None if b is None else self.ref(b.vid)]
-        conv = lower_conv(self.g, self.unit_scope(ev, "conv"), ins, {"activation": None})
+        p = self.unit_scope(ev, "conv")
+        carried = conv_carried(self.rec, ev)
+        if carried is None:
+            conv = lower_conv(self.g, p, ins, {"activation": None})
+        else:  # the state the layer keeps, which transformers reads for one new token
+            state, written = carried
+            keep = self.rec.shapes[w.vid][-1] - 1
+            e = Expr(0, keep, 1, 0)
+            name = f"{e.name}_past"
+            self.g.bindings[name] = e.value(*self.point)
+            self.g.meta.setdefault("sizes", {})[name] = e
+            span = Dim(name, "key_token", positions=(f"P-{keep}", "P+T"))
+            conv, self.refs[written] = lower_carried_conv(self.g, p, ins, self.ref(state), span)
         self.refs[reader.outs[0]] = conv
         self.lowered.add(id(reader))
         return True

@@ -114,6 +114,51 @@ def padded_conv_reader(rec: Recording, ev: Event) -> Event | None:
     return readers[0]
 
 
+def conv_carried(rec: Recording, ev: Event) -> tuple[int, int] | None:
+    """For a conv whose input its layer also keeps, padded to K-1 positions, as a state it
+    carries to the next call (RecurrentGemma's `conv1d_state`, a cache output), the past input
+    of that state and the padded tensor; None without a past."""
+    x = ev.args[0].vid
+    inputs = {name: vid for vid, (kind, name) in rec.sources.items() if kind == "input"}
+    written = {vid: name for name, (vid, _) in rec.outputs.items() if name.startswith("present.")}
+    for e in rec.events:
+        if e.op != "aten.constant_pad_nd.default" or e.outs[0] not in written:
+            continue
+        if isinstance(e.args[0], Val) and e.args[0].vid == x:
+            past = inputs.get("past_key_values." + written[e.outs[0]].split(".", 1)[1])
+            if past is not None:
+                return past, e.outs[0]
+    return None
+
+
+def lower_carried_conv(
+    g: Graph, p: str, ins: list[Ref | None], state: Ref, span: Dim
+) -> tuple[Ref, Ref]:
+    """The causal conv of scope `p` on x (B, C, T), its weight (C, 1, K) and bias or None,
+    after the layer's carried inputs `state` (B, C, K-1) as transformers reads them: for one
+    new token only (one_token_state; several start from zeros). `span`: the K-1 + T positions
+    of the state then the step. Returns the output (B, C, T) and the state after the step,
+    the last K-1 of those positions (B, C, K-1)."""
+    x, weight, bias = ins
+    assert x is not None and weight is not None
+    kernel = g.type_of(weight).dims[-1]
+    start = Ref(g.add("one_token_state", f"{p}.carried", (state, x), {}).name)
+    xt = _permute(g, f"{p}.channels_last", x)
+    st = _permute(g, f"{p}.state_channels_last", start)
+    cat = Ref(g.add("state_concat", f"{p}.conv_concat", (st, xt), {"axes": {"s": span}}).name)
+    attrs = {"axes": {"t": g.type_of(xt).dims[1]}, "kernel": kernel.size, "with_state": True}
+    attrs["one_token_state"] = True
+    if bias is not None:
+        conv = g.add("causal_conv1d_bias", f"{p}.conv1d", (cat, weight, bias), attrs)
+    else:
+        conv = g.add("causal_conv1d", f"{p}.conv1d", (cat, weight), attrs)
+    keep = kernel.size - 1
+    w_now = Dim("conv_w", "key_token", keep, positions=(f"P+T-{keep}", "P+T"))
+    kept = Ref(g.add("conv_state", f"{p}.conv_state", (cat,), {"axes": {"w": w_now}}).name)
+    y = _permute(g, f"{p}.channels_first", Ref(conv.name))
+    return y, _permute(g, f"{p}.state_channels_first", kept)
+
+
 def _vids(x: Any) -> set[int]:
     if isinstance(x, Val):
         return {x.vid}
@@ -233,7 +278,8 @@ def reference_conv_flops(g: Graph) -> int:
     """The FLOPs of the graph's causal convs as transformers' torch code computes them, for a
     comparison with torch's FlopCounterMode: a conv1d padded by K-1 on both sides, so S+K-1
     outputs of which it keeps S, 2 C K B (S+K-1), S at least the length transformers' cache
-    pads a first step to (`padded_to`). graphllm counts the S outputs a causal-conv kernel
+    pads a first step to (`padded_to`). RecurrentGemma's conv after its carried inputs
+    (`one_token_state`) is the new tokens' torch conv for several, and none for one. graphllm counts the S outputs a causal-conv kernel
     computes (the rows' flops_fn)."""
     total = 0
     for n in g.nodes():
@@ -241,6 +287,10 @@ def reference_conv_flops(g: Graph) -> int:
             b, s, c = (int(x) for x in g.type_of(n.inputs[0]).shape(g.bindings))
             s = max(s, int(n.attrs.get("padded_to", 0)))
             k = int(n.attrs["kernel"])
+            if n.attrs.get("one_token_state"):  # the step alone, padded (a sum of products
+                # for one token, which FlopCounterMode counts as none)
+                total += 0 if s == k else 2 * c * k * b * s
+                continue
             total += 2 * c * k * b * (s + k - 1)
         elif n.op.startswith("aten.convolution["):  # torch's own: the outputs it keeps
             out = g.type_of(Ref(n.name)).shape(g.bindings)
