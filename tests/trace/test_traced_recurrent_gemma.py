@@ -6,9 +6,13 @@ only) and on onnxruntime."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from click.testing import CliRunner
 
 pytest.importorskip("transformers")
+from graphllm.cli.main import main
 from graphllm.errors import ConfigError
 from graphllm.models.workload import Workload
 from graphllm.trace import kernels, traced_graph
@@ -52,8 +56,17 @@ def test_traced_recurrent_gemma_equals_transformers(past, new):
         for attr in ("conv1d_state", "recurrent_states"):
             assert g.output_role(f"present.{layer}.{attr}") == "state"
     assert g.output_role("present.2.key") == "cache"
-    # the local attention's window (attention_window_size) read from its mask function
     assert any(n.op.startswith("aten.tanh") for n in g.nodes())  # the logits' soft cap
+    # the recurrent blocks' weights (projections, conv, RG-LRU gates) count as a linear
+    # recurrence's, not an MLP's: 3 layers of 2 * 1056 + 1056 + 160 + 608
+    assert c.results["params"].by_kind["linear_attention"] == 3 * 3936
+
+
+def test_past_the_local_attention_window():
+    """Past attention_window_size keys transformers' cache keeps the last W - 1 of the local
+    attention layer: the trace probes that regime, the recurrent layers' states unchanged."""
+    for past, new in ((70, 1), (70, 5)):
+        assert_recurrent_equal(check_traced(RGEMMA, past, new), new)
 
 
 def test_the_cached_states_carry_through_the_past_inputs():
@@ -114,3 +127,18 @@ def test_a_scan_with_another_accumulator_is_refused():
 
     with pytest.raises(ConfigError, match="accumulator other than fp32"):
         kernels._linear_recurrence(None, None, None, None, None, acc_dtype=torch.float64)
+
+
+def test_diagrams_draw_the_recurrent_block_by_its_scan(tmp_path):
+    """A traced RecurrentGemma's recurrent block says what it is (no Gated DeltaNet): its
+    channels and conv taps."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(RGEMMA))
+    out = tmp_path / "block.dot"
+    r = CliRunner().invoke(
+        main, ["render", "--config", str(path), "--view", "block", "-o", str(out)]
+    )
+    assert r.exit_code == 0, r.output
+    text = out.read_text()
+    assert "recurrent block (RG-LRU)\\ntemporal_block\\n32 channels, conv 4" in text
+    assert "DeltaNet" not in text
