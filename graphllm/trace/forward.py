@@ -16,7 +16,7 @@ from typing import Any
 from graphllm.errors import ConfigError, NoCacheError
 from graphllm.ir import CACHE, STATE
 from graphllm.trace.capture import Recording, recorder_modes
-from graphllm.trace.kernels import kernel_units
+from graphllm.trace.kernels import kernel_units, method_units
 from graphllm.trace.layers import (
     Looped,
     Unlike,
@@ -71,20 +71,14 @@ def _record_step(model: Any, point: Point) -> Recording:
         tensors = _fake_weights(model, mode, box, values)
         holder = None if handed is None else model  # the states it keeps on its modules
         if past:
-            with box.quiet(), functions:  # (functions: a tensor deep-copied is cloned)
+            # (functions: a tensor deep-copied is cloned)
+            with box.quiet(), functions, method_units(model):
                 cache = _prefill(model, tensors, batch, past, device, takes_positions, cache)
             for name, t, _ in cache_tensors(cache, "past_key_values", holder):
                 box.source(t, "input", name)
             for name, t in _counters(cache):  # bookkeeping: dropped unless read
                 box.source(t, "input", name)
-        ids = torch.zeros((batch, seq), dtype=torch.long, device=device)
-        box.source(ids, "input", "input_ids")
-        kwargs: dict[str, Any] = {"input_ids": ids, "use_cache": True}
-        if takes_positions:
-            kwargs["position_ids"] = pos = torch.zeros(
-                (batch, seq), dtype=torch.long, device=device
-            )
-            box.source(pos, "input", "position_ids")
+        kwargs = _step_inputs(box, batch, seq, device, takes_positions)
         if cache is not None:
             kwargs[cache_arg] = cache
         hooks = box.scope_hooks()
@@ -109,6 +103,20 @@ def _record_step(model: Any, point: Point) -> Recording:
                 h.remove()
     _note_outputs(rec, box, out, cache, states)
     return rec
+
+
+def _step_inputs(box: Any, batch: int, seq: int, device: Any, positions: bool) -> dict[str, Any]:
+    """The recorded step's input_ids (and position_ids, where the model takes them), each a
+    source of the recording."""
+    import torch
+
+    ids = torch.zeros((batch, seq), dtype=torch.long, device=device)
+    box.source(ids, "input", "input_ids")
+    kwargs: dict[str, Any] = {"input_ids": ids, "use_cache": True}
+    if positions:
+        kwargs["position_ids"] = pos = torch.zeros((batch, seq), dtype=torch.long, device=device)
+        box.source(pos, "input", "position_ids")
+    return kwargs
 
 
 def cache_argument(model: Any) -> str:

@@ -270,16 +270,27 @@ def kernel_units(model: Any) -> Iterator[None]:
     ]
     for cls, update in layers:
         cls.update_conv_state = _first_conv_step(update)  # type: ignore[attr-defined]
+    try:
+        with method_units(model):
+            yield
+    finally:
+        for mod, attr, fn in swapped:
+            setattr(mod, attr, fn)
+        for cls, update in layers:
+            cls.update_conv_state = update  # type: ignore[attr-defined]
+
+
+@contextmanager
+def method_units(model: Any) -> Iterator[None]:
+    """Within the block, each method of METHODS the model's classes define is its stand-in:
+    in a recorded forward one event, in an unrecorded one (a past's prefill) no Python loop
+    over its tokens (a window's thousands)."""
     methods = own_methods(model)
     for cls, attr, _ in methods:
         setattr(cls, attr, METHODS[attr][0])
     try:
         yield
     finally:
-        for mod, attr, fn in swapped:
-            setattr(mod, attr, fn)
-        for cls, update in layers:
-            cls.update_conv_state = update  # type: ignore[attr-defined]
         for cls, attr, fn in methods:
             setattr(cls, attr, fn)
 

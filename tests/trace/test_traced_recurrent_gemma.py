@@ -15,6 +15,7 @@ pytest.importorskip("transformers")
 from graphllm.cli.main import main
 from graphllm.errors import ConfigError
 from graphllm.models.workload import Workload
+from graphllm.passes import run
 from graphllm.trace import kernels, traced_graph
 from graphllm.trace.capture import Event, Recording, Val
 from graphllm.trace.recurrences import padded_conv_reader
@@ -142,3 +143,47 @@ def test_diagrams_draw_the_recurrent_block_by_its_scan(tmp_path):
     text = out.read_text()
     assert "recurrent block (RG-LRU)\\ntemporal_block\\n32 channels, conv 4" in text
     assert "DeltaNet" not in text
+
+
+# the size of google/recurrentgemma-2b (RecurrentGemmaConfig's docstring checkpoint): its
+# defaults, with an MLP of 15360 / 2 and one KV head (multi-query), which give the ~2.7B
+# parameters the model is published with; the count is checked against transformers' own model
+RGEMMA_2B = dict(
+    model_type="recurrent_gemma",
+    hidden_size=2560,
+    intermediate_size=15360,
+    num_hidden_layers=26,
+    vocab_size=256000,
+    num_attention_heads=10,
+    num_key_value_heads=1,
+    head_dim=256,
+    lru_width=2560,
+    attention_window_size=2048,
+    conv1d_width=4,
+    logits_soft_cap=30.0,
+    block_types=["recurrent", "recurrent", "attention"],
+    pad_token_id=0,
+    bos_token_id=2,
+    eos_token_id=1,
+)
+
+
+def test_recurrentgemma_2b_traces_at_full_size():
+    """On the meta device, in bf16: transformers' own model's parameter count (its head tied to
+    the embedding), and the cache of a step past the local window: each of the 18 recurrent
+    layers' conv inputs (3, bf16) and RG-LRU state (fp32) of 2560 channels, each of the 8
+    attention layers' last W - 1 keys and values. The past's prefill runs no Python loop over
+    its 4096 tokens (the scan's stand-in), so this takes seconds."""
+    import torch
+    import transformers
+
+    fields = {k: v for k, v in RGEMMA_2B.items() if k != "model_type"}
+    with torch.device("meta"):
+        ref = transformers.AutoModelForCausalLM.from_config(
+            transformers.CONFIG_MAPPING["recurrent_gemma"](**fields)
+        )
+    g = traced_graph(RGEMMA_2B, Workload(seq_len=1, past_len=4096))
+    res = run(g, ["params", "memory"])
+    assert res["params"].total == sum(p.numel() for p in ref.parameters()) == 2_682_862_080
+    assert res["memory"].state == 18 * 2560 * (3 * 2 + 4)
+    assert res["memory"].kv_cache == 8 * 2 * 2047 * 256 * 2
