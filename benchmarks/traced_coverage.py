@@ -321,7 +321,7 @@ def _check_phase(
     from graphllm.passes import run
     from graphllm.runtime.interpret import Interpreter
     from graphllm.trace import traced_graph
-    from graphllm.trace.forward import cache_argument, cache_of
+    from graphllm.trace.forward import cache_argument
     from graphllm.trace.recurrences import reference_conv_flops
 
     (b, t), past = ids.shape, 0 if past_ids is None else past_ids.shape[1]
@@ -330,8 +330,8 @@ def _check_phase(
     row: dict[str, Any] = {f"{phase}_s": time.perf_counter() - start, f"{phase}_trace": True}
     res = run(g, ["verify", "params", "tokens", "cost"])
     with torch.no_grad():
-        cache = cache_of(ref(torch.tensor(past_ids), use_cache=True)) if past else None
-        feeds = _feeds(g, ids, past, cache)
+        cache = _past_cache(ref, past_ids) if past else None
+        feeds = _feeds(g, ids, past, cache, ref)
         kw = _positions(feeds)
         with FlopCounterMode(display=False) as fc:
             out = ref(torch.tensor(ids), **{cache_argument(ref): cache}, **kw)
@@ -349,11 +349,27 @@ def _check_phase(
 NO_CACHE = "no cache"  # a model that keeps none: its cached step is not a check
 
 
+def _past_cache(ref: Any, past_ids: Any) -> Any:
+    """transformers' cache after `past_ids`: the one its output carries, or the one it was
+    handed, for a model that returns none (RecurrentGemma, whose modules keep its recurrent
+    states beside it)."""
+    import torch
+
+    from graphllm.trace.forward import cache_argument, cache_of, handed_cache
+
+    handed = handed_cache(ref)
+    kw = {} if handed is None else {cache_argument(ref): handed}
+    out = ref(torch.tensor(past_ids), use_cache=True, **kw)
+    return cache_of(out) if handed is None else handed
+
+
 def _keeps_no_cache(ref: Any, past_ids: Any) -> bool:
     import torch
 
-    from graphllm.trace.forward import cache_of
+    from graphllm.trace.forward import cache_of, handed_cache
 
+    if handed_cache(ref) is not None:  # it keeps the cache it is handed
+        return False
     with torch.no_grad():
         out = ref(torch.tensor(past_ids), use_cache=True)
     return cache_of(out) is None
@@ -373,7 +389,7 @@ def _onnx(raw: dict[str, Any], ref: Any, ids: Any, past_ids: Any) -> bool | str:
     from graphllm.exporters.onnx import export_onnx
     from graphllm.models.workload import Workload
     from graphllm.trace import traced_graph
-    from graphllm.trace.forward import cache_argument, cache_of
+    from graphllm.trace.forward import cache_argument
 
     try:
         with tempfile.TemporaryDirectory() as folder:
@@ -386,8 +402,9 @@ def _onnx(raw: dict[str, Any], ref: Any, ids: Any, past_ids: Any) -> bool | str:
             export_onnx(g, path, weights=folder, ops="decomposed")
             session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
             with torch.no_grad():
-                cache = cache_of(ref(torch.tensor(past_ids), use_cache=True)) if cached else None
-                feeds = _feeds(g, ids, past_ids.shape[1], cache)  # before the step extends it
+                cache = _past_cache(ref, past_ids) if cached else None
+                # before the step extends it
+                feeds = _feeds(g, ids, past_ids.shape[1], cache, ref)
                 # the positions the export is fed: transformers' Bamba starts them at 0 after
                 # a cache when it is given none
                 kw = {**_positions(feeds), cache_argument(ref): cache}
@@ -420,16 +437,19 @@ def _stored_numel(ref: Any) -> int:
     return sum(t.numel() for t in {t.data_ptr(): t for t in ref.state_dict().values()}.values())
 
 
-def _feeds(g: Any, ids: Any, past: int, cache: Any) -> dict[str, Any]:
+def _feeds(g: Any, ids: Any, past: int, cache: Any, ref: Any) -> dict[str, Any]:
     import numpy as np
 
-    from graphllm.trace.forward import cache_tensors
+    from graphllm.trace.forward import cache_tensors, handed_cache
 
     b, t = ids.shape
     feeds = {"input_ids": ids}
     if "position_ids" in g:
         feeds["position_ids"] = np.broadcast_to(np.arange(past, past + t), (b, t)).copy()
-    held = {name: t for name, t, _ in cache_tensors(cache, "past_key_values")} if cache else {}
+    holder = None if handed_cache(ref) is None else ref  # the states its modules keep
+    held = (
+        {name: t for name, t, _ in cache_tensors(cache, "past_key_values", holder)} if cache else {}
+    )
     for n in g.nodes("input"):
         if n.name in held:
             feeds[n.name] = held[n.name].float().numpy().copy()

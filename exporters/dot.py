@@ -113,6 +113,10 @@ CAPTIONS: dict[str, Callable[[Node], str]] = {
     "kda_step": lambda n: "KDA, token by token from the state",
     "wkv4_scan": lambda n: "WKV (RWKV-4), token by token",
     "wkv4_scan_state": lambda n: "WKV (RWKV-4), token by token from the state",
+    # RecurrentGemma's RG-LRU and its conv's dispatch
+    "linear_recurrence": lambda n: "h = a·h + x, token by token",
+    "linear_recurrence_state": lambda n: "h = a·h + x, token by token from the state",
+    "one_token_state": lambda n: "the conv state for one new token, zeros for more",
     "gated_rmsnorm": lambda n: "RMSNorm · silu(z)",
     "mul": lambda n: "elementwise ×",
     "add": lambda n: "+",
@@ -358,7 +362,8 @@ class _Ctx:
         parts = []
         members = list(members)
         recurrent = _recurrence(self.g, members)
-        channels = {_channels(n.out.dims) for n in members if n.op in _MAMBA1_SCANS}
+        scans = _MAMBA1_SCANS + _LRU_SCANS
+        channels = {_channels(n.out.dims) for n in members if n.op in scans}
         if ("linear_attention" in kinds or channels) and recurrent:
             # a Gated DeltaNet layer says its own heads, not attention's; a Mamba-1 mixer its
             # channels, which the trace names by the config's intermediate_size (ffn) where
@@ -386,18 +391,22 @@ class _Ctx:
 
 _MAMBA1_SCANS = ("selective_scan", "selective_state_update")
 _WKV_SCANS = ("wkv4_scan", "wkv4_scan_state")  # RWKV's
+_LRU_SCANS = ("linear_recurrence", "linear_recurrence_state")
 
 
 def kind_title(kind: str, members: Iterable[Node]) -> str:
     """A scope's title by its kind; a Mamba mixer's by its scan (Mamba-1's selective scan, a
     traced Mamba or Jamba, or Mamba2's chunked one), a linear attention's by its recurrence
-    (RWKV's WKV, or Gated DeltaNet's rule)."""
+    (RWKV's WKV, Gated DeltaNet's rule, or the RG-LRU of Griffin's recurrent block, a traced
+    RecurrentGemma's)."""
     title = KIND_TITLE.get(kind, kind)
-    members = list(members)
-    if title == "Mamba2" and any(n.op in _MAMBA1_SCANS for n in members):
+    ops = {n.op for n in members}
+    if title == "Mamba2" and ops & set(_MAMBA1_SCANS):
         return "Mamba"
-    if kind == "linear_attention" and any(n.op in _WKV_SCANS for n in members):
+    if kind == "linear_attention" and ops & set(_WKV_SCANS):
         return "linear attention (RWKV-4 WKV)"
+    if kind == "linear_attention" and ops & set(_LRU_SCANS):
+        return "recurrent block (RG-LRU)"
     return title
 
 

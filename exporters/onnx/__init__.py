@@ -4,13 +4,14 @@ Importing this package registers every lowering.
 """
 
 # register the lowerings (recurrent, the hybrid layers' shared rows; delta, Qwen3-Next's;
-# mamba, Nemotron-H's; mamba1, Mamba-1's; lightning, MiniMax-01's; sparse, selected-keys
-# attention's; wkv, RWKV's; traced, the generic rows of a traced model)
+# mamba, Nemotron-H's; mamba1, Mamba-1's; lightning, MiniMax-01's; lru, the RG-LRU's; sparse,
+# selected-keys attention's; wkv, RWKV's; traced, the generic rows of a traced model)
 from graphllm.exporters.onnx import (  # noqa: F401
     decomposed,
     delta,
     fused,
     lightning,
+    lru,
     mamba,
     mamba1,
     mla,

@@ -21,14 +21,15 @@ from graphllm.ir.opspec import (
 )
 
 # register the rows (recurrent, the hybrid layers' shared rows; delta, Qwen3-Next's;
-# mamba, Nemotron-H's; mamba1, Mamba-1's; lightning, MiniMax-01's; sparse, selected-keys
-# attention's; wkv, RWKV's)
+# mamba, Nemotron-H's; mamba1, Mamba-1's; lightning, MiniMax-01's; lru, RecurrentGemma's
+# RG-LRU; sparse, selected-keys attention's; wkv, RWKV's)
 from graphllm.ops import (  # noqa: F401
     attention,
     collectives,
     core,
     delta,
     lightning,
+    lru,
     mamba,
     mamba1,
     mla,

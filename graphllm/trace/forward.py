@@ -18,10 +18,11 @@ from graphllm.errors import ConfigError, NoCacheError
 from graphllm.ir import CACHE, STATE
 from graphllm.trace.capture import Recording, recorder_modes
 from graphllm.trace.expert_units import experts_units
-from graphllm.trace.kernels import kernel_units, loop_functions
+from graphllm.trace.kernels import kernel_units, loop_functions, method_units
 from graphllm.trace.layers import (
     Looped,
     Unlike,
+    layer_index,
     layer_paths,
     replaying,
     representatives,
@@ -52,6 +53,11 @@ def record(model: Any, point: Point) -> Recording:
 
 
 def _record(model: Any, point: Point) -> Recording:
+    with _module_attributes_kept(model):  # the states a forward leaves on modules, dropped after
+        return _record_step(model, point)
+
+
+def _record_step(model: Any, point: Point) -> Recording:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -70,18 +76,14 @@ def _record(model: Any, point: Point) -> Recording:
         checked(model)
     attributes = _attribute_values(model)
     values = _buffer_values(model)
+    # made before the fake mode: its counters (a window's length) are real tensors, constants
+    handed = handed_cache(model)
     # the experts lifted in the prefill before a step too: their own code may not trace
     with mode, lifting_experts(model, box):
         tensors = _fake_weights(model, mode, box, values)
-        cache = _past(model, tensors, box, functions, (batch, past), takes_positions)
-        ids = torch.zeros((batch, seq), dtype=torch.long, device=device)
-        box.source(ids, "input", "input_ids")
-        kwargs: dict[str, Any] = {"input_ids": ids, "use_cache": True}
-        if takes_positions:
-            kwargs["position_ids"] = pos = torch.zeros(
-                (batch, seq), dtype=torch.long, device=device
-            )
-            box.source(pos, "input", "position_ids")
+        holder = None if handed is None else model  # the states it keeps on its modules
+        cache = _past(model, tensors, box, functions, (batch, past, takes_positions), handed)
+        kwargs = _step_inputs(box, batch, seq, device, takes_positions)
         if cache is not None:
             kwargs[cache_arg] = cache
         hooks = box.scope_hooks()
@@ -97,6 +99,8 @@ def _record(model: Any, point: Point) -> Recording:
                 _tensor_attributes(model, mode, box, attributes),
             ):
                 out = torch.func.functional_call(model, tensors, (), kwargs, strict=False)
+                # before the attributes are restored
+                states = [] if holder is None else module_states(model, "present")
         except (ConfigError, Looped, Unlike):
             raise
         except Exception as e:  # the model's own code failed on fake tensors: say where
@@ -104,29 +108,46 @@ def _record(model: Any, point: Point) -> Recording:
         finally:
             for h in hooks:
                 h.remove()
-    _note_outputs(rec, box, out)
+    _note_outputs(rec, box, out, cache, states)
     return rec
 
 
 def _past(
-    model: Any, tensors: Any, box: Any, functions: Any, sizes: tuple[int, int], positions: bool
+    model: Any, tensors: Any, box: Any, functions: Any, sizes: tuple[int, int, bool], handed: Any
 ) -> Any:
-    """The cache of a prefill of `past` tokens (None without one), its tensors the recording's
-    inputs: the step's past as transformers' cache object holds it."""
-    batch, past = sizes
+    """The cache of a prefill of `past` tokens (without one, the cache a model that returns
+    none is `handed`, or None), its tensors the recording's inputs: the step's past as
+    transformers' cache object holds it (and the states its modules keep beside it)."""
+    batch, past, positions = sizes
     if not past:
-        return None
+        return handed
     device = next(model.parameters()).device
-    # (functions: a tensor deep-copied is cloned; loop_functions: one op for a token loop)
-    with box.quiet(), functions, loop_functions(model):
-        cache = _prefill(model, tensors, batch, past, device, positions)
+    # (functions: a tensor deep-copied is cloned; loop_functions and method_units: one op for
+    # a loop over the tokens)
+    with box.quiet(), functions, loop_functions(model), method_units(model):
+        cache = _prefill(model, tensors, batch, past, device, positions, handed)
         if listed(cache):  # each layer's entry a tensor of its own
             cache = held_apart(cache)
-    for name, t, _ in cache_tensors(cache, "past_key_values"):
+    holder = None if handed is None else model
+    for name, t, _ in cache_tensors(cache, "past_key_values", holder):
         box.source(t, "input", name)
     for name, t in _counters(cache):  # bookkeeping: dropped unless read
         box.source(t, "input", name)
     return cache
+
+
+def _step_inputs(box: Any, batch: int, seq: int, device: Any, positions: bool) -> dict[str, Any]:
+    """The recorded step's input_ids (and position_ids, where the model takes them), each a
+    source of the recording."""
+    import torch
+
+    ids = torch.zeros((batch, seq), dtype=torch.long, device=device)
+    box.source(ids, "input", "input_ids")
+    kwargs: dict[str, Any] = {"input_ids": ids, "use_cache": True}
+    if positions:
+        kwargs["position_ids"] = pos = torch.zeros((batch, seq), dtype=torch.long, device=device)
+        box.source(pos, "input", "position_ids")
+    return kwargs
 
 
 def cache_argument(model: Any) -> str:
@@ -144,14 +165,16 @@ def _buffer_values(model: Any) -> dict[str, Any]:
     }
 
 
-def _note_outputs(rec: Recording, box: Any, out: Any) -> None:
+def _note_outputs(rec: Recording, box: Any, out: Any, handed: Any, states: list) -> None:
     """Into `rec`: the representative layers' notes, the logits and the cache the step wrote."""
     rec.layers = {
         k: {a: b for a, b in v.items() if a != "structure"} for k, v in box.layers.items()
     }
     rec.outputs["logits"] = (box.val(out.logits).vid, None)
     made = {vid for ev in rec.events for vid in ev.outs}
-    for name, t, role in cache_tensors(cache_of(out), "present"):
+    cache = cache_of(out)
+    carried = cache_tensors(handed if cache is None else cache, "present") + states
+    for name, t, role in carried:
         vid = box.ids.get(id(t))
         if vid in made:  # what the step wrote, not a constant the layer keeps beside it
             rec.outputs[name] = (vid, role)
@@ -213,17 +236,27 @@ def _tensor_attributes(model: Any, mode: Any, box: Any, attributes: dict) -> Ite
 
 
 def _prefill(
-    model: Any, tensors: dict[str, Any], batch: int, past: int, device: Any, positions: bool
+    model: Any,
+    tensors: dict[str, Any],
+    batch: int,
+    past: int,
+    device: Any,
+    positions: bool,
+    handed: Any,
 ) -> Any:
-    """The cache after `past` tokens: what a cached step starts from (not recorded)."""
+    """The cache after `past` tokens: what a cached step starts from (not recorded).
+    `handed`: the cache the model is given, for a model that returns none (it keeps the one it
+    is handed), else None."""
     import torch
 
     ids = torch.zeros((batch, past), dtype=torch.long, device=device)
     kwargs: dict[str, Any] = {"input_ids": ids, "use_cache": True}
     if positions:
         kwargs["position_ids"] = torch.zeros((batch, past), dtype=torch.long, device=device)
+    if handed is not None:
+        kwargs[cache_argument(model)] = handed
     out = torch.func.functional_call(model, tensors, (), kwargs, strict=False)
-    cache = cache_of(out)
+    cache = cache_of(out) if handed is None else handed
     if cache is None:
         raise NoCacheError("the model returns no cache, so a cached step cannot be traced")
     _refuse_whole_sequence_step(model)
@@ -262,17 +295,85 @@ def _refuse_whole_sequence_step(model: Any) -> None:
         )
 
 
-def cache_tensors(cache: Any, prefix: str) -> list[tuple[str, Any, str]]:
+def handed_cache(model: Any) -> Any:
+    """A new cache for a model whose forward takes one but whose output carries none
+    (RecurrentGemma's CausalLMOutput): it keeps the cache it is handed, and makes one it never
+    returns when handed none. None for any other model."""
+    import dataclasses
+
+    from transformers import DynamicCache
+
+    returns = inspect.signature(type(model).forward).return_annotation
+    if (
+        not dataclasses.is_dataclass(returns)
+        or "cache" not in inspect.signature(model.forward).parameters
+    ):
+        return None
+    fields = {f.name for f in dataclasses.fields(returns)}
+    if fields & {"past_key_values", "cache"}:
+        return None
+    return DynamicCache(config=model.config)
+
+
+@contextlib.contextmanager
+def _module_attributes_kept(model: Any) -> Iterator[None]:
+    """Within the block, the model's modules may take tensors as attributes (the states a
+    forward keeps on them); after it, each such attribute is what it was before (deleted where
+    it is new). Other attributes (the layer kinds graphllm notes on the model) stay."""
+    import torch
+
+    before = {m: dict(vars(m)) for m in model.modules()}
+    try:
+        yield
+    finally:
+        for m, attrs in before.items():
+            for attr, v in list(vars(m).items()):
+                if not isinstance(v, torch.Tensor) or attrs.get(attr) is v:
+                    continue
+                if attr in attrs:
+                    setattr(m, attr, attrs[attr])
+                else:
+                    delattr(m, attr)
+
+
+def module_states(model: Any, prefix: str) -> list[tuple[str, Any, str]]:
+    """(name, tensor, role) of each floating tensor a forward left on the model's modules as a
+    plain attribute (RecurrentGemma's conv and RG-LRU states, which it keeps beside the cache
+    object it is handed): `{prefix}.{layer}.{attribute}`, by the decoder layer holding the
+    module."""
+    import torch
+
+    before = getattr(model, "_graphllm_tensor_attributes", {})
+    out: dict[str, Any] = {}
+    for path, m in model.named_modules():
+        for attr, t in vars(m).items():
+            if not isinstance(t, torch.Tensor) or isinstance(t, torch.nn.Parameter):
+                continue
+            if (path, attr) in before or not t.is_floating_point() or attr.startswith("_"):
+                continue
+            layer = layer_index(path)
+            name = f"{prefix}.{layer}.{attr}"
+            if layer is None or name in out:
+                raise ConfigError(
+                    f"{path} keeps a state {attr!r} on itself that graphllm cannot name by "
+                    "its decoder layer (outside one, or a second of that name in it)"
+                )
+            out[name] = t
+    return [(name, t, STATE) for name, t in out.items()]
+
+
+def cache_tensors(cache: Any, prefix: str, model: Any = None) -> list[tuple[str, Any, str]]:
     """(name, tensor, role) of every tensor a cache object carries, layer by layer: its keys and
     values, and the states a linear-attention layer keeps by index (`conv_states`,
     `recurrent_states`, named in the singular where a layer keeps one of each); of a cache
     kept as a plain list of tensors stacked over the layers (RWKV's), each layer's entries
-    (graphllm.trace.stacked). Integer tensors are its position counters, not model state."""
+    (graphllm.trace.stacked). Integer tensors are its position counters, not model state.
+    With `model`, the states its modules keep beside the cache too (`module_states`)."""
     import torch
 
     if listed(cache):
         return [(name, t, STATE) for name, t in entries(cache, prefix)]
-    out = []
+    out = module_states(model, prefix) if model is not None else []
     for i, layer in enumerate(getattr(cache, "layers", None) or []):
         for attr, value in vars(layer).items():
             many = isinstance(value, (list, dict))
@@ -293,7 +394,7 @@ def cache_tensors(cache: Any, prefix: str) -> list[tuple[str, Any, str]]:
             for i, t in enumerate(value):
                 if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
                     out.append((f"{prefix}.{i}.{attr}", t, STATE))
-    if cache is not None and not out and not hasattr(cache, "layers"):
+    if cache is not None and not out and not hasattr(cache, "layers"):  # (none of a module's)
         raise ConfigError(f"graphllm does not read the cache object {type(cache).__name__}")
     return out
 

@@ -8,7 +8,9 @@ chunked selective scan (mamba_ssm's `mamba_chunk_scan_combined`), Mamba-1's sele
 (`selective_scan_fn`) and the causal depthwise convolution from a zero start
 (`causal_conv1d_fn`). Their torch fallbacks loop over chunks or tokens in Python, so no trace at
 one length holds at another; recorded whole (a `delta`, `ssm`, `ssm1` or `conv` event), they
-lower onto rows whose FLOPs, bytes and mixing are the kernels'.
+lower onto rows whose FLOPs, bytes and mixing are the kernels'. A recurrence transformers loops
+over in a method of the model's own class, untagged (the RG-LRU's `_rnn_scan`), is swapped by
+the method's name and parameters (METHODS) and recorded the same way (an `lru` event).
 
 A tagged function is found by its kernel name, in the modeling modules of the model's own
 classes; within `kernel_units` each is swapped for a recording stand-in that
@@ -197,6 +199,43 @@ def _wkv4(
     return out, final if (return_state or state is not None) else None
 
 
+def _linear_recurrence(
+    module: Any,
+    hidden_states: Any,
+    recurrent_gate: Any,
+    reset: Any,
+    recurrent_states: Any = None,
+    acc_dtype: Any = None,
+) -> Any:
+    """The RG-LRU's scan (transformers' `RecurrentGemmaRglru._rnn_scan` contract): x and a
+    (B, T, D), the reset at a document's first position (B, T, 1), the carried state (B, D) or
+    None (zeros) -> y (B, T, D) and the final state in fp32. The decay's reset is the model's
+    own elementwise code, traced; the loop over the tokens is the unit."""
+    import torch
+
+    _require_modelled(
+        "RG-LRU", ("an accumulator other than fp32", acc_dtype not in (None, torch.float32))
+    )
+    rec = STATE.recorder
+    decay = recurrent_gate * ~reset
+    bsz, _, width = hidden_states.shape
+    with rec.quiet():
+        y = torch.empty(hidden_states.shape, dtype=hidden_states.dtype, device=decay.device)
+        state = torch.empty((bsz, width), dtype=torch.float32, device=decay.device)
+    rec.unit("lru", (hidden_states, decay, recurrent_states), {}, (y, state))
+    return y, state
+
+
+# a method of a model's own class that loops over the tokens in Python, untagged -> its
+# recording stand-in, and the parameters it must take (by name, in order) to be that contract
+METHODS: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
+    "_rnn_scan": (
+        _linear_recurrence,
+        ("self", "hidden_states", "recurrent_gate", "reset", "recurrent_states", "acc_dtype"),
+    ),
+}
+
+
 # the kernel name transformers tags a function with -> its recording stand-in. Mamba-1's
 # `selective_state_update` needs none: transformers calls it for one new token after a past
 # (or in a loop over tokens, which no one recording follows), and the decode probes take
@@ -292,13 +331,40 @@ def kernel_units(model: Any) -> Iterator[None]:
     for cls, update in layers:
         cls.update_conv_state = _first_conv_step(update)  # type: ignore[attr-defined]
     try:
-        with loop_functions(model):
+        with loop_functions(model), method_units(model):
             yield
     finally:
         for mod, attr, fn in swapped:
             setattr(mod, attr, fn)
         for cls, update in layers:
             cls.update_conv_state = update  # type: ignore[attr-defined]
+
+
+@contextmanager
+def method_units(model: Any) -> Iterator[None]:
+    """Within the block, each method of METHODS the model's classes define is its stand-in:
+    in a recorded forward one event, in an unrecorded one (a past's prefill) no Python loop
+    over its tokens (a window's thousands)."""
+    methods = own_methods(model)
+    for cls, attr, _ in methods:
+        setattr(cls, attr, METHODS[attr][0])
+    try:
+        yield
+    finally:
+        for cls, attr, fn in methods:
+            setattr(cls, attr, fn)
+
+
+def own_methods(model: Any) -> list[tuple[type, str, Any]]:
+    """(class, method name, method) of each method in METHODS that a class of the model's
+    modules defines itself with that contract's parameters."""
+    out = []
+    for cls in {type(m) for m in model.modules()}:
+        for attr, (_, params) in METHODS.items():
+            fn = vars(cls).get(attr)
+            if inspect.isfunction(fn) and tuple(inspect.signature(fn).parameters) == params:
+                out.append((cls, attr, fn))
+    return out
 
 
 def _subclasses(cls: type) -> list[type]:

@@ -27,6 +27,15 @@ _PLAIN = (int, float, str, bool, type(None))
 _LAYER = re.compile(r"^(?:.*\.)?(?:layers|h|blocks|layer)\.(\d+)$")
 
 
+_IN_LAYER = re.compile(r"^(?:.*\.)?(?:layers|h|blocks|layer)\.(\d+)(?:\.|$)")
+
+
+def layer_index(path: str) -> int | None:
+    """The index of the decoder layer holding the module at `path` (the innermost), else None."""
+    found = [int(m.group(1)) for m in _IN_LAYER.finditer(path)]
+    return found[-1] if found else None
+
+
 def _plain(v: Any) -> bool:
     return isinstance(v, _PLAIN) or (isinstance(v, tuple) and all(isinstance(x, _PLAIN) for x in v))
 

@@ -23,12 +23,16 @@ from graphllm.trace.capture import Event, Recording, Val
 from graphllm.trace.experts import lower_experts, lower_experts_map, lower_experts_reduce
 from graphllm.trace.recurrences import (
     carried_states,
+    conv_carried,
+    lower_carried_conv,
     lower_conv,
     lower_delta,
     lower_lightning,
+    lower_lru,
     lower_ssm,
     lower_ssm1,
     lower_wkv,
+    padded_conv_reader,
     select_head,
 )
 from graphllm.trace.scopes import param_kind, scope_kinds
@@ -78,6 +82,7 @@ class _Lowering:
                 self.scopes[ev.scope] = "linear_attention"
         self.unit_scopes: set[tuple[str, str]] = set()
         self.carried: dict[int, tuple[int, int | None]] | None = None  # Mamba-1's, on first use
+        self.lowered: set[int] = set()  # events lowered with an earlier one (by id)
         self.g.meta.update(fitted.meta)
         self.g.meta["scopes"] = self.scopes
 
@@ -186,6 +191,8 @@ class _Lowering:
     # -- the walk --------------------------------------------------------------------------------
     def run(self) -> Graph:
         for i, ev in enumerate(self.rec.events):
+            if id(ev) in self.lowered:
+                continue
             try:
                 self.event(ev, self.f.args[i])
             except GraphError as e:
@@ -314,6 +321,10 @@ class _Lowering:
             ins = [self.ref(v.vid) for v in ev.args]
             out_t = self.type_of(ev.outs[0]).dims[1]
             self.out(ev, lower_wkv(self.g, self.unit_scope(ev, "wkv"), ins, out_t))
+        elif ev.op == "lru":
+            ins = [None if v is None else self.ref(v.vid) for v in ev.args]
+            out_t = self.type_of(ev.outs[0]).dims[1]
+            self.out(ev, lower_lru(self.g, self.unit_scope(ev, "lru"), ins, out_t))
         elif ev.op == "conv":
             ins = [None if v is None else self.ref(v.vid) for v in ev.args]
             p = self.unit_scope(ev, "conv")
@@ -342,6 +353,31 @@ class _Lowering:
         ins = [self.ref(v.vid) for v in ev.args]
         out_t = self.type_of(ev.outs[0]).dims[2]
         self.out(ev, lower_ssm1(self.g, p, ins, out_t, state))
+
+    def causal_conv(self, ev: Event) -> bool:
+        """torch's causal depthwise conv1d and the slice keeping its first S outputs, as the
+        causal conv row (recurrences.padded_conv_reader); False where it is not that pair."""
+        reader = padded_conv_reader(self.rec, ev)
+        if reader is None:
+            return False
+        x, w, b = ev.args[:3]
+        ins = [self.ref(x.vid), self.ref(w.vid), None if b is None else self.ref(b.vid)]
+        p = self.unit_scope(ev, "conv")
+        carried = conv_carried(self.rec, ev)
+        if carried is None:
+            conv = lower_conv(self.g, p, ins, {"activation": None})
+        else:  # the state the layer keeps, which transformers reads for one new token
+            state, written = carried
+            keep = self.rec.shapes[w.vid][-1] - 1
+            e = Expr(0, keep, 1, 0)
+            name = f"{e.name}_past"
+            self.g.bindings[name] = e.value(*self.point)
+            self.g.meta.setdefault("sizes", {})[name] = e
+            span = Dim(name, "key_token", positions=(f"P-{keep}", "P+T"))
+            conv, self.refs[written] = lower_carried_conv(self.g, p, ins, self.ref(state), span)
+        self.refs[reader.outs[0]] = conv
+        self.lowered.add(id(reader))
+        return True
 
     def linear(self, ev: Event) -> None:
         x, w, b = ev.args
@@ -459,6 +495,8 @@ class _Lowering:
             self.out(ev, self.g.add("embedding", self.unique(ev.scope or "embedding"), ins))
             return
         if kind == "cat" and self.cache_append(ev, vals, args):
+            return
+        if kind == "convolution" and self.causal_conv(ev):
             return
         category = ATEN[kind][0]
         if category == "source":

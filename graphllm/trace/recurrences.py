@@ -20,6 +20,8 @@ hybrids use.
   they stay parameters of the graph (the checkpoint holds them), read by no row.
 - `wkv`: RWKV-4's WKV recurrence (transformers' `rwkv_linear_attention`), from the state
   handed in (a layer's cache entries) or transformers' default.
+- `lru`: the RG-LRU's linear recurrence h_t = a_t h_{t-1} + x_t (RecurrentGemma's `_rnn_scan`),
+  from the layer's carried state where transformers passes one (its first step's zeros too).
 - `conv`: the depthwise causal conv on transformers' channels-first (B, C, S), from a zero
   start (transformers puts the cache's conv state before the new inputs itself, and keeps its
   last K positions, in ops of its own). The rows take channels last, so the input and output
@@ -107,6 +109,96 @@ def lower_wkv(g: Graph, p: str, ins: list[Ref], out_t: Dim) -> Node:
     return g.add(op, f"{p}.wkv", tuple(ins), {"axes": {"t": out_t}})
 
 
+def lower_lru(g: Graph, p: str, ins: list[Ref | None], out_t: Dim) -> Node:
+    """The RG-LRU's scan of scope `p` on x, the decay a (B, T, D) and the carried state (B, D)
+    or None: returns the (y, final state) node."""
+    x, decay, state = ins
+    attrs = {"axes": {"t": out_t}}
+    if state is None:
+        return g.add("linear_recurrence", f"{p}.scan", (x, decay), attrs)
+    return g.add("linear_recurrence_state", f"{p}.scan", (x, decay, state), attrs)
+
+
+def padded_conv_reader(rec: Recording, ev: Event) -> Event | None:
+    """For torch's causal depthwise conv1d (nn.Conv1d, groups = C, padded by K-1 on both sides:
+    S + K - 1 outputs), the slice that keeps its first S outputs, where that slice is the only
+    event reading it; else None. The K-1 outputs past the input's end see the right padding,
+    which no causal conv computes: the pair is the causal conv on the S input positions."""
+    x, w = ev.args[:2]
+    stride, padding, dilation, transposed, _, groups = ev.args[3:9]
+    channels, per_group, k = rec.shapes[w.vid]
+    plain = list(stride) == [1] and list(dilation) == [1] and not transposed
+    depthwise = per_group == 1 and groups == channels == rec.shapes[x.vid][1]
+    if not (plain and depthwise and list(padding) == [k - 1] and len(rec.shapes[x.vid]) == 3):
+        return None
+    out = ev.outs[0]
+    readers = [e for e in rec.events if out in _vids(e.args) or out in _vids(e.kwargs)]
+    if len(readers) != 1 or readers[0].op != "aten.slice.Tensor":
+        return None
+    _, dim, start, *rest = readers[0].args
+    step = rest[1] if len(rest) > 1 else 1
+    if dim not in (2, -1) or start not in (0, None) or step != 1:
+        return None
+    if rec.shapes[readers[0].outs[0]] != rec.shapes[x.vid]:
+        return None
+    return readers[0]
+
+
+def conv_carried(rec: Recording, ev: Event) -> tuple[int, int] | None:
+    """For a conv whose input its layer also keeps, padded to K-1 positions, as a state it
+    carries to the next call (RecurrentGemma's `conv1d_state`, a cache output), the past input
+    of that state and the padded tensor; None without a past."""
+    x = ev.args[0].vid
+    inputs = {name: vid for vid, (kind, name) in rec.sources.items() if kind == "input"}
+    written = {vid: name for name, (vid, _) in rec.outputs.items() if name.startswith("present.")}
+    for e in rec.events:
+        if e.op != "aten.constant_pad_nd.default" or e.outs[0] not in written:
+            continue
+        if isinstance(e.args[0], Val) and e.args[0].vid == x:
+            past = inputs.get("past_key_values." + written[e.outs[0]].split(".", 1)[1])
+            if past is not None:
+                return past, e.outs[0]
+    return None
+
+
+def lower_carried_conv(
+    g: Graph, p: str, ins: list[Ref | None], state: Ref, span: Dim
+) -> tuple[Ref, Ref]:
+    """The causal conv of scope `p` on x (B, C, T), its weight (C, 1, K) and bias or None,
+    after the layer's carried inputs `state` (B, C, K-1) as transformers reads them: for one
+    new token only (one_token_state; several start from zeros). `span`: the K-1 + T positions
+    of the state then the step. Returns the output (B, C, T) and the state after the step,
+    the last K-1 of those positions (B, C, K-1)."""
+    x, weight, bias = ins
+    assert x is not None and weight is not None
+    kernel = g.type_of(weight).dims[-1]
+    start = Ref(g.add("one_token_state", f"{p}.carried", (state, x), {}).name)
+    xt = _permute(g, f"{p}.channels_last", x)
+    st = _permute(g, f"{p}.state_channels_last", start)
+    cat = Ref(g.add("state_concat", f"{p}.conv_concat", (st, xt), {"axes": {"s": span}}).name)
+    attrs = {"axes": {"t": g.type_of(xt).dims[1]}, "kernel": kernel.size, "with_state": True}
+    attrs["one_token_state"] = True
+    if bias is not None:
+        conv = g.add("causal_conv1d_bias", f"{p}.conv1d", (cat, weight, bias), attrs)
+    else:
+        conv = g.add("causal_conv1d", f"{p}.conv1d", (cat, weight), attrs)
+    keep = kernel.size - 1
+    w_now = Dim("conv_w", "key_token", keep, positions=(f"P+T-{keep}", "P+T"))
+    kept = Ref(g.add("conv_state", f"{p}.conv_state", (cat,), {"axes": {"w": w_now}}).name)
+    y = _permute(g, f"{p}.channels_first", Ref(conv.name))
+    return y, _permute(g, f"{p}.state_channels_first", kept)
+
+
+def _vids(x: Any) -> set[int]:
+    if isinstance(x, Val):
+        return {x.vid}
+    if isinstance(x, dict):
+        x = list(x.values())
+    if isinstance(x, (tuple, list)):
+        return {v for item in x for v in _vids(item)}
+    return set()
+
+
 def carried_states(rec: Recording) -> dict[int, tuple[int, int | None]]:
     """Each Mamba-1 scan's final state (by tensor) -> the past cache input the step copies it
     into, and its index along axis 1 there where the layer stacks several scans' states (Zamba's
@@ -157,15 +249,17 @@ def select_head(g: Graph, name: str, x: Ref, index: int) -> Ref:
 
 
 def lower_conv(g: Graph, p: str, ins: list[Ref | None], unit: dict[str, Any]) -> Ref:
-    """The causal conv of scope `p` on x (B, C, S) from a zero start, its weight (C, K) and
-    bias or None, `unit` the event's attrs: returns the output (B, C, S)."""
+    """The causal conv of scope `p` on x (B, C, S) from a zero start, its weight (C, K) or
+    (C, 1, K) and bias or None, `unit` the event's attrs: returns the output (B, C, S)."""
     x, weight, bias = ins
     assert x is not None and weight is not None
     activation = unit["activation"]
-    c, kernel = g.type_of(weight).dims
+    kernel = g.type_of(weight).dims[-1]
     xt = _permute(g, f"{p}.channels_last", x)
-    one = Dim("one", "hidden", 1)
-    w = _view(g, f"{p}.conv_weight", weight, (c, one, kernel), "a b -> a c b", {"c": one})
+    w = weight
+    if g.type_of(weight).rank == 2:  # (C, K), as a kernel takes it: nn.Conv1d's (C, 1, K)
+        c, one = g.type_of(weight).dims[0], Dim("one", "hidden", 1)
+        w = _view(g, f"{p}.conv_weight", weight, (c, one, kernel), "a b -> a c b", {"c": one})
     attrs = {"axes": {"t": g.type_of(xt).dims[1]}, "kernel": kernel.size, "with_state": False}
     if unit.get("padded_to"):
         attrs["padded_to"] = unit["padded_to"]
@@ -214,7 +308,8 @@ def reference_conv_flops(g: Graph) -> int:
     """The FLOPs of the graph's causal convs as transformers' torch code computes them, for a
     comparison with torch's FlopCounterMode: a conv1d padded by K-1 on both sides, so S+K-1
     outputs of which it keeps S, 2 C K B (S+K-1), S at least the length transformers' cache
-    pads a first step to (`padded_to`). graphllm counts the S outputs a causal-conv kernel
+    pads a first step to (`padded_to`). RecurrentGemma's conv after its carried inputs
+    (`one_token_state`) is the new tokens' torch conv for several, and none for one. graphllm counts the S outputs a causal-conv kernel
     computes (the rows' flops_fn)."""
     total = 0
     for n in g.nodes():
@@ -222,6 +317,10 @@ def reference_conv_flops(g: Graph) -> int:
             b, s, c = (int(x) for x in g.type_of(n.inputs[0]).shape(g.bindings))
             s = max(s, int(n.attrs.get("padded_to", 0)))
             k = int(n.attrs["kernel"])
+            if n.attrs.get("one_token_state"):  # the step alone, padded (a sum of products
+                # for one token, which FlopCounterMode counts as none)
+                total += 0 if s == k else 2 * c * k * b * s
+                continue
             total += 2 * c * k * b * (s + k - 1)
         elif n.op.startswith("aten.convolution["):  # torch's own: the outputs it keeps
             out = g.type_of(Ref(n.name)).shape(g.bindings)

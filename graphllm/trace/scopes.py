@@ -28,8 +28,12 @@ _CLASS_KINDS: tuple[tuple[re.Pattern[str], str | None], ...] = (
     (re.compile(r"(Router|Gate|Gating)$"), "router"),
     (re.compile(r"(SparseMo[eE]Block|SparseMoe|MoeBlock|MoE|Moe|MoELayer|MoeLayer)$"), "moe"),
     (re.compile(r"(Mamba\d?Mixer|Mixer|Mamba\d?)$"), "mamba"),
+    # (Griffin's recurrent block, RecurrentGemma's: its conv and RG-LRU, a linear recurrence)
     (
-        re.compile(r"(GatedDeltaNet|LinearAttention|DeltaNet|DeltaAttention|LightningAttention)$"),
+        re.compile(
+            r"(GatedDeltaNet|LinearAttention|DeltaNet|DeltaAttention|LightningAttention"
+            r"|RecurrentBlock)$"
+        ),
         "linear_attention",
     ),
     (re.compile(r"Attention(Block)?$"), "attention"),

@@ -13,7 +13,7 @@ from graphllm.models.workload import Workload
 from graphllm.passes import run
 from graphllm.runtime.interpret import Interpreter
 from graphllm.trace import traced_graph
-from graphllm.trace.forward import cache_argument, cache_of, cache_tensors
+from graphllm.trace.forward import cache_argument, cache_of, cache_tensors, handed_cache
 from graphllm.trace.recurrences import reference_conv_flops
 
 B, T, P = 2, 5, 4
@@ -186,8 +186,8 @@ def check_traced(raw: dict[str, Any], past: int = 0, new: int = T, batch: int = 
     feeds: dict[str, np.ndarray] = {"input_ids": ids}
     positions = np.broadcast_to(np.arange(past, past + new), (batch, new)).copy()
     with torch.no_grad():
-        cache = cache_of(ref(torch.tensor(past_ids), use_cache=True)) if past else None
-        held = {k: t for k, t, _ in cache_tensors(cache, "past_key_values")} if past else {}
+        cache = past_cache(ref, past_ids) if past else None
+        held = {k: t for k, t, _ in carried(ref, cache)} if past else {}
         for n in g.nodes("input"):
             if n.name == "position_ids":
                 feeds[n.name] = positions
@@ -202,6 +202,25 @@ def check_traced(raw: dict[str, Any], past: int = 0, new: int = T, batch: int = 
     counts = {str(k): v for k, v in fc.get_flop_counts()["Global"].items()}
     conv = counts.pop("aten.convolution", 0)
     return Checked(g, res, got, want, sum(counts.values()), conv, stored_numel(ref))
+
+
+def past_cache(ref: Any, past_ids: Any) -> Any:
+    """transformers' cache after `past_ids`: the one its output carries, or the one it was
+    handed, for a model that returns none (RecurrentGemma keeps the one it is handed and its
+    recurrent states on its modules)."""
+    import torch
+
+    handed = handed_cache(ref)
+    kw = {} if handed is None else {cache_argument(ref): handed}
+    out = ref(torch.tensor(past_ids), use_cache=True, **kw)
+    return cache_of(out) if handed is None else handed
+
+
+def carried(ref: Any, cache: Any) -> list[tuple[str, Any, str]]:
+    """(name, tensor, role) of what `ref` carries to its next step: its cache's tensors, and
+    the states its modules keep beside a cache it was handed."""
+    holder = None if handed_cache(ref) is None else ref
+    return cache_tensors(cache, "past_key_values", holder)
 
 
 def onnx_against_transformers(
@@ -230,7 +249,7 @@ def onnx_against_transformers(
     ids = np.random.default_rng(0).integers(0, vocab, (B, P + new))
     with torch.no_grad():
         want = ref(torch.tensor(ids)).logits.numpy()
-        cache = cache_of(ref(torch.tensor(ids[:, :P]), use_cache=True))
+        cache = past_cache(ref, ids[:, :P])
     diffs = []
     for past in (P, 0):
         feeds = {
@@ -238,7 +257,7 @@ def onnx_against_transformers(
             "position_ids": np.broadcast_to(np.arange(past, P + new), (B, P + new - past)).copy(),
             "attention_mask": np.ones((B, P + new), np.int64),
         }
-        held = {k: (t, role) for k, t, role in cache_tensors(cache, "past_key_values")}
+        held = {k: (t, role) for k, t, role in carried(ref, cache)}
         for i in session.get_inputs():
             if i.name in held:
                 t, role = held[i.name]
