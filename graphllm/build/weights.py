@@ -408,9 +408,16 @@ def checkpoint_tensors(
     if text_decoder:
         unmodelled_tensors(ckpt, cfg.text_decoder_of)  # type: ignore[union-attr]
     reads: dict[str, list[Read]] = {}
+    # a traced graph's: each param's format, read from what transformers' quantizer converts
+    # (graphllm.trace.stored), and the pieces a stack is stored as
+    formats = graph.meta.get("checkpoint_formats")
     for n in graph.params():
-        fmt = quant.format_of(n.name, n.attrs["kind"]) if quant is not None else None
-        want = _shape(n)[1:] if _per_expert(n) else _shape(n)
+        fmt, parts = (
+            (None, None) if quant is None else (quant.format_of(n.name, n.attrs["kind"]), None)
+        )
+        if formats is not None:
+            fmt, parts = formats.get(n.name, (None, None))
+        want = _shape(n)[1:] if _per_expert(n) else _piece(n, parts)
         if n.name in packed:
             if fmt is None or n.attrs.get("stacked") == "expert":
                 raise WeightsError(f"{n.name}: not a GPTQ/AWQ matrix of the checkpoint")
@@ -568,6 +575,22 @@ def _assembled(n: Node, shape: tuple[int, ...], reads: list[Read], dtype: Any) -
             f"{n.name}: its checkpoint pieces make {out.shape}, graph expects {shape}"
         )
     return out.astype(dtype, copy=False)
+
+
+def _piece(n: Node, parts: tuple[int, int] | None) -> tuple[int, ...]:
+    """The shape of one stored piece of a traced param (`stored_as`'s: its stack axis gone,
+    its concat axis cut in `parts`' equal pieces); the param's own shape where it is stored
+    whole."""
+    shape = list(_shape(n))
+    how = n.attrs.get("stored_as")
+    if not isinstance(how, dict) or "parts" not in how:
+        return tuple(shape)
+    if parts is not None:
+        axis, count = parts
+        shape[axis] //= count
+    if how.get("stack") is not None:
+        del shape[how["stack"]]
+    return tuple(shape)
 
 
 def _per_expert(n: Node) -> bool:

@@ -1,0 +1,170 @@
+"""A traced model of a quantized checkpoint (its `quantization_config`): each param node carries
+the format the checkpoint stores it in, read with the built families' rules from what
+transformers' quantizer converts (graphllm.trace.stored), so that its weights' bytes, by dtype
+and by kind, and each param's stored format equal the built graph's of the same config; every
+method the built families model, an unknown one refused as they refuse it; the weights of a
+tiny FP8 checkpoint quantized by the published rule read back dequantized, with transformers'
+logits."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+from graphllm.build.weights import load_weights
+from graphllm.errors import ConfigError
+from graphllm.models.config import load_config
+from graphllm.models.workload import Workload
+from graphllm.runtime.interpret import Interpreter
+from graphllm.trace import traced_graph
+from tests.support.quantized_checkpoints import quantized_tensors, save_tensors
+from tests.support.stored import assert_stored_as_built
+from tests.support.traced import MLA, TINY
+
+WL = Workload(seq_len=8)
+QWEN2_MOE = dict(
+    TINY,
+    model_type="qwen2_moe",
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=16,
+    shared_expert_intermediate_size=32,
+)
+DEEPSEEK = dict(
+    MLA,
+    model_type="deepseek_v3",
+    n_group=1,
+    topk_group=1,
+    first_k_dense_replace=1,
+    moe_intermediate_size=8,
+)
+FP8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic"}
+METHODS = {
+    "fp8": FP8 | {"weight_block_size": [16, 16]},
+    "fp8_per_tensor": FP8 | {"weight_block_size": None},
+    "fp8_skips": FP8 | {"weight_block_size": [16, 16], "modules_to_not_convert": ["o_proj"]},
+    "gptq": {"quant_method": "gptq", "bits": 4, "group_size": 16, "desc_act": False, "sym": True},
+    "awq": {"quant_method": "awq", "bits": 4, "group_size": 16, "zero_point": True},
+    "compressed_tensors": {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {
+                    "type": "int", "num_bits": 4, "symmetric": True, "strategy": "group",
+                    "group_size": 16,
+                },
+            }
+        },
+        "ignore": ["lm_head"],
+    },
+    "mxfp4": {"quant_method": "mxfp4"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_tiny_moe_stores_its_weights_as_built(method):
+    """Qwen2-MoE: attention, routed and shared experts, a router that is no nn.Linear and a
+    shared_expert_gate that is one (converted by FP8 and compressed-tensors, not GPTQ/AWQ),
+    an untied head (left unconverted by FP8's default skips, converted by a skip list that does
+    not name it)."""
+    raw = QWEN2_MOE | {"quantization_config": METHODS[method]}
+    _, traced = assert_stored_as_built(raw, WL)
+    stored = {n.name: n.attrs.get("stored") for n in traced.params()}
+    gate = stored["model.layers.0.mlp.shared_expert_gate.weight"]
+    assert (gate is not None) == (method in ("fp8", "fp8_per_tensor", "fp8_skips",
+                                             "compressed_tensors"))  # fmt: skip
+    assert stored["model.layers.0.mlp.gate.weight"] is None
+    assert stored["model.embed_tokens.weight"] is None
+    experts = stored["model.layers.0.mlp.experts.gate_up_proj"]
+    assert experts is not None
+
+
+def test_mla_moe_fp8_as_built():
+    """DeepSeek-V3: MLA projections, the fused experts' gate_up_proj (stored as a gate and an up
+    projection an expert, each with its scales: a 16x16 block over each 8-row half), fp32 router
+    weights stored at the checkpoint's bf16."""
+    _, traced = assert_stored_as_built(DEEPSEEK | {"quantization_config": METHODS["fp8"]}, WL)
+    gate_up = traced["model.layers.1.mlp.experts.gate_up_proj"]
+    assert gate_up.attrs["stored_parts"] == (1, 2)
+    assert traced["model.layers.1.mlp.gate.weight"].out.dtype == "bf16"
+
+
+def test_keep_in_fp32_modules_stay_unconverted():
+    """DeepSeek-V3.2's indexer.weights_proj is one of the model's _keep_in_fp32_modules, which
+    transformers' FP8 quantizer adds to its skip list: stored at the checkpoint's dtype."""
+    raw = dict(DEEPSEEK, model_type="deepseek_v32", index_head_dim=8, index_n_heads=2)
+    raw |= {"index_topk": 3, "quantization_config": METHODS["fp8"]}
+    g = traced_graph(raw, WL)
+    stored = {n.name: n.attrs.get("stored") for n in g.params()}
+    attn = "model.layers.0.self_attn."
+    assert stored[attn + "indexer.weights_proj.weight"] is None
+    assert stored[attn + "indexer.wq_b.weight"] is not None
+    assert stored[attn + "indexer.wk.weight"] is not None
+    assert g.meta["config"].quantization.method == "fp8"
+
+
+@pytest.mark.parametrize(
+    "section",
+    [
+        {"quant_method": "bitsandbytes"},
+        {"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128], "colour": 1},
+    ],
+)
+def test_what_the_built_side_refuses_is_refused_alike(section):
+    raw = QWEN2_MOE | {"quantization_config": section}
+    with pytest.raises(ConfigError) as built:
+        load_config(raw)
+    with pytest.raises(ConfigError) as traced:
+        traced_graph(raw, WL)
+    assert str(traced.value) == str(built.value)
+    assert "\n" not in str(traced.value)
+
+
+def test_fp8_checkpoint_weights_read_dequantized(tmp_path):
+    """A tiny DeepSeek-V3 checkpoint whose matrices are quantized to FP8 by the published rule
+    (e4m3 values, one scale_inv a 16x16 block; each expert's gate and up projections apart):
+    the traced graph reads it as the dequantized values, the interpreter's logits on them are
+    transformers' own on those values."""
+    import torch
+    import transformers
+    from safetensors.numpy import load_file
+
+    raw = DEEPSEEK | {"quantization_config": METHODS["fp8"]}
+    cfg = transformers.CONFIG_MAPPING["deepseek_v3"](
+        **{k: v for k, v in DEEPSEEK.items() if k != "model_type"}
+    )
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(cfg).eval().save_pretrained(tmp_path / "d")
+    wl = Workload(batch=1, seq_len=5, dtype="fp32")
+    g = traced_graph(raw, wl, values=True)
+    assert g.meta["quantization"] is None  # a graph that runs computes at its dtype
+    quantized = set()
+    for n in g.params():
+        if g.meta["checkpoint_formats"].get(n.name, (None,))[0] is not None:
+            how = n.attrs.get("stored_as")
+            quantized |= {p for grp in how["parts"] for p in grp} if how else {n.name}
+    assert any(".experts.0.gate_proj." in p for p in quantized)
+    dense = load_file(str(tmp_path / "d" / "model.safetensors"))
+    fmt = g.meta["checkpoint_quantization"].weights
+    tensors, meant, dtypes = quantized_tensors(dense, fmt, quantized)
+    config = json.loads((tmp_path / "d" / "config.json").read_text())
+    for folder, held, section in (("q", tensors, {"quantization_config": FP8}), ("m", {}, {})):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "config.json").write_text(json.dumps(config | section))
+        save_tensors(held or dense | meant, tmp_path / folder / "model.safetensors", dtypes)
+    got = load_weights(g, tmp_path / "q")
+    plain = load_weights(traced_graph(DEEPSEEK, wl, values=True), tmp_path / "m")
+    assert got.keys() == plain.keys()
+    for k, v in got.items():
+        np.testing.assert_array_equal(v, plain[k])
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "m", dtype=torch.float32)
+    ids = np.random.default_rng(0).integers(0, DEEPSEEK["vocab_size"], (1, 5))
+    with torch.no_grad():
+        want = ref.eval()(torch.tensor(ids)).logits.numpy()
+    out = Interpreter(g, got).run({"input_ids": ids, "position_ids": np.arange(5)[None]})
+    np.testing.assert_allclose(out["logits"], want, atol=1e-4, rtol=0)
