@@ -9,6 +9,7 @@ logits."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -125,24 +126,20 @@ def test_what_the_built_side_refuses_is_refused_alike(section):
     assert "\n" not in str(traced.value)
 
 
-def test_fp8_checkpoint_weights_read_dequantized(tmp_path):
-    """A tiny DeepSeek-V3 checkpoint whose matrices are quantized to FP8 by the published rule
-    (e4m3 values, one scale_inv a 16x16 block; each expert's gate and up projections apart):
-    the traced graph reads it as the dequantized values, the interpreter's logits on them are
-    transformers' own on those values."""
+def _fp8_checkpoints(tmp_path, g) -> tuple:
+    """A random tiny DeepSeek-V3 saved by transformers, the matrices `g` (traced with FP8's
+    quantization_config) says are stored quantized written as FP8 by the published rule (e4m3
+    values, one scale_inv a 16x16 block; each expert's gate and up projections apart) in
+    folder q, and their dequantized values unquantized in folder m."""
     import torch
     import transformers
     from safetensors.numpy import load_file
 
-    raw = DEEPSEEK | {"quantization_config": METHODS["fp8"]}
     cfg = transformers.CONFIG_MAPPING["deepseek_v3"](
         **{k: v for k, v in DEEPSEEK.items() if k != "model_type"}
     )
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(cfg).eval().save_pretrained(tmp_path / "d")
-    wl = Workload(batch=1, seq_len=5, dtype="fp32")
-    g = traced_graph(raw, wl, values=True)
-    assert g.meta["quantization"] is None  # a graph that runs computes at its dtype
     quantized = set()
     for n in g.params():
         if g.meta["checkpoint_formats"].get(n.name, (None,))[0] is not None:
@@ -153,18 +150,106 @@ def test_fp8_checkpoint_weights_read_dequantized(tmp_path):
     fmt = g.meta["checkpoint_quantization"].weights
     tensors, meant, dtypes = quantized_tensors(dense, fmt, quantized)
     config = json.loads((tmp_path / "d" / "config.json").read_text())
-    for folder, held, section in (("q", tensors, {"quantization_config": FP8}), ("m", {}, {})):
+    for folder, held, section in (
+        ("q", tensors, {"quantization_config": METHODS["fp8"]}),
+        ("m", {}, {}),
+    ):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "config.json").write_text(json.dumps(config | section))
         save_tensors(held or dense | meant, tmp_path / folder / "model.safetensors", dtypes)
-    got = load_weights(g, tmp_path / "q")
-    plain = load_weights(traced_graph(DEEPSEEK, wl, values=True), tmp_path / "m")
+    return tmp_path / "q", tmp_path / "m"
+
+
+def _reference(folder, ids):
+    import torch
+    import transformers
+
+    ref = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    with torch.no_grad():
+        return ref.eval()(torch.tensor(ids)).logits.numpy()
+
+
+def test_fp8_checkpoint_weights_read_dequantized(tmp_path):
+    """The traced graph reads a quantized checkpoint as its dequantized values, and the
+    interpreter's logits on them are transformers' own on those values."""
+    raw = DEEPSEEK | {"quantization_config": METHODS["fp8"]}
+    wl = Workload(batch=1, seq_len=5, dtype="fp32")
+    g = traced_graph(raw, wl, values=True)
+    assert g.meta["quantization"] is None  # a graph that runs computes at its dtype
+    q, m = _fp8_checkpoints(tmp_path, g)
+    got = load_weights(g, q)
+    plain = load_weights(traced_graph(DEEPSEEK, wl, values=True), m)
     assert got.keys() == plain.keys()
     for k, v in got.items():
         np.testing.assert_array_equal(v, plain[k])
-    ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "m", dtype=torch.float32)
     ids = np.random.default_rng(0).integers(0, DEEPSEEK["vocab_size"], (1, 5))
-    with torch.no_grad():
-        want = ref.eval()(torch.tensor(ids)).logits.numpy()
     out = Interpreter(g, got).run({"input_ids": ids, "position_ids": np.arange(5)[None]})
-    np.testing.assert_allclose(out["logits"], want, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(out["logits"], _reference(m, ids), atol=1e-4, rtol=0)
+
+
+def test_fp8_checkpoint_exports_to_onnx(tmp_path):
+    """`export --frontend traced --weights` of the quantized checkpoint: onnxruntime's logits
+    are transformers' on the dequantized values."""
+    import onnxruntime as ort
+    from click.testing import CliRunner
+
+    from graphllm.cli.main import main
+
+    wl = Workload(batch=1, seq_len=1, past_len=1, dtype="fp32")
+    g = traced_graph(DEEPSEEK | {"quantization_config": METHODS["fp8"]}, wl, values=True)
+    q, m = _fp8_checkpoints(tmp_path, g)
+    out = tmp_path / "m.onnx"
+    args = ["export", "--weights", str(q), "--frontend", "traced", "-o", str(out)]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    assert "traced from transformers' code" in r.output
+    ids = np.random.default_rng(0).integers(0, DEEPSEEK["vocab_size"], (1, 5))
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    feeds = {
+        "input_ids": ids,
+        "attention_mask": np.ones(ids.shape, np.int64),
+        "position_ids": np.arange(5)[None],
+    }
+    for i in session.get_inputs():
+        if i.name not in feeds:  # an empty past
+            shape = [0 if isinstance(d, str) and "past" in d.lower() else d for d in i.shape]
+            feeds[i.name] = np.zeros([1 if isinstance(d, str) else d for d in shape], np.float32)
+    got = session.run(["logits"], {i.name: feeds[i.name] for i in session.get_inputs()})[0]
+    np.testing.assert_allclose(got, _reference(m, ids), atol=1e-4, rtol=0)
+
+
+def _v32(tmp_path) -> str:
+    """DeepSeek-V3.2-Exp's config: V3's (FP8, 128x128 blocks) and the indexer's three fields."""
+    raw = json.loads(Path("tests/fixtures/hub/deepseek-ai/DeepSeek-V3/config.json").read_text())
+    raw.pop("auto_map")
+    raw |= {"architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32"}
+    raw |= {"index_head_dim": 128, "index_n_heads": 64, "index_topk": 2048}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    return str(path)
+
+
+def test_deepseek_v32_traces_with_its_fp8_weights(tmp_path):
+    """V3's weights (673.15 GB as stored, the built family's) and each of 61 indexers': wq_b
+    [8192, 1536] and wk [128, 7168] in FP8 with a fp32 scale a 128x128 block, weights_proj
+    [64, 7168] (kept in fp32 by the model: unconverted) and k_norm's weight and bias in bf16."""
+    from click.testing import CliRunner
+
+    from graphllm.cli.main import main
+
+    indexer = 8192 * 1536 + 64 * 12 * 4 + 128 * 7168 + 56 * 4 + 64 * 7168 * 2 + 2 * 128 * 2
+    args = ["trace", "--config", _v32(tmp_path), "-t", "16", "--json"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["model"]["frontend"] == "traced"
+    assert doc["model"]["quantization"]["method"] == "fp8"
+    assert doc["memory"]["weights"] == 673_150_582_112 + 61 * indexer
+    r = CliRunner().invoke(main, [*args[:-1], "--weight-dtype", "bf16"])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert (
+        "note: --weight-dtype bf16 overrides the checkpoint's quantization_config (fp8): "
+        "every weight is modelled as bf16"
+    ) in text
+    assert "storage:" not in text
