@@ -3,14 +3,16 @@ built families' rules (graphllm.models.quantization), applied to the traced para
 
 transformers' quantizers convert modules by what they are, not by their names: FP8 and
 compressed-tensors every `nn.Linear` (its class exactly) and every fused `.experts` module,
-MXFP4 the experts alone, GPTQ and AWQ the decoder layers' linear modules. The trace knows what
-each weight is from the model it ran (`quantized_modules`: an nn.Linear's weight, a fused experts
-module's stacks) and which builder kind it counts under (graphllm.trace.scopes.param_kind);
-`Quantization.format_of` then says its stored format, as for a built graph's param of that kind.
-Any other tensor (an embedding, a norm, a router that is no nn.Linear, a bias) is stored at the
-checkpoint's dtype. A fused stack that the checkpoint keeps as pieces joined on a matrix axis
-(`gate_up_proj`: a gate and an up projection an expert) is stored as those pieces, each with
-its own scales: `stored_parts` says how many equal parts, on which axis.
+MXFP4 the experts alone, GPTQ and AWQ the decoder layers' linear modules; each adds the model's
+`_keep_in_fp32_modules` to its skip list (GPTQ excepted), and where the config gives none the
+default skips (the output embedding). The trace reads those from the model it ran
+(`quantized_modules`) and the builder kind each weight counts under from its scope
+(graphllm.trace.scopes.param_kind); `Quantization.format_of` then says its stored format, as for
+a built graph's param of that kind. Any other tensor (an embedding, a norm, a router that is no
+nn.Linear, a bias) is stored at the checkpoint's dtype. A fused stack that the checkpoint keeps
+as pieces joined on a matrix axis (`gate_up_proj`: a gate and an up projection an expert) is
+stored as those pieces, each with its own scales: `stored_parts` says how many equal parts, on
+which axis.
 """
 
 from __future__ import annotations

@@ -15,10 +15,17 @@ import numpy as np
 import pytest
 
 pytest.importorskip("transformers")
+from click.testing import CliRunner
+
 from graphllm.build.weights import load_weights
+from graphllm.cli.main import main
 from graphllm.errors import ConfigError
+from graphllm.files import json_text
 from graphllm.models.config import load_config
+from graphllm.models.hardware import load_hardware
 from graphllm.models.workload import Workload
+from graphllm.report import reuse
+from graphllm.report.trace_report import traced_report
 from graphllm.runtime.interpret import Interpreter
 from graphllm.trace import traced_graph
 from tests.support.quantized_checkpoints import quantized_tensors, save_tensors
@@ -191,9 +198,6 @@ def test_fp8_checkpoint_exports_to_onnx(tmp_path):
     """`export --frontend traced --weights` of the quantized checkpoint: onnxruntime's logits
     are transformers' on the dequantized values."""
     import onnxruntime as ort
-    from click.testing import CliRunner
-
-    from graphllm.cli.main import main
 
     wl = Workload(batch=1, seq_len=1, past_len=1, dtype="fp32")
     g = traced_graph(DEEPSEEK | {"quantization_config": METHODS["fp8"]}, wl, values=True)
@@ -233,9 +237,6 @@ def test_deepseek_v32_traces_with_its_fp8_weights(tmp_path):
     """V3's weights (673.15 GB as stored, the built family's) and each of 61 indexers': wq_b
     [8192, 1536] and wk [128, 7168] in FP8 with a fp32 scale a 128x128 block, weights_proj
     [64, 7168] (kept in fp32 by the model: unconverted) and k_norm's weight and bias in bf16."""
-    from click.testing import CliRunner
-
-    from graphllm.cli.main import main
 
     indexer = 8192 * 1536 + 64 * 12 * 4 + 128 * 7168 + 56 * 4 + 64 * 7168 * 2 + 2 * 128 * 2
     args = ["trace", "--config", _v32(tmp_path), "-t", "16", "--json"]
@@ -253,3 +254,17 @@ def test_deepseek_v32_traces_with_its_fp8_weights(tmp_path):
         "every weight is modelled as bf16"
     ) in text
     assert "storage:" not in text
+
+
+def test_one_layer_of_each_kind_stands_for_a_quantized_model():
+    """trace's analysis of the first layer of each kind, unrolled, is the full graph's to the
+    last bit, stored formats included (each layer's params carry their own)."""
+
+    raw = DEEPSEEK | {"num_hidden_layers": 3, "quantization_config": METHODS["fp8"]}
+    wl, hw = Workload(seq_len=8), load_hardware("h100")
+    config = traced_graph(raw, wl, "tiny").meta["config"]
+    got = reuse.reused_report(config, wl, hw)
+    assert got is not None, "one layer of each kind should stand for this model"
+    want, _ = traced_report(raw, "tiny", wl, hw)
+    assert got["model"]["quantization"]["method"] == "fp8"
+    assert json.loads(json_text(got)) == json.loads(json_text(want))
