@@ -1,8 +1,8 @@
 """The traced frontend against graphllm's hand-built families, on every preset at full size.
 
 For each preset (a published config of a family graphllm builds), the graph is built and traced
-at the same workload (a quantized checkpoint's at its dtype: the trace does not model stored
-formats yet), and the two are compared: parameters (total), matmul FLOPs as transformers'
+at the same workload (a quantized checkpoint's as it stores its weights, in both), and the two
+are compared: parameters (total), matmul FLOPs as transformers'
 code computes them (every (query, key) pair), KV cache bytes, weight bytes, and the ops the tokens
 pass finds mixing. The times of both are printed beside them; a difference is one line.
 
@@ -29,8 +29,6 @@ PASSES = ["params", "tokens", "cost", "memory"]
 
 def compare(name: str, wl: Workload) -> dict[str, Any]:
     raw, _ = read_config_source(name)
-    # compared at the config's dtype: the traced frontend does not model stored formats yet
-    raw = {k: v for k, v in raw.items() if k != "quantization_config"}
     start = time.perf_counter()
     built = build_graph(load_config(raw), wl)
     t_built = time.perf_counter() - start

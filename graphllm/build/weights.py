@@ -386,6 +386,11 @@ def _check_layout(rel: str, tensors: dict[str, _Tensor], base: int, data_size: i
         )
 
 
+# the methods whose stored tensors a traced graph reads (tested on tiny checkpoints); MXFP4's
+# experts transformers holds transposed from the stored rows, which the reader does not undo
+TRACED_READS = ("fp8", "gptq", "awq")
+
+
 def checkpoint_tensors(
     graph: Graph, folder: str | Path, dtype: str = "fp32", packed: Collection[str] = ()
 ) -> Iterator[tuple[Node, Any]]:
@@ -408,9 +413,21 @@ def checkpoint_tensors(
     if text_decoder:
         unmodelled_tensors(ckpt, cfg.text_decoder_of)  # type: ignore[union-attr]
     reads: dict[str, list[Read]] = {}
+    # a traced graph's: each param's format, read from what transformers' quantizer converts
+    # (graphllm.trace.stored), and the pieces a stack is stored as
+    formats = graph.meta.get("checkpoint_formats")
     for n in graph.params():
-        fmt = quant.format_of(n.name, n.attrs["kind"]) if quant is not None else None
-        want = _shape(n)[1:] if _per_expert(n) else _shape(n)
+        fmt, parts = (
+            (None, None) if quant is None else (quant.format_of(n.name, n.attrs["kind"]), None)
+        )
+        if formats is not None:
+            fmt, parts = formats.get(n.name, (None, None))
+            if fmt is not None and fmt.method not in TRACED_READS:
+                raise WeightsError(
+                    f"{n.name}: a traced model's {fmt.method} weights are not read from a "
+                    f"checkpoint yet ({', '.join(TRACED_READS)} are); its analysis needs none"
+                )
+        want = _shape(n)[1:] if _per_expert(n) else _piece(n, parts)
         if n.name in packed:
             if fmt is None or n.attrs.get("stacked") == "expert":
                 raise WeightsError(f"{n.name}: not a GPTQ/AWQ matrix of the checkpoint")
@@ -594,6 +611,22 @@ def _assembled(n: Node, shape: tuple[int, ...], reads: list[Read], dtype: Any) -
             f"{n.name}: its checkpoint pieces make {out.shape}, graph expects {shape}"
         )
     return out.astype(dtype, copy=False)
+
+
+def _piece(n: Node, parts: tuple[int, int] | None) -> tuple[int, ...]:
+    """The shape of one stored piece of a traced param (`stored_as`'s: its stack axis gone,
+    its concat axis cut in `parts`' equal pieces); the param's own shape where it is stored
+    whole."""
+    shape = list(_shape(n))
+    how = n.attrs.get("stored_as")
+    if not isinstance(how, dict) or "parts" not in how:
+        return tuple(shape)
+    if parts is not None:
+        axis, count = parts
+        shape[axis] //= count
+    if how.get("stack") is not None:
+        del shape[how["stack"]]
+    return tuple(shape)
 
 
 def _per_expert(n: Node) -> bool:

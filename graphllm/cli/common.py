@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +32,12 @@ from graphllm.models.config import (
 )
 from graphllm.models.hardware import rate_model
 from graphllm.models.model_config import ModelConfig
+from graphllm.models.quantization import Quantization
 from graphllm.models.workload import ATTENTION_FORMS, Workload
 from graphllm.models.workload_merge import merge_workload
 from graphllm.passes.parallel.engine import mla_form
 from graphllm.trace.model import traced_graph
+from graphllm.trace.stored import traced_quantization
 
 DTYPE_NAMES = ["fp32", "bf16", "fp16", "fp8", "int8", "int4", "int4g32"]
 PRESET_HELP = "A preset name (see `graphllm presets`)."
@@ -313,16 +316,22 @@ def resolve_sweep(options: dict[str, Any], stored: bool = True) -> tuple[Any, li
     seq_lens = options.pop("seq_len") or []
     flags = {k: options.pop(k) for k in WORKLOAD_FLAGS}
     got = merge_workload(config, section, flags, seq_lens, stored)
-    if got.dropped_quantization is not None:
-        by = got.overridden_by
-        said = f"--{by.replace('_', '-')} {flags[by]}" if by else "the workload's dtype"
-        click.echo(
-            f"note: {said} overrides the checkpoint's quantization_config "
-            f"({got.dropped_quantization}): every weight is modelled as "
-            f"{got.workloads[0].weight_dtype}",
-            err=True,
-        )
+    _note_dropped(got, flags)
     return got.config, list(got.workloads)
+
+
+def _note_dropped(got: Any, flags: dict[str, Any]) -> None:
+    """The note that a weight dtype given overrides the checkpoint's stored format."""
+    if got.dropped_quantization is None:
+        return
+    by = got.overridden_by
+    said = f"--{by.replace('_', '-')} {flags[by]}" if by else "the workload's dtype"
+    click.echo(
+        f"note: {said} overrides the checkpoint's quantization_config "
+        f"({got.dropped_quantization}): every weight is modelled as "
+        f"{got.workloads[0].weight_dtype}",
+        err=True,
+    )
 
 
 FRONTENDS = ("auto", "built", "traced")
@@ -356,13 +365,22 @@ def traced_source(options: dict[str, Any], frontend: str) -> tuple[dict, str] | 
 
 def traced_workloads(options: dict[str, Any], raw: dict) -> list[Workload]:
     """The workloads of a traced model: flags over the YAML's workload section over the
-    defaults (a traced model has no quantization to override: graphllm.trace refuses one)."""
+    defaults. A weight dtype named overrides a quantized checkpoint's stored format, as for a
+    built family: `raw` then loses its quantization_config (it is what the trace reads)."""
     path = options.pop("config_path")
     options.pop("preset")
     section = load_workload_section(path) if path is not None else {}
     seq_lens = options.pop("seq_len") or []
     flags = {k: options.pop(k) for k in WORKLOAD_FLAGS}
-    return list(merge_workload(_NoQuantization(), section, flags, seq_lens, False).workloads)
+    held = _Storage(traced_quantization(raw))
+    got = merge_workload(held, section, flags, seq_lens, True)  # type: ignore[arg-type]
+    _note_dropped(got, flags)
+    if got.dropped_quantization is not None:
+        raw.pop("quantization_config", None)
+        if isinstance(raw.get("text_config"), dict):
+            raw["text_config"] = dict(raw["text_config"])
+            raw["text_config"].pop("quantization_config", None)
+    return list(got.workloads)
 
 
 def traced_model(
@@ -384,8 +402,11 @@ def traced_model(
     return graph, workloads[0]
 
 
-class _NoQuantization:
-    quantization = None
+@dataclass(frozen=True)
+class _Storage:
+    """What merge_workload reads of a traced model's config: how its checkpoint stores it."""
+
+    quantization: Quantization | None = None
 
 
 def attention_option(help_text: str) -> Callable:

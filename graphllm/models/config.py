@@ -339,7 +339,7 @@ def _text_decoder(d: dict, mt: str, name: str) -> ModelConfig:
         cfg = config_from_dict(text, name)
     except ConfigError as e:
         raise ConfigError(f"text_config: {e}") from None
-    quant = _quantization(d)  # the top level's; a text_config's own was read with it
+    quant = quantization_of(d)  # the top level's; a text_config's own was read with it
     if quant is not None:
         if cfg.quantization is not None and cfg.quantization != quant:
             raise ConfigError("quantization_config: the top level's and text_config's differ")
@@ -347,7 +347,7 @@ def _text_decoder(d: dict, mt: str, name: str) -> ModelConfig:
     return replace(cfg, text_decoder_of=mt)
 
 
-def _quantization(d: dict) -> Quantization | None:
+def quantization_of(d: dict) -> Quantization | None:
     """The config's quantization_config, with its torch_dtype for the unquantized tensors."""
     section = d.get("quantization_config")
     if section is None:
@@ -444,7 +444,7 @@ def config_from_dict(d: dict, name: str) -> ModelConfig:
         # a family's NoPE layers, or (Cohere 2) RoPE in the sliding-window layers alone
         rope_layers=tuple(t == SLIDING for t in types) if fam.rope_on_sliding_only else rope_layers,
         sliding_window=window,
-        quantization=_quantization(d),
+        quantization=quantization_of(d),
         **kw,
     )
 

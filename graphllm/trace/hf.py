@@ -54,14 +54,13 @@ def hf_config(raw: dict[str, Any]) -> Any:
             f"unknown model_type {shown(model_type)}: neither a graphllm family nor "
             f"transformers {transformers.__version__} implements it"
         )
-    q = raw.get("quantization_config")
-    if q:
-        method = q.get("quant_method", "?") if isinstance(q, dict) else "?"
-        raise ConfigError(
-            f"quantization_config ({shown(method)}): a traced model's stored weights are not "
-            "modelled yet; give the config without it to trace the model at its dtype"
-        )
-    fields = {k: _floats(v) for k, v in raw.items() if not k.startswith("_")}
+    # how the checkpoint stores its weights is graphllm's to model (graphllm.trace.stored), not
+    # transformers' model's: built from the config alone, its quantizers are never applied
+    fields = {
+        k: _floats(v)
+        for k, v in raw.items()
+        if not k.startswith("_") and k != "quantization_config"
+    }
     try:
         cfg = CONFIG_MAPPING[model_type](**fields)
     except Exception as e:  # transformers' and huggingface_hub's validation: one line

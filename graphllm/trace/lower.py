@@ -37,6 +37,7 @@ from graphllm.trace.recurrences import (
 )
 from graphllm.trace.scopes import param_kind, scope_kinds
 from graphllm.trace.selection import Selection, follow, select, selected_keys
+from graphllm.trace.stored import checkpoint_form, stored_form
 from graphllm.trace.symbolic import Expr, Point, concrete
 
 NEW = ("P", "P+T")
@@ -218,6 +219,8 @@ class _Lowering:
             stored = self.f.meta.get("stored_as", {}).get(name)
             if stored is not None:  # what checkpoints call it
                 extra["stored_as"] = stored
+            t, form = self.stored_form(name, weight, t, stored)
+            extra |= form
             node = self.g.param(name, t, kind=weight, **extra)
         elif kind == "input":
             node = self.g.input(name, t)
@@ -230,6 +233,22 @@ class _Lowering:
             raise ConfigError(f"a traced tensor ({vid}) is used before it is made")
         self.refs[vid] = Ref(node.name)
         return self.refs[vid]
+
+    def stored_form(
+        self, name: str, weight: str, t: TensorType, stored: Any
+    ) -> tuple[TensorType, dict[str, Any]]:
+        """A param as its checkpoint stores it (graphllm.trace.stored): quantized where the
+        graph models the storage; where it computes at its dtype (a graph that runs), the
+        checkpoint's format of each param kept for the reader of its weights."""
+        model = self.f.meta.get("quantized_modules", {})
+        q = self.f.meta.get("quantization")
+        if q is not None:
+            return stored_form(q, name, weight, model, t, stored)
+        q = self.f.meta.get("checkpoint_quantization")
+        if q is not None:
+            form = checkpoint_form(q, name, weight, model, t, stored)
+            self.g.meta.setdefault("checkpoint_formats", {})[name] = form
+        return t, {}
 
     def expert_axis(self, t: TensorType, weight: str) -> TensorType:
         """An experts' stack or a router's weight leads with the expert axis, whatever other

@@ -8,6 +8,7 @@ from typing import Any
 
 from graphllm.errors import ConfigError
 from graphllm.ir import Graph
+from graphllm.models.quantization import Quantization
 from graphllm.models.workload import Workload
 from graphllm.ops.generic import ensure_row
 from graphllm.trace.capture import Val
@@ -19,6 +20,7 @@ from graphllm.trace.relation import read_relation
 from graphllm.trace.store import load as load_stored
 from graphllm.trace.store import lowered_key, stored_key
 from graphllm.trace.store import save as save_stored
+from graphllm.trace.stored import quantized_modules, traced_quantization
 from graphllm.trace.symbolic import (
     DECODE_PROBES,
     PREFILL_PROBES,
@@ -42,7 +44,7 @@ class TracedConfig:
     num_experts: int = 0
     num_experts_per_tok: int = 0
     text_decoder_of: str = ""
-    quantization: None = None
+    quantization: Quantization | None = None  # how its checkpoint stores the weights
     is_mla: bool = False
     num_nextn_predict_layers: int = 0
     norm_weight_offset: float = 0.0  # random norm weights are drawn about 1 (build.weights)
@@ -92,6 +94,7 @@ def traced_graph(
     (random) values on the CPU, so the constants it computes (RoPE tables) are in the graph and
     it runs; otherwise on the meta device, any size."""
     wl = workload or Workload()
+    quantization = traced_quantization(raw)  # refused before any tracing
     dtype = "fp32" if values else _trace_dtype(wl.act_dtype)
     spans = _spans_of(raw)
     points = probes(wl, spans)
@@ -108,18 +111,24 @@ def traced_graph(
         fitted = _fitted(hf_config(raw), points, dtype, values)
         save_stored(stored, fitted)
     fitted.name = label
+    # a graph that runs computes at its dtype; the reader of its weights still needs the
+    # checkpoint's formats (graphllm.build.weights)
+    storage = None if values else quantization
     fitted.meta = dict(
         fitted.meta,
-        config=replace(fitted.meta["config"], name=label, raw=raw),
+        config=replace(fitted.meta["config"], name=label, raw=raw, quantization=quantization),
         workload=wl,
         frontend=FRONTEND,
         act_dtype=wl.act_dtype,
         stream_dtype=wl.stream_dtype,
-        weight_dtype=wl.weight_dtype,
+        # a quantized checkpoint's weights are as it stores them (graphllm.trace.stored)
+        weight_dtype=storage.weights.dtype if storage else wl.weight_dtype,
         kv_dtype=wl.kv_dtype,
-        quantization=None,
+        quantization=storage,
         mla=None,
     )
+    if values and quantization is not None:
+        fitted.meta["checkpoint_quantization"] = quantization
     graph = lower(fitted, (wl.batch, wl.seq_len, wl.past_len))
     save_stored(lowered, graph)
     return graph
@@ -145,6 +154,7 @@ def _fitted(cfg: Any, points: tuple, dtype: str, values: bool) -> Fitted:
             ev.kwargs = {"relation": relation, "additive": bool(ev.kwargs.get("additive"))}
     meta = {"config": traced_config(cfg, cfg.model_type), "window": _windowed(points, _spans(cfg))}
     meta["stored_as"] = checkpoint_names(model)
+    meta["quantized_modules"] = quantized_modules(model)
     # each repeating layer -> the first layer of its kind (the report's layer kinds)
     meta["layer_kinds"] = dict(representatives(model))
     meta |= parallel_plans(model)

@@ -61,11 +61,13 @@ def _versions() -> tuple[str | None, ...]:
 
 @functools.cache
 def _code() -> str:
-    """A hash of the code that records, fits and lowers a trace, and of the IR and op rows a
-    lowered graph is made of: a cached recording or graph of other code is never read back."""
+    """A hash of the code that records, fits and lowers a trace, and of the IR, op rows and
+    quantization rules a lowered graph is made of: a cached recording or graph of other code is
+    never read back."""
     root = Path(__file__).parent.parent
     paths = [*(root / "trace").glob("*.py"), *(root / "ops").glob("*.py")]
     paths += [*(root / "ir").glob("*.py"), root / "build" / "kinds.py"]
+    paths.append(root / "models" / "quantization.py")  # a param's stored format
     h = hashlib.sha256()
     for path in sorted(paths):
         h.update(path.read_bytes())
