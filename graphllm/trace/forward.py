@@ -10,7 +10,10 @@ column: graphllm.trace.stacked), never by a layer's name.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
+import os
+import traceback
 from collections.abc import Iterator
 from typing import Any
 
@@ -299,8 +302,6 @@ def handed_cache(model: Any) -> Any:
     """A new cache for a model whose forward takes one but whose output carries none
     (RecurrentGemma's CausalLMOutput): it keeps the cache it is handed, and makes one it never
     returns when handed none. None for any other model."""
-    import dataclasses
-
     from transformers import DynamicCache
 
     returns = inspect.signature(type(model).forward).return_annotation
@@ -426,9 +427,6 @@ def _value_read(e: Exception, where: str) -> str | None:
     """The refusal of a model whose code reads a tensor's values where a trace has none (a
     `.item()`, a Python branch on a tensor, a shape chosen by the values): the construct and
     the line of the model's code that reads it; None for any other failure."""
-    import os
-    import traceback
-
     import torch
     from torch._subclasses.fake_tensor import (
         DataDependentOutputException,
