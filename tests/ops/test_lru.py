@@ -12,7 +12,7 @@ from graphllm.ir import STATE, Dim, Graph, Ref, TensorType
 from graphllm.ops import OPS, node_flops
 from graphllm.ops.lru import lru_flops
 from graphllm.passes import run
-from graphllm.passes.tokens import mixing_verdict
+from tests.support.recurrent_rows import assert_prefix_mixing
 
 D = 6
 
@@ -67,13 +67,7 @@ def _graph(t: int, p: int) -> Graph:
 
 
 def test_the_scan_mixes_its_prefix_and_the_state_stands_for_the_past():
-    g = _graph(5, 0)
-    assert mixing_verdict(g, g["scan"]).mixes
-    tokens = run(g, ["tokens"])["tokens"]
-    for t in range(5):
-        assert tokens.depends_on(t) == list(range(t + 1))
-    step = run(_graph(1, 4), ["tokens"])["tokens"]
-    assert step.depends_on(0) == list(range(5))  # the state's 0..3, and position 4 itself
+    assert_prefix_mixing(_graph, "scan")
 
 
 @pytest.mark.parametrize(("t", "p"), [(7, 0), (1, 4), (5, 4)])

@@ -19,8 +19,8 @@ from graphllm.models.workload import Workload
 from graphllm.ops import OPS, node_flops
 from graphllm.ops.mamba1 import selective_flops
 from graphllm.passes import run
-from graphllm.passes.tokens import mixing_verdict
 from graphllm.trace import traced_graph
+from tests.support.recurrent_rows import assert_prefix_mixing
 from tests.support.traced import P, assert_recurrent_equal, check_traced, onnx_against_transformers
 
 D, N = 6, 4
@@ -124,13 +124,7 @@ def _scan_graph(t: int, p: int) -> Graph:
 
 
 def test_the_scan_mixes_its_prefix_and_the_state_stands_for_the_past():
-    g = _scan_graph(5, 0)
-    assert mixing_verdict(g, g["scan"]).mixes
-    tokens = run(g, ["tokens"])["tokens"]
-    for t in range(5):
-        assert tokens.depends_on(t) == list(range(t + 1))
-    step = run(_scan_graph(1, 4), ["tokens"])["tokens"]
-    assert step.depends_on(0) == list(range(5))  # the state's 0..3, and position 4 itself
+    assert_prefix_mixing(_scan_graph, "scan")
 
 
 @pytest.mark.parametrize(("t", "p"), [(7, 0), (1, 4)])
