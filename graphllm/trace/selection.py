@@ -18,8 +18,10 @@ from typing import Any
 from graphllm.errors import ConfigError
 from graphllm.ir import Ref
 
-_CARRY = {"_to_copy", "view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "expand"}
-_CARRY |= {"clone", "alias", "detach", "lift_fresh", "lift_fresh_copy", "copy", "slice"}
+# what keeps every selected index where it was (a cast, a copy, an axis of one added or
+# dropped); a slice or a reshape would keep another set, and is refused
+_CARRY = {"_to_copy", "unsqueeze", "squeeze", "clone", "alias", "detach", "copy"}
+_CARRY |= {"lift_fresh", "lift_fresh_copy"}
 _NOT = {"bitwise_not", "logical_not"}
 
 
