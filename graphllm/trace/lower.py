@@ -501,7 +501,7 @@ class _Lowering:
             self.fold_mask(ev, kind, vals)
             return
         if any(v.vid in self.selections for v in vals):
-            follow(self, ev, kind, vals, args)
+            follow(self, ev, kind, vals)
             return
         if kind not in ATEN:
             raise ConfigError(

@@ -3,16 +3,16 @@ keys, handed to the attention function as the indices each query reads.
 
 The recorder runs a selecting module's top-k over every key and notes the k it keeps
 (graphllm.trace.capture); here that top-k is the `topk_select` row (True at each query's
-min(k, S) best keys). What the model's code does with the indices on their way to the attention
-(casts, views) is followed as bookkeeping on that one boolean tensor, and the attention that
-reads them (transformers hands them to a kernel as `indices` where it does not build eager's
+min(k, S) best keys). What the model's code does with the indices on their way to the
+attention (casts, an axis of one) is followed as bookkeeping on that one boolean tensor, and
+the attention that reads them (transformers hands them to a kernel as `indices` where it does not build eager's
 mask of them) masks with `mask_selected`: the relation's bound, and within it only the
 selected keys, at most k a query.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from graphllm.errors import ConfigError
@@ -22,17 +22,15 @@ from graphllm.ir import Ref
 # dropped); a slice or a reshape would keep another set, and is refused
 _CARRY = {"_to_copy", "unsqueeze", "squeeze", "clone", "alias", "detach", "copy"}
 _CARRY |= {"lift_fresh", "lift_fresh_copy"}
-_NOT = {"bitwise_not", "logical_not"}
 
 
 @dataclass(frozen=True)
 class Selection:
-    """A tensor that holds the selected keys: `ref` True where selected (the `topk_select`
-    row's output), this tensor its negation where `negated`; `topk` the keys kept a query."""
+    """The indices of the selected keys, as the `topk_select` row's output `ref` holds them
+    (True where selected); `topk` the keys kept a query."""
 
     ref: Ref
     topk: int
-    negated: bool = False
 
 
 def select(lw: Any, ev: Any, scores: Ref) -> None:
@@ -44,14 +42,11 @@ def select(lw: Any, ev: Any, scores: Ref) -> None:
     lw.selections[ev.outs[1]] = Selection(Ref(node.name), keep)
 
 
-def follow(lw: Any, ev: Any, kind: str, vals: list[Any], args: Any) -> None:
-    """An op on a selection's indices or mask: bookkeeping on the selection, or an error."""
+def follow(lw: Any, ev: Any, kind: str, vals: list[Any]) -> None:
+    """An op on a selection's indices: the same selection, or an error."""
     sel = next(lw.selections[v.vid] for v in vals if v.vid in lw.selections)
-    out = ev.outs[0]
     if kind in _CARRY and len(vals) == 1:
-        lw.selections[out] = sel
-    elif kind in _NOT and len(vals) == 1:
-        lw.selections[out] = replace(sel, negated=not sel.negated)
+        lw.selections[ev.outs[0]] = sel
     else:
         raise ConfigError(
             f"{ev.scope or 'the model'} computes with its selected keys (aten.{kind}) in a way "
@@ -64,7 +59,7 @@ def selected_keys(lw: Any, ev: Any, indices: Any) -> Selection | None:
     if indices is None:
         return None
     sel = lw.selections.get(indices.vid)
-    if sel is None or sel.negated:
+    if sel is None:
         raise ConfigError(
             f"{ev.scope}: the attention reads key indices graphllm does not find a selecting "
             "module's top-k in"
