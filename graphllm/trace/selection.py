@@ -6,8 +6,8 @@ The recorder runs a selecting module's top-k over every key and notes the k it k
 min(k, S) best keys). What the model's code does with the indices on their way to the
 attention (casts, an axis of one) is followed as bookkeeping on that one boolean tensor, and
 the attention that reads them (transformers hands them to a kernel as `indices` where it
-does not build eager's mask of them) masks with `mask_selected`: the relation's bound, and within it only the
-selected keys, at most k a query.
+does not build eager's mask of them) masks with `mask_selected`: the relation's bound, and
+within it only the selected keys, at most k a query.
 """
 
 from __future__ import annotations
